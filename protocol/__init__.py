@@ -1,0 +1,37 @@
+"""statetier.protocol — sans-I/O core shared by the daemon, the tiers and the clients.
+
+- ``identity``  — Namespace/NamespaceSpec, StateKey, Provenance, StateRef, prefix hashes
+- ``dtypes``    — wire dtype codes and ``TensorSpec``
+- ``keyring``   — HMAC / Ed25519 signing keys, rotation, key files
+- ``sealed``    — the sealed object: ``seal``, ``open_sealed``, ``Expectation``
+- ``frames``    — the daemon's frame codec (length-prefixed, request ids, handshake)
+- ``errors``    — the one error tree, with wire codes and metric reasons
+
+Nothing here imports torch, redis, lmdb or prometheus_client, or does I/O.
+"""
+
+from .dtypes import TensorSpec
+from .errors import StatetierError
+from .identity import (
+    Kind,
+    Namespace,
+    NamespaceSpec,
+    Provenance,
+    StateKey,
+    StateRef,
+    fingerprint,
+    new_state_id,
+    prefix_hash,
+    prefix_hashes,
+    stream_id,
+)
+from .keyring import Keyring, SigAlg, SigningKey
+from .sealed import DigestAlg, Expectation, Opened, SealedHeader, decode_header, layout_payload, open_sealed, seal, seal_object
+
+__all__ = [
+    "DigestAlg", "Expectation", "Keyring", "Kind", "Namespace", "NamespaceSpec", "Opened",
+    "Provenance", "SealedHeader", "SigAlg", "SigningKey", "StateKey", "StateRef",
+    "StatetierError", "TensorSpec", "decode_header", "fingerprint", "layout_payload",
+    "new_state_id", "open_sealed", "prefix_hash", "prefix_hashes", "seal", "seal_object",
+    "stream_id",
+]

@@ -1,0 +1,223 @@
+"""The one error tree of statetier, shared by the daemon, the tiers and the clients.
+
+Every class has a stable wire ``code`` (u16, sent in error frames) and a ``reason``
+(a short snake_case string used as the Prometheus ``reason`` label)::
+
+    StatetierError                      code   reason
+    ├── RejectedState                   (a stored object refused on load or put; DESIGN §4)
+    │   ├── TruncatedState              100    truncated         1. framing: lengths
+    │   ├── MalformedState              101    malformed         1. framing: magic, layout
+    │   ├── BadSignature                102    bad_signature     2. signature / unknown key id
+    │   ├── UnsupportedFormat           103    unsupported_format 3. format version
+    │   ├── NamespaceMismatch           104    namespace         4. namespace
+    │   ├── PlacementMismatch           105    placement         5. kind, layer, shard
+    │   ├── PositionMismatch            106    position          6. prefix hash, token span
+    │   ├── FingerprintMismatch         107    fingerprint       7. fingerprint
+    │   ├── StaleState                  108    stale             8. state_id / version
+    │   ├── MisroutedState              109    misrouted         8. state_id of another stream
+    │   └── CorruptPayload              110    corrupt_payload   9. payload digest, tensors
+    ├── NotFound                        200    not_found
+    ├── LeaseError                      210    lease             (unknown or expired lease)
+    ├── CapacityError                   300    capacity          (no room in a tier, disk full)
+    ├── QuotaExceeded                   301    quota
+    ├── Busy                            302    busy              (byte budget exhausted)
+    ├── Unavailable                     310    unavailable       (a backend is unreachable)
+    ├── ProtocolError                   400    protocol          (wire frames)
+    │   ├── FrameTooLarge               401    frame_too_large
+    │   ├── MalformedFrame              402    malformed_frame
+    │   └── UnsupportedProtocol         403    unsupported_protocol
+    ├── InvalidRequest                  410    invalid_request
+    ├── Unauthorized                    420    unauthorized
+    ├── Forbidden                       421    forbidden
+    ├── ConfigError                     430    config
+    └── InternalError                   500    internal
+
+``ClientClosedError`` is programmer misuse (a ``RuntimeError``), never sent on the wire.
+``error_from_code(code, message)`` rebuilds the class on the client side; unknown codes
+become ``InternalError``. ``ERRORS_BY_CODE`` is the complete table (tests check it).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class StatetierError(Exception):
+    """Base of every statetier error. ``code`` is the wire code, ``reason`` the metric label."""
+
+    code: ClassVar[int] = 1
+    reason: ClassVar[str] = "error"
+
+    def __init__(self, message: str = "", **detail: object) -> None:
+        super().__init__(message or self.reason)
+        self.message = message or self.reason
+        self.detail = detail
+
+    def __reduce__(self):  # keeps errors picklable for executors; never sent as pickle
+        return (_rebuild, (type(self), self.message, self.detail))
+
+
+def _rebuild(cls: type[StatetierError], message: str, detail: dict) -> StatetierError:
+    return cls(message, **detail)
+
+
+class RejectedState(StatetierError):
+    """A stored object that must not be handed over: its identity or bytes disagree."""
+
+    code = 99
+    reason = "rejected"
+
+
+class TruncatedState(RejectedState):
+    code = 100
+    reason = "truncated"
+
+
+class MalformedState(RejectedState):
+    code = 101
+    reason = "malformed"
+
+
+class BadSignature(RejectedState):
+    code = 102
+    reason = "bad_signature"
+
+
+class UnsupportedFormat(RejectedState):
+    code = 103
+    reason = "unsupported_format"
+
+
+class NamespaceMismatch(RejectedState):
+    code = 104
+    reason = "namespace"
+
+
+class PlacementMismatch(RejectedState):
+    code = 105
+    reason = "placement"
+
+
+class PositionMismatch(RejectedState):
+    code = 106
+    reason = "position"
+
+
+class FingerprintMismatch(RejectedState):
+    code = 107
+    reason = "fingerprint"
+
+
+class StaleState(RejectedState):
+    code = 108
+    reason = "stale"
+
+
+class MisroutedState(RejectedState):
+    code = 109
+    reason = "misrouted"
+
+
+class CorruptPayload(RejectedState):
+    code = 110
+    reason = "corrupt_payload"
+
+
+class NotFound(StatetierError):
+    code = 200
+    reason = "not_found"
+
+
+class LeaseError(StatetierError):
+    code = 210
+    reason = "lease"
+
+
+class CapacityError(StatetierError):
+    code = 300
+    reason = "capacity"
+
+
+class QuotaExceeded(StatetierError):
+    code = 301
+    reason = "quota"
+
+
+class Busy(StatetierError):
+    code = 302
+    reason = "busy"
+
+
+class Unavailable(StatetierError):
+    code = 310
+    reason = "unavailable"
+
+
+class ProtocolError(StatetierError):
+    code = 400
+    reason = "protocol"
+
+
+class FrameTooLarge(ProtocolError):
+    code = 401
+    reason = "frame_too_large"
+
+
+class MalformedFrame(ProtocolError):
+    code = 402
+    reason = "malformed_frame"
+
+
+class UnsupportedProtocol(ProtocolError):
+    code = 403
+    reason = "unsupported_protocol"
+
+
+class InvalidRequest(StatetierError):
+    code = 410
+    reason = "invalid_request"
+
+
+class Unauthorized(StatetierError):
+    code = 420
+    reason = "unauthorized"
+
+
+class Forbidden(StatetierError):
+    code = 421
+    reason = "forbidden"
+
+
+class ConfigError(StatetierError):
+    code = 430
+    reason = "config"
+
+
+class InternalError(StatetierError):
+    code = 500
+    reason = "internal"
+
+
+class ClientClosedError(RuntimeError):
+    """The client was used after ``close()``: a programming error, not a data problem."""
+
+
+def _all_subclasses(cls: type) -> list[type]:
+    found = []
+    for sub in cls.__subclasses__():
+        found.append(sub)
+        found.extend(_all_subclasses(sub))
+    return found
+
+
+ERRORS_BY_CODE: dict[int, type[StatetierError]] = {
+    cls.code: cls for cls in [StatetierError, *_all_subclasses(StatetierError)]
+}
+
+
+def error_from_code(code: int, message: str = "") -> StatetierError:
+    """Rebuild the error a peer sent; an unknown code becomes ``InternalError``."""
+    cls = ERRORS_BY_CODE.get(code)
+    if cls is None:
+        return InternalError(f"unknown error code {code}: {message}")
+    return cls(message)
