@@ -1,0 +1,73 @@
+"""The version registry: which attempt of a stream is the newest, and whose state_id is whose.
+
+DESIGN §4: the sealing daemon assigns each put of a stream the next version through the
+registry; a put whose version is not newer than the registry's is refused (``StaleState``),
+so a late write-behind or a second connector path never overwrites newer state. The
+registry also records, per state_id, the stream it was issued for (``MisroutedState``).
+
+- ``VersionRegistry``       — the interface (``claim``, ``newest``, ``stream_of``).
+- ``MemoryVersionRegistry`` — one process; bounded (oldest streams forgotten past a limit).
+- ``RedisVersionRegistry``  — in ``tiers.redis_registry``: across nodes, atomic in Redis.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from statetier.protocol.errors import StaleState
+
+
+@dataclass(frozen=True, slots=True)
+class StreamHead:
+    version: int
+    state_id: bytes
+
+
+class VersionRegistry(abc.ABC):
+    @abc.abstractmethod
+    async def claim(self, stream_id: bytes, state_id: bytes, version: int | None = None) -> int:
+        """Record ``state_id`` as the newest attempt of ``stream_id`` and return its version.
+
+        ``version=None`` takes the next one (newest + 1, or 1). A given version that is not
+        newer than the newest known raises ``StaleState``.
+        """
+
+    @abc.abstractmethod
+    async def newest(self, stream_id: bytes) -> StreamHead | None: ...
+
+    @abc.abstractmethod
+    async def stream_of(self, state_id: bytes) -> bytes | None: ...
+
+    async def close(self) -> None:
+        return None
+
+
+class MemoryVersionRegistry(VersionRegistry):
+    def __init__(self, max_streams: int = 1_000_000) -> None:
+        self.max_streams = max_streams
+        self._heads: OrderedDict[bytes, StreamHead] = OrderedDict()
+        self._streams: OrderedDict[bytes, bytes] = OrderedDict()
+
+    async def claim(self, stream_id: bytes, state_id: bytes, version: int | None = None) -> int:
+        head = self._heads.get(stream_id)
+        newest = head.version if head else 0
+        if version is None:
+            version = newest + 1
+        elif version <= newest:
+            raise StaleState(f"version {version} is not newer than the registry's {newest}")
+        self._heads[stream_id] = StreamHead(version, state_id)
+        self._heads.move_to_end(stream_id)
+        self._streams[state_id] = stream_id
+        while len(self._heads) > self.max_streams:
+            self._heads.popitem(last=False)
+        while len(self._streams) > self.max_streams:
+            self._streams.popitem(last=False)
+        return version
+
+    async def newest(self, stream_id: bytes) -> StreamHead | None:
+        return self._heads.get(stream_id)
+
+    async def stream_of(self, state_id: bytes) -> bytes | None:
+        return self._streams.get(state_id)
