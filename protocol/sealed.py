@@ -41,6 +41,8 @@ from .errors import (
     UnsupportedFormat,
 )
 from .identity import (
+    MAX_U64,
+    STATE_ID_BYTES,
     Kind,
     Namespace,
     Provenance,
@@ -258,6 +260,10 @@ def seal(
     contains_speculative: bool = False,
 ) -> bytes:
     """Digest ``payload`` (laid out by ``layout``) and return the signed header bytes."""
+    if not isinstance(state_id, (bytes, bytearray)) or len(state_id) != STATE_ID_BYTES:
+        raise InvalidRequest(f"state_id must be {STATE_ID_BYTES} bytes")  # struct would pad it silently
+    if not isinstance(version, int) or isinstance(version, bool) or not 0 <= version <= MAX_U64:
+        raise InvalidRequest(f"version must be an integer in [0, {MAX_U64}]")
     view = memoryview(payload).cast("B")
     if view.nbytes != layout.payload_len:
         raise InvalidRequest(f"payload is {view.nbytes} bytes; layout needs {layout.payload_len}")
@@ -316,6 +322,16 @@ def _encode_header(key, provenance, layout, region_digests, payload_digest, sign
                             layout.payload_len, signer.key_id)
     body = b"".join(parts)
     return body + signer.sign(body)
+
+
+def header_length(key: StateKey, provenance: Provenance, specs: Sequence[TensorSpec], sig_alg: SigAlg) -> int:
+    """The length ``seal`` will produce for this identity, known before any digest (for
+    zero-copy puts that reserve header + payload in one arena extent)."""
+    unsigned = FIXED_BYTES + 4 * len(key.group_layers) + len(provenance.request_id.encode())
+    unsigned += len(provenance.producer_id.encode())
+    for spec in specs:
+        unsigned += _TENSOR_HEAD.size + len(spec.name.encode()) + 2 + 8 * len(spec.shape) + _TENSOR_TAIL.size
+    return -(-(unsigned + sig_alg.signature_bytes) // ALIGN) * ALIGN
 
 
 # ---------------------------------------------------------------------------- opening
@@ -487,7 +503,8 @@ def _check_tensors(header: SealedHeader, expect: Expectation | None) -> None:
 
 def _check_payload(header: SealedHeader, payload: memoryview, keyring: Keyring) -> None:
     key = keyring.get_for_verify(header.key_id)
-    assert key is not None  # the signature check already found it
+    if key is None:  # retired or expired since the header was verified (verify_payload_only)
+        raise BadSignature(f"unknown or retired key id {header.key_id.hex()}")
     digests = []
     for t in header.tensors:
         digest = _digest_region(header.digest_alg, key.digest_key, payload[t.offset : t.offset + t.region])
@@ -506,6 +523,6 @@ def verify_payload_only(header: SealedHeader, payload, keyring: Keyring) -> None
 
 __all__ = [
     "ALIGN", "DigestAlg", "Expectation", "FORMAT_VERSION", "MAGIC", "Opened", "PayloadLayout",
-    "SealedHeader", "TensorDescriptor", "decode_header", "layout_payload", "open_sealed", "seal",
+    "SealedHeader", "TensorDescriptor", "decode_header", "header_length", "layout_payload", "open_sealed", "seal",
     "seal_object", "verify_payload_only",
 ]

@@ -46,6 +46,8 @@ class ObjectMeta:
     size: int  # header + payload bytes
     header_len: int
     created_at_ns: int = 0
+    request_id: str = ""  # with the key the caller looked up, enough to rebuild the StateRef
+    step: int = 0
 
     @classmethod
     def from_header(cls, header: SealedHeader) -> "ObjectMeta":
@@ -58,6 +60,8 @@ class ObjectMeta:
             size=header.header_len + header.payload_len,
             header_len=header.header_len,
             created_at_ns=header.provenance.created_at_ns,
+            request_id=header.provenance.request_id,
+            step=header.provenance.step,
         )
 
 
@@ -223,6 +227,9 @@ class Tier(abc.ABC):
     """Every tier: device, host, disk, redis. See the module docstring for the lifecycle."""
 
     name: str = "tier"
+    #: True when ``read`` itself verifies signature and payload digest (disk, Redis), so the
+    #: engine need not hash the payload a second time.
+    verifies_on_read: bool = False
 
     @abc.abstractmethod
     async def start(self) -> None: ...

@@ -1,0 +1,234 @@
+"""The composition root: the one place that builds concrete tiers and wires the daemon.
+
+- ``build(config) -> App``  — keyring, tiers (device, host, disk, redis as configured),
+                              version registry, metrics, engine, server, metrics HTTP.
+- ``App.start()`` → ``App.serve_until(stop)`` → ``App.shutdown()`` — three awaited phases:
+  start tiers, listen; serve; stop accepting, finish or cancel in-flight requests within
+  the grace period, flush write-behind, close tiers in reverse order.
+- ``run(config) -> int``     — ``statetier serve``: uvloop, signal handling (the first
+                              SIGTERM/SIGINT stops gracefully, a second exits at once).
+
+Keys: the signing keyring is read from ``keys.keyring_file`` (default
+``<disk dir>/keyring.json``), generated with mode 0600 on first start; the at-rest key
+likewise when a tier encrypts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import os
+import signal
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from statetier.protocol.errors import ConfigError, StatetierError
+from statetier.protocol.keyring import Keyring
+from statetier.tiers.base import Tier
+from statetier.tiers.crypto import AtRestCipher
+from statetier.tiers.registry import MemoryVersionRegistry
+
+from .config import Config
+from .engine import Engine, EngineOptions
+from .http import MetricsServer
+from .metrics import Metrics
+from .server import Server
+
+log = logging.getLogger("statetier")
+
+
+@dataclass
+class App:
+    config: Config
+    engine: Engine
+    server: Server
+    metrics: Metrics
+    http: MetricsServer | None
+    executor: ThreadPoolExecutor
+    maintenance: list[asyncio.Task] = field(default_factory=list)
+
+    async def start(self) -> None:
+        await self.engine.start()
+        try:
+            await self.server.start()
+            if self.http is not None:
+                await self.http.start()
+        except BaseException:
+            await self.engine.close()
+            raise
+        self.maintenance.append(asyncio.create_task(self._maintain(), name="maintenance"))
+
+    async def serve_until(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+
+    async def shutdown(self) -> None:
+        for task in self.maintenance:
+            task.cancel()
+        await asyncio.gather(*self.maintenance, return_exceptions=True)
+        await self.server.shutdown(self.config.limits.shutdown_grace_seconds)
+        if self.http is not None:
+            await self.http.close()
+        await self.engine.close(self.config.limits.shutdown_grace_seconds)
+        self.executor.shutdown(wait=True)
+
+    async def _maintain(self) -> None:
+        """Compaction passes and lease expiry; the tiers never move leased bytes."""
+        interval = self.config.disk.compact_interval_seconds
+        while True:
+            await asyncio.sleep(interval)
+            for tier in self.engine.tiers:
+                compact = getattr(tier, "compact", None)
+                if compact is None:
+                    continue
+                try:
+                    await compact()
+                except StatetierError as exc:
+                    log.warning("compaction of %s failed: %s", tier.name, exc)
+
+    def describe(self) -> str:
+        lines = [f"statetier listening on unix://{Path(self.config.listen.socket_path).resolve()}"]
+        if self.config.listen.tcp:
+            lines.append(f"  tcp: {self.config.listen.tcp}{' (TLS)' if self.config.listen.tls_cert else ''}")
+        if self.http is not None:
+            lines.append(f"  metrics: http://{self.config.metrics.host}:{self.http.port}/metrics")
+        for stats in self.engine.tier_stats():
+            lines.append(f"  tier {stats.tier}: capacity {stats.capacity} bytes, {stats.objects} objects")
+        return "\n".join(lines)
+
+
+def load_or_create_keyring(path: Path) -> Keyring:
+    if path.exists():
+        return Keyring.load(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    keyring = Keyring.generate()
+    keyring.save(path)
+    log.info("generated a new signing keyring at %s", path)
+    return keyring
+
+
+def load_or_create_cipher(path: Path) -> AtRestCipher:
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        key_id, key = os.urandom(8), os.urandom(32)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump({"format": "statetier-at-rest/1", "default": key_id.hex(),
+                       "keys": {key_id.hex(): base64.b64encode(key).decode()}}, handle)
+    try:
+        data = json.loads(path.read_text())
+        keys = {bytes.fromhex(k): base64.b64decode(v) for k, v in data["keys"].items()}
+        return AtRestCipher(keys, bytes.fromhex(data["default"]))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"keys.at_rest_key_file {path}: {exc}") from exc
+
+
+def build_tiers(config: Config, keyring: Keyring, executor) -> tuple[list[Tier], dict]:
+    """Concrete tiers, fastest first, and the roles the engine needs (arena, publish, …)."""
+    from statetier.tiers.device import DeviceTier
+    from statetier.tiers.disk import DiskTier
+    from statetier.tiers.host import HostTier
+
+    limits = config.limits
+    tiers: list[Tier] = []
+    roles: dict = {"arena": None, "publish": None, "write_behind_to": None}
+    if config.device.enabled:
+        tiers.append(DeviceTier(config.device.capacity_bytes, device=config.device.device,
+                                high_watermark=config.device.high_watermark, low_watermark=config.device.low_watermark,
+                                lease_ttl=limits.lease_ttl_seconds, executor=executor))
+    if config.host.enabled:
+        host = HostTier(config.host.resolved_capacity(), shm_dir=config.host.shm_dir,
+                        high_watermark=config.host.high_watermark, low_watermark=config.host.low_watermark,
+                        lease_ttl=limits.lease_ttl_seconds, executor=executor)
+        tiers.append(host)
+        roles["arena"] = host
+    cipher = None
+    if (config.disk.enabled and config.disk.encrypt) or (config.redis.url and config.redis.encrypt):
+        cipher = load_or_create_cipher(config.at_rest_key_path())
+    if config.disk.enabled:
+        disk = DiskTier(config.disk.directory, config.disk.capacity_bytes, keyring=keyring,
+                        segment_bytes=config.disk.segment_bytes, high_watermark=config.disk.high_watermark,
+                        low_watermark=config.disk.low_watermark, lease_ttl=limits.lease_ttl_seconds,
+                        fsync=config.disk.fsync, cipher=cipher if config.disk.encrypt else None, executor=executor)
+        tiers.append(disk)
+        roles["write_behind_to"] = disk
+    if config.redis.url:
+        from statetier.tiers.redis import RedisTier
+
+        redis_tier = RedisTier(config.redis.url, keyring=keyring, cluster=config.redis.cluster,
+                               ttl_seconds=config.redis.ttl_seconds, capacity_bytes=config.redis.capacity_bytes,
+                               chunk_bytes=config.redis.chunk_bytes, lease_ttl=limits.lease_ttl_seconds,
+                               cipher=cipher if config.redis.encrypt else None,
+                               socket_timeout=config.redis.socket_timeout, executor=executor)
+        tiers.append(redis_tier)
+        roles["publish"] = redis_tier
+    if not tiers:
+        raise ConfigError("no tier is enabled: enable host, disk, device or set redis.url")
+    return tiers, roles
+
+
+def build(config: Config) -> App:
+    keyring = load_or_create_keyring(config.keyring_path())
+    executor = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)), thread_name_prefix="statetier-io")
+    tiers, roles = build_tiers(config, keyring, executor)
+    metrics = Metrics()
+    if roles["publish"] is not None:
+        from statetier.tiers.redis_registry import RedisVersionRegistry
+
+        registry = RedisVersionRegistry(config.redis.url, ttl_seconds=config.redis.ttl_seconds)
+    else:
+        registry = MemoryVersionRegistry()
+    quotas = {t.name: dict(t.quota_bytes) for t in config.tenants if t.quota_bytes}
+    options = EngineOptions(lease_ttl=config.limits.lease_ttl_seconds, producer_id=config.resolved_producer_id(),
+                            quotas=quotas, write_behind_limit=config.limits.write_behind_queue)
+    engine = Engine(tiers, keyring=keyring, registry=registry, metrics=metrics, options=options,
+                    executor=executor, **roles)
+    server = Server(engine, config, metrics)
+    metrics.track(engine.tier_stats, lambda: {**server.stats(), "leases": engine.stats()["leases"]})
+    http = None
+    if config.metrics.enabled:
+        http = MetricsServer(metrics, config.metrics.host, config.metrics.port, ready=lambda: engine.ready)
+    return App(config, engine, server, metrics, http, executor)
+
+
+async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
+    app = build(config)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    signals_seen = 0
+
+    def on_signal() -> None:
+        nonlocal signals_seen
+        signals_seen += 1
+        if signals_seen > 1:
+            os._exit(130)  # the second signal: exit at once, as operators expect
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    await app.start()
+    print(app.describe(), flush=True)
+    try:
+        await app.serve_until(stop)
+    finally:
+        print("statetier: shutting down", flush=True)
+        await app.shutdown()
+
+
+def run(config: Config) -> int:
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency; Windows lacks it
+        uvloop = None
+    try:
+        if uvloop is not None:
+            uvloop.run(serve(config))
+        else:
+            asyncio.run(serve(config))
+    except StatetierError as exc:
+        print(f"error: {exc.reason}: {exc.message}", flush=True)
+        return 2
+    return 0

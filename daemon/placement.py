@@ -1,0 +1,162 @@
+"""Placement: where a sealed object goes, and how objects move between tiers.
+
+``Placement(tiers, metrics)`` over tiers ordered fastest first.
+
+- ``store(chunks, meta, first=0)``  — into the highest tier from ``first`` down that has
+  room; room is made by evicting that tier's LRU objects and *demoting* them to the next
+  tier down (dropping only what no lower tier can take). Returns the tier used.
+- ``store_in(tier, chunks, meta)`` — into one given tier (publish, promotion).
+- ``copy_down(state_id, source)``  — write-behind: a copy into the next persistent tier,
+  queued (bounded) by ``schedule_copy_down`` and run by the worker ``run_write_behind``.
+
+Every store is ``prepare_store`` → ``write`` → ``complete_store(success)`` with the
+completion in ``finally``, so a cancelled move leaves nothing half visible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Sequence
+
+from statetier.protocol.errors import CapacityError, InvalidRequest, NotFound, StatetierError
+from statetier.tiers.base import EvictedObject, ObjectMeta, Tier
+
+log = logging.getLogger("statetier.placement")
+
+
+class Placement:
+    def __init__(self, tiers: Sequence[Tier], metrics=None, *, write_behind_limit: int = 256,
+                 write_behind_from: Sequence[Tier] = (), write_behind_to: Tier | None = None) -> None:
+        self.tiers = list(tiers)
+        self.metrics = metrics
+        self._queue: asyncio.Queue[tuple[bytes, Tier]] = asyncio.Queue(maxsize=max(1, write_behind_limit))
+        self._write_behind_from = set(id(t) for t in write_behind_from)
+        self._write_behind_to = write_behind_to
+        self.dropped = 0
+        self.write_behind_skipped = 0
+
+    def below(self, tier: Tier) -> list[Tier]:
+        return self.tiers[self.tiers.index(tier) + 1 :]
+
+    async def store(self, chunks: Sequence, meta: ObjectMeta, first: int = 0, *,
+                    skip: Sequence[Tier] = ()) -> Tier:
+        last_error: StatetierError | None = None
+        for tier in self.tiers[first:]:
+            if tier in skip:
+                continue
+            try:
+                await self.store_in(tier, chunks, meta)
+                return tier
+            except CapacityError as exc:
+                last_error = exc
+        raise last_error or CapacityError("no tier can take the object")
+
+    async def store_in(self, tier: Tier, chunks: Sequence, meta: ObjectMeta) -> None:
+        started = time.perf_counter()
+        ticket = await self._prepare_with_room(tier, meta)
+        ok = False
+        try:
+            await tier.write(ticket, chunks)
+            ok = True
+        finally:
+            await tier.complete_store(ticket, ok)
+        if self.metrics is not None:
+            self.metrics.observe_op(tier.name, meta.kind.name.lower(), "store", meta.size,
+                                    time.perf_counter() - started)
+
+    async def _prepare_with_room(self, tier: Tier, meta: ObjectMeta):
+        try:
+            return await tier.prepare_store(meta)
+        except CapacityError:
+            evicted = await tier.evict(meta.size)
+            if not evicted:
+                raise
+            await self.demote(tier, evicted)
+            return await tier.prepare_store(meta)
+
+    async def demote(self, source: Tier, evicted: list[EvictedObject]) -> None:
+        if self.metrics is not None:
+            self.metrics.count_eviction(source.name, len(evicted))
+        lower = self.below(source)
+        for item in evicted:
+            if await self._held_below(lower, item.meta.object_id):
+                continue
+            target = await self._demote_one(lower, item)
+            if target is None:
+                self.dropped += 1
+                log.info("dropped %s: no lower tier could take it", item.meta.object_id.hex())
+            elif self.metrics is not None:
+                self.metrics.count_demotion(source.name, target.name)
+
+    async def _held_below(self, lower: list[Tier], object_id: bytes) -> bool:
+        for tier in lower:
+            try:
+                if await tier.contains(object_id):
+                    return True
+            except StatetierError:
+                continue
+        return False
+
+    async def _demote_one(self, lower: list[Tier], item: EvictedObject) -> Tier | None:
+        for tier in lower:
+            try:
+                await self.store_in(tier, [item.blob], item.meta)
+                return tier
+            except InvalidRequest:
+                return tier  # already present there (a concurrent copy won)
+            except StatetierError as exc:
+                log.debug("demotion of %s into %s failed: %s", item.meta.object_id.hex(), tier.name, exc)
+        return None
+
+    # ---------------------------------------------------------------- write-behind
+
+    def schedule_copy_down(self, object_id: bytes, source: Tier) -> None:
+        if self._write_behind_to is None or id(source) not in self._write_behind_from:
+            return
+        try:
+            self._queue.put_nowait((object_id, source))
+        except asyncio.QueueFull:
+            self.write_behind_skipped += 1  # eviction will demote it instead
+
+    async def run_write_behind(self) -> None:
+        while True:
+            object_id, source = await self._queue.get()
+            try:
+                await self.copy_down(object_id, source)
+            except asyncio.CancelledError:
+                raise
+            except StatetierError as exc:
+                log.debug("write-behind of %s skipped: %s", object_id.hex(), exc)
+            except Exception:  # a worker must survive one bad object
+                log.exception("write-behind of %s failed", object_id.hex())
+            finally:
+                self._queue.task_done()
+
+    async def flush_write_behind(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self._queue.join(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    async def copy_down(self, object_id: bytes, source: Tier) -> None:
+        target = self._write_behind_to
+        if target is None or await target.contains(object_id):
+            return
+        try:
+            lease = await source.prepare_load(object_id, owner="write-behind")
+        except NotFound:
+            return
+        try:
+            blob = await source.read(lease)
+            await self.store_in(target, [blob], lease.meta)
+        except InvalidRequest:
+            pass  # already there
+        finally:
+            await source.complete_load(lease)
+
+    @property
+    def write_behind_pending(self) -> int:
+        return self._queue.qsize()

@@ -1,0 +1,90 @@
+"""Value objects passed between the server (wire side) and the engine (tier side).
+
+- ``PutRequest``     — what to seal: key, provenance, tensor specs, placement options
+- ``Reservation``    — a zero-copy put in progress: where in the host arena to write
+- ``PutResult``      — the ``StateRef`` of the sealed object and the tier it landed in
+- ``LoadRequest``    — a load by ``StateRef`` (handoff) or by ``StateKey`` (prefix reuse),
+                       always with the requester's own namespace
+- ``LoadResult``     — the verified header and a payload view, leased until released
+- ``LookupRequest`` / ``LookupResult`` — the joint-hit query and its answer
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from statetier.protocol.dtypes import TensorSpec
+from statetier.protocol.identity import Namespace, Provenance, StateKey, StateRef
+from statetier.protocol.sealed import DigestAlg, PayloadLayout, SealedHeader
+
+
+@dataclass(frozen=True, slots=True)
+class PutRequest:
+    tenant: str
+    key: StateKey
+    provenance: Provenance
+    specs: tuple[TensorSpec, ...]
+    publish: bool = False
+    version: int | None = None
+    speculative: bool = False
+    digest_alg: DigestAlg = DigestAlg.BLAKE3
+
+
+@dataclass(slots=True)
+class Reservation:
+    ticket_id: int
+    request: PutRequest
+    layout: PayloadLayout
+    payload_offset: int  # offset of the payload in the host arena
+    payload_view: memoryview  # the arena bytes the client fills
+    owner: object = None
+    state: object = None  # engine-private
+
+
+@dataclass(frozen=True, slots=True)
+class PutResult:
+    ref: StateRef
+    tier: str
+
+
+@dataclass(frozen=True, slots=True)
+class LoadRequest:
+    tenant: str
+    namespace: Namespace  # the requester's own namespace, never the ref's
+    ref: StateRef | None = None
+    key: StateKey | None = None
+    tensors: tuple[TensorSpec, ...] | None = None
+    allow_speculative: bool = False
+
+
+@dataclass(slots=True)
+class LoadResult:
+    header: SealedHeader
+    payload: memoryview  # valid until the lease is released
+    lease_id: int
+    tier: str
+    arena_offset: int | None = None  # payload offset in the host arena, when served from it
+
+
+@dataclass(frozen=True, slots=True)
+class LookupRequest:
+    """``boundaries``: ascending (token_end, prefix_hash) pairs of the request's prefix.
+
+    ``kv_layout`` says how KV pages are cut: ``"blocks"`` (one page per span between
+    consecutive boundaries) or ``"prefix"`` (one page per layer covering ``[0, end)``).
+    """
+
+    tenant: str
+    namespace: Namespace
+    attention_layers: tuple[int, ...]
+    ssm_layers: tuple[int, ...]
+    boundaries: tuple[tuple[int, bytes], ...]
+    kv_layout: str = "blocks"
+    shard: int = 0
+    lease: bool = True
+
+
+@dataclass(slots=True)
+class LookupResult:
+    tokens: int
+    objects: list[tuple[StateRef, int | None]] = field(default_factory=list)  # (ref, lease id)

@@ -1,0 +1,58 @@
+"""Tenants: who may see which namespace, and how many bytes each may keep per tier.
+
+``Tenancy(quotas)`` — ``quotas`` maps tenant → {tier name → bytes}.
+
+- ``check_namespace(tenant, namespace)`` binds a namespace to the first tenant that uses
+  it and refuses every other tenant (``Forbidden``). A namespace digest already mixes in
+  the tenant salt, so two tenants only collide when one deliberately names the other's.
+- ``charge(tenant, tier, state_id, nbytes)`` / ``refund(tier, state_id)`` keep per-tier
+  byte usage; ``charge`` raises ``QuotaExceeded`` past the tenant's quota for that tier.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from statetier.protocol.errors import Forbidden, QuotaExceeded
+from statetier.protocol.identity import Namespace
+
+
+class Tenancy:
+    def __init__(self, quotas: dict[str, dict[str, int]] | None = None) -> None:
+        self.quotas = {t: dict(q) for t, q in (quotas or {}).items()}
+        self._namespace_owner: dict[bytes, str] = {}
+        self._usage: dict[tuple[str, str], int] = defaultdict(int)
+        self._charges: dict[tuple[str, bytes], tuple[str, int]] = {}
+
+    def check_namespace(self, tenant: str, namespace: Namespace) -> None:
+        owner = self._namespace_owner.setdefault(namespace.digest, tenant)
+        if owner != tenant:
+            raise Forbidden(f"namespace {namespace.hex()[:16]}… belongs to another tenant")
+
+    def charge(self, tenant: str, tier: str, state_id: bytes, nbytes: int) -> None:
+        limit = self.quotas.get(tenant, {}).get(tier)
+        if limit is not None and self._usage[(tenant, tier)] + nbytes > limit:
+            raise QuotaExceeded(f"tenant {tenant!r} would exceed its {tier} quota of {limit} bytes")
+        self.refund(tier, state_id)
+        self._usage[(tenant, tier)] += nbytes
+        self._charges[(tier, state_id)] = (tenant, nbytes)
+
+    def would_exceed(self, tenant: str, tier: str, nbytes: int) -> bool:
+        limit = self.quotas.get(tenant, {}).get(tier)
+        return limit is not None and self._usage[(tenant, tier)] + nbytes > limit
+
+    def refund(self, tier: str, state_id: bytes) -> None:
+        charged = self._charges.pop((tier, state_id), None)
+        if charged is not None:
+            tenant, nbytes = charged
+            self._usage[(tenant, tier)] -= nbytes
+
+    def tenant_of(self, tier: str, state_id: bytes) -> str | None:
+        charged = self._charges.get((tier, state_id))
+        return charged[0] if charged else None
+
+    def usage(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = defaultdict(dict)
+        for (tenant, tier), used in self._usage.items():
+            out[tenant][tier] = used
+        return dict(out)
