@@ -64,8 +64,9 @@ DTYPES: dict[str, tuple[int, int]] = {
     "uint7": (66, 1),
 }
 # torch aliases that name the same type
-_ALIASES = {"chalf": "complex32", "cfloat": "complex64", "cdouble": "complex128", "half": "float16",
-            "float": "float32", "double": "float64", "short": "int16", "int": "int32", "long": "int64"}
+_ALIASES = {"bit": "uint1", "chalf": "complex32", "cfloat": "complex64", "cdouble": "complex128",
+            "half": "float16", "float": "float32", "double": "float64", "short": "int16", "int": "int32",
+            "long": "int64"}
 _BY_CODE = {code: name for name, (code, _) in DTYPES.items()}
 
 MAX_NDIM = 16
@@ -108,8 +109,8 @@ class TensorSpec:
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
         if len(self.name.encode("utf-8")) > MAX_NAME_BYTES:
             raise InvalidRequest(f"tensor name longer than {MAX_NAME_BYTES} bytes")
-        if len(self.shape) > MAX_NDIM or any(d < 0 for d in self.shape):
-            raise InvalidRequest(f"tensor {self.name!r}: shape must have ≤ {MAX_NDIM} non-negative dims")
+        if len(self.shape) > MAX_NDIM or any(not 0 <= d < 2**64 for d in self.shape):
+            raise InvalidRequest(f"tensor {self.name!r}: shape must have ≤ {MAX_NDIM} dims in [0, 2**64)")
 
     @property
     def nbytes(self) -> int:

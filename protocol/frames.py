@@ -118,7 +118,7 @@ def _check_header_fields(op: int, flags: int, request_id: int) -> Op:
         checked = Op(op)
     except ValueError:
         raise MalformedFrame(f"unknown opcode {op!r}") from None
-    if not isinstance(flags, int) or flags & ~_KNOWN_FLAGS or flags < 0:
+    if not isinstance(flags, int) or flags & ~_KNOWN_FLAGS:
         raise MalformedFrame(f"unknown frame flags {flags!r}")
     if checked is Op.ERROR and not flags & FLAG_ERROR:
         raise MalformedFrame("an ERROR frame must carry the ERROR flag")
@@ -254,7 +254,7 @@ class FrameDecoder:
                 return frames
             frames.append(self._finish_small())
 
-    def _check_length(self) -> int:
+    def _check_length(self) -> None:
         (length,) = struct.unpack_from("<I", self._scratch, self._start)
         if _PREFIX_SIZE + length > self.max_frame_size:
             raise FrameTooLarge(
@@ -265,7 +265,6 @@ class FrameDecoder:
             )
         if length < _MIN_LENGTH:
             raise MalformedFrame(f"frame length {length} is shorter than the header")
-        return length
 
     def _parse_header(self) -> _Header:
         length, opcode, flags, reserved, request_id, meta_len = _HEADER.unpack_from(

@@ -292,6 +292,8 @@ def prefix_hashes(
 
 def prefix_hash(token_ids: Sequence[int], *, block_size: int = 16, seed: int = 0) -> bytes:
     """The chain value covering exactly ``token_ids`` (a partial last block included)."""
+    if block_size <= 0:
+        raise InvalidRequest("block_size must be positive")
     chain = _seed_hash(seed)
     for start in range(0, len(token_ids), block_size):
         chain = _chain(chain, token_ids[start : start + block_size])
@@ -299,7 +301,7 @@ def prefix_hash(token_ids: Sequence[int], *, block_size: int = 16, seed: int = 0
 
 
 def _seed_hash(seed: int) -> bytes:
-    if seed == 0:
+    if _check_uint(seed, MAX_U64, "seed") == 0:
         return EMPTY_PREFIX
     return hashlib.blake2b(struct.pack("<Q", seed), digest_size=PREFIX_HASH_BYTES).digest()
 

@@ -62,6 +62,13 @@ def _derive_digest_key(material: bytes) -> bytes:
     return blake3.blake3(material, derive_key_context=_DIGEST_CONTEXT).digest()
 
 
+def _ed25519_public(seed: bytes) -> bytes:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    return Ed25519PrivateKey.from_private_bytes(seed).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
 @dataclass(frozen=True)
 class SigningKey:
     key_id: bytes
@@ -176,6 +183,8 @@ class SigningKey:
             raise ConfigError("a key id must be 8 bytes (16 hex digits)")
         if alg is SigAlg.ED25519 and len(public) != 32:
             raise ConfigError(f"ed25519 key {key_id.hex()} needs a 32-byte public key")
+        if alg is SigAlg.ED25519 and secret is not None and (len(secret) != 32 or _ed25519_public(secret) != public):
+            raise ConfigError(f"ed25519 key {key_id.hex()}: the secret must be a 32-byte seed matching its public key")
         if alg is SigAlg.HMAC_SHA256 and (secret is None or len(secret) < 16):
             raise ConfigError(f"hmac key {key_id.hex()} needs a secret of at least 16 bytes")
         return cls(key_id, alg, secret, public, created, not_after)
@@ -259,6 +268,7 @@ class Keyring:
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)  # O_CREAT keeps the mode of a leftover tmp file
         with os.fdopen(fd, "w") as handle:
             json.dump(self.to_json(), handle, indent=2)
             handle.flush()
