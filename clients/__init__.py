@@ -1,0 +1,49 @@
+"""The statetier client SDK (DESIGN §8); depends on ``statetier.protocol`` only.
+
+- ``AsyncClient``  — asyncio client: put/load KV pages and SSM snapshots as torch tensors,
+                     joint-hit ``lookup``, batch calls (``async_client.py``)
+- ``Client``       — the same calls, blocking, on a private loop thread (``sync_client.py``)
+- ``PutItem``, ``LookupResult`` — batch input and lookup answer (``values.py``)
+- ``connect``, ``Connection`` — the raw frame connection (``transport.py``)
+
+Underneath: ``transfers.py`` (put/load exchanges), ``shm.py`` (the mapped host arena),
+``tensors.py`` (tensor ↔ bytes). Errors are ``statetier.protocol.errors``.
+
+Importing this package loads neither torch nor any server-side dependency: the names
+above are resolved on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .async_client import AsyncClient
+    from .sync_client import Client
+    from .transport import Connection, connect
+    from .values import LookupResult, PutItem
+
+_EXPORTS = {
+    "AsyncClient": "async_client",
+    "Client": "sync_client",
+    "Connection": "transport",
+    "connect": "transport",
+    "LookupResult": "values",
+    "PutItem": "values",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -1,0 +1,317 @@
+"""The asyncio client of the statetier daemon: torch tensors in, verified tensors out.
+
+``AsyncClient(url, *, namespace, tenant, token, ssl, use_shm, producer_id)``; ``await
+connect()`` / ``await close()`` or ``async with``. One connection carries every call, many
+at once. Keys are built in the client's namespace (``kv_key`` / ``ssm_key``).
+
+- ``put(key, tensors, *, request_id, step, publish, version, speculative)`` → ``StateRef``;
+  ``put_kv(layer, prefix_hash, token_start, token_end, tensors, ...)`` and
+  ``put_ssm(layer, prefix_hash, tokens_absorbed, {"conv": t, "ssm": t}, ...)`` build the key.
+- ``load(ref_or_key, *, device, expect)`` → ``{name: tensor}``; ``load_with_ref`` also
+  returns the ``StateRef`` of what was loaded. Loads carry the client's own namespace.
+- ``lookup(attention_layers, ssm_layers, boundaries | token_ids=…, ...)`` → ``LookupResult``;
+  ``release(lease_ids)`` gives the leases back.
+- ``put_many(items)`` / ``load_many(targets)``: concurrent over the one connection, bounded.
+- ``delete(ref)``, ``stats()``, ``inspect(state_id)``, ``verify()``, ``ping()``.
+
+Zero-copy through the daemon's host arena on a Unix socket (``transfers.py``), inline
+bytes otherwise. Every failure is a typed ``statetier.protocol.errors`` error;
+use after ``close()`` raises ``ClientClosedError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl as _ssl
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence, TypeVar
+
+import torch
+
+from statetier.protocol.dtypes import TensorSpec
+from statetier.protocol.errors import ClientClosedError, InvalidRequest
+from statetier.protocol.frames import Op
+from statetier.protocol.identity import Kind, Namespace, NamespaceSpec, Provenance, StateKey, StateRef
+from statetier.protocol.messages import (
+    field,
+    key_to_wire,
+    provenance_to_wire,
+    ref_from_wire,
+    ref_to_wire,
+    specs_to_wire,
+)
+
+from . import transport
+from .shm import HostArena
+from .tensors import dtype_name
+from .transfers import Transfers
+from .values import LookupResult, PutItem, boundaries_from_tokens, boundaries_to_wire, named_tensors
+
+DEFAULT_CONCURRENCY = 16
+Expect = Mapping[str, tuple[Any, Sequence[int]]]
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class AsyncClient:
+    """A connection to the daemon, in one tenant and (for puts and loads) one namespace."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        namespace: Namespace | NamespaceSpec | None = None,
+        tenant: str = "default",
+        token: str | None = None,
+        ssl: _ssl.SSLContext | None = None,
+        use_shm: bool = True,
+        producer_id: str = "",
+        timeout: float = 10.0,
+        concurrency: int = DEFAULT_CONCURRENCY,
+    ) -> None:
+        self.url = url
+        self.spec = namespace if isinstance(namespace, NamespaceSpec) else None
+        self.namespace = namespace.namespace() if isinstance(namespace, NamespaceSpec) else namespace
+        if self.namespace is not None and not isinstance(self.namespace, Namespace):
+            raise InvalidRequest("namespace must be a Namespace, a NamespaceSpec or None")
+        self.tenant = tenant
+        self.producer_id = producer_id
+        self.concurrency = concurrency
+        self._token, self._ssl, self._use_shm, self._timeout = token, ssl, use_shm, timeout
+        self._conn: transport.Connection | None = None
+        self._transfers: Transfers | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._is_closed = False
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def connect(self) -> "AsyncClient":
+        if self._is_closed:
+            raise ClientClosedError("the statetier client is closed")
+        if self._conn is not None:
+            return self
+        conn = await transport.connect(self.url, tenant=self.tenant, token=self._token, ssl=self._ssl,
+                                       shm=self._use_shm, timeout=self._timeout)
+        try:
+            arena = HostArena.open(*conn.shm) if conn.shm is not None and self._use_shm else None
+        except BaseException:
+            await conn.close()
+            raise
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="statetier-copy")
+        self._conn, self._transfers = conn, Transfers(conn, arena, self._executor)
+        return self
+
+    async def close(self) -> None:
+        """Close the connection (the daemon drops this client's leases) and unmap the arena."""
+        if self._is_closed:
+            return
+        self._is_closed = True
+        try:
+            if self._conn is not None:
+                await self._conn.close()
+        finally:
+            if self._transfers is not None and self._transfers.arena is not None:
+                self._transfers.arena.close()  # deferred while a copy still holds a region
+            if self._executor is not None:
+                self._executor.shutdown(wait=False)
+
+    async def __aenter__(self) -> "AsyncClient":
+        return await self.connect()
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.close()
+
+    @property
+    def uses_shm(self) -> bool:
+        """Whether puts and loads go through the daemon's host arena."""
+        return self._transfers is not None and self._transfers.arena is not None
+
+    @property
+    def server_info(self) -> dict:
+        """HELLO_OK as the daemon sent it (version, max_frame, max_inflight, shm …)."""
+        return dict(self._connection().hello)
+
+    # -- keys ---------------------------------------------------------------------------
+
+    def kv_key(self, layer: int, prefix_hash: bytes, token_start: int, token_end: int, *,
+               shard: int = 0, group_layers: Sequence[int] = ()) -> StateKey:
+        """The key of the KV page of ``layer`` covering ``[token_start, token_end)``."""
+        return StateKey(self._own_namespace(), Kind.KV, layer, prefix_hash, token_start, token_end,
+                        shard, tuple(group_layers))
+
+    def ssm_key(self, layer: int, prefix_hash: bytes, tokens_absorbed: int, *, shard: int = 0) -> StateKey:
+        """The key of ``layer``'s snapshot after ``tokens_absorbed`` tokens of ``prefix_hash``."""
+        return StateKey(self._own_namespace(), Kind.SSM, layer, prefix_hash, 0, tokens_absorbed, shard)
+
+    # -- puts ---------------------------------------------------------------------------
+
+    async def put(self, key: StateKey, tensors, *, request_id: str, step: int = 0, publish: bool = False,
+                  version: int | None = None, speculative: bool = False) -> StateRef:
+        """Seal ``tensors`` (``{name: tensor}`` or ``[(name, tensor)]``, in payload order) under ``key``."""
+        pairs = named_tensors(tensors)
+        provenance = Provenance(request_id, step, self.producer_id, time.time_ns())
+        meta: dict[str, Any] = {"key": key_to_wire(key), "provenance": provenance_to_wire(provenance),
+                                "publish": bool(publish), "speculative": bool(speculative)}
+        if version is not None:
+            meta["version"] = version
+        return await self._transfers_now().put(meta, pairs)
+
+    async def put_kv(self, layer: int, prefix_hash: bytes, token_start: int, token_end: int, tensors, *,
+                     request_id: str, step: int = 0, shard: int = 0, publish: bool = False,
+                     version: int | None = None, speculative: bool = False) -> StateRef:
+        key = self.kv_key(layer, prefix_hash, token_start, token_end, shard=shard)
+        return await self.put(key, tensors, request_id=request_id, step=step, publish=publish,
+                              version=version, speculative=speculative)
+
+    async def put_ssm(self, layer: int, prefix_hash: bytes, tokens_absorbed: int, tensors, *,
+                      request_id: str, step: int = 0, shard: int = 0, publish: bool = False,
+                      version: int | None = None, speculative: bool = False) -> StateRef:
+        key = self.ssm_key(layer, prefix_hash, tokens_absorbed, shard=shard)
+        return await self.put(key, tensors, request_id=request_id, step=step, publish=publish,
+                              version=version, speculative=speculative)
+
+    async def put_many(self, items: Iterable[PutItem], *, concurrency: int | None = None) -> list[StateRef]:
+        """Put every item concurrently; the refs come back in the items' order."""
+        async def put_one(item: PutItem) -> StateRef:
+            return await self.put(item.key, item.tensors, request_id=item.request_id, step=item.step,
+                                  publish=item.publish, version=item.version, speculative=item.speculative)
+        return await _map_bounded(put_one, list(items), concurrency or self.concurrency)
+
+    # -- loads --------------------------------------------------------------------------
+
+    async def load(self, target: StateRef | StateKey, *, device: torch.device | str = "cpu",
+                   expect: Expect | None = None, speculative: bool = False) -> dict[str, torch.Tensor]:
+        """The tensors of ``target``: a ``StateRef`` (handoff) or a ``StateKey`` (prefix reuse)."""
+        _, tensors = await self.load_with_ref(target, device=device, expect=expect, speculative=speculative)
+        return tensors
+
+    async def load_with_ref(self, target: StateRef | StateKey, *, device: torch.device | str = "cpu",
+                            expect: Expect | None = None,
+                            speculative: bool = False) -> tuple[StateRef, dict[str, torch.Tensor]]:
+        """Like ``load``, plus the ``StateRef`` of the object that was loaded."""
+        meta: dict[str, Any] = {"ns": self._own_namespace().hex(), "speculative": bool(speculative)}
+        if isinstance(target, StateRef):
+            meta["ref"] = ref_to_wire(target)
+        elif isinstance(target, StateKey):
+            meta["key"] = key_to_wire(target)
+        else:
+            raise InvalidRequest(f"load takes a StateRef or a StateKey, not {type(target).__name__}")
+        if expect is not None:
+            meta["tensors"] = specs_to_wire(_expected_specs(expect))
+        return await self._transfers_now().load(meta, device)
+
+    async def load_many(self, targets: Iterable[StateRef | StateKey], *, device: torch.device | str = "cpu",
+                        expect: Expect | None = None,
+                        concurrency: int | None = None) -> list[dict[str, torch.Tensor]]:
+        """Load every target concurrently; results come back in the targets' order."""
+        async def load_one(target) -> dict[str, torch.Tensor]:
+            return await self.load(target, device=device, expect=expect)
+        return await _map_bounded(load_one, list(targets), concurrency or self.concurrency)
+
+    # -- lookup and leases --------------------------------------------------------------
+
+    async def lookup(self, attention_layers: Sequence[int], ssm_layers: Sequence[int],
+                     boundaries: Sequence[tuple[int, bytes]] | None = None, *,
+                     token_ids: Sequence[int] | None = None, block_size: int | None = None,
+                     kv_layout: str = "blocks", shard: int = 0, lease: bool = True) -> LookupResult:
+        """The largest prefix that every listed layer can restore (DESIGN §4, joint hits).
+
+        Give ``boundaries`` as ascending ``(token_end, prefix_hash)`` pairs, or ``token_ids``
+        (hashed per ``block_size``, by default the namespace's ``kv_block_size``). Leased
+        objects stay pinned until ``release(result.lease_ids)``.
+        """
+        if (boundaries is None) == (token_ids is None):
+            raise InvalidRequest("lookup takes either boundaries or token_ids")
+        if token_ids is not None:
+            size = block_size or (self.spec.kv_block_size if self.spec else None)
+            if not size:
+                raise InvalidRequest("lookup by token_ids needs block_size (or a NamespaceSpec)")
+            boundaries = boundaries_from_tokens(token_ids, size, self.spec.hash_seed if self.spec else 0)
+        meta = {"ns": self._own_namespace().hex(), "attention_layers": [int(x) for x in attention_layers],
+                "ssm_layers": [int(x) for x in ssm_layers], "boundaries": boundaries_to_wire(boundaries),
+                "kv_layout": kv_layout, "shard": shard, "lease": bool(lease)}
+        frame = await self._request(Op.LOOKUP, meta)
+        objects = []
+        for item in field(frame.meta, "objects", list):
+            if not isinstance(item, dict):
+                raise InvalidRequest("LOOKUP objects must be {ref, lease} objects")
+            objects.append((ref_from_wire(field(item, "ref", dict)), field(item, "lease", int, optional=True)))
+        return LookupResult(field(frame.meta, "tokens", int), objects)
+
+    async def release(self, lease_ids: Iterable[int]) -> int:
+        """Give leases back (from ``lookup``); returns how many the daemon still held."""
+        leases = [int(x) for x in lease_ids]
+        if not leases:
+            return 0
+        frame = await self._request(Op.RELEASE, {"leases": leases})
+        return field(frame.meta, "released", int, default=0)
+
+    # -- administration -----------------------------------------------------------------
+
+    async def delete(self, ref: StateRef) -> int:
+        frame = await self._request(Op.DELETE, {"ref": ref_to_wire(ref)})
+        return field(frame.meta, "deleted", int, default=0)
+
+    async def stats(self) -> dict:
+        return dict((await self._request(Op.STATS, {})).meta)
+
+    async def inspect(self, state_id: bytes | str) -> dict:
+        text = state_id.hex() if isinstance(state_id, (bytes, bytearray)) else str(state_id)
+        return dict((await self._request(Op.INSPECT, {"state_id": text})).meta)
+
+    async def verify(self) -> dict:
+        return dict((await self._request(Op.VERIFY, {})).meta)
+
+    async def ping(self) -> float:
+        """One round trip to the daemon; returns its duration in seconds."""
+        started = time.perf_counter()
+        await self._request(Op.PING, {})
+        return time.perf_counter() - started
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _connection(self) -> transport.Connection:
+        if self._is_closed:
+            raise ClientClosedError("the statetier client is closed")
+        if self._conn is None:
+            raise ClientClosedError("the statetier client is not connected: await connect() first")
+        return self._conn
+
+    def _transfers_now(self) -> Transfers:
+        self._connection()
+        return self._transfers
+
+    async def _request(self, op: Op, meta: dict):
+        return await self._connection().request(op, meta)
+
+    def _own_namespace(self) -> Namespace:
+        if self.namespace is None:
+            raise InvalidRequest("this client has no namespace: pass namespace= to put, load or lookup")
+        return self.namespace
+
+
+def _expected_specs(expect: Expect) -> list[TensorSpec]:
+    specs = []
+    for name, (dtype, shape) in expect.items():
+        wire_dtype = dtype_name(dtype) if isinstance(dtype, torch.dtype) else str(dtype)
+        specs.append(TensorSpec(name, wire_dtype, tuple(shape)))
+    return specs
+
+
+async def _map_bounded(fn: Callable[[T], Awaitable[R]], items: list[T], limit: int) -> list[R]:
+    """``fn`` over ``items`` with at most ``limit`` running; the first failure cancels the rest."""
+    slots = asyncio.Semaphore(max(1, limit))
+
+    async def one(item: T) -> R:
+        async with slots:
+            return await fn(item)
+
+    tasks = [asyncio.ensure_future(one(item)) for item in items]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise

@@ -1,0 +1,5 @@
+"""``python -m statetier.daemon`` — the ``statetier`` command line (``daemon/cli.py``)."""
+
+from statetier.daemon.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,479 @@
+"""The daemon's configuration: one frozen pydantic model tree, and the only reader of the environment.
+
+- ``Config`` — sections ``host``, ``device``, ``disk``, ``redis`` (tiers), ``listen``,
+  ``tenants``, ``limits``, ``keys``, ``metrics``, plus ``log_level`` and ``producer_id``.
+  Every section is frozen, ``extra="forbid"``; sizes accept ints or strings with units
+  ("64MiB", "2GB").
+- ``load_config(path, env, overrides)`` — embedded defaults ← TOML file (``path``, else
+  ``$STATETIER_CONFIG``) ← environment ``STATETIER_<SECTION>__<FIELD>`` / ``STATETIER_<FIELD>``
+  ← overrides (dotted keys, ``"disk.directory"``). Raises ``ConfigError`` naming the
+  field path and where the bad value came from.
+- ``parse_env_value`` / ``parse_setting(dotted, raw)`` — how an environment string (or a
+  ``--set KEY=VALUE``) becomes a value: JSON when it parses; text fields keep the raw string.
+- ``client_url_from_env(env)`` — the CLI's default daemon URL (``$STATETIER_URL``).
+
+Called once by ``statetier serve`` (``daemon/cli.py``) before ``daemon.app.run(config)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import re
+import socket
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+
+from statetier.protocol.errors import ConfigError
+
+KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
+ENV_PREFIX = "STATETIER_"
+ENV_CONFIG_FILE = "STATETIER_CONFIG"
+ENV_CLIENT_URL = "STATETIER_URL"
+DEFAULT_CLIENT_URL = "unix://./statetier.sock"
+TIER_NAMES = ("device", "host", "disk", "redis")
+HOST_AUTO_MIN, HOST_AUTO_MAX = 64 * MiB, 64 * GiB
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": KiB, "kib": KiB, "m": MiB, "mib": MiB, "g": GiB, "gib": GiB, "t": TiB, "tib": TiB,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(value: object) -> object:
+    """``"64MiB"`` → 67108864 (binary: K/KiB…, decimal: KB/MB…); other values pass through."""
+    if not isinstance(value, str):
+        return value
+    match = _SIZE.match(value.replace("_", ""))
+    if match is None or match.group(2).lower() not in _UNITS:
+        raise ValueError(f"not a size: {value!r} (use bytes or a unit: 512MiB, 2GiB, 10GB)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+Bytes = Annotated[int, BeforeValidator(parse_size), Field(gt=0)]
+Seconds = Annotated[float, Field(gt=0)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class _Watermarks(_Section):
+    """Eviction starts above ``high_watermark`` × capacity and stops at ``low_watermark`` ×."""
+
+    high_watermark: float = Field(0.9, gt=0, le=1, description="Fraction of capacity above which the tier evicts (demotes).")
+    low_watermark: float = Field(0.75, gt=0, le=1, description="Fraction of capacity eviction brings usage down to; below high_watermark.")
+
+    @field_validator("low_watermark")
+    @classmethod
+    def _below_high(cls, low: float, info) -> float:
+        high = info.data.get("high_watermark")
+        if high is not None and not low < high:
+            raise ValueError(f"must be below high_watermark ({high})")
+        return low
+
+
+class HostTierConfig(_Watermarks):
+    enabled: bool = Field(True, description="Keep a shared-memory host tier (the zero-copy path for same-host clients).")
+    capacity_bytes: Bytes | None = Field(
+        None, description="Arena size; None = 25% of MemAvailable at start, clamped to [64 MiB, 64 GiB]."
+    )
+    shm_dir: Path = Field(Path("/dev/shm"), description="Directory of the arena file that clients mmap (a tmpfs).")
+
+    def resolved_capacity(self, mem_available: int | None = None) -> int:
+        """``capacity_bytes``, or 25% of available memory (``/proc/meminfo``) clamped."""
+        if self.capacity_bytes is not None:
+            return self.capacity_bytes
+        available = read_mem_available() if mem_available is None else mem_available
+        return max(HOST_AUTO_MIN, min(HOST_AUTO_MAX, available // 4))
+
+
+class DeviceTierConfig(_Watermarks):
+    enabled: bool = Field(False, description="Keep a GPU-memory tier (runs on cpu when CUDA is absent).")
+    device: str = Field("cuda:0", pattern=r"^(cuda(:\d+)?|cpu)$", description="torch device of the slab pool.")
+    capacity_bytes: Bytes = Field(1 * GiB, description="Bytes of device memory preallocated for the pool.")
+
+
+class DiskTierConfig(_Watermarks):
+    enabled: bool = Field(True, description="Keep the disk tier (segment files + LMDB index).")
+    directory: Path = Field(Path("./statetier-data"), description="Directory of segments, index and (by default) the keyring.")
+    capacity_bytes: Bytes = Field(16 * GiB, description="Bytes of live objects the disk tier may hold.")
+    segment_bytes: Bytes = Field(64 * MiB, description="Size at which a segment file is sealed and a new one started.")
+    fsync: bool = Field(True, description="fsync segments and index before a store completes.")
+    encrypt: bool = Field(False, description="Encrypt payloads at rest (AES-256-GCM, keys.at_rest_key_file).")
+    compact_interval_seconds: Seconds = Field(30.0, description="Seconds between compaction passes over sparse segments.")
+
+
+class RedisTierConfig(_Section):
+    url: str | None = Field(
+        None, description="redis://, rediss:// (TLS) or unix:// URL, ACL user in the URL; None = no Redis tier."
+    )
+    cluster: bool | None = Field(None, description="Redis Cluster; None = detect at start.")
+    ttl_seconds: int | None = Field(3600, gt=0, description="Expiry of stored objects; None = no expiry.")
+    capacity_bytes: Bytes | None = Field(None, description="Bytes this daemon may keep in Redis; None = unbounded (TTL/maxmemory).")
+    chunk_bytes: Bytes = Field(2 * MiB, description="Large sealed values are split into chunks of this size.")
+    encrypt: bool = Field(False, description="Encrypt payloads at rest (AES-256-GCM, keys.at_rest_key_file).")
+    socket_timeout: Seconds = Field(5.0, description="Seconds before a Redis call counts as unavailable.")
+
+    @field_validator("url")
+    @classmethod
+    def _known_scheme(cls, url: str | None) -> str | None:
+        if url is not None and not re.match(r"^(redis|rediss|unix)://.", url):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        return url
+
+
+def _parse_mode(value: object) -> object:
+    if isinstance(value, str):  # "660", "0660", "0o660": file modes are octal
+        text = value.strip().lower().removeprefix("0o")
+        if not re.fullmatch(r"[0-7]{1,4}", text):
+            raise ValueError(f"not an octal file mode: {value!r}")
+        return int(text, 8)
+    return value
+
+
+class ListenConfig(_Section):
+    socket_path: Path = Field(Path("./statetier.sock"), description="Unix socket the daemon listens on.")
+    socket_mode: Annotated[int, BeforeValidator(_parse_mode)] = Field(
+        0o660, ge=0, le=0o7777, description="File mode of the socket (octal in TOML: 0o660; strings read as octal)."
+    )
+    allowed_uids: tuple[int, ...] = Field(
+        (), description="Peer uids allowed on the socket; empty = the daemon's own uid and root."
+    )
+    allowed_gids: tuple[int, ...] = Field((), description="Peer gids allowed on the socket.")
+    tcp: str | None = Field(None, description='"host:port" ("[::1]:7000" for IPv6) to listen on TCP too; None = Unix only.')
+    tls_cert: Path | None = Field(None, description="PEM certificate for TCP (with tls_key).")
+    tls_key: Path | None = Field(None, validate_default=True, description="PEM private key for TCP (with tls_cert).")
+    tls_client_ca: Path | None = Field(
+        None, validate_default=True, description="CA bundle; set = TCP clients must present a certificate (mutual TLS)."
+    )
+
+    @field_validator("tcp")
+    @classmethod
+    def _host_port(cls, tcp: str | None) -> str | None:
+        if tcp is not None:
+            split_host_port(tcp)
+        return tcp
+
+    @field_validator("tls_key")
+    @classmethod
+    def _key_with_cert(cls, key: Path | None, info) -> Path | None:
+        cert = info.data.get("tls_cert")
+        if (cert is None) != (key is None) and "tls_cert" in info.data:
+            raise ValueError("tls_cert and tls_key go together")
+        if key is not None and info.data.get("tcp") is None and "tcp" in info.data:
+            raise ValueError("TLS applies to TCP only: set listen.tcp too")
+        return key
+
+    @field_validator("tls_client_ca")
+    @classmethod
+    def _ca_needs_tls(cls, ca: Path | None, info) -> Path | None:
+        if ca is not None and info.data.get("tls_key") is None and "tls_key" in info.data:
+            raise ValueError("mutual TLS needs tls_cert and tls_key")
+        return ca
+
+    def tcp_address(self) -> tuple[str, int] | None:
+        return None if self.tcp is None else split_host_port(self.tcp)
+
+
+def split_host_port(text: str) -> tuple[str, int]:
+    """``"127.0.0.1:7000"`` / ``"[::1]:7000"`` → (host, port); ValueError otherwise."""
+    match = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d+)|([^:\[\]\s]+):(\d+)", text.strip())
+    if match is None:
+        raise ValueError(f'expected "host:port", got {text!r}')
+    host = match.group(1) or match.group(3)
+    port = int(match.group(2) or match.group(4))
+    if port > 65535:
+        raise ValueError(f"port {port} is out of range")
+    return host, port
+
+
+class TenantConfig(_Section):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Tenant name (sent in HELLO).")
+    token_sha256: str | None = Field(
+        None, pattern=r"^[0-9a-fA-F]{64}$", description="Hex sha256 of the bearer token TCP clients authenticate with."
+    )
+    uids: tuple[int, ...] = Field((), description="Unix-socket peer uids mapped to this tenant.")
+    quota_bytes: dict[str, Annotated[int, BeforeValidator(parse_size), Field(ge=0)]] = Field(
+        default_factory=dict, description="Tier name (device, host, disk, redis) → bytes this tenant may hold there."
+    )
+
+    @field_validator("token_sha256")
+    @classmethod
+    def _lower(cls, token: str | None) -> str | None:
+        return None if token is None else token.lower()
+
+    @field_validator("quota_bytes")
+    @classmethod
+    def _known_tiers(cls, quotas: dict[str, int]) -> dict[str, int]:
+        unknown = sorted(set(quotas) - set(TIER_NAMES))
+        if unknown:
+            raise ValueError(f"unknown tier {unknown[0]!r}; tiers are {', '.join(TIER_NAMES)}")
+        return quotas
+
+    def accepts_token(self, token: str) -> bool:
+        if self.token_sha256 is None:
+            return False
+        return hmac.compare_digest(hashlib.sha256(token.encode()).hexdigest(), self.token_sha256)
+
+
+class LimitsConfig(_Section):
+    max_frame_bytes: Bytes = Field(65 * MiB, description="Largest frame accepted or sent.")
+    max_inflight_per_connection: int = Field(64, gt=0, description="Requests one connection may have in flight.")
+    byte_budget: Bytes = Field(1 * GiB, description="Payload bytes in flight across all connections before requests wait.")
+    busy_wait_seconds: Seconds = Field(2.0, description="How long a request waits for budget before Busy.")
+    lease_ttl_seconds: Seconds = Field(30.0, description="Deadline of a lease a client holds.")
+    shutdown_grace_seconds: Seconds = Field(10.0, description="On SIGTERM, time in-flight requests get before cancellation.")
+    write_behind_queue: int = Field(256, gt=0, description="Demotions queued for write-behind before puts wait.")
+
+
+class KeysConfig(_Section):
+    keyring_file: Path | None = Field(
+        None, description="Signing keyring (statetier keygen); None = <disk dir>/keyring.json, generated at first start (0600)."
+    )
+    at_rest_key_file: Path | None = Field(
+        None, description="AES-256 key for tiers with encrypt=true; None = <disk dir>/at-rest.key, generated at first start (0600)."
+    )
+
+
+class MetricsConfig(_Section):
+    enabled: bool = Field(True, description="Serve /metrics, /healthz and /readyz over HTTP.")
+    host: str = Field("127.0.0.1", description="Address the metrics HTTP server binds.")
+    port: int = Field(9464, ge=0, le=65535, description="Port of the metrics HTTP server (0 = ephemeral).")
+
+
+class Config(_Section):
+    host: HostTierConfig = Field(default_factory=HostTierConfig, description="Shared-memory host tier.")
+    device: DeviceTierConfig = Field(default_factory=DeviceTierConfig, description="GPU-memory tier.")
+    disk: DiskTierConfig = Field(default_factory=DiskTierConfig, description="Disk tier.")
+    redis: RedisTierConfig = Field(default_factory=RedisTierConfig, description="Redis tier (cross-node).")
+    listen: ListenConfig = Field(default_factory=ListenConfig, description="Sockets and transport security.")
+    tenants: tuple[TenantConfig, ...] = Field(
+        default_factory=lambda: (TenantConfig(name="default"),),
+        description='Tenants; an allowed Unix peer that maps to no tenant gets "default" when it exists.',
+    )
+    limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Frames, budgets, deadlines.")
+    keys: KeysConfig = Field(default_factory=KeysConfig, description="Signing and at-rest key files.")
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Prometheus HTTP endpoint.")
+    log_level: Literal["debug", "info", "warning", "error", "critical"] = Field("info", description="Logging level.")
+    producer_id: str = Field("", max_length=255, description='Producer id sealed into provenance; "" = hostname:pid at start.')
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lowercase(cls, level: object) -> object:
+        return level.lower() if isinstance(level, str) else level
+
+    @field_validator("tenants")
+    @classmethod
+    def _unique_tenants(cls, tenants: tuple[TenantConfig, ...]) -> tuple[TenantConfig, ...]:
+        names: set[str] = set()
+        uids: dict[int, str] = {}
+        for tenant in tenants:
+            if tenant.name in names:
+                raise ValueError(f"tenant name {tenant.name!r} appears twice")
+            names.add(tenant.name)
+            for uid in tenant.uids:
+                if uid in uids:
+                    raise ValueError(f"uid {uid} is mapped to both {uids[uid]!r} and {tenant.name!r}")
+                uids[uid] = tenant.name
+        return tenants
+
+    def keyring_path(self) -> Path:
+        return self.keys.keyring_file or self.disk.directory / "keyring.json"
+
+    def at_rest_key_path(self) -> Path:
+        return self.keys.at_rest_key_file or self.disk.directory / "at-rest.key"
+
+    def resolved_producer_id(self) -> str:
+        return self.producer_id or f"{socket.gethostname()}:{os.getpid()}"
+
+    def tenant_named(self, name: str) -> TenantConfig | None:
+        return next((t for t in self.tenants if t.name == name), None)
+
+    def is_unix_peer_allowed(self, uid: int, gid: int, own_uid: int | None = None) -> bool:
+        """Allowed uids (default: own uid and root), allowed gids, or a uid a tenant lists."""
+        allowed = set(self.listen.allowed_uids) or {os.getuid() if own_uid is None else own_uid, 0}
+        return uid in allowed or gid in self.listen.allowed_gids or any(uid in t.uids for t in self.tenants)
+
+    def tenant_for_uid(self, uid: int) -> str | None:
+        """The tenant an allowed Unix peer maps to: the one listing ``uid``, else "default"."""
+        for tenant in self.tenants:
+            if uid in tenant.uids:
+                return tenant.name
+        return "default" if self.tenant_named("default") is not None else None
+
+    def tenant_for_token(self, token: str) -> str | None:
+        return next((t.name for t in self.tenants if t.accepts_token(token)), None)
+
+
+# -- loading ----------------------------------------------------------------------------
+
+
+def read_mem_available(meminfo: Path = Path("/proc/meminfo")) -> int:
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * KiB
+    except (OSError, ValueError, IndexError) as exc:
+        raise ConfigError(f"host.capacity_bytes: cannot size from {meminfo}: {exc}; set it explicitly") from exc
+    raise ConfigError(f"host.capacity_bytes: no MemAvailable in {meminfo}; set it explicitly")
+
+
+def client_url_from_env(env: Mapping[str, str] | None = None) -> str:
+    env = os.environ if env is None else env
+    return env.get(ENV_CLIENT_URL) or DEFAULT_CLIENT_URL
+
+
+def load_config(
+    path: Path | str | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, object] | None = None,
+) -> Config:
+    """Defaults ← TOML ← environment ← overrides, validated once; ``ConfigError`` on any problem."""
+    env = os.environ if env is None else env
+    merged: dict = {}
+    sources: dict[tuple, str] = {}
+    if path is None and env.get(ENV_CONFIG_FILE):
+        path = env[ENV_CONFIG_FILE]
+    if path is not None:
+        _merge(merged, sources, _read_toml(Path(path)), (), f"config file {path}")
+    for name, path_keys, value in _env_entries(env):
+        _merge(merged, sources, _nest(path_keys, value), (), f"environment {name}")
+    for dotted, value in (overrides or {}).items():
+        keys = tuple(part for part in dotted.split(".") if part)
+        if not keys:
+            raise ConfigError(f"override {dotted!r}: empty key")
+        _merge(merged, sources, _nest(keys, value), (), f"override {dotted}")
+    try:
+        return Config.model_validate(merged)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, sources)) from exc
+
+
+def parse_setting(dotted: str, raw: str) -> object:
+    """A text value for the field at ``dotted`` ("disk.fsync"), read as the environment is."""
+    return parse_env_value(raw, _annotation_at(tuple(part for part in dotted.split(".") if part)))
+
+
+def parse_env_value(raw: str, annotation: object = None) -> object:
+    """JSON when it parses (numbers, booleans, lists, objects), else the raw string.
+
+    Text fields (``str``/``Path``) keep the raw string, so ``STATETIER_PRODUCER_ID=42``
+    stays ``"42"``; ``null`` still clears an optional field.
+    """
+    kinds = _leaf_types(annotation)
+    if kinds and kinds <= {str, Path, type(None)}:
+        return None if raw == "null" and type(None) in kinds else raw
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def _read_toml(path: Path) -> dict:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"config file {path}: {exc}") from exc
+
+
+def _env_entries(env: Mapping[str, str]):
+    """``STATETIER_DISK__DIRECTORY`` → ("disk", "directory"); single-level names only when
+    they are ``Config`` fields, so ``STATETIER_URL``/``STATETIER_CONFIG`` are not config."""
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG_FILE:
+            continue
+        keys = tuple(part.lower() for part in name[len(ENV_PREFIX):].split("__"))
+        if len(keys) == 1 and keys[0] not in Config.model_fields:
+            continue
+        if any(not part for part in keys):
+            raise ConfigError(f"environment {name}: empty name segment")
+        yield name, keys, parse_env_value(env[name], _annotation_at(keys))
+
+
+def _annotation_at(keys: tuple[str, ...]) -> object:
+    model: object = Config
+    annotation: object = None
+    for key in keys:
+        fields = getattr(model, "model_fields", None)
+        if not fields or key not in fields:
+            return None
+        annotation = fields[key].annotation
+        model = next((t for t in _leaf_types(annotation) if isinstance(t, type) and issubclass(t, BaseModel)), None)
+    return annotation
+
+
+def _leaf_types(annotation: object) -> set:
+    if annotation is None:
+        return set()
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _leaf_types(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return set().union(*(_leaf_types(arg) for arg in typing.get_args(annotation)))
+    if origin is Literal:
+        return {str}
+    return {origin or annotation}
+
+
+def _nest(keys: tuple, value: object) -> dict:
+    for key in reversed(keys):
+        value = {key: value}
+    return value  # type: ignore[return-value]
+
+
+def _merge(into: dict, sources: dict, layer: Mapping, prefix: tuple, source: str) -> None:
+    """Deep-merge ``layer`` into ``into``; ``sources`` records, per leaf path, who set it."""
+    for key, value in layer.items():
+        here = (*prefix, key)
+        if isinstance(value, Mapping):
+            if not isinstance(into.get(key), dict):
+                into[key] = {}
+                _forget(sources, here)
+            _merge(into[key], sources, value, here, source)
+        else:
+            into[key] = value
+            _forget(sources, here)
+            sources[here] = source
+
+
+def _forget(sources: dict, path: tuple) -> None:
+    for old in [p for p in sources if p[: len(path)] == path]:
+        del sources[old]
+
+
+def _describe(exc: ValidationError, sources: dict[tuple, str]) -> str:
+    lines = []
+    for error in exc.errors(include_url=False):
+        loc = tuple(error["loc"])
+        field = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".") or "config"
+        message = error["msg"].removeprefix("Value error, ")
+        lines.append(f"{field}: {message} ({_source_of(loc, sources)})")
+    return "; ".join(lines)
+
+
+def _source_of(loc: tuple, sources: dict[tuple, str]) -> str:
+    keys = tuple(str(part) for part in loc if not isinstance(part, int))
+    for depth in range(len(keys), 0, -1):
+        hit = sources.get(keys[:depth])
+        if hit is not None:
+            return f"from {hit}"
+    # A default that conflicts with something set nearby: name what was set in its section.
+    for depth in (len(keys), len(keys) - 1):
+        near = sorted({s for p, s in sources.items() if p[:depth] == keys[:depth]}) if depth > 0 else []
+        if near:
+            return "from " + ", ".join(near)
+    return "default"

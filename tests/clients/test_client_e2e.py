@@ -1,0 +1,356 @@
+"""The client SDK against the real daemon, started as a subprocess (``statetier serve``).
+
+Shapes are Jamba-mini's: 28 SSM layers, each a conv state (3, 8192) bf16 and an SSM
+state (8192, 16) fp32, and 4 attention layers with KV pages (2, 8, tokens, 128) bf16.
+Every test works in its own namespace or request ids, so one daemon serves the module.
+KV pages of the "blocks" layout are keyed by the prefix hash at their block's end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from statetier.clients import AsyncClient, Client, PutItem
+from statetier.clients.tensors import tensor_bytes
+from statetier.protocol.errors import (
+    ClientClosedError,
+    NamespaceMismatch,
+    NotFound,
+    StaleState,
+)
+from statetier.protocol.identity import NamespaceSpec, prefix_hashes
+
+try:
+    import statetier.daemon.app  # noqa: F401
+except ImportError:
+    pytest.skip("daemon not available yet", allow_module_level=True)
+
+REPO = Path(__file__).resolve().parents[2]
+SSM_LAYERS = 28
+ATTENTION_LAYERS = 4
+BLOCK = 16
+
+
+def jamba_namespace(label: str) -> NamespaceSpec:
+    return NamespaceSpec(model_id=f"ai21labs/Jamba-mini-{label}", kv_block_size=BLOCK, kv_dtype="bfloat16",
+                         ssm_dtype="float32", conv_dtype="bfloat16", conv_layout="(3,8192)")
+
+
+def snapshot(seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return {"conv": torch.randn(3, 8192, generator=gen).to(torch.bfloat16),
+            "ssm": torch.randn(8192, 16, generator=gen)}
+
+
+def kv_page(seed: int, tokens: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return {"kv": torch.randn(2, 8, tokens, 128, generator=gen).to(torch.bfloat16)}
+
+
+def assert_same_tensors(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert list(got) == list(want)
+    for name, tensor in want.items():
+        assert got[name].dtype == tensor.dtype and got[name].shape == tensor.shape, name
+        assert torch.equal(got[name], tensor), name
+
+
+def token_ids(seed: int, n: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 65_000, (n,), generator=gen).tolist()
+
+
+# -- the daemon process --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def daemon_url():
+    directory = Path(tempfile.mkdtemp(prefix="st-e2e-", dir="/tmp"))  # AF_UNIX paths are short
+    socket_path = directory / "d.sock"
+    log = open(directory / "daemon.log", "wb")
+    command = [sys.executable, "-m", "statetier.daemon", "serve", "--socket", str(socket_path),
+               "--disk-dir", str(directory / "disk"), "--metrics-port", "0", "--host-capacity", "256MiB"]
+    proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    url = f"unix://{socket_path}"
+    try:
+        _wait_until_serving(proc, url, directory / "daemon.log")
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _wait_until_serving(proc: subprocess.Popen, url: str, log_path: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    socket_path = url.removeprefix("unix://")
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the daemon exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
+        if os.path.exists(socket_path):
+            try:
+                with Client(url, use_shm=False) as probe:
+                    probe.ping()
+                return
+            except Exception:  # noqa: BLE001 - still starting
+                pass
+        time.sleep(0.1)
+    raise AssertionError(f"the daemon did not serve {url} within {timeout} s:\n{log_path.read_text()[-4000:]}")
+
+
+# -- exact round trips ---------------------------------------------------------------------
+
+
+async def _jamba_round_trip(url: str, *, use_shm: bool) -> None:
+    spec = jamba_namespace("shm" if use_shm else "inline")
+    tokens = token_ids(1 if use_shm else 2, 256)
+    prefix = prefix_hashes(tokens, BLOCK)[-1]
+    async with AsyncClient(url, namespace=spec, use_shm=use_shm, producer_id="prefill-0") as client:
+        assert client.uses_shm is use_shm
+        items, wanted = [], []
+        for layer in range(SSM_LAYERS):
+            tensors = snapshot(seed=layer)
+            items.append(PutItem(client.ssm_key(layer, prefix, len(tokens)), tensors, request_id="jamba-req"))
+            wanted.append(tensors)
+        for layer in range(ATTENTION_LAYERS):
+            tensors = kv_page(seed=100 + layer, tokens=len(tokens))
+            items.append(PutItem(client.kv_key(SSM_LAYERS + layer, prefix, 0, len(tokens)), tensors,
+                                 request_id="jamba-req"))
+            wanted.append(tensors)
+        refs = await client.put_many(items)
+        assert [ref.key for ref in refs] == [item.key for item in items]
+        assert all(ref.request_id == "jamba-req" and ref.version >= 1 for ref in refs)
+
+        loaded = await client.load_many(refs)
+        for got, want in zip(loaded, wanted):
+            assert_same_tensors(got, want)
+
+        ref, tensors = await client.load_with_ref(refs[0], expect={"conv": (torch.bfloat16, (3, 8192)),
+                                                                  "ssm": (torch.float32, (8192, 16))})
+        assert ref == refs[0]
+        assert_same_tensors(tensors, wanted[0])
+        by_key = await client.load(items[-1].key)  # prefix reuse: by key, no ref
+        assert_same_tensors(by_key, wanted[-1])
+
+        stats = await client.stats()
+        assert stats["leases"] == 0 and stats["reservations"] == 0
+
+
+async def test_jamba_mini_round_trip_through_shared_memory(daemon_url: str) -> None:
+    await _jamba_round_trip(daemon_url, use_shm=True)
+
+
+async def test_jamba_mini_round_trip_inline(daemon_url: str) -> None:
+    await _jamba_round_trip(daemon_url, use_shm=False)
+
+
+async def test_odd_shapes_and_dtypes_round_trip(daemon_url: str) -> None:
+    async with AsyncClient(daemon_url, namespace=jamba_namespace("odd")) as client:
+        tensors = {"scalar": torch.tensor(2.5, dtype=torch.float64), "empty": torch.empty(0, 7, dtype=torch.float16),
+                   "f8": torch.linspace(-4, 4, 33).to(torch.float8_e4m3fn),
+                   "strided": torch.arange(60, dtype=torch.int32).reshape(6, 10)[:, ::3]}
+        ref = await client.put_kv(0, bytes(32), 0, 33, tensors, request_id="odd")
+        got = await client.load(ref)
+        for name, tensor in tensors.items():
+            assert got[name].dtype == tensor.dtype and got[name].shape == tensor.shape
+            assert torch.equal(tensor_bytes(got[name]), tensor_bytes(tensor)), name
+
+
+# -- joint hits ----------------------------------------------------------------------------
+
+
+class HybridPrefix:
+    """A prompt of 4 blocks and a tiny hybrid model: attention layers 0, 1; SSM layers 2, 3."""
+
+    attention = (0, 1)
+    ssm = (2, 3)
+
+    def __init__(self, client: AsyncClient, seed: int) -> None:
+        self.client = client
+        self.tokens = token_ids(seed, 4 * BLOCK)
+        self.hashes = prefix_hashes(self.tokens, BLOCK)
+        self.request_id = f"hybrid-{seed}"
+
+    def end(self, block: int) -> int:
+        return (block + 1) * BLOCK
+
+    async def put_pages(self, *, skip: set[tuple[int, int]] = frozenset()) -> None:
+        """KV pages of every block of every attention layer, except ``(layer, block)`` in skip."""
+        for layer in self.attention:
+            for block in range(4):
+                if (layer, block) not in skip:
+                    await self.client.put_kv(layer, self.hashes[block], block * BLOCK, self.end(block),
+                                             kv_page(layer * 10 + block, BLOCK), request_id=self.request_id)
+
+    async def put_snapshots(self, block: int, *, tokens_absorbed: int | None = None) -> None:
+        absorbed = self.end(block) if tokens_absorbed is None else tokens_absorbed
+        for layer in self.ssm:
+            await self.client.put_ssm(layer, self.hashes[block], absorbed, snapshot(layer + block),
+                                      request_id=self.request_id)
+
+    async def lookup(self) -> int:
+        found = await self.client.lookup(self.attention, self.ssm, token_ids=self.tokens)
+        await self.client.release(found.lease_ids)
+        return found.tokens
+
+
+async def test_lookup_answers_the_largest_boundary_with_every_layer(daemon_url: str) -> None:
+    async with AsyncClient(daemon_url, namespace=jamba_namespace("lookup-full")) as client:
+        prefix = HybridPrefix(client, seed=10)
+        await prefix.put_pages()
+        await prefix.put_snapshots(block=1)
+        await prefix.put_snapshots(block=3)
+        found = await client.lookup(prefix.attention, prefix.ssm, token_ids=prefix.tokens)
+        try:
+            assert found.tokens == 64
+            kinds = sorted((ref.key.kind.name, ref.key.layer, ref.key.token_end) for ref in found.refs)
+            assert kinds == sorted([("SSM", 2, 64), ("SSM", 3, 64)]
+                                   + [("KV", layer, end) for layer in (0, 1) for end in (16, 32, 48, 64)])
+            assert len(found.lease_ids) == len(found.objects)
+            assert (await client.stats())["leases"] >= len(found.lease_ids)
+        finally:
+            assert await client.release(found.lease_ids) == len(found.lease_ids)
+        boundaries = [(BLOCK * (i + 1), h) for i, h in enumerate(prefix.hashes)]
+        unleased = await client.lookup(prefix.attention, prefix.ssm, boundaries, lease=False)
+        assert unleased.tokens == 64 and unleased.lease_ids == []
+
+
+async def test_lookup_without_the_last_snapshot_falls_back_to_an_earlier_one(daemon_url: str) -> None:
+    async with AsyncClient(daemon_url, namespace=jamba_namespace("lookup-missing")) as client:
+        prefix = HybridPrefix(client, seed=11)
+        await prefix.put_pages()
+        assert await prefix.lookup() == 0  # KV everywhere but no snapshot: never a KV-only hit
+        await prefix.put_snapshots(block=1)
+        assert await prefix.lookup() == 32
+
+
+async def test_lookup_ignores_a_snapshot_off_by_one_token(daemon_url: str) -> None:
+    async with AsyncClient(daemon_url, namespace=jamba_namespace("lookup-offbyone")) as client:
+        prefix = HybridPrefix(client, seed=12)
+        await prefix.put_pages()
+        await prefix.put_snapshots(block=0)
+        await prefix.put_snapshots(block=3, tokens_absorbed=63)
+        await prefix.put_snapshots(block=2, tokens_absorbed=49)
+        assert await prefix.lookup() == 16
+
+
+async def test_lookup_with_a_missing_kv_page_answers_below_the_gap(daemon_url: str) -> None:
+    async with AsyncClient(daemon_url, namespace=jamba_namespace("lookup-gap")) as client:
+        prefix = HybridPrefix(client, seed=13)
+        await prefix.put_pages(skip={(1, 2)})  # layer 1 lacks tokens [32, 48)
+        for block in range(4):
+            await prefix.put_snapshots(block=block)
+        assert await prefix.lookup() == 32
+
+
+# -- fencing and isolation -----------------------------------------------------------------
+
+
+async def test_stale_version_is_rejected(daemon_url: str) -> None:
+    async with AsyncClient(daemon_url, namespace=jamba_namespace("stale")) as client:
+        prefix = prefix_hashes(token_ids(20, 32), BLOCK)[-1]
+        first = await client.put_ssm(5, prefix, 32, snapshot(1), request_id="stale-req")
+        second = await client.put_ssm(5, prefix, 32, snapshot(2), request_id="stale-req")
+        assert second.version > first.version and second.state_id != first.state_id
+        with pytest.raises(StaleState) as info:
+            await client.load(first)
+        assert info.value.reason == "stale"
+        assert_same_tensors(await client.load(second), snapshot(2))
+        with pytest.raises(StaleState):
+            await client.put_ssm(5, prefix, 32, snapshot(3), request_id="stale-req", version=second.version)
+
+
+async def test_consumer_with_another_namespace_is_refused(daemon_url: str) -> None:
+    async with AsyncClient(daemon_url, namespace=jamba_namespace("producer")) as producer, \
+               AsyncClient(daemon_url, namespace=jamba_namespace("consumer")) as consumer:
+        ref = await producer.put_ssm(0, bytes(32), 16, snapshot(0), request_id="ns-req")
+        with pytest.raises(NamespaceMismatch):
+            await consumer.load(ref)
+        assert_same_tensors(await producer.load(ref), snapshot(0))
+
+
+async def test_delete_then_load_is_not_found_and_closed_client_refuses(daemon_url: str) -> None:
+    client = AsyncClient(daemon_url, namespace=jamba_namespace("delete"))
+    await client.connect()
+    ref = await client.put_kv(0, bytes(32), 0, 16, kv_page(0, 16), request_id="del-req")
+    assert await client.delete(ref) >= 1
+    with pytest.raises(NotFound):
+        await client.load(ref)
+    await client.close()
+    with pytest.raises(ClientClosedError):
+        await client.ping()
+
+
+async def test_cancelled_loads_leave_no_lease_behind(daemon_url: str) -> None:
+    async with AsyncClient(daemon_url, namespace=jamba_namespace("cancel")) as client:
+        refs = [await client.put_kv(layer, bytes(32), 0, 64, kv_page(layer, 64), request_id="cancel-req")
+                for layer in range(4)]
+        tasks = [asyncio.ensure_future(client.load(ref)) for ref in refs for _ in range(4)]
+        await asyncio.sleep(0)
+        for task in tasks[::2]:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        deadline = time.monotonic() + 10
+        while (await client.stats())["leases"] and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # orphaned replies are released in the background
+        assert (await client.stats())["leases"] == 0
+
+
+async def test_cancelled_puts_leave_nothing_reserved(daemon_url: str) -> None:
+    async with AsyncClient(daemon_url, namespace=jamba_namespace("cancel-put")) as client:
+        pages = [kv_page(layer, 256) for layer in range(8)]  # 1 MiB each: copies off the loop
+        tasks = [asyncio.ensure_future(client.put_kv(layer, bytes(32), 0, 256, page, request_id="cancel-put"))
+                 for layer, page in enumerate(pages)]
+        await asyncio.sleep(0)
+        for task in tasks[1::2]:
+            task.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        refs = [r for r in results if not isinstance(r, BaseException)]
+        assert len(refs) >= 4  # the uncancelled half completed
+        deadline = time.monotonic() + 10
+        while (await client.stats())["reservations"] and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # orphaned reservations are aborted in the background
+        stats = await client.stats()
+        assert stats["reservations"] == 0 and stats["leases"] == 0
+        for ref in refs:
+            assert_same_tensors(await client.load(ref), pages[ref.key.layer])
+
+
+# -- the blocking client -------------------------------------------------------------------
+
+
+def test_sync_client_basics(daemon_url: str) -> None:
+    spec = jamba_namespace("sync")
+    tokens = token_ids(30, 32)
+    hashes = prefix_hashes(tokens, BLOCK)
+    with Client(daemon_url, namespace=spec, producer_id="sync-test") as client:
+        assert client.ping() >= 0
+        ssm = client.put_ssm(0, hashes[1], 32, snapshot(7), request_id="sync-req")
+        kv = [client.put_kv(1, hashes[i], i * BLOCK, (i + 1) * BLOCK, kv_page(i, BLOCK), request_id="sync-req")
+              for i in range(2)]
+        assert_same_tensors(client.load(ssm), snapshot(7))
+        assert_same_tensors(client.load_many(kv)[1], kv_page(1, BLOCK))
+        found = client.lookup([1], [0], token_ids=tokens)
+        assert found.tokens == 32
+        client.release(found.lease_ids)
+        header = client.inspect(ssm.state_id)
+        assert header["header"]["state_id"] == ssm.state_id.hex()
+        assert header["header"]["producer_id"] == "sync-test"
+        assert "tiers" in client.stats()
+    with pytest.raises(ClientClosedError):
+        client.ping()
