@@ -1,0 +1,394 @@
+"""One client connection: framing, handshake, concurrent requests, flow control.
+
+- ``ConnectionContext`` — what every connection of one listener shares (built by ``Server``).
+- ``Connection(ctx)`` — an ``asyncio.BufferedProtocol``. Bytes are received straight into
+  the ``FrameDecoder``'s buffers. Peer credentials are checked when the connection is
+  made (Unix socket); the first frame must be HELLO; then every request frame runs as its
+  own task (``handlers.HANDLERS``) and is answered with the same request id — a REPLY, or
+  an ERROR frame (a ``StatetierError`` by its code; anything else as ``InternalError``
+  with the traceback logged). A malformed frame gets an ERROR frame with request id 0
+  and closes this connection only.
+- Backpressure: at most ``max_inflight`` request tasks run; while that many run (or
+  received frames wait for a slot) the transport stops reading. Writes go through a
+  ``FrameWriter`` (flow control; an inline LOAD's leased payload is sent without a copy
+  and its lease released once the transport has let go of it).
+- GOODBYE from the client: no more requests are read, the ones received are answered,
+  then the connection closes. EOF or a reset is a disconnect: in-flight tasks are
+  cancelled. Either way ``engine.release_owner(connection)`` then drops the leases and
+  reservations the connection still holds.
+- ``Server`` uses ``stop_accepting()``, ``request_tasks``, ``close(reason)``, ``abort()``
+  and the ``closed`` future (resolved once the owner is released) to shut down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections import deque
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+from statetier.daemon.auth import PeerCredentials, TenantDirectory, check_peer, peer_credentials
+from statetier.daemon.budget import ByteBudget
+from statetier.daemon.frame_writer import ConnectionClosed, FrameWriter
+from statetier.daemon.handlers import HANDLERS, Reply, Session
+from statetier.protocol.errors import (
+    Forbidden,
+    InternalError,
+    InvalidRequest,
+    ProtocolError,
+    StatetierError,
+    Unauthorized,
+)
+from statetier.protocol.frames import Frame, FrameDecoder, Op, error_frame, hello_ok_frame, negotiate
+from statetier.protocol.messages import field
+
+log = logging.getLogger(__name__)
+
+SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
+HANDSHAKE_TIMEOUT_SECONDS = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionContext:
+    engine: object
+    tenants: TenantDirectory
+    budget: ByteBudget
+    listen: object  # config.listen: the peer-credential rules
+    max_frame: int
+    max_inflight: int
+    metrics: object | None
+    is_unix: bool
+    daemon_stats: Callable[[], dict]
+    on_open: Callable[["Connection"], None]
+    on_close: Callable[["Connection"], None]
+
+
+class Connection(asyncio.BufferedProtocol):
+    """One client connection; see the module docstring."""
+
+    def __init__(self, ctx: ConnectionContext) -> None:
+        self._ctx = ctx
+        self._decoder = FrameDecoder(ctx.max_frame)
+        self._transport: asyncio.Transport | None = None
+        self._writer: FrameWriter | None = None
+        self._peer: PeerCredentials | None = None
+        self._session: Session | None = None
+        self._hello_timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._request_ids: set[int] = set()
+        self._pending: deque[Frame] = deque()
+        self._accepting = True  # False after GOODBYE, a connection error or shutdown
+        self._draining = False  # GOODBYE: close once every received request is answered
+        self._reading = True
+        self._failed = False
+        self._lost = False
+        self._sink: memoryview | None = None
+        self._cleanup: asyncio.Task | None = None
+        self.closed: asyncio.Future | None = None
+
+    # -- state read by the server ------------------------------------------------------
+
+    @property
+    def tenant(self) -> str | None:
+        return self._session.tenant if self._session else None
+
+    @property
+    def inflight(self) -> int:
+        return len(self._tasks)
+
+    @property
+    def is_reading_paused(self) -> bool:
+        return not self._reading and not self._lost
+
+    @property
+    def request_tasks(self) -> list[asyncio.Task]:
+        return list(self._tasks)
+
+    # -- asyncio protocol callbacks ------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        loop = asyncio.get_running_loop()
+        self._transport = transport
+        self.closed = loop.create_future()
+        self._ctx.on_open(self)
+        self._writer = FrameWriter(transport, self._ctx.max_frame)
+        _raise_socket_buffers(transport.get_extra_info("socket"))
+        if self._ctx.is_unix:
+            try:
+                self._peer = peer_credentials(transport.get_extra_info("socket"))
+                check_peer(self._peer, self._ctx.listen)
+            except OSError as exc:
+                self._refuse(Unauthorized(f"cannot read peer credentials: {exc}", auth="peer_credentials"))
+                return
+            except StatetierError as exc:
+                self._refuse(exc)
+                return
+        self._hello_timer = loop.call_later(HANDSHAKE_TIMEOUT_SECONDS, self._handshake_timed_out)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._failed:  # bytes after a connection error are read and dropped
+            if self._sink is None:
+                self._sink = memoryview(bytearray(64 * 1024))
+            return self._sink
+        return self._decoder.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._failed:
+            return
+        try:
+            frames = self._decoder.buffer_updated(nbytes)
+        except ProtocolError as exc:
+            self._count_error(exc)
+            self._fail(exc)
+            return
+        for frame in frames:
+            self._on_frame(frame)
+
+    def eof_received(self) -> bool:
+        # EOF is a disconnect, not a graceful end (that is GOODBYE): the transport closes
+        # and connection_lost cancels what is in flight.
+        return False
+
+    def pause_writing(self) -> None:
+        self._writer.pause()
+
+    def resume_writing(self) -> None:
+        self._writer.resume()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
+        self._accepting = False
+        self._pending.clear()
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
+        self._writer.lost()
+        for task in self._tasks:
+            task.cancel()
+        self._cleanup = asyncio.get_running_loop().create_task(self._release_owner())
+
+    async def _release_owner(self) -> None:
+        try:
+            if self._tasks:
+                await asyncio.wait(list(self._tasks))
+            if self._session is not None:
+                await self._ctx.engine.release_owner(self)
+        except Exception:
+            log.exception("releasing the leases of a closed connection failed")
+        finally:
+            self.closed.set_result(None)
+            self._ctx.on_close(self)
+
+    # -- handshake -------------------------------------------------------------------
+
+    def _handshake(self, frame: Frame) -> None:
+        self._hello_timer.cancel()
+        try:
+            if frame.op is not Op.HELLO:
+                raise ProtocolError(f"the first frame must be HELLO, not {frame.op.name}")
+            version = negotiate(frame.meta.get("versions"))
+            tls_verified = bool(self._transport.get_extra_info("peercert"))
+            tenant = self._ctx.tenants.resolve(frame.meta, self._peer, tls_verified)
+            shm = self._offer_shared_memory(frame.meta)
+        except StatetierError as exc:
+            self._refuse(exc)
+            return
+        except Exception:
+            log.exception("HELLO failed in the daemon")
+            self._fail(InternalError("HELLO failed in the daemon"))
+            return
+        self._session = Session(
+            self._ctx.engine, tenant, self, self._ctx.budget, shm is not None, self._ctx.daemon_stats
+        )
+        ok = hello_ok_frame(
+            version, max_frame=self._ctx.max_frame, tenant=tenant,
+            max_inflight=self._ctx.max_inflight, shm=shm,
+        )
+        self._writer.send_nowait(ok)
+
+    def _offer_shared_memory(self, hello: dict) -> dict | None:
+        if not field(hello, "shm", bool, default=False) or not self._ctx.is_unix:
+            return None
+        found = self._ctx.engine.shared_memory()
+        if found is None:
+            return None
+        path, size = found
+        return {"path": str(path), "size": size}
+
+    def _handshake_timed_out(self) -> None:
+        if self._session is None and not self._lost:
+            self._fail(ProtocolError(f"no HELLO within {HANDSHAKE_TIMEOUT_SECONDS:g}s"))
+
+    def _refuse(self, exc: StatetierError) -> None:
+        if isinstance(exc, (Unauthorized, Forbidden)):
+            log.warning("connection refused: %s", exc.message)
+            if self._ctx.metrics is not None:
+                self._ctx.metrics.count_auth_failure(str(exc.detail.get("auth", exc.reason)))
+        else:
+            self._count_error(exc)
+        self._fail(exc)
+
+    def _fail(self, exc: StatetierError) -> None:
+        """A connection-level error: report it with request id 0, then close."""
+        if self._failed:
+            return
+        self._failed = True
+        self._accepting = False
+        self._pending.clear()
+        if not self._transport.is_closing():
+            self._writer.send_nowait(error_frame(0, exc))
+            self._transport.close()
+
+    # -- requests ---------------------------------------------------------------------
+
+    def _on_frame(self, frame: Frame) -> None:
+        if not self._accepting:
+            return
+        if self._session is None:
+            self._handshake(frame)
+        elif frame.op is Op.GOODBYE:
+            self._begin_draining()
+        else:
+            self._pending.append(frame)
+            self._start_pending()
+
+    def _start_pending(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._pending and len(self._tasks) < self._ctx.max_inflight:
+            task = loop.create_task(self._run(self._pending.popleft()))
+            self._tasks.add(task)
+            task.add_done_callback(self._on_task_done)
+        self._update_reading()
+
+    def _update_reading(self) -> None:
+        should_read = (
+            self._accepting and not self._pending and len(self._tasks) < self._ctx.max_inflight
+        )
+        if should_read == self._reading or self._transport.is_closing():
+            return
+        self._reading = should_read
+        if should_read:
+            self._transport.resume_reading()
+        else:
+            self._transport.pause_reading()
+
+    def _on_task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if self._lost:
+            return
+        self._start_pending()
+        if self._draining and self._is_idle() and not self._transport.is_closing():
+            self._transport.close()
+
+    def _is_idle(self) -> bool:
+        return not self._tasks and not self._pending
+
+    def _begin_draining(self) -> None:
+        self._accepting = False
+        self._draining = True
+        self._update_reading()
+        if self._is_idle() and not self._transport.is_closing():
+            self._transport.close()
+
+    async def _run(self, frame: Frame) -> None:
+        started = time.perf_counter()
+        request_id = frame.request_id
+        try:
+            if request_id in self._request_ids:
+                raise InvalidRequest(f"request id {request_id} is already in flight")
+            self._request_ids.add(request_id)
+            try:
+                reply = await self._dispatch(frame)
+                await self._send_reply(request_id, reply)
+            finally:
+                self._request_ids.discard(request_id)
+        except ConnectionClosed:
+            return
+        except StatetierError as exc:
+            await self._send_error(request_id, exc)
+        except Exception:
+            log.exception("%s (request %d) failed", frame.op.name, request_id)
+            await self._send_error(request_id, InternalError(f"{frame.op.name} failed in the daemon"))
+        else:
+            if self._ctx.metrics is not None:
+                nbytes = len(frame.data) + len(reply.data)
+                self._ctx.metrics.observe_op(
+                    "daemon", reply.kind, frame.op.name.lower(), nbytes, time.perf_counter() - started
+                )
+
+    async def _dispatch(self, frame: Frame) -> Reply:
+        if frame.request_id == 0:
+            raise InvalidRequest("request id 0 is reserved for connection-level frames")
+        handler = HANDLERS.get(frame.op)
+        if handler is None:
+            raise InvalidRequest(f"{frame.op.name} is not a request")
+        return await handler(self._session, frame)
+
+    async def _send_reply(self, request_id: int, reply: Reply) -> None:
+        frame = Frame(reply.op, request_id, reply.meta, reply.data)
+        budget = self._ctx.budget
+        try:
+            async with budget.hold(reply.hold_bytes) if reply.hold_bytes else nullcontext():
+                await self._writer.send(frame)
+                if reply.borrowed:
+                    await self._writer.wait_flushed()
+        finally:
+            if reply.done is not None:
+                await self._run_done(reply)
+
+    async def _run_done(self, reply: Reply) -> None:
+        # The reply (or its error) is already decided: a failing release is logged, never
+        # sent as a second answer to the same request id.
+        try:
+            await reply.done()
+        except Exception:
+            log.exception("releasing the lease of an inline reply failed")
+
+    async def _send_error(self, request_id: int, exc: StatetierError) -> None:
+        self._count_error(exc)
+        try:
+            await self._writer.send(error_frame(request_id, exc))
+        except ConnectionClosed:
+            pass
+
+    def _count_error(self, exc: StatetierError) -> None:
+        if self._ctx.metrics is not None:
+            self._ctx.metrics.count_error(exc.reason)
+
+    # -- shutdown (called by the server) ---------------------------------------------
+
+    def stop_accepting(self) -> None:
+        """Read no further requests; those already running go on."""
+        if self._lost:
+            return
+        self._accepting = False
+        self._pending.clear()
+        self._update_reading()
+
+    def close(self, reason: str) -> None:
+        """Cancel what still runs, say GOODBYE and close (flushing what was written)."""
+        if self._lost:
+            return
+        self._accepting = False
+        for task in self._tasks:
+            task.cancel()
+        if not self._transport.is_closing():
+            self._writer.send_nowait(Frame(Op.GOODBYE, 0, {"reason": reason}))
+            self._transport.close()
+
+    def abort(self) -> None:
+        if not self._lost:
+            self._transport.abort()
+
+
+def _raise_socket_buffers(sock) -> None:
+    if sock is None:
+        return
+    for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER_BYTES)
+        except OSError:  # best effort: the kernel caps it at net.core.[rw]mem_max anyway
+            pass

@@ -1,0 +1,456 @@
+"""The daemon's wire behaviour over a real Unix socket: handshake, framing, backpressure, lifecycle.
+
+Every test runs a real Server over a real Engine and HostTier (``server_harness``) and
+talks raw frames encoded with ``protocol/frames.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import stat
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+import uvloop
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling server_harness.py
+
+from server_harness import WireClient, eventually, metric, put_meta, running_daemon
+from statetier.daemon.server import Server
+from statetier.protocol.errors import ConfigError
+from statetier.protocol.frames import HEADER_SIZE, Frame, Op
+from statetier.tiers.host import HostTier
+
+STRANGER_UID = os.getuid() + 12345
+
+
+async def connected(daemon, **hello) -> WireClient:
+    client = await daemon.unix_client()
+    reply = await client.hello(**hello)
+    assert reply.op is Op.HELLO_OK, reply.meta
+    return client
+
+
+# -- handshake ------------------------------------------------------------------------
+
+
+async def test_hello_ok_names_version_limits_and_tenant() -> None:
+    async with running_daemon(limits={"max_inflight_per_connection": 7}) as daemon:
+        client = await daemon.unix_client()
+        reply = await client.hello(versions=[1, 99], client="tests")
+        assert reply.op is Op.HELLO_OK and reply.request_id == 0
+        assert reply.meta == {
+            "version": 1,
+            "max_frame": daemon.config.limits.max_frame_bytes,
+            "tenant": "default",
+            "max_inflight": 7,
+            "shm": None,
+        }
+        pong = await client.request(Op.PING)
+        assert (pong.op, pong.meta) == (Op.PONG, {})
+        await client.close()
+
+
+async def test_the_first_frame_must_be_hello() -> None:
+    async with running_daemon() as daemon:
+        client = await daemon.unix_client()
+        client.send(Frame(Op.PING, 1, {}))
+        error = await client.recv()
+        assert error.is_error and error.request_id == 0
+        assert error.meta["code"] == 400 and "first frame must be HELLO" in error.meta["message"]
+        assert await client.recv() is None
+
+
+async def test_no_common_version_is_refused_and_closed() -> None:
+    async with running_daemon() as daemon:
+        client = await daemon.unix_client()
+        error = await client.hello(versions=[7, 8])
+        assert error.is_error and error.meta["code"] == 403
+        assert await client.recv() is None
+
+
+async def test_a_tenant_the_peer_does_not_belong_to_is_forbidden() -> None:
+    async with running_daemon() as daemon:
+        client = await daemon.unix_client()
+        error = await client.hello(tenant="someone-else")
+        assert error.is_error and error.meta["code"] == 421
+        assert await client.recv() is None
+        assert metric(daemon.metrics, "statetier_auth_failures_total", reason="tenant") == 1
+
+
+async def test_peer_credentials_outside_allowed_uids_are_refused_before_hello() -> None:
+    async with running_daemon(listen={"allowed_uids": (STRANGER_UID,)}) as daemon:
+        client = await daemon.unix_client()
+        error = await client.recv()  # sent without waiting for HELLO
+        assert error.is_error and error.request_id == 0 and error.meta["code"] == 421
+        assert f"peer uid {os.getuid()}" in error.meta["message"]
+        assert await client.recv() is None
+        assert metric(daemon.metrics, "statetier_auth_failures_total", reason="peer_credentials") == 1
+
+
+async def test_shared_memory_is_not_offered_without_a_host_arena() -> None:
+    async with running_daemon(arena=False) as daemon:
+        client = await daemon.unix_client()
+        assert (await client.hello(shm=True)).meta["shm"] is None
+        meta, _ = put_meta()
+        error = await client.request(Op.PUT_RESERVE, meta)
+        assert error.is_error and error.meta["code"] == 410
+
+
+@pytest.mark.skipif(not hasattr(HostTier, "shared_memory"), reason="HostTier.shared_memory() not there yet")
+async def test_shared_memory_is_offered_on_the_unix_socket_when_asked() -> None:
+    async with running_daemon(arena=True) as daemon:
+        path, size = daemon.engine.shared_memory()
+        client = await daemon.unix_client()
+        assert (await client.hello(shm=True)).meta["shm"] == {"path": str(path), "size": size}
+        other = await daemon.unix_client()
+        assert (await other.hello()).meta["shm"] is None
+
+
+# -- malformed input --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "code"),
+    [
+        pytest.param(b"\x00" * 64, 402, id="length-below-header"),
+        pytest.param(b"garbage that is not a frame at all....", 401, id="garbage"),
+        pytest.param(struct.pack("<IBBHQI", 16, 99, 0, 0, 5, 0), 402, id="unknown-opcode"),
+        pytest.param(struct.pack("<IBBHQI", 18, 3, 0, 0, 5, 2) + b"[]", 402, id="meta-not-object"),
+    ],
+)
+async def test_malformed_input_closes_that_connection_only(raw: bytes, code: int) -> None:
+    async with running_daemon() as daemon:
+        healthy = await connected(daemon)
+        broken = await connected(daemon)
+        broken.send_raw(raw)
+        error = await broken.recv()
+        assert error.is_error and error.request_id == 0 and error.meta["code"] == code
+        assert await broken.recv() is None
+        assert (await healthy.request(Op.PING)).op is Op.PONG
+        late = await connected(daemon)
+        assert (await late.request(Op.PING)).op is Op.PONG
+        await eventually(lambda: daemon.server.stats()["connections"] == 2)
+
+
+async def test_a_frame_over_max_frame_is_refused_from_its_length_prefix() -> None:
+    async with running_daemon(limits={"max_frame_bytes": 4096}) as daemon:
+        client = await connected(daemon)
+        client.send_raw(struct.pack("<I", 1 << 20))  # nothing of the body is ever sent
+        error = await client.recv()
+        assert error.is_error and error.meta["code"] == 401
+        assert await client.recv() is None
+
+
+async def test_a_reply_only_opcode_from_a_client_is_an_invalid_request() -> None:
+    async with running_daemon() as daemon:
+        client = await connected(daemon)
+        for op in (Op.REPLY, Op.HELLO_OK, Op.PONG, Op.HELLO):
+            error = await client.request(op, {})
+            assert error.is_error and error.meta["code"] == 410, op
+        assert (await client.request(Op.PING)).op is Op.PONG
+
+
+async def test_request_id_zero_is_reserved() -> None:
+    async with running_daemon() as daemon:
+        client = await connected(daemon)
+        client.send(Frame(Op.PING, 0, {}))
+        error = await client.recv()
+        assert error.is_error and error.meta["code"] == 410 and "reserved" in error.meta["message"]
+        assert (await client.request(Op.PING)).op is Op.PONG
+
+
+async def test_bad_request_meta_is_answered_and_the_connection_survives() -> None:
+    async with running_daemon() as daemon:
+        client = await connected(daemon)
+        error = await client.request(Op.PUT, {"key": "not an object"})
+        assert error.is_error and error.meta["code"] == 410 and "'key'" in error.meta["message"]
+        error = await client.request(Op.LOAD, {"ns": "zz"})
+        assert error.is_error and error.meta["code"] == 410
+        assert (await client.request(Op.PING)).op is Op.PONG
+        assert metric(daemon.metrics, "statetier_errors_total", reason="invalid_request") == 2
+
+
+# -- requests through the engine -------------------------------------------------------
+
+
+async def test_many_requests_in_flight_on_one_connection_are_answered_by_id() -> None:
+    async with running_daemon() as daemon:
+        client = await connected(daemon)
+        payloads = {}
+        for layer in range(8):
+            meta, size = put_meta(layer)
+            payloads[layer + 1] = os.urandom(size)
+            client.send(Frame(Op.PUT, layer + 1, meta, payloads[layer + 1]))
+        client.send(Frame(Op.PING, 100, {}))
+        replies = {}
+        for _ in range(9):
+            frame = await client.recv()
+            replies[frame.request_id] = frame
+        assert sorted(replies) == [1, 2, 3, 4, 5, 6, 7, 8, 100]
+        assert all(replies[i].op is Op.REPLY and replies[i].meta["tier"] == "host" for i in range(1, 9))
+
+
+async def test_inline_put_then_load_returns_the_same_bytes_and_releases_the_lease() -> None:
+    async with running_daemon() as daemon:
+        client = await connected(daemon)
+        meta, size = put_meta(shape=(512, 1024))  # 1 MiB: a large frame both ways
+        payload = os.urandom(size)
+        put = await client.request(Op.PUT, meta, payload)
+        assert put.op is Op.REPLY, put.meta
+        loaded = await client.request(Op.LOAD, {"ns": meta["key"]["ns"], "ref": put.meta["ref"]})
+        assert loaded.op is Op.REPLY, loaded.meta
+        assert loaded.meta["ref"] == put.meta["ref"] and loaded.meta["tier"] == "host"
+        assert loaded.meta["lease"] is None and loaded.meta["offset"] is None
+        assert bytes(loaded.data) == payload
+        await eventually(lambda: daemon.leases() == 0)
+        assert metric(daemon.metrics, "statetier_operations_total", tier="daemon", kind="kv", op="load") == 1
+
+
+async def test_an_error_from_the_engine_is_an_error_frame_with_the_request_id() -> None:
+    async with running_daemon() as daemon:
+        client = await connected(daemon)
+        meta, size = put_meta()
+        put = await client.request(Op.PUT, meta, os.urandom(size))
+        ref = dict(put.meta["ref"], state_id="00" * 16)
+        missing = await client.request(Op.LOAD, {"ns": meta["key"]["ns"], "ref": ref})
+        assert missing.is_error and missing.meta["code"] == 200
+        short = await client.request(Op.PUT, put_meta(layer=3)[0], b"too short")
+        assert short.is_error and short.meta["code"] in (410, 101)
+        assert (await client.request(Op.PING)).op is Op.PONG
+
+
+async def test_stats_include_the_daemons_own_counters() -> None:
+    async with running_daemon() as daemon:
+        client = await connected(daemon)
+        stats = await client.request(Op.STATS)
+        assert stats.op is Op.REPLY
+        assert stats.meta["daemon"]["connections"] == 1
+        assert stats.meta["daemon"]["inflight_requests"] == 1  # this STATS request itself
+        assert stats.meta["leases"] == 0
+
+
+async def test_lookup_release_inspect_verify_delete_over_the_wire() -> None:
+    async with running_daemon() as daemon:
+        client = await connected(daemon)
+        refs = []
+        for layer in (0, 1):
+            meta, size = put_meta(layer)
+            put = await client.request(Op.PUT, meta, os.urandom(size))
+            assert put.op is Op.REPLY, put.meta
+            refs.append(put.meta["ref"])
+        ns = refs[0]["key"]["ns"]
+        lookup = await client.request(Op.LOOKUP, {
+            "ns": ns, "attention_layers": [0, 1], "ssm_layers": [],
+            "boundaries": [[16, "00" * 32]], "kv_layout": "blocks", "shard": 0, "lease": True,
+        })
+        assert lookup.op is Op.REPLY, lookup.meta
+        assert lookup.meta["tokens"] == 16
+        assert sorted(o["ref"]["state_id"] for o in lookup.meta["objects"]) == sorted(r["state_id"] for r in refs)
+        leases = [o["lease"] for o in lookup.meta["objects"]]
+        assert daemon.leases() == 2
+        released = await client.request(Op.RELEASE, {"leases": leases + [999_999]})
+        assert released.meta == {"released": 2} and daemon.leases() == 0
+
+        inspected = await client.request(Op.INSPECT, {"state_id": refs[0]["state_id"]})
+        assert inspected.meta["tiers"] == ["host"] and inspected.meta["header"]["layer"] == 0
+        verified = await client.request(Op.VERIFY)
+        assert verified.meta == {"checked": 2, "dropped": 0, "by_reason": {}}
+        deleted = await client.request(Op.DELETE, {"ref": refs[1]})
+        assert deleted.meta == {"deleted": 1}
+        gone = await client.request(Op.LOAD, {"ns": ns, "ref": refs[1]})
+        assert gone.is_error and gone.meta["code"] == 200
+
+
+# -- backpressure -----------------------------------------------------------------------
+
+
+async def test_the_inflight_cap_stops_reading_instead_of_queueing() -> None:
+    limits = {"max_inflight_per_connection": 2, "byte_budget": 1 << 20, "busy_wait_seconds": 60}
+    async with running_daemon(limits=limits) as daemon:
+        budget = daemon.server.budget
+        await budget.acquire(budget.limit)  # every PUT now waits for budget
+        client = await connected(daemon)
+        sizes = {}
+        for request_id in (1, 2, 3):
+            meta, size = put_meta(layer=request_id)
+            sizes[request_id] = size
+            client.send(Frame(Op.PUT, request_id, meta, os.urandom(size)))
+        client.send(Frame(Op.PING, 4, {}))
+        await eventually(lambda: budget.waiting == 2)  # both running PUTs wait for budget
+        stats = daemon.server.stats()
+        assert stats["inflight_requests"] == 2 and stats["connections_reading_paused"] == 1
+        budget.release(budget.limit)
+        answered = [await client.recv() for _ in range(4)]
+        assert sorted(f.request_id for f in answered) == [1, 2, 3, 4]
+        assert all(not f.is_error for f in answered)
+        assert daemon.server.stats()["connections_reading_paused"] == 0
+
+
+async def test_busy_after_the_bounded_budget_wait() -> None:
+    limits = {"byte_budget": 1 << 20, "busy_wait_seconds": 0.05}
+    async with running_daemon(limits=limits) as daemon:
+        budget = daemon.server.budget
+        await budget.acquire(budget.limit - 100)
+        client = await connected(daemon)
+        meta, size = put_meta()
+        busy = await client.request(Op.PUT, meta, os.urandom(size))
+        assert busy.is_error and busy.meta["code"] == 302
+        assert metric(daemon.metrics, "statetier_busy_total") == 1
+        budget.release(budget.limit - 100)
+        assert (await client.request(Op.PUT, meta, os.urandom(size))).op is Op.REPLY
+
+
+async def test_a_payload_larger_than_the_whole_budget_is_invalid() -> None:
+    async with running_daemon(limits={"byte_budget": 1024}) as daemon:
+        client = await connected(daemon)
+        meta, size = put_meta()
+        error = await client.request(Op.PUT, meta, os.urandom(size))
+        assert error.is_error and error.meta["code"] == 410 and "whole byte budget" in error.meta["message"]
+
+
+async def scenario_a_slow_reader_keeps_the_lease_until_the_transport_let_go() -> None:
+    async with running_daemon() as daemon:
+        client = await connected(daemon)
+        meta, size = put_meta(shape=(8192, 1024))  # 16 MiB: far more than the socket buffers
+        payload = os.urandom(size)
+        put = await client.request(Op.PUT, meta, payload)
+        client.send(Frame(Op.LOAD, 9, {"ns": meta["key"]["ns"], "ref": put.meta["ref"]}))
+        head = await client.reader.readexactly(HEADER_SIZE)  # the reply has been written...
+        # ...but most of it still sits in the daemon's transport: the lease must hold.
+        assert daemon.leases() == 1
+        length = struct.unpack_from("<I", head)[0]
+        rest = await client.reader.readexactly(length + 4 - HEADER_SIZE)
+        frame = client._decoder.feed(head + rest)[0]
+        assert frame.request_id == 9 and bytes(frame.data) == payload
+        await eventually(lambda: daemon.leases() == 0)
+
+
+async def test_a_slow_reader_keeps_the_lease_until_the_transport_let_go() -> None:
+    await scenario_a_slow_reader_keeps_the_lease_until_the_transport_let_go()
+
+
+def test_a_slow_reader_keeps_the_lease_until_the_transport_let_go_on_uvloop() -> None:
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(scenario_a_slow_reader_keeps_the_lease_until_the_transport_let_go())
+
+
+# -- disconnects, GOODBYE, shutdown ---------------------------------------------------------
+
+
+async def test_a_client_gone_mid_request_cancels_it_and_releases_its_leases() -> None:
+    async with running_daemon(limits={"byte_budget": 4 << 20, "busy_wait_seconds": 60}) as daemon:
+        client = await connected(daemon)
+        meta, size = put_meta(shape=(1024, 1024))
+        put = await client.request(Op.PUT, meta, os.urandom(size))
+        budget = daemon.server.budget
+        await budget.acquire(budget.limit)
+        # The load takes its lease, then waits for budget to send the payload.
+        client.send(Frame(Op.LOAD, 5, {"ns": meta["key"]["ns"], "ref": put.meta["ref"]}))
+        await eventually(lambda: daemon.leases() == 1 and budget.waiting == 1)
+        await client.close()
+        await eventually(lambda: daemon.server.stats()["connections"] == 0)
+        assert daemon.leases() == 0 and budget.waiting == 0 and budget.in_use == budget.limit
+
+
+async def test_leases_a_client_never_released_go_when_it_disconnects() -> None:
+    async with running_daemon() as daemon:
+        client = await connected(daemon)
+        meta, size = put_meta()
+        put = await client.request(Op.PUT, meta, os.urandom(size))
+        lookup = await client.request(Op.LOOKUP, {
+            "ns": meta["key"]["ns"], "attention_layers": [0], "ssm_layers": [],
+            "boundaries": [[16, "00" * 32]], "lease": True,
+        })
+        assert [o["ref"] for o in lookup.meta["objects"]] == [put.meta["ref"]]
+        assert daemon.leases() == 1
+        await client.close()
+        await eventually(lambda: daemon.server.stats()["connections"] == 0)
+        assert daemon.leases() == 0
+
+
+async def test_goodbye_answers_what_was_received_then_closes() -> None:
+    async with running_daemon(limits={"byte_budget": 1 << 20, "busy_wait_seconds": 60}) as daemon:
+        budget = daemon.server.budget
+        await budget.acquire(budget.limit)
+        client = await connected(daemon)
+        meta, size = put_meta()
+        client.send(Frame(Op.PUT, 1, meta, os.urandom(size)))
+        client.send(Frame(Op.GOODBYE, 0, {}))
+        client.send(Frame(Op.PING, 2, {}))  # after GOODBYE: never read
+        await eventually(lambda: budget.waiting == 1)
+        budget.release(budget.limit)
+        reply = await client.recv()
+        assert reply.request_id == 1 and reply.op is Op.REPLY
+        assert await client.recv() is None
+
+
+async def test_shutdown_cancels_what_outlives_the_grace_and_says_goodbye() -> None:
+    limits = {"byte_budget": 1 << 20, "busy_wait_seconds": 60}
+    async with running_daemon(limits=limits) as daemon:
+        budget = daemon.server.budget
+        await budget.acquire(budget.limit)
+        client = await connected(daemon)
+        quick = await connected(daemon)
+        meta, size = put_meta()
+        client.send(Frame(Op.PUT, 1, meta, os.urandom(size)))
+        await eventually(lambda: budget.waiting == 1)
+        await daemon.server.shutdown(grace=0.05)
+        goodbye = await client.recv()
+        assert goodbye.op is Op.GOODBYE and goodbye.meta == {"reason": "shutdown"}
+        assert await client.recv() is None
+        assert (await quick.recv()).op is Op.GOODBYE
+        assert not os.path.exists(daemon.socket_path)
+        stats = daemon.server.stats()
+        assert stats["connections"] == 0 and stats["budget_waiters"] == 0
+        with pytest.raises((ConnectionRefusedError, FileNotFoundError)):
+            await asyncio.open_unix_connection(daemon.socket_path)
+
+
+# -- the socket file ----------------------------------------------------------------------
+
+
+async def test_the_socket_gets_its_mode() -> None:
+    async with running_daemon(listen={"socket_mode": 0o600}) as daemon:
+        assert stat.S_IMODE(os.stat(daemon.socket_path).st_mode) == 0o600
+
+
+async def test_a_stale_socket_file_is_replaced_but_a_live_one_is_not() -> None:
+    async with running_daemon() as daemon:
+        second = Server(daemon.engine, daemon.config)
+        with pytest.raises(ConfigError, match="another process is listening"):
+            await second.start()
+        assert (await (await connected(daemon)).request(Op.PING)).op is Op.PONG
+
+        stale_path = str(daemon.directory / "stale.sock")
+        stale = socket.socket(socket.AF_UNIX)
+        stale.bind(stale_path)
+        stale.close()  # the file stays, nobody listens
+        config = daemon.config.model_copy(
+            update={"listen": daemon.config.listen.model_copy(update={"socket_path": stale_path})}
+        )
+        third = Server(daemon.engine, config)
+        await third.start()
+        try:
+            client = WireClient(*await asyncio.open_unix_connection(stale_path))
+            assert (await client.hello()).op is Op.HELLO_OK
+        finally:
+            await third.shutdown(grace=0)
+        assert not os.path.exists(stale_path)
+
+
+async def test_a_regular_file_at_the_socket_path_is_never_removed() -> None:
+    async with running_daemon() as daemon:
+        path = daemon.directory / "precious"
+        path.write_text("data")
+        config = daemon.config.model_copy(
+            update={"listen": daemon.config.listen.model_copy(update={"socket_path": path})}
+        )
+        with pytest.raises(ConfigError, match="not a socket"):
+            await Server(daemon.engine, config).start()
+        assert path.read_text() == "data"
+
