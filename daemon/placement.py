@@ -67,6 +67,11 @@ class Placement:
                                     time.perf_counter() - started)
 
     async def _prepare_with_room(self, tier: Tier, meta: ObjectMeta):
+        # Tiers evict only when asked: above the high watermark (counting this object)
+        # ``evict`` brings usage down to the low one and hands back what it removed.
+        evicted = await tier.evict(meta.size)
+        if evicted:
+            await self.demote(tier, evicted)
         try:
             return await tier.prepare_store(meta)
         except CapacityError:

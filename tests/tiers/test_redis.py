@@ -1,0 +1,568 @@
+"""The Redis tier against real redis-server processes: one server and a 3-master cluster.
+
+Each test tells one story: an object becomes visible only when its store completes, a
+failed or cancelled store leaves no key behind, leases pin bytes, eviction takes the
+exact LRU order, large objects cross many chunks, TTL expires objects, another node reads
+what this one wrote, and anything that does not verify (foreign key, flipped byte) is
+refused and dropped. Then the edges: at-rest encryption, ACL users, TLS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import ipaddress
+import itertools
+import os
+import time
+
+import pytest
+import redis
+import redis.cluster
+
+from statetier.protocol.dtypes import TensorSpec
+from statetier.protocol.errors import (
+    BadSignature,
+    CapacityError,
+    ConfigError,
+    CorruptPayload,
+    Forbidden,
+    InvalidRequest,
+    LeaseError,
+    NotFound,
+    Unauthorized,
+)
+from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, new_state_id
+from statetier.protocol.keyring import Keyring, dev_keyring
+from statetier.protocol.sealed import decode_header, seal_object
+from statetier.tiers.base import ObjectMeta
+from statetier.tiers.crypto import AtRestCipher
+from statetier.tiers.redis import RedisTier
+from statetier.tiers.redis_connect import redact, take_cluster_option
+from statetier.tiers.redis_layout import PENDING_CHUNK_TTL, Manifest, RedisKeys
+from support.redis_procs import RedisServer, TlsFiles
+
+KEYRING = dev_keyring()
+NAMESPACE = NamespaceSpec("redis-tier-test").namespace()
+_prefixes = itertools.count()
+
+
+def make_object(size: int, *, keyring: Keyring = KEYRING, layer: int = 0, request_id: str = "req") -> tuple[ObjectMeta, bytes]:
+    """A sealed KV page with ``size`` random payload bytes, and its metadata."""
+    key = StateKey(NAMESPACE, Kind.KV, layer, bytes(32), 0, 16)
+    blob = seal_object(key, Provenance(request_id, 0, "test", time.time_ns()),
+                       [(TensorSpec("kv", "uint8", (size,)), os.urandom(size))],
+                       keyring=keyring, state_id=new_state_id(), version=1)
+    return ObjectMeta.from_header(decode_header(blob)), blob
+
+
+async def store(tier: RedisTier, meta: ObjectMeta, blob: bytes) -> None:
+    ticket = await tier.prepare_store(meta)
+    ok = False
+    try:
+        await tier.write(ticket, [blob[: meta.header_len], memoryview(blob)[meta.header_len :]])
+        ok = True
+    finally:
+        await tier.complete_store(ticket, ok)
+
+
+async def load(tier: RedisTier, object_id: bytes) -> bytes:
+    lease = await tier.prepare_load(object_id, owner="test")
+    try:
+        return bytes(await tier.read(lease))
+    finally:
+        await tier.complete_load(lease)
+
+
+def raw_client(url: str, is_cluster: bool):
+    return redis.cluster.RedisCluster.from_url(url) if is_cluster else redis.Redis.from_url(url)
+
+
+def object_keys(raw, prefix: str, object_id: bytes) -> list[bytes]:
+    return sorted(raw.scan_iter(match=f"{prefix}:{{{object_id.hex()}}}:*", count=1000))
+
+
+def keys_of(tier: RedisTier) -> RedisKeys:
+    return RedisKeys(tier.key_prefix)
+
+
+class Backend:
+    def __init__(self, url: str, is_cluster: bool) -> None:
+        self.url, self.is_cluster = url, is_cluster
+        self.raw = raw_client(url, is_cluster)
+
+
+@pytest.fixture(params=["single", "cluster"])
+def backend(request):
+    if request.param == "single":
+        found = Backend(request.getfixturevalue("redis_server").url, False)
+    else:
+        found = Backend(request.getfixturevalue("redis_cluster").url, True)
+    yield found
+    found.raw.close()
+
+
+@pytest.fixture
+async def make_tier():
+    made: list[RedisTier] = []
+
+    async def make(url: str, **options) -> RedisTier:
+        options.setdefault("key_prefix", f"t{os.getpid()}x{next(_prefixes)}")
+        options.setdefault("keyring", KEYRING)
+        tier = RedisTier(url, **options)
+        await tier.start()
+        made.append(tier)
+        return tier
+
+    yield make
+    for tier in made:
+        await tier.close()
+
+
+# -- lifecycle and visibility -----------------------------------------------------------
+
+
+async def test_an_object_is_visible_only_after_its_store_completes(backend, make_tier) -> None:
+    tier = await make_tier(backend.url, chunk_bytes=64 << 10)
+    assert tier.is_cluster is backend.is_cluster
+    meta, blob = make_object(300_000)
+    ticket = await tier.prepare_store(meta)
+    await tier.write(ticket, [blob[: meta.header_len], memoryview(blob)[meta.header_len :]])
+
+    assert not await tier.contains(meta.object_id)
+    assert await tier.get_meta(meta.object_id) is None
+    assert await tier.find_by_key(meta.key_digest) == []
+    assert [m async for m in tier.iter_objects()] == []
+    with pytest.raises(NotFound):
+        await tier.prepare_load(meta.object_id)
+    assert tier.stats().inflight == 1 and tier.stats().extra["reserved_bytes"] == meta.size
+    chunk_ttl = backend.raw.ttl(keys_of(tier).chunk(meta.object_id, 0))
+    assert 0 < chunk_ttl <= PENDING_CHUNK_TTL  # an uncommitted chunk cannot outlive a dead store
+
+    await tier.complete_store(ticket, True)
+    assert backend.raw.ttl(keys_of(tier).chunk(meta.object_id, 0)) == -1  # committed: no TTL configured
+    assert await tier.contains(meta.object_id)
+    assert await tier.get_meta(meta.object_id) == meta
+    assert await tier.find_by_key(meta.key_digest) == [meta]
+    assert [m async for m in tier.iter_objects()] == [meta]
+    assert await load(tier, meta.object_id) == blob
+    stats = tier.stats()
+    assert (stats.objects, stats.bytes_used, stats.inflight, stats.leases) == (1, meta.size, 0, 0)
+    assert stats.extra["available"] is True and stats.extra["reserved_bytes"] == 0
+    # the header (a small buffer) and the payload (64 KiB slices) became separate chunks
+    assert len(object_keys(backend.raw, tier.key_prefix, meta.object_id)) == 1 + 1 + 5
+
+
+async def test_a_failed_store_leaves_no_key_and_no_reservation(backend, make_tier) -> None:
+    tier = await make_tier(backend.url, chunk_bytes=100_000, capacity_bytes=10 << 20)
+    meta, blob = make_object(250_000)
+    ticket = await tier.prepare_store(meta)
+    await tier.write(ticket, [blob])
+    assert len(object_keys(backend.raw, tier.key_prefix, meta.object_id)) == 3
+
+    await tier.complete_store(ticket, False)
+    await tier.complete_store(ticket, False)  # twice is harmless
+    assert object_keys(backend.raw, tier.key_prefix, meta.object_id) == []
+    assert not await tier.contains(meta.object_id)
+    assert tier.stats().extra["reserved_bytes"] == 0 and tier.stats().inflight == 0
+    await store(tier, meta, blob)  # the id is free again
+    assert await load(tier, meta.object_id) == blob
+
+
+async def test_a_cancelled_write_leaves_nothing_and_the_tier_keeps_serving(backend, make_tier) -> None:
+    tier = await make_tier(backend.url)
+    meta, blob = make_object(24 << 20)
+    ticket = await tier.prepare_store(meta)
+    writing = asyncio.create_task(tier.write(ticket, [blob]))
+    await asyncio.sleep(0)
+    writing.cancel()
+    try:
+        await writing
+    except asyncio.CancelledError:
+        pass
+    finally:
+        await tier.complete_store(ticket, False)
+
+    # A SET already on its way may still land after the cleanup; it is never visible and
+    # it expires with the pending TTL.
+    assert not await tier.contains(meta.object_id)
+    leftovers = object_keys(backend.raw, tier.key_prefix, meta.object_id)
+    assert all(b":c:" in key and 0 < backend.raw.ttl(key) <= PENDING_CHUNK_TTL for key in leftovers)
+    other_meta, other_blob = make_object(3 << 20)
+    await store(tier, other_meta, other_blob)
+    assert await load(tier, other_meta.object_id) == other_blob
+
+
+async def test_storing_an_object_twice_or_writing_the_wrong_size_is_invalid(backend, make_tier) -> None:
+    tier = await make_tier(backend.url)
+    meta, blob = make_object(1000)
+    await store(tier, meta, blob)
+    with pytest.raises(InvalidRequest):
+        await tier.prepare_store(meta)
+
+    other, other_blob = make_object(1000)
+    ticket = await tier.prepare_store(other)
+    with pytest.raises(InvalidRequest):
+        await tier.prepare_store(other)  # already being stored
+    with pytest.raises(InvalidRequest):
+        await tier.write(ticket, [other_blob[:-1]])
+    with pytest.raises(InvalidRequest):
+        await tier.complete_store(ticket, True)  # nothing was written
+    assert not await tier.contains(other.object_id)
+
+
+# -- leases -----------------------------------------------------------------------------
+
+
+async def test_leases_pin_reads_and_delete_under_a_lease_hides_at_once(backend, make_tier) -> None:
+    tier = await make_tier(backend.url, chunk_bytes=1 << 20, capacity_bytes=64 << 20)
+    meta, blob = make_object(2_500_000)
+    await store(tier, meta, blob)
+
+    lease = await tier.prepare_load(meta.object_id, owner="conn-1")
+    assert await tier.delete(meta.object_id) is True
+    assert not await tier.contains(meta.object_id)  # hidden at once
+    assert await tier.find_by_key(meta.key_digest) == []
+    with pytest.raises(NotFound):
+        await tier.prepare_load(meta.object_id)
+    assert bytes(await tier.read(lease)) == blob  # the lease still reads it
+    assert tier.stats().bytes_used == meta.size  # freed only when the last lease ends
+    await tier.complete_load(lease)
+    assert object_keys(backend.raw, tier.key_prefix, meta.object_id) == []
+    assert tier.stats().bytes_used == 0
+    with pytest.raises(LeaseError):
+        await tier.read(lease)
+    await tier.complete_load(lease)  # idempotent
+
+    other, other_blob = make_object(1000)
+    await store(tier, other, other_blob)
+    first = await tier.prepare_load(other.object_id, owner="conn-2")
+    second = await tier.prepare_load(other.object_id, owner="conn-2")
+    assert tier.stats().leases == 2
+    assert await tier.release_owner("conn-2") == 2
+    with pytest.raises(LeaseError):
+        await tier.read(first)
+    with pytest.raises(LeaseError):
+        await tier.read(second)
+    assert await tier.delete(other.object_id) is True
+    assert await tier.delete(other.object_id) is False
+
+
+async def test_an_expired_lease_cannot_read(backend, make_tier) -> None:
+    tier = await make_tier(backend.url)
+    meta, blob = make_object(1000)
+    await store(tier, meta, blob)
+    lease = await tier.prepare_load(meta.object_id, ttl=0.05)
+    await asyncio.sleep(0.1)
+    with pytest.raises(LeaseError):
+        await tier.read(lease)
+
+
+# -- capacity and eviction ----------------------------------------------------------------
+
+
+async def test_eviction_takes_exact_lru_order_and_skips_leased_objects(backend, make_tier) -> None:
+    a, b, c, d = (make_object(50_000, layer=i) for i in range(4))
+    size = a[0].size
+    tier = await make_tier(backend.url, capacity_bytes=10 * size, high_watermark=0.5, low_watermark=0.3)
+    for meta, blob in (a, b, c, d):
+        await store(tier, meta, blob)
+    assert await load(tier, a[0].object_id) == a[1]  # A is now the most recently used
+    held = await tier.prepare_load(c[0].object_id, owner="reader")  # C is pinned (and touched)
+
+    assert await tier.evict(need_bytes=size) == []  # 5 sizes are not above the high watermark
+    evicted = await tier.evict(need_bytes=2 * size)
+
+    assert [e.meta.object_id for e in evicted] == [b[0].object_id, d[0].object_id, a[0].object_id]
+    assert [bytes(e.blob) for e in evicted] == [b[1], d[1], a[1]]
+    assert [m.object_id async for m in tier.iter_objects()] == [c[0].object_id]
+    stats = tier.stats()
+    assert (stats.objects, stats.bytes_used, stats.evictions) == (1, size, 3)
+    assert bytes(await tier.read(held)) == c[1]
+    await tier.complete_load(held)
+
+
+async def test_eviction_stops_when_only_leased_objects_remain(backend, make_tier) -> None:
+    objects = [make_object(50_000, layer=i) for i in range(3)]
+    size = objects[0][0].size
+    tier = await make_tier(backend.url, capacity_bytes=4 * size, high_watermark=0.5, low_watermark=0.25)
+    for meta, blob in objects:
+        await store(tier, meta, blob)
+    leases = [await tier.prepare_load(meta.object_id) for meta, _ in objects[1:]]
+
+    evicted = await tier.evict(need_bytes=size)
+    assert [e.meta.object_id for e in evicted] == [objects[0][0].object_id]
+    assert tier.stats().bytes_used == 2 * size  # still above the low watermark: all leased
+    for lease in leases:
+        await tier.complete_load(lease)
+
+
+async def test_two_nodes_evicting_at_once_never_take_the_same_object(backend, make_tier) -> None:
+    objects = [make_object(20_000, layer=i) for i in range(8)]
+    size = objects[0][0].size
+    options = dict(capacity_bytes=10 * size, high_watermark=0.5, low_watermark=0.2)
+    node_a = await make_tier(backend.url, **options)
+    node_b = await make_tier(backend.url, key_prefix=node_a.key_prefix, **options)
+    for meta, blob in objects:
+        await store(node_a, meta, blob)
+
+    taken_a, taken_b = await asyncio.gather(node_a.evict(), node_b.evict())
+    taken = [e.meta.object_id for e in taken_a + taken_b]
+    assert len(taken) == len(set(taken)) >= 6  # down to the low watermark: 2 sizes or fewer remain
+    assert {m.object_id async for m in node_a.iter_objects()}.isdisjoint(taken)
+
+
+async def test_prepare_store_counts_reserved_and_leased_bytes(backend, make_tier) -> None:
+    objects = [make_object(20_000, layer=i) for i in range(4)]
+    size = objects[0][0].size
+    tier = await make_tier(backend.url, capacity_bytes=3 * size)
+    tickets = [await tier.prepare_store(meta) for meta, _ in objects[:3]]
+    with pytest.raises(CapacityError):
+        await tier.prepare_store(objects[3][0])
+    await tier.complete_store(tickets[0], False)
+    fourth = await tier.prepare_store(objects[3][0])
+    for ticket in (tickets[1], tickets[2], fourth):
+        await tier.complete_store(ticket, False)
+
+    with pytest.raises(CapacityError):
+        await tier.prepare_store(make_object(3 * size)[0])  # larger than the whole budget
+    meta, blob = objects[0]
+    await store(tier, meta, blob)
+    leases = [await tier.prepare_load(meta.object_id)]
+    for other, other_blob in objects[1:3]:
+        await store(tier, other, other_blob)
+        leases.append(await tier.prepare_load(other.object_id))
+    with pytest.raises(CapacityError):  # all three are leased: nothing could be evicted
+        await tier.prepare_store(objects[3][0])
+    await tier.complete_load(leases[0])
+    ticket = await tier.prepare_store(objects[3][0])  # evicting the first would make room
+    await tier.complete_store(ticket, False)
+    for lease in leases[1:]:
+        await tier.complete_load(lease)
+
+
+# -- large objects, TTL, another node ------------------------------------------------------
+
+
+async def test_a_32_mib_object_crosses_many_chunks_and_comes_back_whole(backend, make_tier) -> None:
+    tier = await make_tier(backend.url)
+    meta, blob = make_object(32 << 20)
+    await store(tier, meta, blob)
+    keys = object_keys(backend.raw, tier.key_prefix, meta.object_id)
+    assert len(keys) == 1 + 1 + 16  # manifest, header chunk, 16 payload chunks of 2 MiB
+    assert await load(tier, meta.object_id) == blob
+    assert await tier.delete(meta.object_id) is True
+    assert object_keys(backend.raw, tier.key_prefix, meta.object_id) == []
+
+
+async def test_objects_expire_with_their_ttl(backend, make_tier) -> None:
+    tier = await make_tier(backend.url, ttl_seconds=1, capacity_bytes=1 << 20)
+    meta, blob = make_object(1000)
+    await store(tier, meta, blob)
+    assert backend.raw.ttl(keys_of(tier).manifest(meta.object_id)) in (0, 1)
+    assert tier.stats().objects == 1
+    await asyncio.sleep(2.2)
+
+    with pytest.raises(NotFound):
+        await tier.prepare_load(meta.object_id)
+    assert await tier.find_by_key(meta.key_digest) == []
+    assert await tier.evict() == []
+    assert (tier.stats().objects, tier.stats().bytes_used) == (0, 0)  # the budget forgot it too
+
+
+async def test_missing_chunks_under_a_present_manifest_are_not_found_and_cleaned(backend, make_tier) -> None:
+    tier = await make_tier(backend.url, chunk_bytes=4096)
+    meta, blob = make_object(20_000)
+    await store(tier, meta, blob)
+    lease = await tier.prepare_load(meta.object_id)
+    backend.raw.delete(keys_of(tier).chunk(meta.object_id, 2))
+    with pytest.raises(NotFound):
+        await tier.read(lease)
+    await tier.complete_load(lease)
+    assert object_keys(backend.raw, tier.key_prefix, meta.object_id) == []
+
+
+async def test_an_object_written_by_one_node_is_read_and_verified_by_another(backend, make_tier) -> None:
+    node_a = await make_tier(backend.url, chunk_bytes=1 << 20)
+    node_b = await make_tier(backend.url, key_prefix=node_a.key_prefix)
+    meta, blob = make_object(3 << 20, request_id="shared")
+    await store(node_a, meta, blob)
+    assert await node_b.find_by_key(meta.key_digest) == [meta]
+    assert await load(node_b, meta.object_id) == blob
+    assert await node_b.delete(meta.object_id) is True
+    assert not await node_a.contains(meta.object_id)
+
+
+# -- refusals -------------------------------------------------------------------------------
+
+
+async def test_an_object_sealed_under_a_foreign_key_is_refused_and_dropped(backend, make_tier) -> None:
+    tier = await make_tier(backend.url)
+    meta, forged = make_object(5000, keyring=Keyring.generate())
+    keys = keys_of(tier)
+    backend.raw.set(keys.chunk(meta.object_id, 0), forged)
+    backend.raw.set(keys.manifest(meta.object_id), Manifest(meta, len(forged), 1, len(forged), False).encode())
+
+    lease = await tier.prepare_load(meta.object_id)
+    with pytest.raises(BadSignature):
+        await tier.read(lease)
+    await tier.complete_load(lease)
+    assert not await tier.contains(meta.object_id)
+    assert object_keys(backend.raw, tier.key_prefix, meta.object_id) == []
+    assert tier.stats().extra["corrupt_dropped"] == 1
+
+
+async def test_a_flipped_byte_in_one_chunk_is_corrupt_payload_and_dropped(backend, make_tier) -> None:
+    tier = await make_tier(backend.url, chunk_bytes=64 << 10)
+    meta, blob = make_object(200_000)
+    await store(tier, meta, blob)
+    chunk = keys_of(tier).chunk(meta.object_id, 2)
+    original = backend.raw.getrange(chunk, 100, 100)
+    backend.raw.setrange(chunk, 100, bytes([original[0] ^ 0x01]))
+
+    with pytest.raises(CorruptPayload):
+        await load(tier, meta.object_id)
+    assert not await tier.contains(meta.object_id)
+    assert object_keys(backend.raw, tier.key_prefix, meta.object_id) == []
+    assert tier.stats().extra["corrupt_dropped"] == 1
+
+
+async def test_at_rest_encryption_round_trips_and_stores_no_plaintext(backend, make_tier) -> None:
+    cipher = AtRestCipher.generate()
+    tier = await make_tier(backend.url, cipher=cipher, chunk_bytes=1 << 20)
+    meta, blob = make_object(2_500_000)
+    await store(tier, meta, blob)
+
+    stored = b"".join(backend.raw.get(keys_of(tier).chunk(meta.object_id, i)) for i in range(3))
+    assert blob[meta.header_len : meta.header_len + 4096] not in stored
+    assert await load(tier, meta.object_id) == blob
+
+    plain_node = await make_tier(backend.url, key_prefix=tier.key_prefix)  # no cipher configured
+    with pytest.raises(CorruptPayload):
+        await load(plain_node, meta.object_id)
+    assert await tier.contains(meta.object_id)  # a node without the key does not drop it
+
+
+# -- URLs: cluster option, ACL users, TLS ------------------------------------------------------
+
+
+async def test_the_url_can_state_the_deployment(redis_server, make_tier) -> None:
+    tier = await make_tier(redis_server.url + "?cluster=no")
+    assert tier.is_cluster is False
+    meta, blob = make_object(1000)
+    await store(tier, meta, blob)
+    assert await load(tier, meta.object_id) == blob
+
+
+async def test_an_acl_user_from_the_url_works_and_bad_credentials_are_unauthorized(make_tier) -> None:
+    rules = ["alice on >s3cret ~* &* +@all", "bob on >hunter2 ~elsewhere:* +@all"]
+    with RedisServer(acl_users=rules) as server:
+        base = f"127.0.0.1:{server.port}/0"
+        tier = await make_tier(f"redis://alice:s3cret@{base}")
+        meta, blob = make_object(1000)
+        await store(tier, meta, blob)
+        assert await load(tier, meta.object_id) == blob
+
+        wrong = RedisTier(f"redis://alice:not-her-password@{base}", keyring=KEYRING, retries=0)
+        with pytest.raises(Unauthorized) as caught:
+            await wrong.start()
+        assert "not-her-password" not in str(caught.value)
+        assert wrong.stats().extra["available"] is True  # it answered; it said no
+        await wrong.close()
+
+        confined = RedisTier(f"redis://bob:hunter2@{base}", keyring=KEYRING, cluster=False)
+        with pytest.raises(Forbidden):  # its ACL keeps it off the tier's keys
+            await confined.start()
+        await confined.close()
+
+
+async def test_a_unix_socket_url(tmp_path, make_tier) -> None:
+    socket_path = tmp_path / "redis.sock"
+    with RedisServer().start(extra_args=["--unixsocket", str(socket_path), "--unixsocketperm", "700"]) as server:
+        tier = await make_tier(f"unix://{socket_path}")
+        assert tier.is_cluster is False
+        meta, blob = make_object(1000)
+        await store(tier, meta, blob)
+        assert await load(tier, meta.object_id) == blob
+        server.stop()
+
+
+def test_url_options_are_parsed_and_passwords_redacted() -> None:
+    assert take_cluster_option("redis://h:1/0?cluster=yes&ssl_ca_certs=/ca.pem") == (
+        "redis://h:1/0?ssl_ca_certs=%2Fca.pem", True)
+    assert take_cluster_option("redis://h:1/0?cluster=no") == ("redis://h:1/0", False)
+    assert take_cluster_option("rediss://h:1") == ("rediss://h:1", None)
+    with pytest.raises(ConfigError):
+        take_cluster_option("redis://h:1?cluster=maybe")
+    assert redact("redis://alice:s3cret@h:1/0") == "redis://alice:***@h:1/0"
+    assert redact("redis://h:1/0") == "redis://h:1/0"
+    for bad in ({"chunk_bytes": 0}, {"ttl_seconds": 0}, {"capacity_bytes": 0},
+                {"high_watermark": 0.5, "low_watermark": 0.6}, {"key_prefix": "a{b}"}):
+        with pytest.raises(ConfigError):
+            RedisTier("redis://h:1", keyring=KEYRING, **bad)
+
+
+async def test_an_unreadable_manifest_drops_the_object(backend, make_tier) -> None:
+    tier = await make_tier(backend.url, chunk_bytes=1024)
+    meta, blob = make_object(40_000)
+    await store(tier, meta, blob)
+    assert len(object_keys(backend.raw, tier.key_prefix, meta.object_id)) == 2 + 40  # more than one probe batch
+    backend.raw.set(keys_of(tier).manifest(meta.object_id), b"{not json")
+    assert await tier.get_meta(meta.object_id) is None
+    with pytest.raises(CorruptPayload):
+        await tier.prepare_load(meta.object_id)
+    assert object_keys(backend.raw, tier.key_prefix, meta.object_id) == []
+    assert tier.stats().extra["corrupt_dropped"] == 1
+
+
+def _write_tls_files(folder) -> TlsFiles:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    def name(common: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key, server_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = (x509.CertificateBuilder().subject_name(name("statetier test CA")).issuer_name(name("statetier test CA"))
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+          .sign(ca_key, hashes.SHA256()))
+    server = (x509.CertificateBuilder().subject_name(name("127.0.0.1")).issuer_name(ca.subject)
+              .public_key(server_key.public_key()).serial_number(x509.random_serial_number())
+              .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+              .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                                                          x509.DNSName("localhost")]), critical=False)
+              .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+              .sign(ca_key, hashes.SHA256()))
+    files = TlsFiles(folder / "server.crt", folder / "server.key", folder / "ca.crt")
+    files.ca_file.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    files.cert_file.write_bytes(server.public_bytes(serialization.Encoding.PEM))
+    files.key_file.write_bytes(server_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                        serialization.NoEncryption()))
+    return files
+
+
+async def test_tls_from_a_rediss_url(tmp_path, make_tier) -> None:
+    tls = _write_tls_files(tmp_path)
+    server = RedisServer(tls=tls)
+    try:
+        server.start(extra_args=["--tls-auth-clients", "no"])
+    except RuntimeError as exc:
+        server.close()
+        if any(sign in str(exc) for sign in ("Bad directive", "not supported", "TLS support")):
+            pytest.skip(f"this redis-server binary was built without TLS: {str(exc)[-300:]}")
+        raise
+    with server:
+        assert server.url.startswith("rediss://")
+        tier = await make_tier(f"{server.url}?ssl_ca_certs={tls.ca_file}")
+        meta, blob = make_object(3 << 20)
+        await store(tier, meta, blob)
+        assert await load(tier, meta.object_id) == blob

@@ -1,0 +1,174 @@
+"""The Redis tier when Redis fails: killed, frozen, brought back.
+
+A dead or frozen server turns every operation into ``Unavailable`` in bounded time (the
+``wait_for`` bounds below only guard against a hang; they are not timing assertions), the
+tier reports ``available = False``, and when a server answers again on the same port the
+same tier instance serves again, without being recreated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from statetier.protocol.dtypes import TensorSpec
+from statetier.protocol.errors import NotFound, Unavailable
+from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, new_state_id
+from statetier.protocol.keyring import dev_keyring
+from statetier.protocol.sealed import decode_header, seal_object
+from statetier.tiers.base import ObjectMeta
+from statetier.tiers.redis import RedisTier
+from statetier.tiers.redis_registry import RedisVersionRegistry
+
+KEYRING = dev_keyring()
+NAMESPACE = NamespaceSpec("redis-fault-test").namespace()
+HANG_GUARD_S = 60.0
+
+
+def make_object(size: int, layer: int = 0) -> tuple[ObjectMeta, bytes]:
+    key = StateKey(NAMESPACE, Kind.SSM, layer, bytes(32), 0, 32)
+    blob = seal_object(key, Provenance("req", 0, "test", time.time_ns()),
+                       [(TensorSpec("state", "uint8", (size,)), os.urandom(size))],
+                       keyring=KEYRING, state_id=new_state_id(), version=1)
+    return ObjectMeta.from_header(decode_header(blob)), blob
+
+
+async def store(tier: RedisTier, meta: ObjectMeta, blob: bytes) -> None:
+    ticket = await tier.prepare_store(meta)
+    ok = False
+    try:
+        await tier.write(ticket, [blob])
+        ok = True
+    finally:
+        await tier.complete_store(ticket, ok)
+
+
+async def load(tier: RedisTier, object_id: bytes) -> bytes:
+    lease = await tier.prepare_load(object_id)
+    try:
+        return bytes(await tier.read(lease))
+    finally:
+        await tier.complete_load(lease)
+
+
+async def unavailable(operation) -> Unavailable:
+    """Await ``operation``; it must raise Unavailable (the bound only catches a hang)."""
+    with pytest.raises(Unavailable) as caught:
+        await asyncio.wait_for(operation, HANG_GUARD_S)
+    return caught.value
+
+
+@pytest.fixture
+async def tier(fresh_redis):
+    tier = RedisTier(fresh_redis.url, keyring=KEYRING, capacity_bytes=64 << 20, socket_timeout=1.0, retries=2)
+    await tier.start()
+    yield tier
+    await asyncio.wait_for(tier.close(), HANG_GUARD_S)
+
+
+async def test_a_killed_server_makes_every_operation_unavailable_until_it_is_back(fresh_redis, tier) -> None:
+    stored, blob = make_object(100_000)
+    await store(tier, stored, blob)
+    lease = await tier.prepare_load(stored.object_id)
+    fresh_redis.kill()
+
+    meta, _ = make_object(1000, layer=1)
+    error = await unavailable(tier.prepare_store(meta))
+    assert "redis unavailable" in str(error) and error.__cause__ is not None
+    await unavailable(tier.read(lease))
+    await unavailable(tier.prepare_load(stored.object_id))
+    await unavailable(tier.contains(stored.object_id))
+    await unavailable(tier.get_meta(stored.object_id))
+    await unavailable(tier.find_by_key(stored.key_digest))
+    await unavailable(tier.delete(stored.object_id))
+    await unavailable(tier.evict(1 << 20))
+    await unavailable(_drain(tier.iter_objects()))
+    stats = tier.stats()
+    assert stats.extra["available"] is False and stats.extra["unavailable_total"] >= 9
+    await tier.complete_load(lease)
+
+    fresh_redis.restart()  # same port, empty (no persistence)
+    with pytest.raises(NotFound):
+        await tier.prepare_load(stored.object_id)
+    assert tier.stats().extra["available"] is True
+    meta, blob = make_object(3 << 20, layer=2)
+    await store(tier, meta, blob)
+    assert await load(tier, meta.object_id) == blob
+
+
+async def test_a_store_cut_by_a_crash_leaves_nothing_visible_after_restart(fresh_redis, tier) -> None:
+    meta, blob = make_object(5 << 20)
+    ticket = await tier.prepare_store(meta)
+    fresh_redis.kill()
+    try:
+        await unavailable(tier.write(ticket, [blob]))
+    finally:
+        await asyncio.wait_for(tier.complete_store(ticket, False), HANG_GUARD_S)  # best effort, no raise
+    assert tier.stats().extra["reserved_bytes"] == 0
+
+    fresh_redis.restart()
+    assert not await tier.contains(meta.object_id)
+    await store(tier, meta, blob)
+    assert await load(tier, meta.object_id) == blob
+
+
+async def test_objects_survive_a_restart_with_persistence_and_the_same_tier_reads_them(fresh_redis, tier) -> None:
+    fresh_redis.stop()
+    fresh_redis.start(fresh_redis.port, ["--appendonly", "yes", "--appendfsync", "always"])
+    meta, blob = make_object(2_500_000)
+    await store(tier, meta, blob)
+    fresh_redis.kill()
+    await unavailable(tier.prepare_load(meta.object_id))
+
+    fresh_redis.restart()
+    assert await load(tier, meta.object_id) == blob
+    assert tier.stats().extra["available"] is True
+
+
+async def test_a_frozen_server_times_out_as_unavailable_and_recovers(fresh_redis) -> None:
+    tier = RedisTier(fresh_redis.url, keyring=KEYRING, socket_timeout=0.5, retries=1)
+    await tier.start()
+    meta, blob = make_object(1000)
+    os.kill(fresh_redis.pid, signal.SIGSTOP)
+    try:
+        error = await unavailable(tier.contains(meta.object_id))
+        assert "Timeout" in str(error) or "timeout" in str(error)
+    finally:
+        os.kill(fresh_redis.pid, signal.SIGCONT)
+    await store(tier, meta, blob)
+    assert await load(tier, meta.object_id) == blob
+    await tier.close()
+
+
+async def test_the_registry_is_unavailable_while_redis_is_down_and_recovers(fresh_redis) -> None:
+    registry = RedisVersionRegistry(fresh_redis.url, socket_timeout=1.0, retries=1)
+    stream = os.urandom(16)
+    assert await registry.claim(stream, new_state_id()) == 1
+    fresh_redis.kill()
+    await unavailable(registry.claim(stream, new_state_id()))
+    await unavailable(registry.newest(stream))
+    assert registry.is_available is False
+    fresh_redis.restart()
+    assert await registry.claim(stream, new_state_id()) == 1  # the restarted server kept nothing
+    assert registry.is_available is True
+    await registry.close()
+
+
+async def test_start_against_a_dead_server_is_unavailable_not_a_hang(fresh_redis) -> None:
+    fresh_redis.kill()
+    tier = RedisTier(fresh_redis.url, keyring=KEYRING, socket_timeout=1.0, retries=1)
+    await unavailable(tier.start())
+    assert tier.stats().extra["available"] is False
+    await tier.close()
+    fresh_redis.restart()
+    await tier.start()  # the same instance can start once Redis is there
+    assert tier.stats().extra["available"] is True
+    await tier.close()
+
+
+async def _drain(iterator) -> list:
+    return [item async for item in iterator]

@@ -1,0 +1,532 @@
+"""The Redis tier: sealed objects in Redis or Redis Cluster, shared by every node.
+
+``RedisTier`` is the ``Tier`` of DESIGN §5; ``tiers.redis_connect`` opens its client,
+``tiers.redis_layout`` names its keys, ``tiers.redis_errors`` translates what redis-py raises.
+
+- store: the chunks go out in one pipeline (memoryview slices, no copy), then a Lua commit
+  writes the manifest only if every chunk is there, then the key index and the accounting.
+  No manifest, no object; a failed or cancelled store deletes its chunks, and any SET that
+  lands after that cleanup carries a pending TTL and expires.
+- read: every chunk in one pipeline (one slot), reassembled, decrypted (``AtRestCipher``)
+  and verified in the executor. A rejected object is deleted and counted
+  (``extra["corrupt_dropped"]``); chunks gone under a lease are ``NotFound``.
+- leases are local to this instance; ``delete`` under a lease removes the manifest at once
+  and the chunks at the last release. ``evict`` walks the LRU order shared by every node
+  on the prefix and claims each victim atomically, so two nodes never both take one.
+- ``stats()``: objects and bytes_used of the whole prefix (all nodes) as of the last
+  accounting call; capacity 0 = no budget; ``extra["available"]`` = the last call reached
+  Redis. A failure to reach Redis is ``Unavailable``, wrong credentials ``Unauthorized``.
+
+Public beyond ``Tier``: ``client`` (for a ``RedisVersionRegistry`` sharing the connection),
+``is_cluster``, ``is_available``, ``key_prefix``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+from dataclasses import dataclass
+from typing import AsyncIterator, Sequence
+
+from redis.asyncio import Redis, RedisCluster
+
+from statetier.protocol.errors import (
+    CapacityError,
+    ConfigError,
+    CorruptPayload,
+    InternalError,
+    InvalidRequest,
+    NotFound,
+    RejectedState,
+    StatetierError,
+)
+from statetier.protocol.keyring import Keyring
+from statetier.protocol.sealed import open_sealed
+from statetier.tiers.base import (
+    Buffer,
+    EvictedObject,
+    Lease,
+    LeaseTable,
+    ObjectMeta,
+    StoreTicket,
+    Tier,
+    TierStats,
+)
+from statetier.tiers.crypto import AtRestCipher
+from statetier.tiers.redis_connect import open_client
+from statetier.tiers.redis_errors import RedisEdge
+from statetier.tiers.redis_layout import (
+    ACCOUNTING_LUA,
+    COMMIT_LUA,
+    PENDING_CHUNK_TTL,
+    Manifest,
+    RedisKeys,
+    join_chunks,
+    plan_chunks,
+)
+
+CHUNK_BYTES = 2 << 20
+_EVICT_BATCH = 32
+_PROBE_BATCH = 16  # chunk keys deleted per round trip when the count is unknown
+
+
+@dataclass(slots=True)
+class _PendingStore:
+    chunks: int = 0  # chunk keys this store may have written (what cleanup deletes)
+    stored_size: int = 0
+
+
+class RedisTier(Tier):
+    def __init__(self, url: str, *, keyring: Keyring, cluster: bool | None = None,
+                 key_prefix: str = "st", chunk_bytes: int = CHUNK_BYTES,
+                 ttl_seconds: int | None = None, capacity_bytes: int | None = None,
+                 high_watermark: float = 0.9, low_watermark: float = 0.75,
+                 lease_ttl: float = 30.0, cipher: AtRestCipher | None = None,
+                 socket_timeout: float = 5.0, retries: int = 3,
+                 executor: concurrent.futures.Executor | None = None, name: str = "redis") -> None:
+        if chunk_bytes < 1:
+            raise ConfigError("chunk_bytes must be positive")
+        if ttl_seconds is not None and ttl_seconds < 1:
+            raise ConfigError("ttl_seconds must be at least 1 (or None for no expiry)")
+        if capacity_bytes is not None and capacity_bytes < 1:
+            raise ConfigError("capacity_bytes must be positive (or None for no budget)")
+        if not 0 < low_watermark <= high_watermark <= 1:
+            raise ConfigError("watermarks need 0 < low_watermark <= high_watermark <= 1")
+        self.name = name
+        self._url, self._cluster, self._keyring, self._cipher = url, cluster, keyring, cipher
+        self.key_prefix = key_prefix
+        self._keys = RedisKeys(key_prefix)
+        self._chunk_bytes, self._ttl, self._capacity = chunk_bytes, ttl_seconds, capacity_bytes
+        self._high, self._low = high_watermark, low_watermark
+        self._socket_timeout, self._retries = socket_timeout, retries
+        self._executor, self._owns_executor = executor, executor is None
+        self._client: Redis | RedisCluster | None = None
+        self._accounting_script = self._commit_script = None
+        self.is_cluster: bool | None = None
+        self._edge = RedisEdge()
+        self._leases = LeaseTable(lease_ttl)
+        self._leased: dict[bytes, ObjectMeta] = {}  # objects under a local lease
+        self._doomed: dict[bytes, Manifest] = {}  # deleted while leased: chunks go at the last release
+        self._stores: dict[int, StoreTicket] = {}
+        self._storing: set[bytes] = set()
+        self._ticket_ids = itertools.count(1)
+        self._reserved = 0
+        self._objects = self._bytes_used = 0  # as Redis reported on the last accounting call
+        self._evictions = self._corrupt_dropped = self._stale_pruned = 0
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._client is not None:
+            return
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix=f"{self.name}-tier")
+        with self._edge.call("connect"):
+            client, self.is_cluster = await open_client(
+                self._url, cluster=self._cluster, socket_timeout=self._socket_timeout, retries=self._retries)
+        self._accounting_script = client.register_script(ACCOUNTING_LUA)
+        self._commit_script = client.register_script(COMMIT_LUA)
+        try:
+            self._client = client
+            await self._account("status")  # also proves the ACL user may touch our keys
+        except BaseException:
+            self._client = None
+            await client.aclose()
+            raise
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            for ticket in list(self._stores.values()):
+                self._stores.pop(ticket.ticket_id, None)
+                await self._try_erase(client, ticket.meta.object_id, None, ticket.location.chunks)
+            self._storing.clear()
+            self._reserved = 0
+            for oid, manifest in list(self._doomed.items()):  # our leases end with us
+                await self._try_erase(client, oid, manifest, manifest.chunks)
+            self._doomed.clear()
+            await client.aclose()
+        if self._owns_executor and self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    @property
+    def client(self) -> Redis | RedisCluster:
+        if self._client is None:
+            raise RuntimeError(f"tier {self.name!r} is not started (or already closed)")
+        return self._client
+
+    @property
+    def is_available(self) -> bool:
+        return self._edge.is_available
+
+    # -- store -------------------------------------------------------------------------
+
+    async def prepare_store(self, meta: ObjectMeta) -> StoreTicket:
+        client = self.client
+        oid = meta.object_id
+        if oid in self._storing or oid in self._doomed:
+            raise InvalidRequest(f"object {oid.hex()} is already being stored or deleted")
+        unevictable = self._reserved + sum(m.size for m in self._leased.values())
+        if self._capacity is not None and meta.size + unevictable > self._capacity:
+            raise CapacityError(f"{meta.size} bytes do not fit in the {self.name} tier: {unevictable} of "
+                                f"{self._capacity} bytes are reserved or leased", tier=self.name, need=meta.size)
+        self._storing.add(oid)
+        try:
+            with self._edge.call("prepare_store"):
+                exists = await client.exists(self._keys.manifest(oid))
+            if exists:
+                raise InvalidRequest(f"object {oid.hex()} is already stored")
+        except BaseException:
+            self._storing.discard(oid)
+            raise
+        ticket = StoreTicket(meta, next(self._ticket_ids), location=_PendingStore())
+        self._stores[ticket.ticket_id] = ticket
+        self._reserved += meta.size
+        return ticket
+
+    async def write(self, ticket: StoreTicket, chunks: Sequence[Buffer]) -> None:
+        client, pending = self.client, self._pending(ticket)
+        if pending.chunks or ticket.written:
+            raise InvalidRequest("write() was already called for this ticket")
+        total = sum(memoryview(c).nbytes for c in chunks)
+        if total != ticket.meta.size:
+            raise InvalidRequest(f"write got {total} bytes; the object is {ticket.meta.size}")
+        if self._cipher is not None:
+            pieces = await self._run(self._seal_envelope, chunks)
+        else:
+            pieces = plan_chunks(chunks, self._chunk_bytes)
+        pending.chunks, pending.stored_size = len(pieces), sum(memoryview(p).nbytes for p in pieces)
+        oid = ticket.meta.object_id
+        try:
+            with self._edge.call("write"):
+                async with client.pipeline(transaction=False) as pipe:
+                    for index, piece in enumerate(pieces):
+                        pipe.set(self._keys.chunk(oid, index), piece, ex=PENDING_CHUNK_TTL)
+                    await pipe.execute()
+        except StatetierError:
+            await self._try_erase(client, oid, None, pending.chunks)
+            raise
+        ticket.written = ticket.meta.size
+
+    async def complete_store(self, ticket: StoreTicket, success: bool) -> None:
+        if self._stores.pop(ticket.ticket_id, None) is None:
+            return  # completed before (or never ours): nothing is held
+        meta, pending = ticket.meta, ticket.location
+        self._reserved -= meta.size
+        self._storing.discard(meta.object_id)
+        client = self.client
+        if not success or ticket.written != meta.size:
+            await self._try_erase(client, meta.object_id, None, pending.chunks)
+            if success:
+                raise InvalidRequest("complete_store(success=True) before the object was written")
+            return
+        manifest = Manifest(meta, pending.stored_size, pending.chunks, self._chunk_bytes,
+                            self._cipher is not None)
+        try:
+            with self._edge.call("complete_store"):
+                committed = await self._commit_script(
+                    keys=[self._keys.manifest(meta.object_id), *self._keys.chunks(meta.object_id, pending.chunks)],
+                    args=[manifest.encode(), self._ttl or 0])
+            if committed == -1:  # another node stored this state_id meanwhile: its object stands
+                raise InvalidRequest(f"object {meta.object_id.hex()} is already stored")
+            if committed == 0:
+                raise InternalError(f"chunks of {meta.object_id.hex()} vanished before the commit "
+                                    "(redis maxmemory eviction?)")
+            with self._edge.call("complete_store"):
+                async with client.pipeline(transaction=False) as pipe:
+                    index = self._keys.key_index(meta.key_digest)
+                    pipe.hset(index, meta.object_id.hex(), meta.version)
+                    if self._ttl:
+                        pipe.expire(index, self._ttl)
+                    await pipe.execute()
+            await self._account("add", meta.object_id, meta.size)
+        except InvalidRequest:
+            raise
+        except BaseException:
+            await self._try_erase(client, meta.object_id, manifest, pending.chunks)
+            raise
+
+    def _pending(self, ticket: StoreTicket) -> _PendingStore:
+        if self._stores.get(ticket.ticket_id) is not ticket:
+            raise InvalidRequest(f"store ticket {ticket.ticket_id} is not open")
+        return ticket.location
+
+    def _seal_envelope(self, chunks: Sequence[Buffer]) -> list[memoryview]:
+        envelope = memoryview(self._cipher.seal_envelope(b"".join(chunks)))
+        return [envelope[i : i + self._chunk_bytes] for i in range(0, envelope.nbytes, self._chunk_bytes)]
+
+    # -- load --------------------------------------------------------------------------
+
+    async def prepare_load(self, object_id: bytes, owner: object = None, ttl: float | None = None) -> Lease:
+        client = self.client
+        await self._expire_leases()
+        manifest = await self._get_manifest(client, object_id, "prepare_load")
+        if manifest is None:
+            raise NotFound(f"object {object_id.hex()} is not in redis")
+        if self._capacity is not None:  # LRU order only matters to eviction
+            await self._account("touch", object_id)
+        self._leased[object_id] = manifest.meta
+        return self._leases.grant(manifest.meta, owner, manifest, ttl)
+
+    async def read(self, lease: Lease) -> memoryview:
+        lease = self._leases.check(lease)
+        blob = await self._fetch(self.client, lease.location, "read")
+        if blob is None:
+            raise NotFound(f"object {lease.object_id.hex()} expired while leased")
+        return blob
+
+    async def complete_load(self, lease: Lease) -> None:
+        self._leases.release(lease)
+        await self._settle_leases()
+
+    async def release_owner(self, owner: object) -> int:
+        released = self._leases.release_owner(owner)
+        await self._settle_leases()
+        return released
+
+    async def _fetch(self, client, manifest: Manifest, op: str) -> memoryview | None:
+        """The verified sealed bytes, or ``None`` (cleaned up) when chunks have expired."""
+        oid = manifest.meta.object_id
+        if manifest.is_encrypted and self._cipher is None:
+            raise CorruptPayload(f"object {oid.hex()} is encrypted at rest; this tier has no cipher")
+        with self._edge.call(op):
+            async with client.pipeline(transaction=False) as pipe:
+                for key in self._keys.chunks(oid, manifest.chunks):
+                    pipe.get(key)
+                parts = await pipe.execute()
+        if any(part is None for part in parts):
+            await self._try_erase(client, oid, manifest, manifest.chunks)
+            return None
+        try:
+            return await self._run(self._open, parts, manifest)
+        except RejectedState:
+            self._corrupt_dropped += 1
+            await self._try_erase(client, oid, manifest, manifest.chunks)
+            raise
+
+    def _open(self, parts: list[bytes], manifest: Manifest) -> memoryview:
+        """Runs in the executor: reassemble, decrypt, verify signature and payload digest."""
+        stored = join_chunks(parts, manifest.stored_size)
+        blob = self._cipher.open_envelope(stored) if manifest.is_encrypted else stored
+        header = open_sealed(blob, None, self._keyring).header
+        found, meta = ObjectMeta.from_header(header), manifest.meta
+        if (found.object_id, found.key_digest, found.stream_id, found.version, found.size) != (
+                meta.object_id, meta.key_digest, meta.stream_id, meta.version, meta.size):
+            raise CorruptPayload(f"object under {meta.object_id.hex()} is sealed as another object "
+                                 f"({found.object_id.hex()} v{found.version})")
+        return memoryview(blob)
+
+    # -- delete, lookup ----------------------------------------------------------------
+
+    async def delete(self, object_id: bytes) -> bool:
+        client = self.client
+        with self._edge.call("delete"):
+            raw = await client.get(self._keys.manifest(object_id))
+        if raw is None:
+            return False
+        manifest = Manifest.try_decode(raw)
+        if manifest is not None and self._leases.is_leased(object_id):
+            with self._edge.call("delete"):
+                await client.delete(self._keys.manifest(object_id))
+                await client.hdel(self._keys.key_index(manifest.meta.key_digest), object_id.hex())
+            self._doomed[object_id] = manifest
+            return True
+        await self._erase(client, object_id, manifest, manifest.chunks if manifest else None)
+        return True
+
+    async def contains(self, object_id: bytes) -> bool:
+        with self._edge.call("contains"):
+            return bool(await self.client.exists(self._keys.manifest(object_id)))
+
+    async def get_meta(self, object_id: bytes) -> ObjectMeta | None:
+        with self._edge.call("get_meta"):
+            raw = await self.client.get(self._keys.manifest(object_id))
+        manifest = Manifest.try_decode(raw)
+        return manifest.meta if manifest else None
+
+    async def find_by_key(self, key_digest: bytes) -> list[ObjectMeta]:
+        client, index = self.client, self._keys.key_index(key_digest)
+        with self._edge.call("find_by_key"):
+            entries = await client.hkeys(index)
+            raws = await self._get_all(client, [self._keys.manifest(bytes.fromhex(e.decode())) for e in entries])
+        found = [Manifest.try_decode(raw) for raw in raws]
+        gone = [e for e, m in zip(entries, found) if m is None]
+        if gone:  # their objects expired or were evicted: prune lazily
+            with self._edge.call("find_by_key"):
+                await client.hdel(index, *gone)
+        return sorted((m.meta for m in found if m is not None), key=lambda m: m.version)
+
+    async def iter_objects(self) -> AsyncIterator[ObjectMeta]:
+        client, seen = self.client, set()
+        scan = client.scan_iter(match=self._keys.manifest_pattern(), count=512)
+        while True:
+            with self._edge.call("iter_objects"):
+                batch = [key async for key in _take(scan, 256)]
+                keys = [key for key in batch if key not in seen]  # SCAN may repeat a key
+                raws = await self._get_all(client, keys)
+            seen.update(keys)
+            for raw in raws:
+                manifest = Manifest.try_decode(raw)
+                if manifest is not None:
+                    yield manifest.meta
+            if len(batch) < 256:
+                return
+
+    # -- eviction ----------------------------------------------------------------------
+
+    async def evict(self, need_bytes: int = 0) -> list[EvictedObject]:
+        if self._capacity is None:
+            return []
+        client = self.client
+        await self._expire_leases()
+        await self._account("status")
+        if self._bytes_used + need_bytes <= self._high * self._capacity:
+            return []
+        evicted: list[EvictedObject] = []
+        offset, seen = 0, set()
+        lru = self._keys.accounting()[0]
+        while self._bytes_used + need_bytes > self._low * self._capacity:
+            with self._edge.call("evict"):
+                batch = await client.zrange(lru, offset, offset + _EVICT_BATCH - 1)
+            if not batch:
+                break
+            for raw_id in batch:
+                if self._bytes_used + need_bytes <= self._low * self._capacity:
+                    break
+                oid = bytes.fromhex(raw_id.decode())
+                taken = False if oid in seen or self._is_pinned(oid) else await self._take_victim(client, oid)
+                seen.add(oid)
+                if taken is False:
+                    offset += 1  # left in place (pinned, or unreadable here): step over it
+                elif taken is not None:
+                    evicted.append(taken)
+        self._evictions += len(evicted)
+        return evicted
+
+    def _is_pinned(self, oid: bytes) -> bool:
+        return self._leases.is_leased(oid) or oid in self._storing or oid in self._doomed
+
+    async def _take_victim(self, client, oid: bytes) -> EvictedObject | bool | None:
+        """Evict one object: the object, ``None`` (gone or dropped), or ``False`` (kept)."""
+        try:
+            manifest = await self._get_manifest(client, oid, "evict")
+        except CorruptPayload:
+            return None
+        if manifest is None:  # expired or evicted by Redis itself: only its accounting was left
+            self._stale_pruned += await self._account("remove", oid)
+            return None
+        if manifest.is_encrypted and self._cipher is None:
+            return False
+        try:
+            blob = await self._fetch(client, manifest, "evict")
+        except RejectedState:
+            return None
+        if blob is None:
+            return None
+        if self._is_pinned(oid) or not await self._account("remove", oid):
+            return False if self._is_pinned(oid) else None  # leased meanwhile, or another node won
+        await self._erase(client, oid, manifest, manifest.chunks)
+        return EvictedObject(manifest.meta, blob)
+
+    # -- stats -------------------------------------------------------------------------
+
+    def stats(self) -> TierStats:
+        return TierStats(
+            tier=self.name, objects=self._objects, bytes_used=self._bytes_used,
+            capacity=self._capacity or 0, leases=len(self._leases),
+            inflight=len(self._stores) + len(self._leases), evictions=self._evictions,
+            extra={
+                "available": self._edge.is_available,
+                "unavailable_total": self._edge.unavailable_total,
+                "corrupt_dropped": self._corrupt_dropped,
+                "stale_pruned": self._stale_pruned,
+                "reserved_bytes": self._reserved,
+                "cluster": bool(self.is_cluster),
+            },
+        )
+
+    # -- helpers -----------------------------------------------------------------------
+
+    async def _run(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def _account(self, op: str, object_id: bytes = b"", size: int = 0) -> int:
+        with self._edge.call(f"accounting {op}"):
+            changed, used, count = await self._accounting_script(
+                keys=self._keys.accounting(), args=[op, object_id.hex(), size, self._ttl or 0])
+        self._bytes_used, self._objects = int(used), int(count)
+        return int(changed)
+
+    async def _get_manifest(self, client, oid: bytes, op: str) -> Manifest | None:
+        """The object's manifest; one that cannot be parsed drops the object."""
+        with self._edge.call(op):
+            raw = await client.get(self._keys.manifest(oid))
+        if raw is None:
+            return None
+        try:
+            return Manifest.decode(raw)
+        except CorruptPayload:
+            self._corrupt_dropped += 1
+            await self._try_erase(client, oid, None, None)
+            raise
+
+    async def _get_all(self, client, keys: list) -> list:
+        if not keys:
+            return []
+        async with client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.get(key)
+            return await pipe.execute()
+
+    async def _erase(self, client, oid: bytes, manifest: Manifest | None, chunks: int | None) -> None:
+        """Remove every key of an object: manifest first, so no reader sees it half gone.
+
+        ``chunks=None`` (the manifest was unreadable) deletes chunk keys batch by batch
+        until one is missing: chunks are numbered from 0 without gaps.
+        """
+        first, count = 0, _PROBE_BATCH if chunks is None else chunks
+        with self._edge.call("delete"):
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.delete(self._keys.manifest(oid))
+                for index in range(count):
+                    pipe.delete(self._keys.chunk(oid, index))
+                deleted = (await pipe.execute())[1:]
+            while chunks is None and deleted and all(deleted):
+                first += count
+                async with client.pipeline(transaction=False) as pipe:
+                    for index in range(first, first + count):
+                        pipe.delete(self._keys.chunk(oid, index))
+                    deleted = await pipe.execute()
+            if manifest is not None:
+                await client.hdel(self._keys.key_index(manifest.meta.key_digest), oid.hex())
+        await self._account("remove", oid)
+
+    async def _try_erase(self, client, oid: bytes, manifest: Manifest | None, chunks: int | None) -> None:
+        """Best-effort cleanup: what is left behind expires with its TTL or is pruned later."""
+        try:
+            await self._erase(client, oid, manifest, chunks)
+        except StatetierError:
+            pass
+
+    async def _expire_leases(self) -> None:
+        if self._leases.expire():
+            await self._settle_leases()
+
+    async def _settle_leases(self) -> None:
+        """Forget objects no longer leased; delete the chunks of those deleted under a lease."""
+        for oid in [oid for oid in self._leased if not self._leases.is_leased(oid)]:
+            del self._leased[oid]
+        for oid in [oid for oid in self._doomed if not self._leases.is_leased(oid)]:
+            manifest = self._doomed.pop(oid)
+            if self._client is not None:
+                await self._try_erase(self._client, oid, manifest, manifest.chunks)
+
+
+async def _take(iterator: AsyncIterator, count: int) -> AsyncIterator:
+    for _ in range(count):
+        try:
+            yield await iterator.__anext__()
+        except StopAsyncIteration:
+            return

@@ -1,0 +1,123 @@
+"""The version registry in Redis: versions stay monotonic across every node (DESIGN §4).
+
+``RedisVersionRegistry(client_or_url, key_prefix="st", ttl_seconds=None)`` implements
+``tiers.registry.VersionRegistry``. ``claim`` is one Lua compare-and-set on the stream's
+own key ``st:v:{<stream_id hex>}`` (a hash: version, state_id), so it is atomic on a single
+server and on Redis Cluster alike, and two nodes claiming at once never get the same
+version. The state_id → stream record ``st:s:{<state_id hex>}`` lives in another slot and
+is written by a second command after the CAS.
+
+A claim is idempotent for its state_id: a retry after a lost reply returns the version
+already recorded instead of a second one (or a ``StaleState``). Versions are compared
+as decimal strings in Lua, so every u64 is exact.
+
+Pass the client of a started ``RedisTier`` (``tier.client``) to share its connections,
+or a URL: the registry then connects on first use and closes in ``close()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from redis.asyncio import Redis, RedisCluster
+
+from statetier.protocol.errors import InvalidRequest, StaleState
+from statetier.tiers.redis_connect import open_client
+from statetier.tiers.redis_errors import RedisEdge
+from statetier.tiers.redis_layout import RedisKeys
+from statetier.tiers.registry import StreamHead, VersionRegistry
+
+MAX_VERSION = (1 << 64) - 1
+
+# KEYS[1]: the stream head. ARGV: state_id, version ('' = next), ttl seconds (0 = none).
+# Returns {1, version} when claimed (or already claimed by this state_id), {0, newest} when stale.
+CLAIM_LUA = """
+local head = redis.call('HMGET', KEYS[1], 'version', 'state_id')
+local newest, holder = head[1] or '0', head[2]
+if holder == ARGV[1] and (ARGV[2] == '' or ARGV[2] == newest) then
+  return {1, newest}
+end
+local version = ARGV[2]
+if version == '' then
+  redis.call('HINCRBY', KEYS[1], 'version', 1)
+  version = redis.call('HGET', KEYS[1], 'version')
+else
+  if #version < #newest or (#version == #newest and version <= newest) then
+    return {0, newest}
+  end
+  redis.call('HSET', KEYS[1], 'version', version)
+end
+redis.call('HSET', KEYS[1], 'state_id', ARGV[1])
+if tonumber(ARGV[3]) > 0 then
+  redis.call('EXPIRE', KEYS[1], ARGV[3])
+end
+return {1, version}
+"""
+
+
+class RedisVersionRegistry(VersionRegistry):
+    def __init__(self, client_or_url: Redis | RedisCluster | str, *, key_prefix: str = "st",
+                 ttl_seconds: int | None = None, socket_timeout: float = 5.0, retries: int = 3) -> None:
+        self._url = client_or_url if isinstance(client_or_url, str) else None
+        self._client = None if self._url else client_or_url
+        self._owns_client = self._url is not None
+        self._keys = RedisKeys(key_prefix)
+        self._ttl = ttl_seconds
+        self._socket_timeout, self._retries = socket_timeout, retries
+        self._script = None
+        self._connecting: asyncio.Lock | None = None
+        self._edge = RedisEdge()
+
+    @property
+    def is_available(self) -> bool:
+        return self._edge.is_available
+
+    async def claim(self, stream_id: bytes, state_id: bytes, version: int | None = None) -> int:
+        if version is not None and not (isinstance(version, int) and 0 <= version <= MAX_VERSION):
+            raise InvalidRequest(f"version must be an integer in [0, 2^64), not {version!r}")
+        client = await self._ready()
+        with self._edge.call("claim"):
+            claimed, value = await self._script(
+                keys=[self._keys.stream_head(stream_id)],
+                args=[state_id, "" if version is None else str(version), self._ttl or 0])
+        if not claimed:
+            newest = int(value)
+            raise StaleState(f"version {version} is not newer than the registry's {newest}",
+                             newest_version=newest)
+        with self._edge.call("claim"):
+            await client.set(self._keys.stream_of(state_id), stream_id, ex=self._ttl)
+        return int(value)
+
+    async def newest(self, stream_id: bytes) -> StreamHead | None:
+        client = await self._ready()
+        with self._edge.call("newest"):
+            version, state_id = await client.hmget(self._keys.stream_head(stream_id), "version", "state_id")
+        if version is None or state_id is None:
+            return None
+        return StreamHead(int(version), bytes(state_id))
+
+    async def stream_of(self, state_id: bytes) -> bytes | None:
+        client = await self._ready()
+        with self._edge.call("stream_of"):
+            stream = await client.get(self._keys.stream_of(state_id))
+        return bytes(stream) if stream is not None else None
+
+    async def close(self) -> None:
+        client, self._script = self._client, None
+        if self._owns_client and client is not None:
+            self._client = None
+            await client.aclose()
+
+    async def _ready(self) -> Redis | RedisCluster:
+        if self._script is not None:
+            return self._client
+        if self._connecting is None:
+            self._connecting = asyncio.Lock()
+        async with self._connecting:
+            if self._client is None:
+                with self._edge.call("connect"):
+                    self._client, _ = await open_client(
+                        self._url, socket_timeout=self._socket_timeout, retries=self._retries)
+            if self._script is None:
+                self._script = self._client.register_script(CLAIM_LUA)
+        return self._client
