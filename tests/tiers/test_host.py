@@ -1,0 +1,528 @@
+"""HostTier on a real memfd arena: lifecycle, cancellation, eviction, leases, other processes,
+and defragmentation while readers hold leases."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import random
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from statetier.protocol.dtypes import TensorSpec
+from statetier.protocol.errors import CapacityError, ConfigError, InvalidRequest, LeaseError, NotFound
+from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, new_state_id
+from statetier.protocol.keyring import dev_keyring
+from statetier.protocol.sealed import decode_header, open_sealed, seal_object
+from statetier.tiers.base import ObjectMeta
+from statetier.tiers.host import HostTier, open_unlinked_shm
+
+KEYRING = dev_keyring()
+NAMESPACE = NamespaceSpec("test/host-tier").namespace()
+KIB, MIB = 1024, 1024 * 1024
+
+
+def sealed(payload_bytes: int, layer: int = 0) -> tuple[ObjectMeta, bytes]:
+    key = StateKey(NAMESPACE, Kind.KV, layer, os.urandom(32), 0, 16)
+    blob = seal_object(key, Provenance("req-1"), [(TensorSpec("kv", "uint8", (payload_bytes,)), os.urandom(payload_bytes))],
+                       keyring=KEYRING, state_id=new_state_id(), version=1)
+    return ObjectMeta.from_header(decode_header(blob)), blob
+
+
+async def put(tier: HostTier, meta: ObjectMeta, blob: bytes) -> None:
+    ticket = await tier.prepare_store(meta)
+    done = False
+    try:
+        await tier.write(ticket, [blob[: meta.header_len], memoryview(blob)[meta.header_len :]])
+        done = True
+    finally:
+        await tier.complete_store(ticket, done)
+
+
+async def read_bytes(tier: HostTier, object_id: bytes) -> bytes:
+    lease = await tier.prepare_load(object_id, owner="test")
+    try:
+        return bytes(await tier.read(lease))
+    finally:
+        await tier.complete_load(lease)
+
+
+async def drain(executor: ThreadPoolExecutor) -> None:
+    """Wait until every job queued on a one-thread executor before now has finished."""
+    await asyncio.wrap_future(executor.submit(lambda: None))
+
+
+@pytest.fixture
+async def tier():
+    async with HostTier(4 * MIB, pin_memory=False) as host:
+        yield host
+
+
+# ---------------------------------------------------------------------------- lifecycle
+
+
+async def test_an_object_is_visible_only_after_complete_store(tier: HostTier) -> None:
+    meta, blob = sealed(10_000)
+    ticket = await tier.prepare_store(meta)
+    await tier.write(ticket, [blob])
+    assert not await tier.contains(meta.object_id)
+    assert await tier.get_meta(meta.object_id) is None
+    assert await tier.find_by_key(meta.key_digest) == []
+    assert [m async for m in tier.iter_objects()] == []
+    with pytest.raises(NotFound):
+        await tier.prepare_load(meta.object_id)
+    assert tier.stats().bytes_used == meta.size  # the reservation counts
+    await tier.complete_store(ticket, True)
+    assert await tier.contains(meta.object_id)
+    assert await tier.get_meta(meta.object_id) == meta
+    assert await tier.find_by_key(meta.key_digest) == [meta]
+    assert [m async for m in tier.iter_objects()] == [meta]
+    lease = await tier.prepare_load(meta.object_id)
+    view = await tier.read(lease)
+    assert view.readonly and bytes(view) == blob
+    assert open_sealed(view, None, KEYRING).header.state_id == meta.object_id
+    await tier.complete_load(lease)
+    with pytest.raises(ValueError):
+        bytes(view)  # released at complete_load: a late reader fails loudly
+    stats = tier.stats()
+    assert (stats.objects, stats.bytes_used, stats.leases, stats.inflight) == (1, meta.size, 0, 0)
+
+
+async def test_zero_copy_store_fills_the_arena_in_place(tier: HostTier) -> None:
+    meta, blob = sealed(50_000)
+    ticket = await tier.prepare_store(meta)
+    assert isinstance(ticket.location, int) and len(ticket.view) == meta.size
+    ticket.view[:] = blob  # what a client does through its own mapping
+    await tier.complete_store(ticket, True)
+    assert ticket.view is None
+    assert bytes(tier.arena_view[ticket.location : ticket.location + meta.size]) == blob
+    assert await read_bytes(tier, meta.object_id) == blob
+
+
+async def test_failed_store_leaves_nothing_and_frees_its_reservation(tier: HostTier) -> None:
+    meta, blob = sealed(10_000)
+    ticket = await tier.prepare_store(meta)
+    await tier.write(ticket, [blob])
+    await tier.complete_store(ticket, False)
+    await tier.complete_store(ticket, False)  # twice is harmless
+    with pytest.raises(InvalidRequest):
+        await tier.complete_store(ticket, True)
+    assert not await tier.contains(meta.object_id)
+    stats = tier.stats()
+    assert (stats.objects, stats.bytes_used, stats.inflight, stats.extra["extent_bytes_allocated"]) == (0, 0, 0, 0)
+    await put(tier, meta, blob)  # the id is free again
+    assert await read_bytes(tier, meta.object_id) == blob
+
+
+async def test_storing_a_present_or_pending_id_is_refused(tier: HostTier) -> None:
+    meta, blob = sealed(1000)
+    ticket = await tier.prepare_store(meta)
+    with pytest.raises(InvalidRequest):
+        await tier.prepare_store(meta)
+    await tier.write(ticket, [blob])
+    await tier.complete_store(ticket, True)
+    with pytest.raises(InvalidRequest):
+        await tier.prepare_store(meta)
+
+
+async def test_overlong_and_partial_writes_are_refused(tier: HostTier) -> None:
+    meta, blob = sealed(1000)
+    ticket = await tier.prepare_store(meta)
+    with pytest.raises(InvalidRequest):
+        await tier.write(ticket, [blob, b"x"])
+    await tier.write(ticket, [blob[:100]])
+    await tier.write(ticket, [blob[100:200]])  # writes append
+    with pytest.raises(InvalidRequest):
+        await tier.complete_store(ticket, True)  # 200 of the bytes: never visible
+    assert not await tier.contains(meta.object_id)
+    assert tier.stats().extra["extent_bytes_allocated"] == 0
+
+
+async def test_capacity_error_counts_reservations_in_progress() -> None:
+    async with HostTier(256 * KIB, pin_memory=False) as tier:
+        first, _ = sealed(150 * KIB)
+        second, _ = sealed(150 * KIB)
+        ticket = await tier.prepare_store(first)
+        with pytest.raises(CapacityError) as caught:
+            await tier.prepare_store(second)
+        assert caught.value.detail["need"] == second.size
+        await tier.complete_store(ticket, False)
+        await tier.complete_store(await tier.prepare_store(second), False)
+        huge, _ = sealed(300 * KIB)
+        with pytest.raises(CapacityError):
+            await tier.prepare_store(huge)
+
+
+async def test_large_writes_and_reads_go_through_the_executor() -> None:
+    async with HostTier(16 * MIB, pin_memory=False, inline_copy_bytes=64 * KIB) as tier:
+        meta, blob = sealed(3 * MIB)
+        await put(tier, meta, blob)  # a bytes header chunk and a read-only memoryview payload
+        assert await read_bytes(tier, meta.object_id) == blob
+        lease = await tier.prepare_load(meta.object_id)
+        dest = bytearray(meta.size + 10)
+        assert await tier.read_into(lease, dest) == meta.size
+        assert dest[: meta.size] == blob
+        with pytest.raises(InvalidRequest):
+            await tier.read_into(lease, bytearray(10))
+        with pytest.raises(InvalidRequest):
+            await tier.read_into(lease, bytes(meta.size))
+        await tier.complete_load(lease)
+
+
+# ---------------------------------------------------------------------------- cancellation
+
+
+async def _store_then_cancel(tier: HostTier, meta: ObjectMeta, blob: bytes, where: str, executor=None) -> None:
+    gate = asyncio.Event()
+    reached = asyncio.Event()
+
+    async def store() -> None:
+        ticket = await tier.prepare_store(meta)
+        done = False
+        try:
+            if where == "before_write":
+                reached.set()
+                await gate.wait()
+            if where in ("write_queued", "write_copying"):
+                reached.set()
+            await tier.write(ticket, [blob])
+            if where == "after_write":
+                reached.set()
+                await gate.wait()
+            done = True
+        finally:
+            await tier.complete_store(ticket, done)
+
+    task = asyncio.create_task(store())
+    await reached.wait()
+    await asyncio.sleep(0)  # let the task reach its next await
+    if where == "write_copying":
+        await asyncio.sleep(0.002)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+@pytest.mark.parametrize("where", ["before_write", "write_queued", "write_copying", "after_write"])
+async def test_a_cancelled_store_leaves_nothing_and_returns_its_space(where: str) -> None:
+    executor = ThreadPoolExecutor(1)
+    release = threading.Event()
+    try:
+        async with HostTier(16 * MIB, pin_memory=False, executor=executor, inline_copy_bytes=0) as tier:
+            meta, blob = sealed(12 * MIB)
+            if where == "write_queued":
+                executor.submit(release.wait)  # the copy job waits behind this one
+            await _store_then_cancel(tier, meta, blob, where)
+            release.set()
+            await drain(executor)
+            assert not await tier.contains(meta.object_id)
+            stats = tier.stats()
+            assert (stats.objects, stats.bytes_used, stats.inflight) == (0, 0, 0)
+            assert stats.extra["extent_bytes_allocated"] == 0
+            await put(tier, meta, blob)  # the whole arena is usable again
+            assert await read_bytes(tier, meta.object_id) == blob
+    finally:
+        release.set()
+        executor.shutdown()
+
+
+# ---------------------------------------------------------------------------- eviction
+
+
+async def test_evict_returns_least_recently_used_unleased_objects_with_their_bytes() -> None:
+    objects = {name: sealed(7_600) for name in "ABCDEFGH"}
+    capacity = 10 * 8192  # 8 objects of ~7.9 KB fill 77 %; the low watermark holds 5
+    async with HostTier(capacity, pin_memory=False, high_watermark=0.9, low_watermark=0.55) as tier:
+        for meta, blob in objects.values():
+            await put(tier, meta, blob)
+        assert await tier.evict(0) == []  # under the high watermark: nothing
+        for name in "BD":  # loading refreshes: B and D become most recent
+            await read_bytes(tier, objects[name][0].object_id)
+        held = await tier.prepare_load(objects["C"][0].object_id, owner="reader")  # leased: never evicted
+        evicted = await tier.evict(need_bytes=12_000)  # over 90 % with it; evict down to 55 %
+        names = {meta.object_id: name for name, (meta, _) in objects.items()}
+        assert [names[e.meta.object_id] for e in evicted] == ["A", "E", "F", "G"]
+        for item in evicted:
+            assert bytes(item.blob) == objects[names[item.meta.object_id]][1]
+            assert not await tier.contains(item.meta.object_id)
+        assert [names[m.object_id] async for m in tier.iter_objects()] == ["H", "B", "D", "C"]
+        assert tier.stats().evictions == 4
+        assert bytes(await tier.read(held)) == objects["C"][1]
+        await tier.complete_load(held)
+
+
+async def test_evicting_large_objects_copies_them_out_in_the_executor() -> None:
+    async with HostTier(8 * MIB, pin_memory=False, high_watermark=0.5, low_watermark=0.1,
+                        inline_copy_bytes=64 * KIB) as tier:
+        objects = [sealed(1 * MIB) for _ in range(4)]
+        for meta, blob in objects:
+            await put(tier, meta, blob)
+        evicted = await tier.evict(need_bytes=2 * MIB)
+        assert [e.meta for e in evicted] == [meta for meta, _ in objects]
+        assert [bytes(e.blob) for e in evicted] == [blob for _, blob in objects]
+        assert tier.stats().extra["extent_bytes_allocated"] == 0
+
+
+# ---------------------------------------------------------------------------- leases
+
+
+async def test_an_expired_lease_cannot_read() -> None:
+    async with HostTier(1 * MIB, pin_memory=False, lease_ttl=0.05) as tier:
+        meta, blob = sealed(1000)
+        await put(tier, meta, blob)
+        lease = await tier.prepare_load(meta.object_id)
+        fresh = await tier.prepare_load(meta.object_id, ttl=60)
+        await asyncio.sleep(0.1)
+        with pytest.raises(LeaseError):
+            await tier.read(lease)
+        assert bytes(await tier.read(fresh)) == blob
+        await tier.complete_load(lease)  # idempotent on a dead lease
+        await tier.complete_load(fresh)
+        assert tier.stats().leases == 0 and tier.stats().extra["leases_expired"] == 1
+        forgotten = await tier.prepare_load(meta.object_id, owner="gone")  # never completed
+        assert await tier.delete(meta.object_id)
+        assert tier.stats().bytes_used == meta.size  # still pinned by the forgotten lease
+        await asyncio.sleep(0.1)
+        assert tier.expire_leases() == 1
+        stats = tier.stats()
+        assert (stats.leases, stats.bytes_used, stats.extra["extent_bytes_allocated"]) == (0, 0, 0)
+        with pytest.raises(LeaseError):
+            await tier.read(forgotten)
+
+
+async def test_release_owner_drops_only_that_owners_leases(tier: HostTier) -> None:
+    meta, blob = sealed(1000)
+    await put(tier, meta, blob)
+    gone = [await tier.prepare_load(meta.object_id, owner="conn-1") for _ in range(3)]
+    kept = await tier.prepare_load(meta.object_id, owner="conn-2")
+    assert await tier.release_owner("conn-1") == 3
+    for lease in gone:
+        with pytest.raises(LeaseError):
+            await tier.read(lease)
+    assert bytes(await tier.read(kept)) == blob
+    assert tier.stats().leases == 1
+
+
+async def test_deleting_a_leased_object_hides_it_and_frees_it_after_the_last_lease(tier: HostTier) -> None:
+    meta, blob = sealed(20_000)
+    await put(tier, meta, blob)
+    first = await tier.prepare_load(meta.object_id, owner="a")
+    second = await tier.prepare_load(meta.object_id, owner="b")
+    assert await tier.delete(meta.object_id)
+    assert not await tier.delete(meta.object_id)
+    assert not await tier.contains(meta.object_id)
+    with pytest.raises(NotFound):
+        await tier.prepare_load(meta.object_id)
+    assert bytes(await tier.read(first)) == blob  # the bytes stay pinned
+    await tier.complete_load(first)
+    assert tier.stats().bytes_used == meta.size
+    assert bytes(await tier.read(second)) == blob
+    await tier.release_owner("b")
+    stats = tier.stats()
+    assert (stats.bytes_used, stats.extra["extent_bytes_allocated"], stats.extra["deleted_but_leased"]) == (0, 0, 0)
+
+
+# ---------------------------------------------------------------------------- other processes
+
+_CHILD = """
+import hashlib, mmap, sys
+fd, size, read_at, read_len, write_at = map(int, sys.argv[1:6])
+arena = mmap.mmap(fd, size)
+print(hashlib.sha256(arena[read_at:read_at + read_len]).hexdigest())
+payload = sys.stdin.buffer.read()
+arena[write_at:write_at + len(payload)] = payload
+"""
+
+
+async def test_another_process_maps_the_arena_and_sees_and_fills_the_same_bytes(tier: HostTier) -> None:
+    stored, stored_blob = sealed(300_000)
+    await put(tier, stored, stored_blob)
+    lease = await tier.prepare_load(stored.object_id, owner="client")
+    offset = lease.location[0]
+    incoming, incoming_blob = sealed(200_000)
+    ticket = await tier.prepare_store(incoming)
+    fd = tier.arena_fd
+    args = [str(v) for v in (fd, tier.arena_size, offset, stored.size, ticket.location)]
+    child = await asyncio.create_subprocess_exec(sys.executable, "-c", _CHILD, *args, pass_fds=[fd],
+                                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    out, _ = await child.communicate(incoming_blob)
+    assert child.returncode == 0
+    assert out.decode().strip() == hashlib.sha256(stored_blob).hexdigest()
+    await tier.complete_load(lease)
+    await tier.complete_store(ticket, True)  # filled by the child, no write() here
+    assert await read_bytes(tier, incoming.object_id) == incoming_blob
+
+
+async def test_the_arena_cannot_be_shrunk_through_the_shared_fd(tier: HostTier) -> None:
+    assert tier.is_memfd
+    with pytest.raises(PermissionError):
+        os.ftruncate(tier.arena_fd, 0)
+
+
+def test_the_dev_shm_fallback_is_unlinked_at_once() -> None:
+    before = set(os.listdir("/dev/shm"))
+    fd = open_unlinked_shm("statetier-test")
+    try:
+        assert set(os.listdir("/dev/shm")) == before
+        os.ftruncate(fd, 8192)
+        os.pwrite(fd, b"abc", 4096)
+        assert os.pread(fd, 3, 4096) == b"abc"
+    finally:
+        os.close(fd)
+
+
+async def test_pinning_is_off_without_cuda_and_refused_when_demanded() -> None:
+    async with HostTier(1 * MIB) as tier:
+        assert not tier.is_pinned and tier.stats().extra["pinned"] is False
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: scripts/gpu_check.py covers pinning")
+    with pytest.raises(ConfigError):
+        await HostTier(1 * MIB, pin_memory=True).start()
+
+
+async def test_close_releases_the_arena_and_refuses_further_use() -> None:
+    tier = HostTier(1 * MIB, pin_memory=False)
+    await tier.start()
+    meta, blob = sealed(1000)
+    await put(tier, meta, blob)
+    lease = await tier.prepare_load(meta.object_id)
+    view = await tier.read(lease)
+    kept = tier.arena_view  # a caller that holds a view keeps the mapping alive, safely
+    await tier.close()
+    await tier.close()
+    with pytest.raises(ValueError):
+        bytes(view)
+    assert bytes(kept[: meta.size]) == blob
+    with pytest.raises(RuntimeError):
+        await tier.prepare_load(meta.object_id)
+    with pytest.raises(RuntimeError):
+        tier.arena_fd
+
+
+# ---------------------------------------------------------------------------- compaction
+
+
+async def test_compaction_slides_objects_down_and_merges_free_space() -> None:
+    async with HostTier(1 * MIB, pin_memory=False) as tier:
+        objects = [sealed(60_000) for _ in range(6)]
+        for meta, blob in objects:
+            await put(tier, meta, blob)
+        for index in (0, 2, 4):
+            await tier.delete(objects[index][0].object_id)
+        before = tier.stats().extra
+        assert before["fragmentation"] > 0
+        report = await tier.compact()
+        # the highest object drops into the first hole, the next into the second; the
+        # lowest survivor has nowhere lower to go, and now nothing is scattered
+        assert (report.moved, report.blocked) == (2, 0)
+        assert report.bytes_moved == 2 * objects[0][0].size
+        assert report.largest_free_after > report.largest_free_before
+        after = tier.stats()
+        assert after.extra["fragmentation"] == 0.0 and after.compactions_run == 1
+        for meta, blob in objects[1::2]:
+            lease = await tier.prepare_load(meta.object_id)
+            assert lease.location[0] < 3 * 61440
+            assert bytes(await tier.read(lease)) == blob
+            await tier.complete_load(lease)
+
+
+async def test_a_lease_taken_during_a_move_keeps_the_old_bytes_and_abandons_the_move() -> None:
+    executor = ThreadPoolExecutor(1)
+    release = threading.Event()
+    try:
+        async with HostTier(4 * MIB, pin_memory=False, executor=executor, inline_copy_bytes=0) as tier:
+            low, low_blob = sealed(500_000)
+            high, high_blob = sealed(300_000)
+            await put(tier, low, low_blob)
+            await put(tier, high, high_blob)
+            await tier.delete(low.object_id)
+            executor.submit(release.wait)  # hold the move's copy in the queue
+            compaction = asyncio.create_task(tier.compact())
+            await asyncio.sleep(0)
+            lease = await tier.prepare_load(high.object_id)  # while the move is in flight
+            release.set()
+            report = await compaction
+            assert (report.moved, report.blocked) == (0, 1)
+            assert bytes(await tier.read(lease)) == high_blob  # location still valid
+            await tier.complete_load(lease)
+            assert (await tier.compact()).moved == 1  # unleased now: it moves
+            assert await read_bytes(tier, high.object_id) == high_blob
+            assert tier.stats().compactions_blocked == 1
+    finally:
+        release.set()
+        executor.shutdown()
+
+
+async def test_compaction_under_concurrent_leased_readers_never_tears_a_read() -> None:
+    rng = random.Random(7)
+    async with HostTier(6 * MIB, pin_memory=False, inline_copy_bytes=0) as tier:
+        live: dict[bytes, bytes] = {}
+        for index in range(40):
+            meta, blob = sealed(rng.randrange(20_000, 120_000))
+            await put(tier, meta, blob)
+            live[meta.object_id] = blob
+        top, top_blob = sealed(5_000)  # last stored, highest in the arena, fits any hole
+        await put(tier, top, top_blob)
+        for object_id in list(live)[::2]:
+            await tier.delete(object_id)
+            del live[object_id]
+        counts = {"reads": 0, "bad": 0}
+        stop = asyncio.Event()
+        long_reader = await tier.prepare_load(top.object_id, owner="slow client")  # blocks its move
+
+        async def reader(seed: int) -> None:
+            pick = random.Random(seed)
+            while not stop.is_set():
+                object_id = pick.choice(list(live))
+                expected = live.get(object_id)
+                try:
+                    lease = await tier.prepare_load(object_id, owner=seed)
+                except NotFound:
+                    continue  # churned away meanwhile
+                try:
+                    await asyncio.sleep(0)  # hold the lease across a compaction step
+                    view = await tier.read(lease)
+                    await asyncio.sleep(0)
+                    if bytes(view) != expected:
+                        counts["bad"] += 1
+                    elif counts["reads"] % 25 == 0:
+                        open_sealed(view, None, KEYRING)  # full signature and digest check
+                    counts["reads"] += 1
+                finally:
+                    await tier.complete_load(lease)
+
+        async def compactor() -> None:
+            for _ in range(30):
+                await tier.compact()
+                for object_id in rng.sample(list(live), 2):  # churn: new holes, new objects
+                    await tier.delete(object_id)
+                    del live[object_id]
+                for _ in range(2):
+                    meta, blob = sealed(rng.randrange(20_000, 120_000))
+                    try:
+                        await put(tier, meta, blob)
+                    except CapacityError:
+                        continue
+                    live[meta.object_id] = blob
+                await asyncio.sleep(0)
+            stop.set()
+
+        await asyncio.gather(compactor(), *(reader(seed) for seed in range(8)))
+        assert bytes(await tier.read(long_reader)) == top_blob  # held through 30 compactions
+        await tier.complete_load(long_reader)
+        stats = tier.stats()
+        assert counts["bad"] == 0 and counts["reads"] > 100
+        assert stats.compactions_run == 30
+        assert stats.compactions_blocked > 0
+        assert stats.extra["bytes_moved"] > 0
+        assert stats.extra["lease_violations"] == 0 and stats.leases == 0
+        for object_id, blob in live.items():
+            assert await read_bytes(tier, object_id) == blob

@@ -1,0 +1,219 @@
+"""The host tier: one shared-memory arena, mapped by the daemon and by same-host clients.
+
+- ``HostTier(capacity_bytes, *, shm_dir=None, pin_memory=None, …)`` — an ``ExtentTier``
+  over a named arena file in ``shm_dir`` (what the daemon uses: clients open it by path,
+  e.g. a ``/dev/shm`` shared by the pod's containers), or without ``shm_dir`` a ``memfd``
+  (or a ``/dev/shm`` file unlinked right after open); sized with ``ftruncate`` and
+  ``mmap``'d once at ``start()``. ``shared_memory()`` → (path, size) for HELLO_OK;
+  ``arena_offset(ticket_or_lease)`` → where that object's bytes start.
+- ``arena_fd`` / ``arena_size`` / ``arena_view`` — what the daemon passes to a client on
+  the same host (``SCM_RIGHTS``) so it can map the arena itself. ``StoreTicket.location``
+  is the arena offset of a store in progress and ``Lease.location`` is
+  ``(offset, generation)``: a client fills ``ticket.view`` (or its own mapping at that
+  offset) in place and the daemon calls ``complete_store`` with no ``write()`` at all.
+- ``read(lease)`` is a read-only view of the arena, no copy, valid until ``complete_load``.
+- ``compact()`` (from ``ExtentTier``) defragments the arena around leased objects.
+
+With CUDA present (``pin_memory=None``) or asked for (``True``) the arena is registered as
+pinned memory (``cudaHostRegister``), so device copies from and to it are true DMA; torch
+is imported only then. The memfd is sealed against shrinking, so a client holding the fd
+cannot truncate the arena under the daemon (which would fault on the next access).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import secrets
+import sys
+from concurrent.futures import Executor
+
+from statetier.protocol.errors import CapacityError, ConfigError, Unavailable
+
+from .extent_tier import DEFAULT_INLINE_COPY_BYTES, ExtentTier, release_quietly
+from .rawmemory import address_of
+
+_GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
+
+
+def open_memfd(name: str) -> int:
+    """An anonymous shared-memory file that can be sealed; ``OSError`` where unsupported."""
+    flags = os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING
+    return os.memfd_create(name, flags)
+
+
+def open_unlinked_shm(name: str, directory: str = "/dev/shm") -> int:
+    """A file in ``directory`` that is unlinked as soon as it is open: only the fd names it."""
+    path = os.path.join(directory, f"{name}-{os.getpid()}-{secrets.token_hex(8)}")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    os.unlink(path)
+    return fd
+
+
+class HostTier(ExtentTier):
+    """Shared-memory arena tier. See the module docstring."""
+
+    offers_store_view = True
+
+    def __init__(self, capacity_bytes: int, *, high_watermark: float = 0.9, low_watermark: float = 0.75,
+                 lease_ttl: float = 30.0, pin_memory: bool | None = None, executor: Executor | None = None,
+                 name: str = "host", granularity: int = 4096, shm_dir: str | os.PathLike | None = None,
+                 inline_copy_bytes: int = DEFAULT_INLINE_COPY_BYTES) -> None:
+        super().__init__(capacity_bytes, high_watermark=high_watermark, low_watermark=low_watermark,
+                         lease_ttl=lease_ttl, executor=executor, name=name, granularity=granularity,
+                         inline_copy_bytes=inline_copy_bytes)
+        self._pin_memory = pin_memory
+        self._fd = -1
+        self._mmap: mmap.mmap | None = None
+        self._cudart = None
+        self.is_memfd = False
+        self._shm_dir = None if shm_dir is None else os.fspath(shm_dir)
+        self._shm_path: str | None = None
+
+    # ------------------------------------------------------------------ what clients map
+
+    @property
+    def arena_fd(self) -> int:
+        self._require_open()
+        return self._fd
+
+    @property
+    def arena_size(self) -> int:
+        return self.capacity
+
+    @property
+    def arena_view(self) -> memoryview:
+        """A writable view of the whole arena (a fresh one each time: releasing it is harmless)."""
+        self._require_open()
+        return self._region[:]
+
+    def shared_memory(self) -> tuple[str, int]:
+        """(path, size) that a same-host client opens and maps: the named arena file in
+        ``shm_dir``, or the daemon's memfd through ``/proc`` when no directory is set."""
+        self._require_open()
+        path = self._shm_path or f"/proc/{os.getpid()}/fd/{self._fd}"
+        return path, self.capacity
+
+    def arena_offset(self, handle) -> int:
+        """Arena offset of a store ticket or a lease (where its object's bytes start)."""
+        location = handle.location
+        return location[0] if isinstance(location, tuple) else int(location)
+
+    @property
+    def is_pinned(self) -> bool:
+        return self._cudart is not None
+
+    # ------------------------------------------------------------------ medium
+
+    def _open_medium(self) -> None:
+        fd = self._open_fd()
+        try:
+            self._size_arena(fd)
+            arena = mmap.mmap(fd, self.capacity, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError as exc:
+            os.close(fd)
+            if self._shm_path is not None:
+                os.unlink(self._shm_path)
+                self._shm_path = None
+            raise CapacityError(f"{self.name}: cannot create a {self.capacity}-byte arena: {exc}") from exc
+        self._fd, self._mmap = fd, arena
+        self._region = memoryview(arena)
+        self._region_address = address_of(arena)
+        try:
+            if self._should_pin():
+                self._register_pinned()
+        except BaseException:
+            self._close_medium()
+            raise
+
+    def _open_fd(self) -> int:
+        label = f"statetier-{self.name}"
+        if self._shm_dir is not None:
+            return self._open_named(label)
+        try:
+            fd = open_memfd(label)
+            self.is_memfd = True
+            return fd
+        except (AttributeError, OSError):
+            pass
+        try:
+            return open_unlinked_shm(label)
+        except OSError as exc:
+            raise Unavailable(f"{self.name}: neither memfd nor /dev/shm is usable: {exc}") from exc
+
+    def _open_named(self, label: str) -> int:
+        """A named file clients open by path (a shared ``/dev/shm`` in a pod, say); mode 0660
+        so the socket's group can map it; removed again at ``close()``."""
+        path = os.path.join(self._shm_dir, f"{label}-{os.getpid()}-{secrets.token_hex(6)}.arena")
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o660)
+            os.fchmod(fd, 0o660)
+        except OSError as exc:
+            raise Unavailable(f"{self.name}: cannot create the arena file in {self._shm_dir}: {exc}") from exc
+        self._shm_path = path
+        return fd
+
+    def _size_arena(self, fd: int) -> None:
+        os.ftruncate(fd, self.capacity)
+        if self.is_memfd:
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+        else:
+            # tmpfs may be size-limited (64 MiB in a default container): fail here, not
+            # with SIGBUS on first touch of a page the filesystem cannot back.
+            os.posix_fallocate(fd, 0, self.capacity)
+
+    def _should_pin(self) -> bool:
+        if self._pin_memory is False:
+            return False
+        if self._pin_memory is None and "torch" not in sys.modules:
+            if not any(os.path.exists(node) for node in _GPU_DEVICE_NODES):
+                return False  # no GPU here: do not pay for importing torch
+        try:
+            import torch
+        except ImportError as exc:
+            if self._pin_memory:
+                raise ConfigError(f"{self.name}: pin_memory=True needs torch with CUDA") from exc
+            return False
+        if not torch.cuda.is_available():
+            if self._pin_memory:
+                raise ConfigError(f"{self.name}: pin_memory=True but CUDA is not available")
+            return False
+        return True
+
+    def _register_pinned(self) -> None:
+        import torch
+
+        cudart = torch.cuda.cudart()
+        status = int(cudart.cudaHostRegister(self._region_address, self.capacity, 0))
+        if status == 0:
+            self._cudart = cudart
+        elif self._pin_memory:
+            raise Unavailable(f"{self.name}: cudaHostRegister of the arena failed (cudaError {status})")
+
+    def _close_medium(self) -> None:
+        if self._cudart is not None:
+            self._cudart.cudaHostUnregister(self._region_address)
+            self._cudart = None
+        release_quietly(self._region)
+        self._region, self._region_address = None, 0
+        if self._mmap is not None:
+            try:
+                self._mmap.close()
+            except BufferError:
+                pass  # a caller still holds a view: the mapping goes when the last view does
+            self._mmap = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if self._shm_path is not None:
+            try:
+                os.unlink(self._shm_path)
+            except FileNotFoundError:
+                pass
+            self._shm_path = None
+
+    def stats(self):
+        stats = super().stats()
+        stats.extra.update({"pinned": self.is_pinned, "memfd": self.is_memfd})
+        return stats
