@@ -186,11 +186,27 @@ def build(config: Config) -> App:
     engine = Engine(tiers, keyring=keyring, registry=registry, metrics=metrics, options=options,
                     executor=executor, **roles)
     server = Server(engine, config, metrics)
-    metrics.track(engine.tier_stats, lambda: {**server.stats(), "leases": engine.stats()["leases"]})
+    metrics.track(_tier_stats_reporting_redis(engine, metrics, roles["publish"]),
+                  lambda: {**server.stats(), "leases": engine.lease_count,
+                                  "reservations": engine.reservation_count})
     http = None
     if config.metrics.enabled:
         http = MetricsServer(metrics, config.metrics.host, config.metrics.port, ready=lambda: engine.ready)
     return App(config, engine, server, metrics, http, executor)
+
+
+def _tier_stats_reporting_redis(engine: Engine, metrics: Metrics, redis_tier: Tier | None):
+    """Tier stats for the scrape, setting ``statetier_redis_up`` from the Redis tier's view."""
+
+    def read():
+        stats = engine.tier_stats()
+        if redis_tier is not None:
+            for item in stats:
+                if item.tier == redis_tier.name:
+                    metrics.set_redis_available(bool(item.extra.get("available", True)))
+        return stats
+
+    return read
 
 
 async def serve(config: Config, stop: asyncio.Event | None = None) -> None:

@@ -191,7 +191,7 @@ class Engine:
             ok = True
         finally:
             await self.arena.complete_store(ticket, ok)
-        return await self._finish_put(req, meta, self.arena, [ticket.view], started)
+        return await self._finish_put(req, meta, self.arena, None, started)
 
     async def abort(self, ticket_id: int, owner) -> None:
         reservation = self._take_reservation(ticket_id, owner)
@@ -207,7 +207,10 @@ class Engine:
     async def _finish_put(self, req: PutRequest, meta: ObjectMeta, tier: Tier, chunks, started: float) -> PutResult:
         self.tenancy.charge(req.tenant, tier.name, meta.object_id, meta.size)
         if req.publish and self.publish_tier is not None and tier is not self.publish_tier:
-            await self.placement.store_in(self.publish_tier, chunks, meta)
+            if chunks is None:  # zero-copy put: the object lives only in the arena
+                await self.placement.copy_between(meta.object_id, tier, self.publish_tier)
+            else:
+                await self.placement.store_in(self.publish_tier, chunks, meta)
         else:
             self.placement.schedule_copy_down(meta.object_id, tier)
         if req.publish and self.publish_tier is None:
@@ -509,12 +512,21 @@ class Engine:
     def tier_stats(self):
         return [tier.stats() for tier in self.tiers]
 
+    @property
+    def lease_count(self) -> int:
+        return len(self._held)
+
+    @property
+    def reservation_count(self) -> int:
+        return len(self._reservations)
+
     def stats(self) -> dict:
+        tiers = self.tier_stats()
         return {
-            "tiers": [dataclasses.asdict(s) for s in self.tier_stats()],
+            "tiers": [dataclasses.asdict(s) for s in tiers],
             "leases": len(self._held),
             "reservations": len(self._reservations),
-            "objects": sum(s.objects for s in self.tier_stats()),
+            "objects": sum(s.objects for s in tiers),
             "write_behind_pending": self.placement.write_behind_pending,
             "dropped_on_demotion": self.placement.dropped,
             "tenants": self.tenancy.usage(),

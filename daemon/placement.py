@@ -150,10 +150,16 @@ class Placement:
         target = self._write_behind_to
         if target is None or await target.contains(object_id):
             return
+        await self.copy_between(object_id, source, target, missing_ok=True)
+
+    async def copy_between(self, object_id: bytes, source: Tier, target: Tier, *, missing_ok: bool = False) -> None:
+        """Copy one object from ``source`` into ``target`` under a lease on the source."""
         try:
-            lease = await source.prepare_load(object_id, owner="write-behind")
+            lease = await source.prepare_load(object_id, owner="copy")
         except NotFound:
-            return
+            if missing_ok:
+                return
+            raise
         try:
             blob = await source.read(lease)
             await self.store_in(target, [blob], lease.meta)
