@@ -78,6 +78,8 @@ class _PendingStore:
 
 
 class RedisTier(Tier):
+    verifies_on_read = True  # read() runs open_sealed on every reassembled object
+
     def __init__(self, url: str, *, keyring: Keyring, cluster: bool | None = None,
                  key_prefix: str = "st", chunk_bytes: int = CHUNK_BYTES,
                  ttl_seconds: int | None = None, capacity_bytes: int | None = None,
