@@ -1,0 +1,242 @@
+"""The engine over real tiers: a shared-memory host arena above an LMDB/segment disk tier.
+
+Stories: a put is served back verified; a damaged copy is dropped and the next copy is
+served (never the damaged bytes); eviction demotes instead of dropping; versions fence
+stale puts and loads; tenants cannot read each other's namespaces; the zero-copy put;
+the joint hit.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from statetier.daemon.engine import Engine, EngineOptions
+from statetier.daemon.metrics import Metrics
+from statetier.daemon.requests import LoadRequest, LookupRequest, PutRequest
+from statetier.protocol.dtypes import TensorSpec
+from statetier.protocol.errors import (
+    CorruptPayload,
+    Forbidden,
+    NamespaceMismatch,
+    NotFound,
+    PositionMismatch,
+    StaleState,
+)
+from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, prefix_hashes
+from statetier.protocol.keyring import Keyring
+from statetier.protocol.sealed import layout_payload
+from statetier.tiers.disk import DiskTier
+from statetier.tiers.host import HostTier
+from statetier.tiers.registry import MemoryVersionRegistry
+
+NS = NamespaceSpec("jamba-tiny", kv_dtype="bfloat16").namespace()
+OTHER_NS = NamespaceSpec("bamba-tiny").namespace()
+SPECS = (TensorSpec("conv", "bfloat16", (3, 256)), TensorSpec("ssm", "float32", (256, 16)))
+TOKENS = list(range(64))
+CHAIN = prefix_hashes(TOKENS, 16)
+
+
+def payload_for(seed: int) -> bytes:
+    layout = layout_payload(SPECS)
+    return bytes((seed * 31 + i) % 251 for i in range(256)) * (layout.payload_len // 256) + bytes(
+        layout.payload_len % 256)
+
+
+def ssm_put(layer: int = 0, boundary: int = 3, request: str = "req-1", seed: int = 1, version=None,
+            tenant: str = "default", ns=NS) -> tuple[PutRequest, bytes]:
+    key = StateKey(ns, Kind.SSM, layer, CHAIN[boundary], 0, 16 * (boundary + 1))
+    return PutRequest(tenant, key, Provenance(request, step=boundary), SPECS, version=version), payload_for(seed)
+
+
+def kv_put(layer: int, block: int, request: str = "req-1") -> tuple[PutRequest, bytes]:
+    key = StateKey(NS, Kind.KV, layer, CHAIN[block], 16 * block, 16 * (block + 1))
+    return PutRequest("default", key, Provenance(request, step=block), SPECS), payload_for(100 + block)
+
+
+@pytest.fixture
+async def engine(tmp_path):
+    keyring = Keyring.generate()
+    object_bytes = 20 * 1024  # header + payload of one SPECS object, in 4 KiB extents
+    host = HostTier(6 * object_bytes, granularity=4096)
+    disk = DiskTier(tmp_path / "disk", 64 << 20, keyring=keyring, segment_bytes=1 << 20)
+    metrics = Metrics()
+    engine = Engine([host, disk], keyring=keyring, registry=MemoryVersionRegistry(), metrics=metrics,
+                    options=EngineOptions(producer_id="test"), arena=host, write_behind_to=disk)
+    await engine.start()
+    engine.test_metrics = metrics
+    yield engine
+    await engine.close()
+
+
+def rejections(metrics: Metrics, reason: str) -> float:
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(generate_latest(metrics.registry).decode()):
+        for sample in family.samples:
+            if sample.name == "statetier_rejections_total" and sample.labels.get("reason") == reason:
+                return sample.value
+    return 0.0
+
+
+async def test_a_put_is_loaded_back_verified_from_the_host_arena(engine):
+    req, data = ssm_put()
+    put = await engine.put(req, data)
+    assert put.tier == "host"
+    result = await engine.load(LoadRequest("default", NS, ref=put.ref), owner="c1")
+    assert bytes(result.payload) == data
+    assert result.tier == "host" and result.arena_offset is not None
+    assert result.header.provenance.producer_id == "test"
+    await engine.release(result.lease_id, "c1")
+    assert engine.lease_count == 0
+
+
+async def test_a_damaged_copy_is_dropped_and_the_verified_copy_below_is_served(engine):
+    req, data = ssm_put()
+    put = await engine.put(req, data)
+    assert await engine.placement.flush_write_behind(10)
+    disk = engine.tiers[1]
+    assert await disk.contains(put.ref.state_id)
+    host = engine.arena
+    lease = await host.prepare_load(put.ref.state_id)
+    offset = host.arena_offset(lease)
+    await host.complete_load(lease)
+    arena = host.arena_view
+    arena[offset + lease.meta.size - 1] ^= 0x01  # one flipped payload bit in shared memory
+    arena.release()
+
+    result = await engine.load(LoadRequest("default", NS, ref=put.ref), owner="c1")
+    assert bytes(result.payload) == data  # the disk copy, verified, promoted back
+    assert rejections(engine.test_metrics, "corrupt_payload") == 1
+    await engine.release(result.lease_id, "c1")
+
+
+async def test_when_every_copy_is_damaged_the_load_is_refused_with_the_reason(engine):
+    req, data = ssm_put()
+    put = await engine.put(req, data)  # no write-behind flush: the arena holds the only copy
+    await engine.placement.flush_write_behind(10)
+    await engine.tiers[1].delete(put.ref.state_id)
+    host = engine.arena
+    lease = await host.prepare_load(put.ref.state_id)
+    offset = host.arena_offset(lease)
+    await host.complete_load(lease)
+    arena = host.arena_view
+    arena[offset + lease.meta.header_len + 5] ^= 0x80
+    arena.release()
+    with pytest.raises(CorruptPayload):
+        await engine.load(LoadRequest("default", NS, ref=put.ref), owner="c1")
+    with pytest.raises(NotFound):  # the damaged copy is gone for good
+        await engine.load(LoadRequest("default", NS, ref=put.ref), owner="c1")
+
+
+async def test_eviction_demotes_to_disk_instead_of_dropping(engine):
+    refs = []
+    for layer in range(12):  # twice what the host arena holds
+        req, data = ssm_put(layer=layer, seed=layer)
+        refs.append(((await engine.put(req, data)).ref, data))
+    assert engine.placement.dropped == 0
+    host_ids = {meta.object_id async for meta in engine.arena.iter_objects()}
+    assert refs[0][0].state_id not in host_ids  # the oldest left the arena
+    for ref, data in refs:
+        result = await engine.load(LoadRequest("default", NS, ref=ref), owner="c1")
+        assert bytes(result.payload) == data
+        await engine.release(result.lease_id, "c1")
+
+
+async def test_versions_fence_stale_puts_and_loads(engine):
+    first = await engine.put(*ssm_put(seed=1))
+    second = await engine.put(*ssm_put(seed=2))
+    assert (first.ref.version, second.ref.version) == (1, 2)
+    with pytest.raises(StaleState):
+        await engine.load(LoadRequest("default", NS, ref=first.ref), owner="c1")
+    with pytest.raises(StaleState):  # a late second path replaying version 1
+        await engine.put(*ssm_put(seed=3, version=1))
+    assert rejections(engine.test_metrics, "stale") == 1
+    result = await engine.load(LoadRequest("default", NS, ref=second.ref), owner="c1")
+    assert bytes(result.payload) == payload_for(2)
+    await engine.release(result.lease_id, "c1")
+
+
+async def test_a_consumer_with_another_namespace_or_position_is_refused(engine):
+    put = await engine.put(*ssm_put())
+    with pytest.raises(NamespaceMismatch):
+        await engine.load(LoadRequest("default", OTHER_NS, ref=put.ref), owner="c1")
+    one_off = StateKey(NS, Kind.SSM, 0, CHAIN[3], 0, 63)
+    with pytest.raises(NotFound):
+        await engine.load(LoadRequest("default", NS, key=one_off), owner="c1")
+    shifted = put.ref.__class__(one_off, put.ref.request_id, put.ref.step, put.ref.state_id, put.ref.version)
+    with pytest.raises(PositionMismatch):
+        await engine.load(LoadRequest("default", NS, ref=shifted), owner="c1")
+    assert engine.lease_count == 0
+
+
+async def test_a_tenant_cannot_read_another_tenants_namespace(engine):
+    put = await engine.put(*ssm_put(tenant="alice"))
+    with pytest.raises(Forbidden):
+        await engine.load(LoadRequest("bob", NS, ref=put.ref), owner="c1")
+
+
+async def test_the_zero_copy_put_is_sealed_in_place(engine):
+    req, data = ssm_put(layer=7)
+    reservation = await engine.reserve(req, owner="c1")
+    reservation.payload_view[:] = data
+    put = await engine.commit(reservation.ticket_id, owner="c1")
+    result = await engine.load(LoadRequest("default", NS, ref=put.ref), owner="c1")
+    assert bytes(result.payload) == data
+    await engine.release(result.lease_id, "c1")
+    aborted = await engine.reserve(ssm_put(layer=8)[0], owner="c1")
+    await engine.abort(aborted.ticket_id, owner="c1")
+    assert engine.reservation_count == 0
+    assert engine.arena.stats().objects == 1
+
+
+async def test_a_connection_that_goes_away_releases_its_leases_and_reservations(engine):
+    put = await engine.put(*ssm_put())
+    await engine.load(LoadRequest("default", NS, ref=put.ref), owner="gone")
+    await engine.reserve(ssm_put(layer=5)[0], owner="gone")
+    assert (engine.lease_count, engine.reservation_count) == (1, 1)
+    assert await engine.release_owner("gone") == 2
+    assert (engine.lease_count, engine.reservation_count) == (0, 0)
+    assert engine.arena.stats().leases == 0
+
+
+async def test_the_joint_hit_needs_every_layer_at_the_same_boundary(engine):
+    for layer in (0, 1):
+        for block in range(4):
+            await engine.put(*kv_put(layer, block))
+    await engine.put(*ssm_put(layer=2, boundary=3))
+    await engine.put(*ssm_put(layer=3, boundary=1))
+    await engine.put(*ssm_put(layer=3, boundary=3))
+    await engine.put(*ssm_put(layer=2, boundary=1))
+    bounds = tuple((16 * (i + 1), CHAIN[i]) for i in range(4))
+
+    hit = await engine.lookup(LookupRequest("default", NS, (0, 1), (2, 3), bounds), owner="c1")
+    assert hit.tokens == 64 and len(hit.objects) == 2 + 2 * 4
+    assert engine.lease_count == len(hit.objects)
+    await engine.release_owner("c1")
+
+    await engine.delete("default", hit.objects[0][0])  # layer 2's snapshot at 64 tokens
+    hit = await engine.lookup(LookupRequest("default", NS, (0, 1), (2, 3), bounds), owner="c1")
+    assert hit.tokens == 32  # the next boundary where every layer has state
+    no_ssm = await engine.lookup(LookupRequest("default", NS, (0, 1), (2, 3, 4), bounds), owner="c1")
+    assert no_ssm.tokens == 0 and no_ssm.objects == []  # never a KV-only hit for a hybrid model
+    kv_only_model = await engine.lookup(LookupRequest("default", NS, (0, 1), (), bounds, lease=False), owner="c1")
+    assert kv_only_model.tokens == 64
+
+
+async def test_verify_all_drops_what_no_longer_verifies(engine):
+    put = await engine.put(*ssm_put())
+    await engine.placement.flush_write_behind(10)
+    host = engine.arena
+    lease = await host.prepare_load(put.ref.state_id)
+    offset = host.arena_offset(lease)
+    await host.complete_load(lease)
+    arena = host.arena_view
+    arena[offset + 100] ^= 0x01  # inside the signed header
+    arena.release()
+    report = await engine.verify_all()
+    assert report["checked"] == 2 and report["dropped"] == 1
+    assert report["by_reason"] == {"bad_signature": 1}
+    result = await engine.load(LoadRequest("default", NS, ref=put.ref), owner="c1")  # the disk copy
+    assert bytes(result.payload) == payload_for(1) and result.tier == "host"  # promoted again
+    await engine.release(result.lease_id, "c1")
