@@ -1,6 +1,7 @@
 # Developer and CI entry points. `make test` is all CI runs (.ci/run).
 #   make venv    .venv with torch (CPU, from /opt/wheels) and the project, editable
-#   make test    venv, a redis-server (scripts/ensure_redis.sh), then pytest $(PYTEST_ARGS)
+#   make test    venv, a redis-server (scripts/ensure_redis.sh), prometheus/promtool when
+#                apt-get can install them (scripts/ensure_prometheus.sh), then pytest $(PYTEST_ARGS)
 #   make run     the daemon in the foreground (`statetier serve $(RUN_ARGS)`)
 #   make bench   benchmarks/seal.py
 #   make clean   caches and build output; `make distclean` also drops .venv
@@ -30,6 +31,7 @@ $(STAMP): pyproject.toml
 
 test: $(STAMP)
 	VENV=$(VENV) bash scripts/ensure_redis.sh
+	-bash scripts/ensure_prometheus.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 run: $(STAMP)

@@ -13,7 +13,8 @@ Counted by the daemon as things happen:
     statetier_operation_seconds{tier,op}            histogram  latency of one operation
     statetier_hits_total{tier,kind}                 counter    loads served, by the tier that had it
     statetier_misses_total{kind}                    counter    loads no tier could serve
-    statetier_rejections_total{reason}              counter    objects refused on load/put (DESIGN §4)
+    statetier_rejections_total{reason}              counter    objects refused on load/put (DESIGN §4);
+                                                               every RejectedState reason starts at 0
     statetier_evicted_objects_total{tier}           counter    objects the engine evicted from a tier
     statetier_demotions_total{src,dst}              counter    objects moved to a slower tier
     statetier_promotions_total{src,dst}             counter    objects copied to a faster tier
@@ -36,6 +37,10 @@ Read at scrape time (``track``; absent until tracked). ``daemon_stats()`` keys:
     statetier_compactions_total{tier}               counter    compaction passes run
     statetier_compactions_blocked_total{tier}       counter    passes that skipped/waited on a leased segment
     statetier_compaction_reclaimed_bytes_total{tier} counter   bytes compaction gave back
+    statetier_leases_expired_total{tier}            counter    leases dropped at their deadline (tiers that
+                                                               report ``extra["leases_expired"]``)
+    statetier_lease_violations_total{tier}          counter    bytes moved under a lease: must stay 0
+                                                               (``extra["lease_violations"]``)
     statetier_redis_up                              gauge      1/0: the Redis tier answered (absent until set)
     statetier_connections                           gauge      open client connections
     statetier_inflight_requests                     gauge      requests being served
@@ -56,6 +61,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from statetier.protocol.errors import RejectedState
 from statetier.tiers.base import TierStats
 
 log = logging.getLogger(__name__)
@@ -77,6 +83,24 @@ _TIER_FAMILIES = (
     ("statetier_compactions_blocked_total", "counter", "Compactions skipped or delayed by a lease.", "compactions_blocked"),
     ("statetier_compaction_reclaimed_bytes_total", "counter", "Bytes reclaimed by compaction.", "bytes_reclaimed"),
 )
+
+# (metric, help, TierStats.extra key): per-tier counters only some tiers report.
+_TIER_EXTRA_COUNTERS = (
+    ("statetier_leases_expired_total", "Leases dropped at their deadline.", "leases_expired"),
+    ("statetier_lease_violations_total", "Bytes moved or freed under a lease (must stay 0).", "lease_violations"),
+)
+
+
+def rejection_reasons() -> list[str]:
+    """Every ``RejectedState`` reason (the bounded values of the ``reason`` label)."""
+    found, todo = [], [RejectedState]
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if cls is not RejectedState and cls.reason not in found:
+            found.append(cls.reason)
+    return sorted(found)
+
 
 # (metric, help, daemon_stats key): daemon-wide gauges read at scrape time.
 _DAEMON_GAUGES = (
@@ -108,6 +132,10 @@ class Metrics:
         self._rejections = Counter(
             "statetier_rejections_total", "Objects refused on load or put.", ["reason"], registry=r
         )
+        # Present at 0 from the start: Prometheus' increase() cannot see a counter's first
+        # step from nothing to 1, so an alert on the very first rejection needs a 0 sample.
+        for reason in rejection_reasons():
+            self._rejections.labels(reason)
         self._evicted = Counter(
             "statetier_evicted_objects_total", "Objects the engine evicted from a tier.", ["tier"], registry=r
         )
@@ -211,6 +239,13 @@ class _ScrapeTimeCollector(Collector):
             family = family_type(name, doc, labels=["tier"])
             for tier in stats:
                 family.add_metric([tier.tier], getattr(tier, attr))
+            yield family
+        for name, doc, key in _TIER_EXTRA_COUNTERS:
+            family = CounterMetricFamily(name, doc, labels=["tier"])
+            for tier in stats:
+                value = tier.extra.get(key)
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    family.add_metric([tier.tier], value)
             yield family
 
     def _daemon_gauges(self) -> Iterator[Metric]:

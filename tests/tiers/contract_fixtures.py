@@ -1,0 +1,148 @@
+"""What the cross-tier contract suite (``test_contract.py``) runs against: real tiers, real objects.
+
+- ``TIER_KINDS``       — ``host``, ``device-cpu``, ``disk``, ``redis``, ``redis-cluster``.
+- ``tier`` (fixture)   — one started tier of each kind, with room for ``SLOTS`` test objects
+                         (``CAPACITY`` bytes, ``capacity_bytes`` set on Redis too), closed after.
+                         Redis tiers get a fresh ``key_prefix`` and their keys are deleted after.
+- ``executor`` (fixture) — the one-thread executor the tier runs its blocking work in;
+                         ``settle(executor)`` waits until every job queued before now has ended.
+- ``make_object(payload_bytes)`` — a sealed KV page (``seal_object`` under ``KEYRING``, which
+                         the disk and Redis tiers verify reads against) and its ``ObjectMeta``.
+- ``store`` / ``load`` — the two-phase lifecycles as a caller pairs them, in ``try/finally``.
+
+Extent tiers (host, device) copy through their executor from ``INLINE_COPY_BYTES`` on, so the
+suite's small objects take the threaded copy path, where a cancellation can land mid-copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import redis
+import redis.cluster
+
+from statetier.protocol.dtypes import TensorSpec
+from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, new_state_id
+from statetier.protocol.keyring import Keyring
+from statetier.protocol.sealed import decode_header, seal_object
+from statetier.tiers.base import ObjectMeta, Tier
+from statetier.tiers.device import DeviceTier
+from statetier.tiers.disk import DiskTier
+from statetier.tiers.host import HostTier
+from statetier.tiers.redis import RedisTier
+
+TIER_KINDS = ["host", "device-cpu", "disk", "redis", "redis-cluster"]
+KEYRING = Keyring.generate()
+NAMESPACE = NamespaceSpec("test/tier-contract").namespace()
+GRANULE = 4096  # the extent tiers' default granularity
+PAYLOAD_BYTES = 48 * 1024
+INLINE_COPY_BYTES = 8 * 1024
+_layers = itertools.count()
+
+
+def make_object(payload_bytes: int = PAYLOAD_BYTES) -> tuple[ObjectMeta, bytes]:
+    """A sealed KV page of random bytes under a key of its own, and its metadata."""
+    key = StateKey(NAMESPACE, Kind.KV, next(_layers), os.urandom(32), 0, 16)
+    blob = seal_object(key, Provenance("contract-req", 0, "contract", 1),
+                       [(TensorSpec("kv", "uint8", (payload_bytes,)), os.urandom(payload_bytes))],
+                       keyring=KEYRING, state_id=new_state_id(), version=1)
+    return ObjectMeta.from_header(decode_header(blob)), blob
+
+
+HEADER_BYTES = make_object(16)[0].header_len  # every object of this suite has this header
+OBJECT_BYTES = HEADER_BYTES + PAYLOAD_BYTES
+SLOTS = 8
+CAPACITY = SLOTS * -(-OBJECT_BYTES // GRANULE) * GRANULE
+
+
+def object_of_size(size: int) -> tuple[ObjectMeta, bytes]:
+    """An object whose sealed size is exactly ``size`` bytes."""
+    meta, blob = make_object(size - HEADER_BYTES)
+    assert meta.size == size
+    return meta, blob
+
+
+def chunks_of(meta: ObjectMeta, blob: bytes) -> list[memoryview]:
+    """The blob as a writer hands it over: header, then the payload in two pieces."""
+    view = memoryview(blob)
+    middle = meta.header_len + (meta.size - meta.header_len) // 2
+    return [view[: meta.header_len], view[meta.header_len : middle], view[middle:]]
+
+
+async def store(tier: Tier, meta: ObjectMeta, blob: bytes) -> None:
+    ticket = await tier.prepare_store(meta)
+    stored = False
+    try:
+        await tier.write(ticket, chunks_of(meta, blob))
+        await tier.complete_store(ticket, success=True)
+        stored = True
+    finally:
+        if not stored:
+            await tier.complete_store(ticket, success=False)
+
+
+async def load(tier: Tier, object_id: bytes, owner: object = "reader") -> bytes:
+    lease = await tier.prepare_load(object_id, owner=owner)
+    try:
+        return bytes(await tier.read(lease))
+    finally:
+        await tier.complete_load(lease)
+
+
+async def settle(executor: ThreadPoolExecutor) -> None:
+    """Wait for every job queued on the (one-thread) executor before now, and its callbacks."""
+    await asyncio.wrap_future(executor.submit(lambda: None))
+
+
+@pytest.fixture
+def executor():
+    pool = ThreadPoolExecutor(1, thread_name_prefix="contract")
+    yield pool
+    pool.shutdown(wait=True)
+
+
+def _raw_redis(url: str, is_cluster: bool):
+    return redis.cluster.RedisCluster.from_url(url) if is_cluster else redis.Redis.from_url(url)
+
+
+def _drop_keys(url: str, is_cluster: bool, prefix: str) -> None:
+    client = _raw_redis(url, is_cluster)
+    try:
+        for pattern in (f"{prefix}:*", f"{{{prefix}}}:*"):
+            for key in list(client.scan_iter(match=pattern, count=500)):
+                client.delete(key)
+    finally:
+        client.close()
+
+
+def _build(kind: str, request, tmp_path, executor) -> tuple[Tier, object]:
+    """The tier, and a cleanup to run after it is closed (or ``None``)."""
+    if kind == "host":
+        return HostTier(CAPACITY, pin_memory=False, executor=executor, inline_copy_bytes=INLINE_COPY_BYTES), None
+    if kind == "device-cpu":
+        return DeviceTier(CAPACITY, device="cpu", executor=executor, inline_copy_bytes=INLINE_COPY_BYTES), None
+    if kind == "disk":
+        return DiskTier(tmp_path / "disk", CAPACITY, keyring=KEYRING, segment_bytes=1 << 20, executor=executor), None
+    is_cluster = kind == "redis-cluster"
+    url = request.getfixturevalue("redis_cluster" if is_cluster else "redis_server").url
+    prefix = f"contract-{uuid.uuid4().hex}"
+    tier = RedisTier(url, keyring=KEYRING, cluster=is_cluster, key_prefix=prefix, capacity_bytes=CAPACITY,
+                     executor=executor)
+    return tier, lambda: _drop_keys(url, is_cluster, prefix)
+
+
+@pytest.fixture(params=TIER_KINDS)
+async def tier(request, tmp_path, executor):
+    built, cleanup = _build(request.param, request, tmp_path, executor)
+    await built.start()
+    try:
+        yield built
+    finally:
+        await built.close()
+        if cleanup is not None:
+            cleanup()

@@ -1,0 +1,453 @@
+"""The tier contract (tiers.base, DESIGN §5–6), told once and run against every tier.
+
+Each story runs on host, device (cpu), disk, Redis and a three-master Redis Cluster
+(fixtures in ``contract_fixtures``): an object is invisible until ``complete_store(True)``
+and reads back byte for byte; ``complete_store(False)`` gives every byte back; a caller
+cancelled before or inside any await of a store or a load leaves no object, lease, store
+in flight or reserved byte behind; duplicates, absent objects, used and expired leases
+fail with the documented errors; a leased object deleted stays readable through its lease;
+capacity counts reservations; and eviction returns the exact LRU sequence with its bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+from statetier.protocol.errors import CapacityError, InvalidRequest, LeaseError, NotFound
+from statetier.tiers.redis import RedisTier
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling contract_fixtures.py
+from contract_fixtures import (  # noqa: F401  (fixtures are used by name)
+    CAPACITY,
+    chunks_of,
+    executor,
+    load,
+    make_object,
+    object_of_size,
+    settle,
+    store,
+    tier,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def listed(tier) -> list:
+    return [meta async for meta in tier.iter_objects()]
+
+
+async def assert_invisible(tier, meta) -> None:
+    assert not await tier.contains(meta.object_id)
+    assert await tier.get_meta(meta.object_id) is None
+    assert await tier.find_by_key(meta.key_digest) == []
+    assert meta.object_id not in [m.object_id for m in await listed(tier)]
+    with pytest.raises(NotFound):
+        await tier.prepare_load(meta.object_id, owner="probe")
+
+
+async def assert_quiet(tier, objects: int, bytes_used: int) -> None:
+    stats = tier.stats()
+    assert (stats.objects, stats.bytes_used, stats.leases, stats.inflight) == (objects, bytes_used, 0, 0)
+
+
+async def assert_full_capacity_fits(tier) -> None:
+    """Every byte is free: an object of exactly the capacity stores, reads back, and goes."""
+    meta, blob = object_of_size(CAPACITY)
+    await store(tier, meta, blob)
+    assert await load(tier, meta.object_id) == blob
+    assert await tier.delete(meta.object_id)
+    await assert_quiet(tier, 0, 0)
+
+
+# ---------------------------------------------------------------------------- store lifecycle
+
+
+async def test_an_object_is_visible_only_after_its_store_completes(tier):
+    meta, blob = make_object()
+    ticket = await tier.prepare_store(meta)
+    await assert_invisible(tier, meta)
+    await tier.write(ticket, chunks_of(meta, blob))
+    await assert_invisible(tier, meta)
+    assert tier.stats().inflight == 1
+
+    await tier.complete_store(ticket, success=True)
+
+    assert await tier.contains(meta.object_id)
+    assert await tier.get_meta(meta.object_id) == meta
+    assert await tier.find_by_key(meta.key_digest) == [meta]
+    assert await listed(tier) == [meta]
+    assert await load(tier, meta.object_id) == blob
+    await assert_quiet(tier, 1, meta.size)
+
+
+async def test_a_failed_store_leaves_nothing_and_gives_back_every_byte(tier):
+    kept, kept_blob = make_object()
+    await store(tier, kept, kept_blob)
+    meta, blob = make_object()
+    ticket = await tier.prepare_store(meta)
+    await tier.write(ticket, chunks_of(meta, blob))
+
+    await tier.complete_store(ticket, success=False)
+    await tier.complete_store(ticket, success=False)  # twice changes nothing
+
+    await assert_invisible(tier, meta)
+    await assert_quiet(tier, 1, kept.size)
+    assert await tier.delete(kept.object_id)
+    await assert_quiet(tier, 0, 0)
+    await assert_full_capacity_fits(tier)
+
+
+async def test_storing_an_object_id_twice_is_refused(tier):
+    meta, blob = make_object()
+    ticket = await tier.prepare_store(meta)
+    with pytest.raises(InvalidRequest):  # while the first store is in flight
+        await tier.prepare_store(meta)
+    await tier.write(ticket, chunks_of(meta, blob))
+    await tier.complete_store(ticket, success=True)
+
+    with pytest.raises(InvalidRequest):  # once it is stored
+        await tier.prepare_store(meta)
+
+    assert await load(tier, meta.object_id) == blob
+    await assert_quiet(tier, 1, meta.size)
+
+
+async def test_an_absent_object_is_not_found(tier):
+    meta, _ = make_object()
+    await assert_invisible(tier, meta)
+    assert await tier.delete(meta.object_id) is False
+    await assert_quiet(tier, 0, 0)
+
+
+# ---------------------------------------------------------------------------- cancellation
+
+
+class Caller:
+    """Runs tier calls in order, as a real caller would, saying where it is.
+
+    ``park_at`` makes it wait forever just before that step (a cancellation "before" it);
+    ``inside`` names the step whose tier call is running, so a test can cancel in it.
+    """
+
+    def __init__(self, park_at: str | None = None) -> None:
+        self.park_at = park_at
+        self.parked: str | None = None
+        self.inside: str | None = None
+
+    async def step(self, name: str, call, *args, **kwargs):
+        if name == self.park_at:
+            self.parked = name
+            await asyncio.Event().wait()
+        self.inside = name
+        try:
+            return await call(*args, **kwargs)
+        finally:
+            self.inside = None
+
+
+async def store_as_caller(tier, meta, blob, caller: Caller) -> None:
+    ticket, stored = None, False
+    try:
+        ticket = await caller.step("prepare_store", tier.prepare_store, meta)
+        await caller.step("write", tier.write, ticket, chunks_of(meta, blob))
+        await caller.step("complete_store", tier.complete_store, ticket, success=True)
+        stored = True
+    finally:
+        if ticket is not None and not stored:
+            await tier.complete_store(ticket, success=False)
+
+
+async def load_as_caller(tier, object_id, caller: Caller) -> None:
+    lease = None
+    try:
+        lease = await caller.step("prepare_load", tier.prepare_load, object_id, owner="caller")
+        data = await caller.step("read", tier.read, lease)
+        assert data.nbytes > 0
+        await caller.step("complete_load", tier.complete_load, lease)
+    finally:
+        if lease is not None:
+            await tier.complete_load(lease)  # idempotent: also after a completed one
+
+
+#: Event-loop turns to let pass inside a step before cancelling, growing until the step ends first.
+_TURNS = [0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 4096]
+
+
+async def cancel_parked(run, step: str) -> None:
+    caller = Caller(park_at=step)
+    task = asyncio.create_task(run(caller))
+    while caller.parked != step:
+        assert not task.done(), f"the caller finished without reaching {step}"
+        await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+def may_lose_cancellations(tier) -> bool:
+    """redis-py awaits ``asyncio.wait_for(writer.drain())`` while sending; before Python 3.12
+    that swallows a cancellation landing as the drain finishes (CPython gh-86296), and the
+    call simply completes. The caller then goes on as if never cancelled."""
+    return isinstance(tier, RedisTier) and sys.version_info < (3, 12)
+
+
+async def cancel_inside(run, step: str, turns: int, *, may_lose: bool) -> str | None:
+    """Cancel ``turns`` loop turns into ``step``: "cancelled", "lost" (see above), or None when
+    the step ended (or never suspended) first."""
+    caller = Caller()
+    task = asyncio.create_task(run(caller))
+    seen = 0
+    while not task.done():
+        await asyncio.sleep(0)
+        if caller.inside == step:
+            if seen == turns:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    return "cancelled"
+                assert may_lose, f"the cancellation inside {step} was swallowed"
+                return "lost"
+            seen += 1
+    await task
+    return None
+
+
+async def cancellations(tier, run, steps, after_each) -> list[str]:
+    """Cancel ``run`` before each step and at growing depths inside it; check after each."""
+    landed = []
+    for step in steps:
+        await cancel_parked(run, step)
+        await after_each()
+        landed.append(f"before {step}")
+        for turns in _TURNS:
+            outcome = await cancel_inside(run, step, turns, may_lose=may_lose_cancellations(tier))
+            await after_each()
+            if outcome is None:  # it ran to the end: that too was checked and cleaned up
+                break
+            landed.append(f"{step}+{turns} {outcome}")
+    return landed
+
+
+async def test_a_cancelled_store_leaves_no_trace_at_any_await(tier, executor):
+    meta, blob = make_object()
+
+    async def after_each():
+        await settle(executor)  # a copy the cancelled write started has ended
+        if await tier.contains(meta.object_id):  # the cancel came after the store had completed
+            assert await load(tier, meta.object_id) == blob
+            assert await tier.delete(meta.object_id)
+        await assert_invisible(tier, meta)
+        await assert_quiet(tier, 0, 0)
+        await assert_full_capacity_fits(tier)
+
+    landed = await cancellations(tier, lambda caller: store_as_caller(tier, meta, blob, caller),
+                                 ("prepare_store", "write", "complete_store"), after_each)
+
+    assert {"before prepare_store", "before write", "before complete_store"} <= set(landed)
+    await store(tier, meta, blob)  # the object id is free for a store that runs to the end
+    assert await load(tier, meta.object_id) == blob
+
+
+async def test_a_cancelled_load_leaves_no_lease_at_any_await(tier, executor):
+    meta, blob = make_object()
+    await store(tier, meta, blob)
+
+    async def after_each():
+        await settle(executor)
+        assert await tier.get_meta(meta.object_id) == meta
+        await assert_quiet(tier, 1, meta.size)
+        assert await load(tier, meta.object_id) == blob
+
+    landed = await cancellations(tier, lambda caller: load_as_caller(tier, meta.object_id, caller),
+                                 ("prepare_load", "read", "complete_load"), after_each)
+
+    assert {"before prepare_load", "before read", "before complete_load"} <= set(landed)
+    assert await tier.delete(meta.object_id)
+    await assert_quiet(tier, 0, 0)
+    await assert_full_capacity_fits(tier)
+
+
+# ---------------------------------------------------------------------------- leases
+
+
+async def test_a_completed_lease_can_no_longer_read(tier):
+    meta, blob = make_object()
+    await store(tier, meta, blob)
+    lease = await tier.prepare_load(meta.object_id, owner="reader")
+    assert bytes(await tier.read(lease)) == blob
+    await tier.complete_load(lease)
+    await tier.complete_load(lease)  # idempotent
+
+    with pytest.raises(LeaseError):
+        await tier.read(lease)
+    await assert_quiet(tier, 1, meta.size)
+
+
+async def test_an_expired_lease_fails_and_is_dropped(tier):
+    meta, blob = make_object()
+    await store(tier, meta, blob)
+    lease = await tier.prepare_load(meta.object_id, owner="slow", ttl=0.05)
+    assert tier.stats().leases == 1
+
+    await asyncio.sleep(0.1)
+
+    with pytest.raises(LeaseError):
+        await tier.read(lease)
+    assert tier.stats().leases == 0
+    await tier.complete_load(lease)
+    assert await load(tier, meta.object_id) == blob
+    await assert_quiet(tier, 1, meta.size)
+
+
+async def test_release_owner_drops_exactly_that_owners_leases(tier):
+    (a, a_blob), (b, b_blob) = make_object(), make_object()
+    await store(tier, a, a_blob)
+    await store(tier, b, b_blob)
+    alice = [await tier.prepare_load(a.object_id, owner="alice"), await tier.prepare_load(b.object_id, owner="alice")]
+    bob = await tier.prepare_load(a.object_id, owner="bob")
+    assert tier.stats().leases == 3
+
+    assert await tier.release_owner("alice") == 2
+
+    assert tier.stats().leases == 1
+    for lease in alice:
+        with pytest.raises(LeaseError):
+            await tier.read(lease)
+    assert bytes(await tier.read(bob)) == a_blob
+    await tier.complete_load(bob)
+    assert await tier.release_owner("alice") == 0
+    await assert_quiet(tier, 2, a.size + b.size)
+
+
+async def test_deleting_a_leased_object_hides_it_and_frees_it_after_the_last_lease(tier):
+    (meta, blob), (other, other_blob) = make_object(), make_object()
+    await store(tier, meta, blob)
+    await store(tier, other, other_blob)
+    lease = await tier.prepare_load(meta.object_id, owner="reader")
+
+    assert await tier.delete(meta.object_id) is True
+
+    await assert_invisible(tier, meta)
+    assert await listed(tier) == [other]
+    assert bytes(await tier.read(lease)) == blob  # the existing lease still reads the right bytes
+    assert tier.stats().bytes_used == meta.size + other.size  # pinned by the lease
+    await tier.complete_load(lease)
+    await assert_quiet(tier, 1, other.size)
+    assert await tier.delete(other.object_id)
+    await assert_full_capacity_fits(tier)
+
+
+async def test_a_deleted_object_whose_lease_expired_is_freed(tier):
+    meta, blob = make_object()
+    await store(tier, meta, blob)
+    lease = await tier.prepare_load(meta.object_id, owner="slow", ttl=0.05)
+    assert await tier.delete(meta.object_id)
+
+    await asyncio.sleep(0.1)
+
+    try:
+        with pytest.raises(LeaseError):
+            await tier.read(lease)
+    finally:
+        await tier.complete_load(lease)
+    await assert_invisible(tier, meta)
+    await assert_quiet(tier, 0, 0)
+    await assert_full_capacity_fits(tier)
+
+
+# ---------------------------------------------------------------------------- capacity
+
+
+async def test_capacity_counts_reservations_and_refuses_what_cannot_fit(tier):
+    too_big, _ = object_of_size(CAPACITY + 1)
+    with pytest.raises(CapacityError):
+        await tier.prepare_store(too_big)
+
+    (first, first_blob), (second, second_blob) = object_of_size(CAPACITY // 2 + 1), object_of_size(CAPACITY // 2 + 1)
+    ticket = await tier.prepare_store(first)
+    with pytest.raises(CapacityError):  # the first reservation holds more than half
+        await tier.prepare_store(second)
+    await tier.complete_store(ticket, success=False)
+
+    await store(tier, second, second_blob)
+    assert await load(tier, second.object_id) == second_blob
+    await assert_quiet(tier, 1, second.size)
+    await assert_invisible(tier, first)
+
+
+async def test_a_leased_object_holds_its_room_until_released_and_evicted(tier):
+    (first, first_blob), (second, second_blob) = object_of_size(CAPACITY // 2 + 1), object_of_size(CAPACITY // 2 + 1)
+    await store(tier, first, first_blob)
+    lease = await tier.prepare_load(first.object_id, owner="reader")
+
+    assert await tier.evict(second.size) == []  # nothing unleased to give up
+    with pytest.raises(CapacityError):
+        await tier.prepare_store(second)
+    await tier.complete_load(lease)
+
+    # as the daemon does it: make room, demote what comes back, then store
+    evicted = await tier.evict(second.size)
+    assert [(e.meta, bytes(e.blob)) for e in evicted] == [(first, first_blob)]
+    await store(tier, second, second_blob)
+    assert await load(tier, second.object_id) == second_blob
+    await assert_quiet(tier, 1, second.size)
+
+
+# ---------------------------------------------------------------------------- eviction
+
+
+async def test_eviction_takes_the_exact_lru_order_and_skips_leased_objects(tier):
+    objects = dict(zip("ABCDEF", (make_object() for _ in range(6))))
+    for meta, blob in objects.values():
+        await store(tier, meta, blob)
+    size = objects["A"][0].size  # every object of this suite has this size
+    assert tier.stats().bytes_used == 6 * size
+
+    assert await tier.evict(0) == []  # 6 of 8 slots: under the high watermark
+    assert await load(tier, objects["B"][0].object_id) == objects["B"][1]  # B becomes most recent
+    pinned = await tier.prepare_load(objects["C"][0].object_id, owner="pinner")
+
+    # 6 + 2 of 8 slots passes 0.9; two unleased objects out, oldest first, bring it to 0.75
+    evicted = await tier.evict(2 * size)
+
+    assert [e.meta.object_id for e in evicted] == [objects[n][0].object_id for n in "AD"]
+    for e, name in zip(evicted, "AD"):
+        assert e.meta == objects[name][0]
+        assert bytes(e.blob) == objects[name][1]
+        await assert_invisible(tier, e.meta)
+    assert sorted(m.object_id for m in await listed(tier)) == sorted(objects[n][0].object_id for n in "BCEF")
+    stats = tier.stats()
+    assert (stats.objects, stats.bytes_used, stats.leases, stats.evictions) == (4, 4 * size, 1, 2)
+    assert await tier.evict(2 * size) == []  # 4 + 2 of 8: under the high watermark again
+
+    assert bytes(await tier.read(pinned)) == objects["C"][1]
+    await tier.complete_load(pinned)
+    await assert_quiet(tier, 4, 4 * size)
+
+
+async def test_stats_count_objects_bytes_leases_and_stores_in_flight(tier):
+    stats = tier.stats()
+    assert (stats.tier, stats.capacity, stats.objects, stats.bytes_used) == (tier.name, CAPACITY, 0, 0)
+    stored = [make_object() for _ in range(3)]
+    for meta, blob in stored:
+        await store(tier, meta, blob)
+    total = sum(meta.size for meta, _ in stored)
+    await assert_quiet(tier, 3, total)
+
+    pending, _ = make_object()
+    ticket = await tier.prepare_store(pending)
+    lease = await tier.prepare_load(stored[0][0].object_id, owner="reader")
+    stats = tier.stats()
+    assert (stats.objects, stats.leases, stats.inflight) == (3, 1, 2)
+
+    await tier.complete_load(lease)
+    await tier.complete_store(ticket, success=False)
+    await assert_quiet(tier, 3, total)
+    for meta, _ in stored:
+        assert await tier.delete(meta.object_id)
+    await assert_quiet(tier, 0, 0)
