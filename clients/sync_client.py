@@ -112,6 +112,11 @@ class Client:
         return self._client.namespace
 
     @property
+    def spec(self):
+        """The ``NamespaceSpec`` the client was built with (``None`` for a bare ``Namespace``)."""
+        return self._client.spec
+
+    @property
     def uses_shm(self) -> bool:
         return self._client.uses_shm
 

@@ -2,9 +2,11 @@
 
 - ``PeerCredentials`` / ``peer_credentials(sock)`` — pid, uid, gid of a Unix-socket peer
   (``SO_PEERCRED``), read once when the connection is made.
-- ``check_peer(creds, listen)`` — ``Forbidden`` unless the peer's uid is allowed
-  (``listen.allowed_uids``; empty = the daemon's own uid and root) or its gid is in
-  ``listen.allowed_gids``. Runs before any frame is read.
+- ``check_peer(creds, listen, tenant_uids=())`` — ``Forbidden`` unless the peer's uid is
+  allowed (``listen.allowed_uids``; empty = the daemon's own uid and root), is listed by a
+  tenant (``tenant_uids``: ``TenantDirectory.uids``), or its gid is in
+  ``listen.allowed_gids`` — the rule of ``Config.is_unix_peer_allowed``. Runs before any
+  frame is read.
 - ``TenantDirectory(tenants)`` — ``resolve(hello_meta, peer, tls_verified)`` → tenant
   name for a HELLO:
     * a ``token`` in HELLO (any transport) is hashed with SHA-256 and compared in constant
@@ -18,8 +20,10 @@
   that ``"default"`` (what SDK clients send unless told otherwise) means "whichever my
   credentials give me" — and on the Unix socket it may also pick the default tenant,
   which any allowed peer may use anyway. HELLO_OK reports the tenant resolved.
-- ``server_ssl_context(listen)`` — the TLS context for the TCP listener, or ``None``;
-  with ``tls_client_ca`` set, client certificates are required (mutual TLS).
+- ``server_ssl_context(listen, on_handshake_failure=None)`` — the TLS context for the TCP
+  listener, or ``None``; with ``tls_client_ca`` set, client certificates are required
+  (mutual TLS). A failed handshake (a certificate our CA did not sign, none, not TLS at
+  all) never reaches a ``Connection``; ``on_handshake_failure(exc)`` is how it is counted.
 
 Errors carry ``detail["auth"]``, a bounded label for ``metrics.count_auth_failure``.
 """
@@ -58,9 +62,10 @@ def allowed_uids(listen) -> frozenset[int]:
     return configured or frozenset({os.getuid(), 0})
 
 
-def check_peer(creds: PeerCredentials, listen) -> None:
+def check_peer(creds: PeerCredentials, listen, tenant_uids=()) -> None:
     """Refuse a Unix-socket peer whose uid and gid are both outside the allowed sets."""
-    if creds.uid in allowed_uids(listen) or creds.gid in frozenset(listen.allowed_gids or ()):
+    if creds.uid in allowed_uids(listen) or creds.uid in tenant_uids \
+            or creds.gid in frozenset(listen.allowed_gids or ()):
         return
     raise Forbidden(
         f"peer uid {creds.uid} / gid {creds.gid} (pid {creds.pid}) may not use this socket",
@@ -94,6 +99,7 @@ class TenantDirectory:
         )
         names = {t.name for t in self._tenants}
         self._has_default = not self._tenants or DEFAULT_TENANT in names
+        self.uids: frozenset[int] = frozenset().union(*(t.uids for t in self._tenants))
 
     def resolve(self, hello: dict, peer: PeerCredentials | None, tls_verified: bool = False) -> str:
         token = hello.get("token")
@@ -146,7 +152,7 @@ class TenantDirectory:
         raise Unauthorized(f"no tenant is configured for uid {uid}", auth="tenant")
 
 
-def server_ssl_context(listen) -> ssl.SSLContext | None:
+def server_ssl_context(listen, on_handshake_failure=None) -> ssl.SSLContext | None:
     """TLS for the TCP listener from ``tls_cert``/``tls_key`` (+ ``tls_client_ca``: mTLS)."""
     cert, key, client_ca = listen.tls_cert, listen.tls_key, listen.tls_client_ca
     if not cert:
@@ -163,4 +169,23 @@ def server_ssl_context(listen) -> ssl.SSLContext | None:
         raise ConfigError(f"cannot load the TLS certificate, key or client CA: {exc}") from exc
     if client_ca:
         context.verify_mode = ssl.CERT_REQUIRED
+    if on_handshake_failure is not None:
+        context.sslobject_class = _handshake_observer(on_handshake_failure)
     return context
+
+
+def _handshake_observer(on_failure) -> type[ssl.SSLObject]:
+    """An ``SSLObject`` class (what the event loop's TLS layer wraps each connection in)
+    that reports a failed handshake: the loop itself only closes such a connection."""
+
+    class ObservedSSLObject(ssl.SSLObject):
+        def do_handshake(self) -> None:
+            try:
+                super().do_handshake()
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                raise
+            except ssl.SSLError as exc:
+                on_failure(exc)
+                raise
+
+    return ObservedSSLObject

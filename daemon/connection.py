@@ -50,6 +50,10 @@ log = logging.getLogger(__name__)
 
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 HANDSHAKE_TIMEOUT_SECONDS = 30.0
+# After a connection-level error: how long the daemon keeps reading (and dropping) what the
+# peer still sends, so that the peer's in-flight write (its HELLO) does not reset the
+# connection and lose the error frame before the peer has read it.
+FAILED_LINGER_SECONDS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +82,7 @@ class Connection(asyncio.BufferedProtocol):
         self._peer: PeerCredentials | None = None
         self._session: Session | None = None
         self._hello_timer: asyncio.TimerHandle | None = None
+        self._linger: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task] = set()
         self._request_ids: set[int] = set()
         self._pending: deque[Frame] = deque()
@@ -116,11 +121,12 @@ class Connection(asyncio.BufferedProtocol):
         self.closed = loop.create_future()
         self._ctx.on_open(self)
         self._writer = FrameWriter(transport, self._ctx.max_frame)
+        self._writer.start()  # may call pause_writing at once: the writer must be ours first
         _raise_socket_buffers(transport.get_extra_info("socket"))
         if self._ctx.is_unix:
             try:
                 self._peer = peer_credentials(transport.get_extra_info("socket"))
-                check_peer(self._peer, self._ctx.listen)
+                check_peer(self._peer, self._ctx.listen, self._ctx.tenants.uids)
             except OSError as exc:
                 self._refuse(Unauthorized(f"cannot read peer credentials: {exc}", auth="peer_credentials"))
                 return
@@ -163,8 +169,9 @@ class Connection(asyncio.BufferedProtocol):
         self._lost = True
         self._accepting = False
         self._pending.clear()
-        if self._hello_timer is not None:
-            self._hello_timer.cancel()
+        for timer in (self._hello_timer, self._linger):
+            if timer is not None:
+                timer.cancel()
         self._writer.lost()
         for task in self._tasks:
             task.cancel()
@@ -238,9 +245,14 @@ class Connection(asyncio.BufferedProtocol):
         self._failed = True
         self._accepting = False
         self._pending.clear()
-        if not self._transport.is_closing():
-            self._writer.send_nowait(error_frame(0, exc))
+        if self._transport.is_closing():
+            return
+        self._writer.send_nowait(error_frame(0, exc))
+        if not self._transport.can_write_eof():  # TLS: no half-close
             self._transport.close()
+            return
+        self._transport.write_eof()  # the peer reads the error, then EOF, and closes
+        self._linger = asyncio.get_running_loop().call_later(FAILED_LINGER_SECONDS, self._transport.close)
 
     # -- requests ---------------------------------------------------------------------
 
@@ -376,7 +388,8 @@ class Connection(asyncio.BufferedProtocol):
         for task in self._tasks:
             task.cancel()
         if not self._transport.is_closing():
-            self._writer.send_nowait(Frame(Op.GOODBYE, 0, {"reason": reason}))
+            if not self._failed:  # a failed connection already said why (and wrote EOF)
+                self._writer.send_nowait(Frame(Op.GOODBYE, 0, {"reason": reason}))
             self._transport.close()
 
     def abort(self) -> None:

@@ -149,7 +149,7 @@ class Engine:
             raise InvalidRequest(f"payload is {view.nbytes} bytes; the tensors need {layout.payload_len}")
         provenance = self._stamp(req.provenance)
         state_id = new_state_id()
-        version = await self.registry.claim(stream_id(req.key, provenance.request_id), state_id, req.version)
+        version = await self._claim(req, provenance, state_id)
         header = await self._hash_off_loop(view.nbytes, seal, req.key, provenance, layout, view,
                                            keyring=self.keyring, state_id=state_id, version=version,
                                            digest_alg=req.digest_alg, contains_speculative=req.speculative)
@@ -166,7 +166,7 @@ class Engine:
         layout = layout_payload(req.specs)
         header_len = header_length(req.key, provenance, req.specs, self.keyring.active.alg)
         state_id = new_state_id()
-        version = await self.registry.claim(stream_id(req.key, provenance.request_id), state_id, req.version)
+        version = await self._claim(req, provenance, state_id)
         meta = _meta(req, provenance, state_id, version, header_len, layout.payload_len)
         ticket = await self.placement._prepare_with_room(self.arena, meta)
         ticket_id = next(self._ids)
@@ -219,6 +219,14 @@ class Engine:
             self.metrics.observe_op(tier.name, meta.kind.name.lower(), "put", meta.size, time.perf_counter() - started)
         ref = StateRef(req.key, meta.request_id, meta.step, meta.object_id, meta.version)
         return PutResult(ref, tier.name)
+
+    async def _claim(self, req: PutRequest, provenance: Provenance, state_id: bytes) -> int:
+        """The put's version from the registry; a stale put is a refused object, counted."""
+        try:
+            return await self.registry.claim(stream_id(req.key, provenance.request_id), state_id, req.version)
+        except StaleState as exc:
+            self._count_rejection(exc)
+            raise
 
     def _check_put(self, req: PutRequest) -> None:
         self.tenancy.check_namespace(req.tenant, req.key.namespace)

@@ -2,7 +2,9 @@
 
 - ``FrameWriter(transport, max_frame)`` — owned by a ``Connection``, which forwards
   ``pause_writing``/``resume_writing``/``connection_lost`` to ``pause()``/``resume()``/
-  ``lost()``.
+  ``lost()``. ``start()`` applies the write-buffer limits; the connection calls it once the
+  writer is its own, because a TLS transport still holding handshake bytes (session
+  tickets) calls ``pause_writing`` from inside ``set_write_buffer_limits``.
 - ``await send(frame)`` — waits while the transport is paused, then hands the encoded
   frame to ``transport.writelines`` (the payload is not copied). ``ConnectionClosed`` when
   the connection is gone; a reply meta that cannot be encoded is an ``InternalError``.
@@ -48,7 +50,9 @@ class FrameWriter:
         self._writable = asyncio.Event()
         self._writable.set()
         self._lost = False
-        transport.set_write_buffer_limits(*self._limits)
+
+    def start(self) -> None:
+        self._transport.set_write_buffer_limits(*self._limits)
 
     def pause(self) -> None:
         self._writable.clear()

@@ -154,14 +154,27 @@ class Metrics:
         )
         self._scrape_view = _ScrapeTimeCollector()
         r.register(self._scrape_view)
+        self._op_children: dict[tuple[str, str, str], tuple] = {}
+        self._hit_children: dict[tuple[str, str], Counter] = {}
 
     def observe_op(self, tier: str, kind: str, op: str, nbytes: int, seconds: float) -> None:
-        self._operations.labels(tier, kind, op).inc()
-        self._bytes.labels(tier, kind, op).inc(nbytes)
-        self._op_seconds.labels(tier, op).observe(seconds)
+        # every request lands here: labels() costs µs per call, so each label set's children
+        # are looked up once (label values are bounded, and so is this cache)
+        children = self._op_children.get((tier, kind, op))
+        if children is None:
+            children = self._op_children[(tier, kind, op)] = (
+                self._operations.labels(tier, kind, op), self._bytes.labels(tier, kind, op),
+                self._op_seconds.labels(tier, op))
+        operations, moved, latency = children
+        operations.inc()
+        moved.inc(nbytes)
+        latency.observe(seconds)
 
     def count_hit(self, tier: str, kind: str) -> None:
-        self._hits.labels(tier, kind).inc()
+        child = self._hit_children.get((tier, kind))
+        if child is None:
+            child = self._hit_children[(tier, kind)] = self._hits.labels(tier, kind)
+        child.inc()
 
     def count_miss(self, kind: str) -> None:
         self._misses.labels(kind).inc()

@@ -25,6 +25,7 @@ import asyncio
 import logging
 import os
 import socket
+import ssl
 import stat
 
 from statetier.daemon.auth import TenantDirectory, server_ssl_context
@@ -145,7 +146,7 @@ class Server:
         except ValueError as exc:
             raise ConfigError(f"listen.tcp: {exc}") from exc
         listen = self._config.listen
-        ssl_context = server_ssl_context(listen)
+        ssl_context = server_ssl_context(listen, self._refused_handshake)
         if ssl_context is None:
             log.warning("listening on TCP %s without TLS: tokens travel in clear text", address)
         context = self._context(is_unix=False)
@@ -159,6 +160,11 @@ class Server:
         self._listeners.append(listener)
         bound = listener.sockets[0].getsockname()
         self.tcp_address = (bound[0], bound[1])
+
+    def _refused_handshake(self, exc: ssl.SSLError) -> None:
+        log.warning("connection refused: TLS handshake failed: %s", getattr(exc, "reason", None) or exc)
+        if self._metrics is not None:
+            self._metrics.count_auth_failure("tls")
 
     def _context(self, *, is_unix: bool) -> ConnectionContext:
         limits = self._config.limits

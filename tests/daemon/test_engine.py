@@ -151,7 +151,7 @@ async def test_versions_fence_stale_puts_and_loads(engine):
         await engine.load(LoadRequest("default", NS, ref=first.ref), owner="c1")
     with pytest.raises(StaleState):  # a late second path replaying version 1
         await engine.put(*ssm_put(seed=3, version=1))
-    assert rejections(engine.test_metrics, "stale") == 1
+    assert rejections(engine.test_metrics, "stale") == 2  # the refused load and the refused put
     result = await engine.load(LoadRequest("default", NS, ref=second.ref), owner="c1")
     assert bytes(result.payload) == payload_for(2)
     await engine.release(result.lease_id, "c1")

@@ -1,0 +1,391 @@
+"""Daemons as real subprocesses (``python -m statetier.daemon serve``) for end-to-end tests.
+
+- ``DaemonProcess(config=None, *, host_capacity, redis_url, settings, metrics, name)`` — one
+  daemon in its own short temp directory under /tmp (AF_UNIX paths are short), made by the
+  first ``start()``: socket ``d.sock``, disk tier ``disk/``, log ``daemon.log``. ``config``
+  (a dict) is written as ``config.toml`` there and passed with ``--config``; ``settings``
+  become ``--set KEY=VALUE`` flags. ``start()`` returns once ``/readyz`` answers 200 (the
+  metrics server starts after the listeners; without metrics: once PING answers);
+  ``stop(sig=SIGTERM)`` → exit code; ``send_signal``/``wait``; ``kill()`` (SIGKILL);
+  ``start()`` again, or ``restart()``, runs on the same directory; ``close()`` stops and
+  removes it. A context manager.
+- Facts: ``url``, ``socket_path``, ``disk_dir``, ``pid``, ``metrics_port``, ``log_tail()``,
+  ``rss_bytes()`` (VmRSS from /proc).
+- Metrics: ``http_get(path)`` → ``(status, body)``; ``scrape()`` → ``Samples`` (parsed with
+  prometheus_client's parser); ``Samples.value(name, **labels)`` (0.0 when absent) and
+  ``Samples.delta(before, name, **labels)``.
+- ``daemon_fixture(request, **kw)`` — start one; at teardown SIGTERM it, print its log tail
+  (pytest shows it only when the test failed), close it and assert it exited with 0.
+- ``to_toml(mapping)`` — the small TOML subset the config needs (tables, arrays of tables).
+- Jamba-mini state: ``jamba_namespace(model)``, ``snapshot(seed)`` (conv (3, 8192) bf16 +
+  ssm (8192, 16) fp32), ``kv_page(seed, tokens)`` ((2, 8, tokens, 128) bf16),
+  ``token_ids(seed, n)``, ``assert_same_tensors(got, want)`` (dtype, shape, every bit);
+  ``eventually(predicate)`` polls a condition the daemon reaches in the background.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+
+from statetier.clients import Client
+from statetier.protocol.identity import NamespaceSpec
+
+START_TIMEOUT = 60.0
+STOP_TIMEOUT = 30.0
+_LOG_TAIL_CHARS = 6000
+
+
+class DaemonProcess:
+    """One ``statetier serve`` subprocess; see the module docstring."""
+
+    def __init__(self, config: Mapping[str, Any] | None = None, *, host_capacity: str | None = "128MiB",
+                 redis_url: str | None = None, settings: Mapping[str, object] | None = None,
+                 metrics: bool = True, name: str = "d") -> None:
+        self.name = name
+        self.directory: Path | None = None
+        self.config = dict(config or {})
+        self.host_capacity = host_capacity
+        self.redis_url = redis_url
+        self.settings = dict(settings or {})
+        self.has_metrics = metrics
+        self.metrics_port: int | None = None
+        self.proc: subprocess.Popen | None = None
+        self._log = None
+        self._log_offset = 0
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def socket_path(self) -> Path:
+        return self._here() / "d.sock"
+
+    @property
+    def disk_dir(self) -> Path:
+        return self._here() / "disk"
+
+    @property
+    def log_path(self) -> Path:
+        return self._here() / "daemon.log"
+
+    def _here(self) -> Path:
+        if self.directory is None:
+            raise RuntimeError("the daemon has no directory before start()")
+        return self.directory
+
+    def command(self) -> list[str]:
+        argv = [sys.executable, "-m", "statetier.daemon", "serve", "--socket", str(self.socket_path),
+                "--disk-dir", str(self.disk_dir)]
+        if self.config:
+            argv += ["--config", str(self._here() / "config.toml")]
+        argv += ["--metrics-port", "0"] if self.has_metrics else ["--no-metrics"]
+        if self.host_capacity is not None:
+            argv += ["--host-capacity", self.host_capacity]
+        if self.redis_url is not None:
+            argv += ["--redis-url", self.redis_url]
+        for key, value in self.settings.items():
+            argv += ["--set", f"{key}={value}"]
+        return argv
+
+    def start(self, timeout: float = START_TIMEOUT) -> "DaemonProcess":
+        if self.is_running:
+            raise RuntimeError("the daemon is already running")
+        if self.directory is None:
+            self.directory = Path(tempfile.mkdtemp(prefix=f"st-{self.name}-", dir="/tmp"))
+        if self.config:
+            (self.directory / "config.toml").write_text(to_toml(self.config))
+        self.metrics_port = None
+        self._log = open(self.log_path, "ab")
+        self._log_offset = self.log_path.stat().st_size
+        self._log.write(f"--- starting: {' '.join(self.command())}\n".encode())
+        self._log.flush()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("STATETIER_")}
+        self.proc = subprocess.Popen(self.command(), cwd=self.directory, stdout=self._log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        try:
+            self._wait_until_serving(timeout)
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    def _wait_until_serving(self, timeout: float) -> None:
+        """Ready = /readyz answers 200 (the metrics server starts after the listeners), or
+        without metrics, a PING over the socket answers."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the daemon exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if self._is_serving():
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"the daemon did not serve {self.url} within {timeout} s:\n{self.log_tail()}")
+
+    def _is_serving(self) -> bool:
+        if self.has_metrics:
+            self.metrics_port = self.metrics_port or self._printed_metrics_port()
+            if self.metrics_port is None:
+                return False
+            try:
+                return self.http_get("/readyz", timeout=5.0)[0] == 200 and self.socket_path.exists()
+            except OSError:
+                return False
+        try:
+            with Client(self.url, use_shm=False, timeout=5.0) as probe:
+                probe.ping()
+            return True
+        except Exception:  # noqa: BLE001 - still starting
+            return False
+
+    def _printed_metrics_port(self) -> int | None:
+        text = self.log_path.read_bytes()[self._log_offset:].decode(errors="replace")
+        for line in text.splitlines():
+            marker = "metrics: http://"
+            if marker in line:
+                return int(line.split(marker, 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
+        return None
+
+    def send_signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = STOP_TIMEOUT) -> int:
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the daemon did not exit within {timeout} s:\n{self.log_tail()}") from None
+        self._close_log()
+        return code
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT) -> int:
+        """Signal the daemon and wait for it; its exit code."""
+        if self.proc is None:
+            raise RuntimeError("the daemon was never started")
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._close_log()
+
+    def restart(self) -> "DaemonProcess":
+        """SIGTERM (exit 0 asserted), then a new process on the same directory."""
+        if self.is_running:
+            code = self.stop()
+            assert code == 0, f"the daemon exited with {code}:\n{self.log_tail()}"
+        return self.start()
+
+    def close(self) -> None:
+        if self.is_running:
+            try:
+                self.stop(timeout=STOP_TIMEOUT)
+            except AssertionError:
+                self.kill()
+        self._close_log()
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> "DaemonProcess":
+        return self.start() if not self.is_running else self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # -- facts ---------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.socket_path}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def is_running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except (FileNotFoundError, RuntimeError):
+            return "(no log)"
+
+    def log_tail(self, chars: int = _LOG_TAIL_CHARS) -> str:
+        return self.log_text()[-chars:]
+
+    def rss_bytes(self) -> int:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError("no VmRSS in /proc/<pid>/status")
+
+    # -- metrics -------------------------------------------------------------------------
+
+    def http_get(self, path: str, timeout: float = 10.0) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.metrics_port, timeout=timeout)
+        try:
+            conn.request("GET", path)
+            response = conn.getresponse()
+            return response.status, response.read()
+        finally:
+            conn.close()
+
+    def scrape(self) -> "Samples":
+        status, body = self.http_get("/metrics")
+        assert status == 200, body
+        return Samples.parse(body.decode())
+
+
+@dataclass(frozen=True)
+class Samples:
+    """One scrape: ``{(sample name, sorted label items): value}``."""
+
+    values: dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+    @classmethod
+    def parse(cls, text: str) -> "Samples":
+        values = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                values[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+        return cls(values)
+
+    def value(self, name: str, **labels: str) -> float:
+        return self.values.get((name, tuple(sorted(labels.items()))), 0.0)
+
+    def delta(self, before: "Samples", name: str, **labels: str) -> float:
+        return self.value(name, **labels) - before.value(name, **labels)
+
+    def matching(self, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+        return {labels: v for (n, labels), v in self.values.items() if n == name}
+
+
+def daemon_fixture(request, **kwargs) -> DaemonProcess:
+    """Start a daemon for a fixture. At teardown: SIGTERM, print the log tail (pytest shows it
+    only for a failed test), remove its directory, and assert that it exited with 0."""
+    daemon = DaemonProcess(**kwargs)
+    served = False
+
+    def finish() -> None:
+        code = None
+        try:
+            if served:
+                code = daemon.stop() if daemon.is_running else daemon.proc.returncode
+        finally:
+            print(f"--- log tail of the daemon in {daemon.directory}:\n{daemon.log_tail()}")
+            daemon.close()
+        assert not served or code == 0, f"the daemon exited with {code}"
+
+    request.addfinalizer(finish)
+    daemon.start()
+    served = True
+    return daemon
+
+
+# -- TOML ------------------------------------------------------------------------------
+
+
+def to_toml(mapping: Mapping[str, Any]) -> str:
+    """Scalars, lists of scalars, nested tables and arrays of tables (``[[tenants]]``)."""
+    lines: list[str] = []
+    _emit_table(lines, (), mapping)
+    return "\n".join(lines) + "\n"
+
+
+def _emit_table(lines: list[str], path: tuple[str, ...], mapping: Mapping[str, Any]) -> None:
+    tables = []
+    for key, value in mapping.items():
+        if isinstance(value, Mapping):
+            tables.append((key, value, False))
+        elif isinstance(value, (list, tuple)) and value and all(isinstance(v, Mapping) for v in value):
+            tables.append((key, value, True))
+        else:
+            lines.append(f"{key} = {_toml_value(value)}")
+    for key, value, is_array in tables:
+        here = (*path, key)
+        if is_array:
+            for item in value:
+                lines.append(f"[[{'.'.join(here)}]]")
+                _emit_table(lines, here, item)
+        else:
+            lines.append(f"[{'.'.join(here)}]")
+            _emit_table(lines, here, value)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (str, Path)):
+        text = str(value).replace("\\", "\\\\").replace('"', '\\"')
+        return f'"{text}"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"no TOML for {type(value).__name__}")
+
+
+# -- Jamba-mini state ------------------------------------------------------------------
+
+SSM_LAYERS = 28
+ATTENTION_LAYERS = 4
+BLOCK = 64
+
+
+def jamba_namespace(model: str = "jamba-mini", block: int = BLOCK) -> NamespaceSpec:
+    return NamespaceSpec(model_id=model, revision="r1", weight_dtype="bfloat16", kv_block_size=block,
+                         kv_dtype="bfloat16", ssm_dtype="float32", conv_dtype="bfloat16", conv_layout="(3,8192)")
+
+
+def snapshot(seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return {"conv": torch.randn(3, 8192, generator=gen).to(torch.bfloat16),
+            "ssm": torch.randn(8192, 16, generator=gen)}
+
+
+def kv_page(seed: int, tokens: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(10_000 + seed)
+    return {"kv": torch.randn(2, 8, tokens, 128, generator=gen).to(torch.bfloat16)}
+
+
+def token_ids(seed: int, n: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 65_000, (n,), generator=gen).tolist()
+
+
+def assert_same_tensors(got: Mapping[str, torch.Tensor], want: Mapping[str, torch.Tensor]) -> None:
+    assert list(got) == list(want)
+    for name, tensor in want.items():
+        assert got[name].dtype == tensor.dtype and got[name].shape == tensor.shape, name
+        assert torch.equal(got[name].view(torch.uint8) if tensor.dim() else got[name],
+                           tensor.view(torch.uint8) if tensor.dim() else tensor), name
+
+
+async def eventually(predicate, timeout: float = 20.0, interval: float = 0.05) -> None:
+    """Await until ``await predicate()`` is true; AssertionError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not reached within {timeout} s")
+        await asyncio.sleep(interval)
