@@ -1,0 +1,567 @@
+"""The disk tier on real segment files and a real LMDB index, in ``tmp_path``.
+
+Each test tells one story: the store lifecycle and its visibility rules, cancellation at
+every point where a store, load, eviction or compaction awaits, a restart that keeps every
+completed object, compaction that frees sparse segments byte for byte, the exact LRU
+eviction order, leases that keep a segment file alive through compaction, a flipped byte
+refused and dropped, at-rest encryption, a full filesystem, and compaction running while
+many readers stream verified objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import random
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from statetier.protocol.errors import (
+    CapacityError, CorruptPayload, InternalError, InvalidRequest, LeaseError, NotFound, Unavailable,
+)
+from statetier.protocol.sealed import open_sealed
+from statetier.tiers.crypto import AtRestCipher
+from statetier.tiers.disk import DiskTier
+from statetier.tiers.disk_index import DiskIndex, IndexEntry, Location, Put
+from statetier.tiers.disk_jobs import translate_error
+from statetier.tiers.segments import RECORD_HEADER_BYTES
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling disk_crash_writer.py
+from disk_crash_writer import KEYRING, load, make_object, object_id_for, store  # noqa: E402
+
+WRITER = Path(__file__).with_name("disk_crash_writer.py")
+
+
+def objects(count: int, size: int | None = None, run: int = 0):
+    return [make_object(object_id_for(1, run, i), size) for i in range(count)]
+
+
+def segment_files(directory: Path) -> list[Path]:
+    return sorted((directory / "segments").glob("seg-*.dat"))
+
+
+@pytest.fixture
+async def open_disk(tmp_path):
+    opened: list[DiskTier] = []
+
+    async def _open(**options) -> DiskTier:
+        options.setdefault("segment_bytes", 64 * 1024)
+        tier = DiskTier(tmp_path / "disk", options.pop("capacity", 64 << 20), keyring=KEYRING, **options)
+        await tier.start()
+        opened.append(tier)
+        return tier
+
+    yield _open
+    for tier in opened:
+        await tier.close()
+
+
+# ---------------------------------------------------------------------------- lifecycle
+
+
+async def test_a_stored_object_is_visible_and_reads_back_verified(open_disk, tmp_path):
+    tier = await open_disk()
+    meta, blob = make_object(object_id_for(1, 0, 0))
+    DiskTier(tmp_path / "elsewhere", 1 << 20, keyring=KEYRING)
+    assert not (tmp_path / "elsewhere").exists()  # constructors have no side effects
+
+    await store(tier, meta, blob)
+
+    assert await tier.contains(meta.object_id)
+    assert await tier.get_meta(meta.object_id) == meta
+    assert await tier.find_by_key(meta.key_digest) == [meta]
+    assert [m async for m in tier.iter_objects()] == [meta]
+    assert await load(tier, meta.object_id) == blob
+    stats = tier.stats()
+    assert (stats.objects, stats.bytes_used, stats.leases, stats.inflight) == (1, meta.size, 0, 0)
+    assert stats.extra["live_record_bytes"] == RECORD_HEADER_BYTES + meta.size
+
+
+async def test_an_object_is_invisible_until_its_store_completes(open_disk):
+    tier = await open_disk()
+    (meta, blob), (other, other_blob) = objects(2)
+    ticket = await tier.prepare_store(meta)
+    await tier.write(ticket, [blob])
+
+    assert not await tier.contains(meta.object_id)
+    assert await tier.find_by_key(meta.key_digest) == []
+    with pytest.raises(NotFound):
+        await tier.prepare_load(meta.object_id)
+    with pytest.raises(InvalidRequest):
+        await tier.prepare_store(meta)  # already being stored
+    assert tier.stats().inflight == 1 and tier.stats().extra["reserved_bytes"] == meta.size
+
+    await tier.complete_store(ticket, False)
+    await tier.complete_store(ticket, False)  # twice is harmless
+
+    assert not await tier.contains(meta.object_id)
+    assert (tier.stats().inflight, tier.stats().extra["reserved_bytes"], tier.stats().bytes_used) == (0, 0, 0)
+    with pytest.raises(InvalidRequest):
+        await tier.complete_store(ticket, True)
+
+    half = await tier.prepare_store(other)
+    await tier.write(half, [other_blob[:100]])
+    with pytest.raises(InvalidRequest):
+        await tier.complete_store(half, True)  # a torn write never becomes visible
+    assert not await tier.contains(other.object_id)
+
+    await store(tier, meta, blob)
+    with pytest.raises(InvalidRequest):
+        await tier.prepare_store(meta)  # already present
+
+
+async def test_prepare_store_counts_reservations_and_leases_against_capacity(open_disk):
+    (a, blob_a), (b, _), (c, _) = objects(3, size=4000)
+    tier = await open_disk(capacity=a.size * 2)
+    with pytest.raises(CapacityError):
+        await tier.prepare_store(make_object(object_id_for(1, 9, 0), 3 * 4000)[0])
+    await store(tier, a, blob_a)
+    ticket = await tier.prepare_store(b)
+    lease = await tier.prepare_load(a.object_id)
+    with pytest.raises(CapacityError):
+        await tier.prepare_store(c)  # a is leased and b reserved: nothing could be evicted
+    await tier.complete_load(lease)
+    await tier.complete_store(ticket, False)
+    await tier.complete_store(await tier.prepare_store(c), False)
+
+
+async def test_a_deleted_object_stays_readable_under_its_lease_until_released(open_disk):
+    tier = await open_disk()
+    meta, blob = make_object(object_id_for(1, 0, 0))
+    await store(tier, meta, blob)
+    lease = await tier.prepare_load(meta.object_id, owner="conn-1")
+
+    assert await tier.delete(meta.object_id)
+    assert not await tier.contains(meta.object_id)
+    with pytest.raises(NotFound):
+        await tier.prepare_load(meta.object_id)
+    assert bytes(await tier.read(lease)) == blob
+    assert tier.stats().bytes_used == meta.size
+
+    assert await tier.release_owner("conn-1") == 1
+    assert tier.stats().bytes_used == 0
+    with pytest.raises(LeaseError):
+        await tier.read(lease)
+    assert not await tier.delete(meta.object_id)
+
+
+# ---------------------------------------------------------------------------- cancellation
+
+
+class GatedExecutor(ThreadPoolExecutor):
+    """A real thread pool that holds every job after the first ``allow`` until ``open()``."""
+
+    def __init__(self) -> None:
+        super().__init__(4)
+        self.allow = 1 << 30
+        self.submitted = 0
+        self._gate = threading.Event()
+        self.held = asyncio.Event()
+
+    def arm(self, allow: int) -> None:
+        self.allow, self.submitted = allow, 0
+        self._gate.clear()
+        self.held = asyncio.Event()
+
+    def open(self) -> None:
+        self.allow = 1 << 30
+        self._gate.set()
+
+    def submit(self, fn, /, *args, **kwargs):
+        self.submitted += 1
+        if self.submitted <= self.allow:
+            return super().submit(fn, *args, **kwargs)
+        self.held.set()
+        gate = self._gate
+        return super().submit(lambda: (gate.wait(), fn(*args, **kwargs))[1])
+
+
+async def cancel_at_each_job(executor: GatedExecutor, make_coro, check) -> int:
+    """Run ``make_coro()`` once per executor job it submits, cancelling it while that job
+    is held; ``check(finished)`` then inspects the tier. Returns the number of points."""
+    for point in range(50):
+        executor.arm(point)
+        task = asyncio.create_task(make_coro())
+        held = asyncio.create_task(executor.held.wait())
+        await asyncio.wait({task, held}, return_when=asyncio.FIRST_COMPLETED)
+        held.cancel()
+        finished = task.done()
+        if not finished:
+            task.cancel()
+        executor.open()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        await check(finished)
+        if finished:
+            return point
+    raise AssertionError("the coroutine never finished")
+
+
+async def test_a_store_cancelled_at_any_point_leaves_nothing_visible(open_disk, tmp_path):
+    executor = GatedExecutor()
+    tier = await open_disk(executor=executor)
+    pending = iter(objects(20, size=3000))
+    current = [None]
+    outcomes = []
+
+    async def one_store():
+        meta, blob = current[0] = next(pending)
+        await store(tier, meta, blob)
+
+    async def check(finished: bool) -> None:
+        meta, blob = current[0]
+        outcomes.append(finished)
+        assert await tier.contains(meta.object_id) is finished
+        stats = tier.stats()
+        assert (stats.inflight, stats.extra["reserved_bytes"]) == (0, 0)
+        if finished:
+            assert await load(tier, meta.object_id) == blob
+
+    points = await cancel_at_each_job(executor, one_store, check)
+    assert points >= 2 and outcomes == [False] * points + [True]  # write, commit, … then done
+    await tier.close()
+    executor.shutdown()
+
+    reopened = await open_disk()
+    assert [m.object_id async for m in reopened.iter_objects()] == [current[0][0].object_id]
+
+
+async def test_loads_evictions_and_compactions_cancelled_at_any_point_leave_the_tier_sound(open_disk):
+    executor = GatedExecutor()
+    batch = objects(12, size=6000)
+    tier = await open_disk(executor=executor, capacity=12 * 6400, segment_bytes=20_000)
+    for meta, blob in batch:
+        await store(tier, meta, blob)
+    for meta, _ in batch[::2]:
+        await tier.delete(meta.object_id)
+    survivors = {meta.object_id: blob for meta, blob in batch[1::2]}
+
+    async def check(finished: bool) -> None:
+        assert tier.stats().leases == 0
+        for object_id in [oid for oid in survivors if not await tier.contains(oid)]:
+            del survivors[object_id]  # evicted: an eviction removes before it reads
+        for object_id, blob in survivors.items():
+            assert await load(tier, object_id) == blob
+
+    async def one_load():
+        object_id = next(iter(survivors))
+        lease = await tier.prepare_load(object_id)
+        try:
+            assert bytes(await tier.read(lease)) == survivors[object_id]
+        finally:
+            await tier.complete_load(lease)
+
+    assert await cancel_at_each_job(executor, one_load, check) >= 1
+    assert await cancel_at_each_job(executor, tier.compact, check) >= 1
+    assert tier.stats().bytes_reclaimed > 0
+    assert await cancel_at_each_job(executor, lambda: tier.evict(40_000), check) >= 1
+    await tier.close()
+    executor.shutdown()
+
+
+async def test_concurrent_stores_share_one_durable_index_commit(open_disk):
+    executor = GatedExecutor()
+    tier = await open_disk(executor=executor)
+    batch = objects(16, size=2000)
+    executor.arm(16)  # the 16 writes run; the first commit is held
+
+    stores = [asyncio.create_task(store(tier, meta, blob)) for meta, blob in batch]
+    try:
+        await executor.held.wait()
+        async with asyncio.timeout(30):  # every store is in the held batch or queued behind it
+            while tier.stats().extra["index_ops"] + tier.stats().extra["index_ops_waiting"] < 16:
+                await asyncio.sleep(0.005)
+    finally:
+        executor.open()
+    await asyncio.gather(*stores)
+
+    extra = tier.stats().extra
+    assert extra["index_ops"] == 16 and extra["index_batches"] <= 2  # the held one and one more
+    for meta, blob in batch:
+        assert await load(tier, meta.object_id) == blob
+    await tier.close()
+    executor.shutdown()
+
+
+# ---------------------------------------------------------------------------- restart
+
+
+async def test_a_restart_keeps_every_completed_object_in_created_at_order(open_disk, tmp_path):
+    tier = await open_disk()
+    batch = objects(30)
+    for meta, blob in batch:
+        await store(tier, meta, blob)
+    abandoned = await tier.prepare_store(make_object(object_id_for(1, 5, 0))[0])
+    await tier.write(abandoned, [make_object(object_id_for(1, 5, 0))[1]])
+    await tier.close()  # the abandoned store's bytes are on disk, never indexed
+
+    reopened = await open_disk()
+    by_created = sorted(batch, key=lambda pair: pair[0].created_at_ns)
+    assert [m async for m in reopened.iter_objects()] == [meta for meta, _ in by_created]
+    for meta, blob in batch:
+        assert await load(reopened, meta.object_id) == blob
+    assert not await reopened.contains(object_id_for(1, 5, 0))
+    assert reopened.stats().extra["recovery_dropped"] == 0
+
+
+async def test_a_restart_drops_entries_whose_record_header_is_damaged(open_disk, tmp_path):
+    tier = await open_disk(segment_bytes=1 << 20)
+    batch = objects(5, size=2000)
+    for meta, blob in batch:
+        await store(tier, meta, blob)
+    await tier.close()
+    (first,) = [p for p in segment_files(tmp_path / "disk") if p.stat().st_size > 0]
+    with open(first, "r+b") as handle:  # the second record's header checksum
+        handle.seek(RECORD_HEADER_BYTES + batch[0][0].size + 60)
+        handle.write(b"\xff")
+
+    reopened = await open_disk(segment_bytes=1 << 20)
+    assert reopened.stats().extra["recovery_dropped"] == 1
+    assert not await reopened.contains(batch[1][0].object_id)
+    for meta, blob in batch[:1] + batch[2:]:
+        assert await load(reopened, meta.object_id) == blob
+
+
+# ---------------------------------------------------------------------------- compaction
+
+
+async def test_compaction_reclaims_sparse_segments_and_keeps_every_byte(open_disk, tmp_path):
+    tier = await open_disk(segment_bytes=32 * 1024)
+    batch = objects(60, size=2500)
+    for meta, blob in batch:
+        await store(tier, meta, blob)
+    for meta, _ in batch:
+        if meta.object_id[0] % 3:
+            await tier.delete(meta.object_id)
+    kept = {meta.object_id: blob for meta, blob in batch if meta.object_id[0] % 3 == 0}
+    before = sum(p.stat().st_size for p in segment_files(tmp_path / "disk"))
+
+    report = await tier.compact()
+
+    after = sum(p.stat().st_size for p in segment_files(tmp_path / "disk"))
+    assert report.segments_compacted > 0 and report.objects_moved > 0 and report.segments_blocked == 0
+    assert before - after == report.bytes_reclaimed > 0
+    assert tier.stats().compactions_run == 1
+    for object_id, blob in kept.items():
+        assert await load(tier, object_id) == blob
+    await tier.close()
+    reopened = await open_disk(segment_bytes=32 * 1024)
+    assert reopened.stats().extra["recovery_segments_deleted"] == 0
+    assert {m.object_id async for m in reopened.iter_objects()} == set(kept)
+    for object_id, blob in kept.items():
+        assert await load(reopened, object_id) == blob
+
+
+async def test_a_lease_keeps_its_segment_file_through_compaction(open_disk, tmp_path):
+    tier = await open_disk(segment_bytes=16 * 1024)
+    batch = objects(12, size=3000)
+    for meta, blob in batch:
+        await store(tier, meta, blob)
+    first_segment = segment_files(tmp_path / "disk")[0]
+    reader_meta, reader_blob = batch[0]
+    lease = await tier.prepare_load(reader_meta.object_id, owner="reader")
+    for meta, _ in batch[1:4]:
+        await tier.delete(meta.object_id)
+
+    blocked = await tier.compact()
+
+    assert (blocked.segments_blocked, blocked.segments_compacted) == (1, 0)
+    assert first_segment.exists()
+    assert bytes(await tier.read(lease)) == reader_blob  # the old location, still intact
+    assert await load(tier, reader_meta.object_id) == reader_blob  # the new location
+    assert (await tier.compact()).segments_blocked == 1
+    await tier.complete_load(lease)
+
+    freed = await tier.compact()
+
+    assert (freed.segments_blocked, freed.segments_compacted) == (0, 1)
+    assert not first_segment.exists()
+    assert tier.stats().compactions_blocked == 2
+    for meta, blob in [batch[0], *batch[4:]]:
+        assert await load(tier, meta.object_id) == blob
+
+
+# ---------------------------------------------------------------------------- eviction
+
+
+async def test_eviction_takes_the_exact_lru_order_and_skips_leased_objects(open_disk):
+    batch = objects(10, size=1000)
+    size = batch[0][0].size
+    tier = await open_disk(capacity=10 * size, high_watermark=0.8, low_watermark=0.5)
+    for meta, blob in batch[:7]:
+        await store(tier, meta, blob)
+    assert await tier.evict(size) == []  # 8 of 10 is not above the high watermark
+    lease = await tier.prepare_load(batch[1][0].object_id)  # 1 stays pinned
+    for i in (2, 0, 3):
+        await load(tier, batch[i][0].object_id)  # LRU order now 4 5 6 1 2 0 3
+
+    evicted = await tier.evict(2 * size)  # 7 + 2 > 8: down to 5 - 2 = 3 objects
+
+    assert [e.meta.object_id for e in evicted] == [batch[i][0].object_id for i in (4, 5, 6, 2)]
+    assert [bytes(e.blob) for e in evicted] == [batch[i][1] for i in (4, 5, 6, 2)]
+    assert tier.stats().evictions == 4 and tier.stats().bytes_used == 3 * size
+    assert [m.object_id async for m in tier.iter_objects()] == [batch[i][0].object_id for i in (1, 0, 3)]
+    await tier.complete_load(lease)
+
+
+# ---------------------------------------------------------------------------- corruption, encryption
+
+
+async def test_a_flipped_payload_byte_is_refused_and_the_object_dropped(open_disk, tmp_path):
+    tier = await open_disk()
+    (meta, blob), (other, other_blob) = objects(2, size=5000)
+    await store(tier, meta, blob)
+    await store(tier, other, other_blob)
+    (segment,) = segment_files(tmp_path / "disk")
+    with open(segment, "r+b") as handle:
+        handle.seek(RECORD_HEADER_BYTES + meta.header_len + 1234)
+        byte = handle.read(1)
+        handle.seek(-1, os.SEEK_CUR)
+        handle.write(bytes([byte[0] ^ 0x01]))
+
+    with pytest.raises(CorruptPayload):
+        await load(tier, meta.object_id)
+    with pytest.raises(NotFound):
+        await tier.prepare_load(meta.object_id)
+    assert tier.stats().extra["corrupt_dropped"] == 1
+    assert await load(tier, other.object_id) == other_blob
+    await tier.close()
+    reopened = await open_disk()
+    assert not await reopened.contains(meta.object_id)
+
+
+async def test_the_at_rest_cipher_keeps_payload_bytes_off_the_disk(open_disk, tmp_path):
+    cipher = AtRestCipher.generate()
+    tier = await open_disk(cipher=cipher)
+    meta, blob = make_object(object_id_for(1, 0, 0), 8000)
+    await store(tier, meta, blob)
+    on_disk = b"".join(p.read_bytes() for p in segment_files(tmp_path / "disk"))
+    assert blob[meta.header_len : meta.header_len + 64] not in on_disk
+    assert blob[: meta.header_len] in on_disk  # the header stays readable (associated data)
+    assert await load(tier, meta.object_id) == blob
+    await tier.close()
+
+    stranger = await open_disk(cipher=AtRestCipher.generate())  # a key this node never held
+    with pytest.raises(CorruptPayload):
+        await load(stranger, meta.object_id)
+    assert not await stranger.contains(meta.object_id)
+
+
+# ---------------------------------------------------------------------------- full filesystem
+
+
+async def test_a_full_filesystem_gives_a_clean_capacity_error_and_loses_nothing(open_disk, tmp_path):
+    directory = tmp_path / "disk"
+    run = subprocess.run([sys.executable, str(WRITER), "fill", str(directory), str(1 << 20)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    stored = [bytes.fromhex(line.split()[1]) for line in lines if line.startswith("S ")]
+    (full,) = [line.split() for line in lines if line.startswith("FULL ")]
+    assert full[2] == "CapacityError" and lines[-1] == "OK" and len(stored) >= 10
+
+    tier = await open_disk()
+    assert tier.stats().extra["recovery_dropped"] == 0
+    assert {m.object_id async for m in tier.iter_objects()} == set(stored)
+    for object_id in stored:
+        assert await load(tier, object_id) == make_object(object_id, 48 * 1024)[1]
+    assert not await tier.contains(bytes.fromhex(full[1]))
+    await store(tier, *make_object(bytes.fromhex(full[1]), 48 * 1024))  # room again: it fits now
+
+
+# ---------------------------------------------------------------------------- concurrency
+
+
+async def test_compaction_under_concurrent_transfers_never_serves_a_wrong_byte(open_disk):
+    tier = await open_disk(segment_bytes=48 * 1024, lease_ttl=60)
+    every_blob: dict[bytes, bytes] = {}
+    live: list[bytes] = []
+    wrong, reads = [], [0]
+    next_index = iter(range(10_000))
+
+    async def add() -> None:
+        meta, blob = make_object(object_id_for(2, 0, next(next_index)), None)
+        every_blob[meta.object_id] = blob
+        await store(tier, meta, blob)
+        live.append(meta.object_id)
+
+    for _ in range(40):
+        await add()
+    stop = asyncio.Event()
+
+    async def reader(seed: int) -> None:
+        rng = random.Random(seed)
+        while not stop.is_set():
+            object_id = rng.choice(live)
+            try:
+                lease = await tier.prepare_load(object_id, owner=seed)
+            except NotFound:
+                await asyncio.sleep(0)
+                continue
+            try:
+                await asyncio.sleep(rng.random() * 0.02)  # hold the lease across compactions
+                data = await tier.read(lease)
+                open_sealed(data, None, KEYRING)
+                reads[0] += 1
+                if bytes(data) != every_blob[object_id]:
+                    wrong.append(object_id)
+            finally:
+                await tier.complete_load(lease)
+
+    async def churn() -> None:
+        rng = random.Random(99)
+        while not stop.is_set():
+            await add()
+            victim = live.pop(rng.randrange(len(live)))
+            await tier.delete(victim)
+
+    async def compactor() -> None:
+        moved = 0
+        for _ in range(400):
+            moved += (await tier.compact()).objects_moved
+            await asyncio.sleep(0.005)
+            stats = tier.stats()
+            if stats.compactions_run >= 20 and stats.compactions_blocked > 0 and moved > 20:
+                break
+        stop.set()
+
+    async with asyncio.timeout(45):
+        await asyncio.gather(compactor(), churn(), *(reader(i) for i in range(8)))
+
+    stats = tier.stats()
+    assert wrong == [] and reads[0] > 50
+    assert stats.compactions_blocked > 0 and stats.bytes_reclaimed > 0
+    assert stats.leases == 0
+    for object_id in live:
+        assert await load(tier, object_id) == every_blob[object_id]
+
+
+# ---------------------------------------------------------------------------- the edge
+
+
+def test_foreign_errors_become_statetier_errors_at_the_edge(tmp_path):
+    index = DiskIndex.open(tmp_path / "index", map_size=64 * 1024)
+    meta = make_object(object_id_for(1, 0, 0))[0]
+    puts = [Put(IndexEntry(Location(1, i * 100, 100, 1), replace(meta, object_id=i.to_bytes(16, "little"))))
+            for i in range(5000)]
+    with pytest.raises(lmdb.MapFullError) as full:
+        index.apply(puts)
+    with pytest.raises(lmdb.Error) as bad_key:
+        index.apply([Put(IndexEntry(Location(1, 0, 100, 1), replace(meta, object_id=b"")))])
+    index.close()
+
+    assert type(translate_error(full.value)) is CapacityError
+    assert type(translate_error(bad_key.value)) is InternalError
+    for code in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+        assert type(translate_error(OSError(code, os.strerror(code)))) is CapacityError
+    assert type(translate_error(OSError(errno.EIO, "I/O error"))) is Unavailable

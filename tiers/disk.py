@@ -1,0 +1,450 @@
+"""The disk tier: sealed objects in append-only segment files on NVMe, indexed in LMDB.
+
+``DiskTier(directory, capacity_bytes, *, keyring, segment_bytes=64 MiB, high_watermark=0.9,
+low_watermark=0.75, compact_below_live_ratio=0.5, lease_ttl=30.0, fsync=True, cipher=None,
+executor=None, name="disk")`` implements ``Tier`` (lifecycle in ``tiers.base``), plus
+``compact() -> CompactionReport``.
+
+- Layout: ``directory/segments/seg-00000001.dat`` … (record format in ``tiers.segments``)
+  and ``directory/index/`` (LMDB, ``tiers.disk_index``); in-memory placement in
+  ``tiers.disk_space``.
+- Store: ``prepare_store`` reserves a range of the active segment, so concurrent stores
+  write in parallel; ``write`` pwritev's the record there; ``complete_store(True)``
+  fdatasyncs it, then commits the index entry (group commit, ``tiers.disk_commit``):
+  once it returns the object survives kill -9. Anything less leaves dead bytes only.
+  ``fsync=False`` skips fdatasync and LMDB's sync: a killed process loses nothing, a
+  power cut may.
+- Load: ``read`` preads the record, opens its at-rest envelope if it has one, and
+  verifies it with ``open_sealed`` (signature + payload digest). A failure drops the
+  object for good (``stats().extra["corrupt_dropped"]``) and raises the rejection.
+- ``start`` checks the index against the segments (``tiers.disk_recovery``);
+  ``compact`` rewrites sparse segments and never deletes a file a lease may still read
+  (``tiers.disk_compaction``).
+- Capacity: ``bytes_used`` is the sealed size of live objects (and of deleted ones still
+  leased); LRU order in memory, rebuilt at start in created-at order.
+
+Blocking work runs in the executor through ``tiers.disk_jobs``, which also translates
+OSError and lmdb.Error into statetier errors; the record body codec is ``tiers.disk_body``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import AsyncIterator, Sequence
+
+from statetier.protocol.errors import (
+    CapacityError, ConfigError, InternalError, InvalidRequest, NotFound, RejectedState, StatetierError,
+)
+from statetier.protocol.keyring import Keyring
+from statetier.tiers.base import (
+    Buffer, EvictedObject, Lease, LeaseTable, LruIndex, ObjectMeta, StoreTicket, Tier, TierStats,
+)
+from statetier.tiers.crypto import AtRestCipher
+from statetier.tiers.disk_body import RecordBody
+from statetier.tiers.disk_commit import GroupCommit, PendingOp, make_durable
+from statetier.tiers.disk_compaction import CompactionReport, Compactor
+from statetier.tiers.disk_index import Delete, DiskIndex, IndexEntry, Location, Put
+from statetier.tiers.disk_jobs import DiskJobs, chained
+from statetier.tiers.disk_recovery import recover
+from statetier.tiers.disk_space import SegmentSpace, SegmentState
+from statetier.tiers.segments import RECORD_HEADER_BYTES, SegmentFile
+
+__all__ = ["CompactionReport", "DiskTier"]
+
+
+@dataclass(slots=True)
+class _Reservation:
+    """``StoreTicket.location`` of this tier: one reserved record range."""
+
+    segment: SegmentState
+    offset: int
+    record_len: int
+    is_writing: bool = False
+    is_broken: bool = False  # a write failed or was cancelled: never committable
+    commit: asyncio.Future | None = None
+    is_final: bool = False  # complete_store(True) returned: later calls change nothing
+
+    @property
+    def location(self) -> Location:
+        return Location(self.segment.number, self.offset, self.record_len, 1)
+
+
+class DiskTier(Tier):
+    def __init__(self, directory, capacity_bytes: int, *, keyring: Keyring, segment_bytes: int = 64 << 20,
+                 high_watermark: float = 0.9, low_watermark: float = 0.75,
+                 compact_below_live_ratio: float = 0.5, lease_ttl: float = 30.0, fsync: bool = True,
+                 cipher: AtRestCipher | None = None, executor: Executor | None = None,
+                 name: str = "disk") -> None:
+        if capacity_bytes <= 0 or segment_bytes <= RECORD_HEADER_BYTES:
+            raise ConfigError("disk tier needs a positive capacity and segments larger than a record header")
+        if not 0 < low_watermark <= high_watermark <= 1:
+            raise ConfigError("disk tier watermarks need 0 < low <= high <= 1")
+        self.directory = Path(directory)
+        self.capacity = capacity_bytes
+        self.segment_bytes = segment_bytes
+        self.high_watermark = high_watermark
+        self.low_watermark = low_watermark
+        self.fsync = fsync
+        self._body = RecordBody(keyring, cipher)
+        self.name = name
+        self._compact_below = compact_below_live_ratio
+        self._executor_given = executor
+        self._executor: Executor | None = None
+        self._leases = LeaseTable(lease_ttl)
+        self._lru = LruIndex()
+        self._tickets: dict[int, StoreTicket] = {}
+        self._ticket_ids = itertools.count(1)
+        self._storing: set[bytes] = set()
+        self._reserved_bytes = 0
+        self._hidden: dict[bytes, ObjectMeta] = {}  # deleted while leased
+        self._hidden_bytes = 0
+        self._jobs: DiskJobs | None = None
+        self._index: DiskIndex | None = None
+        self._space: SegmentSpace | None = None
+        self._commit: GroupCommit | None = None
+        self._compactor: Compactor | None = None
+        self._compact_lock: asyncio.Lock | None = None
+        self._is_started = False
+        self.evictions = self.compactions_run = self.compactions_blocked = self.bytes_reclaimed = 0
+        self.corrupt_dropped = self.recovery_dropped = self.recovery_segments_deleted = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        if self._is_started:
+            raise RuntimeError("the disk tier is already started")
+        self._executor = self._executor_given or ThreadPoolExecutor(4, thread_name_prefix=f"statetier-{self.name}")
+        self._jobs = DiskJobs(self._executor)
+        segment_dir, index_dir = self.directory / "segments", self.directory / "index"
+        try:
+            await self._call(segment_dir.mkdir, 0o750, True, True)
+            self._index = await self._call(DiskIndex.open, index_dir, _index_map_size(self.capacity), self.fsync)
+            found = await self._call(recover, self._index, segment_dir)
+        except BaseException:
+            await self._release()
+            raise
+        self._space = SegmentSpace(segment_dir, self.segment_bytes, found.next_segment)
+        for number, size in found.segment_sizes.items():
+            self._space.adopt(number, size)
+        for entry in found.entries:
+            self._space.place(entry.meta.object_id, entry.location)
+            self._lru.add(entry.meta)
+        self.recovery_dropped, self.recovery_segments_deleted = found.entries_dropped, found.segments_deleted
+        self._commit = GroupCommit(self._flush)
+        self._compactor = Compactor(self._space, self._commit, self._call, self._leases.is_leased,
+                                    self._drop_corrupt, self._compact_below)
+        self._compact_lock = asyncio.Lock()
+        self._is_started = True
+
+    async def close(self) -> None:
+        if not self._is_started:
+            return
+        self._is_started = False
+        await self._commit.drain()
+        await self._jobs.wait_idle()
+        await self._release()
+
+    async def _release(self) -> None:
+        files = [s.file for s in self._space.segments.values()] if self._space else []
+        index, self._index = self._index, None
+        if self._executor is not None:
+            await self._call(_close_all, files, index)
+            if self._executor_given is None:
+                self._executor.shutdown(wait=False)
+            self._executor = None
+
+    def _require_started(self) -> None:
+        if not self._is_started:
+            raise RuntimeError(f"the {self.name} tier is not started")
+
+    # ------------------------------------------------------------------ store
+
+    async def prepare_store(self, meta: ObjectMeta) -> StoreTicket:
+        self._require_started()
+        if len(meta.object_id) != 16 or meta.size <= 0 or not 0 <= meta.header_len <= meta.size:
+            raise InvalidRequest("an object needs a 16-byte object_id and a positive size")
+        if meta.object_id in self._lru or meta.object_id in self._storing:
+            raise InvalidRequest(f"object {meta.object_id.hex()} is already stored in the {self.name} tier")
+        self._settle_hidden()
+        pinned = self._reserved_bytes + self._hidden_bytes + self._leased_bytes()
+        if meta.size > self.capacity - pinned:
+            raise CapacityError(f"{meta.size} bytes do not fit in the {self.name} tier: "
+                                f"{pinned} of {self.capacity} bytes are reserved or leased")
+        segment, offset = self._space.reserve(RECORD_HEADER_BYTES + self._body.body_len(meta.size))
+        ticket = StoreTicket(meta, next(self._ticket_ids),
+                             location=_Reservation(segment, offset, segment.tail - offset))
+        self._tickets[ticket.ticket_id] = ticket
+        self._storing.add(meta.object_id)
+        self._reserved_bytes += meta.size
+        return ticket
+
+    async def write(self, ticket: StoreTicket, chunks: Sequence[Buffer]) -> None:
+        self._require_started()
+        res = self._open_reservation(ticket)
+        if res.is_writing:
+            raise InvalidRequest("another write of this ticket is in progress")
+        try:
+            views = [memoryview(chunk).cast("B") for chunk in chunks]
+        except TypeError as exc:
+            raise InvalidRequest(f"chunks must be contiguous byte buffers: {exc}") from exc
+        nbytes = sum(v.nbytes for v in views)
+        if ticket.written + nbytes > ticket.meta.size:
+            raise InvalidRequest(f"{ticket.written + nbytes} bytes written for a {ticket.meta.size}-byte object")
+        res.is_writing = True
+        try:
+            if ticket.written == 0:
+                if self._body.cipher is not None and nbytes != ticket.meta.size:
+                    raise InvalidRequest("with an at-rest cipher the whole object is written in one call")
+                await self._call(self._body.write_record, res.segment.file, res.offset, ticket.meta.object_id,
+                                 ticket.meta.size, views, pins=(res.segment,))
+            else:
+                await self._call(self._body.append, res.segment.file, res.offset, ticket.written, views,
+                                 pins=(res.segment,))
+            ticket.written += nbytes
+        except BaseException:
+            res.is_broken = True
+            raise
+        finally:
+            res.is_writing = False
+
+    async def complete_store(self, ticket: StoreTicket, success: bool) -> None:
+        res = ticket.location
+        if not isinstance(res, _Reservation):
+            raise InvalidRequest(f"not a {self.name} tier ticket")
+        if not success:
+            await self._abandon(ticket, res)
+            return
+        self._require_started()
+        if res.is_final:
+            raise InvalidRequest("this store was already completed")
+        if res.commit is None:
+            if ticket.ticket_id not in self._tickets:
+                raise InvalidRequest("this store was already abandoned")
+            if res.is_broken or res.is_writing or ticket.written != ticket.meta.size:
+                self._free(ticket)
+                raise InvalidRequest(f"{ticket.written} of {ticket.meta.size} bytes written; nothing was stored")
+            entry = IndexEntry(res.location, ticket.meta)
+            res.commit = self._commit.submit(Put(entry), sync=res.segment,
+                                             on_result=partial(self._on_store_result, ticket, entry))
+        await asyncio.shield(res.commit)
+        res.is_final = True
+
+    def _on_store_result(self, ticket: StoreTicket, entry: IndexEntry, result: object) -> None:
+        self._free(ticket)
+        if result is True:
+            self._space.place(entry.meta.object_id, entry.location)
+            self._lru.add(entry.meta)
+
+    async def _abandon(self, ticket: StoreTicket, res: _Reservation) -> None:
+        if res.is_final:
+            return
+        if res.commit is None:
+            self._free(ticket)
+            return
+        try:  # complete_store(True) was cancelled or failed: undo whatever it did
+            stored = await asyncio.shield(res.commit)
+        except StatetierError:
+            return
+        if stored:
+            await self.delete(ticket.meta.object_id)
+
+    def _free(self, ticket: StoreTicket) -> None:
+        if self._tickets.pop(ticket.ticket_id, None) is None:
+            return
+        ticket.location.segment.unpin()
+        self._reserved_bytes -= ticket.meta.size
+        self._storing.discard(ticket.meta.object_id)
+
+    def _open_reservation(self, ticket: StoreTicket) -> _Reservation:
+        res = ticket.location
+        if not isinstance(res, _Reservation) or ticket.ticket_id not in self._tickets:
+            raise InvalidRequest("this store ticket is completed or abandoned")
+        if res.commit is not None or res.is_broken:
+            raise InvalidRequest("this store is completing or has failed")
+        return res
+
+    # ------------------------------------------------------------------ load
+
+    async def prepare_load(self, object_id: bytes, owner: object = None, ttl: float | None = None) -> Lease:
+        self._require_started()
+        meta = self._lru.get(object_id)
+        if meta is None:
+            raise NotFound(f"object {bytes(object_id).hex()} is not in the {self.name} tier")
+        lease = self._leases.grant(meta, owner, self._space.location(object_id), ttl)
+        self._lru.touch(object_id)
+        return lease
+
+    async def read(self, lease: Lease) -> memoryview:
+        self._require_started()
+        lease = self._leases.check(lease)
+        location: Location = lease.location
+        segment = self._space.segments.get(location.segment)
+        if segment is None:
+            raise InternalError(f"segment {location.segment} left while a lease pointed into it")
+        try:
+            blob = await self._call(self._body.read_verified, segment.file, location, lease.object_id,
+                                    pins=(segment,))
+        except RejectedState:
+            self._drop_corrupt(lease.object_id)
+            raise
+        return memoryview(blob)
+
+    async def complete_load(self, lease: Lease) -> None:
+        self._leases.release(lease)
+        self._settle_hidden()
+
+    async def release_owner(self, owner: object) -> int:
+        released = self._leases.release_owner(owner)
+        self._settle_hidden()
+        return released
+
+    # ------------------------------------------------------------------ removal
+
+    async def delete(self, object_id: bytes) -> bool:
+        self._require_started()
+        done = self._remove_nowait(object_id)
+        if done is None:
+            return False
+        await asyncio.shield(done)
+        return True
+
+    def _remove_nowait(self, object_id: bytes) -> asyncio.Future | None:
+        """Make an object invisible now; its index entry goes in the next commit."""
+        meta = self._lru.remove(object_id)
+        if meta is None:
+            return None
+        location = self._space.unplace(object_id)
+        if self._leases.is_leased(object_id):
+            self._hidden[object_id] = meta
+            self._hidden_bytes += meta.size
+            self._space.segment_of(location).lingering.add(object_id)
+        return self._commit.submit(Delete(object_id))
+
+    def _drop_corrupt(self, object_id: bytes) -> None:
+        self.corrupt_dropped += 1
+        self._remove_nowait(object_id)
+
+    def _settle_hidden(self) -> None:
+        for object_id in [oid for oid in self._hidden if not self._leases.is_leased(oid)]:
+            self._hidden_bytes -= self._hidden.pop(object_id).size
+
+    async def evict(self, need_bytes: int = 0) -> list[EvictedObject]:
+        self._require_started()
+        self._leases.expire()
+        self._settle_hidden()
+        if self._bytes_used() + need_bytes <= self.high_watermark * self.capacity:
+            return []
+        victims: list[tuple[ObjectMeta, Location]] = []
+        deletes = []
+        for meta in self._lru.lru_order():
+            if self._bytes_used() + need_bytes <= self.low_watermark * self.capacity:
+                break
+            if not self._leases.is_leased(meta.object_id):
+                victims.append((meta, self._space.location(meta.object_id)))
+                deletes.append(self._remove_nowait(meta.object_id))
+        if not victims:
+            return []
+        self.evictions += len(victims)
+        # pinned before this coroutine yields: compaction cannot delete what is still to be read
+        pins = tuple({loc.segment: self._space.segment_of(loc) for _, loc in victims}.values())
+        jobs = [(self._space.segment_of(loc).file, loc, meta.object_id) for meta, loc in victims]
+        blobs = await self._call(self._body.read_many, jobs, pins=pins)
+        await asyncio.gather(*(asyncio.shield(d) for d in deletes), return_exceptions=True)
+        evicted = []
+        for (meta, _), blob in zip(victims, blobs):
+            if isinstance(blob, RejectedState):
+                self.corrupt_dropped += 1
+            elif not isinstance(blob, BaseException):
+                evicted.append(EvictedObject(meta, blob))
+        return evicted
+
+    async def compact(self) -> CompactionReport:
+        """Rewrite sparse sealed segments; delete old files no lease can still read."""
+        self._require_started()
+        self._leases.expire()
+        self._settle_hidden()
+        async with self._compact_lock:
+            report = await self._compactor.run()
+        self.compactions_run += 1
+        self.compactions_blocked += report.segments_blocked
+        self.bytes_reclaimed += report.bytes_reclaimed
+        return report
+
+    # ------------------------------------------------------------------ queries
+
+    async def contains(self, object_id: bytes) -> bool:
+        return object_id in self._lru
+
+    async def get_meta(self, object_id: bytes) -> ObjectMeta | None:
+        return self._lru.get(object_id)
+
+    async def find_by_key(self, key_digest: bytes) -> list[ObjectMeta]:
+        self._require_started()
+        object_ids = await self._call(self._index.object_ids_for_key, key_digest)
+        return [meta for meta in map(self._lru.get, object_ids) if meta is not None]
+
+    async def iter_objects(self) -> AsyncIterator[ObjectMeta]:
+        for meta in self._lru.lru_order():
+            if meta.object_id in self._lru:
+                yield meta
+
+    def stats(self) -> TierStats:
+        self._settle_hidden()
+        space = self._space
+        disk = space.disk_bytes if space else 0
+        live = space.live_record_bytes if space else 0
+        return TierStats(
+            tier=self.name, objects=len(self._lru), bytes_used=self._bytes_used(), capacity=self.capacity,
+            leases=len(self._leases), inflight=len(self._tickets) + len(self._leases),
+            evictions=self.evictions, compactions_run=self.compactions_run,
+            compactions_blocked=self.compactions_blocked, bytes_reclaimed=self.bytes_reclaimed,
+            extra={
+                "corrupt_dropped": self.corrupt_dropped,
+                "recovery_dropped": self.recovery_dropped,
+                "recovery_segments_deleted": self.recovery_segments_deleted,
+                "segments": len(space.segments) if space else 0,
+                "segment_file_bytes": disk,
+                "live_record_bytes": live,
+                "dead_bytes": disk - live,
+                "reserved_bytes": self._reserved_bytes,
+                "deleted_but_leased": len(self._hidden),
+                "leases_expired": self._leases.expired_total,
+                "index_batches": self._commit.batches if self._commit else 0,
+                "index_ops": self._commit.ops if self._commit else 0,
+                "index_ops_waiting": self._commit.waiting if self._commit else 0,
+            },
+        )
+
+    def _bytes_used(self) -> int:
+        return self._lru.bytes_used + self._hidden_bytes
+
+    def _leased_bytes(self) -> int:
+        return sum(meta.size for meta in map(self._lru.get, self._leases.leased_objects()) if meta is not None)
+
+    # ------------------------------------------------------------------ executor edge
+
+    async def _call(self, fn, *args, pins: tuple[SegmentState, ...] = ()):
+        return await self._jobs.run(fn, *args, pins=pins)
+
+    async def _flush(self, batch: list[PendingOp]) -> list:
+        items = [(p.op, p.sync.file if p.sync is not None else None) for p in batch]
+        pins = tuple({id(p.sync): p.sync for p in batch if p.sync is not None}.values())
+        results = await self._call(make_durable, self._index, items, self.fsync, pins=pins)
+        return [chained(r) if isinstance(r, BaseException) else r for r in results]
+
+
+def _index_map_size(capacity: int) -> int:
+    # an entry is ~100 bytes and objects are hundreds of bytes at the very least
+    return min(max(64 << 20, capacity // 16), 1 << 40)
+
+
+def _close_all(files: list[SegmentFile], index: DiskIndex | None) -> None:
+    for file in files:
+        file.close()
+    if index is not None:
+        index.close()

@@ -1,0 +1,66 @@
+"""The body of a disk record: written plain or as an at-rest envelope, read back verified.
+
+``RecordBody(keyring, cipher)`` — blocking methods the tier runs in its executor:
+
+- ``body_len(size)`` — bytes the body of a ``size``-byte sealed object takes on disk.
+- ``write_record(file, offset, object_id, views)`` — the record header and the body, in
+  one pwritev; with a cipher the object is sealed into an AES-GCM envelope first.
+- ``append(file, offset, written, views)`` — more body bytes of a plain record.
+- ``read_verified(file, location, object_id)`` — pread the record, check its header, open
+  the envelope if it is one, then ``open_sealed(blob, None, keyring)``: signature and
+  payload digest. Returns the plain sealed blob in a fresh buffer, or raises the
+  rejection (``CorruptPayload``, ``BadSignature``, ``TruncatedState``, ``MisroutedState`` …).
+"""
+
+from __future__ import annotations
+
+from statetier.protocol.errors import ConfigError, InvalidRequest, MisroutedState
+from statetier.protocol.keyring import Keyring
+from statetier.protocol.sealed import open_sealed
+from statetier.tiers.crypto import ENVELOPE_BYTES, TAG_BYTES, AtRestCipher
+from statetier.tiers.disk_index import Location
+from statetier.tiers.segments import FLAG_ENVELOPE, RECORD_HEADER_BYTES, RecordHeader, SegmentFile
+
+
+class RecordBody:
+    def __init__(self, keyring: Keyring, cipher: AtRestCipher | None) -> None:
+        self.keyring = keyring
+        self.cipher = cipher
+
+    def body_len(self, size: int) -> int:
+        return size + (ENVELOPE_BYTES + TAG_BYTES if self.cipher else 0)
+
+    def write_record(self, file: SegmentFile, offset: int, object_id: bytes, size: int,
+                     views: list[memoryview]) -> None:
+        if self.cipher is None:
+            file.write_at(offset, [RecordHeader(object_id, 1, size).pack(), *views])
+            return
+        envelope = self.cipher.seal_envelope(views[0] if len(views) == 1 else b"".join(views))
+        if len(envelope) != self.body_len(size):
+            raise InvalidRequest("the written object's size differs from its metadata")
+        file.write_at(offset, [RecordHeader(object_id, 1, len(envelope), FLAG_ENVELOPE).pack(), envelope])
+
+    def append(self, file: SegmentFile, offset: int, written: int, views: list[memoryview]) -> None:
+        file.write_at(offset + RECORD_HEADER_BYTES + written, views)
+
+    def read_verified(self, file: SegmentFile, location: Location, object_id: bytes):
+        header, body = file.read_record(location.offset, location.record_len, object_id, location.generation)
+        blob = body
+        if header.is_envelope:
+            if self.cipher is None:
+                raise ConfigError(f"object {object_id.hex()} is encrypted at rest; no at-rest cipher is configured")
+            blob = self.cipher.open_envelope(body)
+        opened = open_sealed(blob, None, self.keyring)
+        if opened.header.state_id != object_id:
+            raise MisroutedState(f"record {object_id.hex()} holds object {opened.header.state_id.hex()}")
+        return blob
+
+    def read_many(self, jobs: list[tuple[SegmentFile, Location, bytes]]) -> list:
+        """``read_verified`` for each job; a failure is returned in its place, not raised."""
+        out = []
+        for file, location, object_id in jobs:
+            try:
+                out.append(self.read_verified(file, location, object_id))
+            except Exception as exc:
+                out.append(exc)
+        return out

@@ -1,0 +1,216 @@
+"""Segment files of the disk tier: the record format and blocking I/O on one file.
+
+``segments/seg-00000001.dat`` … hold records back to back, each at the offset the tier
+reserved for it. A record, little-endian::
+
+    offset size  field
+    0      4     magic b"STRC"
+    4      1     record format version (1)
+    5      1     flags: bit 0 set = the body is an AtRestCipher envelope
+    6      2     reserved, zero
+    8      8     body length in bytes (u64); the record is 64 + body length bytes
+    16     16    object_id (the state_id)
+    32     8     generation (u64): 1 when stored, +1 each time compaction copies the record
+    40     16    reserved, zero
+    56     8     checksum: xxh3-64 (u64) of bytes [0, 56) of this record header
+    64     …     body: the sealed blob (header + payload), or its at-rest envelope
+
+The checksum guards the record header only; the body is verified on every read by its
+own signature and payload digest (``open_sealed``), or by the AES-GCM tag first.
+
+- ``RecordHeader``  — ``pack()`` / ``unpack_checked(raw, object_id, generation)``.
+- ``SegmentFile``   — one file: lazy open (creating it makes its directory entry durable),
+                      ``write_at`` (pwritev), ``sync`` (fdatasync), ``read_record``,
+                      ``read_record_header``, ``copy_record_to``, ``unlink``. Every method
+                      blocks: the tier calls them in its executor.
+- ``segment_path`` / ``list_segments`` — file names and discovery.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import xxhash
+
+from statetier.protocol.errors import CorruptPayload, TruncatedState
+
+RECORD_MAGIC = b"STRC"
+RECORD_VERSION = 1
+FLAG_ENVELOPE = 0x01
+_HEAD = struct.Struct("<4sBBHQ16sQ16x")
+_CHECKSUM = struct.Struct("<Q")
+RECORD_HEADER_BYTES = _HEAD.size + _CHECKSUM.size
+assert RECORD_HEADER_BYTES == 64
+
+_IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 1024
+_COPY_CHUNK = 8 << 20
+_NAME = re.compile(r"^seg-(\d{8})\.dat$")
+
+
+@dataclass(frozen=True, slots=True)
+class RecordHeader:
+    object_id: bytes
+    generation: int
+    body_len: int
+    flags: int = 0
+
+    @property
+    def record_len(self) -> int:
+        return RECORD_HEADER_BYTES + self.body_len
+
+    @property
+    def is_envelope(self) -> bool:
+        return bool(self.flags & FLAG_ENVELOPE)
+
+    def pack(self) -> bytes:
+        head = _HEAD.pack(RECORD_MAGIC, RECORD_VERSION, self.flags, 0, self.body_len,
+                          self.object_id, self.generation)
+        return head + _CHECKSUM.pack(xxhash.xxh3_64_intdigest(head))
+
+    @classmethod
+    def unpack_checked(cls, raw, object_id: bytes, generation: int) -> "RecordHeader":
+        """Parse ``raw`` and insist it is the record of ``object_id`` at ``generation``."""
+        view = memoryview(raw)
+        if view.nbytes < RECORD_HEADER_BYTES:
+            raise TruncatedState("segment ends inside a record header")
+        magic, version, flags, _res, body_len, oid, gen = _HEAD.unpack_from(view, 0)
+        (checksum,) = _CHECKSUM.unpack_from(view, _HEAD.size)
+        if magic != RECORD_MAGIC or version != RECORD_VERSION:
+            raise CorruptPayload("no record header at the indexed offset")
+        if checksum != xxhash.xxh3_64_intdigest(view[: _HEAD.size]):
+            raise CorruptPayload("record header checksum mismatch")
+        if oid != object_id or gen != generation:
+            raise CorruptPayload(f"record at the indexed offset is {oid.hex()} generation {gen}, "
+                                 f"expected {object_id.hex()} generation {generation}")
+        return cls(oid, gen, body_len, flags)
+
+
+def segment_path(directory: Path, number: int) -> Path:
+    return directory / f"seg-{number:08d}.dat"
+
+
+def list_segments(directory: Path) -> dict[int, int]:
+    """Segment number → file size, for every segment file in ``directory``."""
+    found = {}
+    for entry in os.scandir(directory):
+        match = _NAME.match(entry.name)
+        if match and entry.is_file(follow_symlinks=False):
+            found[int(match.group(1))] = entry.stat(follow_symlinks=False).st_size
+    return found
+
+
+def sync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class SegmentFile:
+    """One segment file. Writers use disjoint reserved ranges, so no lock guards the I/O."""
+
+    def __init__(self, directory: Path, number: int) -> None:
+        self.number = number
+        self.path = segment_path(directory, number)
+        self._fd: int | None = None
+        self._open_lock = threading.Lock()
+
+    def _fd_for_write(self) -> int:
+        with self._open_lock:
+            if self._fd is None:
+                existed = self.path.exists()
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o640)
+                if not existed:
+                    sync_directory(self.path.parent)
+            return self._fd
+
+    def _fd_for_read(self) -> int:
+        with self._open_lock:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_RDWR)
+            return self._fd
+
+    def write_at(self, offset: int, buffers: Sequence) -> int:
+        """Write ``buffers`` back to back from ``offset`` (pwritev, short writes resumed)."""
+        fd = self._fd_for_write()
+        views = [v for v in (memoryview(b).cast("B") for b in buffers) if v.nbytes]
+        total, first = 0, 0
+        while first < len(views):
+            written = os.pwritev(fd, views[first : first + _IOV_MAX], offset + total)
+            total += written
+            while first < len(views) and written >= views[first].nbytes:
+                written -= views[first].nbytes
+                first += 1
+            if written:
+                views[first] = views[first][written:]
+        return total
+
+    def sync(self) -> None:
+        os.fdatasync(self._fd_for_write())
+
+    def read_record_header(self, offset: int, object_id: bytes, generation: int) -> RecordHeader:
+        raw = os.pread(self._fd_for_read(), RECORD_HEADER_BYTES, offset)
+        return RecordHeader.unpack_checked(raw, object_id, generation)
+
+    def read_record(self, offset: int, record_len: int, object_id: bytes, generation: int) -> tuple[RecordHeader, bytearray]:
+        """The checked record header and a fresh buffer holding the body."""
+        head = bytearray(RECORD_HEADER_BYTES)
+        body = bytearray(record_len - RECORD_HEADER_BYTES)
+        self._read_exactly(offset, [memoryview(head), memoryview(body)])
+        header = RecordHeader.unpack_checked(head, object_id, generation)
+        if header.record_len != record_len:
+            raise CorruptPayload(f"record holds {header.record_len} bytes, the index says {record_len}")
+        return header, body
+
+    def _read_exactly(self, offset: int, views: list[memoryview]) -> None:
+        fd = self._fd_for_read()
+        first = 0
+        while first < len(views):
+            got = os.preadv(fd, views[first : first + _IOV_MAX], offset)
+            if got == 0:
+                raise TruncatedState(f"segment {self.number} ends before the record does")
+            offset += got
+            while first < len(views) and got >= views[first].nbytes:
+                got -= views[first].nbytes
+                first += 1
+            if got:
+                views[first] = views[first][got:]
+
+    def copy_record_to(self, target: "SegmentFile", src_offset: int, dst_offset: int, record_len: int,
+                       object_id: bytes, generation: int) -> RecordHeader:
+        """Copy one record to ``target`` at ``dst_offset`` as generation + 1; return the new header."""
+        old = self.read_record_header(src_offset, object_id, generation)
+        if old.record_len != record_len:
+            raise CorruptPayload(f"record holds {old.record_len} bytes, the index says {record_len}")
+        new = RecordHeader(object_id, generation + 1, old.body_len, old.flags)
+        buffer = bytearray(min(_COPY_CHUNK, max(old.body_len, 1)))
+        done = 0
+        while done < old.body_len:
+            step = min(len(buffer), old.body_len - done)
+            view = memoryview(buffer)[:step]
+            self._read_exactly(src_offset + RECORD_HEADER_BYTES + done, [view])
+            target.write_at(dst_offset + RECORD_HEADER_BYTES + done, [memoryview(buffer)[:step]])
+            done += step
+        target.write_at(dst_offset, [new.pack()])
+        return new
+
+    def close(self) -> None:
+        with self._open_lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    def unlink(self) -> None:
+        self.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            return
+        sync_directory(self.path.parent)
