@@ -1,0 +1,273 @@
+"""The transformers adapter against a real daemon (``statetier serve`` as a subprocess).
+
+Tiny random-weight models (examples/tiny_hybrids.py) of every family transformers ships.
+The story: a cache saved after prefill and restored into a fresh ``DynamicCache`` gives
+the very same next-token logits (``torch.equal``); a state missing any layer is refused
+before anything is loaded; a restore for other tokens is refused by the daemon; the joint
+hit reports a boundary only when every layer has its object there; namespaces separate
+other weights, layouts and dtypes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from statetier.clients import AsyncClient, Client  # noqa: E402
+from statetier.clients.transformers import (  # noqa: E402
+    SavedState,
+    cache_plan,
+    forward_from,
+    lookup_restorable,
+    lookup_state,
+    namespace_for,
+    restore_cache,
+    restore_cache_async,
+    save_cache,
+    save_cache_async,
+    weights_fingerprint,
+)
+from statetier.protocol.errors import InvalidRequest, NotFound, PositionMismatch  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "examples"))
+
+from tiny_hybrids import ARCHITECTURES, build_model, prefill, prompt  # noqa: E402
+
+PROMPT_LEN = 20  # one full block of 16 and a partial one
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run several times faster on one thread than with two fighting."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def daemon_url():
+    directory = Path(tempfile.mkdtemp(prefix="st-hf-", dir="/tmp"))  # AF_UNIX paths are short
+    socket_path = directory / "d.sock"
+    log_path = directory / "daemon.log"
+    command = [sys.executable, "-m", "statetier.daemon", "serve", "--socket", str(socket_path),
+               "--disk-dir", str(directory / "disk"), "--no-metrics", "--host-capacity", "64MiB"]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    url = f"unix://{socket_path}"
+    try:
+        _wait_until_serving(proc, url, log_path)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _wait_until_serving(proc: subprocess.Popen, url: str, log_path: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the daemon exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
+        if os.path.exists(url.removeprefix("unix://")):
+            try:
+                with Client(url, use_shm=False) as probe:
+                    probe.ping()
+                return
+            except Exception:  # noqa: BLE001 - still starting
+                pass
+        time.sleep(0.1)
+    raise AssertionError(f"the daemon did not serve {url} within {timeout} s")
+
+
+_models: dict[str, torch.nn.Module] = {}
+
+
+def model_of(arch: str) -> torch.nn.Module:
+    if arch not in _models:
+        _models[arch] = build_model(arch, seed=0)
+    return _models[arch]
+
+
+def saved_request(url: str, arch: str, request_id: str, tokens: list[int]):
+    model = model_of(arch)
+    cache, first = prefill(model, tokens)
+    with Client(url, namespace=namespace_for(model)) as client:
+        saved = save_cache(client, model, cache, tokens, request_id=request_id)
+    return model, cache, first, saved
+
+
+# -- round trips ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_restored_cache_gives_the_same_next_token_logits(daemon_url, arch):
+    tokens = prompt(seed=1, length=PROMPT_LEN)
+    model, cache, first, saved = saved_request(daemon_url, arch, f"rt-{arch}", tokens)
+    plan = cache_plan(model.config)
+    assert sorted(saved.kv) == plan.attention_layers and sorted(saved.ssm) == plan.ssm_layers
+    assert saved.tokens == PROMPT_LEN and all(ref.key.token_end == PROMPT_LEN for ref in saved.refs())
+
+    with Client(daemon_url, namespace=namespace_for(model)) as client:
+        restored = restore_cache(client, model, SavedState.from_json(saved.to_json()), tokens)
+
+    want = forward_from(model, cache, [first], PROMPT_LEN)
+    got = forward_from(model, restored, [first], PROMPT_LEN)
+    assert torch.equal(got, want)
+    # and the next step too: the restored state evolves exactly like the original
+    token = int(want.argmax())
+    assert torch.equal(forward_from(model, restored, [token], PROMPT_LEN + 1),
+                       forward_from(model, cache, [token], PROMPT_LEN + 1))
+
+
+async def test_async_variants_round_trip(daemon_url):
+    model = model_of("qwen3_next")
+    tokens = prompt(seed=2, length=PROMPT_LEN)
+    cache, first = prefill(model, tokens)
+    async with AsyncClient(daemon_url, namespace=namespace_for(model)) as client:
+        saved = await save_cache_async(client, model, cache, tokens, request_id="async-1")
+        restored = await restore_cache_async(client, model, saved, tokens)
+    assert torch.equal(forward_from(model, restored, [first], PROMPT_LEN),
+                       forward_from(model, cache, [first], PROMPT_LEN))
+
+
+def test_restore_from_a_lookup_releases_its_leases(daemon_url):
+    tokens = prompt(seed=3, length=PROMPT_LEN)
+    model, cache, first, _ = saved_request(daemon_url, "bamba", "lookup-1", tokens)
+    with Client(daemon_url, namespace=namespace_for(model)) as client:
+        hit = lookup_state(client, model, tokens)
+        assert hit.tokens == PROMPT_LEN and len(hit.lease_ids) == len(hit.refs) == 4
+        restored = restore_cache(client, model, hit, tokens)
+        assert client.stats()["leases"] == 0
+    assert torch.equal(forward_from(model, restored, [first], PROMPT_LEN),
+                       forward_from(model, cache, [first], PROMPT_LEN))
+
+
+# -- refusals ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("missing", ["ssm", "kv"])
+def test_a_state_missing_one_layer_is_refused_before_any_load(daemon_url, missing):
+    tokens = prompt(seed=4, length=PROMPT_LEN)
+    model, _, _, saved = saved_request(daemon_url, "jamba", f"partial-{missing}", tokens)
+    layers = dict(getattr(saved, missing))
+    dropped = sorted(layers)[0]
+    del layers[dropped]
+    partial = dataclasses.replace(saved, **{missing: layers})
+    with Client(daemon_url, namespace=namespace_for(model)) as client:
+        for ref in saved.refs():  # nothing loadable remains: a restore that tried would fail differently
+            client.delete(ref)
+        with pytest.raises(NotFound, match=rf"partial state refused: .*{missing.upper()} .*\[{dropped}\]"):
+            restore_cache(client, model, partial, tokens)
+
+
+def test_a_restore_for_other_tokens_is_refused_by_the_daemon(daemon_url):
+    tokens = prompt(seed=5, length=PROMPT_LEN)
+    model, _, _, saved = saved_request(daemon_url, "mamba2", "other-tokens", tokens)
+    other = [*tokens[:-1], (tokens[-1] + 1) % 90 + 3]
+    with Client(daemon_url, namespace=namespace_for(model)) as client:
+        with pytest.raises(PositionMismatch):
+            restore_cache(client, model, saved, other)
+        with pytest.raises(PositionMismatch):
+            restore_cache(client, model, saved, tokens[:-1])
+
+
+def test_the_joint_hit_needs_every_layer(daemon_url):
+    tokens = prompt(seed=6, length=PROMPT_LEN)
+    model, _, _, saved = saved_request(daemon_url, "zamba2", "joint-1", tokens)
+    with Client(daemon_url, namespace=namespace_for(model)) as client:
+        assert lookup_restorable(client, model, tokens) == PROMPT_LEN
+        assert lookup_restorable(client, model, [*tokens, 5, 6, 7], candidates=[PROMPT_LEN]) == PROMPT_LEN
+        assert lookup_restorable(client, model, [*tokens, 5, 6, 7]) == 0  # 20 is no block end
+        assert lookup_restorable(client, model, prompt(seed=7, length=PROMPT_LEN)) == 0
+        assert client.delete(saved.ssm[sorted(saved.ssm)[-1]]) >= 1
+        assert lookup_restorable(client, model, tokens) == 0  # KV pages alone are no hit
+
+
+def test_a_client_made_for_another_model_is_refused(daemon_url):
+    tokens = prompt(seed=8, length=PROMPT_LEN)
+    model = model_of("bamba")
+    cache, _ = prefill(model, tokens)
+    with Client(daemon_url, namespace=namespace_for(model_of("granitemoehybrid"))) as client:
+        with pytest.raises(InvalidRequest, match="not made by namespace_for"):
+            save_cache(client, model, cache, tokens, request_id="wrong-ns")
+
+
+def test_a_cache_layer_holding_unknown_tensors_is_not_saved(daemon_url):
+    tokens = prompt(seed=9, length=PROMPT_LEN)
+    model = model_of("mamba2")
+    cache, _ = prefill(model, tokens)
+    cache.layers[1].extra_state = torch.zeros(3)
+    with Client(daemon_url, namespace=namespace_for(model)) as client:
+        with pytest.raises(InvalidRequest, match="extra_state"):
+            save_cache(client, model, cache, tokens, request_id="unknown-tensor")
+
+
+def test_a_cache_saved_under_other_tokens_is_refused(daemon_url):
+    tokens = prompt(seed=9, length=PROMPT_LEN)
+    model = model_of("lfm2")
+    cache, _ = prefill(model, tokens)
+    with Client(daemon_url, namespace=namespace_for(model)) as client:
+        with pytest.raises(InvalidRequest, match="absorbed 20 tokens, not 19"):
+            save_cache(client, model, cache, tokens[:-1], request_id="wrong-length")
+
+
+# -- identity ------------------------------------------------------------------------------
+
+
+def test_namespaces_separate_weights_layouts_and_dtypes():
+    base = namespace_for(build_model("bamba", seed=0)).namespace()
+    assert namespace_for(build_model("bamba", seed=0)).namespace() == base  # same seed, another process alike
+    others = [
+        namespace_for(build_model("bamba", seed=1)),                      # other weights
+        namespace_for(build_model("bamba", seed=0, mamba_d_state=16)),    # other state layout
+        namespace_for(build_model("bamba", seed=0).to(torch.bfloat16)),   # other dtype
+        namespace_for(build_model("bamba", seed=0), kv_block_size=32),    # other block size
+    ]
+    digests = {spec.namespace() for spec in others} | {base}
+    assert len(digests) == 5
+
+
+def test_the_weights_fingerprint_covers_every_tensor():
+    model = build_model("mamba", seed=0)
+    before = weights_fingerprint(model)
+    twin = build_model("mamba", seed=0)
+    with torch.no_grad():
+        next(twin.parameters()).view(-1)[0] += 1e-3
+    assert weights_fingerprint(twin) != before
+    assert weights_fingerprint(build_model("mamba", seed=0)) == before
+
+
+# -- the quirk table -----------------------------------------------------------------------
+
+
+def test_restored_mamba1_state_continues_like_a_full_recompute():
+    """Mamba-1 mixers ignore the state in multi-token forwards: forward_from feeds one by one."""
+    model = model_of("mamba")
+    tokens = prompt(seed=10, length=PROMPT_LEN)
+    extra = [11, 12, 13]
+    cache, _ = prefill(model, tokens)
+    via_quirks = forward_from(model, cache, extra, PROMPT_LEN)
+    with torch.no_grad():
+        full = model(input_ids=torch.tensor([tokens + extra])).logits[0, -1]
+        cache2, _ = prefill(model, tokens)
+        raw = model(input_ids=torch.tensor([extra]), cache=cache2, use_cache=True).logits[0, -1]
+    assert torch.allclose(via_quirks, full, atol=1e-4)
+    assert not torch.allclose(raw, full, atol=1e-2)  # the trap the table records
