@@ -110,7 +110,7 @@ class DiskTier(Tier):
         self._compactor: Compactor | None = None
         self._compact_lock: asyncio.Lock | None = None
         self._is_started = False
-        self.evictions = self.compactions_run = self.compactions_blocked = self.bytes_reclaimed = 0
+        self.evictions = self.compactions_run = 0
         self.corrupt_dropped = self.recovery_dropped = self.recovery_segments_deleted = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -369,11 +369,8 @@ class DiskTier(Tier):
         self._leases.expire()
         self._settle_hidden()
         async with self._compact_lock:
-            report = await self._compactor.run()
-        self.compactions_run += 1
-        self.compactions_blocked += report.segments_blocked
-        self.bytes_reclaimed += report.bytes_reclaimed
-        return report
+            self.compactions_run += 1
+            return await self._compactor.run()
 
     # ------------------------------------------------------------------ queries
 
@@ -396,15 +393,18 @@ class DiskTier(Tier):
     def stats(self) -> TierStats:
         self._settle_hidden()
         space = self._space
+        compacted = self._compactor.totals if self._compactor else CompactionReport()
         disk = space.disk_bytes if space else 0
         live = space.live_record_bytes if space else 0
         return TierStats(
             tier=self.name, objects=len(self._lru), bytes_used=self._bytes_used(), capacity=self.capacity,
             leases=len(self._leases), inflight=len(self._tickets) + len(self._leases),
             evictions=self.evictions, compactions_run=self.compactions_run,
-            compactions_blocked=self.compactions_blocked, bytes_reclaimed=self.bytes_reclaimed,
+            compactions_blocked=compacted.segments_blocked, bytes_reclaimed=compacted.bytes_reclaimed,
             extra={
                 "corrupt_dropped": self.corrupt_dropped,
+                "segments_compacted": compacted.segments_compacted,
+                "objects_moved": compacted.objects_moved,
                 "recovery_dropped": self.recovery_dropped,
                 "recovery_segments_deleted": self.recovery_segments_deleted,
                 "segments": len(space.segments) if space else 0,

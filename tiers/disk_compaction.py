@@ -14,13 +14,14 @@ deleted only when no reader can still be in it.
    as blocked and the next run retries. Bytes under a lease are never touched.
 
 ``CompactionReport(segments_compacted, segments_blocked, bytes_reclaimed, objects_moved)``
-(``bytes_reclaimed``: file bytes deleted minus live bytes copied out of them).
+for one run (``bytes_reclaimed``: file bytes deleted minus live bytes copied out of them);
+``Compactor.totals`` sums every run, counted as the work happens.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass, replace
 from typing import Awaitable, Callable
 
 from statetier.protocol.errors import RejectedState
@@ -35,6 +36,9 @@ class CompactionReport:
     segments_blocked: int = 0
     bytes_reclaimed: int = 0
     objects_moved: int = 0
+
+    def __sub__(self, other: "CompactionReport") -> "CompactionReport":
+        return CompactionReport(*(a - b for a, b in zip(astuple(self), astuple(other))))
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,25 +59,27 @@ class Compactor:
         self._is_leased = is_leased
         self._drop_corrupt = drop_corrupt
         self.below_live_ratio = below_live_ratio
+        self.totals = CompactionReport()  # counted as work happens, so a cancelled run counts too
+
+    def _count(self, **more: int) -> None:
+        self.totals = replace(self.totals, **{k: getattr(self.totals, k) + v for k, v in more.items()})
 
     async def run(self) -> CompactionReport:
-        moved = 0
+        before = self.totals
         for segment in self._space.compaction_candidates(self.below_live_ratio):
-            moved += await self._evacuate(segment)
+            await self._evacuate(segment)
             segment.is_drained = not segment.objects
-        compacted = blocked = reclaimed = 0
         for segment in self._space.drained():
             segment.forget_unleased(self._is_leased)
             if not segment.is_deletable:
-                blocked += 1
+                self._count(segments_blocked=1)
                 continue
             self._space.forget(segment)
+            self._count(segments_compacted=1, bytes_reclaimed=segment.tail - segment.moved_out_bytes)
             await self._call(segment.file.unlink)
-            compacted += 1
-            reclaimed += segment.tail - segment.moved_out_bytes
-        return CompactionReport(compacted, blocked, reclaimed, moved)
+        return self.totals - before
 
-    async def _evacuate(self, segment: SegmentState) -> int:
+    async def _evacuate(self, segment: SegmentState) -> None:
         copies: list[_Copied] = []
         futures: list[asyncio.Future] = []
         try:
@@ -88,8 +94,7 @@ class Compactor:
         finally:
             for copied in copies[len(futures):]:
                 copied.target.unpin()
-        results = await asyncio.gather(*(asyncio.shield(f) for f in futures), return_exceptions=True)
-        return sum(1 for result in results if result is True)
+        await asyncio.gather(*(asyncio.shield(f) for f in futures), return_exceptions=True)
 
     async def _copy(self, segment: SegmentState, object_id: bytes) -> _Copied | None:
         old = self._space.location(object_id)
@@ -115,5 +120,6 @@ class Compactor:
         source = self._space.segment_of(copied.old)
         self._space.place(copied.object_id, copied.new)
         source.moved_out_bytes += copied.old.record_len
+        self._count(objects_moved=1)
         if self._is_leased(copied.object_id):
             source.lingering.add(copied.object_id)

@@ -8,6 +8,8 @@ the joint hit.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from statetier.daemon.engine import Engine, EngineOptions
@@ -240,3 +242,19 @@ async def test_verify_all_drops_what_no_longer_verifies(engine):
     result = await engine.load(LoadRequest("default", NS, ref=put.ref), owner="c1")  # the disk copy
     assert bytes(result.payload) == payload_for(1) and result.tier == "host"  # promoted again
     await engine.release(result.lease_id, "c1")
+
+
+async def test_a_delete_during_the_write_behind_copy_leaves_no_copy_on_disk(engine):
+    put = await engine.put(*ssm_put())
+    for _ in range(100_000):  # bounded: until the write-behind copy holds its lease on the host
+        if engine.arena.stats().leases:
+            break
+        await asyncio.sleep(0)
+    assert engine.arena.stats().leases == 1  # the copy is inside the disk store now
+    assert await engine.delete("default", put.ref) == 1
+    await engine.placement.flush_write_behind(10)
+    disk = engine.tiers[1]
+    assert not await disk.contains(put.ref.state_id)
+    assert [tier.objects for tier in engine.tier_stats()] == [0, 0]
+    with pytest.raises(NotFound):
+        await engine.load(LoadRequest("default", NS, ref=put.ref), owner="c1")
