@@ -300,12 +300,25 @@ def _expected_specs(expect: Expect) -> list[TensorSpec]:
 
 
 async def _map_bounded(fn: Callable[[T], Awaitable[R]], items: list[T], limit: int) -> list[R]:
-    """``fn`` over ``items`` with at most ``limit`` running; the first failure cancels the rest."""
+    """``fn`` over ``items`` with at most ``limit`` running; the first failure cancels the rest.
+
+    An item still waiting for a slot when another fails never starts: the released slot
+    wakes it before ``gather`` reports the failure, so without the flag it would send one
+    more request after the batch had already failed.
+    """
     slots = asyncio.Semaphore(max(1, limit))
+    failed = False
 
     async def one(item: T) -> R:
+        nonlocal failed
         async with slots:
-            return await fn(item)
+            if failed:
+                raise asyncio.CancelledError
+            try:
+                return await fn(item)
+            except BaseException:
+                failed = True
+                raise
 
     tasks = [asyncio.ensure_future(one(item)) for item in items]
     try:

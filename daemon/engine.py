@@ -38,6 +38,7 @@ from statetier.protocol.errors import (
     InvalidRequest,
     LeaseError,
     MalformedState,
+    MisroutedState,
     NotFound,
     RejectedState,
     StaleState,
@@ -308,6 +309,10 @@ class Engine:
                 unavailable = unavailable or exc
         if damaged is not None:
             raise damaged
+        if expectation.state_id_stream is not None and expectation.request_id is not None \
+                and expectation.state_id_stream != stream_id(expectation.key, expectation.request_id):
+            self._count_rejection(MisroutedState())
+            raise MisroutedState(f"state_id {state_id.hex()} was issued for another stream")
         if expectation.newest_version is not None and expectation.version is not None \
                 and expectation.newest_version > expectation.version:
             self._count_rejection(StaleState())
