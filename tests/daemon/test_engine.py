@@ -19,6 +19,7 @@ from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.errors import (
     CorruptPayload,
     Forbidden,
+    MisroutedState,
     NamespaceMismatch,
     NotFound,
     PositionMismatch,
@@ -258,3 +259,13 @@ async def test_a_delete_during_the_write_behind_copy_leaves_no_copy_on_disk(engi
     assert [tier.objects for tier in engine.tier_stats()] == [0, 0]
     with pytest.raises(NotFound):
         await engine.load(LoadRequest("default", NS, ref=put.ref), owner="c1")
+
+
+async def test_a_state_id_issued_for_another_stream_is_misrouted_even_when_its_object_is_gone(engine):
+    mine = (await engine.put(*ssm_put(request="req-a"))).ref
+    theirs = (await engine.put(*ssm_put(request="req-b", seed=2))).ref
+    await engine.delete("default", theirs)
+    crossed = mine.__class__(mine.key, mine.request_id, mine.step, theirs.state_id, mine.version)
+    with pytest.raises(MisroutedState):
+        await engine.load(LoadRequest("default", NS, ref=crossed), owner="c1")
+    assert rejections(engine.test_metrics, "misrouted") == 1
