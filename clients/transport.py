@@ -9,7 +9,8 @@
   are answered in any order; at most HELLO_OK's ``max_inflight`` are outstanding, more wait.
 - ``on_orphan``: what to do with the reply to a request its caller cancelled (release a
   lease, abort a reservation) — called with the frame, may return an awaitable.
-  ``request_and_forget(op, meta)`` sends such a cleanup in the background.
+  ``request_and_forget(op, meta)`` sends such a cleanup in the background;
+  ``send_nowait(op, meta)`` writes one at once and drops its answer.
 - ``await conn.close()`` → GOODBYE, then the socket closes. Later calls raise
   ``ClientClosedError``; after a lost connection (or a connection-level ERROR) pending
   and later calls raise ``Unavailable`` (or that error).
@@ -187,6 +188,17 @@ class Connection(asyncio.BufferedProtocol):
         """Send a best-effort request (a cleanup) in the background; its answer is ignored."""
         if self.is_usable:
             self._spawn(self.request(op, meta))
+
+    def send_nowait(self, op: Op, meta: dict) -> None:
+        """Write a best-effort request now, ahead of any later one; its answer is dropped.
+
+        No in-flight slot is taken: past the daemon's cap it only stops reading for a while.
+        For cleanups whose outcome changes nothing for the caller (a RELEASE after a copy).
+        """
+        if self.is_usable:
+            request_id = self._next_id
+            self._next_id += 1
+            self._write(self._encode(op, request_id, meta, b""))
 
     async def close(self, timeout: float = 5.0) -> None:
         """Say GOODBYE and close; pending requests fail with ``ClientClosedError``."""
