@@ -435,20 +435,21 @@ class Engine:
         return [meta for meta, _tier in found]
 
     async def locate(self, key: StateKey) -> list[tuple[ObjectMeta, Tier]]:
+        """Objects stored under ``key`` in any tier (the fastest tier holding each), minus
+        superseded ones, newest first. Tiers and the registry are asked concurrently."""
         digest = key.digest()
+        answers = await asyncio.gather(*(tier.find_by_key(digest) for tier in self.tiers), return_exceptions=True)
         seen: dict[bytes, tuple[ObjectMeta, Tier]] = {}
-        for tier in self.tiers:
-            try:
-                metas = await tier.find_by_key(digest)
-            except Unavailable:
+        for tier, metas in zip(self.tiers, answers):
+            if isinstance(metas, Unavailable):
                 continue
+            if isinstance(metas, BaseException):
+                raise metas
             for meta in metas:
                 seen.setdefault(meta.object_id, (meta, tier))
-        fresh = []
-        for meta, tier in seen.values():
-            head = await self.registry.newest(meta.stream_id)
-            if head is None or head.version <= meta.version:
-                fresh.append((meta, tier))
+        heads = await asyncio.gather(*(self.registry.newest(meta.stream_id) for meta, _ in seen.values()))
+        fresh = [(meta, tier) for (meta, tier), head in zip(seen.values(), heads)
+                 if head is None or head.version <= meta.version]
         fresh.sort(key=lambda item: (item[0].version, item[0].created_at_ns), reverse=True)
         return fresh
 

@@ -15,7 +15,9 @@ or releases them; a load then verifies each one fully.
 
 from __future__ import annotations
 
-from statetier.protocol.errors import InvalidRequest, NotFound, StatetierError
+import asyncio
+
+from statetier.protocol.errors import InvalidRequest, StatetierError
 from statetier.protocol.identity import Kind, StateKey, StateRef
 from statetier.tiers.base import ObjectMeta, Tier
 
@@ -29,11 +31,16 @@ class _Finder:
         self.engine = engine
         self._cache: dict[StateKey, tuple[ObjectMeta, Tier] | None] = {}
 
-    async def first(self, key: StateKey) -> tuple[ObjectMeta, Tier] | None:
-        if key not in self._cache:
-            found = await self.engine.locate(key)
-            self._cache[key] = found[0] if found else None
-        return self._cache[key]
+    async def all_found(self, keys: list[StateKey]) -> list[tuple[ObjectMeta, Tier]] | None:
+        """Every key's newest object, or None when one is missing. Keys are located
+        concurrently: on a decode node each may cost Redis round trips."""
+        missing = [key for key in dict.fromkeys(keys) if key not in self._cache]
+        if missing:
+            found = await asyncio.gather(*(self.engine.locate(key) for key in missing))
+            for key, objects in zip(missing, found):
+                self._cache[key] = objects[0] if objects else None
+        picks = [self._cache[key] for key in keys]
+        return None if any(pick is None for pick in picks) else picks
 
 
 def _checked(boundaries) -> list[tuple[int, bytes]]:
@@ -46,18 +53,20 @@ def _checked(boundaries) -> list[tuple[int, bytes]]:
     return out
 
 
-def _needed_keys(req: LookupRequest, bounds: list[tuple[int, bytes]], i: int) -> list[StateKey]:
+def _needed_keys(req: LookupRequest, bounds: list[tuple[int, bytes]], i: int) -> tuple[list, list]:
+    """(SSM snapshot keys, KV page keys) that must all exist for boundary ``i``."""
     end, prefix = bounds[i]
-    keys = [StateKey(req.namespace, Kind.SSM, layer, prefix, 0, end, req.shard) for layer in req.ssm_layers]
+    ssm = [StateKey(req.namespace, Kind.SSM, layer, prefix, 0, end, req.shard) for layer in req.ssm_layers]
+    kv = []
     for layer in req.attention_layers:
         if req.kv_layout == "prefix":
-            keys.append(StateKey(req.namespace, Kind.KV, layer, prefix, 0, end, req.shard))
+            kv.append(StateKey(req.namespace, Kind.KV, layer, prefix, 0, end, req.shard))
             continue
         start = 0
         for block_end, block_prefix in bounds[: i + 1]:
-            keys.append(StateKey(req.namespace, Kind.KV, layer, block_prefix, start, block_end, req.shard))
+            kv.append(StateKey(req.namespace, Kind.KV, layer, block_prefix, start, block_end, req.shard))
             start = block_end
-    return keys
+    return ssm, kv
 
 
 async def joint_hit(engine, req: LookupRequest, owner) -> LookupResult:
@@ -68,34 +77,33 @@ async def joint_hit(engine, req: LookupRequest, owner) -> LookupResult:
         return LookupResult(0)
     finder = _Finder(engine)
     for i in reversed(range(len(bounds))):
-        picks = []
-        for key in _needed_keys(req, bounds, i):  # SSM keys first: they fail fastest
-            found = await finder.first(key)
-            if found is None:
-                break
-            picks.append((key, *found))
-        else:
-            result = await _lease_all(engine, req, owner, bounds[i][0], picks)
-            if result is not None:
-                return result
+        ssm_keys, kv_keys = _needed_keys(req, bounds, i)
+        ssm = await finder.all_found(ssm_keys)  # snapshots first: they fail fastest
+        kv = await finder.all_found(kv_keys) if ssm is not None else None
+        if kv is None:
+            continue
+        picks = [(key, *found) for key, found in zip(ssm_keys + kv_keys, ssm + kv)]
+        result = await _lease_all(engine, req, owner, bounds[i][0], picks)
+        if result is not None:
+            return result
     return LookupResult(0)
 
 
 async def _lease_all(engine, req: LookupRequest, owner, tokens: int, picks) -> LookupResult | None:
     """Lease every object of the answer, or none (an object vanished: try a lower boundary)."""
-    result = LookupResult(tokens)
-    taken: list[int] = []
-    for key, meta, tier in picks:
-        ref = StateRef(key, meta.request_id, meta.step, meta.object_id, meta.version)
-        lease_id = None
-        if req.lease:
-            try:
-                lease = await tier.prepare_load(meta.object_id, owner=owner, ttl=engine.options.lease_ttl)
-            except (NotFound, StatetierError):
-                for taken_id in taken:
-                    await engine.release(taken_id, owner)
-                return None
-            lease_id = engine.hold_for_lookup(tier, lease, owner)
-            taken.append(lease_id)
-        result.objects.append((ref, lease_id))
-    return result
+    refs = [StateRef(key, meta.request_id, meta.step, meta.object_id, meta.version) for key, meta, _ in picks]
+    if not req.lease:
+        return LookupResult(tokens, [(ref, None) for ref in refs])
+    leases = await asyncio.gather(
+        *(tier.prepare_load(meta.object_id, owner=owner, ttl=engine.options.lease_ttl) for _, meta, tier in picks),
+        return_exceptions=True)
+    if any(isinstance(lease, BaseException) for lease in leases):
+        for (_, _, tier), lease in zip(picks, leases):
+            if not isinstance(lease, BaseException):
+                await tier.complete_load(lease)
+        failure = next(lease for lease in leases if isinstance(lease, BaseException))
+        if not isinstance(failure, StatetierError):
+            raise failure
+        return None
+    held = [engine.hold_for_lookup(tier, lease, owner) for (_, _, tier), lease in zip(picks, leases)]
+    return LookupResult(tokens, list(zip(refs, held)))
