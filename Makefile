@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(FIND_LINKS) '$(TORCH)'
-	$(PY) -m pip install --quiet $(FIND_LINKS) -e '.[test]'
+	$(PY) -m pip install --quiet $(FIND_LINKS) -e '.[test,bench]'
 	touch $@
 
 test: $(STAMP)

@@ -3,7 +3,9 @@
 - ``main(argv) -> int`` — what ``statetier bench`` calls (``daemon/cli.py``): options
   ``--url``, ``--quick``, ``--json FILE``, ``--dir DIR`` (temp files), ``--benchmarks DIR``
   (the checkout's ``benchmarks/``) and suite names to run only those (``seal``, ``tiers``,
-  ``sdk``; default all): ``statetier bench --quick sdk``.
+  ``sdk``, ``workloads``; default all but ``workloads``): ``statetier bench --quick sdk``.
+- ``workloads`` (``benchmarks/workloads.py``: PD handoff, multi-turn prefix reuse, concurrent
+  clients; minutes in full) runs only when named; ``benchmarks/report.py`` runs it.
 - Suites: ``seal`` and ``tiers`` are the scripts ``benchmarks/seal.py`` and
   ``benchmarks/tiers.py`` of a source checkout, run as subprocesses (they print their own
   tables); an installed package has no ``benchmarks/``, so they are reported ``missing``
@@ -33,8 +35,9 @@ from importlib import metadata
 from pathlib import Path
 
 RESULT_FIELDS = ("suite", "tier", "op", "size_bytes", "batch", "gbps", "raw", "raw_gbps", "ratio", "p50_us", "p99_us")
-SUITES = ("seal", "tiers", "sdk")
-SCRIPT_SUITES = {"seal": "seal.py", "tiers": "tiers.py"}
+SUITES = ("seal", "tiers", "sdk", "workloads")
+DEFAULT_SUITES = ("seal", "tiers", "sdk")
+SCRIPT_SUITES = {"seal": "seal.py", "tiers": "tiers.py", "workloads": "workloads.py"}
 KiB, MiB = 1024, 1024 * 1024
 
 
@@ -166,7 +169,7 @@ def run_script_suite(name: str, directory: Path | None, quick: bool, workdir: Pa
         return {"status": "missing", "script": str(script) if script else None, "rows": []}
     out = workdir / f"{name}.json"
     command = [sys.executable, str(script), "--json", str(out)] + (["--quick"] if quick else [])
-    if name == "tiers" and tmp_dir:
+    if name in ("tiers", "workloads") and tmp_dir:
         command += ["--dir", tmp_dir]
     print(f"\n== {name}: {' '.join(command[1:])}", flush=True)
     started = time.perf_counter()
@@ -256,7 +259,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="benchmark the daemon already running there (default: start a private one)")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (about 40 s in all)")
     parser.add_argument("--json", metavar="FILE", help="also write the results and the machine as JSON")
-    parser.add_argument("suite", nargs="*", metavar="SUITE", help=f"run only these suites: {', '.join(SUITES)} (default all)")
+    parser.add_argument("suite", nargs="*", metavar="SUITE",
+                        help=f"run only these suites: {', '.join(SUITES)} (default: {', '.join(DEFAULT_SUITES)})")
     parser.add_argument("--dir", default=None, help="where temporary files go (default: the system temp dir)")
     parser.add_argument("--benchmarks", default=None, help="the benchmarks/ folder of a statetier checkout")
     argv = sys.argv[1:] if argv is None else argv
@@ -271,7 +275,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    suites_wanted = args.suite or list(SUITES)
+    suites_wanted = args.suite or list(DEFAULT_SUITES)
     before = machine_info()
     load_before = list(os.getloadavg())
     print(f"machine: {before['cpu_model']}, {before['cpus_usable']}/{before['cpus']} cpus, load "

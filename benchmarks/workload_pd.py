@@ -1,0 +1,143 @@
+"""Prefill/decode handoff of one request's whole state, through Redis, for real geometries.
+
+``run_pd(cluster, cases, reps, progress) -> rows`` (async). Per case (model, tokens), every
+repetition does, in turn:
+
+- raw: redis-py SET of the same bytes (2 MiB chunks, one pipeline per tensor), then GET of
+  them, on the same redis-server; and copy + keyed BLAKE3 of the same bytes, one thread;
+- handoff: ``put_many`` with ``publish=True`` on the prefill daemon (one KV record per
+  attention layer covering ``[0, tokens)``, one SSM snapshot per SSM layer; each put returns
+  once the object is in Redis), then on the decode daemon the joint-hit ``lookup``
+  (``kv_layout="prefix"``, every layer, leased) and ``load_many`` of what it found, which
+  reads Redis, verifies, promotes into the decode arena and copies out to the client.
+
+The first repetition is a warm-up whose loaded bytes are compared with what was put;
+each repetition uses a new prefix (nothing is cached on the decode side) and its objects
+are deleted from both daemons afterwards, outside the timing.
+
+Rows (``suite="pd"``, ``tier="redis"``): ``put+publish`` (raw ``redis-py SET``), ``lookup+load``
+(raw ``redis-py GET``) and ``handoff`` (raw ``redis-py SET+GET``), each also against
+``memcpy+blake3``; ``size_bytes`` is the whole state, ``batch`` its object count,
+``lookup_ms`` the median time of the lookup alone.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+import uuid
+
+from workload_models import Model, request_state
+from workload_raw import MemoryRaw, RedisRaw, atimed, byte_views, paired_row, timed
+
+BLOCK_TOKENS = 256
+
+
+def _namespace(model: Model):
+    from statetier.protocol.identity import NamespaceSpec
+
+    return NamespaceSpec(f"bench-pd/{model.name}", kv_block_size=BLOCK_TOKENS, kv_dtype=model.kv_dtype,
+                         ssm_dtype=model.ssm_dtype, conv_dtype=model.conv_dtype)
+
+
+class _Handoff:
+    """One model's state moved from the prefill daemon to the decode daemon."""
+
+    def __init__(self, prefill, decode, model: Model, state) -> None:
+        self.prefill, self.decode, self.model, self.state = prefill, decode, model, state
+        self.refs: list = []
+
+    def _items(self, prefix: bytes, request_id: str) -> list:
+        from statetier.clients import PutItem
+
+        kv = [PutItem(self.prefill.kv_key(layer, prefix, 0, self.state.tokens), tensors, request_id, publish=True)
+              for layer, tensors in self.state.kv.items()]
+        ssm = [PutItem(self.prefill.ssm_key(layer, prefix, self.state.tokens), tensors, request_id, publish=True)
+               for layer, tensors in self.state.ssm.items()]
+        return kv + ssm
+
+    async def put(self, prefix: bytes) -> None:
+        self.refs = await self.prefill.put_many(self._items(prefix, f"pd-{uuid.uuid4().hex[:12]}"))
+
+    async def lookup_load(self, prefix: bytes, check: bool) -> float:
+        """Returns the seconds the lookup alone took."""
+        started = time.perf_counter()
+        hit = await self.decode.lookup(self.model.attention_layers, self.model.ssm_layers,
+                                       [(self.state.tokens, prefix)], kv_layout="prefix")
+        lookup_s = time.perf_counter() - started
+        try:
+            if hit.tokens != self.state.tokens or len(hit.refs) != self.state.objects():
+                raise RuntimeError(f"the decode daemon found {hit.tokens} of {self.state.tokens} tokens")
+            loaded = await self.decode.load_many(hit.refs)
+        finally:
+            await self.decode.release(hit.lease_ids)
+        if check:
+            self._compare(hit.refs, loaded)
+        return lookup_s
+
+    def _compare(self, refs, loaded) -> None:
+        import torch
+
+        for ref, tensors in zip(refs, loaded):
+            group = (self.state.kv if ref.key.kind.name == "KV" else self.state.ssm)[ref.key.layer]
+            for name, tensor in group.items():
+                if not torch.equal(tensors[name].view(torch.uint8), tensor.view(torch.uint8)):
+                    raise RuntimeError(f"layer {ref.key.layer} {name}: the decode side got other bytes")
+
+    async def delete(self) -> None:
+        for client in (self.decode, self.prefill):
+            for ref in self.refs:
+                await client.delete(ref)
+        self.refs = []
+
+
+async def _measure_case(prefill, decode, redis_url: str, model: Model, tokens: int, reps: int, progress) -> list[dict]:
+    state = request_state(model, tokens, seed=tokens)
+    views = byte_views(state.tensors())
+    memory, red = MemoryRaw(views), RedisRaw(redis_url)
+    handoff = _Handoff(prefill, decode, model, state)
+    times: dict[str, list[float]] = {name: [] for name in ("set", "get", "mem", "put", "load", "lookup")}
+    try:
+        for rep in range(reps + 1):  # repetition 0 warms up and checks the bytes
+            t_set = await atimed(lambda: red.set_all(views))
+            t_get = await atimed(red.get_all)
+            await red.clear()
+            t_mem = timed(memory.run)
+            prefix = os.urandom(32)
+            t_put = await atimed(lambda: handoff.put(prefix))
+            started = time.perf_counter()
+            t_lookup = await handoff.lookup_load(prefix, check=rep == 0)
+            t_load = time.perf_counter() - started
+            await handoff.delete()
+            if rep:
+                for name, value in zip(times, (t_set, t_get, t_mem, t_put, t_load, t_lookup)):
+                    times[name].append(value)
+            progress(1)
+    finally:
+        await handoff.delete()
+        await red.close()
+    size, objects = state.nbytes(), state.objects()
+    extra = {"model": model.display, "tokens": tokens, "case": f"{model.display} {tokens // 1024}k",
+             "objects": objects, "reps": reps, "lookup_ms": statistics.median(times["lookup"]) * 1e3}
+    handoff_t = [p + lo for p, lo in zip(times["put"], times["load"])]
+    set_get = [s + g for s, g in zip(times["set"], times["get"])]
+    rows = []
+    for op, measured, red_raw, red_name in (("put+publish", times["put"], times["set"], "redis-py SET"),
+                                            ("lookup+load", times["load"], times["get"], "redis-py GET"),
+                                            ("handoff", handoff_t, set_get, "redis-py SET+GET")):
+        rows.append(paired_row("pd", "redis", op, size, objects, measured, red_name, red_raw, **extra))
+        rows.append(paired_row("pd", "redis", op, size, objects, measured, "memcpy+blake3", times["mem"], **extra))
+    return rows
+
+
+async def run_pd(cluster, cases: list[tuple[Model, int]], reps: int, progress) -> list[dict]:
+    from statetier.clients import AsyncClient
+
+    rows: list[dict] = []
+    for model, tokens in cases:
+        namespace = _namespace(model)
+        async with AsyncClient(cluster.prefill.url, namespace=namespace) as prefill, \
+                AsyncClient(cluster.decode.url, namespace=namespace) as decode:
+            rows += await _measure_case(prefill, decode, cluster.redis_url, model, tokens, reps, progress)
+    return rows

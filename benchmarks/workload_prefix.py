@@ -1,0 +1,224 @@
+"""Multi-turn prefix reuse: conversations that grow turn by turn, restored by joint hits.
+
+``run_prefix(daemon, plan, directory, progress) -> (rows, turns)`` (async), against one
+daemon (host arena + disk + Redis; the arena smaller than the conversations' working set,
+so older turns are evicted to disk and come back from there). Jamba-mini geometry;
+every conversation starts with the same system prompt. Conversations take turns round
+robin; each turn
+
+1. looks up the longest restorable prefix: boundaries at every 256-token block end of the
+   new context, ``kv_layout="blocks"``, every attention and SSM layer (a joint hit);
+2. loads what the lookup leased (KV pages of every block up to the hit, SSM snapshots
+   at the hit) with ``load_many``;
+3. "prefills" the rest (synthetic tensors) and saves it: the KV pages of the new blocks
+   and an SSM snapshot at the new end (turn 0 also at the end of the system prompt, so
+   that other conversations can restore it).
+
+Tokens possible for a turn: the length this conversation saved last (or, on its first
+turn, the system prompt when another conversation saved it). Hit rate = tokens restored
+÷ tokens possible, over all turns. Each turn is paired with raw limits on the same bytes:
+copy + keyed BLAKE3 of what was loaded and of what was saved, and ``pwrite`` +
+``fdatasync`` of what was saved (under ``directory``).
+
+Rows (``suite="prefix"``, ``tier="host+disk"``): ``lookup+load`` against ``memcpy+blake3``;
+``save`` against ``memcpy+blake3`` and ``write+fdatasync``. GB/s are total bytes ÷ total
+time; ``ratio`` is total raw time ÷ total time; p50/p99 over the turns; extra fields
+``hit_rate``, ``tokens_restored``, ``tokens_possible``, the daemon's ``hits_by_tier`` and
+``lookup_ms`` (median over the turns of the lookup alone).
+``turns`` lists every turn (conversation, turn, context, possible, restored, bytes, times).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import asdict, dataclass, field
+
+from workload_models import by_name, kv_block, ssm_snapshot
+from workload_raw import FileRaw, MemoryRaw, byte_views, timed
+
+BLOCK = 256
+MODEL = by_name("jamba-mini")
+POOL = 12  # distinct KV pages cycled through (every object still gets its own key)
+
+
+@dataclass(frozen=True)
+class PrefixPlan:
+    conversations: int
+    turns: int
+    system_blocks: int
+    new_blocks: tuple[int, int]  # blocks each turn adds, drawn uniformly from [lo, hi]
+
+
+@dataclass
+class Turn:
+    conversation: int
+    turn: int
+    context: int
+    possible: int
+    restored: int
+    loaded_bytes: int = 0
+    saved_bytes: int = 0
+    lookup_s: float = 0.0
+    load_s: float = 0.0
+    save_s: float = 0.0
+    raw_load_s: float = 0.0
+    raw_save_s: float = 0.0
+    raw_write_s: float = 0.0
+
+
+@dataclass
+class _Conversation:
+    index: int
+    tokens: list[int]
+    saved: int = 0  # tokens covered by its last saved snapshot
+    turns: list = field(default_factory=list)
+
+
+class _Pools:
+    """Synthetic tensors: a few KV pages and SSM snapshot sets, reused under many keys."""
+
+    def __init__(self) -> None:
+        import torch
+
+        generator = torch.Generator().manual_seed(11)
+        self.pages = [kv_block(MODEL, BLOCK, generator) for _ in range(POOL)]
+        self.snapshots = [ssm_snapshot(MODEL, generator) for _ in range(2)]
+        self._next = 0
+
+    def page(self) -> dict:
+        self._next += 1
+        return self.pages[self._next % POOL]
+
+
+def _nbytes(groups) -> int:
+    return sum(t.numel() * t.element_size() for group in groups for t in group.values())
+
+
+class _Runner:
+    def __init__(self, client, plan: PrefixPlan, directory) -> None:
+        from statetier.protocol.identity import prefix_hashes
+
+        self.client, self.plan = client, plan
+        self.pools, self.file = _Pools(), FileRaw(directory)
+        self.hashes = prefix_hashes
+        self.system_saved = False
+
+    def boundaries(self, tokens: list[int]) -> list[tuple[int, bytes]]:
+        return [((i + 1) * BLOCK, h) for i, h in enumerate(self.hashes(tokens, BLOCK))]
+
+    async def turn(self, conv: _Conversation, index: int) -> Turn:
+        from statetier.clients import PutItem
+
+        client, plan = self.client, self.plan
+        possible = conv.saved or (plan.system_blocks * BLOCK if self.system_saved else 0)
+        bounds = self.boundaries(conv.tokens)
+        started = time.perf_counter()
+        hit = await client.lookup(MODEL.attention_layers, MODEL.ssm_layers, bounds, kv_layout="blocks")
+        lookup_s = time.perf_counter() - started
+        try:
+            loaded = await client.load_many(hit.refs) if hit.tokens else []
+        finally:
+            await client.release(hit.lease_ids)
+        load_s = time.perf_counter() - started
+        record = Turn(conv.index, index, len(conv.tokens), possible, hit.tokens, _nbytes(loaded),
+                      lookup_s=lookup_s, load_s=load_s)
+        items, groups = [], []
+        request = f"chat-{conv.index}-{index}"
+        for block in range(hit.tokens // BLOCK, len(bounds)):
+            end, prefix = bounds[block]
+            for layer in MODEL.attention_layers:
+                page = self.pools.page()
+                items.append(PutItem(client.kv_key(layer, prefix, end - BLOCK, end), page, request))
+                groups.append(page)
+        ends = [len(conv.tokens)]
+        if not self.system_saved and hit.tokens < plan.system_blocks * BLOCK:
+            ends.append(plan.system_blocks * BLOCK)
+        for end in ends:
+            snapshot = self.pools.snapshots[end % 2]
+            for layer in MODEL.ssm_layers:
+                items.append(PutItem(client.ssm_key(layer, bounds[end // BLOCK - 1][1], end), snapshot, request))
+                groups.append(snapshot)
+        started = time.perf_counter()
+        await client.put_many(items)
+        record.save_s = time.perf_counter() - started
+        record.saved_bytes = _nbytes(groups)
+        self.system_saved = True
+        conv.saved = len(conv.tokens)
+        self._pair_raw(record, loaded, groups)
+        return record
+
+    def _pair_raw(self, record: Turn, loaded: list[dict], saved: list[dict]) -> None:
+        loaded_views = byte_views([t for group in loaded for t in group.values()])
+        saved_views = byte_views([t for group in saved for t in group.values()])
+        record.raw_load_s = timed(MemoryRaw(loaded_views).run) if loaded_views else 0.0
+        record.raw_save_s = timed(MemoryRaw(saved_views).run)
+        record.raw_write_s = timed(lambda: self.file.write_sync(saved_views))
+        self.file.reset()
+
+
+def _conversations(plan: PrefixPlan) -> list[_Conversation]:
+    rng = random.Random(5)
+    system = [rng.randrange(1, 150_000) for _ in range(plan.system_blocks * BLOCK)]
+    return [_Conversation(i, list(system)) for i in range(plan.conversations)]
+
+
+def _grow(conv: _Conversation, plan: PrefixPlan, rng: random.Random) -> None:
+    """The previous reply and the new user message: whole blocks of fresh tokens."""
+    conv.tokens += [rng.randrange(1, 150_000) for _ in range(rng.randint(*plan.new_blocks) * BLOCK)]
+
+
+async def run_prefix(daemon, plan: PrefixPlan, directory, progress) -> tuple[list[dict], list[dict]]:
+    from statetier.clients import AsyncClient
+    from statetier.protocol.identity import NamespaceSpec
+
+    namespace = NamespaceSpec("bench-prefix/jamba-mini", kv_block_size=BLOCK, kv_dtype="bfloat16")
+    rng = random.Random(7)
+    conversations = _conversations(plan)
+    before = daemon.counters()
+    turns: list[Turn] = []
+    async with AsyncClient(daemon.url, namespace=namespace) as client:
+        runner = _Runner(client, plan, directory)
+        try:
+            for index in range(plan.turns):
+                for conv in conversations:
+                    _grow(conv, plan, rng)
+                    turns.append(await runner.turn(conv, index))
+                    progress(1)
+        finally:
+            runner.file.close()
+    after = daemon.counters()
+    hits = {name.split()[1]: after.get(name, 0) - before.get(name, 0) for name in after if name.startswith("hits ")}
+    return _rows(turns, plan, hits), [asdict(turn) for turn in turns]
+
+
+def _rows(turns: list[Turn], plan: PrefixPlan, hits: dict) -> list[dict]:
+    from statetier.daemon.bench import percentile
+
+    possible = sum(t.possible for t in turns)
+    restored = sum(min(t.restored, t.possible) for t in turns)
+    extra = {"model": MODEL.display, "conversations": plan.conversations, "turns": plan.turns,
+             "tokens_possible": possible, "tokens_restored": restored,
+             "tokens_beyond_possible": sum(max(0, t.restored - t.possible) for t in turns),
+             "hit_rate": restored / possible if possible else None, "hits_by_tier": hits, "metric": "throughput"}
+    loads = [t for t in turns if t.loaded_bytes]
+    rows = []
+
+    def row(op: str, chosen: list[Turn], size_of, time_of, raw: str, raw_of) -> dict:
+        size = sum(size_of(t) for t in chosen)
+        spent, raw_spent = sum(time_of(t) for t in chosen), sum(raw_of(t) for t in chosen)
+        per_turn = [time_of(t) for t in chosen]
+        return {"suite": "prefix", "tier": "host+disk", "op": op, "size_bytes": size, "batch": len(chosen),
+                "gbps": size / spent / 1e9, "raw": raw, "raw_gbps": size / raw_spent / 1e9,
+                "ratio": raw_spent / spent, "p50_us": percentile(per_turn, 50) * 1e6,
+                "p99_us": percentile(per_turn, 99) * 1e6, "samples": len(chosen),
+                "lookup_ms": percentile([t.lookup_s for t in chosen], 50) * 1e3, **extra}
+
+    if loads:
+        rows.append(row("lookup+load", loads, lambda t: t.loaded_bytes, lambda t: t.load_s, "memcpy+blake3",
+                        lambda t: t.raw_load_s))
+    rows.append(row("save", turns, lambda t: t.saved_bytes, lambda t: t.save_s, "memcpy+blake3",
+                    lambda t: t.raw_save_s))
+    rows.append(row("save", turns, lambda t: t.saved_bytes, lambda t: t.save_s, "write+fdatasync",
+                    lambda t: t.raw_write_s))
+    return rows

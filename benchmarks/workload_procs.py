@@ -1,0 +1,40 @@
+"""The daemons behind the serving workloads: ``examples/pd_cluster.py`` with a chosen arena size.
+
+- ``BenchCluster(host_capacity, redis_url=None)`` — a ``PDCluster`` (Redis on a free port,
+  a shared keyring, a prefill and a decode daemon, each with host + disk + Redis tiers and
+  a metrics port) whose daemons get ``--host-capacity host_capacity``: one request of
+  Qwen3-Next at 8k tokens is 266 MiB, more than the demo's 256 MiB arena.
+- ``Daemon.counters()`` (from ``PDCluster``) gives bytes and hits per tier.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO / "examples") not in sys.path:
+    sys.path.insert(0, str(REPO / "examples"))
+
+from pd_cluster import Daemon, PDCluster, _redis_procs  # noqa: E402
+
+__all__ = ["BenchCluster", "Daemon"]
+
+
+class BenchCluster(PDCluster):
+    def __init__(self, host_capacity: str, redis_url: str | None = None) -> None:
+        super().__init__(redis_url)
+        self.host_capacity = host_capacity
+
+    def _spawn(self, name: str, keyring: Path) -> Daemon:
+        home = self.directory / name
+        home.mkdir()
+        daemon = Daemon(name, f"unix://{home / 'd.sock'}", _redis_procs().free_port(), home / "daemon.log")
+        command = [sys.executable, "-m", "statetier.daemon", "serve", "--socket", str(home / "d.sock"),
+                   "--disk-dir", str(home / "disk"), "--redis-url", self.redis_url, "--keyring", str(keyring),
+                   "--metrics-host", "127.0.0.1", "--metrics-port", str(daemon.metrics_port),
+                   "--host-capacity", self.host_capacity, "--log-level", "warning"]
+        with open(daemon.log_path, "wb") as log:
+            daemon.process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        return daemon

@@ -1,0 +1,217 @@
+"""Serving workloads against the raw limits of the same run: ``statetier bench workloads``.
+
+Usage: ``python benchmarks/workloads.py [--quick] [--json FILE] [--dir DIR] [--only NAME …]``
+
+Four parts, in this order (``--only`` picks some), each with a progress bar on stderr:
+
+- ``limits``  — the 2 MiB raw limits (memcpy+BLAKE3, write+fdatasync, redis-py SET / GET)
+  at the start and again at the end of the run (``workload_raw.limits``);
+- ``pd``      — prefill → decode handoff of whole requests through Redis for Jamba-mini,
+  Nemotron-H-8B and Qwen3-Next-80B at 2k and 8k tokens (``workload_pd``), two daemons
+  and a redis-server from ``examples/pd_cluster.py`` (``workload_procs.BenchCluster``);
+- ``prefix``  — multi-turn conversations restored by joint hits (``workload_prefix``);
+- ``clients`` — 1, 4 and 16 client processes putting and loading 2 MiB pages
+  (``workload_clients``).
+
+``--json FILE`` writes ``{"machine", "load_average_after", "seconds", "plan", "rows"}``, rows
+in the schema of ``statetier.daemon.bench.result`` (``daemon/bench.py`` reads them as it
+reads ``benchmarks/tiers.py``); every row also carries ``background``: the machine's load
+and the other busy processes just before and after its workload (``machine_load``).
+``--quick`` (2k tokens only, fewer turns, clients and repetitions) takes about a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from machine_load import background  # noqa: E402
+from workload_models import MODELS  # noqa: E402
+from workload_prefix import PrefixPlan  # noqa: E402
+
+PARTS = ("limits", "pd", "prefix", "clients")
+
+
+@dataclass(frozen=True)
+class Plan:
+    pd_tokens: tuple[int, ...]
+    pd_reps: int
+    prefix: PrefixPlan
+    client_levels: tuple[int, ...]
+    client_pages: int
+    client_reps: int
+    limit_seconds: float
+    background_seconds: float
+
+
+FULL = Plan((2048, 8192), 5, PrefixPlan(5, 7, 4, (2, 6)), (1, 4, 16), 8, 7, 3.0, 1.0)
+QUICK = Plan((2048,), 1, PrefixPlan(2, 3, 2, (1, 3)), (1, 4, 16), 2, 1, 0.5, 0.5)
+
+
+class Progress:
+    """A tqdm bar on stderr (a plain line per step where tqdm is not installed)."""
+
+    def __init__(self, name: str, total: int) -> None:
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            self.bar, self.name, self.done, self.total = None, name, 0, total
+        else:
+            self.bar = tqdm(total=total, desc=f"{name:<8}", file=sys.stderr, unit="step", leave=True,
+                            dynamic_ncols=True)
+
+    def __call__(self, steps: int) -> None:
+        if self.bar is not None:
+            self.bar.update(steps)
+        else:
+            self.done += steps
+            print(f"{self.name}: {self.done}/{self.total}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _run_async(coro):
+    try:
+        import uvloop
+    except ImportError:
+        import asyncio
+
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def run_limits(plan: Plan, directory: Path, progress) -> dict[str, float]:
+    from workload_procs import _redis_procs
+    from workload_raw import limits
+
+    with _redis_procs().RedisServer() as server:
+        found = _run_async(limits(server.url, directory, plan.limit_seconds))
+    progress(1)
+    return found
+
+
+def limit_rows(start: dict[str, float], end: dict[str, float]) -> list[dict]:
+    """One row per raw path: ``gbps`` at the end, ``raw_gbps`` at the start (ratio = drift)."""
+    tiers = {"memcpy+blake3": "memory", "write+fdatasync": "disk", "redis-py SET": "redis", "redis-py GET": "redis"}
+    return [{"suite": "limits", "tier": tiers[name], "op": name, "size_bytes": 2 << 20, "batch": 1,
+             "gbps": end[name], "raw": f"{name} at start", "raw_gbps": start[name], "ratio": end[name] / start[name],
+             "p50_us": (2 << 20) / end[name] / 1e3, "p99_us": None, "metric": "throughput",
+             "start_gbps": start[name], "end_gbps": end[name]} for name in start]
+
+
+def run_pd(plan: Plan, directory: Path, progress) -> list[dict]:
+    from workload_pd import run_pd as measure
+    from workload_procs import BenchCluster
+
+    cases = [(model, tokens) for tokens in plan.pd_tokens for model in MODELS]
+    with BenchCluster("1GiB") as cluster:
+        return _run_async(measure(cluster, cases, plan.pd_reps, progress))
+
+
+def run_prefix(plan: Plan, directory: Path, progress) -> list[dict]:
+    from workload_prefix import run_prefix as measure
+    from workload_procs import BenchCluster
+
+    with BenchCluster("256MiB") as cluster:
+        rows, turns = _run_async(measure(cluster.prefill, plan.prefix, directory, progress))
+    for row in rows:
+        row["per_turn"] = turns
+    return rows
+
+
+def run_clients(plan: Plan, directory: Path, progress) -> list[dict]:
+    from workload_clients import run_clients as measure
+
+    home = Path(tempfile.mkdtemp(prefix="st-cl-", dir="/tmp"))  # AF_UNIX paths are short
+    try:
+        return _run_async(measure(plan.client_levels, plan.client_pages, plan.client_reps, home, progress))
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def steps(plan: Plan, part: str) -> int:
+    return {"limits": 1, "pd": len(plan.pd_tokens) * len(MODELS) * (plan.pd_reps + 1),
+            "prefix": plan.prefix.conversations * plan.prefix.turns,
+            "clients": len(plan.client_levels) * (plan.client_reps + 1)}[part]
+
+
+def run(plan: Plan, parts: list[str], directory: Path) -> list[dict]:
+    rows: list[dict] = []
+    start = None
+    for part in parts:
+        before = background(plan.background_seconds)
+        progress = Progress(part, steps(plan, part))
+        try:
+            if part == "limits":
+                start = run_limits(plan, directory, progress)
+                continue
+            found = {"pd": run_pd, "prefix": run_prefix, "clients": run_clients}[part](plan, directory, progress)
+        finally:
+            progress.close()
+        after = background(plan.background_seconds)
+        for row in found:
+            row["background"] = {"before": before, "after": after}
+        rows += found
+    if start is not None:
+        progress = Progress("limits", 1)
+        end = run_limits(plan, directory, progress)
+        progress.close()
+        rows += limit_rows(start, end)
+    return rows
+
+
+def print_rows(rows: list[dict]) -> None:
+    from statetier.daemon.bench import HEAD, format_row
+
+    print(HEAD)
+    print("-" * len(HEAD))
+    for row in rows:
+        print(format_row({**row, "suite": row["suite"][:6], "tier": row["tier"][:13], "op": row["op"][:6]}))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    parser.add_argument("--quick", action="store_true", help="2k tokens, few turns and repetitions (about a minute)")
+    parser.add_argument("--dir", default=None, help="where the raw file writes go (default: system temp)")
+    parser.add_argument("--only", nargs="+", choices=PARTS, default=list(PARTS), help="run only these parts")
+    args = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)  # copies single-threaded, as the SDK benchmark does (PERFORMANCE.md)
+    from statetier.daemon.bench import machine_info
+
+    plan = QUICK if args.quick else FULL
+    machine = {**machine_info(), "load_average_before": list(os.getloadavg())}
+    print(f"workloads: {', '.join(args.only)}; {'quick' if args.quick else 'full'} plan; load "
+          f"{', '.join(f'{x:.2f}' for x in machine['load_average_before'])}", flush=True)
+    started = time.perf_counter()
+    directory = Path(tempfile.mkdtemp(prefix="statetier-workloads-", dir=args.dir))
+    try:
+        rows = run(plan, [part for part in PARTS if part in args.only], directory)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    elapsed = time.perf_counter() - started
+    print_rows(rows)
+    after = list(os.getloadavg())
+    print(f"\n{elapsed:.1f} s; load average after: {', '.join(f'{x:.2f}' for x in after)}")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"machine": machine, "load_average_after": after, "seconds": elapsed,
+                       "plan": asdict(plan), "rows": rows}, handle, indent=2, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
