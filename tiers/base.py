@@ -242,7 +242,11 @@ class Tier(abc.ABC):
 
     @abc.abstractmethod
     async def write(self, ticket: StoreTicket, chunks: Sequence[Buffer]) -> None:
-        """Write the whole sealed object (its chunks concatenated) for ``ticket``."""
+        """Write the whole sealed object (its chunks concatenated) for ``ticket``.
+
+        The caller keeps the buffers unchanged until ``complete_store`` returns: a tier may
+        send them only then (Redis sends a one-chunk object together with its commit).
+        """
 
     @abc.abstractmethod
     async def complete_store(self, ticket: StoreTicket, success: bool) -> None: ...

@@ -1,15 +1,29 @@
 """The Redis tier: sealed objects in Redis or Redis Cluster, shared by every node.
 
 ``RedisTier`` is the ``Tier`` of DESIGN §5; ``tiers.redis_connect`` opens its client,
-``tiers.redis_layout`` names its keys, ``tiers.redis_errors`` translates what redis-py raises.
+``tiers.redis_layout`` names its keys, ``tiers.redis_scripts`` holds its Lua scripts,
+``tiers.redis_errors`` translates what redis-py raises.
 
-- store: the chunks go out in one pipeline (memoryview slices, no copy), then a Lua commit
-  writes the manifest only if every chunk is there, then the key index and the accounting.
-  No manifest, no object; a failed or cancelled store deletes its chunks, and any SET that
-  lands after that cleanup carries a pending TTL and expires.
-- read: every chunk in one pipeline (one slot), reassembled, decrypted (``AtRestCipher``)
-  and verified in the executor. A rejected object is deleted and counted
-  (``extra["corrupt_dropped"]``); chunks gone under a lease are ``NotFound``.
+- store: the chunks go to pending keys named after the store, as slices of the writer's
+  buffers (never copied; chunk 0 also holds the header, so a 2 MiB page is one chunk). An
+  object of one chunk is sent by ``complete_store`` together with the commit, one round
+  trip in all: the caller keeps the buffers it gave ``write`` unchanged until
+  ``complete_store`` returns (``Placement.store_in`` does); ``write`` sends larger ones.
+  The Lua commit renames the pending chunks and writes the manifest LAST, only if no
+  manifest exists and every chunk is there; on a single server the same script updates the
+  key index and the accounting (a cluster keeps those in other slots: one more round trip
+  after the commit). No manifest, no object; a failed or cancelled store deletes its
+  pending chunks, and any SET that lands after that expires with ``PENDING_CHUNK_TTL``
+  without touching another store's keys.
+- duplicates: ``prepare_store`` refuses, after one EXISTS, an object this node has seen
+  stored; the commit refuses one stored by another node (``InvalidRequest`` either way).
+- read: ``prepare_load`` fetches the manifest and chunk 0 in one MGET (the whole object up
+  to a 2 MiB page; the LRU touch rides in the same round trip when there is a budget), and
+  the lease holds those bytes; ``read`` fetches the other chunks in one round trip,
+  reassembles, decrypts (``AtRestCipher``) and verifies (``tiers.redis_verify``): on the
+  event loop up to ``INLINE_BYTES``, in the executor above. A rejected object is deleted
+  and counted (``extra["corrupt_dropped"]``); chunks gone under a lease are ``NotFound``.
+- every hot-path round trip is one ``redis_connect.exchange``.
 - leases are local to this instance; ``delete`` under a lease removes the manifest at once
   and the chunks at the last release. ``evict`` walks the LRU order shared by every node
   on the prefix and claims each victim atomically, so two nodes never both take one.
@@ -26,6 +40,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
+import os
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import AsyncIterator, Sequence
 
@@ -42,7 +58,6 @@ from statetier.protocol.errors import (
     StatetierError,
 )
 from statetier.protocol.keyring import Keyring
-from statetier.protocol.sealed import open_sealed
 from statetier.tiers.base import (
     Buffer,
     EvictedObject,
@@ -54,31 +69,44 @@ from statetier.tiers.base import (
     TierStats,
 )
 from statetier.tiers.crypto import AtRestCipher
-from statetier.tiers.redis_connect import open_client
+from statetier.tiers.redis_connect import exchange, open_client
 from statetier.tiers.redis_errors import RedisEdge
 from statetier.tiers.redis_layout import (
-    ACCOUNTING_LUA,
-    COMMIT_LUA,
     PENDING_CHUNK_TTL,
     Manifest,
     RedisKeys,
+    decode_manifest,
     join_chunks,
     plan_chunks,
 )
+from statetier.tiers.redis_scripts import Scripts
+from statetier.tiers.redis_verify import VerifiedHeaders
 
 CHUNK_BYTES = 2 << 20
+# Objects up to this size are verified (and sealed at rest) on the event loop: a hash of
+# 256 KiB costs less than an executor hop.
+INLINE_BYTES = 256 << 10
 _EVICT_BATCH = 32
 _PROBE_BATCH = 16  # chunk keys deleted per round trip when the count is unknown
+_KNOWN_IDS = 1 << 16  # object ids remembered as stored, for prepare_store's refusal
 
 
 @dataclass(slots=True)
 class _PendingStore:
-    chunks: int = 0  # chunk keys this store may have written (what cleanup deletes)
+    store_id: str  # names its pending chunk keys and goes into the manifest
+    chunks: int = 0  # pending chunk keys this store may have written (what cleanup deletes)
     stored_size: int = 0
+    staged: list | None = None  # the chunk values that go with the commit (not sent by write)
+
+
+@dataclass(frozen=True, slots=True)
+class _Leased:
+    manifest: Manifest
+    first_chunk: bytes | None  # chunk 0, read with the manifest
 
 
 class RedisTier(Tier):
-    verifies_on_read = True  # read() runs open_sealed on every reassembled object
+    verifies_on_read = True  # read() checks every object's signature (tiers.redis_verify) and digest
 
     def __init__(self, url: str, *, keyring: Keyring, cluster: bool | None = None,
                  key_prefix: str = "st", chunk_bytes: int = CHUNK_BYTES,
@@ -99,20 +127,23 @@ class RedisTier(Tier):
         self._url, self._cluster, self._keyring, self._cipher = url, cluster, keyring, cipher
         self.key_prefix = key_prefix
         self._keys = RedisKeys(key_prefix)
+        self._accounting_keys = self._keys.accounting()
         self._chunk_bytes, self._ttl, self._capacity = chunk_bytes, ttl_seconds, capacity_bytes
         self._high, self._low = high_watermark, low_watermark
         self._socket_timeout, self._retries = socket_timeout, retries
         self._executor, self._owns_executor = executor, executor is None
         self._client: Redis | RedisCluster | None = None
-        self._accounting_script = self._commit_script = None
+        self._scripts: Scripts | None = None
         self.is_cluster: bool | None = None
         self._edge = RedisEdge()
         self._leases = LeaseTable(lease_ttl)
+        self._verified = VerifiedHeaders(keyring, size=2048)
         self._leased: dict[bytes, ObjectMeta] = {}  # objects under a local lease
         self._doomed: dict[bytes, Manifest] = {}  # deleted while leased: chunks go at the last release
         self._stores: dict[int, StoreTicket] = {}
         self._storing: set[bytes] = set()
         self._ticket_ids = itertools.count(1)
+        self._known: OrderedDict[bytes, None] = OrderedDict()  # seen stored (most recent last)
         self._reserved = 0
         self._objects = self._bytes_used = 0  # as Redis reported on the last accounting call
         self._evictions = self._corrupt_dropped = self._stale_pruned = 0
@@ -127,10 +158,11 @@ class RedisTier(Tier):
         with self._edge.call("connect"):
             client, self.is_cluster = await open_client(
                 self._url, cluster=self._cluster, socket_timeout=self._socket_timeout, retries=self._retries)
-        self._accounting_script = client.register_script(ACCOUNTING_LUA)
-        self._commit_script = client.register_script(COMMIT_LUA)
+        self._scripts = Scripts(client)
         try:
             self._client = client
+            with self._edge.call("connect"):
+                await self._scripts.load_all()
             await self._account("status")  # also proves the ACL user may touch our keys
         except BaseException:
             self._client = None
@@ -142,7 +174,7 @@ class RedisTier(Tier):
         if client is not None:
             for ticket in list(self._stores.values()):
                 self._stores.pop(ticket.ticket_id, None)
-                await self._try_erase(client, ticket.meta.object_id, None, ticket.location.chunks)
+                await self._try_drop_pending(client, ticket.meta.object_id, ticket.location)
             self._storing.clear()
             self._reserved = 0
             for oid, manifest in list(self._doomed.items()):  # our leases end with us
@@ -176,14 +208,17 @@ class RedisTier(Tier):
                                 f"{self._capacity} bytes are reserved or leased", tier=self.name, need=meta.size)
         self._storing.add(oid)
         try:
-            with self._edge.call("prepare_store"):
-                exists = await client.exists(self._keys.manifest(oid))
-            if exists:
-                raise InvalidRequest(f"object {oid.hex()} is already stored")
+            if oid in self._known:  # seen stored: confirm, another node may have deleted it since
+                with self._edge.call("prepare_store"):
+                    (exists,) = await exchange(client, [("EXISTS", self._keys.manifest(oid))])
+                    _raise_first_error([exists])
+                if exists:
+                    raise InvalidRequest(f"object {oid.hex()} is already stored")
+                self._known.pop(oid, None)
         except BaseException:
             self._storing.discard(oid)
             raise
-        ticket = StoreTicket(meta, next(self._ticket_ids), location=_PendingStore())
+        ticket = StoreTicket(meta, next(self._ticket_ids), location=_PendingStore(os.urandom(6).hex()))
         self._stores[ticket.ticket_id] = ticket
         self._reserved += meta.size
         return ticket
@@ -192,24 +227,28 @@ class RedisTier(Tier):
         client, pending = self.client, self._pending(ticket)
         if pending.chunks or ticket.written:
             raise InvalidRequest("write() was already called for this ticket")
-        total = sum(memoryview(c).nbytes for c in chunks)
-        if total != ticket.meta.size:
-            raise InvalidRequest(f"write got {total} bytes; the object is {ticket.meta.size}")
-        if self._cipher is not None:
-            pieces = await self._run(self._seal_envelope, chunks)
+        size = sum(memoryview(c).nbytes for c in chunks)
+        if size != ticket.meta.size:
+            raise InvalidRequest(f"write got {size} bytes; the object is {ticket.meta.size}")
+        head = ticket.meta.header_len
+        if self._cipher is not None:  # the envelope is ours: it waits for the commit
+            envelope = (self._cipher.seal_envelope(b"".join(chunks)) if size <= INLINE_BYTES
+                        else await self._run(lambda: self._cipher.seal_envelope(b"".join(chunks))))
+            pieces = pending.staged = plan_chunks([envelope], self._chunk_bytes, head)
+            size = len(envelope)
         else:
-            pieces = plan_chunks(chunks, self._chunk_bytes)
-        pending.chunks, pending.stored_size = len(pieces), sum(memoryview(p).nbytes for p in pieces)
-        oid = ticket.meta.object_id
-        try:
-            with self._edge.call("write"):
-                async with client.pipeline(transaction=False) as pipe:
-                    for index, piece in enumerate(pieces):
-                        pipe.set(self._keys.chunk(oid, index), piece, ex=PENDING_CHUNK_TTL)
-                    await pipe.execute()
-        except StatetierError:
-            await self._try_erase(client, oid, None, pending.chunks)
-            raise
+            pieces = plan_chunks(chunks, self._chunk_bytes, head)
+            if len(pieces) == 1:  # goes with the commit; the caller keeps its buffers until then
+                pending.staged = pieces
+        pending.chunks, pending.stored_size = len(pieces), size
+        if pending.staged is None:
+            oid = ticket.meta.object_id
+            try:
+                with self._edge.call("write"):
+                    _raise_first_error(await exchange(client, _sets(self._pending_keys(oid, pending), pieces)))
+            except StatetierError:
+                await self._try_drop_pending(client, oid, pending)
+                raise
         ticket.written = ticket.meta.size
 
     async def complete_store(self, ticket: StoreTicket, success: bool) -> None:
@@ -220,61 +259,107 @@ class RedisTier(Tier):
         self._storing.discard(meta.object_id)
         client = self.client
         if not success or ticket.written != meta.size:
-            await self._try_erase(client, meta.object_id, None, pending.chunks)
+            await self._try_drop_pending(client, meta.object_id, pending)
             if success:
                 raise InvalidRequest("complete_store(success=True) before the object was written")
             return
         manifest = Manifest(meta, pending.stored_size, pending.chunks, self._chunk_bytes,
-                            self._cipher is not None)
+                            self._cipher is not None, pending.store_id)
         try:
-            with self._edge.call("complete_store"):
-                committed = await self._commit_script(
-                    keys=[self._keys.manifest(meta.object_id), *self._keys.chunks(meta.object_id, pending.chunks)],
-                    args=[manifest.encode(), self._ttl or 0])
-            if committed == -1:  # another node stored this state_id meanwhile: its object stands
-                raise InvalidRequest(f"object {meta.object_id.hex()} is already stored")
-            if committed == 0:
-                raise InternalError(f"chunks of {meta.object_id.hex()} vanished before the commit "
-                                    "(redis maxmemory eviction?)")
-            with self._edge.call("complete_store"):
-                async with client.pipeline(transaction=False) as pipe:
-                    index = self._keys.key_index(meta.key_digest)
-                    pipe.hset(index, meta.object_id.hex(), meta.version)
-                    if self._ttl:
-                        pipe.expire(index, self._ttl)
-                    await pipe.execute()
-            await self._account("add", meta.object_id, meta.size)
-        except InvalidRequest:
-            raise
+            committed = await self._commit(client, manifest, pending)
         except BaseException:
-            await self._try_erase(client, meta.object_id, manifest, pending.chunks)
+            await self._try_roll_back(client, manifest, pending)
             raise
+        if committed == 0:
+            raise InternalError(f"chunks of {meta.object_id.hex()} vanished before the commit "
+                                "(redis maxmemory eviction?)")
+        self._remember(meta.object_id, True)
+        if committed == -1:  # another node stored this state_id meanwhile: its object stands
+            raise InvalidRequest(f"object {meta.object_id.hex()} is already stored")
+
+    async def _commit(self, client, manifest: Manifest, pending: _PendingStore) -> int:
+        """Send the staged chunks (if any) and the commit; 1, 0 (a chunk is gone) or -1 (exists)."""
+        meta, oid = manifest.meta, manifest.meta.object_id
+        pending_keys = self._pending_keys(oid, pending)
+        moves = [*pending_keys, *self._keys.chunks(oid, pending.chunks)]
+        ttl = self._ttl or 0
+        if self.is_cluster:  # the key index and the accounting live in other slots
+            name, keys, args = "commit", [self._keys.manifest(oid), *moves], [manifest.encode(), ttl]
+        else:
+            name = "commit_indexed"
+            keys = [self._keys.manifest(oid), self._keys.key_index(meta.key_digest), *self._accounting_keys, *moves]
+            args = [manifest.encode(), ttl, oid.hex(), meta.size, meta.version]
+        sets = [] if pending.staged is None else _sets(pending_keys, pending.staged)
+        with self._edge.call("complete_store"):
+            replies = await exchange(client, [*sets, self._scripts.command(name, keys, args)])
+            _raise_first_error(replies[:-1])
+            reply = await self._scripts.result_of(replies[-1], name, keys, args)
+            committed = int(reply[0])
+            if committed == 1 and self.is_cluster:
+                reply = await self._index_and_account(client, meta)
+        if committed == 1:
+            self._bytes_used, self._objects = int(reply[1]), int(reply[2])
+        return committed
+
+    async def _index_and_account(self, client, meta: ObjectMeta) -> list:
+        """Cluster only: the key index entry and the accounting "add", in one round trip."""
+        index, keys = self._keys.key_index(meta.key_digest), self._accounting_keys
+        args = ["add", meta.object_id.hex(), meta.size, self._ttl or 0]
+        commands = [("HSET", index, meta.object_id.hex(), meta.version)]
+        if self._ttl:
+            commands.append(("EXPIRE", index, self._ttl))
+        replies = await exchange(client, [*commands, self._scripts.command("accounting", keys, args)])
+        _raise_first_error(replies[:-1])
+        return await self._scripts.result_of(replies[-1], "accounting", keys, args)
 
     def _pending(self, ticket: StoreTicket) -> _PendingStore:
         if self._stores.get(ticket.ticket_id) is not ticket:
             raise InvalidRequest(f"store ticket {ticket.ticket_id} is not open")
         return ticket.location
 
-    def _seal_envelope(self, chunks: Sequence[Buffer]) -> list[memoryview]:
-        envelope = memoryview(self._cipher.seal_envelope(b"".join(chunks)))
-        return [envelope[i : i + self._chunk_bytes] for i in range(0, envelope.nbytes, self._chunk_bytes)]
+    def _pending_keys(self, oid: bytes, pending: _PendingStore) -> list[str]:
+        return self._keys.pending_chunks(oid, pending.store_id, pending.chunks)
+
+    async def _try_drop_pending(self, client, oid: bytes, pending: _PendingStore) -> None:
+        """Delete the pending chunks ``write`` sent (best effort: they expire anyway)."""
+        if pending.staged is not None or not pending.chunks:
+            return  # nothing was sent
+        try:
+            with self._edge.call("delete"):
+                await client.delete(*self._pending_keys(oid, pending))
+        except StatetierError:
+            pass
+
+    async def _try_roll_back(self, client, manifest: Manifest, pending: _PendingStore) -> None:
+        """After a commit that failed or was cancelled midway: drop the pending chunks and,
+        when the commit did land, the object (only if its manifest names this store)."""
+        oid = manifest.meta.object_id
+        try:
+            with self._edge.call("delete"):
+                replies = await exchange(client, [("DEL", *self._pending_keys(oid, pending)),
+                                                  ("GET", self._keys.manifest(oid))])
+                _raise_first_error(replies)
+            found = Manifest.try_decode(replies[1])
+        except StatetierError:
+            return
+        if found is not None and found.store_id == manifest.store_id:
+            await self._try_erase(client, oid, found, found.chunks)
 
     # -- load --------------------------------------------------------------------------
 
     async def prepare_load(self, object_id: bytes, owner: object = None, ttl: float | None = None) -> Lease:
         client = self.client
         await self._expire_leases()
-        manifest = await self._get_manifest(client, object_id, "prepare_load")
-        if manifest is None:
+        found = await self._get_manifest_and_first_chunk(client, object_id)
+        self._remember(object_id, found is not None)
+        if found is None:
             raise NotFound(f"object {object_id.hex()} is not in redis")
-        if self._capacity is not None:  # LRU order only matters to eviction
-            await self._account("touch", object_id)
-        self._leased[object_id] = manifest.meta
-        return self._leases.grant(manifest.meta, owner, manifest, ttl)
+        self._leased[object_id] = found.manifest.meta
+        return self._leases.grant(found.manifest.meta, owner, found, ttl)
 
     async def read(self, lease: Lease) -> memoryview:
         lease = self._leases.check(lease)
-        blob = await self._fetch(self.client, lease.location, "read")
+        blob = await self._fetch(self.client, lease.location.manifest, "read", lease.location.first_chunk)
         if blob is None:
             raise NotFound(f"object {lease.object_id.hex()} expired while leased")
         return blob
@@ -288,20 +373,41 @@ class RedisTier(Tier):
         await self._settle_leases()
         return released
 
-    async def _fetch(self, client, manifest: Manifest, op: str) -> memoryview | None:
+    async def _get_manifest_and_first_chunk(self, client, oid: bytes) -> _Leased | None:
+        """One MGET (chunk 0 holds at most the header and chunk_bytes); with a budget, an LRU touch."""
+        commands = [("MGET", self._keys.manifest(oid), self._keys.chunk(oid, 0))]
+        touch = ["touch", oid.hex(), 0, self._ttl or 0]
+        if self._capacity is not None:  # LRU order only matters to eviction
+            commands.append(self._scripts.command("accounting", self._accounting_keys, touch))
+        with self._edge.call("prepare_load"):
+            replies = await exchange(client, commands)
+            _raise_first_error(replies[:1])
+            if self._capacity is not None:
+                _, used, count = await self._scripts.result_of(replies[1], "accounting", self._accounting_keys, touch)
+                self._bytes_used, self._objects = int(used), int(count)
+        raw, first = replies[0]
+        if raw is None:
+            return None
+        return _Leased(await self._decode_manifest(client, oid, bytes(raw)), first)
+
+    async def _fetch(self, client, manifest: Manifest, op: str, first_chunk: bytes | None = None) -> memoryview | None:
         """The verified sealed bytes, or ``None`` (cleaned up) when chunks have expired."""
         oid = manifest.meta.object_id
         if manifest.is_encrypted and self._cipher is None:
             raise CorruptPayload(f"object {oid.hex()} is encrypted at rest; this tier has no cipher")
-        with self._edge.call(op):
-            async with client.pipeline(transaction=False) as pipe:
-                for key in self._keys.chunks(oid, manifest.chunks):
-                    pipe.get(key)
-                parts = await pipe.execute()
+        parts = [] if first_chunk is None else [first_chunk]
+        keys = self._keys.chunks(oid, manifest.chunks)[len(parts):]
+        if keys:
+            with self._edge.call(op):
+                replies = await exchange(client, [("GET", key) for key in keys])
+                _raise_first_error(replies)
+            parts += replies
         if any(part is None for part in parts):
             await self._try_erase(client, oid, manifest, manifest.chunks)
             return None
         try:
+            if manifest.stored_size <= INLINE_BYTES:
+                return self._open(parts, manifest)
             return await self._run(self._open, parts, manifest)
         except RejectedState:
             self._corrupt_dropped += 1
@@ -309,11 +415,11 @@ class RedisTier(Tier):
             raise
 
     def _open(self, parts: list[bytes], manifest: Manifest) -> memoryview:
-        """Runs in the executor: reassemble, decrypt, verify signature and payload digest."""
+        """Reassemble, decrypt, verify signature and payload digest (in the executor when large)."""
         stored = join_chunks(parts, manifest.stored_size)
         blob = self._cipher.open_envelope(stored) if manifest.is_encrypted else stored
-        header = open_sealed(blob, None, self._keyring).header
-        found, meta = ObjectMeta.from_header(header), manifest.meta
+        _, found = self._verified.open(blob, manifest.meta.object_id)
+        meta = manifest.meta
         if (found.object_id, found.key_digest, found.stream_id, found.version, found.size) != (
                 meta.object_id, meta.key_digest, meta.stream_id, meta.version, meta.size):
             raise CorruptPayload(f"object under {meta.object_id.hex()} is sealed as another object "
@@ -326,6 +432,7 @@ class RedisTier(Tier):
         client = self.client
         with self._edge.call("delete"):
             raw = await client.get(self._keys.manifest(object_id))
+        self._remember(object_id, False)
         if raw is None:
             return False
         manifest = Manifest.try_decode(raw)
@@ -340,12 +447,15 @@ class RedisTier(Tier):
 
     async def contains(self, object_id: bytes) -> bool:
         with self._edge.call("contains"):
-            return bool(await self.client.exists(self._keys.manifest(object_id)))
+            found = bool(await self.client.exists(self._keys.manifest(object_id)))
+        self._remember(object_id, found)
+        return found
 
     async def get_meta(self, object_id: bytes) -> ObjectMeta | None:
         with self._edge.call("get_meta"):
             raw = await self.client.get(self._keys.manifest(object_id))
         manifest = Manifest.try_decode(raw)
+        self._remember(object_id, raw is not None)
         return manifest.meta if manifest else None
 
     async def find_by_key(self, key_digest: bytes) -> list[ObjectMeta]:
@@ -388,7 +498,7 @@ class RedisTier(Tier):
             return []
         evicted: list[EvictedObject] = []
         offset, seen = 0, set()
-        lru = self._keys.accounting()[0]
+        lru = self._accounting_keys[0]
         while self._bytes_used + need_bytes > self._low * self._capacity:
             with self._edge.call("evict"):
                 batch = await client.zrange(lru, offset, offset + _EVICT_BATCH - 1)
@@ -455,9 +565,10 @@ class RedisTier(Tier):
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     async def _account(self, op: str, object_id: bytes = b"", size: int = 0) -> int:
+        keys, args = self._accounting_keys, [op, object_id.hex(), size, self._ttl or 0]
         with self._edge.call(f"accounting {op}"):
-            changed, used, count = await self._accounting_script(
-                keys=self._keys.accounting(), args=[op, object_id.hex(), size, self._ttl or 0])
+            (reply,) = await exchange(self.client, [self._scripts.command("accounting", keys, args)])
+            changed, used, count = await self._scripts.result_of(reply, "accounting", keys, args)
         self._bytes_used, self._objects = int(used), int(count)
         return int(changed)
 
@@ -465,10 +576,11 @@ class RedisTier(Tier):
         """The object's manifest; one that cannot be parsed drops the object."""
         with self._edge.call(op):
             raw = await client.get(self._keys.manifest(oid))
-        if raw is None:
-            return None
+        return None if raw is None else await self._decode_manifest(client, oid, raw)
+
+    async def _decode_manifest(self, client, oid: bytes, raw: bytes) -> Manifest:
         try:
-            return Manifest.decode(raw)
+            return decode_manifest(raw)
         except CorruptPayload:
             self._corrupt_dropped += 1
             await self._try_erase(client, oid, None, None)
@@ -503,7 +615,18 @@ class RedisTier(Tier):
                     deleted = await pipe.execute()
             if manifest is not None:
                 await client.hdel(self._keys.key_index(manifest.meta.key_digest), oid.hex())
+        self._remember(oid, False)
         await self._account("remove", oid)
+
+    def _remember(self, oid: bytes, stored: bool) -> None:
+        """Keep what this node last saw of an object (for ``prepare_store``), a bounded set."""
+        if not stored:
+            self._known.pop(oid, None)
+            return
+        self._known[oid] = None
+        self._known.move_to_end(oid)
+        if len(self._known) > _KNOWN_IDS:
+            self._known.popitem(last=False)
 
     async def _try_erase(self, client, oid: bytes, manifest: Manifest | None, chunks: int | None) -> None:
         """Best-effort cleanup: what is left behind expires with its TTL or is pruned later."""
@@ -524,6 +647,16 @@ class RedisTier(Tier):
             manifest = self._doomed.pop(oid)
             if self._client is not None:
                 await self._try_erase(self._client, oid, manifest, manifest.chunks)
+
+
+def _sets(keys: list[str], pieces: Sequence) -> list[tuple]:
+    return [("SET", key, piece, "EX", PENDING_CHUNK_TTL) for key, piece in zip(keys, pieces)]
+
+
+def _raise_first_error(replies: list) -> None:
+    for reply in replies:
+        if isinstance(reply, BaseException):
+            raise reply
 
 
 async def _take(iterator: AsyncIterator, count: int) -> AsyncIterator:

@@ -3,7 +3,11 @@
 Keys of one ``prefix`` ("st" by default). ``{…}`` is a hash tag, so every key of one object
 lives in one cluster slot and a single pipeline reads or writes it:
 
-    st:{<state_id hex>}:c:<i>   chunk i of the stored bytes (at most chunk_bytes each)
+    st:{<state_id hex>}:c:<i>   chunk i of the stored bytes: chunk_bytes each, chunk 0 also
+                                holding the header (see ``plan_chunks``)
+    st:{<state_id hex>}:p:<store>:<i>
+                                chunk i of one store in progress, with ``PENDING_CHUNK_TTL``;
+                                the commit renames it to ``c:<i>``
     st:{<state_id hex>}:m       the ``Manifest``, written LAST: no manifest, no object
     st:k:{<key_digest hex>}     hash state_id hex → version: the key index of find_by_key
     {st}:lru  {st}:sizes  {st}:bytes  {st}:clock  {st}:expiry
@@ -13,18 +17,21 @@ lives in one cluster slot and a single pipeline reads or writes it:
     st:s:{<state_id hex>}       the stream a state_id was claimed for
 
 - ``RedisKeys``   — the names above for one prefix.
-- ``Manifest``    — an object's summary (ObjectMeta + how its bytes are chunked), as JSON.
-- ``plan_chunks`` — splits the writer's buffers into chunks without copying large ones.
+- ``Manifest``    — an object's summary (ObjectMeta + how its bytes are chunked + the store
+  that wrote it), as JSON; ``decode_manifest(raw)`` decodes with a bounded memo.
+- ``plan_chunks`` — splits the writer's buffers into chunks (slices, no copy); chunk 0 also
+  holds the header.
 - ``join_chunks`` — reassembles chunks into one preallocated buffer.
-- ``COMMIT_LUA``  — writes the manifest only if every chunk is still there, and gives the
-  chunks their final TTL (until then they carry ``PENDING_CHUNK_TTL``, so chunks of a store
-  that died, or a SET that reached Redis after the cleanup of a cancelled one, expire).
-- ``ACCOUNTING_LUA`` — add / touch / remove / status of the accounting keys, atomically,
-  pruning entries whose TTL has passed (expired objects leave no trace in the budget).
+
+Pending chunks carry their store's id, so neither a SET that reaches Redis after the
+cleanup of a cancelled store nor a second store of the same object id can touch the chunks
+of a committed object; they expire with ``PENDING_CHUNK_TTL``. The scripts that commit and
+account are in ``tiers.redis_scripts``.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, fields
 from typing import Sequence
@@ -32,12 +39,10 @@ from typing import Sequence
 from statetier.protocol.errors import ConfigError, CorruptPayload, TruncatedState
 from statetier.protocol.identity import Kind
 from statetier.tiers.base import Buffer, ObjectMeta
+from statetier.tiers.redis_connect import Gathered
 
 MANIFEST_FORMAT = 1
 PENDING_CHUNK_TTL = 600  # seconds an uncommitted chunk may live
-# Writer buffers below this size are coalesced (copied) into one chunk; larger ones are
-# sent as memoryview slices, never copied.
-SMALL_PIECE_BYTES = 64 << 10
 _GLOB_SPECIALS = "*?[]\\"
 
 
@@ -57,6 +62,9 @@ class RedisKeys:
 
     def chunks(self, object_id: bytes, count: int) -> list[str]:
         return [self.chunk(object_id, i) for i in range(count)]
+
+    def pending_chunks(self, object_id: bytes, store_id: str, count: int) -> list[str]:
+        return [f"{self.prefix}:{{{object_id.hex()}}}:p:{store_id}:{i}" for i in range(count)]
 
     def manifest_pattern(self) -> str:
         """A SCAN pattern matching every manifest of this prefix."""
@@ -85,13 +93,15 @@ class Manifest:
     chunks: int
     chunk_bytes: int
     is_encrypted: bool
+    store_id: str = ""  # the store that wrote it: what a rollback checks before deleting
 
     def encode(self) -> bytes:
-        meta = {f.name: _to_json(getattr(self.meta, f.name)) for f in fields(ObjectMeta)}
-        return json.dumps({
+        meta = {name: to_json(getattr(self.meta, name)) for name, to_json in _META_TO_JSON}
+        return _ENCODER.encode({
             "format": MANIFEST_FORMAT, "meta": meta, "stored_size": self.stored_size,
             "chunks": self.chunks, "chunk_bytes": self.chunk_bytes, "encrypted": self.is_encrypted,
-        }, separators=(",", ":")).encode()
+            "store": self.store_id,
+        }).encode()
 
     @classmethod
     def decode(cls, raw: bytes) -> "Manifest":
@@ -100,10 +110,10 @@ class Manifest:
             d = json.loads(raw)
             if d["format"] != MANIFEST_FORMAT:
                 raise ValueError(f"manifest format {d['format']}")
-            meta = ObjectMeta(**{f.name: _from_json(f.name, d["meta"][f.name])
-                                 for f in fields(ObjectMeta) if f.name in d["meta"]})
+            meta = ObjectMeta(**{name: _from_json(name, value) for name, value in d["meta"].items()
+                                 if name in _META_FIELDS})
             manifest = cls(meta, int(d["stored_size"]), int(d["chunks"]), int(d["chunk_bytes"]),
-                           bool(d["encrypted"]))
+                           bool(d["encrypted"]), str(d.get("store", "")))
         except (ValueError, KeyError, TypeError) as exc:
             raise CorruptPayload(f"unreadable manifest in redis: {exc}") from exc
         if not 1 <= manifest.chunks <= max(1, manifest.stored_size):
@@ -120,11 +130,23 @@ class Manifest:
             return None
 
 
+@functools.lru_cache(maxsize=4096)
+def decode_manifest(raw: bytes) -> Manifest:
+    """``Manifest.decode``, remembered: an object read again has the same manifest bytes."""
+    return Manifest.decode(raw)
+
+
+_META_FIELDS = tuple(f.name for f in fields(ObjectMeta))
 _BYTES_FIELDS = frozenset({"object_id", "key_digest", "stream_id"})
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
-def _to_json(value):
-    return value.hex() if isinstance(value, bytes) else int(value) if isinstance(value, Kind) else value
+def _same(value):
+    return value
+
+
+_META_TO_JSON = tuple((name, bytes.hex if name in _BYTES_FIELDS else int if name == "kind" else _same)
+                      for name in _META_FIELDS)
 
 
 def _from_json(name: str, value):
@@ -133,28 +155,29 @@ def _from_json(name: str, value):
     return Kind(value) if name == "kind" else value
 
 
-def plan_chunks(buffers: Sequence[Buffer], chunk_bytes: int) -> list[Buffer]:
-    """The values to SET, in order: each at most ``chunk_bytes``; their join is the input.
+def plan_chunks(buffers: Sequence[Buffer], chunk_bytes: int, head_bytes: int = 0) -> list[memoryview | Gathered]:
+    """The chunk values to SET, in order: slices of the writer's buffers, never copied (a
+    chunk that spans buffers is ``Gathered`` from several slices).
 
-    Chunk boundaries follow the writer's buffers so that large buffers are sent as
-    memoryview slices (redis-py writes those to the socket without a copy); only runs of
-    small buffers (a header, a few tiny tensors) are copied into one chunk.
+    Chunk 0 holds the first ``head_bytes + chunk_bytes`` bytes (the sealed header and the
+    first ``chunk_bytes`` of the payload, so a page of exactly ``chunk_bytes`` is one value
+    that reads back without a join); every later chunk ``chunk_bytes``, the last what is left.
     """
-    out: list[Buffer] = []
-    pending = bytearray()
-    for buffer in buffers:
-        view = memoryview(buffer).cast("B")
-        if view.nbytes < SMALL_PIECE_BYTES and len(pending) + view.nbytes <= chunk_bytes:
-            pending += view
-            continue
-        if pending:
-            out.append(bytes(pending))
-            pending = bytearray()
-        for start in range(0, view.nbytes, chunk_bytes):
-            out.append(view[start : start + chunk_bytes])
-    if pending or not out:
-        out.append(bytes(pending))
-    return out
+    views = [view for view in (memoryview(buffer).cast("B") for buffer in buffers) if view.nbytes]
+    chunks: list[list[memoryview]] = []
+    current: list[memoryview] = []
+    room = head_bytes + chunk_bytes
+    for view in views:
+        while view.nbytes:
+            take = min(room, view.nbytes)
+            current.append(view[:take])
+            view, room = view[take:], room - take
+            if not room:
+                chunks.append(current)
+                current, room = [], chunk_bytes
+    if current or not chunks:
+        chunks.append(current)
+    return [parts[0] if len(parts) == 1 else Gathered(tuple(parts)) for parts in chunks]
 
 
 def join_chunks(parts: Sequence[bytes], size: int) -> memoryview:
@@ -171,71 +194,3 @@ def join_chunks(parts: Sequence[bytes], size: int) -> memoryview:
         whole[offset : offset + len(part)] = part
         offset += len(part)
     return whole
-
-
-# KEYS: manifest, then every chunk (one slot). ARGV: manifest bytes, ttl seconds (0 = none).
-# Returns 1 when committed, 0 when a chunk is missing, -1 when a manifest exists already.
-COMMIT_LUA = """
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return -1
-end
-for i = 2, #KEYS do
-  if redis.call('EXISTS', KEYS[i]) == 0 then
-    return 0
-  end
-end
-local ttl = tonumber(ARGV[2])
-for i = 2, #KEYS do
-  if ttl > 0 then
-    redis.call('EXPIRE', KEYS[i], ttl)
-  else
-    redis.call('PERSIST', KEYS[i])
-  end
-end
-if ttl > 0 then
-  redis.call('SET', KEYS[1], ARGV[1], 'EX', ttl)
-else
-  redis.call('SET', KEYS[1], ARGV[1])
-end
-return 1
-"""
-
-
-# KEYS: lru, sizes, bytes, clock, expiry.  ARGV: op, id (hex), size, ttl seconds (0 = none).
-# Returns {changed, bytes, objects}. ``changed`` is 1 when this call added or removed the
-# entry (so of two nodes evicting one object, exactly one wins) or moved it in LRU order.
-ACCOUNTING_LUA = """
-local function drop(id)
-  local size = redis.call('HGET', KEYS[2], id)
-  redis.call('ZREM', KEYS[1], id)
-  redis.call('ZREM', KEYS[5], id)
-  if size then
-    redis.call('HDEL', KEYS[2], id)
-    redis.call('DECRBY', KEYS[3], size)
-    return 1
-  end
-  return 0
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, 128)) do
-  drop(id)
-end
-local op, id, changed = ARGV[1], ARGV[2], 0
-if op == 'add' then
-  if redis.call('HSETNX', KEYS[2], id, ARGV[3]) == 1 then
-    redis.call('INCRBY', KEYS[3], ARGV[3])
-    changed = 1
-  end
-  redis.call('ZADD', KEYS[1], redis.call('INCR', KEYS[4]), id)
-  local ttl = tonumber(ARGV[4])
-  if ttl > 0 then
-    redis.call('ZADD', KEYS[5], string.format('%.6f', now + ttl), id)
-  end
-elseif op == 'touch' then
-  changed = redis.call('ZADD', KEYS[1], 'XX', 'CH', redis.call('INCR', KEYS[4]), id)
-elseif op == 'remove' then
-  changed = drop(id)
-end
-return {changed, tonumber(redis.call('GET', KEYS[3]) or '0'), redis.call('ZCARD', KEYS[1])}
-"""

@@ -136,8 +136,10 @@ async def test_an_object_is_visible_only_after_its_store_completes(backend, make
     with pytest.raises(NotFound):
         await tier.prepare_load(meta.object_id)
     assert tier.stats().inflight == 1 and tier.stats().extra["reserved_bytes"] == meta.size
-    chunk_ttl = backend.raw.ttl(keys_of(tier).chunk(meta.object_id, 0))
-    assert 0 < chunk_ttl <= PENDING_CHUNK_TTL  # an uncommitted chunk cannot outlive a dead store
+    pending = object_keys(backend.raw, tier.key_prefix, meta.object_id)
+    assert len(pending) == 5 and all(b":p:" in key for key in pending)  # not under chunk names yet
+    # an uncommitted chunk cannot outlive a dead store
+    assert all(0 < backend.raw.ttl(key) <= PENDING_CHUNK_TTL for key in pending)
 
     await tier.complete_store(ticket, True)
     assert backend.raw.ttl(keys_of(tier).chunk(meta.object_id, 0)) == -1  # committed: no TTL configured
@@ -149,8 +151,8 @@ async def test_an_object_is_visible_only_after_its_store_completes(backend, make
     stats = tier.stats()
     assert (stats.objects, stats.bytes_used, stats.inflight, stats.leases) == (1, meta.size, 0, 0)
     assert stats.extra["available"] is True and stats.extra["reserved_bytes"] == 0
-    # the header (a small buffer) and the payload (64 KiB slices) became separate chunks
-    assert len(object_keys(backend.raw, tier.key_prefix, meta.object_id)) == 1 + 1 + 5
+    # the manifest, then the header with 64 KiB of payload, then 64 KiB slices
+    assert len(object_keys(backend.raw, tier.key_prefix, meta.object_id)) == 1 + 5
 
 
 async def test_a_failed_store_leaves_no_key_and_no_reservation(backend, make_tier) -> None:
@@ -187,7 +189,7 @@ async def test_a_cancelled_write_leaves_nothing_and_the_tier_keeps_serving(backe
     # it expires with the pending TTL.
     assert not await tier.contains(meta.object_id)
     leftovers = object_keys(backend.raw, tier.key_prefix, meta.object_id)
-    assert all(b":c:" in key and 0 < backend.raw.ttl(key) <= PENDING_CHUNK_TTL for key in leftovers)
+    assert all(b":p:" in key and 0 < backend.raw.ttl(key) <= PENDING_CHUNK_TTL for key in leftovers)
     other_meta, other_blob = make_object(3 << 20)
     await store(tier, other_meta, other_blob)
     assert await load(tier, other_meta.object_id) == other_blob
@@ -349,7 +351,7 @@ async def test_a_32_mib_object_crosses_many_chunks_and_comes_back_whole(backend,
     meta, blob = make_object(32 << 20)
     await store(tier, meta, blob)
     keys = object_keys(backend.raw, tier.key_prefix, meta.object_id)
-    assert len(keys) == 1 + 1 + 16  # manifest, header chunk, 16 payload chunks of 2 MiB
+    assert len(keys) == 1 + 16  # the manifest, 16 chunks of 2 MiB of payload (the header rides in the first)
     assert await load(tier, meta.object_id) == blob
     assert await tier.delete(meta.object_id) is True
     assert object_keys(backend.raw, tier.key_prefix, meta.object_id) == []
@@ -506,7 +508,7 @@ async def test_an_unreadable_manifest_drops_the_object(backend, make_tier) -> No
     tier = await make_tier(backend.url, chunk_bytes=1024)
     meta, blob = make_object(40_000)
     await store(tier, meta, blob)
-    assert len(object_keys(backend.raw, tier.key_prefix, meta.object_id)) == 2 + 40  # more than one probe batch
+    assert len(object_keys(backend.raw, tier.key_prefix, meta.object_id)) == 1 + 40  # more than one probe batch
     backend.raw.set(keys_of(tier).manifest(meta.object_id), b"{not json")
     assert await tier.get_meta(meta.object_id) is None
     with pytest.raises(CorruptPayload):

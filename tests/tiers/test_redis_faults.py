@@ -1,9 +1,10 @@
 """The Redis tier when Redis fails: killed, frozen, brought back.
 
 A dead or frozen server turns every operation into ``Unavailable`` in bounded time (the
-``wait_for`` bounds below only guard against a hang; they are not timing assertions), the
-tier reports ``available = False``, and when a server answers again on the same port the
-same tier instance serves again, without being recreated.
+``wait_for`` bounds below only guard against a hang; they are not timing assertions), except
+reading under a lease whose bytes already came with the manifest; the tier reports
+``available = False``, and when a server answers again on the same port the same tier
+instance serves again, without being recreated.
 """
 
 from __future__ import annotations
@@ -71,15 +72,21 @@ async def tier(fresh_redis):
 
 
 async def test_a_killed_server_makes_every_operation_unavailable_until_it_is_back(fresh_redis, tier) -> None:
-    stored, blob = make_object(100_000)
+    stored, blob = make_object(5 << 20)  # read() fetches all but the first chunk
+    small, small_blob = make_object(100_000, layer=3)  # one chunk: prepare_load fetched it
     await store(tier, stored, blob)
+    await store(tier, small, small_blob)
     lease = await tier.prepare_load(stored.object_id)
+    small_lease = await tier.prepare_load(small.object_id)
     fresh_redis.kill()
 
-    meta, _ = make_object(1000, layer=1)
-    error = await unavailable(tier.prepare_store(meta))
+    meta, small = make_object(1000, layer=1)
+    error = await unavailable(store(tier, meta, small))  # reserved here; the commit meets the dead server
     assert "redis unavailable" in str(error) and error.__cause__ is not None
+    assert tier.stats().extra["reserved_bytes"] == 0
     await unavailable(tier.read(lease))
+    assert bytes(await tier.read(small_lease)) == small_blob  # its lease holds its verified bytes
+    await tier.complete_load(small_lease)
     await unavailable(tier.prepare_load(stored.object_id))
     await unavailable(tier.contains(stored.object_id))
     await unavailable(tier.get_meta(stored.object_id))

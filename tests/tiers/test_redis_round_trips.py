@@ -1,0 +1,144 @@
+"""The Redis tier's short paths keep every guarantee, on one server and on a cluster.
+
+A store of a small object is one round trip and ``prepare_store`` asks Redis nothing about
+an object this node has not seen, so the commit is what refuses an object another node
+stored: it must leave that object whole and take its own pending chunks away. Scripts run
+by SHA1 must survive a server that lost its script cache. A read that skips the signature
+check of a header it verified before must still catch a flipped payload byte, a changed
+header and a retired key. A commit repeated after its reply was lost is not mistaken for a duplicate. A full
+connection pool waits, in bounded time, for a free one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import redis.exceptions
+
+from statetier.protocol.errors import BadSignature, CorruptPayload, InvalidRequest
+from statetier.protocol.keyring import Keyring
+from statetier.tiers.redis import RedisTier
+from statetier.tiers.redis_connect import BoundedWaitPool, exchange, open_client
+from statetier.tiers.redis_layout import RedisKeys
+from statetier.tiers.redis_scripts import Scripts
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the helpers of the sibling test_redis.py
+from test_redis import KEYRING, backend, keys_of, load, make_object, object_keys, store  # noqa: E402,F401
+
+
+@pytest.fixture
+async def make_tier():
+    made: list[RedisTier] = []
+
+    async def make(url: str, **options) -> RedisTier:
+        options.setdefault("key_prefix", f"rt-{uuid.uuid4().hex[:16]}")  # the server is shared
+        options.setdefault("keyring", KEYRING)
+        tier = RedisTier(url, **options)
+        await tier.start()
+        made.append(tier)
+        return tier
+
+    yield make
+    for tier in made:
+        await tier.close()
+
+
+async def test_an_object_another_node_stored_is_refused_at_commit_and_stays_whole(backend, make_tier) -> None:
+    node_a = await make_tier(backend.url, chunk_bytes=1 << 20)
+    node_b = await make_tier(backend.url, key_prefix=node_a.key_prefix, chunk_bytes=1 << 20)
+    for size in (1000, 3 << 20):  # sent with the commit; sent by write()
+        meta, blob = make_object(size)
+        await store(node_a, meta, blob)
+        ticket = await node_b.prepare_store(meta)  # node B has never seen it
+        await node_b.write(ticket, [blob])
+        with pytest.raises(InvalidRequest):
+            await node_b.complete_store(ticket, True)
+
+        keys = object_keys(backend.raw, node_a.key_prefix, meta.object_id)
+        assert not [key for key in keys if b":p:" in key]  # node B's pending chunks are gone
+        assert all(backend.raw.ttl(key) == -1 for key in keys)  # node A's keep no pending TTL
+        assert await load(node_a, meta.object_id) == blob
+        assert await load(node_b, meta.object_id) == blob
+        with pytest.raises(InvalidRequest):  # now node B knows it
+            await node_b.prepare_store(meta)
+        assert node_b.stats().extra["reserved_bytes"] == 0
+
+
+async def test_a_server_that_lost_its_scripts_gets_them_again(backend, make_tier) -> None:
+    tier = await make_tier(backend.url, capacity_bytes=64 << 20)
+    small, small_blob = make_object(1000)
+    large, large_blob = make_object(3 << 20)
+    backend.raw.script_flush()
+    await store(tier, small, small_blob)  # the commit rides with the chunk
+    backend.raw.script_flush()
+    await store(tier, large, large_blob)  # the commit goes alone
+    backend.raw.script_flush()
+    assert await load(tier, small.object_id) == small_blob  # the LRU touch rides with the MGET
+    assert (tier.stats().objects, tier.stats().bytes_used) == (2, small.size + large.size)
+
+
+async def test_a_header_verified_before_still_guards_every_read(backend, make_tier) -> None:
+    keyring = Keyring.generate()
+    tier = await make_tier(backend.url, keyring=keyring, chunk_bytes=64 << 10)
+    (flipped, flipped_blob), (forged, forged_blob), (kept, kept_blob) = (
+        make_object(200_000, keyring=keyring, layer=i) for i in range(3))
+    for meta, blob in ((flipped, flipped_blob), (forged, forged_blob), (kept, kept_blob)):
+        await store(tier, meta, blob)
+        assert await load(tier, meta.object_id) == blob  # its header is verified and known now
+
+    chunk = keys_of(tier).chunk(flipped.object_id, 2)  # payload only
+    backend.raw.setrange(chunk, 100, bytes([backend.raw.getrange(chunk, 100, 100)[0] ^ 0x01]))
+    with pytest.raises(CorruptPayload):
+        await load(tier, flipped.object_id)
+    chunk = keys_of(tier).chunk(forged.object_id, 0)  # a namespace byte, past the 32-byte prefix
+    backend.raw.setrange(chunk, 40, bytes([backend.raw.getrange(chunk, 40, 40)[0] ^ 0x01]))
+    with pytest.raises(BadSignature):
+        await load(tier, forged.object_id)
+    assert tier.stats().extra["corrupt_dropped"] == 2
+
+    retired = keyring.active.key_id
+    keyring.rotate()
+    keyring.retire(retired)
+    with pytest.raises(BadSignature):  # the key it was sealed under is no longer trusted
+        await load(tier, kept.object_id)
+
+
+async def test_a_commit_repeated_after_a_lost_reply_is_not_a_duplicate(redis_server) -> None:
+    client, _ = await open_client(redis_server.url)
+    scripts, keys, oid = Scripts(client), RedisKeys(f"rt-{uuid.uuid4().hex[:16]}"), bytes(16)
+    await scripts.load_all()
+    pending, final = keys.pending_chunks(oid, "s1", 1), keys.chunks(oid, 1)
+    commit = scripts.command("commit", [keys.manifest(oid), *pending, *final], [b"manifest of s1", 0])
+    assert (await exchange(client, [("SET", pending[0], b"chunk", "EX", 600), commit]))[1][0] == 1
+    assert (await exchange(client, [commit]))[0][0] == 1  # the same store again: still committed
+    second = keys.pending_chunks(oid, "s2", 1)
+    other = scripts.command("commit", [keys.manifest(oid), *second, *final], [b"manifest of s2", 0])
+    assert (await exchange(client, [("SET", second[0], b"other", "EX", 600), other]))[1][0] == -1
+    assert await client.mget([keys.manifest(oid), final[0], pending[0], second[0]]) == [
+        b"manifest of s1", b"chunk", None, None]  # the first store stands; the second left nothing
+    assert await client.ttl(final[0]) == -1
+    await client.delete(keys.manifest(oid), final[0])
+    await client.aclose()
+
+
+async def test_a_full_pool_waits_for_a_free_connection_in_bounded_time(redis_server) -> None:
+    pool = BoundedWaitPool.from_url(redis_server.url, max_connections=2, timeout=0.2)
+    held = [await pool.get_connection(), await pool.get_connection()]
+    waiting = asyncio.create_task(pool.get_connection())
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not waiting.done()
+
+    await pool.release(held.pop())
+    held.append(await asyncio.wait_for(waiting, 30))  # the bound only catches a hang
+    with pytest.raises(redis.exceptions.ConnectionError):
+        await pool.get_connection()  # both are held: the 0.2 s wait runs out
+    for connection in held:
+        await pool.release(connection)
+    again = await pool.get_connection()  # the fast path once one is free
+    await pool.release(again)
+    await pool.aclose()
