@@ -109,7 +109,7 @@ class DiskTierConfig(_Watermarks):
     directory: Path = Field(Path("./statetier-data"), description="Directory of segments, index and (by default) the keyring.")
     capacity_bytes: Bytes = Field(16 * GiB, description="Bytes of live objects the disk tier may hold.")
     segment_bytes: Bytes = Field(64 * MiB, description="Size at which a segment file is sealed and a new one started.")
-    fsync: bool = Field(True, description="fsync segments and index before a store completes.")
+    fsync: bool = Field(True, description="fdatasync the segment (object records and their commit record) before a store completes; the LMDB index is a synced checkpoint written in the background.")
     encrypt: bool = Field(False, description="Encrypt payloads at rest (AES-256-GCM, keys.at_rest_key_file).")
     compact_interval_seconds: Seconds = Field(30.0, description="Seconds between compaction passes over sparse segments.")
 

@@ -2,26 +2,32 @@
 
 ``DiskTier(directory, capacity_bytes, *, keyring, segment_bytes=64 MiB, high_watermark=0.9,
 low_watermark=0.75, compact_below_live_ratio=0.5, lease_ttl=30.0, fsync=True, cipher=None,
-executor=None, name="disk")`` implements ``Tier`` (lifecycle in ``tiers.base``), plus
-``compact() -> CompactionReport``.
+executor=None, name="disk", checkpoint_ops=4096, checkpoint_seconds=2.0)`` implements
+``Tier`` (lifecycle in ``tiers.base``), plus ``compact() -> CompactionReport``.
 
 - Layout: ``directory/segments/seg-00000001.dat`` … (record format in ``tiers.segments``)
   and ``directory/index/`` (LMDB, ``tiers.disk_index``); in-memory placement in
   ``tiers.disk_space``.
 - Store: ``prepare_store`` reserves a range of the active segment, so concurrent stores
-  write in parallel; ``write`` pwritev's the record there; ``complete_store(True)``
-  fdatasyncs it, then commits the index entry (group commit, ``tiers.disk_commit``):
-  once it returns the object survives kill -9. Anything less leaves dead bytes only.
-  ``fsync=False`` skips fdatasync and LMDB's sync: a killed process loses nothing, a
-  power cut may.
+  write in parallel; ``write`` pwritev's the record there (objects up to 256 KiB are
+  copied into a buffer instead and written by the commit, saving a trip to the
+  executor); ``complete_store(True)`` appends a COMMIT record naming it and fdatasyncs
+  both at once (group commit: ``tiers.disk_commit``, ``tiers.disk_log``). Once it
+  returns the object survives kill -9 and a power cut: the segments are the log, one
+  durable flush per batch. The LMDB index is a checkpoint of that log, written in the
+  background every ``checkpoint_ops`` ops or ``checkpoint_seconds`` (``tiers.disk_checkpoint``);
+  a restart replays what it lacks. Anything less than a completed store leaves dead bytes
+  only. ``fsync=False`` skips every fdatasync and LMDB's sync: a killed process loses
+  nothing, a power cut may.
 - Load: ``read`` preads the record, opens its at-rest envelope if it has one, and
   verifies it with ``open_sealed`` (signature + payload digest). A failure drops the
   object for good (``stats().extra["corrupt_dropped"]``) and raises the rejection.
-- ``start`` checks the index against the segments (``tiers.disk_recovery``);
-  ``compact`` rewrites sparse segments and never deletes a file a lease may still read
-  (``tiers.disk_compaction``).
+- ``start`` checks the index against the segments and replays the log past its last
+  checkpoint (``tiers.disk_recovery``); ``compact`` rewrites sparse segments and never
+  deletes a file a lease may still read (``tiers.disk_compaction``); ``close`` writes a
+  last checkpoint.
 - Capacity: ``bytes_used`` is the sealed size of live objects (and of deleted ones still
-  leased); LRU order in memory, rebuilt at start in created-at order.
+  leased); LRU order and the key index in memory, rebuilt at start in created-at order.
 
 Blocking work runs in the executor through ``tiers.disk_jobs``, which also translates
 OSError and lmdb.Error into statetier errors; the record body codec is ``tiers.disk_body``.
@@ -46,15 +52,20 @@ from statetier.tiers.base import (
 )
 from statetier.tiers.crypto import AtRestCipher
 from statetier.tiers.disk_body import RecordBody
-from statetier.tiers.disk_commit import GroupCommit, PendingOp, make_durable
+from statetier.tiers.disk_checkpoint import Checkpointer
+from statetier.tiers.disk_commit import GroupCommit, RecordWrite
 from statetier.tiers.disk_compaction import CompactionReport, Compactor
-from statetier.tiers.disk_index import Delete, DiskIndex, IndexEntry, Location, Put
-from statetier.tiers.disk_jobs import DiskJobs, chained
+from statetier.tiers.disk_index import Delete, DiskIndex, IndexEntry, IndexOp, Location, Move, Put
+from statetier.tiers.disk_jobs import DiskJobs
+from statetier.tiers.disk_log import CommitLog
 from statetier.tiers.disk_recovery import recover
 from statetier.tiers.disk_space import SegmentSpace, SegmentState
 from statetier.tiers.segments import RECORD_HEADER_BYTES, SegmentFile
 
 __all__ = ["CompactionReport", "DiskTier"]
+
+#: Objects up to this size are buffered by ``write`` and written by the commit job.
+BUFFERED_BYTES = 256 << 10
 
 
 @dataclass(slots=True)
@@ -66,6 +77,7 @@ class _Reservation:
     record_len: int
     is_writing: bool = False
     is_broken: bool = False  # a write failed or was cancelled: never committable
+    buffer: bytearray | None = None  # a small object's bytes, written by the commit
     commit: asyncio.Future | None = None
     is_final: bool = False  # complete_store(True) returned: later calls change nothing
 
@@ -79,7 +91,7 @@ class DiskTier(Tier):
                  high_watermark: float = 0.9, low_watermark: float = 0.75,
                  compact_below_live_ratio: float = 0.5, lease_ttl: float = 30.0, fsync: bool = True,
                  cipher: AtRestCipher | None = None, executor: Executor | None = None,
-                 name: str = "disk") -> None:
+                 name: str = "disk", checkpoint_ops: int = 4096, checkpoint_seconds: float = 2.0) -> None:
         if capacity_bytes <= 0 or segment_bytes <= RECORD_HEADER_BYTES:
             raise ConfigError("disk tier needs a positive capacity and segments larger than a record header")
         if not 0 < low_watermark <= high_watermark <= 1:
@@ -93,6 +105,7 @@ class DiskTier(Tier):
         self._body = RecordBody(keyring, cipher)
         self.name = name
         self._compact_below = compact_below_live_ratio
+        self._checkpoint_every = (checkpoint_ops, checkpoint_seconds)
         self._executor_given = executor
         self._executor: Executor | None = None
         self._leases = LeaseTable(lease_ttl)
@@ -107,11 +120,14 @@ class DiskTier(Tier):
         self._index: DiskIndex | None = None
         self._space: SegmentSpace | None = None
         self._commit: GroupCommit | None = None
+        self._log: CommitLog | None = None
+        self._checkpointer: Checkpointer | None = None
         self._compactor: Compactor | None = None
         self._compact_lock: asyncio.Lock | None = None
         self._is_started = False
         self.evictions = self.compactions_run = 0
         self.corrupt_dropped = self.recovery_dropped = self.recovery_segments_deleted = 0
+        self.recovery_replayed = self.recovery_unverified = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -124,7 +140,7 @@ class DiskTier(Tier):
         try:
             await self._call(segment_dir.mkdir, 0o750, True, True)
             self._index = await self._call(DiskIndex.open, index_dir, _index_map_size(self.capacity), self.fsync)
-            found = await self._call(recover, self._index, segment_dir)
+            found = await self._call(recover, self._index, segment_dir, self._body)
         except BaseException:
             await self._release()
             raise
@@ -135,9 +151,14 @@ class DiskTier(Tier):
             self._space.place(entry.meta.object_id, entry.location)
             self._lru.add(entry.meta)
         self.recovery_dropped, self.recovery_segments_deleted = found.entries_dropped, found.segments_deleted
-        self._commit = GroupCommit(self._flush)
+        self.recovery_replayed, self.recovery_unverified = found.replayed, found.unverified
+        self._checkpointer = Checkpointer(self._index, self._call, self._scan_from, found.mark,
+                                          *self._checkpoint_every)
+        self._log = CommitLog(self._space, self._call, self._checkpointer, self._resolve, self.fsync,
+                              found.mark.last_seq + 1)
+        self._commit = GroupCommit(self._log.flush)
         self._compactor = Compactor(self._space, self._commit, self._call, self._leases.is_leased,
-                                    self._drop_corrupt, self._compact_below)
+                                    self._drop_corrupt, self._checkpoint_all, self._compact_below)
         self._compact_lock = asyncio.Lock()
         self._is_started = True
 
@@ -146,6 +167,10 @@ class DiskTier(Tier):
             return
         self._is_started = False
         await self._commit.drain()
+        try:
+            await self._checkpointer.force()
+        except StatetierError:
+            pass  # the log still holds it all: the next start replays it
         await self._jobs.wait_idle()
         await self._release()
 
@@ -175,7 +200,8 @@ class DiskTier(Tier):
         if meta.size > self.capacity - pinned:
             raise CapacityError(f"{meta.size} bytes do not fit in the {self.name} tier: "
                                 f"{pinned} of {self.capacity} bytes are reserved or leased")
-        segment, offset = self._space.reserve(RECORD_HEADER_BYTES + self._body.body_len(meta.size))
+        segment, offset = self._space.reserve(RECORD_HEADER_BYTES + self._body.body_len(meta.size),
+                                              self._body.header_for(meta.object_id, meta.size))
         ticket = StoreTicket(meta, next(self._ticket_ids),
                              location=_Reservation(segment, offset, segment.tail - offset))
         self._tickets[ticket.ticket_id] = ticket
@@ -195,13 +221,18 @@ class DiskTier(Tier):
         nbytes = sum(v.nbytes for v in views)
         if ticket.written + nbytes > ticket.meta.size:
             raise InvalidRequest(f"{ticket.written + nbytes} bytes written for a {ticket.meta.size}-byte object")
+        if ticket.written == 0 and self._body.cipher is not None and nbytes != ticket.meta.size:
+            res.is_broken = True
+            raise InvalidRequest("with an at-rest cipher the whole object is written in one call")
+        if ticket.meta.size <= BUFFERED_BYTES:
+            _copy_into(res, ticket, views)
+            return
         res.is_writing = True
         try:
             if ticket.written == 0:
-                if self._body.cipher is not None and nbytes != ticket.meta.size:
-                    raise InvalidRequest("with an at-rest cipher the whole object is written in one call")
                 await self._call(self._body.write_record, res.segment.file, res.offset, ticket.meta.object_id,
                                  ticket.meta.size, views, pins=(res.segment,))
+                res.segment.unheaded.pop(res.offset, None)
             else:
                 await self._call(self._body.append, res.segment.file, res.offset, ticket.written, views,
                                  pins=(res.segment,))
@@ -229,7 +260,12 @@ class DiskTier(Tier):
                 self._free(ticket)
                 raise InvalidRequest(f"{ticket.written} of {ticket.meta.size} bytes written; nothing was stored")
             entry = IndexEntry(res.location, ticket.meta)
-            res.commit = self._commit.submit(Put(entry), sync=res.segment,
+            record = None
+            if res.buffer is not None:
+                record = RecordWrite(res.segment, res.offset, partial(
+                    self._body.write_record, res.segment.file, res.offset, ticket.meta.object_id,
+                    ticket.meta.size, [memoryview(res.buffer)]))
+            res.commit = self._commit.submit(Put(entry), sync=res.segment, record=record,
                                              on_result=partial(self._on_store_result, ticket, entry))
         await asyncio.shield(res.commit)
         res.is_final = True
@@ -382,8 +418,7 @@ class DiskTier(Tier):
 
     async def find_by_key(self, key_digest: bytes) -> list[ObjectMeta]:
         self._require_started()
-        object_ids = await self._call(self._index.object_ids_for_key, key_digest)
-        return [meta for meta in map(self._lru.get, object_ids) if meta is not None]
+        return self._lru.by_key(key_digest)
 
     async def iter_objects(self) -> AsyncIterator[ObjectMeta]:
         for meta in self._lru.lru_order():
@@ -417,6 +452,13 @@ class DiskTier(Tier):
                 "index_batches": self._commit.batches if self._commit else 0,
                 "index_ops": self._commit.ops if self._commit else 0,
                 "index_ops_waiting": self._commit.waiting if self._commit else 0,
+                "commit_record_bytes": self._log.commit_bytes if self._log else 0,
+                "log_fallbacks": self._log.fallbacks if self._log else 0,
+                "checkpoints": self._checkpointer.runs if self._checkpointer else 0,
+                "checkpoint_failures": self._checkpointer.failures if self._checkpointer else 0,
+                "ops_not_checkpointed": self._checkpointer.waiting if self._checkpointer else 0,
+                "recovery_replayed": self.recovery_replayed,
+                "recovery_unverified": self.recovery_unverified,
             },
         )
 
@@ -431,11 +473,34 @@ class DiskTier(Tier):
     async def _call(self, fn, *args, pins: tuple[SegmentState, ...] = ()):
         return await self._jobs.run(fn, *args, pins=pins)
 
-    async def _flush(self, batch: list[PendingOp]) -> list:
-        items = [(p.op, p.sync.file if p.sync is not None else None) for p in batch]
-        pins = tuple({id(p.sync): p.sync for p in batch if p.sync is not None}.values())
-        results = await self._call(make_durable, self._index, items, self.fsync, pins=pins)
-        return [chained(r) if isinstance(r, BaseException) else r for r in results]
+    def _resolve(self, op: IndexOp) -> IndexOp | None:
+        """What ``op`` does to the index, decided as its batch forms (None: nothing)."""
+        if not isinstance(op, Move):
+            return op
+        if self._space.location(op.object_id) != op.old:
+            return None  # deleted or dropped since compaction copied it: the delete wins
+        return Put(IndexEntry(op.new, self._lru.get(op.object_id)))
+
+    async def _checkpoint_all(self) -> None:
+        """A durable checkpoint holding every op submitted so far (their batches first)."""
+        await self._commit.settled()
+        await self._checkpointer.force()
+
+    def _scan_from(self) -> int:
+        """The lowest segment a COMMIT record not yet checkpointed may lie in."""
+        inflight = self._log.inflight_segment if self._log else None
+        active = self._space.active.number
+        return active if inflight is None else min(active, inflight)
+
+
+def _copy_into(res: _Reservation, ticket: StoreTicket, views: list[memoryview]) -> None:
+    """Buffer a small object's bytes; the commit job writes them."""
+    if res.buffer is None:
+        res.buffer = bytearray(ticket.meta.size)
+    target = memoryview(res.buffer)
+    for view in views:
+        target[ticket.written : ticket.written + view.nbytes] = view
+        ticket.written += view.nbytes
 
 
 def _index_map_size(capacity: int) -> int:

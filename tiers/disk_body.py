@@ -3,8 +3,10 @@
 ``RecordBody(keyring, cipher)`` — blocking methods the tier runs in its executor:
 
 - ``body_len(size)`` — bytes the body of a ``size``-byte sealed object takes on disk.
-- ``write_record(file, offset, object_id, views)`` — the record header and the body, in
-  one pwritev; with a cipher the object is sealed into an AES-GCM envelope first.
+- ``header_for(object_id, size)`` — the record header such an object gets (it depends on
+  nothing else, so the tier knows it when it reserves the record).
+- ``write_record(file, offset, object_id, size, views)`` — the record header and the body,
+  in one pwritev; with a cipher the object is sealed into an AES-GCM envelope first.
 - ``append(file, offset, written, views)`` — more body bytes of a plain record.
 - ``read_verified(file, location, object_id)`` — pread the record, check its header, open
   the envelope if it is one, then ``open_sealed(blob, None, keyring)``: signature and
@@ -30,15 +32,19 @@ class RecordBody:
     def body_len(self, size: int) -> int:
         return size + (ENVELOPE_BYTES + TAG_BYTES if self.cipher else 0)
 
+    def header_for(self, object_id: bytes, size: int) -> bytes:
+        flags = FLAG_ENVELOPE if self.cipher is not None else 0
+        return RecordHeader(object_id, 1, self.body_len(size), flags).pack()
+
     def write_record(self, file: SegmentFile, offset: int, object_id: bytes, size: int,
                      views: list[memoryview]) -> None:
         if self.cipher is None:
-            file.write_at(offset, [RecordHeader(object_id, 1, size).pack(), *views])
+            file.write_at(offset, [self.header_for(object_id, size), *views])
             return
         envelope = self.cipher.seal_envelope(views[0] if len(views) == 1 else b"".join(views))
         if len(envelope) != self.body_len(size):
             raise InvalidRequest("the written object's size differs from its metadata")
-        file.write_at(offset, [RecordHeader(object_id, 1, len(envelope), FLAG_ENVELOPE).pack(), envelope])
+        file.write_at(offset, [self.header_for(object_id, size), envelope])
 
     def append(self, file: SegmentFile, offset: int, written: int, views: list[memoryview]) -> None:
         file.write_at(offset + RECORD_HEADER_BYTES + written, views)

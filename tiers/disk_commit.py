@@ -1,17 +1,18 @@
-"""Group commit for the disk tier: records made durable, then index ops committed, in batches.
+"""Group commit for the disk tier: index ops made durable in batches.
 
-- ``GroupCommit(flush)`` — ``submit(op, sync=segment, on_result=...)`` queues one index
-  op, naming the segment whose record the op points at. While a batch is in flight new
-  ops queue up and go together in the next one, so concurrent stores share one
-  fdatasync per segment and one LMDB transaction. ``on_result`` runs for every op, in
-  submit order, as soon as its batch is done, whether or not its submitter is still
-  waiting (a cancelled ``complete_store`` still publishes): memory follows the index.
-  ``drain()`` waits until the queue is empty (the tier's ``close``); ``batches`` / ``ops``
+- ``GroupCommit(flush)`` — ``submit(op, sync=segment, record=..., on_result=...)`` queues
+  one index op, naming the segment whose record the op points at and, for a store whose
+  bytes were buffered, the ``RecordWrite`` that puts them there. While a batch is in
+  flight new ops queue up and go together in the next one, so concurrent stores share one
+  fdatasync (``flush`` is ``CommitLog.flush``, ``tiers.disk_log``). ``on_result`` runs
+  for every op, in submit order, as soon as its batch is done, whether or not its
+  submitter is still waiting (a cancelled ``complete_store`` still publishes): memory
+  follows the log. ``drain()`` waits until the queue is empty (the tier's ``close``);
+  ``settled()`` waits only for the ops submitted so far (compaction, before it deletes a
+  file: every removal from it must be in the checkpoint it forces). ``batches`` / ``ops``
   count what went through, ``waiting`` what is queued now.
-- ``make_durable(index, items, fsync)`` — the blocking half, run in the executor:
-  fdatasync each named segment (unless ``fsync`` is off), then apply, in one transaction,
-  the ops whose segments synced. An op whose segment failed to sync gets that error
-  instead: an index entry never commits before the bytes it points at are durable.
+- ``RecordWrite(segment, offset, write)`` — a buffered object record: ``write()`` (blocking)
+  writes it at ``offset`` in the batch job, before the COMMIT record naming it.
 """
 
 from __future__ import annotations
@@ -21,14 +22,21 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from statetier.protocol.errors import InternalError, Unavailable
-from statetier.tiers.disk_index import DiskIndex, IndexOp
-from statetier.tiers.segments import SegmentFile
+from statetier.tiers.disk_index import IndexOp
+
+
+@dataclass(frozen=True, slots=True)
+class RecordWrite:
+    segment: object  # SegmentState: its ``unheaded`` forgets ``offset`` once written
+    offset: int
+    write: Callable[[], None]
 
 
 @dataclass(slots=True)
 class PendingOp:
     op: IndexOp
     sync: object | None  # the segment (tier-side state) to fdatasync first
+    record: RecordWrite | None
     on_result: Callable[[object], None] | None
     future: asyncio.Future = field(repr=False)
 
@@ -38,6 +46,8 @@ class GroupCommit:
         self._flush = flush
         self._queue: list[PendingOp] = []
         self._task: asyncio.Task | None = None
+        self._submitted = self._settled = 0
+        self._settle_waiters: list[tuple[int, asyncio.Future]] = []
         self.batches = 0
         self.ops = 0
 
@@ -46,14 +56,15 @@ class GroupCommit:
         """Ops queued behind the batch in flight."""
         return len(self._queue)
 
-    def submit(self, op: IndexOp, *, sync: object | None = None,
+    def submit(self, op: IndexOp, *, sync: object | None = None, record: RecordWrite | None = None,
                on_result: Callable[[object], None] | None = None) -> asyncio.Future:
         """Queue ``op``; the future resolves to its result (or raises its error)."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         # a submitter that went away must not leave "exception never retrieved" behind
         future.add_done_callback(lambda f: f.cancelled() or f.exception())
-        self._queue.append(PendingOp(op, sync, on_result, future))
+        self._queue.append(PendingOp(op, sync, record, on_result, future))
+        self._submitted += 1
         if self._task is None:
             self._task = loop.create_task(self._run())
         return future
@@ -71,15 +82,27 @@ class GroupCommit:
                     results = [exc] * len(batch)
                 for pending, result in zip(batch, results):
                     self._settle(pending, result)
+                self._count_settled(len(batch))
                 batch = []
         except asyncio.CancelledError:
             closed = Unavailable("the disk tier closed during a commit")
             leftover, self._queue = batch + self._queue, []
             for pending in leftover:
                 self._settle(pending, closed)
+            self._count_settled(len(leftover))
             raise
         finally:
             self._task = None
+
+    def _count_settled(self, count: int) -> None:
+        self._settled += count
+        still = []
+        for target, waiter in self._settle_waiters:
+            if target > self._settled:
+                still.append((target, waiter))
+            elif not waiter.done():
+                waiter.set_result(None)
+        self._settle_waiters = still
 
     @staticmethod
     def _settle(pending: PendingOp, result: object) -> None:
@@ -97,20 +120,14 @@ class GroupCommit:
         else:
             pending.future.set_result(result)
 
+    async def settled(self) -> None:
+        """Return once every op submitted before this call has its result."""
+        if self._settled >= self._submitted:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._settle_waiters.append((self._submitted, waiter))
+        await waiter
+
     async def drain(self) -> None:
         while self._task is not None:
             await asyncio.shield(self._task)
-
-
-def make_durable(index: DiskIndex, items: list[tuple[IndexOp, SegmentFile | None]], fsync: bool) -> list:
-    failed: dict[int, OSError] = {}
-    if fsync:
-        for segment in {id(s): s for _, s in items if s is not None}.values():
-            try:
-                segment.sync()
-            except OSError as exc:
-                failed[id(segment)] = exc
-    ready = [op for op, segment in items if segment is None or id(segment) not in failed]
-    applied = iter(index.apply(ready))
-    return [failed[id(segment)] if segment is not None and id(segment) in failed else next(applied)
-            for _, segment in items]

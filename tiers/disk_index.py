@@ -1,6 +1,10 @@
 """The disk tier's LMDB index: where each object's record lives, and what the object is.
 
-One environment (``index/``, ``sync=True``) with three named databases:
+The index is a *checkpoint* of the log the segments hold (``tiers.disk_log``): it is
+written in the background every so many commits, in one durable transaction, and says up
+to which group commit (``last_seq``) it is complete and from which segment (``scan_from``)
+a restart must read the log to catch up. One environment (``index/``, synced) with four
+named databases:
 
 - ``objects``:  object_id (16 B) → entry, little-endian: format u8 (1), segment u32,
   offset u64, record_len u64, generation u64, kind u8, version u64, size u64,
@@ -9,13 +13,15 @@ One environment (``index/``, ``sync=True``) with three named databases:
 - ``by_key``:   key_digest_len u8 + key_digest + object_id → b"" (``find_by_key`` scans
   the prefix).
 - ``segments``: segment number (u32 big-endian, so keys sort) → live record bytes u64.
+- ``meta``:     b"last_seq" and b"scan_from" → u64 (``Mark``).
 
 - ``Location`` / ``IndexEntry``   — value objects, packed and unpacked here.
 - ``Put`` / ``Move`` / ``Delete`` — index operations; ``DiskIndex.apply(ops)`` runs a batch
   in order in one write transaction and returns, per op, whether it took effect
   (``Move`` applies only while the entry is still at its old location).
-- ``DiskIndex`` — ``open``, ``apply``, ``scan``, ``drop``, ``prune_by_key``, ``object_ids_for_key``,
-  ``rewrite_live_bytes``, ``close``. Every method blocks: the tier runs them in its executor.
+- ``DiskIndex`` — ``open``, ``apply``, ``checkpoint(ops, mark)``, ``mark``, ``scan``, ``drop``,
+  ``prune_by_key``, ``object_ids_for_key``, ``rewrite_live_bytes``, ``live_bytes``, ``close``.
+  Every method blocks: the tier runs them in its executor.
 """
 
 from __future__ import annotations
@@ -33,6 +39,16 @@ _ENTRY = struct.Struct("<BIQQQBQQIQQBBB")
 _ENTRY_FORMAT = 1
 _SEGMENT_KEY = struct.Struct(">I")
 _LIVE = struct.Struct("<Q")
+_U64 = struct.Struct("<Q")
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """How far a checkpoint reaches: every group commit up to ``last_seq`` is in it, and
+    the log of any later one lies in segments numbered ``scan_from`` or higher."""
+
+    last_seq: int = 0
+    scan_from: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +120,7 @@ class DiskIndex:
         self._objects = env.open_db(b"objects")
         self._by_key_db = env.open_db(b"by_key")
         self._segments = env.open_db(b"segments")
+        self._meta = env.open_db(b"meta")
 
     @classmethod
     def open(cls, path: Path, map_size: int, sync: bool = True) -> "DiskIndex":
@@ -116,20 +133,36 @@ class DiskIndex:
 
     def apply(self, ops: list[IndexOp]) -> list[bool]:
         """Apply ``ops`` in order, in one durable transaction."""
-        live_delta: dict[int, int] = defaultdict(int)
-        results = []
         with self._env.begin(write=True) as txn:
-            for op in ops:
-                results.append(self._apply_one(txn, op, live_delta))
-            for segment, delta in live_delta.items():
-                if delta:
-                    key = _SEGMENT_KEY.pack(segment)
-                    raw = txn.get(key, db=self._segments)
-                    live = (_LIVE.unpack(raw)[0] if raw else 0) + delta
-                    if live > 0:
-                        txn.put(key, _LIVE.pack(live), db=self._segments)
-                    else:
-                        txn.delete(key, db=self._segments)
+            return self._apply(txn, ops)
+
+    def checkpoint(self, ops: list[IndexOp], mark: Mark) -> None:
+        """Apply ``ops`` in order and record ``mark``, in one durable transaction."""
+        with self._env.begin(write=True) as txn:
+            self._apply(txn, ops)
+            txn.put(b"last_seq", _U64.pack(mark.last_seq), db=self._meta)
+            txn.put(b"scan_from", _U64.pack(mark.scan_from), db=self._meta)
+
+    def mark(self) -> Mark:
+        """The last checkpoint's mark (``Mark()`` for an index that never had one)."""
+        with self._env.begin() as txn:
+            last_seq, scan_from = txn.get(b"last_seq", db=self._meta), txn.get(b"scan_from", db=self._meta)
+        if last_seq is None or scan_from is None:
+            return Mark()
+        return Mark(_U64.unpack(last_seq)[0], _U64.unpack(scan_from)[0])
+
+    def _apply(self, txn, ops: list[IndexOp]) -> list[bool]:
+        live_delta: dict[int, int] = defaultdict(int)
+        results = [self._apply_one(txn, op, live_delta) for op in ops]
+        for segment, delta in live_delta.items():
+            if delta:
+                key = _SEGMENT_KEY.pack(segment)
+                raw = txn.get(key, db=self._segments)
+                live = (_LIVE.unpack(raw)[0] if raw else 0) + delta
+                if live > 0:
+                    txn.put(key, _LIVE.pack(live), db=self._segments)
+                else:
+                    txn.delete(key, db=self._segments)
         return results
 
     def _apply_one(self, txn, op: IndexOp, live_delta: dict[int, int]) -> bool:

@@ -67,26 +67,42 @@ class DiskJobs:
                 segment.unpin()
             raise
         self._running.add(job)
-        job.add_done_callback(partial(self._finished_threadsafe, pins))
+        waiter = self._loop.create_future()
+        waiter.add_done_callback(partial(_cancel_unstarted, job))
+        # one wake-up of the loop per job: it settles the waiter and the pins together
+        job.add_done_callback(partial(self._finished_threadsafe, pins, waiter))
         try:
-            return await asyncio.wrap_future(job)
+            return await waiter
         except StatetierError:
             raise
         except Exception as exc:
             raise translate_error(exc) from exc
 
-    def _finished_threadsafe(self, pins: tuple[SegmentState, ...], job: Future) -> None:
+    def _finished_threadsafe(self, pins: tuple[SegmentState, ...], waiter: asyncio.Future, job: Future) -> None:
         try:
-            self._loop.call_soon_threadsafe(self._finished, pins, job)
+            self._loop.call_soon_threadsafe(self._finished, pins, waiter, job)
         except RuntimeError:  # the loop is gone: nobody is left to care about pins
             pass
 
-    def _finished(self, pins: tuple[SegmentState, ...], job: Future) -> None:
+    def _finished(self, pins: tuple[SegmentState, ...], waiter: asyncio.Future, job: Future) -> None:
         self._running.discard(job)
         for segment in pins:
             segment.unpin()
+        if waiter.done():
+            return
+        if job.cancelled():
+            waiter.cancel()
+        elif job.exception() is not None:
+            waiter.set_exception(job.exception())
+        else:
+            waiter.set_result(job.result())
 
     async def wait_idle(self) -> None:
         running = [asyncio.wrap_future(job) for job in self._running if not job.done()]
         if running:
             await asyncio.wait(running)
+
+
+def _cancel_unstarted(job: Future, waiter: asyncio.Future) -> None:
+    if waiter.cancelled():
+        job.cancel()  # only a job that has not started yet stops; a running one finishes

@@ -1,28 +1,41 @@
-"""What the disk tier finds on start: the LMDB index checked against the segment files.
+"""What the disk tier finds on start: the last index checkpoint, caught up with the log.
 
-``recover(index, segment_dir) -> Recovered`` blocks; the tier runs it in its executor.
+``recover(index, segment_dir, body) -> Recovered`` blocks; the tier runs it in its executor.
 
 1. Every index entry whose segment file is missing or too short, or whose record header
    (magic, object_id, generation, length, checksum) is not intact at its offset, is
-   dropped. A committed entry always points at a durable record, so such an entry means
-   damage after the fact; it must never be served.
-2. Live bytes per segment are recomputed from the surviving entries and written back.
-3. Segment files no entry references are deleted: they hold only records whose store
-   never completed, or records compaction had already moved. The tier then appends to a
-   fresh segment, never after a tail a crash may have torn.
+   dropped. A checkpointed entry always points at a durable record, so such an entry
+   means damage after the fact; it must never be served.
+2. The log is replayed: each segment from the checkpoint's ``scan_from`` on is walked
+   header to header, and every intact COMMIT record newer than its ``last_seq`` is applied
+   in sequence order (``tiers.disk_log``). For each object only its last op counts: a
+   delete removes it (a deleted object never comes back); a put is taken only once its
+   record reads back verified (``open_sealed``: signature and digest) — if it does not,
+   the op before it counts instead. A COMMIT record is acknowledged only after it and the
+   records it names are durable, so a put that fails here was never acknowledged.
+3. The result is written as a new checkpoint (synced) whose ``scan_from`` is the first
+   segment of this run; live bytes per segment are recomputed.
+4. Segment files no entry references are deleted, now that no log in them is needed: they
+   hold records whose store never completed, records compaction moved, or COMMIT records
+   the checkpoint holds. The tier then appends to a fresh segment, never after a tail a
+   crash may have torn.
 
-``Recovered``: the surviving entries in created-at order (the LRU order to rebuild),
-the sizes of the kept segments, how many entries were dropped and segments deleted,
-and the first free segment number.
+``Recovered``: the surviving entries in created-at order (the LRU order to rebuild), the
+sizes of the kept segments, how many entries were dropped, objects re-indexed from the
+log, log puts that did not verify, segments deleted, the first free segment number and
+the new checkpoint's ``Mark``.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from statetier.protocol.errors import RejectedState
-from statetier.tiers.disk_index import DiskIndex, IndexEntry
+from statetier.protocol.errors import StatetierError
+from statetier.tiers.disk_body import RecordBody
+from statetier.tiers.disk_index import Delete, DiskIndex, IndexEntry, IndexOp, Mark, Put
+from statetier.tiers.disk_log import read_commits
 from statetier.tiers.segments import SegmentFile, list_segments
 
 
@@ -31,26 +44,44 @@ class Recovered:
     entries: list[IndexEntry]
     segment_sizes: dict[int, int]
     entries_dropped: int
+    replayed: int
+    unverified: int
     segments_deleted: int
     next_segment: int
+    mark: Mark
 
 
-def recover(index: DiskIndex, segment_dir: Path) -> Recovered:
+def recover(index: DiskIndex, segment_dir: Path, body: RecordBody) -> Recovered:
+    checkpoint = index.mark()
     sizes = list_segments(segment_dir)
     entries, unreadable = index.scan()
     files = {number: SegmentFile(segment_dir, number) for number in sizes}
-    kept, dropped = [], list(unreadable)
+    state: dict[bytes, IndexEntry] = {}
+    dropped = list(unreadable)
     try:
         for entry in entries:
             if _is_intact(entry, sizes, files):
-                kept.append(entry)
+                state[entry.meta.object_id] = entry
             else:
                 dropped.append(entry.meta.object_id)
+        last_seq, history = checkpoint.last_seq, defaultdict(list)
+        for number in sorted(n for n in sizes if n >= checkpoint.scan_from):
+            commits, highest = read_commits(files[number], checkpoint.last_seq)
+            last_seq = max(last_seq, highest)
+            for seq, ops in commits:
+                for position, op in enumerate(ops):
+                    object_id = op.entry.meta.object_id if isinstance(op, Put) else op.object_id
+                    history[object_id].append(((seq, position), op))
+        changes, unverified = _replay(state, history, sizes, files, body)
     finally:
         for file in files.values():
             file.close()
-    index.drop(dropped)
-    index.prune_by_key({entry.meta.object_id for entry in kept})
+    seen = set(sizes) | {entry.location.segment for entry in entries} | {checkpoint.scan_from - 1}
+    next_segment = max(seen, default=0) + 1
+    mark = Mark(last_seq, next_segment)
+    index.checkpoint([Delete(object_id) for object_id in dropped] + changes, mark)
+    kept = list(state.values())
+    index.prune_by_key(set(state))
     live: dict[int, int] = {}
     for entry in kept:
         live[entry.location.segment] = live.get(entry.location.segment, 0) + entry.location.record_len
@@ -60,8 +91,46 @@ def recover(index: DiskIndex, segment_dir: Path) -> Recovered:
         files[number].unlink()
         deleted += 1
     kept.sort(key=lambda e: (e.meta.created_at_ns, e.location.segment, e.location.offset))
-    seen = set(sizes) | {entry.location.segment for entry in entries}
-    return Recovered(kept, {n: sizes[n] for n in live}, len(dropped), deleted, max(seen, default=0) + 1)
+    return Recovered(kept, {n: sizes[n] for n in live}, len(dropped), len(changes), unverified, deleted,
+                     next_segment, mark)
+
+
+def _replay(state: dict[bytes, IndexEntry], history: dict[bytes, list], sizes: dict[int, int],
+            files: dict[int, SegmentFile], body: RecordBody) -> tuple[list[IndexOp], int]:
+    """Apply each object's last logged op to ``state``; the index ops that do the same."""
+    changes: list[IndexOp] = []
+    unverified = 0
+    for object_id, ops in history.items():
+        ops.sort(key=lambda item: item[0])
+        final = state.get(object_id)
+        for _, op in reversed(ops):
+            if isinstance(op, Delete):
+                final = None
+                break
+            if _reads_back(op.entry, sizes, files, body):
+                final = op.entry
+                break
+            unverified += 1
+        if final == state.get(object_id):
+            continue
+        if final is None:
+            del state[object_id]
+            changes.append(Delete(object_id))
+        else:
+            state[object_id] = final
+            changes.append(Put(final))
+    return changes, unverified
+
+
+def _reads_back(entry: IndexEntry, sizes: dict[int, int], files: dict[int, SegmentFile], body: RecordBody) -> bool:
+    loc = entry.location
+    if not _is_intact(entry, sizes, files):
+        return False
+    try:
+        body.read_verified(files[loc.segment], loc, entry.meta.object_id)
+    except (StatetierError, OSError):
+        return False
+    return True
 
 
 def _is_intact(entry: IndexEntry, sizes: dict[int, int], files: dict[int, SegmentFile]) -> bool:
@@ -71,6 +140,6 @@ def _is_intact(entry: IndexEntry, sizes: dict[int, int], files: dict[int, Segmen
         return False
     try:
         header = files[loc.segment].read_record_header(loc.offset, entry.meta.object_id, loc.generation)
-    except RejectedState:
+    except StatetierError:
         return False
     return header.record_len == loc.record_len

@@ -3,12 +3,16 @@
 - ``SegmentState`` — one segment: its ``SegmentFile``; ``tail`` (bytes reserved or on
   disk); ``live_bytes`` and ``objects`` (records the index points at); ``lingering`` (ids
   whose readers may still hold a location in this segment although the index moved or
-  dropped it); ``pins`` (reservations and I/O in flight). ``is_deletable`` says whether
+  dropped it); ``pins`` (reservations and I/O in flight); ``unheaded`` (offset → header
+  of each reservation whose header may not be written yet: the next COMMIT record in
+  this segment fills those below it, ``tiers.disk_log``). ``is_deletable`` says whether
   the file may go: nothing live, nothing pinned, no lingering id (after
   ``forget_unleased`` dropped those no lease holds any more).
 - ``SegmentSpace`` — the segments by number and the one ``active`` segment;
-  ``reserve(record_len)`` assigns an offset (and a pin) in the active segment, sealing it
-  and opening the next once it passes ``segment_bytes``; ``place`` / ``unplace`` /
+  ``reserve(record_len, header)`` assigns an offset (and a pin) in the active segment,
+  sealing it and opening the next once it passes ``segment_bytes``; ``reserve_log`` does
+  the same for a COMMIT record but never seals (it belongs beside the records it names);
+  ``retire_active`` seals the active segment early; ``place`` / ``unplace`` /
   ``location`` track each object's current record; ``compaction_candidates(ratio)``.
 
 Nothing here blocks or awaits: the tier calls it from the event loop, so a reservation
@@ -33,6 +37,7 @@ class SegmentState:
         self.objects: set[bytes] = set()
         self.lingering: set[bytes] = set()
         self.pins = 0
+        self.unheaded: dict[int, bytes] = {}
         self.moved_out_bytes = 0  # live bytes compaction copied elsewhere
         self.is_drained = False  # compaction moved every live record out of it
 
@@ -77,14 +82,24 @@ class SegmentSpace:
         self.segments[number] = state
         return state
 
-    def reserve(self, record_len: int) -> tuple[SegmentState, int]:
-        """Room for one record in the active segment; the caller owns one pin on it."""
+    def reserve(self, record_len: int, header: bytes) -> tuple[SegmentState, int]:
+        """Room for one object record in the active segment, whose header will be
+        ``header``; the caller owns one pin on the segment."""
         if self.active.tail and self.active.tail + record_len > self.segment_bytes:
             self.active = self._open_next()
+        segment, offset = self.reserve_log(record_len)
+        segment.unheaded[offset] = header
+        return segment, offset
+
+    def reserve_log(self, record_len: int) -> tuple[SegmentState, int]:
+        """Room for a COMMIT record at the end of the active segment, however full; pinned."""
         segment, offset = self.active, self.active.tail
         segment.tail += record_len
         segment.pin()
         return segment, offset
+
+    def retire_active(self) -> None:
+        self.active = self._open_next()
 
     def place(self, object_id: bytes, location: Location) -> None:
         self.unplace(object_id)

@@ -1,28 +1,37 @@
 """Segment files of the disk tier: the record format and blocking I/O on one file.
 
 ``segments/seg-00000001.dat`` … hold records back to back, each at the offset the tier
-reserved for it. A record, little-endian::
+reserved for it, so a segment can be walked from its start, header to header. A record,
+little-endian::
 
     offset size  field
     0      4     magic b"STRC"
     4      1     record format version (1)
-    5      1     flags: bit 0 set = the body is an AtRestCipher envelope
+    5      1     flags: bit 0 = the body is an AtRestCipher envelope; bit 1 = a COMMIT
+                 record; bit 2 = a VOID record (a reservation never used, skip it)
     6      2     reserved, zero
     8      8     body length in bytes (u64); the record is 64 + body length bytes
-    16     16    object_id (the state_id)
-    32     8     generation (u64): 1 when stored, +1 each time compaction copies the record
-    40     16    reserved, zero
+    16     16    object_id (the state_id); zero in COMMIT and VOID records
+    32     8     object records: generation (u64), 1 when stored, +1 per compaction copy;
+                 COMMIT records: the group commit's sequence number
+    40     8     COMMIT records: xxh3-64 of the body; zero otherwise
+    48     8     reserved, zero
     56     8     checksum: xxh3-64 (u64) of bytes [0, 56) of this record header
-    64     …     body: the sealed blob (header + payload), or its at-rest envelope
+    64     …     body: the sealed blob (header + payload), or its at-rest envelope; in a
+                 COMMIT record the index ops of one group commit (``tiers.disk_log``)
 
-The checksum guards the record header only; the body is verified on every read by its
-own signature and payload digest (``open_sealed``), or by the AES-GCM tag first.
+The checksum guards the record header only; an object body is verified on every read by
+its own signature and payload digest (``open_sealed``), or by the AES-GCM tag first.
+An object record's header depends only on its reservation, so writing it twice (by the
+writer and by a commit that fills the headers below it) writes the same bytes.
 
-- ``RecordHeader``  — ``pack()`` / ``unpack_checked(raw, object_id, generation)``.
+- ``RecordHeader``  — ``pack()`` / ``unpack_checked(raw, object_id, generation)`` /
+                      ``try_unpack(raw)``; ``commit_header`` / ``void_header``.
 - ``SegmentFile``   — one file: lazy open (creating it makes its directory entry durable),
                       ``write_at`` (pwritev), ``sync`` (fdatasync), ``read_record``,
-                      ``read_record_header``, ``copy_record_to``, ``unlink``. Every method
-                      blocks: the tier calls them in its executor.
+                      ``read_record_header``, ``read_at``, ``walk`` (header to header from
+                      the start), ``copy_record_to``, ``unlink``. Every method blocks: the
+                      tier calls them in its executor.
 - ``segment_path`` / ``list_segments`` — file names and discovery.
 """
 
@@ -43,13 +52,16 @@ from statetier.protocol.errors import CorruptPayload, TruncatedState
 RECORD_MAGIC = b"STRC"
 RECORD_VERSION = 1
 FLAG_ENVELOPE = 0x01
-_HEAD = struct.Struct("<4sBBHQ16sQ16x")
+FLAG_COMMIT = 0x02
+FLAG_VOID = 0x04
+_HEAD = struct.Struct("<4sBBHQ16sQQ8x")
 _CHECKSUM = struct.Struct("<Q")
 RECORD_HEADER_BYTES = _HEAD.size + _CHECKSUM.size
 assert RECORD_HEADER_BYTES == 64
 
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 1024
 _COPY_CHUNK = 8 << 20
+_NO_OBJECT = bytes(16)
 _NAME = re.compile(r"^seg-(\d{8})\.dat$")
 
 
@@ -59,6 +71,7 @@ class RecordHeader:
     generation: int
     body_len: int
     flags: int = 0
+    body_checksum: int = 0  # COMMIT records only
 
     @property
     def record_len(self) -> int:
@@ -68,27 +81,63 @@ class RecordHeader:
     def is_envelope(self) -> bool:
         return bool(self.flags & FLAG_ENVELOPE)
 
+    @property
+    def is_commit(self) -> bool:
+        return bool(self.flags & FLAG_COMMIT)
+
+    @property
+    def is_object(self) -> bool:
+        return not self.flags & (FLAG_COMMIT | FLAG_VOID)
+
+    def moved(self) -> "RecordHeader":
+        """The header of this object record's next compaction copy."""
+        return RecordHeader(self.object_id, self.generation + 1, self.body_len, self.flags)
+
     def pack(self) -> bytes:
         head = _HEAD.pack(RECORD_MAGIC, RECORD_VERSION, self.flags, 0, self.body_len,
-                          self.object_id, self.generation)
+                          self.object_id, self.generation, self.body_checksum)
         return head + _CHECKSUM.pack(xxhash.xxh3_64_intdigest(head))
+
+    @classmethod
+    def try_unpack(cls, raw) -> "RecordHeader | None":
+        """The header in ``raw``, or None where there is none (zeros, a torn or foreign header)."""
+        view = memoryview(raw)
+        if view.nbytes < RECORD_HEADER_BYTES:
+            return None
+        magic, version, flags, _res, body_len, oid, gen, body_checksum = _HEAD.unpack_from(view, 0)
+        (checksum,) = _CHECKSUM.unpack_from(view, _HEAD.size)
+        if magic != RECORD_MAGIC or version != RECORD_VERSION:
+            return None
+        if checksum != xxhash.xxh3_64_intdigest(view[: _HEAD.size]):
+            return None
+        return cls(oid, gen, body_len, flags, body_checksum)
 
     @classmethod
     def unpack_checked(cls, raw, object_id: bytes, generation: int) -> "RecordHeader":
         """Parse ``raw`` and insist it is the record of ``object_id`` at ``generation``."""
-        view = memoryview(raw)
-        if view.nbytes < RECORD_HEADER_BYTES:
+        if memoryview(raw).nbytes < RECORD_HEADER_BYTES:
             raise TruncatedState("segment ends inside a record header")
-        magic, version, flags, _res, body_len, oid, gen = _HEAD.unpack_from(view, 0)
-        (checksum,) = _CHECKSUM.unpack_from(view, _HEAD.size)
-        if magic != RECORD_MAGIC or version != RECORD_VERSION:
-            raise CorruptPayload("no record header at the indexed offset")
-        if checksum != xxhash.xxh3_64_intdigest(view[: _HEAD.size]):
-            raise CorruptPayload("record header checksum mismatch")
-        if oid != object_id or gen != generation:
-            raise CorruptPayload(f"record at the indexed offset is {oid.hex()} generation {gen}, "
-                                 f"expected {object_id.hex()} generation {generation}")
-        return cls(oid, gen, body_len, flags)
+        header = cls.try_unpack(raw)
+        if header is None:
+            raise CorruptPayload("no intact record header at the indexed offset")
+        if not header.is_object or header.object_id != object_id or header.generation != generation:
+            raise CorruptPayload(f"record at the indexed offset is {header.object_id.hex()} generation "
+                                 f"{header.generation}, expected {object_id.hex()} generation {generation}")
+        return header
+
+
+def commit_header(seq: int, body) -> bytes:
+    """The header of a COMMIT record holding ``body``."""
+    return RecordHeader(_NO_OBJECT, seq, len(body), FLAG_COMMIT, xxhash.xxh3_64_intdigest(body)).pack()
+
+
+def void_header(record_len: int) -> bytes:
+    """The header that marks ``record_len`` reserved bytes as never used."""
+    return RecordHeader(_NO_OBJECT, 0, record_len - RECORD_HEADER_BYTES, FLAG_VOID).pack()
+
+
+def is_commit_body_intact(header: RecordHeader, body) -> bool:
+    return xxhash.xxh3_64_intdigest(body) == header.body_checksum
 
 
 def segment_path(directory: Path, number: int) -> Path:
@@ -159,6 +208,25 @@ class SegmentFile:
         raw = os.pread(self._fd_for_read(), RECORD_HEADER_BYTES, offset)
         return RecordHeader.unpack_checked(raw, object_id, generation)
 
+    def read_at(self, offset: int, nbytes: int) -> bytearray:
+        """Exactly ``nbytes`` from ``offset``, or TruncatedState."""
+        buffer = bytearray(nbytes)
+        self._read_exactly(offset, [memoryview(buffer)])
+        return buffer
+
+    def walk(self):
+        """``(offset, RecordHeader)`` of each record from the start of the file, header to
+        header, until the file ends or no intact header follows."""
+        fd = self._fd_for_read()
+        size = os.fstat(fd).st_size
+        offset = 0
+        while offset + RECORD_HEADER_BYTES <= size:
+            header = RecordHeader.try_unpack(os.pread(fd, RECORD_HEADER_BYTES, offset))
+            if header is None:
+                return
+            yield offset, header
+            offset += header.record_len
+
     def read_record(self, offset: int, record_len: int, object_id: bytes, generation: int) -> tuple[RecordHeader, bytearray]:
         """The checked record header and a fresh buffer holding the body."""
         head = bytearray(RECORD_HEADER_BYTES)
@@ -183,13 +251,13 @@ class SegmentFile:
             if got:
                 views[first] = views[first][got:]
 
-    def copy_record_to(self, target: "SegmentFile", src_offset: int, dst_offset: int, record_len: int,
-                       object_id: bytes, generation: int) -> RecordHeader:
-        """Copy one record to ``target`` at ``dst_offset`` as generation + 1; return the new header."""
-        old = self.read_record_header(src_offset, object_id, generation)
-        if old.record_len != record_len:
-            raise CorruptPayload(f"record holds {old.record_len} bytes, the index says {record_len}")
-        new = RecordHeader(object_id, generation + 1, old.body_len, old.flags)
+    def copy_record_to(self, target: "SegmentFile", src_offset: int, dst_offset: int,
+                       old: RecordHeader) -> RecordHeader:
+        """Copy the record whose header was read as ``old`` to ``target`` at ``dst_offset``,
+        as ``old.moved()``; return that header."""
+        if self.read_record_header(src_offset, old.object_id, old.generation) != old:
+            raise CorruptPayload(f"record {old.object_id.hex()} changed under compaction")
+        new = old.moved()
         buffer = bytearray(min(_COPY_CHUNK, max(old.body_len, 1)))
         done = 0
         while done < old.body_len:

@@ -3,16 +3,21 @@
 - ``make_object(object_id)`` — the sealed object for an id, derived from the id alone
   (size, payload, key, created-at), so a test knows exactly which bytes to expect.
 - ``object_id_for(seed, run, index)`` — the id of the index-th object of one run.
-- ``python disk_crash_writer.py crash DIR SEED RUN`` — opens the tier, prints
-  ``READY <entries dropped by recovery>``, then stores objects from three concurrent
-  writers forever, deleting and compacting now and then. It prints (flushed) ``S <id>``
-  right after ``complete_store`` returns, ``d <id>`` before a ``delete`` and ``D <id>``
-  right after it returns, until the test kills it with SIGKILL.
+- ``crash_size(object_id)`` — the size the crash writer gives it: mostly small objects
+  (buffered, written by the commit), one in eight past ``BUFFERED_BYTES`` (written by
+  ``write`` itself, in a segment of its own).
+- ``python disk_crash_writer.py crash DIR SEED RUN`` — opens the tier (checkpointing the
+  index after every op, every few ops, or never: chosen per run), prints ``READY
+  <entries dropped by recovery> <objects re-indexed from the log>``, then stores objects
+  from three concurrent writers forever, deleting and compacting now and then. It prints
+  (flushed) ``S <id>`` right after ``complete_store`` returns, ``d <id>`` before a
+  ``delete`` and ``D <id>`` right after it returns, until the test kills it with SIGKILL.
 - ``python disk_crash_writer.py fill DIR LIMIT`` — caps its file size at LIMIT bytes
   (RLIMIT_FSIZE, SIGXFSZ ignored) and stores until the tier says ``CapacityError``, then
   checks in-process that nothing broke: prints ``S <id>`` per stored object,
-  ``FULL <id> <error class>`` for the refused one, ``OK`` when every earlier object still
-  read back verified and the refused one left nothing visible.
+  ``FULL <id> <error class>`` for the refused one, ``DELETED <id> <log fallbacks>`` once
+  it deleted the first object (a delete must work on a full disk), ``OK`` when every other
+  earlier object still read back verified and the refused one left nothing visible.
 """
 
 from __future__ import annotations
@@ -39,6 +44,13 @@ NAMESPACE = NamespaceSpec("disk-tier-test").namespace()
 
 def object_id_for(seed: int, run: int, index: int) -> bytes:
     return hashlib.blake2b(f"{seed}/{run}/{index}".encode(), digest_size=16).digest()
+
+
+def crash_size(object_id: bytes) -> int:
+    from statetier.tiers.disk import BUFFERED_BYTES
+
+    rng = random.Random(object_id + b"size")
+    return BUFFERED_BYTES + rng.randrange(1, 64 * 1024) if rng.random() < 0.125 else rng.randrange(256, 24 * 1024)
 
 
 def make_object(object_id: bytes, size: int | None = None) -> tuple[ObjectMeta, bytes]:
@@ -85,17 +97,19 @@ def open_tier(directory: str, **options):
 
 
 async def crash_loop(directory: str, seed: int, run: int) -> None:
-    tier = open_tier(directory)
-    await tier.start()
-    _say("READY", str(tier.stats().extra["recovery_dropped"]))
-    mine: list[bytes] = []
     rng = random.Random(seed * 1000 + run)
+    tier = open_tier(directory, checkpoint_ops=rng.choice([1, 5, 40, 1 << 30]),
+                     checkpoint_seconds=rng.choice([0.02, 3600.0]))
+    await tier.start()
+    extra = tier.stats().extra
+    _say("READY", str(extra["recovery_dropped"]), str(extra["recovery_replayed"]))
+    mine: list[bytes] = []
     counter = iter(range(1 << 30))
 
     async def writer() -> None:
         while True:
             object_id = object_id_for(seed, run, next(counter))
-            await store(tier, *make_object(object_id))
+            await store(tier, *make_object(object_id, crash_size(object_id)))
             _say("S", object_id.hex())
             mine.append(object_id)
             if rng.random() < 0.25 and mine:
@@ -130,6 +144,10 @@ async def fill(directory: str, limit: int) -> None:
             break
         stored[object_id] = blob
         _say("S", object_id.hex())
+    first = next(iter(stored))
+    assert await tier.delete(first)
+    del stored[first]
+    _say("DELETED", first.hex(), str(tier.stats().extra["log_fallbacks"]))
     for object_id, blob in stored.items():
         assert await load(tier, object_id) == blob
     await tier.close()

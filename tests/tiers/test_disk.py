@@ -4,8 +4,9 @@ Each test tells one story: the store lifecycle and its visibility rules, cancell
 every point where a store, load, eviction or compaction awaits, a restart that keeps every
 completed object, compaction that frees sparse segments byte for byte, the exact LRU
 eviction order, leases that keep a segment file alive through compaction, a flipped byte
-refused and dropped, at-rest encryption, a full filesystem, and compaction running while
-many readers stream verified objects.
+refused and dropped, at-rest encryption, a full filesystem (where a delete still works),
+and compaction running while many readers stream verified objects. The log itself — an
+index that lost its last checkpoints, a torn tail — is in ``test_disk_log.py``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from statetier.protocol.errors import (
 )
 from statetier.protocol.sealed import open_sealed
 from statetier.tiers.crypto import AtRestCipher
-from statetier.tiers.disk import DiskTier
+from statetier.tiers.disk import BUFFERED_BYTES, DiskTier
 from statetier.tiers.disk_index import DiskIndex, IndexEntry, Location, Put
 from statetier.tiers.disk_jobs import translate_error
 from statetier.tiers.segments import RECORD_HEADER_BYTES
@@ -207,10 +208,11 @@ async def cancel_at_each_job(executor: GatedExecutor, make_coro, check) -> int:
     raise AssertionError("the coroutine never finished")
 
 
-async def test_a_store_cancelled_at_any_point_leaves_nothing_visible(open_disk, tmp_path):
+@pytest.mark.parametrize(("size", "jobs"), [(3000, 1), (BUFFERED_BYTES + 1000, 2)], ids=["buffered", "written"])
+async def test_a_store_cancelled_at_any_point_leaves_nothing_visible(open_disk, tmp_path, size, jobs):
     executor = GatedExecutor()
-    tier = await open_disk(executor=executor)
-    pending = iter(objects(20, size=3000))
+    tier = await open_disk(executor=executor, segment_bytes=4 << 20)
+    pending = iter(objects(20, size=size))
     current = [None]
     outcomes = []
 
@@ -228,11 +230,11 @@ async def test_a_store_cancelled_at_any_point_leaves_nothing_visible(open_disk, 
             assert await load(tier, meta.object_id) == blob
 
     points = await cancel_at_each_job(executor, one_store, check)
-    assert points >= 2 and outcomes == [False] * points + [True]  # write, commit, … then done
+    assert points >= jobs and outcomes == [False] * points + [True]  # (write,) commit, … then done
     await tier.close()
     executor.shutdown()
 
-    reopened = await open_disk()
+    reopened = await open_disk(segment_bytes=4 << 20)
     assert [m.object_id async for m in reopened.iter_objects()] == [current[0][0].object_id]
 
 
@@ -273,7 +275,7 @@ async def test_concurrent_stores_share_one_durable_index_commit(open_disk):
     executor = GatedExecutor()
     tier = await open_disk(executor=executor)
     batch = objects(16, size=2000)
-    executor.arm(16)  # the 16 writes run; the first commit is held
+    executor.arm(0)  # small objects are written by the commit itself: the first commit is held
 
     stores = [asyncio.create_task(store(tier, meta, blob)) for meta, blob in batch]
     try:
@@ -321,8 +323,9 @@ async def test_a_restart_drops_entries_whose_record_header_is_damaged(open_disk,
         await store(tier, meta, blob)
     await tier.close()
     (first,) = [p for p in segment_files(tmp_path / "disk") if p.stat().st_size > 0]
+    second = first.read_bytes().index(batch[1][0].object_id) - 16  # its record header
     with open(first, "r+b") as handle:  # the second record's header checksum
-        handle.seek(RECORD_HEADER_BYTES + batch[0][0].size + 60)
+        handle.seek(second + 60)
         handle.write(b"\xff")
 
     reopened = await open_disk(segment_bytes=1 << 20)
@@ -345,12 +348,14 @@ async def test_compaction_reclaims_sparse_segments_and_keeps_every_byte(open_dis
             await tier.delete(meta.object_id)
     kept = {meta.object_id: blob for meta, blob in batch if meta.object_id[0] % 3 == 0}
     before = sum(p.stat().st_size for p in segment_files(tmp_path / "disk"))
+    logged = tier.stats().extra["commit_record_bytes"]
 
     report = await tier.compact()
 
     after = sum(p.stat().st_size for p in segment_files(tmp_path / "disk"))
     assert report.segments_compacted > 0 and report.objects_moved > 0 and report.segments_blocked == 0
-    assert before - after == report.bytes_reclaimed > 0
+    moves_logged = tier.stats().extra["commit_record_bytes"] - logged  # the COMMIT record of the moves
+    assert before - after == report.bytes_reclaimed - moves_logged > 0
     assert tier.stats().compactions_run == 1
     for object_id, blob in kept.items():
         assert await load(tier, object_id) == blob
@@ -360,6 +365,53 @@ async def test_compaction_reclaims_sparse_segments_and_keeps_every_byte(open_dis
     assert {m.object_id async for m in reopened.iter_objects()} == set(kept)
     for object_id, blob in kept.items():
         assert await load(reopened, object_id) == blob
+
+
+class CommitHoldingExecutor(ThreadPoolExecutor):
+    """A real thread pool that holds group-commit jobs (``write_batch``) until ``open()``."""
+
+    def __init__(self) -> None:
+        super().__init__(4)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.held = 0
+
+    def submit(self, fn, /, *args, **kwargs):
+        if getattr(fn, "__name__", "") != "write_batch" or self.gate.is_set():
+            return super().submit(fn, *args, **kwargs)
+        self.held += 1
+        gate = self.gate
+        return super().submit(lambda: (gate.wait(), fn(*args, **kwargs))[1])
+
+
+async def test_compaction_deletes_a_file_only_once_the_delete_that_emptied_it_is_checkpointed(open_disk, tmp_path):
+    executor = CommitHoldingExecutor()
+    tier = await open_disk(executor=executor, segment_bytes=8 * 1024)
+    batch = objects(6, size=3000)  # two records a segment
+    for meta, blob in batch:
+        await store(tier, meta, blob)
+    first_segment = segment_files(tmp_path / "disk")[0]
+    assert batch[0][0].object_id in first_segment.read_bytes()
+    await tier.delete(batch[1][0].object_id)
+    executor.gate.clear()
+
+    deleting = asyncio.create_task(tier.delete(batch[0][0].object_id))  # empties the first segment
+    compacting = asyncio.create_task(tier.compact())
+    async with asyncio.timeout(30):
+        while not executor.held:
+            await asyncio.sleep(0.005)
+    await asyncio.sleep(0.1)
+
+    assert first_segment.exists() and not compacting.done()  # a restart could still need it
+    executor.gate.set()
+    assert await deleting
+    report = await compacting
+    assert report.segments_compacted >= 1 and not first_segment.exists()
+    await tier.close()
+    executor.shutdown()
+    reopened = await open_disk()
+    assert reopened.stats().extra["recovery_dropped"] == 0
+    assert {m.object_id async for m in reopened.iter_objects()} == {meta.object_id for meta, _ in batch[2:]}
 
 
 async def test_a_lease_keeps_its_segment_file_through_compaction(open_disk, tmp_path):
@@ -468,7 +520,10 @@ async def test_a_full_filesystem_gives_a_clean_capacity_error_and_loses_nothing(
     lines = run.stdout.splitlines()
     stored = [bytes.fromhex(line.split()[1]) for line in lines if line.startswith("S ")]
     (full,) = [line.split() for line in lines if line.startswith("FULL ")]
+    (deleted,) = [line.split() for line in lines if line.startswith("DELETED ")]
     assert full[2] == "CapacityError" and lines[-1] == "OK" and len(stored) >= 10
+    assert deleted[1] == stored[0].hex() and int(deleted[2]) >= 1  # its COMMIT record did not fit
+    stored = stored[1:]
 
     tier = await open_disk()
     assert tier.stats().extra["recovery_dropped"] == 0
