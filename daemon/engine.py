@@ -155,7 +155,7 @@ class Engine:
                                            keyring=self.keyring, state_id=state_id, version=version,
                                            digest_alg=req.digest_alg, contains_speculative=req.speculative)
         meta = _meta(req, provenance, state_id, version, len(header), layout.payload_len)
-        first = 0 if self._fits_quota(req.tenant, self.tiers[0], meta.size) else 1
+        first = self.tenancy.first_tier_within_quota(req.tenant, [t.name for t in self.tiers], meta.size)
         tier = await self.placement.store([header, view], meta, first=first)
         return await self._finish_put(req, meta, tier, [header, view], started)
 
@@ -237,9 +237,6 @@ class Engine:
     def _stamp(self, prov: Provenance) -> Provenance:
         return Provenance(prov.request_id, prov.step, prov.producer_id or self.options.producer_id,
                           prov.created_at_ns or time.time_ns())
-
-    def _fits_quota(self, tenant: str, tier: Tier, nbytes: int) -> bool:
-        return not self.tenancy.would_exceed(tenant, tier.name, nbytes)
 
     async def _hash_off_loop(self, nbytes: int, fn, *args, **kwargs):
         if nbytes < INLINE_HASH_BYTES or self.executor is None:

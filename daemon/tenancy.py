@@ -5,8 +5,10 @@
 - ``check_namespace(tenant, namespace)`` binds a namespace to the first tenant that uses
   it and refuses every other tenant (``Forbidden``). A namespace digest already mixes in
   the tenant salt, so two tenants only collide when one deliberately names the other's.
+- ``first_tier_within_quota(tenant, tiers, nbytes)`` — where a put may start; raises
+  ``QuotaExceeded`` when no tier has quota left for the tenant.
 - ``charge(tenant, tier, state_id, nbytes)`` / ``refund(tier, state_id)`` keep per-tier
-  byte usage; ``charge`` raises ``QuotaExceeded`` past the tenant's quota for that tier.
+  byte usage of what was stored.
 """
 
 from __future__ import annotations
@@ -29,10 +31,13 @@ class Tenancy:
         if owner != tenant:
             raise Forbidden(f"namespace {namespace.hex()[:16]}… belongs to another tenant")
 
+    def first_tier_within_quota(self, tenant: str, tier_names: list[str], nbytes: int) -> int:
+        for index, tier in enumerate(tier_names):
+            if not self.would_exceed(tenant, tier, nbytes):
+                return index
+        raise QuotaExceeded(f"tenant {tenant!r} has no quota left for {nbytes} bytes in any tier")
+
     def charge(self, tenant: str, tier: str, state_id: bytes, nbytes: int) -> None:
-        limit = self.quotas.get(tenant, {}).get(tier)
-        if limit is not None and self._usage[(tenant, tier)] + nbytes > limit:
-            raise QuotaExceeded(f"tenant {tenant!r} would exceed its {tier} quota of {limit} bytes")
         self.refund(tier, state_id)
         self._usage[(tenant, tier)] += nbytes
         self._charges[(tier, state_id)] = (tenant, nbytes)

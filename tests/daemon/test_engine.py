@@ -23,6 +23,7 @@ from statetier.protocol.errors import (
     NamespaceMismatch,
     NotFound,
     PositionMismatch,
+    QuotaExceeded,
     StaleState,
 )
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, prefix_hashes
@@ -269,3 +270,25 @@ async def test_a_state_id_issued_for_another_stream_is_misrouted_even_when_its_o
     with pytest.raises(MisroutedState):
         await engine.load(LoadRequest("default", NS, ref=crossed), owner="c1")
     assert rejections(engine.test_metrics, "misrouted") == 1
+
+
+async def test_a_tenant_past_its_quota_spills_to_the_next_tier_then_is_refused(tmp_path):
+    keyring = Keyring.generate()
+    host = HostTier(1 << 20)
+    disk = DiskTier(tmp_path / "disk", 64 << 20, keyring=keyring, segment_bytes=1 << 20)
+    one_object = 20 * 1024
+    quotas = {"small": {"host": one_object, "disk": one_object}}
+    engine = Engine([host, disk], keyring=keyring, registry=MemoryVersionRegistry(),
+                    options=EngineOptions(quotas=quotas), arena=host)
+    await engine.start()
+    try:
+        first = await engine.put(*ssm_put(layer=0, tenant="small"))
+        second = await engine.put(*ssm_put(layer=1, tenant="small"))
+        assert (first.tier, second.tier) == ("host", "disk")
+        with pytest.raises(QuotaExceeded):
+            await engine.put(*ssm_put(layer=2, tenant="small"))
+        assert (host.stats().objects, disk.stats().objects) == (1, 1)  # nothing stored for the refusal
+        await engine.delete("small", first.ref)
+        assert (await engine.put(*ssm_put(layer=3, tenant="small"))).tier == "host"
+    finally:
+        await engine.close()
