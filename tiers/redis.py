@@ -139,6 +139,7 @@ class RedisTier(Tier):
         self._leases = LeaseTable(lease_ttl)
         self._verified = VerifiedHeaders(keyring, size=2048)
         self._leased: dict[bytes, ObjectMeta] = {}  # objects under a local lease
+        self._leased_found: dict[bytes, "_Leased"] = {}  # their manifest and chunk 0, shared by leases
         self._doomed: dict[bytes, Manifest] = {}  # deleted while leased: chunks go at the last release
         self._stores: dict[int, StoreTicket] = {}
         self._storing: set[bytes] = set()
@@ -350,11 +351,15 @@ class RedisTier(Tier):
     async def prepare_load(self, object_id: bytes, owner: object = None, ttl: float | None = None) -> Lease:
         client = self.client
         await self._expire_leases()
-        found = await self._get_manifest_and_first_chunk(client, object_id)
+        found = self._leased_found.get(object_id)
+        if found is None or object_id in self._doomed or not self._leases.is_leased(object_id):
+            # a second lease (a lookup's, then the load's) shares what the first fetched
+            found = await self._get_manifest_and_first_chunk(client, object_id)
         self._remember(object_id, found is not None)
         if found is None:
             raise NotFound(f"object {object_id.hex()} is not in redis")
         self._leased[object_id] = found.manifest.meta
+        self._leased_found[object_id] = found
         return self._leases.grant(found.manifest.meta, owner, found, ttl)
 
     async def read(self, lease: Lease) -> memoryview:
@@ -643,6 +648,7 @@ class RedisTier(Tier):
         """Forget objects no longer leased; delete the chunks of those deleted under a lease."""
         for oid in [oid for oid in self._leased if not self._leases.is_leased(oid)]:
             del self._leased[oid]
+            self._leased_found.pop(oid, None)
         for oid in [oid for oid in self._doomed if not self._leases.is_leased(oid)]:
             manifest = self._doomed.pop(oid)
             if self._client is not None:
