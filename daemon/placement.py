@@ -20,7 +20,7 @@ import logging
 import time
 from typing import Sequence
 
-from statetier.protocol.errors import CapacityError, InvalidRequest, LeaseError, NotFound, StatetierError
+from statetier.protocol.errors import CapacityError, InvalidRequest, NotFound, StatetierError
 from statetier.tiers.base import EvictedObject, ObjectMeta, Tier
 
 log = logging.getLogger("statetier.placement")
@@ -163,9 +163,9 @@ class Placement:
         try:
             blob = await source.read(lease)
             await self.store_in(target, [blob], lease.meta)
-            if not await source.contains(object_id) and await _holds(source, lease):
-                # deleted while the copy ran (a held lease keeps an object from eviction, so
-                # nothing else removed it): the copy must not outlive the delete
+            if not await source.contains(object_id):
+                # deleted while the copy ran (our lease keeps it from eviction, so nothing
+                # else removed it): the copy must not outlive the delete
                 await target.delete(object_id)
         except InvalidRequest:
             pass  # already there
@@ -176,11 +176,3 @@ class Placement:
     def write_behind_pending(self) -> int:
         return self._queue.qsize()
 
-
-async def _holds(tier: Tier, lease) -> bool:
-    """Whether ``lease`` is still in force (reading under a lapsed lease raises)."""
-    try:
-        await tier.read(lease)
-    except LeaseError:
-        return False
-    return True
