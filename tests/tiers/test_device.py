@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import os
 import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
+
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +22,9 @@ from statetier.protocol.keyring import dev_keyring  # noqa: E402
 from statetier.protocol.sealed import decode_header, open_sealed, seal_object  # noqa: E402
 from statetier.tiers.base import ObjectMeta  # noqa: E402
 from statetier.tiers.device import DeviceTier  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from contract_fixtures import load, store  # noqa: E402
 
 KEYRING = dev_keyring()
 NAMESPACE = NamespaceSpec("test/device-tier").namespace()
@@ -34,22 +40,7 @@ def sealed(payload_bytes: int, dtype: str = "uint8") -> tuple[ObjectMeta, bytes]
     return ObjectMeta.from_header(decode_header(blob)), blob
 
 
-async def put(tier: DeviceTier, meta: ObjectMeta, blob: bytes) -> None:
-    ticket = await tier.prepare_store(meta)
-    done = False
-    try:
-        await tier.write(ticket, [blob[: meta.header_len], memoryview(blob)[meta.header_len :]])
-        done = True
-    finally:
-        await tier.complete_store(ticket, done)
-
-
-async def read_bytes(tier: DeviceTier, object_id: bytes) -> bytes:
-    lease = await tier.prepare_load(object_id, owner="test")
-    try:
-        return bytes(await tier.read(lease))
-    finally:
-        await tier.complete_load(lease)
+put, read_bytes = store, load  # the shared store/load steps of the contract suite
 
 
 @pytest.fixture

@@ -4,13 +4,15 @@ and defragmentation while readers hold leases."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import hashlib
 import os
 import random
 import subprocess
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +23,9 @@ from statetier.protocol.keyring import dev_keyring
 from statetier.protocol.sealed import decode_header, open_sealed, seal_object
 from statetier.tiers.base import ObjectMeta
 from statetier.tiers.host import HostTier, open_unlinked_shm
+
+sys.path.insert(0, str(Path(__file__).parent))
+from contract_fixtures import load, store  # noqa: E402
 
 KEYRING = dev_keyring()
 NAMESPACE = NamespaceSpec("test/host-tier").namespace()
@@ -34,22 +39,7 @@ def sealed(payload_bytes: int, layer: int = 0) -> tuple[ObjectMeta, bytes]:
     return ObjectMeta.from_header(decode_header(blob)), blob
 
 
-async def put(tier: HostTier, meta: ObjectMeta, blob: bytes) -> None:
-    ticket = await tier.prepare_store(meta)
-    done = False
-    try:
-        await tier.write(ticket, [blob[: meta.header_len], memoryview(blob)[meta.header_len :]])
-        done = True
-    finally:
-        await tier.complete_store(ticket, done)
-
-
-async def read_bytes(tier: HostTier, object_id: bytes) -> bytes:
-    lease = await tier.prepare_load(object_id, owner="test")
-    try:
-        return bytes(await tier.read(lease))
-    finally:
-        await tier.complete_load(lease)
+put, read_bytes = store, load  # the shared store/load steps of the contract suite
 
 
 async def drain(executor: ThreadPoolExecutor) -> None:
