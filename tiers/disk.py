@@ -127,7 +127,7 @@ class DiskTier(Tier):
         self._is_started = False
         self.evictions = self.compactions_run = 0
         self.corrupt_dropped = self.recovery_dropped = self.recovery_segments_deleted = 0
-        self.recovery_replayed = self.recovery_unverified = 0
+        self.recovery_replayed = self.recovery_unverified = self.recovery_adopted = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -152,6 +152,7 @@ class DiskTier(Tier):
             self._lru.add(entry.meta)
         self.recovery_dropped, self.recovery_segments_deleted = found.entries_dropped, found.segments_deleted
         self.recovery_replayed, self.recovery_unverified = found.replayed, found.unverified
+        self.recovery_adopted = found.adopted
         self._checkpointer = Checkpointer(self._index, self._call, self._scan_from, found.mark,
                                           *self._checkpoint_every)
         self._log = CommitLog(self._space, self._call, self._checkpointer, self._resolve, self.fsync,
@@ -459,6 +460,7 @@ class DiskTier(Tier):
                 "ops_not_checkpointed": self._checkpointer.waiting if self._checkpointer else 0,
                 "recovery_replayed": self.recovery_replayed,
                 "recovery_unverified": self.recovery_unverified,
+                "recovery_adopted": self.recovery_adopted,
             },
         )
 

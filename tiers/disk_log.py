@@ -17,8 +17,10 @@ that finds the index behind replays the COMMIT records it lacks (``tiers.disk_re
 - ``encode_ops`` / ``decode_ops`` — the COMMIT body: u32 op count, then per op u8 kind
   (1 put, 2 delete), the 16-byte object_id and, for a put, u16 length + the packed
   ``IndexEntry``; zero padding to the reserved length.
-- ``read_commits(file, after_seq)`` — blocking: the intact COMMIT records of one segment
-  newer than ``after_seq``, and the highest sequence number seen.
+- ``scan_log(file, after_seq)`` → ``SegmentLog`` — blocking: one segment walked header to
+  header (resynchronising past a damaged header): its intact COMMIT records newer than
+  ``after_seq``, the object ids every intact COMMIT record names, its intact object
+  records, and whether it is damaged. ``read_commits`` returns only the first part.
 
 Why one fdatasync is enough: before a COMMIT record is acknowledged every reservation
 below it in its segment has a header in the page cache (written by its writer or filled
@@ -38,7 +40,7 @@ from statetier.tiers.disk_index import Delete, IndexEntry, IndexOp, Put
 from statetier.tiers.disk_jobs import chained
 from statetier.tiers.disk_space import SegmentSpace, SegmentState
 from statetier.tiers.segments import (
-    RECORD_HEADER_BYTES, SegmentFile, commit_header, is_commit_body_intact, void_header,
+    RECORD_HEADER_BYTES, RecordHeader, SegmentFile, commit_header, is_commit_body_intact, void_header,
 )
 
 _COUNT = struct.Struct("<I")
@@ -84,26 +86,60 @@ def decode_ops(body) -> list[IndexOp]:
     return ops
 
 
-def read_commits(file: SegmentFile, after_seq: int) -> tuple[list[tuple[int, list[IndexOp]]], int]:
-    """``[(seq, ops)]`` of the intact COMMIT records newer than ``after_seq``, and the
-    highest sequence number of any COMMIT record found."""
-    found, highest = [], 0
+@dataclass(slots=True)
+class SegmentLog:
+    """What ``scan_log`` found in one segment."""
+
+    commits: list[tuple[int, list[IndexOp]]] = field(default_factory=list)  # newer than after_seq
+    highest: int = 0  # the highest sequence number of any COMMIT record found
+    named: set[bytes] = field(default_factory=set)  # object ids any intact COMMIT record names
+    objects: list[tuple[int, RecordHeader]] = field(default_factory=list)  # intact object records
+    is_damaged: bool = False  # a damaged header, or a COMMIT record newer than after_seq unreadable
+
+
+def scan_log(file: SegmentFile, after_seq: int) -> SegmentLog:
+    """Walk one segment (resynchronising past damage): its intact COMMIT records newer than
+    ``after_seq`` in file order, what every intact COMMIT record names, and its intact
+    object records — the candidates recovery adopts where the COMMIT naming them is lost."""
+    found = SegmentLog()
     for offset, header in file.walk():
+        if header is None:
+            found.is_damaged = True
+            continue
+        if header.is_object:
+            found.objects.append((offset, header))
+            continue
         if not header.is_commit:
             continue
-        highest = max(highest, header.generation)
-        if header.generation <= after_seq:
-            continue
+        found.highest = max(found.highest, header.generation)
         try:
             body = file.read_at(offset + RECORD_HEADER_BYTES, header.body_len)
         except StatetierError:
             break  # the file ends inside it: a torn tail
-        if is_commit_body_intact(header, body):
-            try:
-                found.append((header.generation, decode_ops(body)))
-            except (struct.error, ValueError):
-                continue
-    return found, highest
+        ops = _intact_ops(header, body)
+        if ops is None:
+            found.is_damaged = found.is_damaged or header.generation > after_seq
+            continue
+        found.named.update(op.entry.meta.object_id if isinstance(op, Put) else op.object_id for op in ops)
+        if header.generation > after_seq:
+            found.commits.append((header.generation, ops))
+    return found
+
+
+def read_commits(file: SegmentFile, after_seq: int) -> tuple[list[tuple[int, list[IndexOp]]], int]:
+    """``[(seq, ops)]`` of the intact COMMIT records newer than ``after_seq``, and the
+    highest sequence number of any COMMIT record found."""
+    found = scan_log(file, after_seq)
+    return found.commits, found.highest
+
+
+def _intact_ops(header: RecordHeader, body) -> list[IndexOp] | None:
+    if not is_commit_body_intact(header, body):
+        return None
+    try:
+        return decode_ops(body)
+    except (struct.error, ValueError, IndexError):
+        return None
 
 
 # ---------------------------------------------------------------------------- the batch job

@@ -13,6 +13,11 @@
    record reads back verified (``open_sealed``: signature and digest) — if it does not,
    the op before it counts instead. A COMMIT record is acknowledged only after it and the
    records it names are durable, so a put that fails here was never acknowledged.
+   The walk resynchronises past a damaged header at the next intact one, so one flipped
+   bit costs only what it touched: the COMMIT records after it still count, and in a
+   segment with such damage (or with a COMMIT record that does not read back) the intact
+   object records no intact COMMIT record names are adopted once they read back verified
+   (``_adopt_orphans``) — a lost COMMIT record does not lose the intact objects it named.
 3. The result is written as a new checkpoint (synced) whose ``scan_from`` is the first
    segment of this run; live bytes per segment are recomputed.
 4. Segment files no entry references are deleted, now that no log in them is needed: they
@@ -22,8 +27,8 @@
 
 ``Recovered``: the surviving entries in created-at order (the LRU order to rebuild), the
 sizes of the kept segments, how many entries were dropped, objects re-indexed from the
-log, log puts that did not verify, segments deleted, the first free segment number and
-the new checkpoint's ``Mark``.
+log (adopted ones included), log puts that did not verify, segments deleted, the first free
+segment number, the new checkpoint's ``Mark`` and how many orphan records were adopted.
 """
 
 from __future__ import annotations
@@ -33,9 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from statetier.protocol.errors import StatetierError
+from statetier.protocol.sealed import open_sealed
 from statetier.tiers.disk_body import RecordBody
-from statetier.tiers.disk_index import Delete, DiskIndex, IndexEntry, IndexOp, Mark, Put
-from statetier.tiers.disk_log import read_commits
+from statetier.tiers.base import ObjectMeta
+from statetier.tiers.disk_index import Delete, DiskIndex, IndexEntry, IndexOp, Location, Mark, Put
+from statetier.tiers.disk_log import SegmentLog, scan_log
 from statetier.tiers.segments import SegmentFile, list_segments
 
 
@@ -49,6 +56,7 @@ class Recovered:
     segments_deleted: int
     next_segment: int
     mark: Mark
+    adopted: int = 0
 
 
 def recover(index: DiskIndex, segment_dir: Path, body: RecordBody) -> Recovered:
@@ -65,14 +73,17 @@ def recover(index: DiskIndex, segment_dir: Path, body: RecordBody) -> Recovered:
             else:
                 dropped.append(entry.meta.object_id)
         last_seq, history = checkpoint.last_seq, defaultdict(list)
-        for number in sorted(n for n in sizes if n >= checkpoint.scan_from):
-            commits, highest = read_commits(files[number], checkpoint.last_seq)
-            last_seq = max(last_seq, highest)
-            for seq, ops in commits:
+        logs = {number: scan_log(files[number], checkpoint.last_seq)
+                for number in sorted(n for n in sizes if n >= checkpoint.scan_from)}
+        for log in logs.values():
+            last_seq = max(last_seq, log.highest)
+            for seq, ops in log.commits:
                 for position, op in enumerate(ops):
                     object_id = op.entry.meta.object_id if isinstance(op, Put) else op.object_id
                     history[object_id].append(((seq, position), op))
         changes, unverified = _replay(state, history, sizes, files, body)
+        adopted = _adopt_orphans(state, history, logs, files, body)
+        changes += adopted
     finally:
         for file in files.values():
             file.close()
@@ -92,7 +103,7 @@ def recover(index: DiskIndex, segment_dir: Path, body: RecordBody) -> Recovered:
         deleted += 1
     kept.sort(key=lambda e: (e.meta.created_at_ns, e.location.segment, e.location.offset))
     return Recovered(kept, {n: sizes[n] for n in live}, len(dropped), len(changes), unverified, deleted,
-                     next_segment, mark)
+                     next_segment, mark, len(adopted))
 
 
 def _replay(state: dict[bytes, IndexEntry], history: dict[bytes, list], sizes: dict[int, int],
@@ -120,6 +131,38 @@ def _replay(state: dict[bytes, IndexEntry], history: dict[bytes, list], sizes: d
             state[object_id] = final
             changes.append(Put(final))
     return changes, unverified
+
+
+def _adopt_orphans(state: dict[bytes, IndexEntry], history: dict[bytes, list], logs: dict[int, SegmentLog],
+                   files: dict[int, SegmentFile], body: RecordBody) -> list[IndexOp]:
+    """Index the intact object records of damaged segments whose COMMIT record was lost.
+
+    Only in a segment where the walk met damage (a header it had to resynchronise past, or
+    a COMMIT record newer than the checkpoint that does not read back): there a lost COMMIT
+    record may have named records that are themselves intact. A record is adopted when no
+    intact COMMIT record anywhere names its object (so no logged delete or newer copy
+    exists), no entry holds it, and it reads back verified (signature and digest) as the
+    object its header names.
+    """
+    named = set().union(*(log.named for log in logs.values())) if logs else set()
+    adopted: list[IndexOp] = []
+    for number, log in logs.items():
+        if not log.is_damaged:
+            continue
+        for offset, header in log.objects:
+            object_id = header.object_id
+            if object_id in state or object_id in history or object_id in named:
+                continue
+            location = Location(number, offset, header.record_len, header.generation)
+            try:
+                blob = body.read_verified(files[number], location, object_id)
+                meta = ObjectMeta.from_header(open_sealed(blob, None, body.keyring, verify_payload=False).header)
+            except (StatetierError, OSError):
+                continue
+            entry = IndexEntry(location, meta)
+            state[object_id] = entry
+            adopted.append(Put(entry))
+    return adopted
 
 
 def _reads_back(entry: IndexEntry, sizes: dict[int, int], files: dict[int, SegmentFile], body: RecordBody) -> bool:

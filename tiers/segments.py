@@ -30,7 +30,8 @@ writer and by a commit that fills the headers below it) writes the same bytes.
 - ``SegmentFile``   — one file: lazy open (creating it makes its directory entry durable),
                       ``write_at`` (pwritev), ``sync`` (fdatasync), ``read_record``,
                       ``read_record_header``, ``read_at``, ``walk`` (header to header from
-                      the start), ``copy_record_to``, ``unlink``. Every method blocks: the
+                      the start, resynchronising past a damaged header), ``copy_record_to``,
+                      ``unlink``. Every method blocks: the
                       tier calls them in its executor.
 - ``segment_path`` / ``list_segments`` — file names and discovery.
 """
@@ -61,6 +62,7 @@ assert RECORD_HEADER_BYTES == 64
 
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 1024
 _COPY_CHUNK = 8 << 20
+_SCAN_CHUNK = 1 << 20
 _NO_OBJECT = bytes(16)
 _NAME = re.compile(r"^seg-(\d{8})\.dat$")
 
@@ -216,16 +218,40 @@ class SegmentFile:
 
     def walk(self):
         """``(offset, RecordHeader)`` of each record from the start of the file, header to
-        header, until the file ends or no intact header follows."""
+        header, until the file ends. Where no intact header lies at the expected offset (a
+        flipped bit, a torn write) the walk resynchronises: it yields ``(offset, None)``
+        for the damaged spot, then goes on at the next intact header found by its magic and
+        checksum. Past the last intact header there is only a tail: nothing is yielded."""
         fd = self._fd_for_read()
         size = os.fstat(fd).st_size
         offset = 0
         while offset + RECORD_HEADER_BYTES <= size:
             header = RecordHeader.try_unpack(os.pread(fd, RECORD_HEADER_BYTES, offset))
             if header is None:
-                return
+                found = self._next_header(fd, offset + 1, size)
+                if found is None:
+                    return
+                yield offset, None
+                offset, header = found
             yield offset, header
             offset += header.record_len
+
+    @staticmethod
+    def _next_header(fd: int, start: int, size: int) -> tuple[int, "RecordHeader"] | None:
+        """The first intact header at or after ``start``; every read moves forward."""
+        position = start
+        while position + RECORD_HEADER_BYTES <= size:
+            chunk = os.pread(fd, _SCAN_CHUNK, position)
+            at = chunk.find(RECORD_MAGIC)
+            while at != -1 and at + RECORD_HEADER_BYTES <= len(chunk):
+                header = RecordHeader.try_unpack(memoryview(chunk)[at : at + RECORD_HEADER_BYTES])
+                if header is not None:
+                    return position + at, header
+                at = chunk.find(RECORD_MAGIC, at + 1)
+            if len(chunk) < _SCAN_CHUNK:
+                return None
+            position += len(chunk) - RECORD_HEADER_BYTES + 1  # a header across the chunk end
+        return None
 
     def read_record(self, offset: int, record_len: int, object_id: bytes, generation: int) -> tuple[RecordHeader, bytearray]:
         """The checked record header and a fresh buffer holding the body."""
