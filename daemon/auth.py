@@ -10,7 +10,8 @@
 - ``TenantDirectory(tenants)`` — ``resolve(hello_meta, peer, tls_verified)`` → tenant
   name for a HELLO:
     * a ``token`` in HELLO (any transport) is hashed with SHA-256 and compared in constant
-      time against every tenant's ``token_sha256``; no match → ``Unauthorized``;
+      time against every tenant's ``token_sha256``; no match, or a token that is not valid
+      UTF-8 text → ``Unauthorized``;
     * otherwise, on the Unix socket, the tenant whose ``uids`` contain the peer's uid;
     * otherwise ``"default"`` when such a tenant is configured (or no tenants are
       configured at all: a single-tenant deployment) — on TCP only when mutual TLS has
@@ -25,7 +26,8 @@
   (mutual TLS). A failed handshake (a certificate our CA did not sign, none, not TLS at
   all) never reaches a ``Connection``; ``on_handshake_failure(exc)`` is how it is counted.
 
-Errors carry ``detail["auth"]``, a bounded label for ``metrics.count_auth_failure``.
+Errors carry ``detail["auth"]``, a bounded label for ``metrics.count_auth_failure``; the
+names a peer sent appear in them only through ``quote_untrusted`` (bounded, escaped).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import ssl
 import struct
 from dataclasses import dataclass
 
-from statetier.protocol.errors import ConfigError, Forbidden, InvalidRequest, Unauthorized
+from statetier.protocol.errors import ConfigError, Forbidden, InvalidRequest, Unauthorized, quote_untrusted
 
 DEFAULT_TENANT = "default"
 _PEERCRED = struct.Struct("3i")
@@ -74,8 +76,13 @@ def check_peer(creds: PeerCredentials, listen, tenant_uids=()) -> None:
 
 
 def token_sha256(token: str) -> str:
-    """The hex digest a tenant's ``token_sha256`` holds for ``token``."""
-    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+    """The hex digest a tenant's ``token_sha256`` holds for ``token``; ``Unauthorized`` for
+    a token that is not text UTF-8 can carry (a lone surrogate sent as a JSON escape)."""
+    try:
+        encoded = token.encode("utf-8")
+    except UnicodeEncodeError:
+        raise Unauthorized("the token is not valid UTF-8 text", auth="token") from None
+    return hashlib.sha256(encoded).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +126,8 @@ class TenantDirectory:
             raise Unauthorized("a bearer token is required on TCP", auth="token")
         if requested and requested != name:
             raise Forbidden(
-                f"these credentials belong to tenant {name!r}, not {requested!r}", auth="tenant"
+                f"these credentials belong to tenant {quote_untrusted(name)}, not {quote_untrusted(requested)}",
+                auth="tenant",
             )
         return name
 

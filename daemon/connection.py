@@ -42,6 +42,7 @@ from statetier.protocol.errors import (
     ProtocolError,
     StatetierError,
     Unauthorized,
+    bounded_text,
 )
 from statetier.protocol.frames import Frame, FrameDecoder, Op, error_frame, hello_ok_frame, negotiate
 from statetier.protocol.messages import field
@@ -231,7 +232,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def _refuse(self, exc: StatetierError) -> None:
         if isinstance(exc, (Unauthorized, Forbidden)):
-            log.warning("connection refused: %s", exc.message)
+            log.warning("connection refused: %s", bounded_text(exc.message))
             if self._ctx.metrics is not None:
                 self._ctx.metrics.count_auth_failure(str(exc.detail.get("auth", exc.reason)))
         else:

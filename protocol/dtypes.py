@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
-from .errors import InvalidRequest, MalformedState
+from .errors import InvalidRequest, MalformedState, quote_untrusted
 
 # name: (code, element size in bytes). Sub-byte types are stored packed as torch stores them
 # (one element per byte for the bits/intN families in torch today).
@@ -77,7 +77,7 @@ def canonical_dtype(name: str) -> str:
     name = name.removeprefix("torch.")
     name = _ALIASES.get(name, name)
     if name not in DTYPES:
-        raise InvalidRequest(f"unsupported dtype {name!r}")
+        raise InvalidRequest(f"unsupported dtype {quote_untrusted(name)}")
     return name
 
 
@@ -110,7 +110,7 @@ class TensorSpec:
         if len(self.name.encode("utf-8")) > MAX_NAME_BYTES:
             raise InvalidRequest(f"tensor name longer than {MAX_NAME_BYTES} bytes")
         if len(self.shape) > MAX_NDIM or any(not 0 <= d < 2**64 for d in self.shape):
-            raise InvalidRequest(f"tensor {self.name!r}: shape must have ≤ {MAX_NDIM} dims in [0, 2**64)")
+            raise InvalidRequest(f"tensor {quote_untrusted(self.name)}: shape must have ≤ {MAX_NDIM} dims in [0, 2**64)")
 
     @property
     def nbytes(self) -> int:

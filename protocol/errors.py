@@ -35,6 +35,11 @@ Every class has a stable wire ``code`` (u16, sent in error frames) and a ``reaso
 ``ClientClosedError`` is programmer misuse (a ``RuntimeError``), never sent on the wire.
 ``error_from_code(code, message)`` rebuilds the class on the client side; unknown codes
 become ``InternalError``. ``ERRORS_BY_CODE`` is the complete table (tests check it).
+
+Text a peer sent (a tenant name, a dtype, a tensor name) enters a message only through
+``quote_untrusted(value)`` (escaped, quoted, at most ``UNTRUSTED_CHARS`` characters kept),
+and a message that may hold such text enters a log line through ``bounded_text(message)``:
+an unauthenticated peer can neither flood the log nor write control characters into it.
 """
 
 from __future__ import annotations
@@ -221,3 +226,20 @@ def error_from_code(code: int, message: str = "") -> StatetierError:
     if cls is None:
         return InternalError(f"unknown error code {code}: {message}")
     return cls(message)
+
+
+UNTRUSTED_CHARS = 64
+LOGGED_CHARS = 512
+
+
+def bounded_text(text: object, limit: int = LOGGED_CHARS) -> str:
+    """``text`` with at most ``limit`` characters kept, every non-printable or non-ASCII
+    character (newlines, escapes, lone surrogates) written as a backslash escape."""
+    text = str(text)
+    kept = repr(text[:limit])[1:-1].encode("ascii", "backslashreplace").decode("ascii")
+    return kept if len(text) <= limit else f"{kept}...(+{len(text) - limit} chars)"
+
+
+def quote_untrusted(value: object, limit: int = UNTRUSTED_CHARS) -> str:
+    """A peer-supplied value for an error message: quoted, escaped and bounded."""
+    return f"'{bounded_text(value, limit)}'"

@@ -311,7 +311,28 @@ def _decode_meta(raw: bytes) -> dict:
         raise MalformedFrame(f"frame meta is not UTF-8 JSON: {exc}") from None
     if not isinstance(meta, dict):
         raise MalformedFrame(f"frame meta must be a JSON object, not {type(meta).__name__}")
+    if b"\\u" in raw and _holds_lone_surrogate(meta):  # only a \u escape can make one
+        raise MalformedFrame("frame meta holds a lone surrogate escape: it is not Unicode text")
     return meta
+
+
+def _holds_lone_surrogate(meta: dict) -> bool:
+    """Whether any key or string in ``meta`` is not text UTF-8 can carry (``"\\udc80"``):
+    such a string would fail later, wherever it is encoded, as an internal error."""
+    stack: list[Any] = [meta]
+    while stack:  # iterative: the decoder already bounded the depth, this adds no recursion
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+    return False
 
 
 def _reject_constant(name: str) -> Any:

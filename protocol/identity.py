@@ -26,7 +26,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from .errors import InvalidRequest
+from .errors import InvalidRequest, quote_untrusted
 
 NAMESPACE_BYTES = 32
 PREFIX_HASH_BYTES = 32
@@ -51,11 +51,11 @@ class Kind(enum.IntEnum):
             try:
                 return cls[value.upper()]
             except KeyError:
-                raise InvalidRequest(f"unknown kind {value!r}; expected 'kv' or 'ssm'") from None
+                raise InvalidRequest(f"unknown kind {quote_untrusted(value)}; expected 'kv' or 'ssm'") from None
         try:
             return cls(value)
         except ValueError:
-            raise InvalidRequest(f"unknown kind {value!r}") from None
+            raise InvalidRequest(f"unknown kind {quote_untrusted(value)}") from None
 
 
 def _text(value: str, name: str) -> bytes:

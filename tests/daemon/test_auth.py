@@ -111,3 +111,20 @@ def test_tcp_needs_a_token_unless_mutual_tls_verified_the_client() -> None:
 def test_hello_credentials_of_the_wrong_type_are_invalid(hello: dict) -> None:
     with pytest.raises(InvalidRequest):
         TenantDirectory(TENANTS).resolve(hello, peer=ME)
+
+
+def test_a_token_that_is_not_utf8_text_is_unauthorized_not_an_encoding_error() -> None:
+    with pytest.raises(Unauthorized):
+        TenantDirectory(TENANTS).resolve({"token": "\udc80"}, peer=None)
+    with pytest.raises(Unauthorized):
+        token_sha256("ok\ud800")
+
+
+def test_a_requested_tenant_name_is_quoted_bounded_and_escaped_in_the_refusal() -> None:
+    with pytest.raises(Forbidden) as refused:
+        TenantDirectory(TENANTS).resolve({"tenant": "y" * 5000 + "\n\udc80"}, peer=ME)
+    assert len(refused.value.message) < 300 and "\n" not in refused.value.message
+    refused.value.message.encode("ascii")
+    with pytest.raises(Forbidden) as refused:
+        TenantDirectory(TENANTS).resolve({"tenant": "evil\n\udc80"}, peer=ME)
+    assert "'evil\\n\\udc80'" in refused.value.message

@@ -20,6 +20,7 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling server_harness.py
 
 from server_harness import WireClient, eventually, metric, put_meta, running_daemon
+from statetier.daemon.config import TenantConfig
 from statetier.daemon.server import Server
 from statetier.protocol.errors import ConfigError
 from statetier.protocol.frames import HEADER_SIZE, Frame, Op
@@ -80,6 +81,46 @@ async def test_a_tenant_the_peer_does_not_belong_to_is_forbidden() -> None:
         assert error.is_error and error.meta["code"] == 421
         assert await client.recv() is None
         assert metric(daemon.metrics, "statetier_auth_failures_total", reason="tenant") == 1
+
+
+async def test_a_hello_token_with_a_lone_surrogate_is_a_typed_refusal_not_an_internal_error(caplog) -> None:
+    async with running_daemon(tenants=(TenantConfig(name="a", token_sha256="0" * 64),)) as daemon:
+        client = await daemon.unix_client()
+        raw_hello = b'{"versions":[1],"token":"\\udc80","tenant":"a"}'
+        client.send_raw(struct.pack("<IBBHQI", 16 + len(raw_hello), int(Op.HELLO), 0, 0, 1, len(raw_hello)) + raw_hello)
+        error = await client.recv()
+        assert error.is_error and error.request_id == 0 and error.meta["reason"] == "malformed_frame"
+        assert "surrogate" in error.meta["message"]
+        assert await client.recv() is None
+        assert metric(daemon.metrics, "statetier_errors_total", reason="internal") == 0
+        assert not [r for r in caplog.records if r.exc_info]
+        healthy = await daemon.unix_client()  # the daemon goes on
+        assert (await healthy.hello(tenant="default")).is_error  # no default tenant: refused, typed
+        await healthy.close()
+
+
+async def test_a_lone_surrogate_in_any_request_field_closes_the_connection_with_a_typed_error() -> None:
+    async with running_daemon() as daemon:
+        client = await connected(daemon)
+        meta, nbytes = put_meta()
+        meta["provenance"]["request_id"] = "\udc80"
+        client.send(Frame(Op.PUT, 5, meta, bytes(nbytes)))
+        error = await client.recv()
+        assert error.is_error and error.meta["reason"] == "malformed_frame"
+        assert await client.recv() is None
+        assert metric(daemon.metrics, "statetier_errors_total", reason="internal") == 0
+
+
+async def test_a_refused_tenant_name_is_logged_bounded_and_escaped(caplog) -> None:
+    async with running_daemon() as daemon:
+        client = await daemon.unix_client()
+        error = await client.hello(tenant="x" * 20000 + "\n\x1b[31mforged log line")
+        assert error.is_error and error.meta["code"] == 421
+        assert len(error.meta["message"]) < 300
+        await client.recv()
+        (line,) = [r.getMessage() for r in caplog.records if "connection refused" in r.getMessage()]
+        assert len(line) < 300 and "\n" not in line and "\x1b" not in line
+        assert "xxxx" in line and "chars)" in line
 
 
 async def test_peer_credentials_outside_allowed_uids_are_refused_before_hello() -> None:

@@ -429,3 +429,17 @@ def test_unknown_error_code_becomes_internal_error():
 def test_meta_json_is_compact():
     head = encode_frame_bytes(Frame(Op.STATS, 1, {"a": [1, 2], "b": "é"}))
     assert head[HEADER_SIZE:] == json.dumps({"a": [1, 2], "b": "é"}, separators=(",", ":")).encode()
+
+
+@pytest.mark.parametrize("meta", [b'{"token":"\\udc80"}', b'{"a":["ok",{"\\ud800x":1}]}', b'{"s":"\\uDFFF"}'])
+def test_meta_with_a_lone_surrogate_escape_is_a_malformed_frame(meta: bytes):
+    raw = struct.pack("<IBBHQI", 16 + len(meta), int(Op.HELLO), 0, 0, 1, len(meta)) + meta
+    with pytest.raises(MalformedFrame, match="surrogate"):
+        FrameDecoder().feed(raw)
+
+
+def test_meta_with_a_surrogate_pair_escape_is_text():
+    meta = b'{"s":"\\ud83d\\ude00"}'
+    raw = struct.pack("<IBBHQI", 16 + len(meta), int(Op.HELLO), 0, 0, 1, len(meta)) + meta
+    (frame,) = FrameDecoder().feed(raw)
+    assert frame.meta == {"s": "\U0001F600"}
