@@ -3,7 +3,8 @@
 - ``AsyncClient``  — asyncio client: put/load KV pages and SSM snapshots as torch tensors,
                      joint-hit ``lookup``, batch calls (``async_client.py``)
 - ``Client``       — the same calls, blocking, on a private loop thread (``sync_client.py``)
-- ``PutItem``, ``LookupResult`` — batch input and lookup answer (``values.py``)
+- ``PutItem``, ``LookupResult``, ``StoredRef`` — batch input, lookup answer, what a put
+                     returns (``values.py``)
 - ``connect``, ``Connection`` — the raw frame connection (``transport.py``)
 
 Underneath: ``transfers.py`` (put/load exchanges), ``shm.py`` (the mapped host arena),
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from .async_client import AsyncClient
     from .sync_client import Client
     from .transport import Connection, connect
-    from .values import LookupResult, PutItem
+    from .values import LookupResult, PutItem, StoredRef
 
 _EXPORTS = {
     "AsyncClient": "async_client",
@@ -31,6 +32,7 @@ _EXPORTS = {
     "connect": "transport",
     "LookupResult": "values",
     "PutItem": "values",
+    "StoredRef": "values",
 }
 
 __all__ = sorted(_EXPORTS)

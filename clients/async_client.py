@@ -4,7 +4,8 @@
 connect()`` / ``await close()`` or ``async with``. One connection carries every call, many
 at once. Keys are built in the client's namespace (``kv_key`` / ``ssm_key``).
 
-- ``put(key, tensors, *, request_id, step, publish, version, speculative)`` → ``StateRef``;
+- ``put(key, tensors, *, request_id, step, publish, version, speculative, durable)`` →
+  ``StoredRef`` (a ``StateRef`` plus ``tier`` and ``durable``);
   ``put_kv(layer, prefix_hash, token_start, token_end, tensors, ...)`` and
   ``put_ssm(layer, prefix_hash, tokens_absorbed, {"conv": t, "ssm": t}, ...)`` build the key.
 - ``load(ref_or_key, *, device, expect)`` → ``{name: tensor}``; ``load_with_ref`` also
@@ -147,35 +148,42 @@ class AsyncClient:
     # -- puts ---------------------------------------------------------------------------
 
     async def put(self, key: StateKey, tensors, *, request_id: str, step: int = 0, publish: bool = False,
-                  version: int | None = None, speculative: bool = False) -> StateRef:
-        """Seal ``tensors`` (``{name: tensor}`` or ``[(name, tensor)]``, in payload order) under ``key``."""
+                  version: int | None = None, speculative: bool = False, durable: bool = False) -> StateRef:
+        """Seal ``tensors`` (``{name: tensor}`` or ``[(name, tensor)]``, in payload order) under ``key``.
+
+        Returns a ``StoredRef`` (a ``StateRef`` that also says ``tier`` and ``durable``).
+        ``durable=True`` waits until a durable tier (the disk tier with fsync) holds the
+        object; ``ref.durable`` says whether it does (docs/operations.md, durability)."""
         pairs = named_tensors(tensors)
         provenance = Provenance(request_id, step, self.producer_id, time.time_ns())
         meta: dict[str, Any] = {"key": key_to_wire(key), "provenance": provenance_to_wire(provenance),
                                 "publish": bool(publish), "speculative": bool(speculative)}
         if version is not None:
             meta["version"] = version
+        if durable:
+            meta["durable"] = True
         return await self._transfers_now().put(meta, pairs)
 
     async def put_kv(self, layer: int, prefix_hash: bytes, token_start: int, token_end: int, tensors, *,
                      request_id: str, step: int = 0, shard: int = 0, publish: bool = False,
-                     version: int | None = None, speculative: bool = False) -> StateRef:
+                     version: int | None = None, speculative: bool = False, durable: bool = False) -> StateRef:
         key = self.kv_key(layer, prefix_hash, token_start, token_end, shard=shard)
         return await self.put(key, tensors, request_id=request_id, step=step, publish=publish,
-                              version=version, speculative=speculative)
+                              version=version, speculative=speculative, durable=durable)
 
     async def put_ssm(self, layer: int, prefix_hash: bytes, tokens_absorbed: int, tensors, *,
                       request_id: str, step: int = 0, shard: int = 0, publish: bool = False,
-                      version: int | None = None, speculative: bool = False) -> StateRef:
+                      version: int | None = None, speculative: bool = False, durable: bool = False) -> StateRef:
         key = self.ssm_key(layer, prefix_hash, tokens_absorbed, shard=shard)
         return await self.put(key, tensors, request_id=request_id, step=step, publish=publish,
-                              version=version, speculative=speculative)
+                              version=version, speculative=speculative, durable=durable)
 
     async def put_many(self, items: Iterable[PutItem], *, concurrency: int | None = None) -> list[StateRef]:
         """Put every item concurrently; the refs come back in the items' order."""
         async def put_one(item: PutItem) -> StateRef:
             return await self.put(item.key, item.tensors, request_id=item.request_id, step=item.step,
-                                  publish=item.publish, version=item.version, speculative=item.speculative)
+                                  publish=item.publish, version=item.version, speculative=item.speculative,
+                                  durable=item.durable)
         return await _map_bounded(put_one, list(items), concurrency or self.concurrency)
 
     # -- loads --------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from statetier.protocol.sealed import layout_payload
 from statetier.protocol.identity import StateRef
 
 from .shm import HostArena
+from .values import StoredRef
 from .tensors import can_share, spec_of, tensor_from_view, tensor_to_spec_and_view
 
 INLINE_COPY_BYTES = 4 << 20  # a 2 MiB page: ~0.1 ms to copy; the hop cost 0.08+ ms and more when busy
@@ -147,8 +148,11 @@ class Transfers:
             raise
 
 
-def _ref_of(frame: Frame) -> StateRef:
-    return ref_from_wire(field(frame.meta, "ref", dict))
+def _ref_of(frame: Frame) -> StoredRef:
+    ref = ref_from_wire(field(frame.meta, "ref", dict))
+    return StoredRef(ref.key, ref.request_id, ref.step, ref.state_id, ref.version, ref.fingerprint,
+                     tier=field(frame.meta, "tier", str, default=""),
+                     durable=field(frame.meta, "durable", bool, default=False))
 
 
 def _reserved_offsets(meta: dict, layout) -> list[int]:

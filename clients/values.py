@@ -1,6 +1,9 @@
 """Client-side values: what batch calls take and what lookups return. No torch import.
 
 - ``PutItem``        — one object of ``AsyncClient.put_many``: key, tensors, provenance, options.
+- ``StoredRef``      — what a put returns: a ``StateRef`` (equal to, and hashed like, the
+                       plain ref) that also says the ``tier`` it landed in and whether it
+                       was ``durable`` (on a durable tier) when the put was acknowledged.
 - ``LookupResult``   — ``tokens`` restorable and the ``(StateRef, lease_id)`` objects backing
                        them; ``lease_ids`` lists the leases to ``release`` when done.
 - ``named_tensors(tensors)`` — a dict or a sequence of ``(name, tensor)`` pairs as an ordered
@@ -28,6 +31,27 @@ class PutItem:
     publish: bool = False
     version: int | None = None
     speculative: bool = False
+    durable: bool = False
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class StoredRef(StateRef):
+    """A ``StateRef`` as a put returned it; compares and hashes as the plain ref."""
+
+    tier: str = ""
+    durable: bool = False
+
+    def as_ref(self) -> StateRef:
+        return StateRef(self.key, self.request_id, self.step, self.state_id, self.version, self.fingerprint)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, StateRef):
+            return NotImplemented
+        mine = self.as_ref()
+        return mine == (other.as_ref() if isinstance(other, StoredRef) else other)
+
+    def __hash__(self) -> int:
+        return hash(self.as_ref())
 
 
 @dataclass(slots=True)

@@ -207,6 +207,7 @@ class Engine:
 
     async def _finish_put(self, req: PutRequest, meta: ObjectMeta, tier: Tier, chunks, started: float) -> PutResult:
         self.tenancy.charge(req.tenant, tier.name, meta.object_id, meta.size)
+        durable = tier.is_durable or (req.durable and await self._store_durably(meta, tier, chunks))
         if req.publish and self.publish_tier is not None and tier is not self.publish_tier:
             if chunks is None:  # zero-copy put: the object lives only in the arena
                 await self.placement.copy_between(meta.object_id, tier, self.publish_tier)
@@ -219,7 +220,23 @@ class Engine:
         if self.metrics is not None:
             self.metrics.observe_op(tier.name, meta.kind.name.lower(), "put", meta.size, time.perf_counter() - started)
         ref = StateRef(req.key, meta.request_id, meta.step, meta.object_id, meta.version)
-        return PutResult(ref, tier.name)
+        return PutResult(ref, tier.name, durable)
+
+    async def _store_durably(self, meta: ObjectMeta, tier: Tier, chunks) -> bool:
+        """A put asked to be durable: copy it into the durable tier now, not write-behind.
+        False (the reply says so) when there is none or it cannot take the object."""
+        target = next((t for t in self.tiers if t.is_durable), None)
+        if target is None:
+            return False
+        try:
+            if chunks is None:  # zero-copy put: the object lives only in the arena
+                await self.placement.copy_between(meta.object_id, tier, target)
+            else:
+                await self.placement.store_in(target, chunks, meta)
+        except StatetierError as exc:
+            log.debug("durable copy of %s into %s failed: %s", meta.object_id.hex(), target.name, exc)
+            return False
+        return await target.contains(meta.object_id)
 
     async def _claim(self, req: PutRequest, provenance: Provenance, state_id: bytes) -> int:
         """The put's version from the registry; a stale put is a refused object, counted."""

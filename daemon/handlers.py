@@ -88,7 +88,12 @@ def _put_request(tenant: str, meta: dict) -> PutRequest:
         version=field(meta, "version", int, optional=True),
         speculative=field(meta, "speculative", bool, default=False),
         digest_alg=_DIGESTS[digest],
+        durable=field(meta, "durable", bool, default=False),
     )
+
+
+def _put_reply(result) -> dict:
+    return {"ref": ref_to_wire(result.ref), "tier": result.tier, "durable": result.durable}
 
 
 async def handle_ping(session: Session, frame: Frame) -> Reply:
@@ -99,7 +104,7 @@ async def handle_put(session: Session, frame: Frame) -> Reply:
     request = _put_request(session.tenant, frame.meta)
     async with session.budget.hold(len(frame.data)):
         result = await session.engine.put(request, frame.data)
-    return Reply({"ref": ref_to_wire(result.ref), "tier": result.tier}, kind=_kind(request.key))
+    return Reply(_put_reply(result), kind=_kind(request.key))
 
 
 async def handle_put_reserve(session: Session, frame: Frame) -> Reply:
@@ -123,7 +128,7 @@ async def handle_put_reserve(session: Session, frame: Frame) -> Reply:
 
 async def handle_put_commit(session: Session, frame: Frame) -> Reply:
     result = await session.engine.commit(field(frame.meta, "ticket", int), session.owner)
-    return Reply({"ref": ref_to_wire(result.ref), "tier": result.tier}, kind=_kind(result.ref.key))
+    return Reply(_put_reply(result), kind=_kind(result.ref.key))
 
 
 async def handle_put_abort(session: Session, frame: Frame) -> Reply:

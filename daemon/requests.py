@@ -2,7 +2,8 @@
 
 - ``PutRequest``     — what to seal: key, provenance, tensor specs, placement options
 - ``Reservation``    — a zero-copy put in progress: where in the host arena to write
-- ``PutResult``      — the ``StateRef`` of the sealed object and the tier it landed in
+- ``PutResult``      — the ``StateRef`` of the sealed object, the tier it landed in, and
+                       whether it was on a durable tier when the put was acknowledged
 - ``LoadRequest``    — a load by ``StateRef`` (handoff) or by ``StateKey`` (prefix reuse),
                        always with the requester's own namespace
 - ``LoadResult``     — the verified header and a payload view, leased until released
@@ -28,6 +29,7 @@ class PutRequest:
     version: int | None = None
     speculative: bool = False
     digest_alg: DigestAlg = DigestAlg.BLAKE3
+    durable: bool = False  # acknowledge only once a durable tier holds the object
 
 
 @dataclass(slots=True)
@@ -45,6 +47,7 @@ class Reservation:
 class PutResult:
     ref: StateRef
     tier: str
+    durable: bool = False  # a durable tier (``Tier.is_durable``) held the object before the reply
 
 
 @dataclass(frozen=True, slots=True)

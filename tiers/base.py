@@ -230,6 +230,10 @@ class Tier(abc.ABC):
     #: True when ``read`` itself verifies signature and payload digest (disk, Redis), so the
     #: engine need not hash the payload a second time.
     verifies_on_read: bool = False
+    #: True when ``complete_store(True)`` returns only once the object is on stable storage
+    #: and survives a crash of the daemon (the disk tier with fsync): what a put's
+    #: ``durable`` reply promises.
+    is_durable: bool = False
 
     @abc.abstractmethod
     async def start(self) -> None: ...

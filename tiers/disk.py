@@ -131,6 +131,10 @@ class DiskTier(Tier):
 
     # ------------------------------------------------------------------ lifecycle
 
+    @property
+    def is_durable(self) -> bool:
+        return self.fsync
+
     async def start(self) -> None:
         if self._is_started:
             raise RuntimeError("the disk tier is already started")
