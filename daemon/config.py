@@ -224,7 +224,9 @@ class TenantConfig(_Section):
     def accepts_token(self, token: str) -> bool:
         if self.token_sha256 is None:
             return False
-        return hmac.compare_digest(hashlib.sha256(token.encode()).hexdigest(), self.token_sha256)
+        # surrogatepass: a token that is not valid text matches nothing instead of raising
+        return hmac.compare_digest(hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest(),
+                                   self.token_sha256)
 
 
 class LimitsConfig(_Section):

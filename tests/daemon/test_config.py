@@ -216,6 +216,7 @@ def test_tenant_resolution(toml_file: Path) -> None:
     assert config.tenant_for_uid(4242) == "default"  # allowed, unmapped → default
     assert config.tenant_for_token("secret-token") == "team-a"
     assert config.tenant_for_token("wrong") is None
+    assert config.tenant_for_token("\udc80") is None  # not text: matches nothing, raises nothing
     assert config.is_unix_peer_allowed(1000, 1000, own_uid=500)
     assert not config.is_unix_peer_allowed(4242, 4242, own_uid=500)
 
