@@ -1,0 +1,219 @@
+"""Probe 1, crash during writes: kill -9 the daemon while clients put (durable, published,
+cached), delete, and while eviction, write-behind and compaction run; restart; check.
+
+Then kill clients that hold shared-memory leases, a lookup lease and an arena reservation.
+
+- lost: a put acknowledged with ``durable: true``, or published (``publish=True``; Redis is
+  never killed here), that is not served byte-exact after the restart.
+- wrong: any load — by ref or by key, acknowledged or not — that returns bytes other than
+  those its put sent (a torn or mixed-up object); a deleted object (delete acknowledged)
+  served again; after killed clients, a lease, reservation or arena byte not given back.
+- not counted as lost: a put acknowledged from the host tier only (``durable: false``):
+  the documented cache promise (docs/operations.md). How many survived is reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import time
+
+from common import Budget, DaemonProcess, ProbeResult, RedisServer, internal_errors, key_prefix, passed, payload, percentile
+from holders import HolderPool
+from statetier.protocol.errors import NotFound, RejectedState, StatetierError
+from wire import Wire
+
+PROBE = "crash"
+WRITERS = 4
+SIZES = (4 << 10, 16 << 10, 64 << 10, 256 << 10)
+HOLDERS_PER_ROUND = 8
+
+
+class Ledger:
+    """Every put the writers tried: seed → (category, reply meta or None, deleted)."""
+
+    def __init__(self) -> None:
+        self.puts: dict[int, dict] = {}
+        self.next_seed = 0
+
+    def new(self, category: str, size: int) -> int:
+        seed = self.next_seed
+        self.next_seed += 1
+        self.puts[seed] = {"category": category, "size": size, "reply": None, "deleted": False}
+        return seed
+
+
+async def _writer(url: str, ledger: Ledger, rng: random.Random, stop: asyncio.Event, mine: list[int]) -> None:
+    try:
+        wire = await Wire.open(url, model=PROBE, timeout=5.0)
+    except (OSError, StatetierError):
+        return
+    try:
+        while not stop.is_set():
+            if mine and rng.random() < 0.1:  # delete one of our cached puts
+                seed = mine.pop(rng.randrange(len(mine)))
+                entry = ledger.puts[seed]
+                entry["deleting"] = True
+                await wire.delete(entry["reply"]["ref"])
+                entry["deleted"] = True
+                continue
+            category = rng.choices(("durable", "published", "cache"), (4, 2, 4))[0]
+            size = rng.choice(SIZES)
+            seed = ledger.new(category, size)
+            reply = await wire.put(wire.key(seed % 8, key_prefix(PROBE, seed)), payload(seed, size),
+                                   request_id=f"c{seed}", durable=category == "durable",
+                                   publish=category == "published")
+            ledger.puts[seed]["reply"] = reply
+            if category == "cache":
+                mine.append(seed)
+    except (OSError, StatetierError, asyncio.TimeoutError):
+        return  # the daemon died under us
+    finally:
+        try:
+            await asyncio.wait_for(wire.close(), 2)
+        except BaseException:  # noqa: BLE001 - a dead connection
+            pass
+
+
+async def _check(url: str, ledger: Ledger, seeds: list[int], result: ProbeResult) -> None:
+    wire = await Wire.open(url, model=PROBE)
+    try:
+        for seed in seeds:
+            entry = ledger.puts[seed]
+            want = payload(seed, entry["size"])
+            reply = entry["reply"]
+            key = wire.key(seed % 8, key_prefix(PROBE, seed))
+            try:
+                got = await (wire.load(ref=reply["ref"]) if reply else wire.load(key=key))
+            except (NotFound, RejectedState) as exc:
+                got = exc
+            result.inputs += 1
+            if isinstance(got, bytes) and got != want:
+                result.wrong += 1
+                result.fail(f"seed {seed} ({entry['category']}, acked={bool(reply)}) served different bytes")
+            elif entry["deleted"]:
+                if isinstance(got, bytes):
+                    result.wrong += 1
+                    result.fail(f"seed {seed}: deleted (acknowledged), served again after the restart")
+            elif reply is None:
+                result.add("unacknowledged_served_intact" if isinstance(got, bytes) else "unacknowledged_absent")
+            elif entry["category"] in ("durable", "published") and not (reply.get("durable") or entry["category"] == "published"):
+                result.add("durable_requested_not_granted")
+            elif entry["category"] in ("durable", "published"):
+                if not isinstance(got, bytes):
+                    result.lost += 1
+                    result.fail(f"seed {seed} ({entry['category']}, acknowledged on {reply['tier']}): {got!r}")
+                else:
+                    result.add(f"{entry['category']}_acked_served")
+            else:
+                result.add("cache_acked_survived" if isinstance(got, bytes) else "cache_acked_lost")
+    finally:
+        await wire.close()
+
+
+async def _daemon_kills(daemon: DaemonProcess, deadline: float, cap: int, result: ProbeResult, rng: random.Random) -> None:
+    ledger, recoveries = Ledger(), []
+    durable_seen: list[int] = []
+    for _ in range(cap):
+        if passed(deadline):
+            break
+        first = ledger.next_seed
+        stop, mine = asyncio.Event(), []
+        writers = [asyncio.create_task(_writer(daemon.url, ledger, random.Random(rng.random()), stop, mine))
+                   for _ in range(WRITERS)]
+        await asyncio.sleep(rng.uniform(0.05, 0.8))
+        daemon.kill()  # SIGKILL, mid-whatever
+        result.faults += 1
+        stop.set()
+        done, pending = await asyncio.wait(writers, timeout=15)
+        if pending:
+            result.hangs += len(pending)
+            result.fail(f"{len(pending)} writers still blocked 15 s after the kill")
+            for task in pending:
+                task.cancel()
+        started = time.monotonic()
+        try:
+            daemon.start()
+        except AssertionError as exc:
+            result.crashes += 1
+            result.fail(f"restart after a kill failed: {str(exc)[-400:]}")
+            return
+        recoveries.append(time.monotonic() - started)
+        seeds = list(range(first, ledger.next_seed))
+        durable_seen += [s for s in seeds if ledger.puts[s]["category"] == "durable" and ledger.puts[s]["reply"]]
+        older = rng.sample(durable_seen, min(10, len(durable_seen)))
+        await _check(daemon.url, ledger, seeds + [s for s in older if s < first], result)
+    result.notes["daemon_kills"] = result.faults
+    result.notes["puts_tried"] = ledger.next_seed
+    result.notes["puts_acknowledged"] = sum(1 for e in ledger.puts.values() if e["reply"])
+    result.notes["acknowledged_durable"] = sum(1 for e in ledger.puts.values() if e["reply"] and e["reply"].get("durable"))
+    result.notes["recovery_p50_s"] = round(percentile(recoveries, 0.5), 3)
+    result.notes["recovery_max_s"] = round(max(recoveries, default=0.0), 3)
+
+
+async def _client_kills(daemon: DaemonProcess, deadline: float, cap: int, result: ProbeResult) -> None:
+    wire = await Wire.open(daemon.url, model=PROBE)
+    refs = [(await wire.put(wire.key(50 + i, key_prefix("holder", i)), payload(10_000 + i, 16 << 10),
+                            request_id="held"))["ref"] for i in range(3)]
+    pool = HolderPool(daemon.url, PROBE)
+    kills = 0
+    try:
+        baseline = _host(await wire.stats())["bytes_used"]
+        for _ in range(cap):
+            if passed(deadline):
+                break
+            pids = pool.spawn_many(HOLDERS_PER_ROUND, refs)
+            held = await wire.stats()
+            if held["reservations"] < HOLDERS_PER_ROUND:
+                result.fail(f"holders hold {held['reservations']} reservations, expected {HOLDERS_PER_ROUND}")
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+            kills += len(pids)
+            for _ in range(200):  # bounded: 10 s
+                stats = await wire.stats()
+                if (stats["leases"], stats["reservations"], _host(stats)["bytes_used"]) == (0, 0, baseline):
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                result.wrong += 1
+                result.fail(f"after killing holders: {stats['leases']} leases, {stats['reservations']} reservations, "
+                            f"host {_host(stats)['bytes_used'] - baseline:+d} bytes still held")
+    finally:
+        pool.close()
+        await wire.close()
+    result.notes["client_kills"] = kills
+    result.faults += kills
+
+
+def _host(stats: dict) -> dict:
+    return next(t for t in stats["tiers"] if t["tier"] == "host")
+
+
+async def run(budget: Budget) -> ProbeResult:
+    result = ProbeResult(
+        PROBE,
+        promise="an acknowledged durable (or published) put survives kill -9 byte-exact; nothing torn or "
+                "deleted is served; a killed client's leases and reservations are released",
+        lost_means="a put acknowledged `durable: true` (or published, Redis alive) not served byte-exact after restart",
+        wrong_means="any load returning other bytes than its put sent; a deleted object served again; "
+                    "a lease/reservation/arena byte a killed client held not given back",
+    )
+    rng = random.Random(14)
+    started = time.monotonic()
+    with RedisServer() as redis:
+        daemon = DaemonProcess(name="crash", host_capacity="16MiB", redis_url=redis.url, metrics=False,
+                               settings={"disk.segment_bytes": "1MiB", "disk.compact_interval_seconds": 0.5,
+                                         "disk.capacity_bytes": "4GiB", "redis.socket_timeout": 2.0})
+        try:
+            daemon.start()
+            await _daemon_kills(daemon, budget.deadline(0.7), budget.scale(2000, 40), result, rng)
+            if daemon.is_running:
+                await _client_kills(daemon, budget.deadline(0.3), budget.scale(1000, 12), result)
+            if daemon.is_running:
+                result.internal_errors = internal_errors(daemon)
+        finally:
+            daemon.close()
+    result.seconds = time.monotonic() - started
+    return result
