@@ -469,6 +469,12 @@ class Engine:
 
     async def delete(self, tenant: str, ref: StateRef) -> int:
         self.tenancy.check_namespace(tenant, ref.key.namespace)
+        deleted = await self._delete_everywhere(ref)
+        if await self.placement.wait_moves(ref.state_id):  # a copy on its way may have landed
+            deleted += await self._delete_everywhere(ref)
+        return deleted
+
+    async def _delete_everywhere(self, ref: StateRef) -> int:
         deleted = 0
         for tier in self.tiers:
             try:

@@ -8,6 +8,9 @@
 - ``store_in(tier, chunks, meta)`` — into one given tier (publish, promotion).
 - ``copy_down(state_id, source)``  — write-behind: a copy into the next persistent tier,
   queued (bounded) by ``schedule_copy_down`` and run by the worker ``run_write_behind``.
+- ``wait_moves(state_id)``          — waits for the demotions and copies of one object in
+  flight; True if there were any. A delete calls it and deletes again, so that no copy
+  that was on its way lands (and is made durable) after the delete was acknowledged.
 
 Every store is ``prepare_store`` → ``write`` → ``complete_store(success)`` with the
 completion in ``finally``, so a cancelled move leaves nothing half visible.
@@ -16,6 +19,7 @@ completion in ``finally``, so a cancelled move leaves nothing half visible.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Sequence
@@ -36,6 +40,7 @@ class Placement:
         self._write_behind_to = write_behind_to
         self.dropped = 0
         self.write_behind_skipped = 0
+        self._moves: dict[bytes, list[asyncio.Future]] = {}  # object_id → its moves in flight
 
     def below(self, tier: Tier) -> list[Tier]:
         return self.tiers[self.tiers.index(tier) + 1 :]
@@ -85,15 +90,21 @@ class Placement:
         if self.metrics is not None:
             self.metrics.count_eviction(source.name, len(evicted))
         lower = self.below(source)
-        for item in evicted:
-            if await self._held_below(lower, item.meta.object_id):
-                continue
-            target = await self._demote_one(lower, item)
-            if target is None:
-                self.dropped += 1
-                log.info("dropped %s: no lower tier could take it", item.meta.object_id.hex())
-            elif self.metrics is not None:
-                self.metrics.count_demotion(source.name, target.name)
+        with contextlib.ExitStack() as moving:  # registered before the first await
+            for item in evicted:
+                moving.enter_context(self._moving(item.meta.object_id))
+            for item in evicted:
+                await self._demote_one(source, lower, item)
+
+    async def _demote_one(self, source: Tier, lower: list[Tier], item: EvictedObject) -> None:
+        if await self._held_below(lower, item.meta.object_id):
+            return
+        target = await self._demote_into(lower, item)
+        if target is None:
+            self.dropped += 1
+            log.info("dropped %s: no lower tier could take it", item.meta.object_id.hex())
+        elif self.metrics is not None:
+            self.metrics.count_demotion(source.name, target.name)
 
     async def _held_below(self, lower: list[Tier], object_id: bytes) -> bool:
         for tier in lower:
@@ -104,7 +115,26 @@ class Placement:
                 continue
         return False
 
-    async def _demote_one(self, lower: list[Tier], item: EvictedObject) -> Tier | None:
+    @contextlib.contextmanager
+    def _moving(self, object_id: bytes):
+        done = asyncio.get_running_loop().create_future()
+        self._moves.setdefault(object_id, []).append(done)
+        try:
+            yield
+        finally:
+            done.set_result(None)
+            moves = self._moves[object_id]
+            moves.remove(done)
+            if not moves:
+                del self._moves[object_id]
+
+    async def wait_moves(self, object_id: bytes) -> bool:
+        moves = list(self._moves.get(object_id, ()))
+        if moves:
+            await asyncio.wait(moves)
+        return bool(moves)
+
+    async def _demote_into(self, lower: list[Tier], item: EvictedObject) -> Tier | None:
         for tier in lower:
             try:
                 await self.store_in(tier, [item.blob], item.meta)
@@ -154,6 +184,10 @@ class Placement:
 
     async def copy_between(self, object_id: bytes, source: Tier, target: Tier, *, missing_ok: bool = False) -> None:
         """Copy one object from ``source`` into ``target`` under a lease on the source."""
+        with self._moving(object_id):
+            await self._copy_leased(object_id, source, target, missing_ok)
+
+    async def _copy_leased(self, object_id: bytes, source: Tier, target: Tier, missing_ok: bool) -> None:
         try:
             lease = await source.prepare_load(object_id, owner="copy")
         except NotFound:

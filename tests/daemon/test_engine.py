@@ -9,6 +9,7 @@ the joint hit.
 from __future__ import annotations
 
 import asyncio
+import shutil
 
 import pytest
 
@@ -260,6 +261,30 @@ async def test_a_delete_during_the_write_behind_copy_leaves_no_copy_on_disk(engi
     assert [tier.objects for tier in engine.tier_stats()] == [0, 0]
     with pytest.raises(NotFound):
         await engine.load(LoadRequest("default", NS, ref=put.ref), owner="c1")
+
+
+async def test_a_delete_is_acknowledged_only_once_no_copy_of_the_object_is_on_its_way(engine, tmp_path):
+    put = await engine.put(*ssm_put())
+    for _ in range(100_000):  # bounded: until the write-behind copy holds its lease on the host
+        if engine.arena.stats().leases:
+            break
+        await asyncio.sleep(0)
+    assert engine.arena.stats().leases == 1
+
+    assert await engine.delete("default", put.ref) >= 1
+
+    # what a kill -9 right now would leave on disk: the copy must not be there, nor still coming
+    assert engine.arena.stats().leases == 0
+    disk = engine.tiers[1]
+    assert not await disk.contains(put.ref.state_id)
+    snapshot = tmp_path / "after-delete"
+    shutil.copytree(tmp_path / "disk", snapshot)
+    reopened = DiskTier(snapshot, 64 << 20, keyring=engine.keyring, segment_bytes=1 << 20)
+    await reopened.start()
+    try:
+        assert not await reopened.contains(put.ref.state_id)
+    finally:
+        await reopened.close()
 
 
 async def test_a_state_id_issued_for_another_stream_is_misrouted_even_when_its_object_is_gone(engine):
