@@ -252,7 +252,7 @@ class Connection(asyncio.BufferedProtocol):
         if not self._transport.can_write_eof():  # TLS: no half-close
             self._transport.close()
             return
-        self._transport.write_eof()  # the peer reads the error, then EOF, and closes
+        self._writer.write_eof()  # the peer reads the error, then EOF, and closes
         self._linger = asyncio.get_running_loop().call_later(FAILED_LINGER_SECONDS, self._transport.close)
 
     # -- requests ---------------------------------------------------------------------

@@ -13,6 +13,8 @@
   this, so the bytes on the wire are never bytes freed or reused under the lease.
 - ``send_nowait(frame)`` — for connection-level frames written right before a close
   (HELLO_OK, a connection error, GOODBYE); it ignores flow control.
+- ``write_eof()`` — half-closes after a connection error: the peer reads what was sent,
+  then EOF. Later sends (a request task still finishing) raise ``ConnectionClosed``.
 
 Write-buffer limits are chosen so that "the transport holds unsent bytes" is exactly
 "writing is paused": ``resume_writing`` then means every buffer handed to ``writelines``
@@ -50,6 +52,7 @@ class FrameWriter:
         self._writable = asyncio.Event()
         self._writable.set()
         self._lost = False
+        self._is_eof_written = False
 
     def start(self) -> None:
         self._transport.set_write_buffer_limits(*self._limits)
@@ -68,13 +71,21 @@ class FrameWriter:
         chunks = self._encode(frame)
         while not self._writable.is_set():
             await self._writable.wait()
-        if self._lost or self._transport.is_closing():
+        if self._is_closed_for_writing():
             raise ConnectionClosed()
         self._transport.writelines(chunks)
 
     def send_nowait(self, frame: Frame) -> None:
-        if not self._lost and not self._transport.is_closing():
+        if not self._is_closed_for_writing():
             self._transport.writelines(self._encode(frame))
+
+    def write_eof(self) -> None:
+        if not self._is_closed_for_writing():
+            self._is_eof_written = True
+            self._transport.write_eof()
+
+    def _is_closed_for_writing(self) -> bool:
+        return self._lost or self._is_eof_written or self._transport.is_closing()
 
     async def wait_flushed(self) -> None:
         while not self._lost and self._transport.get_write_buffer_size() > 0:

@@ -23,7 +23,8 @@ from server_harness import WireClient, eventually, metric, put_meta, running_dae
 from statetier.daemon.config import TenantConfig
 from statetier.daemon.server import Server
 from statetier.protocol.errors import ConfigError
-from statetier.protocol.frames import HEADER_SIZE, Frame, Op
+from statetier.daemon.frame_writer import ConnectionClosed, FrameWriter
+from statetier.protocol.frames import HEADER_SIZE, Frame, FrameDecoder, Op
 from statetier.tiers.host import HostTier
 
 STRANGER_UID = os.getuid() + 12345
@@ -176,6 +177,31 @@ async def test_malformed_input_closes_that_connection_only(raw: bytes, code: int
         late = await connected(daemon)
         assert (await late.request(Op.PING)).op is Op.PONG
         await eventually(lambda: daemon.server.stats()["connections"] == 2)
+
+
+async def test_a_reply_after_the_half_close_of_a_failed_connection_is_connection_closed_not_a_crash() -> None:
+    # A connection that failed (a malformed frame) writes its error and half-closes; a
+    # request task still running then answers. Found by the fuzz probe: that answer raised
+    # RuntimeError('Cannot call writelines() after write_eof()') inside the daemon.
+    left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    loop = asyncio.get_running_loop()
+    transport, _ = await loop.create_connection(asyncio.Protocol, sock=left)
+    try:
+        writer = FrameWriter(transport, 1 << 20)
+        writer.start()
+        writer.send_nowait(Frame(Op.ERROR, 0, {"code": 402, "message": "bad", "reason": "malformed_frame"}, flags=1))
+        writer.write_eof()
+        with pytest.raises(ConnectionClosed):
+            await writer.send(Frame(Op.REPLY, 7, {}))
+        writer.send_nowait(Frame(Op.GOODBYE, 0, {}))  # ignored, not raised
+        right.setblocking(False)
+        received = await loop.sock_recv(right, 1 << 16)
+        (frame,) = FrameDecoder().feed(received)
+        assert frame.is_error and frame.request_id == 0
+        assert await loop.sock_recv(right, 1 << 16) == b""  # then EOF, nothing after it
+    finally:
+        transport.close()
+        right.close()
 
 
 async def test_a_frame_over_max_frame_is_refused_from_its_length_prefix() -> None:

@@ -1,0 +1,290 @@
+"""Probe 2, frame and header fuzzing: mutated frames and random bytes against a running
+daemon from many connections, while a well-behaved client keeps putting and loading.
+
+Inputs, each one frame (or one blob of bytes) sent to the daemon:
+
+- request mutations on a live connection: a valid request of every op (PUT with its
+  tensors, LOAD by ref and by key, LOOKUP, DELETE, RELEASE, STATS, INSPECT, PUT_COMMIT,
+  PUT_ABORT, PING, GOODBYE) with 1–3 of: a field dropped, replaced by a value of another
+  JSON type (huge, negative, long or non-text strings, nested lists and objects), an
+  unknown field added, a tensor spec bent (dtype, rank, dims, names), the payload made
+  longer or shorter than the specs, request id 0 or repeated; 32 pipelined per batch;
+- frame mutations (last in a batch, or instead of HELLO): length prefix, opcode, flags,
+  reserved field, meta_len, bytes flipped in header or meta, meta that is not JSON, a frame
+  cut short, an oversized length;
+- random bytes of random length as a connection's first input.
+
+- crash: the daemon process exits. hang: an input neither answered nor its connection
+  closed within 10 s.
+- wrong: the well-behaved client's put or load fails or returns other bytes.
+- internal error: a traceback in the daemon's log or an ``internal`` error reply — an input
+  that met an untyped failure instead of a typed error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import struct
+import time
+
+from common import Budget, DaemonProcess, ProbeResult, internal_errors, key_prefix, passed, payload
+from statetier.protocol.dtypes import TensorSpec
+from statetier.protocol.errors import StatetierError
+from statetier.protocol.frames import Frame, FrameDecoder, Op, encode_frame_bytes, hello_frame
+from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey
+from statetier.protocol.messages import key_to_wire, provenance_to_wire, specs_to_wire
+from wire import Wire
+
+PROBE = "fuzz"
+FUZZERS = 8
+BATCH = 32
+REPLY_TIMEOUT = 10.0
+NS = NamespaceSpec(model_id=PROBE).namespace()
+_HEADER = struct.Struct("<IBBHQI")
+_ODD_STRINGS = ["", "x" * 70000, "\udc80", "\ud800x", "\x00\n\x1b[31m", "é" * 300, "kv", "float16",
+                "bfloat16", "ssm", "0" * 64, "ff" * 16, "../../etc/passwd", "NaN"]
+
+
+def _odd_value(rng: random.Random, depth: int = 0):
+    pick = rng.randrange(11)
+    if pick == 0:
+        return rng.choice([0, -1, 1, 2**31, 2**63, 2**64, -(2**63), 10**30, 7])
+    if pick == 1:
+        return rng.choice(_ODD_STRINGS)
+    if pick == 2:
+        return rng.choice([True, False, None])
+    if pick == 3:
+        return rng.choice([0.5, -1e308, 1e308, 3.0])
+    if pick == 4 and depth < 3:
+        return [_odd_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+    if pick == 5 and depth < 3:
+        return {rng.choice(["a", "key", "ref", "ns", ""]): _odd_value(rng, depth + 1) for _ in range(rng.randrange(3))}
+    if pick == 6:
+        return [[rng.choice(_ODD_STRINGS), rng.choice(["uint8", "float16", "bogus", 7]),
+                 [rng.choice([0, 1, -1, 2**40, 16]) for _ in range(rng.randrange(0, 12))]]]
+    if pick == 7:
+        return list(range(rng.randrange(2000)))
+    if pick == 8:
+        return rng.randbytes(rng.randrange(1, 40)).hex()
+    return rng.randrange(-5, 100000)
+
+
+def _paths(meta, prefix=()):
+    yield prefix
+    if isinstance(meta, dict):
+        for name, value in meta.items():
+            yield from _paths(value, prefix + (name,))
+    elif isinstance(meta, list):
+        for index, value in enumerate(meta[:8]):
+            yield from _paths(value, prefix + (index,))
+
+
+def _mutate_meta(meta: dict, rng: random.Random) -> dict:
+    meta = json.loads(json.dumps(meta))
+    for _ in range(rng.randint(1, 3)):
+        path = rng.choice(list(_paths(meta))[1:] or [()])
+        if not path:
+            meta[rng.choice(["extra", "zz", "ref", "key"])] = _odd_value(rng)
+            continue
+        parent = meta
+        for step in path[:-1]:
+            parent = parent[step]
+        action = rng.randrange(3)
+        if action == 0 and isinstance(parent, dict):
+            del parent[path[-1]]
+        elif action == 1 and isinstance(parent, dict):
+            parent["unknown_" + str(rng.randrange(9))] = _odd_value(rng)
+        else:
+            parent[path[-1]] = _odd_value(rng)
+    return meta
+
+
+class Templates:
+    """Valid requests of every op, with refs of objects that exist."""
+
+    def __init__(self, refs: list[dict]) -> None:
+        self.refs = refs
+
+    def request(self, rng: random.Random) -> tuple[Op, dict, bytes]:
+        size = rng.choice([1, 16, 1000, 4096])
+        key = StateKey(NS, Kind.KV, rng.randrange(4), key_prefix(PROBE, rng.randrange(1 << 30)), 0, 16)
+        ref = rng.choice(self.refs)
+        choices = [
+            (Op.PUT, {"key": key_to_wire(key), "provenance": provenance_to_wire(Provenance("fz")),
+                      "tensors": specs_to_wire([TensorSpec("kv", "uint8", (size,))]), "publish": False},
+             bytes(size + rng.choice([0, 0, 0, -1, 1, 64]) if size > 1 else size)),
+            (Op.LOAD, {"ns": NS.hex(), "ref": ref, "shm": False}, b""),
+            (Op.LOAD, {"ns": NS.hex(), "key": ref["key"]}, b""),
+            (Op.LOOKUP, {"ns": NS.hex(), "attention_layers": [0, 1], "ssm_layers": [],
+                         "boundaries": [[16, ref["key"]["prefix"]]], "kv_layout": "prefix", "lease": False}, b""),
+            (Op.DELETE, {"ref": ref}, b""),
+            (Op.RELEASE, {"leases": [rng.randrange(100)]}, b""),
+            (Op.STATS, {}, b""),
+            (Op.INSPECT, {"state_id": ref["state_id"]}, b""),
+            (Op.PUT_COMMIT, {"ticket": rng.randrange(10)}, b""),
+            (Op.PUT_ABORT, {"ticket": rng.randrange(10)}, b""),
+            (Op.PING, {}, b""),
+            (Op.PUT_RESERVE, {"key": key_to_wire(key)}, b""),
+        ]
+        op, meta, data = rng.choice(choices)
+        if op is Op.DELETE and rng.random() < 0.9:
+            meta = _mutate_meta(meta, rng)  # a valid delete would empty the store: mostly bent
+        elif rng.random() < 0.85:
+            meta = _mutate_meta(meta, rng)
+        return op, meta, data
+
+
+def _frame_mutation(rng: random.Random, valid: bytes) -> bytes:
+    raw = bytearray(valid)
+    kind = rng.randrange(9)
+    length, op, flags, reserved, request_id, meta_len = _HEADER.unpack_from(raw, 0)
+    if kind == 0:
+        _HEADER.pack_into(raw, 0, max(0, length + rng.choice([-5, -1, 1, 7, 1000])), op, flags, reserved, request_id, meta_len)
+    elif kind == 1:
+        _HEADER.pack_into(raw, 0, length, rng.randrange(256), flags, reserved, request_id, meta_len)
+    elif kind == 2:
+        _HEADER.pack_into(raw, 0, length, op, rng.randrange(1, 256), reserved, request_id, meta_len)
+    elif kind == 3:
+        _HEADER.pack_into(raw, 0, length, op, flags, rng.randrange(1, 65536), request_id, meta_len)
+    elif kind == 4:
+        _HEADER.pack_into(raw, 0, length, op, flags, reserved, request_id, rng.randrange(0, 1 << 32))
+    elif kind == 5:
+        for _ in range(rng.randint(1, 4)):
+            raw[rng.randrange(len(raw))] ^= 1 << rng.randrange(8)
+    elif kind == 6:
+        raw = raw[: rng.randrange(1, len(raw))]
+    elif kind == 7:
+        body = rng.randbytes(rng.randrange(1, 200))
+        raw = bytearray(_HEADER.pack(16 + len(body), op, 0, 0, request_id, len(body)) + body)
+    else:
+        _HEADER.pack_into(raw, 0, rng.choice([0, 1, 15, 0xFFFFFFFF, 1 << 30]), op, flags, reserved, request_id, meta_len)
+    return bytes(raw)
+
+
+async def _read_replies(reader: asyncio.StreamReader, expected: int, deadline: float) -> tuple[int, int, bool]:
+    """Replies read, internal-error replies, and whether the connection closed."""
+    decoder, got, internal = FrameDecoder(64 << 20), 0, 0
+    while got < expected:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise asyncio.TimeoutError
+        data = await asyncio.wait_for(reader.read(1 << 20), remaining)
+        if not data:
+            return got, internal, True
+        for frame in decoder.feed(data):
+            got += 1
+            internal += frame.is_error and frame.meta.get("reason") == "internal"
+    return got, internal, False
+
+
+async def _fuzzer(url_path: str, templates: Templates, rng: random.Random, deadline: float, cap: int,
+                  result: ProbeResult) -> None:
+    while result.inputs < cap and not passed(deadline):
+        try:
+            reader, writer = await asyncio.open_unix_connection(url_path)
+        except OSError as exc:
+            result.fail(f"connect failed: {exc}")
+            await asyncio.sleep(0.1)
+            continue
+        try:
+            hello = encode_frame_bytes(hello_frame((1,), tenant="default", client="fuzz"))
+            if rng.random() < 0.12:  # a bad first input: the connection's only one
+                first = rng.choice([os.urandom(rng.randrange(1, 4096)), _frame_mutation(rng, hello),
+                                    encode_frame_bytes(Frame(Op.HELLO, 1, _mutate_meta({"versions": [1], "tenant": "default",
+                                                                                       "token": "t", "shm": False}, rng)))])
+                writer.write(first)
+                result.inputs += 1
+                await _read_replies(reader, 1, time.monotonic() + REPLY_TIMEOUT)
+                continue
+            writer.write(hello)
+            await _read_replies(reader, 1, time.monotonic() + REPLY_TIMEOUT)
+            frames, sent = [], 0
+            for index in range(BATCH):
+                op, meta, data = templates.request(rng)
+                request_id = rng.choice([index + 1] * 30 + [0, 1, 2**64 - 1])
+                try:
+                    frames.append(encode_frame_bytes(Frame(op, request_id, meta, data)))
+                except StatetierError:
+                    continue
+            if rng.random() < 0.3:
+                frames.append(_frame_mutation(rng, frames[-1] if frames else hello))
+            writer.write(b"".join(frames))
+            result.inputs += len(frames)
+            got, internal, closed = await _read_replies(reader, len(frames), time.monotonic() + REPLY_TIMEOUT)
+            result.internal_errors += internal
+        except asyncio.TimeoutError:
+            result.hangs += 1
+            result.fail("a connection got neither replies nor EOF within 10 s")
+        except (ConnectionError, OSError):
+            pass  # the daemon reset a connection it refused: an answer too
+        finally:
+            writer.close()
+
+
+async def _bystander(url: str, deadline: float, result: ProbeResult) -> None:
+    wire = await Wire.open(url, model="bystander")
+    try:
+        seed = 0
+        while not passed(deadline):
+            seed += 1
+            data = payload(seed, 8192)
+            try:
+                reply = await wire.put(wire.key(0, key_prefix("bystander", seed)), data, request_id="b")
+                ok = await wire.load(ref=reply["ref"]) == data
+            except StatetierError as exc:
+                ok = False
+                result.fail(f"the well-behaved client's round trip failed: {exc!r}")
+            result.add("bystander_round_trips")
+            if not ok:
+                result.wrong += 1
+            await asyncio.sleep(0.05)
+    finally:
+        await wire.close()
+
+
+async def run(budget: Budget) -> ProbeResult:
+    result = ProbeResult(
+        PROBE,
+        promise="malformed frames and headers from many connections never crash or hang the daemon, "
+                "each gets a typed error or a closed connection, and other clients are unaffected",
+        lost_means="(nothing is stored by the fuzzer) the well-behaved client's object not loadable",
+        wrong_means="the well-behaved client's put/load failing or returning other bytes during the fuzzing",
+    )
+    started = time.monotonic()
+    daemon = DaemonProcess(name="fuzz", host_capacity="64MiB", settings={"limits.max_frame_bytes": "1MiB"})
+    try:
+        daemon.start()
+        wire = await Wire.open(daemon.url, model=PROBE)
+        refs = [(await wire.put(wire.key(i % 4, key_prefix(PROBE, -i)), payload(i, 4096), request_id="seed"))["ref"]
+                for i in range(16)]
+        await wire.close()
+        deadline = budget.deadline()
+        cap = budget.scale(400_000, 20_000)
+        rng = random.Random(1414)
+        tasks = [asyncio.create_task(_fuzzer(str(daemon.socket_path), Templates(refs), random.Random(rng.random()),
+                                             deadline, cap, result)) for _ in range(FUZZERS)]
+        tasks.append(asyncio.create_task(_bystander(daemon.url, deadline, result)))
+        await asyncio.gather(*tasks)
+        if not daemon.is_running:
+            result.crashes += 1
+            result.fail("the daemon exited during fuzzing")
+        else:
+            scrape = daemon.scrape()
+            result.internal_errors += int(scrape.value("statetier_errors_total", reason="internal"))
+            result.internal_errors = max(result.internal_errors, internal_errors(daemon))
+            result.notes["typed_errors_by_reason"] = {
+                reason: int(scrape.value("statetier_errors_total", reason=reason))
+                for reason in ("invalid_request", "malformed_frame", "frame_too_large", "not_found",
+                               "unsupported_protocol", "lease", "forbidden", "unauthorized")}
+            if result.internal_errors:
+                tail = daemon.log_text()
+                at = tail.find("Traceback")
+                result.fail("first traceback: " + tail[max(0, at - 300): at + 1500])
+        result.faults = result.inputs
+    finally:
+        daemon.close()
+    result.seconds = time.monotonic() - started
+    return result
