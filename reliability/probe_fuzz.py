@@ -196,6 +196,7 @@ async def _fuzzer(url_path: str, templates: Templates, rng: random.Random, deadl
                                     encode_frame_bytes(Frame(Op.HELLO, 1, _mutate_meta({"versions": [1], "tenant": "default",
                                                                                        "token": "t", "shm": False}, rng)))])
                 writer.write(first)
+                writer.write_eof()  # a frame cut short must end somewhere: at our EOF
                 result.inputs += 1
                 await _read_replies(reader, 1, time.monotonic() + REPLY_TIMEOUT)
                 continue
@@ -209,9 +210,12 @@ async def _fuzzer(url_path: str, templates: Templates, rng: random.Random, deadl
                     frames.append(encode_frame_bytes(Frame(op, request_id, meta, data)))
                 except StatetierError:
                     continue
-            if rng.random() < 0.3:
+            mutated = rng.random() < 0.3
+            if mutated:
                 frames.append(_frame_mutation(rng, frames[-1] if frames else hello))
             writer.write(b"".join(frames))
+            if mutated:
+                writer.write_eof()  # it may be a frame cut short: the daemon waits for the rest
             result.inputs += len(frames)
             got, internal, closed = await _read_replies(reader, len(frames), time.monotonic() + REPLY_TIMEOUT)
             result.internal_errors += internal
