@@ -28,6 +28,10 @@ executor=None, name="disk", checkpoint_ops=4096, checkpoint_seconds=2.0)`` imple
   last checkpoint.
 - Capacity: ``bytes_used`` is the sealed size of live objects (and of deleted ones still
   leased); LRU order and the key index in memory, rebuilt at start in created-at order.
+  A store is also refused (``CapacityError``) when it would leave the filesystem with less
+  than ``free_space_reserve`` bytes (2 segments, between 1 and 64 MiB): that room stays for
+  COMMIT records and index pages, so deletes — and with them recovery from a full disk —
+  keep working.
 
 Blocking work runs in the executor through ``tiers.disk_jobs``, which also translates
 OSError and lmdb.Error into statetier errors; the record body codec is ``tiers.disk_body``.
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -102,6 +107,7 @@ class DiskTier(Tier):
         self.high_watermark = high_watermark
         self.low_watermark = low_watermark
         self.fsync = fsync
+        self.free_space_reserve = max(1 << 20, min(2 * segment_bytes, 64 << 20))
         self._body = RecordBody(keyring, cipher)
         self.name = name
         self._compact_below = compact_below_live_ratio
@@ -205,6 +211,7 @@ class DiskTier(Tier):
         if meta.size > self.capacity - pinned:
             raise CapacityError(f"{meta.size} bytes do not fit in the {self.name} tier: "
                                 f"{pinned} of {self.capacity} bytes are reserved or leased")
+        self._check_free_space(RECORD_HEADER_BYTES + self._body.body_len(meta.size))
         segment, offset = self._space.reserve(RECORD_HEADER_BYTES + self._body.body_len(meta.size),
                                               self._body.header_for(meta.object_id, meta.size))
         ticket = StoreTicket(meta, next(self._ticket_ids),
@@ -213,6 +220,14 @@ class DiskTier(Tier):
         self._storing.add(meta.object_id)
         self._reserved_bytes += meta.size
         return ticket
+
+    def _check_free_space(self, record_len: int) -> None:
+        # statvfs is one metadata syscall (about a microsecond): cheap enough on the loop
+        stat = os.statvfs(self.directory)
+        free = stat.f_bavail * stat.f_frsize
+        if free - record_len < self.free_space_reserve:
+            raise CapacityError(f"the disk tier's filesystem has {free} bytes free; {self.free_space_reserve} "
+                                f"stay free for its log and index, so deletes keep working")
 
     async def write(self, ticket: StoreTicket, chunks: Sequence[Buffer]) -> None:
         self._require_started()

@@ -619,3 +619,39 @@ def test_foreign_errors_become_statetier_errors_at_the_edge(tmp_path):
     for code in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
         assert type(translate_error(OSError(code, os.strerror(code)))) is CapacityError
     assert type(translate_error(OSError(errno.EIO, "I/O error"))) is Unavailable
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """A 4 MiB tmpfs (root only, as CI runs): a disk that really fills up."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+async def test_a_full_filesystem_refuses_stores_but_deletes_still_free_it(small_filesystem):
+    tier = DiskTier(small_filesystem / "disk", 64 << 20, keyring=KEYRING, segment_bytes=256 << 10)
+    await tier.start()
+    try:
+        stored = []
+        for i in range(200):  # bounded: 200 × 64 KiB is three times the filesystem
+            meta, blob = make_object(object_id_for(7, 0, i), 64 << 10)
+            try:
+                await store(tier, meta, blob)
+            except CapacityError:
+                break
+            stored.append(meta)
+        else:
+            pytest.fail("the filesystem never filled up")
+        assert stored
+        for meta in stored:  # every delete works: its COMMIT record has room
+            assert await tier.delete(meta.object_id)
+        await tier.compact()
+        meta, blob = make_object(object_id_for(7, 1, 0), 64 << 10)
+        await store(tier, meta, blob)  # and the room is back, without a restart
+        assert await load(tier, meta.object_id) == blob
+    finally:
+        await tier.close()
