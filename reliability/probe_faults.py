@@ -23,7 +23,7 @@ from pathlib import Path
 
 from common import (Budget, DaemonProcess, ProbeResult, RedisCluster, RedisServer, internal_errors, key_prefix,
                     passed, payload, percentile)
-from statetier.protocol.errors import StatetierError
+from statetier.protocol.errors import StatetierError, Unavailable
 from statetier.protocol.frames import Op
 from wire import Wire
 
@@ -55,7 +55,7 @@ class Tally:
     async def check(self, wire: Wire) -> None:
         for seed, size, ref in self.acked:
             try:
-                got = await wire.load(ref=ref)
+                got = await _load_settled(wire, ref)
             except StatetierError as exc:
                 self.result.lost += 1
                 self.result.fail(f"{self.name}: acknowledged seed {seed} not served after the fault: {exc!r}")
@@ -64,6 +64,16 @@ class Tally:
                 self.result.wrong += 1
                 self.result.fail(f"{self.name}: seed {seed} served with other bytes")
         self.result.add(f"{self.name}_acked_checked", len(self.acked))
+
+
+async def _load_settled(wire: Wire, ref: dict) -> bytes:
+    """A load by ref, retried while the backend is still coming back (``Unavailable``)."""
+    for _ in range(int(RECOVER_WITHIN / 0.2)):
+        try:
+            return await wire.load(ref=ref)
+        except Unavailable:
+            await asyncio.sleep(0.2)
+    return await wire.load(ref=ref)
 
 
 async def _until_serving(call, result: ProbeResult, what: str) -> float | None:
