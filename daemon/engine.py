@@ -299,7 +299,8 @@ class Engine:
             key, newest_version=head.version if head else None, tensors=req.tensors,
             allow_speculative=req.allow_speculative)
 
-    async def _load_object(self, state_id: bytes, expectation: Expectation, owner) -> LoadResult:
+    async def _load_object(self, state_id: bytes, expectation: Expectation, owner, *,
+                           may_wait: bool = True) -> LoadResult:
         damaged: RejectedState | None = None
         unavailable: Unavailable | None = None
         for index, tier in enumerate(self.tiers):
@@ -333,6 +334,8 @@ class Engine:
             raise StaleState(f"version {expectation.version} was superseded by {expectation.newest_version}")
         if unavailable is not None:
             raise unavailable
+        if may_wait and await self.placement.wait_moves(state_id):  # evicted, on its way down
+            return await self._load_object(state_id, expectation, owner, may_wait=False)
         self._count_miss(expectation.key)
         raise NotFound(f"state {state_id.hex()} is in no tier")
 

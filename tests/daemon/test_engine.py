@@ -287,6 +287,33 @@ async def test_a_delete_is_acknowledged_only_once_no_copy_of_the_object_is_on_it
         await reopened.close()
 
 
+async def test_a_load_while_its_object_is_demoted_waits_for_the_demotion_instead_of_missing(tmp_path):
+    keyring = Keyring.generate()
+    host = HostTier(6 * 20 * 1024, granularity=4096)
+    disk = DiskTier(tmp_path / "disk", 64 << 20, keyring=keyring, segment_bytes=1 << 20)
+    engine = Engine([host, disk], keyring=keyring, registry=MemoryVersionRegistry(),
+                    options=EngineOptions(producer_id="test"))  # no write-behind: demotion is the only copy
+    await engine.start()
+    try:
+        puts = [await engine.put(*kv_put(layer, 0)) for layer in range(6)]  # the host is full
+        evicting = asyncio.create_task(engine.put(*kv_put(7, 0)))  # demotes the LRU to make room
+        victim = None
+        for _ in range(100_000):  # bounded: until one object is in neither tier, on its way down
+            for put in puts:
+                if not await host.contains(put.ref.state_id) and not await disk.contains(put.ref.state_id):
+                    victim = put
+            if victim is not None or evicting.done():
+                break
+            await asyncio.sleep(0)
+        assert victim is not None, "the demotion was never caught in flight"
+        result = await engine.load(LoadRequest("default", NS, ref=victim.ref), owner="c1")
+        assert bytes(result.payload) == payload_for(100)
+        await engine.release(result.lease_id, "c1")
+        await evicting
+    finally:
+        await engine.close()
+
+
 async def test_a_state_id_issued_for_another_stream_is_misrouted_even_when_its_object_is_gone(engine):
     mine = (await engine.put(*ssm_put(request="req-a"))).ref
     theirs = (await engine.put(*ssm_put(request="req-b", seed=2))).ref
