@@ -39,6 +39,16 @@ RSS_BOUND = HOST_BYTES + BYTE_BUDGET + (384 << 20)
 STALLED = 4
 
 
+def _rss_parts(pid: int) -> dict:
+    """RssAnon / RssFile / RssShmem in MiB: heap, mapped files (LMDB), the arena."""
+    parts = {}
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith(("RssAnon", "RssFile", "RssShmem")):
+            name, value = line.split(":")
+            parts[name] = int(value.split()[0]) >> 10
+    return parts
+
+
 def _fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
@@ -126,8 +136,12 @@ async def run(budget: Budget) -> ProbeResult:
         for sock in stalled:
             sock.close()
         after = daemon.scrape()
+        result.notes["rss_parts_end_mib"] = _rss_parts(daemon.pid)
         stop.set()
         await sampler
+        third = max(1, len(samples) // 3)
+        early, late = max((s[0] for s in samples[:third]), default=0), max((s[0] for s in samples[-third:]), default=0)
+        result.notes["rss_first_third_peak_mib"], result.notes["rss_last_third_peak_mib"] = early >> 20, late >> 20
         latencies: dict[str, list[float]] = {}
         for path in out_dir.glob("*.json"):
             data = json.loads(path.read_text())

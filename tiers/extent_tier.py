@@ -540,7 +540,10 @@ class ExtentTier(Tier):
             raise
         self._jobs.add(job)
         loop = self._loop
-        job.add_done_callback(lambda _: loop.call_soon_threadsafe(self._job_finished, job, extents))
+        # the callback takes the job as its argument: closing over it would make a cycle
+        # (job → callbacks → closure → job) that keeps the job's result — copies of whole
+        # objects — alive until the garbage collector runs
+        job.add_done_callback(lambda done: loop.call_soon_threadsafe(self._job_finished, done, extents))
         try:
             return await asyncio.wrap_future(job)
         except (StatetierError, asyncio.CancelledError):
