@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import Budget, DaemonProcess, ProbeResult, RedisServer, internal_errors, key_prefix, passed, payload
+from harness import Budget, DaemonProcess, ProbeResult, RedisServer, internal_errors, key_prefix, passed, payload
 from statetier.protocol.errors import NotFound, RejectedState, StatetierError
 from statetier.tiers.segments import RECORD_HEADER_BYTES, SegmentFile
 from wire import Wire

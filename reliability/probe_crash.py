@@ -20,7 +20,7 @@ import random
 import signal
 import time
 
-from common import Budget, DaemonProcess, ProbeResult, RedisServer, internal_errors, key_prefix, passed, payload, percentile
+from harness import Budget, DaemonProcess, ProbeResult, RedisServer, internal_errors, key_prefix, passed, payload, percentile
 from holders import HolderPool
 from statetier.protocol.errors import NotFound, RejectedState, StatetierError
 from wire import Wire
@@ -124,7 +124,7 @@ async def _daemon_kills(daemon: DaemonProcess, deadline: float, cap: int, result
         stop, mine = asyncio.Event(), []
         writers = [asyncio.create_task(_writer(daemon.url, ledger, random.Random(rng.random()), stop, mine))
                    for _ in range(WRITERS)]
-        await asyncio.sleep(rng.uniform(0.05, 0.8))
+        await asyncio.sleep(rng.uniform(0.02, 0.5))
         daemon.kill()  # SIGKILL, mid-whatever
         result.faults += 1
         stop.set()
@@ -216,9 +216,9 @@ async def run(budget: Budget) -> ProbeResult:
                                          "disk.capacity_bytes": "4GiB", "redis.socket_timeout": 2.0})
         try:
             daemon.start()
-            await _daemon_kills(daemon, budget.deadline(0.7), budget.scale(2000, 40), result, rng)
+            await _daemon_kills(daemon, budget.deadline(0.75), budget.scale(2000, 40), result, rng)
             if daemon.is_running:
-                await _client_kills(daemon, budget.deadline(0.3), budget.scale(1000, 12), result)
+                await _client_kills(daemon, budget.deadline(0.25), budget.scale(1000, 12), result)
             if daemon.is_running:
                 result.internal_errors = internal_errors(daemon)
         finally:

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import (Budget, DaemonProcess, ProbeResult, RedisCluster, RedisServer, internal_errors, key_prefix,
+from harness import (Budget, DaemonProcess, ProbeResult, RedisCluster, RedisServer, internal_errors, key_prefix,
                     passed, payload, percentile)
 from statetier.protocol.errors import StatetierError, Unavailable
 from statetier.protocol.frames import Op

@@ -30,7 +30,7 @@ import random
 import struct
 import time
 
-from common import Budget, DaemonProcess, ProbeResult, internal_errors, key_prefix, passed, payload
+from harness import Budget, DaemonProcess, ProbeResult, internal_errors, key_prefix, passed, payload
 from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.errors import StatetierError
 from statetier.protocol.frames import Frame, FrameDecoder, Op, encode_frame_bytes, hello_frame

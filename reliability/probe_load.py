@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import Budget, DaemonProcess, ProbeResult, internal_errors, key_prefix, payload, percentile
+from harness import Budget, DaemonProcess, ProbeResult, internal_errors, key_prefix, payload, percentile
 from statetier.protocol.frames import Frame, Op, encode_frame_bytes, hello_frame
 from wire import Wire
 

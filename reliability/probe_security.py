@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import Budget, DaemonProcess, ProbeResult, RedisServer, internal_errors, key_prefix, payload
+from harness import Budget, DaemonProcess, ProbeResult, RedisServer, internal_errors, key_prefix, payload
 from statetier.daemon.auth import token_sha256
 from statetier.protocol.errors import Forbidden, RejectedState, StatetierError
 from statetier.protocol.keyring import Keyring
