@@ -18,7 +18,11 @@ Rules kept here: a put becomes visible only when sealed and complete; the versio
 registry fences stale puts and loads; a copy that fails an integrity check is removed and
 the load falls through to the next copy, never to unverified bytes; identity mismatches
 are refused outright; eviction demotes (``daemon.placement``); ``publish`` writes through
-to the cross-node tier before the put returns.
+to the cross-node tier before the put returns; a put asking to be ``durable`` is copied
+into the durable tier (``Tier.is_durable``: the disk tier with fsync) before it returns,
+and ``PutResult.durable`` says whether a durable tier held it then. A load that finds its
+object in no tier while a demotion of it is in flight waits for it; a delete waits for
+the object's copies in flight and deletes again, so none lands after the delete returns.
 """
 
 from __future__ import annotations

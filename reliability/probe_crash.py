@@ -78,6 +78,20 @@ async def _writer(url: str, ledger: Ledger, rng: random.Random, stop: asyncio.Ev
             pass
 
 
+async def _note_activity(url: str, result: ProbeResult) -> None:
+    """What the daemon was doing in the cycle about to be killed (its counters since start)."""
+    try:
+        wire = await Wire.open(url, timeout=1.0)
+        stats = await asyncio.wait_for(wire.stats(), 1.0)
+        await wire.close()
+    except (OSError, StatetierError, asyncio.TimeoutError):
+        return
+    tiers = {t["tier"]: t for t in stats["tiers"]}
+    result.add("evictions_before_kills", tiers.get("host", {}).get("evictions", 0))
+    result.add("compactions_before_kills", tiers.get("disk", {}).get("compactions_run", 0))
+    result.add("kills_with_write_behind_pending", bool(stats.get("write_behind_pending")))
+
+
 async def _check(url: str, ledger: Ledger, seeds: list[int], result: ProbeResult) -> None:
     wire = await Wire.open(url, model=PROBE)
     try:
@@ -125,6 +139,7 @@ async def _daemon_kills(daemon: DaemonProcess, deadline: float, cap: int, result
         writers = [asyncio.create_task(_writer(daemon.url, ledger, random.Random(rng.random()), stop, mine))
                    for _ in range(WRITERS)]
         await asyncio.sleep(rng.uniform(0.02, 0.5))
+        await _note_activity(daemon.url, result)
         daemon.kill()  # SIGKILL, mid-whatever
         result.faults += 1
         stop.set()

@@ -14,6 +14,10 @@ Inputs, each one frame (or one blob of bytes) sent to the daemon:
   cut short, an oversized length;
 - random bytes of random length as a connection's first input.
 
+Sealed headers never come from a client (the daemon seals); mutated and forged sealed
+headers are stored objects, probed where they live: ``probe_corruption`` (segments,
+Redis chunks) and ``probe_security`` (a keyless writer forging them in Redis).
+
 - crash: the daemon process exits. hang: an input neither answered nor its connection
   closed within 10 s.
 - wrong: the well-behaved client's put or load fails or returns other bytes.

@@ -151,6 +151,7 @@ async def run(budget: Budget) -> ProbeResult:
             for reason, count in data["errors"].items():
                 result.add(f"error_{reason}", count)
         result.inputs = sum(len(v) for v in latencies.values())
+        result.faults = STALLED  # clients that stop reading (the first of them reads a little now and then)
         result.notes["workers"] = workers
         result.notes["stalled_clients"] = STALLED
         result.notes["ops_per_s"] = round(result.inputs / seconds, 1)
