@@ -39,7 +39,7 @@ def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
 
 def _load(snapshot: dict) -> str:
     load = snapshot.get("load_average")
-    busy = ", ".join(f"{name} {pct:.0f}%" for name, pct in snapshot.get("busiest") or [])
+    busy = ", ".join(f"{p['name']} {p['cpu_percent']:.0f}%" for p in snapshot.get("busiest") or [])
     return f"load average {' / '.join(f'{x:.2f}' for x in load)}" + (f"; busiest other processes: {busy}" if busy else "")
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import json
 import os
 import platform
 import subprocess
@@ -92,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     print(report.table(results))
     print(f"[chaos] {run['seconds']:.0f} s; load average before {run['load_before']['load_average']}, "
           f"after {run['load_after']['load_average']}")
+    (REPO / ".chaos-results.json").write_text(json.dumps(
+        {"run": run, "results": [r.__dict__ for r in results]}, indent=1, default=str))  # kept if the page fails
     target = args.write if args.write is not None else ("" if args.short else str(REPO / "docs" / "reliability.md"))
     if target:
         Path(target).write_text(report.markdown(results, run))

@@ -94,7 +94,22 @@ class SegmentLog:
     highest: int = 0  # the highest sequence number of any COMMIT record found
     named: set[bytes] = field(default_factory=set)  # object ids any intact COMMIT record names
     objects: list[tuple[int, RecordHeader]] = field(default_factory=list)  # intact object records
-    is_damaged: bool = False  # a damaged header, or a COMMIT record newer than after_seq unreadable
+    damage_at: list[int] = field(default_factory=list)  # damaged headers; COMMIT records newer than
+    #                                                      after_seq that do not read back
+    last_commit_at: int = -1  # offset of the last intact COMMIT record
+
+    @property
+    def is_damaged(self) -> bool:
+        """Damage the log went on past: an intact COMMIT record follows it. A damaged spot
+        after the last one is a torn tail (a crash in the middle of a store), not damage."""
+        return any(offset < self.last_commit_at for offset in self.damage_at)
+
+    def adoptable(self) -> list[tuple[int, RecordHeader]]:
+        """First stores (generation 1: a compaction copy no COMMIT names is one whose move had
+        no effect, its object deleted) lying before the last intact COMMIT record, which was
+        only written once everything before it in the segment was durable."""
+        return [(offset, header) for offset, header in self.objects
+                if header.generation == 1 and offset < self.last_commit_at]
 
 
 def scan_log(file: SegmentFile, after_seq: int) -> SegmentLog:
@@ -104,7 +119,7 @@ def scan_log(file: SegmentFile, after_seq: int) -> SegmentLog:
     found = SegmentLog()
     for offset, header in file.walk():
         if header is None:
-            found.is_damaged = True
+            found.damage_at.append(offset)
             continue
         if header.is_object:
             found.objects.append((offset, header))
@@ -118,8 +133,10 @@ def scan_log(file: SegmentFile, after_seq: int) -> SegmentLog:
             break  # the file ends inside it: a torn tail
         ops = _intact_ops(header, body)
         if ops is None:
-            found.is_damaged = found.is_damaged or header.generation > after_seq
+            if header.generation > after_seq:
+                found.damage_at.append(offset)
             continue
+        found.last_commit_at = offset
         found.named.update(op.entry.meta.object_id if isinstance(op, Put) else op.object_id for op in ops)
         if header.generation > after_seq:
             found.commits.append((header.generation, ops))

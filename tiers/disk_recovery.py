@@ -138,18 +138,19 @@ def _adopt_orphans(state: dict[bytes, IndexEntry], history: dict[bytes, list], l
     """Index the intact object records of damaged segments whose COMMIT record was lost.
 
     Only in a segment where the walk met damage (a header it had to resynchronise past, or
-    a COMMIT record newer than the checkpoint that does not read back): there a lost COMMIT
-    record may have named records that are themselves intact. A record is adopted when no
-    intact COMMIT record anywhere names its object (so no logged delete or newer copy
-    exists), no entry holds it, and it reads back verified (signature and digest) as the
-    object its header names.
+    a COMMIT record newer than the checkpoint that does not read back) followed by an intact
+    COMMIT record: there a lost COMMIT record may have named records that are themselves
+    intact. A record is adopted when it is a first store lying before the segment's last
+    intact COMMIT record (``SegmentLog.adoptable``), no intact COMMIT record anywhere names
+    its object (so no logged delete or newer copy exists), no entry holds it, and it reads
+    back verified (signature and digest) as the object its header names.
     """
     named = set().union(*(log.named for log in logs.values())) if logs else set()
     adopted: list[IndexOp] = []
     for number, log in logs.items():
         if not log.is_damaged:
             continue
-        for offset, header in log.objects:
+        for offset, header in log.adoptable():
             object_id = header.object_id
             if object_id in state or object_id in history or object_id in named:
                 continue

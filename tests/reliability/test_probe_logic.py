@@ -54,7 +54,7 @@ def test_a_listed_failure_fails_the_row_and_is_printed():
 def test_the_page_states_each_promise_and_what_lost_and_wrong_mean():
     found = result()
     found.notes["daemon_kills"] = 3
-    snapshot = {"load_average": (1.0, 2.0, 3.0), "busiest": [("pytest", 90.0)]}
+    snapshot = {"load_average": (1.0, 2.0, 3.0), "busiest": [{"name": "pytest", "cpu_percent": 90.0}]}
     page = chaos_report.markdown([found], {"commit": "abc", "started": "2026-01-01 00:00", "minutes": 20,
                                            "seconds": 1200, "machine": "2 CPUs", "load_before": snapshot,
                                            "load_after": snapshot})

@@ -19,6 +19,7 @@ import pytest
 from statetier.tiers.disk import DiskTier
 from statetier.tiers.disk_index import Delete, DiskIndex, IndexEntry, Location, Mark, Put
 from statetier.tiers.disk_log import decode_ops, encode_ops, encoded_len
+from statetier.tiers.disk_body import RecordBody
 from statetier.tiers.segments import RECORD_HEADER_BYTES, SegmentFile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling disk_crash_writer.py
@@ -223,6 +224,41 @@ async def test_a_flipped_bit_in_a_commit_record_keeps_the_intact_objects_it_name
     await reopened.close()
     again = await open_disk(segment_bytes=1 << 20)  # adopted into the checkpoint, for good
     assert await visible(again) == {meta.object_id for meta, _ in batch}
+
+
+async def test_a_record_after_the_last_commit_record_is_a_torn_tail_never_adopted(open_disk, tmp_path):
+    batch, segment = await stored_after_a_checkpoint(open_disk, tmp_path, 4)
+    extra_meta, extra_blob = make_object(object_id_for(4, 9, 0), 3000)
+    size = segment.stat().st_size
+    file = SegmentFile(segment.parent, int(segment.stem.split("-")[1]))
+    try:  # a reservation a kill left without its header, then a store no COMMIT record names
+        RecordBody(KEYRING, None).write_record(file, size + 4096, extra_meta.object_id, extra_meta.size,
+                                               [memoryview(extra_blob)])
+    finally:
+        file.close()
+
+    reopened = await open_disk(segment_bytes=1 << 20)
+
+    assert await visible(reopened) == {meta.object_id for meta, _ in batch}
+    assert reopened.stats().extra["recovery_adopted"] == 0
+
+
+async def test_a_compaction_copy_no_commit_names_is_never_adopted(open_disk, tmp_path):
+    # A copy whose move had no effect (its object was deleted meanwhile) is a record no
+    # COMMIT names: after a crash with damage in its segment it must not bring the object back.
+    batch, segment = await stored_after_a_checkpoint(open_disk, tmp_path, 8)
+    records = records_of(segment)
+    commits = [offset for offset, header in records if header.is_commit]
+    flip_bit(segment, commits[3] + RECORD_HEADER_BYTES + 2)  # the COMMIT naming batch[3]
+    (offset, header), = [(o, h) for o, h in records if h.is_object and h.object_id == batch[3][0].object_id]
+    with open(segment, "r+b") as handle:  # its record, as a compaction copy would have written it
+        handle.seek(offset)
+        handle.write(header.moved().pack())
+
+    reopened = await open_disk(segment_bytes=1 << 20)
+
+    assert await visible(reopened) == {meta.object_id for meta, _ in batch} - {batch[3][0].object_id}
+    assert reopened.stats().extra["recovery_adopted"] == 0
 
 
 async def test_a_commit_record_lost_to_damage_brings_back_no_object_a_later_commit_deleted(open_disk, tmp_path):
