@@ -4,7 +4,8 @@
 
 - ``store(chunks, meta, first=0)``  — into the highest tier from ``first`` down that has
   room; room is made by evicting that tier's LRU objects and *demoting* them to the next
-  tier down (dropping only what no lower tier can take). Returns the tier used.
+  tier down (dropping only what no lower tier can take), one eviction per tier at a time.
+  Returns the tier used.
 - ``store_in(tier, chunks, meta)`` — into one given tier (publish, promotion).
 - ``copy_down(state_id, source)``  — write-behind: a copy into the next persistent tier,
   queued (bounded) by ``schedule_copy_down`` and run by the worker ``run_write_behind``.
@@ -41,6 +42,7 @@ class Placement:
         self.dropped = 0
         self.write_behind_skipped = 0
         self._moves: dict[bytes, list[asyncio.Future]] = {}  # object_id → its moves in flight
+        self._eviction_locks: dict[int, asyncio.Lock] = {}
 
     def below(self, tier: Tier) -> list[Tier]:
         return self.tiers[self.tiers.index(tier) + 1 :]
@@ -74,17 +76,24 @@ class Placement:
     async def _prepare_with_room(self, tier: Tier, meta: ObjectMeta):
         # Tiers evict only when asked: above the high watermark (counting this object)
         # ``evict`` brings usage down to the low one and hands back what it removed.
-        evicted = await tier.evict(meta.size)
-        if evicted:
-            await self.demote(tier, evicted)
+        await self._evict_and_demote(tier, meta.size)
         try:
             return await tier.prepare_store(meta)
         except CapacityError:
-            evicted = await tier.evict(meta.size)
-            if not evicted:
+            if not await self._evict_and_demote(tier, meta.size):
                 raise
-            await self.demote(tier, evicted)
             return await tier.prepare_store(meta)
+
+    async def _evict_and_demote(self, tier: Tier, need_bytes: int) -> bool:
+        # One eviction per tier at a time: puts that need room at once would each copy out
+        # the same victims (a whole watermark band each, in memory outside the byte budget);
+        # the next one finds the room already made.
+        lock = self._eviction_locks.setdefault(id(tier), asyncio.Lock())
+        async with lock:
+            evicted = await tier.evict(need_bytes)
+            if evicted:
+                await self.demote(tier, evicted)
+        return bool(evicted)
 
     async def demote(self, source: Tier, evicted: list[EvictedObject]) -> None:
         if self.metrics is not None:

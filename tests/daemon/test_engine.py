@@ -346,6 +346,47 @@ async def test_copies_of_evicted_objects_are_unmapped_once_demoted_without_the_g
         await engine.close()
 
 
+class EvictionCountingHostTier(HostTier):
+    """A real host tier that records how many of its evictions ran at the same time."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.running = self.most_at_once = 0
+
+    async def evict(self, need_bytes: int = 0):
+        self.running += 1
+        self.most_at_once = max(self.most_at_once, self.running)
+        try:
+            return await super().evict(need_bytes)
+        finally:
+            self.running -= 1
+
+
+async def test_puts_that_need_room_at_the_same_time_share_one_eviction(tmp_path):
+    # Found by the load probe: 48 clients putting into a full arena each evicted (copied out)
+    # a whole watermark band of the same victims at once; the daemon's RSS peaked at 1.1 GiB.
+    keyring = Keyring.generate()
+    host = EvictionCountingHostTier(8 << 20, granularity=4096, inline_copy_bytes=0)  # copies in the executor
+    disk = DiskTier(tmp_path / "disk", 640 << 20, keyring=keyring, segment_bytes=8 << 20)
+    engine = Engine([host, disk], keyring=keyring, registry=MemoryVersionRegistry(),
+                    options=EngineOptions(producer_id="test"))
+    specs = (TensorSpec("kv", "uint8", (200 * 1024,)),)
+
+    def request(layer: int) -> PutRequest:
+        return PutRequest("default", StateKey(NS, Kind.KV, layer, CHAIN[0], 0, 16), Provenance(f"r{layer}"), specs)
+
+    await engine.start()
+    try:
+        for layer in range(36):  # the arena up to its high watermark
+            await engine.put(request(layer), bytes(200 * 1024))
+        puts = await asyncio.gather(*(engine.put(request(100 + i), bytes(200 * 1024)) for i in range(16)))
+        assert all(put.tier == "host" for put in puts)
+        assert host.stats().evictions > 0
+        assert host.most_at_once == 1
+    finally:
+        await engine.close()
+
+
 async def test_a_state_id_issued_for_another_stream_is_misrouted_even_when_its_object_is_gone(engine):
     mine = (await engine.put(*ssm_put(request="req-a"))).ref
     theirs = (await engine.put(*ssm_put(request="req-b", seed=2))).ref
