@@ -52,7 +52,7 @@ def markdown(results: list[ProbeResult], run: dict) -> str:
         "",
         "## How this run was made",
         "",
-        f"- commit `{run['commit']}`, {run['started']} UTC, {run['minutes']:g} minutes asked, "
+        f"- commit `{run['commit']}`, {run['started']} UTC, {run['minutes']:.1f} minutes asked, "
         f"{run['seconds'] / 60:.1f} minutes taken",
         f"- machine: {run['machine']}",
         f"- before: {_load(run['load_before'])}",
