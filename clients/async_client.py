@@ -7,21 +7,24 @@ at once. Keys are built in the client's namespace (``kv_key`` / ``ssm_key``).
 - ``put(key, tensors, *, request_id, step, publish, version, speculative)`` → ``StateRef``;
   ``put_kv(layer, prefix_hash, token_start, token_end, tensors, ...)`` and
   ``put_ssm(layer, prefix_hash, tokens_absorbed, {"conv": t, "ssm": t}, ...)`` build the key.
-- ``load(ref_or_key, *, device, expect)`` → ``{name: tensor}``; ``load_with_ref`` also
-  returns the ``StateRef`` of what was loaded. Loads carry the client's own namespace.
+- ``load(ref_or_key, *, device, expect, into)`` → ``{name: tensor}``, fresh tensors or the
+  caller's ``into`` filled in place; ``load_with_ref`` also returns the ``StateRef`` of
+  what was loaded. Loads carry the client's own namespace; every tensor is verified
+  against the signed header's digests where it lands.
 - ``lookup(attention_layers, ssm_layers, boundaries | token_ids=…, ...)`` → ``LookupResult``;
   ``release(lease_ids)`` gives the leases back.
 - ``put_many(items)`` / ``load_many(targets)``: concurrent over the one connection, bounded.
 - ``delete(ref)``, ``stats()``, ``inspect(state_id)``, ``verify()``, ``ping()``.
 
-Zero-copy through the daemon's host arena on a Unix socket (``transfers.py``), inline
-bytes otherwise. Every failure is a typed ``statetier.protocol.errors`` error;
+Through the connection's own shared-memory windows on a Unix socket (``transfers.py``,
+``shm.py``), inline bytes otherwise (TCP, or a process that cannot map them). Every failure is a typed ``statetier.protocol.errors`` error;
 use after ``close()`` raises ``ClientClosedError``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl as _ssl
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -43,12 +46,13 @@ from statetier.protocol.messages import (
 )
 
 from . import transport
-from .shm import HostArena
+from .shm import ClientWindows
 from .tensors import dtype_name
-from .transfers import Transfers
+from .transfers import Transfers, into_specs
 from .values import LookupResult, PutItem, boundaries_from_tokens, boundaries_to_wire, named_tensors
 
 DEFAULT_CONCURRENCY = 16
+log = logging.getLogger("statetier.client")
 Expect = Mapping[str, tuple[Any, Sequence[int]]]
 T = TypeVar("T")
 R = TypeVar("R")
@@ -93,13 +97,14 @@ class AsyncClient:
             return self
         conn = await transport.connect(self.url, tenant=self.tenant, token=self._token, ssl=self._ssl,
                                        shm=self._use_shm, timeout=self._timeout)
-        try:
-            arena = HostArena.open(*conn.shm) if conn.shm is not None and self._use_shm else None
-        except BaseException:
-            await conn.close()
-            raise
+        windows = None
+        if conn.shm is not None:
+            try:
+                windows = ClientWindows.open(conn.shm)
+            except OSError as exc:  # this process cannot map them: the inline path still works
+                log.warning("statetier: shared-memory windows unusable, using inline transfers: %s", exc)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="statetier-copy")
-        self._conn, self._transfers = conn, Transfers(conn, arena, self._executor)
+        self._conn, self._transfers = conn, Transfers(conn, windows, self._executor)
         return self
 
     async def close(self) -> None:
@@ -111,8 +116,8 @@ class AsyncClient:
             if self._conn is not None:
                 await self._conn.close()
         finally:
-            if self._transfers is not None and self._transfers.arena is not None:
-                self._transfers.arena.close()  # deferred while a copy still holds a region
+            if self._transfers is not None and self._transfers.windows is not None:
+                self._transfers.windows.close()  # deferred while a copy still holds a region
             if self._executor is not None:
                 self._executor.shutdown(wait=False)
 
@@ -124,8 +129,8 @@ class AsyncClient:
 
     @property
     def uses_shm(self) -> bool:
-        """Whether puts and loads go through the daemon's host arena."""
-        return self._transfers is not None and self._transfers.arena is not None
+        """Whether puts and loads go through the connection's shared-memory windows."""
+        return self._transfers is not None and self._transfers.windows is not None
 
     @property
     def server_info(self) -> dict:
@@ -180,15 +185,23 @@ class AsyncClient:
 
     # -- loads --------------------------------------------------------------------------
 
-    async def load(self, target: StateRef | StateKey, *, device: torch.device | str = "cpu",
-                   expect: Expect | None = None, speculative: bool = False) -> dict[str, torch.Tensor]:
-        """The tensors of ``target``: a ``StateRef`` (handoff) or a ``StateKey`` (prefix reuse)."""
-        _, tensors = await self.load_with_ref(target, device=device, expect=expect, speculative=speculative)
+    async def load(self, target: StateRef | StateKey, *, device: torch.device | str | None = None,
+                   expect: Expect | None = None, speculative: bool = False,
+                   into: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """The tensors of ``target``: a ``StateRef`` (handoff) or a ``StateKey`` (prefix reuse).
+
+        ``into`` (``{name: tensor}``, contiguous, on one device) is filled in place and
+        returned: the object must hold exactly those names, dtypes and shapes
+        (``CorruptPayload`` otherwise). Every tensor is verified where it lands.
+        """
+        _, tensors = await self.load_with_ref(target, device=device, expect=expect, speculative=speculative,
+                                              into=into)
         return tensors
 
-    async def load_with_ref(self, target: StateRef | StateKey, *, device: torch.device | str = "cpu",
-                            expect: Expect | None = None,
-                            speculative: bool = False) -> tuple[StateRef, dict[str, torch.Tensor]]:
+    async def load_with_ref(self, target: StateRef | StateKey, *, device: torch.device | str | None = None,
+                            expect: Expect | None = None, speculative: bool = False,
+                            into: Mapping[str, torch.Tensor] | None = None
+                            ) -> tuple[StateRef, dict[str, torch.Tensor]]:
         """Like ``load``, plus the ``StateRef`` of the object that was loaded."""
         meta: dict[str, Any] = {"ns": self._own_namespace().hex(), "speculative": bool(speculative)}
         if isinstance(target, StateRef):
@@ -197,17 +210,28 @@ class AsyncClient:
             meta["key"] = key_to_wire(target)
         else:
             raise InvalidRequest(f"load takes a StateRef or a StateKey, not {type(target).__name__}")
+        if into is not None and expect is not None:
+            raise InvalidRequest("give into or expect, not both: into states what it expects")
         if expect is not None:
             meta["tensors"] = specs_to_wire(_expected_specs(expect))
-        return await self._transfers_now().load(meta, device)
+        if into is not None:
+            meta["tensors"] = specs_to_wire(into_specs(into))
+            return await self._transfers_now().load(meta, device, into)
+        return await self._transfers_now().load(meta, "cpu" if device is None else device)
 
-    async def load_many(self, targets: Iterable[StateRef | StateKey], *, device: torch.device | str = "cpu",
-                        expect: Expect | None = None,
+    async def load_many(self, targets: Iterable[StateRef | StateKey], *, device: torch.device | str | None = None,
+                        expect: Expect | None = None, into: Sequence[Mapping[str, torch.Tensor]] | None = None,
                         concurrency: int | None = None) -> list[dict[str, torch.Tensor]]:
-        """Load every target concurrently; results come back in the targets' order."""
-        async def load_one(target) -> dict[str, torch.Tensor]:
-            return await self.load(target, device=device, expect=expect)
-        return await _map_bounded(load_one, list(targets), concurrency or self.concurrency)
+        """Load every target concurrently; results come back in the targets' order.
+        ``into``: one destination mapping per target (see ``load``)."""
+        targets = list(targets)
+        if into is not None and len(into) != len(targets):
+            raise InvalidRequest(f"into has {len(into)} destinations for {len(targets)} targets")
+
+        async def load_one(index: int) -> dict[str, torch.Tensor]:
+            return await self.load(targets[index], device=device, expect=expect,
+                                   into=None if into is None else into[index])
+        return await _map_bounded(load_one, list(range(len(targets))), concurrency or self.concurrency)
 
     # -- lookup and leases --------------------------------------------------------------
 

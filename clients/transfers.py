@@ -1,60 +1,79 @@
 """Payloads between torch tensors and the daemon: the put and load exchanges.
 
-- ``Transfers(conn, arena, executor)`` — built by ``AsyncClient.connect``; ``arena`` is the
-  mapped host arena (``shm.HostArena``) or ``None`` (TCP, or no host tier).
-- ``await put(meta, pairs)`` → ``StateRef``. With an arena: PUT_RESERVE → copy the tensors
-  into the reservation → PUT_COMMIT, and PUT_ABORT when anything fails or the caller is
-  cancelled (a reservation refused for room, ``CapacityError``, falls back to inline).
-  Without: one inline PUT whose data are the tensors' own buffers and the zero
-  padding of ``layout_payload``, written back to back (no join).
-- ``await load(meta, device)`` → ``(StateRef, {name: tensor})``. Served from the arena:
-  copy out, then RELEASE the lease (in ``finally``; written at once, its answer not
-  awaited). Inline: tensors from the reply data, sharing the received buffer when it is
-  aligned for the dtype.
+- ``Transfers(conn, windows, executor)`` — built by ``AsyncClient.connect``; ``windows`` is
+  the connection's mapped shared-memory windows (``shm.ClientWindows``) or ``None`` (TCP,
+  or a process that could not map them).
+- ``await put(meta, pairs)`` → ``StateRef``. With windows: copy the tensors into a region
+  of the put window, one ``PUT`` naming it (one round trip); the region is reused once the
+  daemon answered (it copies before it digests). Without, or when the window is full: one
+  inline ``PUT`` whose data are the tensors' own buffers and the zero padding of
+  ``layout_payload``, written back to back (no join).
+- ``await load(meta, device, into)`` → ``(StateRef, {name: tensor})``. The reply carries the
+  signed header (checked by the daemon) and the payload: in a region of the read-only
+  load window, or inline. Each tensor is copied into its destination — ``into``'s tensors,
+  or fresh ones — and **verified there** against the header's digests before it is
+  returned (``land``): bytes that changed on the way are ``CorruptPayload``, never a
+  tensor. A device destination is verified in a private pinned staging buffer, then
+  copied to the device. The region goes back with a ``RELEASE`` written at once.
 
-Copies up to ``INLINE_COPY_BYTES`` of CPU tensors run on the event loop (a thread hop would
-cost more); larger ones, and any touching a GPU, run on the client's single copy thread. A
-cancelled caller still waits for its copy to end before the arena region is handed back.
+Copies are single-threaded memmoves (memoryview slice assignment), fused with the digest
+in cache-sized chunks; they never touch torch's thread settings. Up to
+``INLINE_COPY_BYTES`` of CPU copies run on the event loop (a thread hop would cost more);
+larger ones, and any touching a GPU, run on the client's single copy thread. A cancelled
+caller still waits for its copy to end before the region is handed back.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from concurrent.futures import Executor
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from statetier.protocol.errors import CapacityError, ClientClosedError, MalformedFrame, StatetierError, Unavailable
+from statetier.protocol.errors import (
+    ClientClosedError,
+    CorruptPayload,
+    InvalidRequest,
+    MalformedFrame,
+    StatetierError,
+)
 from statetier.protocol.frames import Frame, Op
-from statetier.protocol.messages import field, header_from_wire, ref_from_wire, specs_to_wire
-from statetier.protocol.sealed import layout_payload
+from statetier.protocol.messages import field, ref_from_wire, specs_to_wire
 from statetier.protocol.identity import StateRef
+from statetier.protocol.sealed import SealedHeader, check_payload_digest, layout_payload, parse_header, region_hasher
 
-from .shm import HostArena
-from .tensors import can_share, spec_of, tensor_from_view, tensor_to_spec_and_view
+from .shm import ClientWindows
+from .tensors import byte_view, empty_for, spec_of, tensor_bytes, tensor_to_spec_and_view, torch_dtype
 
 INLINE_COPY_BYTES = 4 << 20  # a 2 MiB page: ~0.1 ms to copy; the hop cost 0.08+ ms and more when busy
+COPY_CHUNK = 256 << 10  # copy then digest this much at a time, while it is still in cache
+HEADER_CACHE = 1024
 _ZEROS = memoryview(bytes(64))  # alignment padding is below 64 bytes
+_HEADER_LEN = slice(8, 12)  # header_len in the sealed object's prefix (docs/protocol.md §1.1)
 
 
 class Transfers:
-    """The put and load exchanges over one connection (and its arena, if any)."""
+    """The put and load exchanges over one connection (and its windows, if any)."""
 
-    def __init__(self, conn, arena: HostArena | None, executor: Executor) -> None:
+    def __init__(self, conn, windows: ClientWindows | None, executor: Executor) -> None:
         self.conn = conn
-        self.arena = arena
+        self.windows = windows
         self._executor = executor
+        self._headers: OrderedDict[bytes, SealedHeader] = OrderedDict()
+        self._staging: torch.Tensor | None = None
 
     # -- put ----------------------------------------------------------------------------
 
     async def put(self, meta: dict, pairs: Sequence[tuple[str, torch.Tensor]]) -> StateRef:
         specs = [spec_of(name, tensor) for name, tensor in pairs]
+        layout = layout_payload(specs)
         meta = {**meta, "tensors": specs_to_wire(specs)}
-        if self.arena is not None:
-            reservation = await self._try_reserve(meta)
-            if reservation is not None:
-                return await self._fill_and_commit(reservation, layout_payload(specs), [t for _, t in pairs])
+        if self.windows is not None and layout.payload_len:
+            offset = self.windows.allocate(layout.payload_len)
+            if offset is not None:
+                return await self._put_from_window(meta, layout, [t for _, t in pairs], offset)
         return await self._put_inline(meta, pairs)
 
     async def _put_inline(self, meta: dict, pairs) -> StateRef:
@@ -69,65 +88,90 @@ class Transfers:
         frame = await self.conn.request(Op.PUT, meta, parts)
         return _ref_of(frame)
 
-    async def _try_reserve(self, meta: dict) -> Frame | None:
-        """PUT_RESERVE's reply, or None when the arena has no room (an inline put goes lower)."""
+    async def _put_from_window(self, meta: dict, layout, tensors, offset: int) -> StateRef:
+        windows = self.windows
+        region = windows.put_window[offset : offset + layout.payload_len]
+        on_gpu = any(t.device.type != "cpu" for t in tensors)
+        sent = False
         try:
-            return await self.conn.request(Op.PUT_RESERVE, meta, on_orphan=self._abort_orphan)
-        except (CapacityError, Unavailable):
-            if not self.conn.is_usable:
-                raise
-            return None
-
-    async def _fill_and_commit(self, frame: Frame, layout, tensors) -> StateRef:
-        ticket = field(frame.meta, "ticket", int)
-        try:
-            offset = field(frame.meta, "offset", int)
-            offsets = _reserved_offsets(frame.meta, layout)
-            placements = list(zip(tensors, offsets))
-            on_gpu = any(t.device.type != "cpu" for t in tensors)
-            await self._copy(lambda: self.arena.write_tensors(offset, placements), layout.payload_len, on_gpu)
-            frame = await self.conn.request(Op.PUT_COMMIT, {"ticket": ticket})
-        except asyncio.CancelledError:
-            self.conn.request_and_forget(Op.PUT_ABORT, {"ticket": ticket})
+            await self._copy(lambda: fill(region, layout, tensors), layout.payload_len, on_gpu)
+            sent = True  # from here the daemon may read the region until it answers
+            frame = await self.conn.request(Op.PUT, {**meta, "window": offset},
+                                            on_orphan=lambda _frame: windows.free(offset),
+                                            on_unsent=lambda: windows.free(offset))
+        except BaseException as exc:
+            if not sent or not isinstance(exc, asyncio.CancelledError):
+                windows.free(offset)  # answered (an error), never sent, or the copy failed
             raise
-        except BaseException:
-            await _quietly(self.conn.request(Op.PUT_ABORT, {"ticket": ticket}))
-            raise
+        windows.free(offset)
         return _ref_of(frame)
-
-    def _abort_orphan(self, frame: Frame) -> None:
-        ticket = frame.meta.get("ticket")
-        if isinstance(ticket, int):
-            self.conn.request_and_forget(Op.PUT_ABORT, {"ticket": ticket})
 
     # -- load ---------------------------------------------------------------------------
 
-    async def load(self, meta: dict, device) -> tuple[StateRef, dict[str, torch.Tensor]]:
-        meta = {**meta, "shm": self.arena is not None}
+    async def load(self, meta: dict, device, into: Mapping[str, torch.Tensor] | None = None
+                   ) -> tuple[StateRef, dict[str, torch.Tensor]]:
+        target = torch.device(device)
+        if into is not None:
+            target = _check_into(into, device)
+        meta = {**meta, "shm": self.windows is not None}
         frame = await self.conn.request(Op.LOAD, meta, on_orphan=self._release_orphan)
-        lease = frame.meta.get("lease") if self.arena is not None else None
+        region = frame.meta.get("region")
         try:
-            ref, placements, payload_len = header_from_wire(frame.meta)
-            offset = frame.meta.get("offset")
-            if offset is not None and self.arena is not None:
-                if not isinstance(offset, int):
-                    raise MalformedFrame("LOAD reply offset must be an integer")
-                on_gpu = torch.device(device).type != "cpu"
-                tensors = await self._copy(lambda: self.arena.read_tensors(offset, placements, device),
-                                           payload_len, on_gpu)
-            else:
-                tensors = _tensors_from_data(frame.data, placements, payload_len, device)
+            header, source = self._header_and_payload(frame)
+            dests = _destinations(header, into, target)
+            on_gpu = target.type != "cpu"
+            await self._copy(lambda: land(header, source, dests, self._staging_for), header.payload_len, on_gpu)
         finally:
-            if isinstance(lease, int):
+            if isinstance(region, int):
                 # written at once, even for a cancelled caller, ahead of the caller's next
                 # request; not awaited: the answer changes nothing and costs a round trip
-                self.conn.send_nowait(Op.RELEASE, {"leases": [lease]})
-        return ref, {spec.name: tensor for (spec, _), tensor in zip(placements, tensors)}
+                self.conn.send_nowait(Op.RELEASE, {"regions": [region]})
+        return header.ref(), {t.spec.name: d for t, d in zip(header.tensors, dests)}
+
+    def _header_and_payload(self, frame: Frame) -> tuple[SealedHeader, memoryview]:
+        data = memoryview(frame.data).cast("B")
+        window = frame.meta.get("window")
+        if window is None:
+            if data.nbytes < _HEADER_LEN.stop:
+                raise MalformedFrame("LOAD reply carries no sealed object")
+            header_len = int.from_bytes(data[_HEADER_LEN], "little")
+            header = self._parse(data[:header_len])
+            payload = data[header_len:]
+            if payload.nbytes != header.payload_len:
+                raise MalformedFrame(f"LOAD reply carries {payload.nbytes} payload bytes; its header says "
+                                     f"{header.payload_len}")
+            return header, payload
+        if self.windows is None or not isinstance(window, int) or isinstance(window, bool):
+            raise MalformedFrame("LOAD reply names a window region this client cannot read")
+        header = self._parse(data)
+        if window < 0 or window + header.payload_len > self.windows.load_window.nbytes:
+            raise MalformedFrame("LOAD reply region lies outside the load window")
+        return header, self.windows.load_window[window : window + header.payload_len]
+
+    def _parse(self, header_bytes: memoryview) -> SealedHeader:
+        """The header the daemon verified; parsed once per distinct header (a hot object is
+        loaded again and again)."""
+        key = bytes(header_bytes)
+        header = self._headers.get(key)
+        if header is None:
+            header = parse_header(key)
+            self._headers[key] = header
+            if len(self._headers) > HEADER_CACHE:
+                self._headers.popitem(last=False)
+        return header
+
+    def _staging_for(self, nbytes: int) -> torch.Tensor:
+        """A private host buffer (pinned when CUDA is there) of at least ``nbytes``: where a
+        device-bound tensor is verified before it is copied to the device. Copy thread only."""
+        if self._staging is None or self._staging.numel() < nbytes:
+            pin = torch.cuda.is_available()
+            self._staging = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=pin)
+        return self._staging
 
     def _release_orphan(self, frame: Frame) -> None:
-        lease = frame.meta.get("lease")
-        if isinstance(lease, int):
-            self.conn.request_and_forget(Op.RELEASE, {"leases": [lease]})
+        region = frame.meta.get("region")
+        if isinstance(region, int):
+            self.conn.send_nowait(Op.RELEASE, {"regions": [region]})
 
     # -- copies -------------------------------------------------------------------------
 
@@ -138,7 +182,7 @@ class Transfers:
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
-            # the copy still touches the arena region: it must end before the region is returned
+            # the copy still touches the window region: it must end before the region is returned
             while not future.done():
                 try:
                     await asyncio.wait([future])
@@ -147,33 +191,105 @@ class Transfers:
             raise
 
 
+# ------------------------------------------------------------------------- the copies
+
+
+def fill(region: memoryview, layout, tensors: Sequence[torch.Tensor]) -> None:
+    """Copy ``tensors`` into ``region`` at ``layout``'s offsets, zeroing the padding."""
+    cursor = 0
+    for tensor, offset in zip(tensors, layout.offsets):
+        if offset > cursor:
+            region[cursor:offset] = _ZEROS[: offset - cursor]
+        src = tensor_bytes(tensor)
+        nbytes = src.numel()
+        if nbytes:
+            if src.device.type == "cpu":
+                region[offset : offset + nbytes] = byte_view(src)
+            else:
+                torch.frombuffer(region[offset : offset + nbytes], dtype=torch.uint8).copy_(src)
+        cursor = offset + nbytes
+
+
+def land(header: SealedHeader, source: memoryview, dests: Sequence[torch.Tensor],
+         staging: Callable[[int], torch.Tensor]) -> None:
+    """Copy each tensor of ``source`` (laid out as ``header`` says) into its destination and
+    verify it there; a device destination is verified in ``staging`` first.
+
+    The digest is computed over the destination's bytes (and a private copy of the
+    padding), so what is verified is what the caller gets, whatever happens to ``source``
+    meanwhile.
+    """
+    digests = []
+    for t, dest in zip(header.tensors, dests):
+        hasher = region_hasher(header.digest_alg)
+        src = source[t.offset : t.offset + t.nbytes]
+        on_device = dest.device.type != "cpu"
+        if t.nbytes:
+            stage = staging(t.nbytes)[: t.nbytes] if on_device else tensor_bytes(dest)
+            copy_and_digest(byte_view(stage), src, hasher)
+        padding = bytes(source[t.offset + t.nbytes : t.offset + t.region])
+        if padding:
+            hasher.update(padding)
+        digest = hasher.digest()
+        if digest != t.digest:
+            raise CorruptPayload(f"tensor {t.spec.name!r} changed on its way: its digest does not match the "
+                                 "signed header")
+        if on_device and t.nbytes:
+            tensor_bytes(dest).copy_(stage)  # synchronous: the staging buffer is reused
+        digests.append(digest)
+    check_payload_digest(header, digests)
+
+
+def copy_and_digest(dest: memoryview, source: memoryview, hasher) -> None:
+    nbytes = source.nbytes
+    for start in range(0, nbytes, COPY_CHUNK):
+        end = min(nbytes, start + COPY_CHUNK)
+        dest[start:end] = source[start:end]
+        hasher.update(dest[start:end])
+
+
+def _check_into(into: Mapping[str, torch.Tensor], device) -> torch.device:
+    if not isinstance(into, Mapping) or not into:
+        raise InvalidRequest("into must be a non-empty {name: tensor} mapping")
+    devices = set()
+    for name, tensor in into.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise InvalidRequest(f"into[{name!r}] is a {type(tensor).__name__}, not a torch.Tensor")
+        if not tensor.is_contiguous():
+            raise InvalidRequest(f"into[{name!r}] is not contiguous: a load fills a tensor's memory as it is")
+        devices.add(tensor.device)
+    if len(devices) != 1:
+        raise InvalidRequest(f"into's tensors lie on several devices: {sorted(map(str, devices))}")
+    (found,) = devices
+    if device is not None and torch.device(device) != found and not (
+            torch.device(device).type == found.type and torch.device(device).index is None):
+        raise InvalidRequest(f"into's tensors are on {found}, the load asks for {device}")
+    return found
+
+
+def into_specs(into: Mapping[str, torch.Tensor]):
+    """The tensor specs a load into ``into`` expects (the daemon refuses others)."""
+    return [spec_of(name, tensor) for name, tensor in into.items()]
+
+
+def _destinations(header: SealedHeader, into, device: torch.device) -> list[torch.Tensor]:
+    if into is None:
+        return [empty_for(t.spec, device) for t in header.tensors]
+    names = [t.spec.name for t in header.tensors]
+    if sorted(names) != sorted(into):
+        raise CorruptPayload(f"the object holds tensors {names}, not {sorted(into)}")
+    dests = []
+    for t in header.tensors:
+        dest = into[t.spec.name]
+        if dest.dtype != torch_dtype(t.spec.dtype) or tuple(dest.shape) != tuple(t.spec.shape):
+            raise CorruptPayload(f"tensor {t.spec.name!r} is {t.spec.dtype}{list(t.spec.shape)}; into holds "
+                                 f"{dest.dtype}{list(dest.shape)}")
+        dests.append(dest)
+    return dests
+
+
 def _ref_of(frame: Frame) -> StateRef:
     return ref_from_wire(field(frame.meta, "ref", dict))
-
-
-def _reserved_offsets(meta: dict, layout) -> list[int]:
-    if field(meta, "payload_len", int) != layout.payload_len:
-        raise MalformedFrame(f"reservation of {meta['payload_len']} bytes for a {layout.payload_len}-byte payload")
-    reserved = field(meta, "tensors", list, default=None)
-    if reserved is None:
-        return list(layout.offsets)
-    offsets = [item[3] if isinstance(item, list) and len(item) == 4 else None for item in reserved]
-    if offsets != list(layout.offsets):
-        raise MalformedFrame("the reservation lays the tensors out differently from layout_payload")
-    return offsets
-
-
-def _tensors_from_data(data, placements, payload_len: int, device) -> list[torch.Tensor]:
-    view = memoryview(data).cast("B")
-    if view.nbytes != payload_len:
-        raise MalformedFrame(f"LOAD reply carries {view.nbytes} payload bytes; its header says {payload_len}")
-    out = []
-    for spec, offset in placements:
-        if offset < 0 or offset + spec.nbytes > payload_len:
-            raise MalformedFrame(f"tensor {spec.name!r} lies outside the payload")
-        region = view[offset : offset + spec.nbytes]
-        out.append(tensor_from_view(spec, region, device, copy=not can_share(spec, region)))
-    return out
 
 
 async def _quietly(awaitable) -> None:

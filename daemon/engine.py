@@ -6,8 +6,11 @@ is the host tier whose shared memory same-host clients map; ``publish`` the cros
 tier (Redis). The server calls, per request:
 
 - ``put(req, payload)``                 seal inline bytes, place, (publish), return the ref
-- ``reserve(req, owner)`` → ``commit(ticket_id, owner)`` / ``abort(ticket_id, owner)``
-                                        the zero-copy put through the host arena
+- ``put_shared(req, source, owner)``   a put whose payload lies where its client can still
+                                        write it (the connection's put window): copied into
+                                        memory only the daemon writes, then digested there
+- ``reserve(req, owner)`` → ``commit(ticket_id, owner, source)`` / ``abort(ticket_id, owner)``
+                                        the same, in two steps, through the host arena
 - ``load(req, owner)``                  find, verify in DESIGN §4 order, promote; the
                                         result stays leased until ``release(lease_id)``
 - ``lookup(req, owner)``                the joint hit (``daemon.lookup``)
@@ -33,6 +36,7 @@ from dataclasses import dataclass, field
 
 from statetier.protocol.errors import (
     BadSignature,
+    CapacityError,
     CorruptPayload,
     Forbidden,
     InvalidRequest,
@@ -177,7 +181,30 @@ class Engine:
         self._reservations[ticket_id] = (reservation, owner)
         return reservation
 
-    async def commit(self, ticket_id: int, owner) -> PutResult:
+    async def put_shared(self, req: PutRequest, source, owner) -> PutResult:
+        """Seal a payload that lies in memory its client can still write: copy it into the
+        host arena (or a private buffer) first and digest that copy, so a change after the
+        copy changes nothing stored."""
+        view = memoryview(source).cast("B")
+        layout = layout_payload(req.specs)
+        if view.nbytes != layout.payload_len:
+            raise InvalidRequest(f"payload is {view.nbytes} bytes; the tensors need {layout.payload_len}")
+        if self.arena is not None:
+            size = header_length(req.key, self._stamp(req.provenance), req.specs, self.keyring.active.alg) + view.nbytes
+            first = self.tenancy.first_tier_within_quota(req.tenant, [t.name for t in self.tiers], size)
+            if self.tiers[first] is self.arena:
+                try:
+                    reservation = await self.reserve(req, owner)
+                except CapacityError:
+                    pass  # no room in the arena: a private copy goes to the tiers below
+                else:
+                    return await self.commit(reservation.ticket_id, owner, view)
+        private = await self._hash_off_loop(view.nbytes, bytes, view)
+        return await self.put(req, private)
+
+    async def commit(self, ticket_id: int, owner, source=None) -> PutResult:
+        """Seal a reservation; with ``source``, copy it into the reservation first (in the
+        same executor job as the digest)."""
         started = time.perf_counter()
         reservation = self._take_reservation(ticket_id, owner)
         ticket, req = reservation.state, reservation.request
@@ -185,8 +212,8 @@ class Engine:
         try:
             meta = ticket.meta
             header = await self._hash_off_loop(
-                reservation.layout.payload_len, seal, req.key, req.provenance, reservation.layout,
-                reservation.payload_view, keyring=self.keyring, state_id=meta.object_id,
+                reservation.layout.payload_len, _copy_then_seal, source, req.key, req.provenance,
+                reservation.layout, reservation.payload_view, keyring=self.keyring, state_id=meta.object_id,
                 version=meta.version, digest_alg=req.digest_alg, contains_speculative=req.speculative)
             ticket.view[: len(header)] = header
             ok = True
@@ -324,8 +351,11 @@ class Engine:
         kept = False
         try:
             blob = await tier.read(lease)
-            opened = await self._hash_off_loop(blob.nbytes, open_sealed, blob, expectation, self.keyring,
-                                               verify_payload=not tier.verifies_on_read)
+            # bytes in daemon-only memory were digested when sealed there; the client checks
+            # the payload again where it lands (DESIGN §6)
+            trusted = tier.verifies_on_read or tier.holds_verified_bytes
+            opened = await self._hash_off_loop(0 if trusted else blob.nbytes, open_sealed, blob, expectation,
+                                               self.keyring, verify_payload=not trusted)
             if self.metrics is not None:
                 self.metrics.count_hit(tier.name, expectation.key.kind.name.lower())
             if index > 0 and self.options.promote_on_load:
@@ -333,10 +363,10 @@ class Engine:
                 if promoted is not None:
                     lease_id, held = promoted
                     view = memoryview(await held.tier.read(held.lease)).cast("B")
-                    return self._result(lease_id, held, opened.header, view[opened.header.header_len :])
+                    return self._result(lease_id, held, opened.header, view)
             kept = True
             lease_id, held = self._hold(tier, lease, owner)
-            return self._result(lease_id, held, opened.header, opened.payload)
+            return self._result(lease_id, held, opened.header, memoryview(blob).cast("B"))
         finally:
             if not kept:
                 await tier.complete_load(lease)
@@ -356,11 +386,11 @@ class Engine:
             self.metrics.count_promotion(source.name, target.name)
         return self._hold(target, lease, owner)
 
-    def _result(self, lease_id: int, held: _Held, header, payload: memoryview) -> LoadResult:
+    def _result(self, lease_id: int, held: _Held, header, blob: memoryview) -> LoadResult:
         offset = None
         if held.tier is self.arena:
             offset = self.arena.arena_offset(held.lease) + header.header_len
-        return LoadResult(header, payload, lease_id, held.tier.name, offset)
+        return LoadResult(header, blob[header.header_len :], lease_id, held.tier.name, offset, blob)
 
     def _hold(self, tier: Tier, lease: Lease, owner) -> tuple[int, _Held]:
         lease_id = next(self._ids)
@@ -547,6 +577,12 @@ class Engine:
         if self.arena is None:
             return None
         return self.arena.shared_memory()
+
+
+def _copy_then_seal(source, key, provenance, layout, payload, **options) -> bytes:
+    if source is not None:
+        payload[:] = source
+    return seal(key, provenance, layout, payload, **options)
 
 
 def _meta(req: PutRequest, provenance: Provenance, state_id: bytes, version: int, header_len: int,

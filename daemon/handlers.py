@@ -1,8 +1,8 @@
 """Request handlers: one coroutine per opcode, from wire meta to an Engine call and back.
 
 - ``Session`` — what a handler may use: the engine, the connection's tenant, its owner
-  token for leases and reservations, the shared byte budget, whether shared memory was
-  granted at HELLO, and the daemon's own stats.
+  token for leases and reservations, the shared byte budget, the connection's
+  shared-memory windows (``daemon/windows.py``; ``None`` without), and the daemon's stats.
 - ``Reply`` — a handler's answer: meta, data and, for an inline LOAD, a *borrowed*
   payload view plus ``done`` (release the lease) that the connection runs only after the
   transport has given the view back (see ``Connection.send_borrowed``).
@@ -14,24 +14,29 @@ Handlers never write to the socket; the connection sends the ``Reply`` or the er
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field as dataclass_field
 
 from statetier.daemon.budget import ByteBudget
 from statetier.daemon.requests import LoadRequest, LookupRequest, PutRequest
+from statetier.daemon.windows import Windows
 from statetier.protocol.errors import InvalidRequest
 from statetier.protocol.frames import Frame, Op
 from statetier.protocol.identity import Namespace
 from statetier.protocol.messages import (
     field,
-    header_to_wire,
     key_from_wire,
     provenance_from_wire,
     ref_from_wire,
     ref_to_wire,
     specs_from_wire,
 )
-from statetier.protocol.sealed import DigestAlg
+from statetier.protocol.sealed import DigestAlg, layout_payload
+
+#: Window copies up to this size run on the loop (a 2 MiB page takes ~0.1 ms); larger ones
+#: on the engine's executor.
+INLINE_COPY_BYTES = 4 << 20
 
 _DIGESTS = {"blake3": DigestAlg.BLAKE3, "xxh3-128": DigestAlg.XXH3_128}
 
@@ -42,8 +47,12 @@ class Session:
     tenant: str
     owner: object  # the Connection: leases and reservations are released with it
     budget: ByteBudget
-    shm: bool  # shared memory granted at HELLO (Unix socket, asked for, host tier present)
+    windows: Windows | None  # shared-memory windows passed at HELLO (Unix socket, asked for)
     daemon_stats: Callable[[], dict]
+
+    @property
+    def shm(self) -> bool:
+        return self.windows is not None
 
 
 @dataclass(slots=True)
@@ -96,39 +105,25 @@ async def handle_ping(session: Session, frame: Frame) -> Reply:
 
 
 async def handle_put(session: Session, frame: Frame) -> Reply:
+    """Inline (the payload is ``data``) or from the put window (``window``: its offset)."""
     request = _put_request(session.tenant, frame.meta)
-    async with session.budget.hold(len(frame.data)):
-        result = await session.engine.put(request, frame.data)
+    window = field(frame.meta, "window", int, optional=True)
+    if window is None:
+        async with session.budget.hold(len(frame.data)):
+            result = await session.engine.put(request, frame.data)
+    else:
+        if session.windows is None:
+            raise InvalidRequest("a PUT from a window needs the shared-memory windows of HELLO_OK")
+        nbytes = layout_payload(request.specs).payload_len
+        source = session.windows.put_view(window, nbytes)
+        async with session.budget.hold(nbytes):
+            result = await session.engine.put_shared(request, source, session.owner)
     return Reply({"ref": ref_to_wire(result.ref), "tier": result.tier}, kind=_kind(request.key))
 
 
-async def handle_put_reserve(session: Session, frame: Frame) -> Reply:
-    if not session.shm:
-        raise InvalidRequest("PUT_RESERVE needs shared memory, granted at HELLO on the Unix socket")
-    request = _put_request(session.tenant, frame.meta)
-    reservation = await session.engine.reserve(request, session.owner)
-    layout = reservation.layout
-    tensors = [
-        [spec.name, spec.dtype, list(spec.shape), offset]
-        for spec, offset in zip(layout.specs, layout.offsets)
-    ]
-    meta = {
-        "ticket": reservation.ticket_id,
-        "offset": reservation.payload_offset,
-        "payload_len": layout.payload_len,
-        "tensors": tensors,
-    }
-    return Reply(meta, kind=_kind(request.key))
-
-
-async def handle_put_commit(session: Session, frame: Frame) -> Reply:
-    result = await session.engine.commit(field(frame.meta, "ticket", int), session.owner)
-    return Reply({"ref": ref_to_wire(result.ref), "tier": result.tier}, kind=_kind(result.ref.key))
-
-
-async def handle_put_abort(session: Session, frame: Frame) -> Reply:
-    await session.engine.abort(field(frame.meta, "ticket", int), session.owner)
-    return Reply({})
+async def handle_superseded(session: Session, frame: Frame) -> Reply:
+    raise InvalidRequest(f"{frame.op.name} is gone: clients no longer map the daemon's arena; write the "
+                         "payload into the connection's put window and send PUT with 'window'")
 
 
 def _load_request(tenant: str, meta: dict) -> LoadRequest:
@@ -148,36 +143,71 @@ def _load_request(tenant: str, meta: dict) -> LoadRequest:
 
 
 async def handle_load(session: Session, frame: Frame) -> Reply:
+    """The stored object's signed header and payload: both in ``data`` (inline), or the
+    header in ``data`` and the payload copied into a region of the load window.
+
+    The daemon has checked the header (signature, identity, version); the client checks
+    the payload against the header's digests where it lands (DESIGN §6).
+    """
     request = _load_request(session.tenant, frame.meta)
     wants_shm = field(frame.meta, "shm", bool, default=False)
     engine, owner = session.engine, session.owner
     result = await engine.load(request, owner)
+    released = False
     try:
-        meta = header_to_wire(result.header)
-        meta["tier"] = result.tier
         kind = _kind(result.header.key)
-        if wants_shm and session.shm and result.arena_offset is not None:
-            # The client reads the arena itself and sends RELEASE (or disconnects).
-            meta.update(lease=result.lease_id, offset=result.arena_offset)
-            return Reply(meta, kind=kind)
-        meta.update(lease=None, offset=None)
-        payload = memoryview(result.payload).cast("B")
+        meta = {"tier": result.tier}
+        if wants_shm and session.windows is not None:
+            placed = await _place_in_window(session, result.payload)
+            if placed is not None:
+                header = bytes(result.blob[: result.header.header_len])
+                released = True
+                await engine.release(result.lease_id, owner)
+                meta.update(window=placed[1], region=placed[0])
+                return Reply(meta, header, kind=kind)
+        blob = memoryview(result.blob).cast("B")
 
         async def release() -> None:
             await engine.release(result.lease_id, owner)
 
-        return Reply(
-            meta, payload, kind=kind, borrowed=True, hold_bytes=payload.nbytes, done=release
-        )
+        released = True
+        return Reply(meta, blob, kind=kind, borrowed=True, hold_bytes=blob.nbytes, done=release)
     except BaseException:
-        await engine.release(result.lease_id, owner)
+        if not released:
+            await engine.release(result.lease_id, owner)
         raise
 
 
+async def _place_in_window(session: Session, payload: memoryview) -> tuple[int, int] | None:
+    """Copy ``payload`` into a fresh load-window region: (region id, offset), or None when
+    the window has no room (the reply then carries the payload inline)."""
+    placed = session.windows.place(payload.nbytes)
+    if placed is None:
+        return None
+    region_id, offset, dest = placed
+    try:
+        if payload.nbytes <= INLINE_COPY_BYTES or session.engine.executor is None:
+            dest[:] = payload
+        else:
+            await asyncio.get_running_loop().run_in_executor(session.engine.executor, _copy, dest, payload)
+    except BaseException:
+        session.windows.free(region_id)
+        raise
+    return region_id, offset
+
+
+def _copy(dest: memoryview, source: memoryview) -> None:
+    dest[:] = source
+
+
 async def handle_release(session: Session, frame: Frame) -> Reply:
+    """Leases (from LOOKUP) and load-window regions (``regions``) given back."""
     released = 0
     for lease_id in _int_list(frame.meta, "leases"):
         released += bool(await session.engine.release(lease_id, session.owner))
+    regions = _int_list(frame.meta, "regions")
+    if regions and session.windows is not None:
+        released += sum(session.windows.free(region) for region in regions)
     return Reply({"released": released})
 
 
@@ -242,9 +272,9 @@ async def handle_verify(session: Session, frame: Frame) -> Reply:
 HANDLERS: dict[Op, Handler] = {
     Op.PING: handle_ping,
     Op.PUT: handle_put,
-    Op.PUT_RESERVE: handle_put_reserve,
-    Op.PUT_COMMIT: handle_put_commit,
-    Op.PUT_ABORT: handle_put_abort,
+    Op.PUT_RESERVE: handle_superseded,
+    Op.PUT_COMMIT: handle_superseded,
+    Op.PUT_ABORT: handle_superseded,
     Op.LOAD: handle_load,
     Op.RELEASE: handle_release,
     Op.LOOKUP: handle_lookup,

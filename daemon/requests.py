@@ -64,6 +64,7 @@ class LoadResult:
     lease_id: int
     tier: str
     arena_offset: int | None = None  # payload offset in the host arena, when served from it
+    blob: memoryview | None = None  # the whole stored object, header then payload (valid like ``payload``)
 
 
 @dataclass(frozen=True, slots=True)

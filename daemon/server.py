@@ -178,6 +178,7 @@ class Server:
             metrics=self._metrics,
             is_unix=is_unix,
             daemon_stats=self.stats,
+            window_bytes=self._config.host.window_bytes if is_unix else 0,
             on_open=self._connections.add,
             on_close=self._connections.discard,
         )

@@ -33,7 +33,7 @@ from statetier.protocol.errors import (
     error_from_code,
 )
 
-PROTOCOL_VERSIONS: tuple[int, ...] = (1,)
+PROTOCOL_VERSIONS: tuple[int, ...] = (2,)
 
 FLAG_ERROR = 0x01
 _KNOWN_FLAGS = FLAG_ERROR

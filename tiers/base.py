@@ -230,6 +230,10 @@ class Tier(abc.ABC):
     #: True when ``read`` itself verifies signature and payload digest (disk, Redis), so the
     #: engine need not hash the payload a second time.
     verifies_on_read: bool = False
+    #: True when the tier's bytes live in memory only the daemon can write, and got there
+    #: sealed or verified (host arena, device pool): a load from it needs no digest pass in
+    #: the daemon (the client verifies where the bytes land).
+    holds_verified_bytes: bool = False
 
     @abc.abstractmethod
     async def start(self) -> None: ...
