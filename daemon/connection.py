@@ -115,6 +115,11 @@ class Connection(asyncio.BufferedProtocol):
         return not self._reading and not self._lost
 
     @property
+    def window_regions(self) -> int:
+        """Load-window regions the client has not given back yet."""
+        return self._windows.regions_in_use if self._windows is not None else 0
+
+    @property
     def request_tasks(self) -> list[asyncio.Task]:
         return list(self._tasks)
 

@@ -23,6 +23,8 @@ from server_harness import WireClient, eventually, metric, put_meta, running_dae
 from statetier.daemon.server import Server
 from statetier.protocol.errors import ConfigError
 from statetier.protocol.frames import HEADER_SIZE, Frame, Op
+from statetier.protocol.messages import ref_to_wire
+from statetier.protocol.sealed import decode_header
 from statetier.tiers.host import HostTier
 
 STRANGER_UID = os.getuid() + 12345
@@ -41,10 +43,10 @@ async def connected(daemon, **hello) -> WireClient:
 async def test_hello_ok_names_version_limits_and_tenant() -> None:
     async with running_daemon(limits={"max_inflight_per_connection": 7}) as daemon:
         client = await daemon.unix_client()
-        reply = await client.hello(versions=[1, 99], client="tests")
+        reply = await client.hello(versions=[2, 99], client="tests")
         assert reply.op is Op.HELLO_OK and reply.request_id == 0
         assert reply.meta == {
-            "version": 1,
+            "version": 2,
             "max_frame": daemon.config.limits.max_frame_bytes,
             "tenant": "default",
             "max_inflight": 7,
@@ -92,21 +94,21 @@ async def test_peer_credentials_outside_allowed_uids_are_refused_before_hello() 
         assert metric(daemon.metrics, "statetier_auth_failures_total", reason="peer_credentials") == 1
 
 
-async def test_shared_memory_is_not_offered_without_a_host_arena() -> None:
-    async with running_daemon(arena=False) as daemon:
+async def test_the_arena_is_never_offered_put_reserve_is_gone() -> None:
+    async with running_daemon(arena=True) as daemon:
         client = await daemon.unix_client()
-        assert (await client.hello(shm=True)).meta["shm"] is None
+        shm = (await client.hello(shm=True)).meta["shm"]
+        assert set(shm) == {"put_bytes", "load_bytes"}  # no path: nothing to open by name
         meta, _ = put_meta()
         error = await client.request(Op.PUT_RESERVE, meta)
-        assert error.is_error and error.meta["code"] == 410
+        assert error.is_error and error.meta["code"] == 410 and "put window" in error.meta["message"]
 
 
-@pytest.mark.skipif(not hasattr(HostTier, "shared_memory"), reason="HostTier.shared_memory() not there yet")
-async def test_shared_memory_is_offered_on_the_unix_socket_when_asked() -> None:
-    async with running_daemon(arena=True) as daemon:
-        path, size = daemon.engine.shared_memory()
+async def test_shared_memory_windows_are_offered_on_the_unix_socket_only_when_asked() -> None:
+    async with running_daemon(arena=False) as daemon:
         client = await daemon.unix_client()
-        assert (await client.hello(shm=True)).meta["shm"] == {"path": str(path), "size": size}
+        window = daemon.config.host.window_bytes
+        assert (await client.hello(shm=True)).meta["shm"] == {"put_bytes": window, "load_bytes": window}
         other = await daemon.unix_client()
         assert (await other.hello()).meta["shm"] is None
 
@@ -204,9 +206,10 @@ async def test_inline_put_then_load_returns_the_same_bytes_and_releases_the_leas
         assert put.op is Op.REPLY, put.meta
         loaded = await client.request(Op.LOAD, {"ns": meta["key"]["ns"], "ref": put.meta["ref"]})
         assert loaded.op is Op.REPLY, loaded.meta
-        assert loaded.meta["ref"] == put.meta["ref"] and loaded.meta["tier"] == "host"
-        assert loaded.meta["lease"] is None and loaded.meta["offset"] is None
-        assert bytes(loaded.data) == payload
+        assert loaded.meta == {"tier": "host"}
+        header = decode_header(loaded.data)  # the whole sealed object: signed header, payload
+        assert ref_to_wire(header.ref()) == put.meta["ref"]
+        assert bytes(loaded.data[header.header_len :]) == payload
         await eventually(lambda: daemon.leases() == 0)
         assert metric(daemon.metrics, "statetier_operations_total", tier="daemon", kind="kv", op="load") == 1
 
@@ -326,7 +329,7 @@ async def scenario_a_slow_reader_keeps_the_lease_until_the_transport_let_go() ->
         length = struct.unpack_from("<I", head)[0]
         rest = await client.reader.readexactly(length + 4 - HEADER_SIZE)
         frame = client._decoder.feed(head + rest)[0]
-        assert frame.request_id == 9 and bytes(frame.data) == payload
+        assert frame.request_id == 9 and bytes(frame.data[-len(payload) :]) == payload
         await eventually(lambda: daemon.leases() == 0)
 
 
