@@ -110,9 +110,7 @@ class Transfers:
 
     async def load(self, meta: dict, device, into: Mapping[str, torch.Tensor] | None = None
                    ) -> tuple[StateRef, dict[str, torch.Tensor]]:
-        target = torch.device(device)
-        if into is not None:
-            target = _check_into(into, device)
+        target = _check_into(into, device) if into is not None else torch.device(device or "cpu")
         meta = {**meta, "shm": self.windows is not None}
         frame = await self.conn.request(Op.LOAD, meta, on_orphan=self._release_orphan)
         region = frame.meta.get("region")

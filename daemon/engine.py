@@ -321,7 +321,9 @@ class Engine:
                 unavailable = unavailable or exc
                 continue
             try:
-                return await self._serve(tier, index, lease, expectation, owner)
+                # the tensor specs a caller expects are checked apart: a mismatch is about the
+                # request (a caller's buffer), not damage, and must not drop the copy
+                result = await self._serve(tier, index, lease, dataclasses.replace(expectation, tensors=None), owner)
             except INTEGRITY_FAILURES as exc:
                 self._count_rejection(exc)
                 await self._drop_copy(tier, state_id)
@@ -331,6 +333,8 @@ class Engine:
                 raise
             except Unavailable as exc:
                 unavailable = unavailable or exc
+            else:
+                return await self._check_specs(result, expectation, owner)
         if damaged is not None:
             raise damaged
         if expectation.state_id_stream is not None and expectation.request_id is not None \
@@ -345,6 +349,17 @@ class Engine:
             raise unavailable
         self._count_miss(expectation.key)
         raise NotFound(f"state {state_id.hex()} is in no tier")
+
+    async def _check_specs(self, result: LoadResult, expectation: Expectation, owner) -> LoadResult:
+        wanted = expectation.tensors
+        found = tuple(t.spec for t in result.header.tensors)
+        if wanted is None or found == tuple(wanted):
+            return result
+        await self.release(result.lease_id, owner)
+        exc = CorruptPayload(f"tensors {[(s.name, s.dtype, s.shape) for s in found]} differ from the expected "
+                             f"{[(s.name, s.dtype, s.shape) for s in wanted]}")
+        self._count_rejection(exc)
+        raise exc
 
     async def _serve(self, tier: Tier, index: int, lease: Lease, expectation: Expectation, owner) -> LoadResult:
         """Verify the leased copy; promote it when it came from below. Owns ``lease``."""
