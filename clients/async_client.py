@@ -154,13 +154,17 @@ class AsyncClient:
     async def put(self, key: StateKey, tensors, *, request_id: str, step: int = 0, publish: bool = False,
                   version: int | None = None, speculative: bool = False) -> StateRef:
         """Seal ``tensors`` (``{name: tensor}`` or ``[(name, tensor)]``, in payload order) under ``key``."""
+        meta, pairs = self._put_meta(key, tensors, request_id, step, publish, version, speculative)
+        return await self._transfers_now().put(meta, pairs)
+
+    def _put_meta(self, key, tensors, request_id, step, publish, version, speculative):
         pairs = named_tensors(tensors)
         provenance = Provenance(request_id, step, self.producer_id, time.time_ns())
         meta: dict[str, Any] = {"key": key_to_wire(key), "provenance": provenance_to_wire(provenance),
                                 "publish": bool(publish), "speculative": bool(speculative)}
         if version is not None:
             meta["version"] = version
-        return await self._transfers_now().put(meta, pairs)
+        return meta, pairs
 
     async def put_kv(self, layer: int, prefix_hash: bytes, token_start: int, token_end: int, tensors, *,
                      request_id: str, step: int = 0, shard: int = 0, publish: bool = False,
@@ -177,11 +181,16 @@ class AsyncClient:
                               version=version, speculative=speculative)
 
     async def put_many(self, items: Iterable[PutItem], *, concurrency: int | None = None) -> list[StateRef]:
-        """Put every item concurrently; the refs come back in the items' order."""
-        async def put_one(item: PutItem) -> StateRef:
-            return await self.put(item.key, item.tensors, request_id=item.request_id, step=item.step,
-                                  publish=item.publish, version=item.version, speculative=item.speculative)
-        return await _map_bounded(put_one, list(items), concurrency or self.concurrency)
+        """Put every item; the refs come back in the items' order. Items travel in
+        ``PUT_BATCH`` frames (one round trip per batch of up to ``BATCH_ITEMS``); the first
+        failing item's error is raised. ``concurrency`` is accepted for compatibility."""
+        transfers = self._transfers_now()
+        prepared = [self._put_meta(item.key, item.tensors, item.request_id, item.step, item.publish,
+                                   item.version, item.speculative) for item in items]
+        refs: list[StateRef] = []
+        for batch in _batches(prepared, self._batch_bytes(), lambda entry: _pairs_bytes(entry[1])):
+            refs.extend(await transfers.put_batch(batch))
+        return refs
 
     # -- loads --------------------------------------------------------------------------
 
@@ -203,13 +212,7 @@ class AsyncClient:
                             into: Mapping[str, torch.Tensor] | None = None
                             ) -> tuple[StateRef, dict[str, torch.Tensor]]:
         """Like ``load``, plus the ``StateRef`` of the object that was loaded."""
-        meta: dict[str, Any] = {"ns": self._own_namespace().hex(), "speculative": bool(speculative)}
-        if isinstance(target, StateRef):
-            meta["ref"] = ref_to_wire(target)
-        elif isinstance(target, StateKey):
-            meta["key"] = key_to_wire(target)
-        else:
-            raise InvalidRequest(f"load takes a StateRef or a StateKey, not {type(target).__name__}")
+        meta = self._load_meta(target, speculative)
         if into is not None and expect is not None:
             raise InvalidRequest("give into or expect, not both: into states what it expects")
         if expect is not None:
@@ -227,11 +230,43 @@ class AsyncClient:
         targets = list(targets)
         if into is not None and len(into) != len(targets):
             raise InvalidRequest(f"into has {len(into)} destinations for {len(targets)} targets")
+        if into is not None and expect is not None:
+            raise InvalidRequest("give into or expect, not both: into states what it expects")
+        transfers = self._transfers_now()
+        intos = list(into) if into is not None else [None] * len(targets)
+        metas = []
+        for target, dest in zip(targets, intos):
+            meta = self._load_meta(target, False)
+            del meta["ns"]
+            if dest is not None:
+                meta["tensors"] = specs_to_wire(into_specs(dest))
+            elif expect is not None:
+                meta["tensors"] = specs_to_wire(_expected_specs(expect))
+            metas.append(meta)
+        out: list[dict[str, torch.Tensor]] = []
+        pairs = list(zip(metas, intos))
+        for batch in _batches(pairs, self._batch_bytes(), lambda _pair: 0):
+            out.extend(await transfers.load_batch([m for m, _ in batch], self._own_namespace().hex(), device,
+                                                  [d for _, d in batch]))
+        return out
 
-        async def load_one(index: int) -> dict[str, torch.Tensor]:
-            return await self.load(targets[index], device=device, expect=expect,
-                                   into=None if into is None else into[index])
-        return await _map_bounded(load_one, list(range(len(targets))), concurrency or self.concurrency)
+    def _load_meta(self, target, speculative: bool) -> dict[str, Any]:
+        meta: dict[str, Any] = {"ns": self._own_namespace().hex(), "speculative": bool(speculative)}
+        if isinstance(target, StateRef):
+            meta["ref"] = ref_to_wire(target)
+        elif isinstance(target, StateKey):
+            meta["key"] = key_to_wire(target)
+        else:
+            raise InvalidRequest(f"load takes a StateRef or a StateKey, not {type(target).__name__}")
+        return meta
+
+    def _batch_bytes(self) -> int:
+        """Payload bytes per batch frame: what one frame (and the put window) can carry."""
+        limit = self._connection().max_frame - (1 << 20)
+        windows = self._transfers_now().windows
+        if windows is not None:
+            limit = min(limit, windows.put_window.nbytes // 2)
+        return max(limit, 1)
 
     # -- lookup and leases --------------------------------------------------------------
 
@@ -321,6 +356,31 @@ def _expected_specs(expect: Expect) -> list[TensorSpec]:
         wire_dtype = dtype_name(dtype) if isinstance(dtype, torch.dtype) else str(dtype)
         specs.append(TensorSpec(name, wire_dtype, tuple(shape)))
     return specs
+
+
+BATCH_ITEMS = 64
+
+
+def _pairs_bytes(pairs) -> int:
+    return sum(t.numel() * t.element_size() + 64 for _, t in pairs)
+
+
+def _batches(items: list, max_bytes: int, size_of) -> list[list]:
+    """Consecutive runs of at most ``BATCH_ITEMS`` items and ``max_bytes`` (a bigger item
+    goes alone)."""
+    batches: list[list] = []
+    current: list = []
+    nbytes = 0
+    for item in items:
+        size = size_of(item)
+        if current and (len(current) >= BATCH_ITEMS or nbytes + size > max_bytes):
+            batches.append(current)
+            current, nbytes = [], 0
+        current.append(item)
+        nbytes += size
+    if current:
+        batches.append(current)
+    return batches
 
 
 async def _map_bounded(fn: Callable[[T], Awaitable[R]], items: list[T], limit: int) -> list[R]:

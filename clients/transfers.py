@@ -39,7 +39,7 @@ from statetier.protocol.errors import (
     MalformedFrame,
     StatetierError,
 )
-from statetier.protocol.frames import Frame, Op
+from statetier.protocol.frames import FLAG_ERROR, Frame, Op, raise_for_error
 from statetier.protocol.messages import field, ref_from_wire, specs_to_wire
 from statetier.protocol.identity import StateRef
 from statetier.protocol.sealed import SealedHeader, check_payload_digest, layout_payload, parse_header, region_hasher
@@ -77,15 +77,8 @@ class Transfers:
         return await self._put_inline(meta, pairs)
 
     async def _put_inline(self, meta: dict, pairs) -> StateRef:
-        views = [tensor_to_spec_and_view(name, tensor) for name, tensor in pairs]
-        layout = layout_payload([spec for spec, _ in views])
-        parts, cursor = [], 0
-        for (spec, view), offset in zip(views, layout.offsets):
-            if offset > cursor:
-                parts.append(_ZEROS[: offset - cursor])
-            parts.append(view)
-            cursor = offset + spec.nbytes
-        frame = await self.conn.request(Op.PUT, meta, parts)
+        layout = layout_payload([spec_of(name, tensor) for name, tensor in pairs])
+        frame = await self.conn.request(Op.PUT, meta, _inline_parts(pairs, layout))
         return _ref_of(frame)
 
     async def _put_from_window(self, meta: dict, layout, tensors, offset: int) -> StateRef:
@@ -106,7 +99,96 @@ class Transfers:
         windows.free(offset)
         return _ref_of(frame)
 
+    async def put_batch(self, items: Sequence[tuple[dict, Sequence[tuple[str, torch.Tensor]]]]) -> list[StateRef]:
+        """Many puts, one ``PUT_BATCH`` frame (one round trip): each payload from a put
+        window region, or inline when the window is full. Raises the first item's error."""
+        entries, regions, inline_parts, on_gpu, nbytes = [], [], [], False, 0
+        try:
+            for meta, pairs in items:
+                specs = [spec_of(name, tensor) for name, tensor in pairs]
+                layout = layout_payload(specs)
+                entry = {**meta, "tensors": specs_to_wire(specs)}
+                offset = self.windows.allocate(layout.payload_len) if self.windows and layout.payload_len else None
+                if offset is None:
+                    parts = _inline_parts(pairs, layout)
+                    entry["data_len"] = layout.payload_len
+                    inline_parts.extend(parts)
+                else:
+                    regions.append((offset, layout, [t for _, t in pairs]))
+                    entry["window"] = offset
+                    on_gpu = on_gpu or any(t.device.type != "cpu" for _, t in pairs)
+                    nbytes += layout.payload_len
+                entries.append(entry)
+            if regions:
+                await self._copy(lambda: [fill(self.windows.put_window[o : o + lay.payload_len], lay, ts)
+                                          for o, lay, ts in regions], nbytes, on_gpu)
+            offsets = [o for o, _, _ in regions]
+            frame = await self.conn.request(Op.PUT_BATCH, {"items": entries}, inline_parts,
+                                            on_orphan=lambda _frame: self._free_put(offsets),
+                                            on_unsent=lambda: self._free_put(offsets))
+        except asyncio.CancelledError:
+            raise  # freed by on_orphan / on_unsent, or below when the copy was interrupted
+        except BaseException:
+            self._free_put([o for o, _, _ in regions])
+            raise
+        self._free_put([o for o, _, _ in regions])
+        answers = _batch_answers(frame, len(entries))
+        return [_ref_of(Frame(Op.REPLY, 0, answer)) for answer in answers]
+
+    def _free_put(self, offsets: Sequence[int]) -> None:
+        for offset in offsets:
+            self.windows.free(offset)
+
     # -- load ---------------------------------------------------------------------------
+
+    async def load_batch(self, metas: Sequence[dict], namespace_hex: str, device,
+                         intos: Sequence[Mapping[str, torch.Tensor] | None]) -> list[dict[str, torch.Tensor]]:
+        """Many loads, one ``LOAD_BATCH`` frame: every payload copied into its destination and
+        verified there; the window regions go back in one ``RELEASE``. Raises the first
+        item's error (after every region was given back)."""
+        targets = [_check_into(into, device) if into is not None else torch.device(device or "cpu")
+                   for into in intos]
+        meta = {"ns": namespace_hex, "shm": self.windows is not None, "items": list(metas)}
+        frame = await self.conn.request(Op.LOAD_BATCH, meta, on_orphan=self._release_batch_orphan)
+        answers = frame.meta.get("items")
+        regions = [a["region"] for a in answers or [] if isinstance(a, dict) and isinstance(a.get("region"), int)]
+        try:
+            answers = _batch_answers(frame, len(metas), raise_first=False)
+            data = memoryview(frame.data).cast("B")
+            jobs, nbytes, on_gpu, failure, retry = [], 0, False, None, []
+            for index, (answer, into, target) in enumerate(zip(answers, intos, targets)):
+                if "error" in answer:
+                    failure = failure or answer["error"]
+                    jobs.append(None)
+                    continue
+                if answer.get("retry") is True:
+                    retry.append(index)
+                    jobs.append(None)
+                    continue
+                at, length = answer.get("at"), answer.get("len")
+                if not isinstance(at, int) or not isinstance(length, int) or at < 0 or at + length > data.nbytes:
+                    raise MalformedFrame("LOAD_BATCH item lies outside the frame's data")
+                header, source = self._header_and_payload(Frame(Op.REPLY, 0, answer, data[at : at + length]))
+                jobs.append((header, source, _destinations(header, into, target)))
+                nbytes += header.payload_len
+                on_gpu = on_gpu or target.type != "cpu"
+            if failure is not None:
+                raise_for_error(Frame(Op.ERROR, 0, failure, flags=FLAG_ERROR))
+            await self._copy(lambda: [land(*job, self._staging_for) for job in jobs if job is not None],
+                             nbytes, on_gpu)
+        finally:
+            if regions:
+                self.conn.send_nowait(Op.RELEASE, {"regions": regions})
+        out = [None if job is None else {t.spec.name: d for t, d in zip(job[0].tensors, job[2])} for job in jobs]
+        for index in retry:  # the reply had no room for these: one LOAD each
+            _, out[index] = await self.load({**metas[index], "ns": namespace_hex}, device, intos[index])
+        return out
+
+    def _release_batch_orphan(self, frame: Frame) -> None:
+        items = frame.meta.get("items")
+        regions = [a["region"] for a in items or [] if isinstance(a, dict) and isinstance(a.get("region"), int)]
+        if regions:
+            self.conn.send_nowait(Op.RELEASE, {"regions": regions})
 
     async def load(self, meta: dict, device, into: Mapping[str, torch.Tensor] | None = None
                    ) -> tuple[StateRef, dict[str, torch.Tensor]]:
@@ -284,6 +366,29 @@ def _destinations(header: SealedHeader, into, device: torch.device) -> list[torc
                                  f"{dest.dtype}{list(dest.shape)}")
         dests.append(dest)
     return dests
+
+
+def _inline_parts(pairs, layout) -> list:
+    """The tensors' own buffers and the zero padding between them, back to back (no join)."""
+    views = [tensor_to_spec_and_view(name, tensor) for name, tensor in pairs]
+    parts, cursor = [], 0
+    for (spec, view), offset in zip(views, layout.offsets):
+        if offset > cursor:
+            parts.append(_ZEROS[: offset - cursor])
+        parts.append(view)
+        cursor = offset + spec.nbytes
+    return parts
+
+
+def _batch_answers(frame: Frame, expected: int, *, raise_first: bool = True) -> list[dict]:
+    answers = frame.meta.get("items")
+    if not isinstance(answers, list) or len(answers) != expected or not all(isinstance(a, dict) for a in answers):
+        raise MalformedFrame(f"a batch reply must answer each of its {expected} items")
+    if raise_first:
+        for answer in answers:
+            if "error" in answer:
+                raise_for_error(Frame(Op.ERROR, 0, answer["error"], flags=FLAG_ERROR))
+    return answers
 
 
 def _ref_of(frame: Frame) -> StateRef:

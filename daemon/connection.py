@@ -222,7 +222,8 @@ class Connection(asyncio.BufferedProtocol):
             return
         self._windows = windows
         self._session = Session(
-            self._ctx.engine, tenant, self, self._ctx.budget, windows, self._ctx.daemon_stats
+            self._ctx.engine, tenant, self, self._ctx.budget, windows, self._ctx.daemon_stats,
+            self._ctx.max_frame,
         )
         ok = hello_ok_frame(
             version, max_frame=self._ctx.max_frame, tenant=tenant,

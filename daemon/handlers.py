@@ -21,8 +21,8 @@ from dataclasses import dataclass, field as dataclass_field
 from statetier.daemon.budget import ByteBudget
 from statetier.daemon.requests import LoadRequest, LookupRequest, PutRequest
 from statetier.daemon.windows import Windows
-from statetier.protocol.errors import InvalidRequest
-from statetier.protocol.frames import Frame, Op
+from statetier.protocol.errors import InvalidRequest, StatetierError
+from statetier.protocol.frames import Frame, Op, error_frame
 from statetier.protocol.identity import Namespace
 from statetier.protocol.messages import (
     field,
@@ -49,6 +49,7 @@ class Session:
     budget: ByteBudget
     windows: Windows | None  # shared-memory windows passed at HELLO (Unix socket, asked for)
     daemon_stats: Callable[[], dict]
+    max_frame: int = 65 << 20  # the largest reply frame this connection sends
 
     @property
     def shm(self) -> bool:
@@ -121,6 +122,43 @@ async def handle_put(session: Session, frame: Frame) -> Reply:
     return Reply({"ref": ref_to_wire(result.ref), "tier": result.tier}, kind=_kind(request.key))
 
 
+async def handle_put_batch(session: Session, frame: Frame) -> Reply:
+    """Many puts in one frame: ``items`` are PUT metas, each from the put window
+    (``window``) or inline (``data_len`` bytes of ``data``, in item order). Each item is
+    answered on its own, ``{ref, tier}`` or ``{error: {code, message, reason}}``."""
+    items = field(frame.meta, "items", list)
+    data = memoryview(frame.data).cast("B")
+    answers, cursor = [], 0
+    async with session.budget.hold(data.nbytes):
+        for item in items:
+            try:
+                if not isinstance(item, dict):
+                    raise InvalidRequest("each PUT_BATCH item must be an object")
+                inline = field(item, "data_len", int, optional=True)
+                payload = None
+                if inline is not None:
+                    if inline < 0 or cursor + inline > data.nbytes:
+                        raise InvalidRequest("PUT_BATCH item data_len runs past the frame's data")
+                    payload, cursor = data[cursor : cursor + inline], cursor + inline
+                answers.append(await _put_one(session, item, payload))
+            except StatetierError as exc:
+                answers.append({"error": error_frame(0, exc).meta})
+    return Reply({"items": answers})
+
+
+async def _put_one(session: Session, meta: dict, payload) -> dict:
+    request = _put_request(session.tenant, meta)
+    if payload is not None:
+        result = await session.engine.put(request, payload)
+    else:
+        window = field(meta, "window", int)
+        if session.windows is None:
+            raise InvalidRequest("a PUT from a window needs the shared-memory windows of HELLO_OK")
+        source = session.windows.put_view(window, layout_payload(request.specs).payload_len)
+        result = await session.engine.put_shared(request, source, session.owner)
+    return {"ref": ref_to_wire(result.ref), "tier": result.tier}
+
+
 async def handle_superseded(session: Session, frame: Frame) -> Reply:
     raise InvalidRequest(f"{frame.op.name} is gone: clients no longer map the daemon's arena; write the "
                          "payload into the connection's put window and send PUT with 'window'")
@@ -176,6 +214,46 @@ async def handle_load(session: Session, frame: Frame) -> Reply:
         if not released:
             await engine.release(result.lease_id, owner)
         raise
+
+
+async def handle_load_batch(session: Session, frame: Frame) -> Reply:
+    """Many loads in one frame: ``items`` are LOAD metas without ``ns`` and ``shm`` (given
+    once for all). Each answer is ``{tier, at, len}`` plus ``window`` and ``region`` when
+    its payload went to the load window, ``{error: {...}}``, or ``{retry: true}`` when
+    neither the window nor this reply had room left for it (the client loads it alone);
+    ``data[at:at+len]`` is the item's signed header (window) or whole sealed object."""
+    meta = frame.meta
+    items = field(meta, "items", list)
+    wants_shm = field(meta, "shm", bool, default=False) and session.windows is not None
+    engine, owner = session.engine, session.owner
+    answers, parts, cursor = [], [], 0
+    room = session.max_frame - (1 << 20)  # meta and frame header fit in the rest
+    for item in items:
+        try:
+            if not isinstance(item, dict):
+                raise InvalidRequest("each LOAD_BATCH item must be an object")
+            request = _load_request(session.tenant, {**item, "ns": meta.get("ns")})
+            result = await engine.load(request, owner)
+            try:
+                answer = {"tier": result.tier}
+                placed = await _place_in_window(session, result.payload) if wants_shm else None
+                if placed is not None:
+                    part = bytes(result.blob[: result.header.header_len])
+                    answer.update(window=placed[1], region=placed[0])
+                elif cursor + result.blob.nbytes > room:
+                    answers.append({"retry": True})  # no room left in this reply: load it alone
+                    continue
+                else:
+                    part = bytes(result.blob)
+            finally:
+                await engine.release(result.lease_id, owner)
+            answer.update({"at": cursor, "len": len(part)})
+            parts.append(part)
+            cursor += len(part)
+            answers.append(answer)
+        except StatetierError as exc:
+            answers.append({"error": error_frame(0, exc).meta})
+    return Reply({"items": answers}, b"".join(parts))
 
 
 async def _place_in_window(session: Session, payload: memoryview) -> tuple[int, int] | None:
@@ -276,6 +354,8 @@ HANDLERS: dict[Op, Handler] = {
     Op.PUT_COMMIT: handle_superseded,
     Op.PUT_ABORT: handle_superseded,
     Op.LOAD: handle_load,
+    Op.LOAD_BATCH: handle_load_batch,
+    Op.PUT_BATCH: handle_put_batch,
     Op.RELEASE: handle_release,
     Op.LOOKUP: handle_lookup,
     Op.DELETE: handle_delete,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import dataclasses
 import json
 import subprocess
 import sys
@@ -32,11 +33,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling daemon_procs.py
 
-from daemon_procs import daemon_fixture, jamba_namespace  # noqa: E402
-from statetier.clients import AsyncClient  # noqa: E402
+from daemon_procs import daemon_fixture, eventually, jamba_namespace  # noqa: E402
+from statetier.clients import AsyncClient, PutItem  # noqa: E402
 from statetier.clients.tensors import tensor_bytes  # noqa: E402
 from statetier.daemon.auth import token_sha256  # noqa: E402
-from statetier.protocol.errors import CorruptPayload  # noqa: E402
+from statetier.protocol.errors import CorruptPayload, NotFound  # noqa: E402
 
 TOKENS = {"a": "tenant-a-isolation-token", "b": "tenant-b-isolation-token"}
 PAGE_SHAPE = (2, 8, 512, 128)  # 2 MiB of bfloat16
@@ -221,3 +222,20 @@ async def test_a_worker_that_cannot_map_the_windows_is_served_inline(daemon) -> 
                                    capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+async def test_a_batch_with_a_missing_target_raises_its_error_and_gives_every_region_back(daemon) -> None:
+    async with AsyncClient(daemon.url, namespace=jamba_namespace("batch")) as client:
+        pages = [random_page(200 + i) for i in range(6)]
+        refs = await client.put_many([PutItem(client.kv_key(i, bytes(32), 0, 512), page, request_id="batch")
+                                      for i, page in enumerate(pages)])
+        loaded = await client.load_many(refs)
+        assert [page_bytes(p) for p in loaded] == [page_bytes(p) for p in pages]
+        gone = dataclasses.replace(refs[3], state_id=bytes(16))
+        with pytest.raises(NotFound):
+            await client.load_many([refs[0], gone, refs[5]])
+
+        async def regions_back() -> bool:
+            return (await client.stats())["daemon"]["window_regions"] == 0
+
+        await eventually(regions_back)

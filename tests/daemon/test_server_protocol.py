@@ -214,6 +214,34 @@ async def test_inline_put_then_load_returns_the_same_bytes_and_releases_the_leas
         assert metric(daemon.metrics, "statetier_operations_total", tier="daemon", kind="kv", op="load") == 1
 
 
+async def test_a_batch_of_puts_and_a_batch_of_loads_are_one_frame_each_answered_per_item() -> None:
+    async with running_daemon() as daemon:
+        client = await connected(daemon)
+        metas, payloads = [], []
+        for layer in range(3):
+            meta, size = put_meta(layer=layer)
+            metas.append({**meta, "data_len": size})
+            payloads.append(os.urandom(size))
+        bad, size = put_meta(layer=9)
+        metas.insert(1, {**bad, "data_len": 5})  # a payload shorter than its tensors
+        payloads.insert(1, b"short")
+        put = await client.request(Op.PUT_BATCH, {"items": metas}, b"".join(payloads))
+        answers = put.meta["items"]
+        assert [("ref" in a, a.get("error", {}).get("code")) for a in answers] == [
+            (True, None), (False, 410), (True, None), (True, None)]
+
+        refs = [answers[0]["ref"], answers[2]["ref"], dict(answers[3]["ref"], state_id="00" * 16)]
+        loaded = await client.request(Op.LOAD_BATCH, {"ns": metas[0]["key"]["ns"],
+                                                      "items": [{"ref": ref} for ref in refs]})
+        first, second, missing = loaded.meta["items"]
+        assert missing["error"]["code"] == 200  # NotFound, that item only
+        for answer, want in ((first, payloads[0]), (second, payloads[2])):
+            blob = loaded.data[answer["at"] : answer["at"] + answer["len"]]
+            header = decode_header(blob)
+            assert bytes(blob[header.header_len :]) == want
+        assert daemon.leases() == 0  # an inline batch copies, then releases at once
+
+
 async def test_an_error_from_the_engine_is_an_error_frame_with_the_request_id() -> None:
     async with running_daemon() as daemon:
         client = await connected(daemon)
