@@ -14,7 +14,8 @@
   or fresh ones — and **verified there** against the header's digests before it is
   returned (``land``): bytes that changed on the way are ``CorruptPayload``, never a
   tensor. A device destination is verified in a private pinned staging buffer, then
-  copied to the device. The region goes back with a ``RELEASE`` written at once.
+  copied to the device. The region goes back with the client's next request
+  (``free_regions``), or in a ``RELEASE`` at the loop's next turn when none comes first.
 
 Copies are single-threaded memmoves (memoryview slice assignment), fused with the digest
 in cache-sized chunks; they never touch torch's thread settings. Up to
@@ -63,6 +64,27 @@ class Transfers:
         self._executor = executor
         self._headers: OrderedDict[bytes, SealedHeader] = OrderedDict()
         self._staging: torch.Tensor | None = None
+        self._to_free: list[int] = []  # load-window regions done with, not yet given back
+        self._flush_scheduled = False
+
+    def _give_back(self, regions: Sequence[int]) -> None:
+        """Regions go back with the next request this client sends (``free_regions``), or
+        in a ``RELEASE`` of their own at the loop's next turn when none comes first."""
+        self._to_free.extend(regions)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_free)
+
+    def _flush_free(self) -> None:
+        self._flush_scheduled = False
+        if self._to_free:
+            regions, self._to_free = self._to_free, []
+            self.conn.send_nowait(Op.RELEASE, {"regions": regions})
+
+    def _with_free(self, meta: dict) -> dict:
+        if self._to_free:
+            meta["free_regions"], self._to_free = self._to_free, []
+        return meta
 
     # -- put ----------------------------------------------------------------------------
 
@@ -89,7 +111,7 @@ class Transfers:
         try:
             await self._copy(lambda: fill(region, layout, tensors), layout.payload_len, on_gpu)
             sent = True  # from here the daemon may read the region until it answers
-            frame = await self.conn.request(Op.PUT, {**meta, "window": offset},
+            frame = await self.conn.request(Op.PUT, self._with_free({**meta, "window": offset}),
                                             on_orphan=lambda _frame: windows.free(offset),
                                             on_unsent=lambda: windows.free(offset))
         except BaseException as exc:
@@ -123,7 +145,7 @@ class Transfers:
                 await self._copy(lambda: [fill(self.windows.put_window[o : o + lay.payload_len], lay, ts)
                                           for o, lay, ts in regions], nbytes, on_gpu)
             offsets = [o for o, _, _ in regions]
-            frame = await self.conn.request(Op.PUT_BATCH, {"items": entries}, inline_parts,
+            frame = await self.conn.request(Op.PUT_BATCH, self._with_free({"items": entries}), inline_parts,
                                             on_orphan=lambda _frame: self._free_put(offsets),
                                             on_unsent=lambda: self._free_put(offsets))
         except asyncio.CancelledError:
@@ -148,7 +170,7 @@ class Transfers:
         item's error (after every region was given back)."""
         targets = [_check_into(into, device) if into is not None else torch.device(device or "cpu")
                    for into in intos]
-        meta = {"ns": namespace_hex, "shm": self.windows is not None, "items": list(metas)}
+        meta = self._with_free({"ns": namespace_hex, "shm": self.windows is not None, "items": list(metas)})
         frame = await self.conn.request(Op.LOAD_BATCH, meta, on_orphan=self._release_batch_orphan)
         answers = frame.meta.get("items")
         regions = [a["region"] for a in answers or [] if isinstance(a, dict) and isinstance(a.get("region"), int)]
@@ -178,7 +200,7 @@ class Transfers:
                              nbytes, on_gpu)
         finally:
             if regions:
-                self.conn.send_nowait(Op.RELEASE, {"regions": regions})
+                self._give_back(regions)
         out = [None if job is None else {t.spec.name: d for t, d in zip(job[0].tensors, job[2])} for job in jobs]
         for index in retry:  # the reply had no room for these: one LOAD each
             _, out[index] = await self.load({**metas[index], "ns": namespace_hex}, device, intos[index])
@@ -193,7 +215,7 @@ class Transfers:
     async def load(self, meta: dict, device, into: Mapping[str, torch.Tensor] | None = None
                    ) -> tuple[StateRef, dict[str, torch.Tensor]]:
         target = _check_into(into, device) if into is not None else torch.device(device or "cpu")
-        meta = {**meta, "shm": self.windows is not None}
+        meta = self._with_free({**meta, "shm": self.windows is not None})
         frame = await self.conn.request(Op.LOAD, meta, on_orphan=self._release_orphan)
         region = frame.meta.get("region")
         try:
@@ -203,9 +225,8 @@ class Transfers:
             await self._copy(lambda: land(header, source, dests, self._staging_for), header.payload_len, on_gpu)
         finally:
             if isinstance(region, int):
-                # written at once, even for a cancelled caller, ahead of the caller's next
-                # request; not awaited: the answer changes nothing and costs a round trip
-                self.conn.send_nowait(Op.RELEASE, {"regions": [region]})
+                # even for a cancelled caller; never awaited: the answer changes nothing
+                self._give_back([region])
         return header.ref(), {t.spec.name: d for t, d in zip(header.tensors, dests)}
 
     def _header_and_payload(self, frame: Frame) -> tuple[SealedHeader, memoryview]:
@@ -280,13 +301,13 @@ def fill(region: memoryview, layout, tensors: Sequence[torch.Tensor]) -> None:
     for tensor, offset in zip(tensors, layout.offsets):
         if offset > cursor:
             region[cursor:offset] = _ZEROS[: offset - cursor]
-        src = tensor_bytes(tensor)
-        nbytes = src.numel()
+        nbytes = tensor.numel() * tensor.element_size()
         if nbytes:
-            if src.device.type == "cpu":
-                region[offset : offset + nbytes] = byte_view(src)
+            if tensor.device.type == "cpu":  # a memmove on this thread, never torch's copy pool
+                source = byte_view(tensor if tensor.is_contiguous() else tensor_bytes(tensor))
+                region[offset : offset + nbytes] = source
             else:
-                torch.frombuffer(region[offset : offset + nbytes], dtype=torch.uint8).copy_(src)
+                torch.frombuffer(region[offset : offset + nbytes], dtype=torch.uint8).copy_(tensor_bytes(tensor))
         cursor = offset + nbytes
 
 
@@ -305,7 +326,7 @@ def land(header: SealedHeader, source: memoryview, dests: Sequence[torch.Tensor]
         src = source[t.offset : t.offset + t.nbytes]
         on_device = dest.device.type != "cpu"
         if t.nbytes:
-            stage = staging(t.nbytes)[: t.nbytes] if on_device else tensor_bytes(dest)
+            stage = staging(t.nbytes)[: t.nbytes] if on_device else dest  # contiguous: checked or fresh
             copy_and_digest(byte_view(stage), src, hasher)
         padding = bytes(source[t.offset + t.nbytes : t.offset + t.region])
         if padding:

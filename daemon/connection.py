@@ -308,6 +308,11 @@ class Connection(asyncio.BufferedProtocol):
         elif frame.op is Op.GOODBYE:
             self._begin_draining()
         else:
+            freed = frame.meta.get("free_regions")
+            if freed and self._windows is not None:  # load-window regions given back in passing
+                for region in freed if isinstance(freed, list) else ():
+                    if isinstance(region, int):
+                        self._windows.free(region)
             self._pending.append(frame)
             self._start_pending()
 
