@@ -152,10 +152,14 @@ class AsyncClient:
     # -- puts ---------------------------------------------------------------------------
 
     async def put(self, key: StateKey, tensors, *, request_id: str, step: int = 0, publish: bool = False,
-                  version: int | None = None, speculative: bool = False) -> StateRef:
-        """Seal ``tensors`` (``{name: tensor}`` or ``[(name, tensor)]``, in payload order) under ``key``."""
+                  version: int | None = None, speculative: bool = False, trace: dict | None = None) -> StateRef:
+        """Seal ``tensors`` (``{name: tensor}`` or ``[(name, tensor)]``, in payload order) under ``key``.
+
+        ``trace``: a dict to fill with this call's measured phases in µs (``client_copy``,
+        ``round_trip``, and the daemon's ``daemon_*``), as ``statetier bench`` prints them.
+        """
         meta, pairs = self._put_meta(key, tensors, request_id, step, publish, version, speculative)
-        return await self._transfers_now().put(meta, pairs)
+        return await self._transfers_now().put(meta, pairs, trace)
 
     def _put_meta(self, key, tensors, request_id, step, publish, version, speculative):
         pairs = named_tensors(tensors)
@@ -196,20 +200,22 @@ class AsyncClient:
 
     async def load(self, target: StateRef | StateKey, *, device: torch.device | str | None = None,
                    expect: Expect | None = None, speculative: bool = False,
-                   into: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+                   into: Mapping[str, torch.Tensor] | None = None, trace: dict | None = None
+                   ) -> dict[str, torch.Tensor]:
         """The tensors of ``target``: a ``StateRef`` (handoff) or a ``StateKey`` (prefix reuse).
 
         ``into`` (``{name: tensor}``, contiguous, on one device) is filled in place and
         returned: the object must hold exactly those names, dtypes and shapes
         (``CorruptPayload`` otherwise). Every tensor is verified where it lands.
+        ``trace``: as for ``put`` (plus ``client_hash``, the verification).
         """
         _, tensors = await self.load_with_ref(target, device=device, expect=expect, speculative=speculative,
-                                              into=into)
+                                              into=into, trace=trace)
         return tensors
 
     async def load_with_ref(self, target: StateRef | StateKey, *, device: torch.device | str | None = None,
                             expect: Expect | None = None, speculative: bool = False,
-                            into: Mapping[str, torch.Tensor] | None = None
+                            into: Mapping[str, torch.Tensor] | None = None, trace: dict | None = None
                             ) -> tuple[StateRef, dict[str, torch.Tensor]]:
         """Like ``load``, plus the ``StateRef`` of the object that was loaded."""
         meta = self._load_meta(target, speculative)
@@ -219,8 +225,8 @@ class AsyncClient:
             meta["tensors"] = specs_to_wire(_expected_specs(expect))
         if into is not None:
             meta["tensors"] = specs_to_wire(into_specs(into))
-            return await self._transfers_now().load(meta, device, into)
-        return await self._transfers_now().load(meta, "cpu" if device is None else device)
+            return await self._transfers_now().load(meta, device, into, trace)
+        return await self._transfers_now().load(meta, "cpu" if device is None else device, None, trace)
 
     async def load_many(self, targets: Iterable[StateRef | StateKey], *, device: torch.device | str | None = None,
                         expect: Expect | None = None, into: Sequence[Mapping[str, torch.Tensor]] | None = None,

@@ -27,6 +27,7 @@ caller still waits for its copy to end before the region is handed back.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict
 from concurrent.futures import Executor
 from typing import Any, Callable, Mapping, Sequence
@@ -88,28 +89,31 @@ class Transfers:
 
     # -- put ----------------------------------------------------------------------------
 
-    async def put(self, meta: dict, pairs: Sequence[tuple[str, torch.Tensor]]) -> StateRef:
+    async def put(self, meta: dict, pairs: Sequence[tuple[str, torch.Tensor]], trace: dict | None = None
+                  ) -> StateRef:
         specs = [spec_of(name, tensor) for name, tensor in pairs]
         layout = layout_payload(specs)
         meta = {**meta, "tensors": specs_to_wire(specs)}
+        if trace is not None:
+            meta["trace"] = True
         if self.windows is not None and layout.payload_len:
             offset = self.windows.allocate(layout.payload_len)
             if offset is not None:
-                return await self._put_from_window(meta, layout, [t for _, t in pairs], offset)
-        return await self._put_inline(meta, pairs)
-
-    async def _put_inline(self, meta: dict, pairs) -> StateRef:
-        layout = layout_payload([spec_of(name, tensor) for name, tensor in pairs])
+                return await self._put_from_window(meta, layout, [t for _, t in pairs], offset, trace)
+        started = time.perf_counter()
         frame = await self.conn.request(Op.PUT, meta, _inline_parts(pairs, layout))
+        _record(trace, frame, request=started)
         return _ref_of(frame)
 
-    async def _put_from_window(self, meta: dict, layout, tensors, offset: int) -> StateRef:
+    async def _put_from_window(self, meta: dict, layout, tensors, offset: int, trace: dict | None) -> StateRef:
         windows = self.windows
         region = windows.put_window[offset : offset + layout.payload_len]
         on_gpu = any(t.device.type != "cpu" for t in tensors)
         sent = False
         try:
+            started = time.perf_counter()
             await self._copy(lambda: fill(region, layout, tensors), layout.payload_len, on_gpu)
+            copied = time.perf_counter()
             sent = True  # from here the daemon may read the region until it answers
             frame = await self.conn.request(Op.PUT, self._with_free({**meta, "window": offset}),
                                             on_orphan=lambda _frame: windows.free(offset),
@@ -119,6 +123,7 @@ class Transfers:
                 windows.free(offset)  # answered (an error), never sent, or the copy failed
             raise
         windows.free(offset)
+        _record(trace, frame, request=copied, client_copy=(started, copied))
         return _ref_of(frame)
 
     async def put_batch(self, items: Sequence[tuple[dict, Sequence[tuple[str, torch.Tensor]]]]) -> list[StateRef]:
@@ -212,17 +217,22 @@ class Transfers:
         if regions:
             self.conn.send_nowait(Op.RELEASE, {"regions": regions})
 
-    async def load(self, meta: dict, device, into: Mapping[str, torch.Tensor] | None = None
-                   ) -> tuple[StateRef, dict[str, torch.Tensor]]:
+    async def load(self, meta: dict, device, into: Mapping[str, torch.Tensor] | None = None,
+                   trace: dict | None = None) -> tuple[StateRef, dict[str, torch.Tensor]]:
         target = _check_into(into, device) if into is not None else torch.device(device or "cpu")
         meta = self._with_free({**meta, "shm": self.windows is not None})
+        if trace is not None:
+            meta["trace"] = True
+        started = time.perf_counter()
         frame = await self.conn.request(Op.LOAD, meta, on_orphan=self._release_orphan)
+        _record(trace, frame, request=started)
         region = frame.meta.get("region")
         try:
             header, source = self._header_and_payload(frame)
             dests = _destinations(header, into, target)
             on_gpu = target.type != "cpu"
-            await self._copy(lambda: land(header, source, dests, self._staging_for), header.payload_len, on_gpu)
+            await self._copy(lambda: land(header, source, dests, self._staging_for, trace),
+                             header.payload_len, on_gpu)
         finally:
             if isinstance(region, int):
                 # even for a cancelled caller; never awaited: the answer changes nothing
@@ -312,7 +322,7 @@ def fill(region: memoryview, layout, tensors: Sequence[torch.Tensor]) -> None:
 
 
 def land(header: SealedHeader, source: memoryview, dests: Sequence[torch.Tensor],
-         staging: Callable[[int], torch.Tensor]) -> None:
+         staging: Callable[[int], torch.Tensor], trace: dict | None = None) -> None:
     """Copy each tensor of ``source`` (laid out as ``header`` says) into its destination and
     verify it there; a device destination is verified in ``staging`` first.
 
@@ -327,7 +337,7 @@ def land(header: SealedHeader, source: memoryview, dests: Sequence[torch.Tensor]
         on_device = dest.device.type != "cpu"
         if t.nbytes:
             stage = staging(t.nbytes)[: t.nbytes] if on_device else dest  # contiguous: checked or fresh
-            copy_and_digest(byte_view(stage), src, hasher)
+            copy_and_digest(byte_view(stage), src, hasher, trace)
         padding = bytes(source[t.offset + t.nbytes : t.offset + t.region])
         if padding:
             hasher.update(padding)
@@ -341,12 +351,39 @@ def land(header: SealedHeader, source: memoryview, dests: Sequence[torch.Tensor]
     check_payload_digest(header, digests)
 
 
-def copy_and_digest(dest: memoryview, source: memoryview, hasher) -> None:
+def copy_and_digest(dest: memoryview, source: memoryview, hasher, trace: dict | None = None) -> None:
     nbytes = source.nbytes
+    if trace is not None:
+        return _copy_and_digest_timed(dest, source, hasher, trace)
     for start in range(0, nbytes, COPY_CHUNK):
         end = min(nbytes, start + COPY_CHUNK)
         dest[start:end] = source[start:end]
         hasher.update(dest[start:end])
+
+
+def _copy_and_digest_timed(dest: memoryview, source: memoryview, hasher, trace: dict) -> None:
+    clock, copying, hashing = time.perf_counter, 0.0, 0.0
+    for start in range(0, source.nbytes, COPY_CHUNK):
+        end = min(source.nbytes, start + COPY_CHUNK)
+        t0 = clock()
+        dest[start:end] = source[start:end]
+        t1 = clock()
+        hasher.update(dest[start:end])
+        copying, hashing = copying + t1 - t0, hashing + clock() - t1
+    trace["client_copy"] = trace.get("client_copy", 0.0) + copying * 1e6
+    trace["client_hash"] = trace.get("client_hash", 0.0) + hashing * 1e6
+
+
+def _record(trace: dict | None, frame: Frame, *, request: float, client_copy: tuple | None = None) -> None:
+    """Fill ``trace`` (µs): the client's copy, the round trip, and the daemon's own phases."""
+    if trace is None:
+        return
+    trace["round_trip"] = (time.perf_counter() - request) * 1e6
+    if client_copy is not None:
+        trace["client_copy"] = (client_copy[1] - client_copy[0]) * 1e6
+    daemon = frame.meta.get("trace")
+    if isinstance(daemon, dict):
+        trace.update({f"daemon_{name}": value for name, value in daemon.items() if isinstance(value, (int, float))})
 
 
 def _check_into(into: Mapping[str, torch.Tensor], device) -> torch.device:

@@ -59,6 +59,7 @@ from statetier.tiers.registry import VersionRegistry
 
 from .lookup import joint_hit
 from .placement import Placement
+from .trace import phase
 from .requests import LoadRequest, LoadResult, LookupRequest, LookupResult, PutRequest, PutResult, Reservation
 from .tenancy import Tenancy
 
@@ -155,9 +156,10 @@ class Engine:
         provenance = self._stamp(req.provenance)
         state_id = new_state_id()
         version = await self._claim(req, provenance, state_id)
-        header = await self._hash_off_loop(view.nbytes, seal, req.key, provenance, layout, view,
-                                           keyring=self.keyring, state_id=state_id, version=version,
-                                           digest_alg=req.digest_alg, contains_speculative=req.speculative)
+        with phase("seal"):
+            header = await self._hash_off_loop(view.nbytes, seal, req.key, provenance, layout, view,
+                                               keyring=self.keyring, state_id=state_id, version=version,
+                                               digest_alg=req.digest_alg, contains_speculative=req.speculative)
         meta = _meta(req, provenance, state_id, version, len(header), layout.payload_len)
         first = self.tenancy.first_tier_within_quota(req.tenant, [t.name for t in self.tiers], meta.size)
         tier = await self.placement.store([header, view], meta, first=first)
@@ -211,10 +213,11 @@ class Engine:
         ok = False
         try:
             meta = ticket.meta
-            header = await self._hash_off_loop(
-                reservation.layout.payload_len, _copy_then_seal, source, req.key, req.provenance,
-                reservation.layout, reservation.payload_view, keyring=self.keyring, state_id=meta.object_id,
-                version=meta.version, digest_alg=req.digest_alg, contains_speculative=req.speculative)
+            with phase("copy_and_seal" if source is not None else "seal"):
+                header = await self._hash_off_loop(
+                    reservation.layout.payload_len, _copy_then_seal, source, req.key, req.provenance,
+                    reservation.layout, reservation.payload_view, keyring=self.keyring, state_id=meta.object_id,
+                    version=meta.version, digest_alg=req.digest_alg, contains_speculative=req.speculative)
             ticket.view[: len(header)] = header
             ok = True
         finally:
@@ -369,8 +372,9 @@ class Engine:
             # bytes in daemon-only memory were digested when sealed there; the client checks
             # the payload again where it lands (DESIGN §6)
             trusted = tier.verifies_on_read or tier.holds_verified_bytes
-            opened = await self._hash_off_loop(0 if trusted else blob.nbytes, open_sealed, blob, expectation,
-                                               self.keyring, verify_payload=not trusted)
+            with phase("open" if trusted else "open_and_hash"):
+                opened = await self._hash_off_loop(0 if trusted else blob.nbytes, open_sealed, blob, expectation,
+                                                   self.keyring, verify_payload=not trusted)
             if self.metrics is not None:
                 self.metrics.count_hit(tier.name, expectation.key.kind.name.lower())
             if index > 0 and self.options.promote_on_load:

@@ -15,11 +15,13 @@ Handlers never write to the socket; the connection sends the ``Reply`` or the er
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field as dataclass_field
 
 from statetier.daemon.budget import ByteBudget
 from statetier.daemon.requests import LoadRequest, LookupRequest, PutRequest
+from statetier.daemon.trace import TRACE, phase
 from statetier.daemon.windows import Windows
 from statetier.protocol.errors import InvalidRequest, StatetierError
 from statetier.protocol.frames import Frame, Op, error_frame
@@ -103,6 +105,25 @@ def _put_request(tenant: str, meta: dict) -> PutRequest:
 
 async def handle_ping(session: Session, frame: Frame) -> Reply:
     return Reply({}, op=Op.PONG)
+
+
+def traced(handler: Handler) -> Handler:
+    """Run ``handler`` with phase timings when the request asks (``"trace": true``); the
+    reply then says, in µs, how long the daemon worked on it and in which phases."""
+    async def run(session: Session, frame: Frame) -> Reply:
+        if frame.meta.get("trace") is not True:
+            return await handler(session, frame)
+        timings: dict = {}
+        token = TRACE.set(timings)
+        started = time.perf_counter()
+        try:
+            reply = await handler(session, frame)
+        finally:
+            TRACE.reset(token)
+        timings["daemon"] = (time.perf_counter() - started) * 1e6
+        reply.meta["trace"] = timings
+        return reply
+    return run
 
 
 async def handle_put(session: Session, frame: Frame) -> Reply:
@@ -264,10 +285,11 @@ async def _place_in_window(session: Session, payload: memoryview) -> tuple[int, 
         return None
     region_id, offset, dest = placed
     try:
-        if payload.nbytes <= INLINE_COPY_BYTES or session.engine.executor is None:
-            dest[:] = payload
-        else:
-            await asyncio.get_running_loop().run_in_executor(session.engine.executor, _copy, dest, payload)
+        with phase("window_copy"):
+            if payload.nbytes <= INLINE_COPY_BYTES or session.engine.executor is None:
+                dest[:] = payload
+            else:
+                await asyncio.get_running_loop().run_in_executor(session.engine.executor, _copy, dest, payload)
     except BaseException:
         session.windows.free(region_id)
         raise
@@ -349,13 +371,13 @@ async def handle_verify(session: Session, frame: Frame) -> Reply:
 
 HANDLERS: dict[Op, Handler] = {
     Op.PING: handle_ping,
-    Op.PUT: handle_put,
+    Op.PUT: traced(handle_put),
     Op.PUT_RESERVE: handle_superseded,
     Op.PUT_COMMIT: handle_superseded,
     Op.PUT_ABORT: handle_superseded,
-    Op.LOAD: handle_load,
-    Op.LOAD_BATCH: handle_load_batch,
-    Op.PUT_BATCH: handle_put_batch,
+    Op.LOAD: traced(handle_load),
+    Op.LOAD_BATCH: traced(handle_load_batch),
+    Op.PUT_BATCH: traced(handle_put_batch),
     Op.RELEASE: handle_release,
     Op.LOOKUP: handle_lookup,
     Op.DELETE: handle_delete,
