@@ -234,6 +234,9 @@ class Tier(abc.ABC):
     #: sealed or verified (host arena, device pool): a load from it needs no digest pass in
     #: the daemon (the client verifies where the bytes land).
     holds_verified_bytes: bool = False
+    #: True when ``find_by_key`` and ``prepare_load`` answer from this process's memory (no
+    #: I/O): a caller asking for many keys awaits them one by one instead of a task each.
+    answers_in_memory: bool = False
 
     @abc.abstractmethod
     async def start(self) -> None: ...
