@@ -53,7 +53,15 @@ from statetier.protocol.errors import (
 )
 from statetier.protocol.identity import Provenance, StateKey, StateRef, new_state_id, stream_id
 from statetier.protocol.keyring import Keyring
-from statetier.protocol.sealed import Expectation, decode_header, header_length, layout_payload, open_sealed, seal
+from statetier.protocol.sealed import (
+    Expectation,
+    VerifiedHeaders,
+    decode_header,
+    header_length,
+    layout_payload,
+    open_sealed,
+    seal,
+)
 from statetier.tiers.base import Lease, ObjectMeta, Tier
 from statetier.tiers.registry import VersionRegistry
 
@@ -110,6 +118,7 @@ class Engine:
         self._ids = itertools.count(1)
         self._held: dict[int, _Held] = {}
         self._reservations: dict[int, tuple[Reservation, object]] = {}
+        self._verified = VerifiedHeaders()  # headers of hot objects: signature checked once
         self._tasks: list[asyncio.Task] = []
         self.ready = False
 
@@ -374,7 +383,8 @@ class Engine:
             trusted = tier.verifies_on_read or tier.holds_verified_bytes
             with phase("open" if trusted else "open_and_hash"):
                 opened = await self._hash_off_loop(0 if trusted else blob.nbytes, open_sealed, blob, expectation,
-                                                   self.keyring, verify_payload=not trusted)
+                                                   self.keyring, verify_payload=not trusted,
+                                                   verified=self._verified if trusted else None)
             if self.metrics is not None:
                 self.metrics.count_hit(tier.name, expectation.key.kind.name.lower())
             if index > 0 and self.options.promote_on_load:

@@ -438,20 +438,58 @@ def _parse(view: memoryview, prefix: tuple) -> SealedHeader:
                         provenance, flags, state_id, version, fp, payload_digest, tuple(tensors))
 
 
-def open_sealed(blob, expect: Expectation | None, keyring: Keyring, *, verify_payload: bool = True) -> Opened:
+class VerifiedHeaders:
+    """Headers whose signature verified and which parsed, by their exact bytes (bounded LRU).
+
+    A hot object is loaded again and again: its header is verified and parsed once. A hit
+    still asks the keyring whether the signing key may verify (a retired or expired key is
+    ``BadSignature`` as before); identity, version and payload checks run on every load.
+    """
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self.capacity = capacity
+        self._headers: dict[bytes, SealedHeader] = {}
+
+    def __len__(self) -> int:
+        return len(self._headers)
+
+    def get(self, header_bytes: bytes) -> SealedHeader | None:
+        header = self._headers.pop(header_bytes, None)
+        if header is not None:
+            self._headers[header_bytes] = header  # most recent last
+        return header
+
+    def put(self, header_bytes: bytes, header: SealedHeader) -> None:
+        self._headers[header_bytes] = header
+        if len(self._headers) > self.capacity:
+            del self._headers[next(iter(self._headers))]
+
+
+def open_sealed(blob, expect: Expectation | None, keyring: Keyring, *, verify_payload: bool = True,
+                verified: VerifiedHeaders | None = None) -> Opened:
     """Verify ``blob`` against ``expect`` in DESIGN §4 order; return header + payload view.
 
     ``expect=None`` checks only what needs no expectation (framing, signature, format,
     payload); ``verify_payload=False`` skips the digest pass for bytes that never left a
-    trusted, verified tier (the header is still verified).
+    trusted, verified tier (the header is still verified). ``verified``: a cache of
+    headers already verified and parsed (steps 2–3′ are then a dict lookup).
     """
     view, prefix = _frame(blob)  # 1
-    _check_signature(view, prefix, keyring)  # 2
-    if prefix[1] not in SUPPORTED_FORMATS:  # 3
-        why = RETIRED_FORMATS.get(prefix[1], "")
-        raise UnsupportedFormat(f"format version {prefix[1]} (this build reads {sorted(SUPPORTED_FORMATS)})"
-                                + (f": {why}" if why else ""))
-    header = _parse(view, prefix)
+    header = None
+    if verified is not None:
+        header_bytes = bytes(view[: prefix[4]])
+        header = verified.get(header_bytes)
+        if header is not None and keyring.get_for_verify(header.key_id) is None:
+            raise BadSignature(f"unknown or retired key id {header.key_id.hex()}")  # 2, since cached
+    if header is None:
+        _check_signature(view, prefix, keyring)  # 2
+        if prefix[1] not in SUPPORTED_FORMATS:  # 3
+            why = RETIRED_FORMATS.get(prefix[1], "")
+            raise UnsupportedFormat(f"format version {prefix[1]} (this build reads {sorted(SUPPORTED_FORMATS)})"
+                                    + (f": {why}" if why else ""))
+        header = _parse(view, prefix)
+        if verified is not None:
+            verified.put(header_bytes, header)
     if expect is not None:
         _check_identity(header, expect)  # 4-8
     payload = view[header.header_len :]
@@ -577,7 +615,7 @@ def parse_header(header_bytes) -> SealedHeader:
 
 __all__ = [
     "ALIGN", "DigestAlg", "Expectation", "FORMAT_VERSION", "MAGIC", "Opened", "PayloadLayout",
-    "SealedHeader", "TensorDescriptor", "check_payload", "check_payload_digest", "decode_header", "header_length",
+    "SealedHeader", "TensorDescriptor", "VerifiedHeaders", "check_payload", "check_payload_digest", "decode_header", "header_length",
     "layout_payload", "open_sealed", "parse_header", "payload_digest_of", "region_hasher", "seal", "seal_object",
     "verify_payload_only",
 ]

@@ -42,7 +42,7 @@ from statetier.protocol.identity import (
     stream_id,
 )
 from statetier.protocol.keyring import Keyring, SigAlg, SigningKey
-from statetier.protocol.sealed import Expectation, Opened, decode_header, open_sealed, seal_object
+from statetier.protocol.sealed import Expectation, Opened, VerifiedHeaders, decode_header, open_sealed, seal_object
 
 TOKENS = list(range(500, 600))
 NS = NamespaceSpec("org/hybrid", kv_dtype="bfloat16", tp_size=2).namespace()
@@ -425,3 +425,24 @@ def test_every_combination_of_faults_raises_the_earliest_check():
             assert type(info.value) is ERROR_OF[first], (combo, type(info.value).__name__, str(info.value))
             checked += 1
     assert checked == 2 ** len(names) - 1
+
+
+# ---------------------------------------------------------------- the verified-header cache
+
+
+def test_a_cached_header_is_checked_again_for_its_key_and_identity_and_other_bytes_miss():
+    keyring = Keyring.generate()
+    cache = VerifiedHeaders(capacity=2)
+    blob, ref = make(keyring=keyring)
+    first = open_sealed(blob, by_ref(ref), keyring, verified=cache)
+    assert len(cache) == 1 and open_sealed(blob, by_ref(ref), keyring, verified=cache).header is first.header
+    with pytest.raises(PlacementMismatch):  # identity is checked on every load, cached or not
+        open_sealed(blob, with_key(by_ref(ref), layer=6), keyring, verified=cache)
+    rejects(BadSignature, flip(blob, 140), by_ref(ref), keyring)  # other bytes: verified afresh
+    with pytest.raises(BadSignature):
+        open_sealed(flip(blob, 140), by_ref(ref), keyring, verified=cache)
+    old = keyring.active.key_id
+    keyring.rotate(grace_seconds=3600)
+    keyring.retire(old)
+    with pytest.raises(BadSignature):  # a retired key no longer verifies, cached or not
+        open_sealed(blob, by_ref(ref), keyring, verified=cache)
