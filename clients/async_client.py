@@ -13,7 +13,7 @@ at once. Keys are built in the client's namespace (``kv_key`` / ``ssm_key``).
   against the signed header's digests where it lands.
 - ``lookup(attention_layers, ssm_layers, boundaries | token_ids=…, ...)`` → ``LookupResult``;
   ``release(lease_ids)`` gives the leases back.
-- ``put_many(items)`` / ``load_many(targets)``: concurrent over the one connection, bounded.
+- ``put_many(items)`` / ``load_many(targets, into=…)``: batch frames, one round trip per batch.
 - ``delete(ref)``, ``stats()``, ``inspect(state_id)``, ``verify()``, ``ping()``.
 
 Through the connection's own shared-memory windows on a Unix socket (``transfers.py``,
@@ -23,12 +23,11 @@ use after ``close()`` raises ``ClientClosedError``.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import ssl as _ssl
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence, TypeVar
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
@@ -54,8 +53,6 @@ from .values import LookupResult, PutItem, boundaries_from_tokens, boundaries_to
 DEFAULT_CONCURRENCY = 16
 log = logging.getLogger("statetier.client")
 Expect = Mapping[str, tuple[Any, Sequence[int]]]
-T = TypeVar("T")
-R = TypeVar("R")
 
 
 class AsyncClient:
@@ -231,8 +228,10 @@ class AsyncClient:
     async def load_many(self, targets: Iterable[StateRef | StateKey], *, device: torch.device | str | None = None,
                         expect: Expect | None = None, into: Sequence[Mapping[str, torch.Tensor]] | None = None,
                         concurrency: int | None = None) -> list[dict[str, torch.Tensor]]:
-        """Load every target concurrently; results come back in the targets' order.
-        ``into``: one destination mapping per target (see ``load``)."""
+        """Load every target; results come back in the targets' order. Targets travel in
+        ``LOAD_BATCH`` frames (one round trip per batch of up to ``BATCH_ITEMS``); the first
+        failing target's error is raised. ``into``: one destination mapping per target (see
+        ``load``). ``concurrency`` is accepted for compatibility."""
         targets = list(targets)
         if into is not None and len(into) != len(targets):
             raise InvalidRequest(f"into has {len(into)} destinations for {len(targets)} targets")
@@ -387,34 +386,3 @@ def _batches(items: list, max_bytes: int, size_of) -> list[list]:
     if current:
         batches.append(current)
     return batches
-
-
-async def _map_bounded(fn: Callable[[T], Awaitable[R]], items: list[T], limit: int) -> list[R]:
-    """``fn`` over ``items`` with at most ``limit`` running; the first failure cancels the rest.
-
-    An item still waiting for a slot when another fails never starts: the released slot
-    wakes it before ``gather`` reports the failure, so without the flag it would send one
-    more request after the batch had already failed.
-    """
-    slots = asyncio.Semaphore(max(1, limit))
-    failed = False
-
-    async def one(item: T) -> R:
-        nonlocal failed
-        async with slots:
-            if failed:
-                raise asyncio.CancelledError
-            try:
-                return await fn(item)
-            except BaseException:
-                failed = True
-                raise
-
-    tasks = [asyncio.ensure_future(one(item)) for item in items]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise

@@ -130,6 +130,7 @@ class Transfers:
         """Many puts, one ``PUT_BATCH`` frame (one round trip): each payload from a put
         window region, or inline when the window is full. Raises the first item's error."""
         entries, regions, inline_parts, on_gpu, nbytes = [], [], [], False, 0
+        sent = False
         try:
             for meta, pairs in items:
                 specs = [spec_of(name, tensor) for name, tensor in pairs]
@@ -150,13 +151,13 @@ class Transfers:
                 await self._copy(lambda: [fill(self.windows.put_window[o : o + lay.payload_len], lay, ts)
                                           for o, lay, ts in regions], nbytes, on_gpu)
             offsets = [o for o, _, _ in regions]
+            sent = True  # from here the daemon may read the regions until it answers
             frame = await self.conn.request(Op.PUT_BATCH, self._with_free({"items": entries}), inline_parts,
                                             on_orphan=lambda _frame: self._free_put(offsets),
                                             on_unsent=lambda: self._free_put(offsets))
-        except asyncio.CancelledError:
-            raise  # freed by on_orphan / on_unsent, or below when the copy was interrupted
-        except BaseException:
-            self._free_put([o for o, _, _ in regions])
+        except BaseException as exc:
+            if not sent or not isinstance(exc, asyncio.CancelledError):
+                self._free_put([o for o, _, _ in regions])  # else on_orphan / on_unsent frees them
             raise
         self._free_put([o for o, _, _ in regions])
         answers = _batch_answers(frame, len(entries))
@@ -184,8 +185,8 @@ class Transfers:
             data = memoryview(frame.data).cast("B")
             jobs, nbytes, on_gpu, failure, retry = [], 0, False, None, []
             for index, (answer, into, target) in enumerate(zip(answers, intos, targets)):
-                if "error" in answer:
-                    failure = failure or answer["error"]
+                if "error" in answer or "skipped" in answer:
+                    failure = failure or answer.get("error")
                     jobs.append(None)
                     continue
                 if answer.get("retry") is True:
@@ -446,6 +447,8 @@ def _batch_answers(frame: Frame, expected: int, *, raise_first: bool = True) -> 
         for answer in answers:
             if "error" in answer:
                 raise_for_error(Frame(Op.ERROR, 0, answer["error"], flags=FLAG_ERROR))
+            if "skipped" in answer:
+                raise MalformedFrame("a batch reply skipped an item without a failure before it")
     return answers
 
 

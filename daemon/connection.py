@@ -376,9 +376,13 @@ class Connection(asyncio.BufferedProtocol):
         else:
             if self._ctx.metrics is not None:
                 nbytes = len(frame.data) + len(reply.data)
-                self._ctx.metrics.observe_op(
-                    "daemon", reply.kind, frame.op.name.lower(), nbytes, time.perf_counter() - started
-                )
+                seconds = time.perf_counter() - started
+                if reply.items is None:
+                    self._ctx.metrics.observe_op("daemon", reply.kind, frame.op.name.lower(), nbytes, seconds)
+                else:  # a batch counts as its items, each with its share of the time and bytes
+                    for kind, op in reply.items:
+                        share = len(reply.items)
+                        self._ctx.metrics.observe_op("daemon", kind, op, nbytes // share, seconds / share)
 
     async def _dispatch(self, frame: Frame) -> Reply:
         if frame.request_id == 0:

@@ -67,6 +67,7 @@ class Reply:
     borrowed: bool = False  # data must stay valid until the transport gives it back
     hold_bytes: int = 0  # bytes of ``data`` held under the byte budget while sending
     done: Callable[[], Awaitable[object]] | None = dataclass_field(default=None)
+    items: list[tuple[str, str]] | None = None  # a batch: (kind, op) of each item that succeeded
 
 
 Handler = Callable[[Session, Frame], Awaitable[Reply]]
@@ -146,12 +147,17 @@ async def handle_put(session: Session, frame: Frame) -> Reply:
 async def handle_put_batch(session: Session, frame: Frame) -> Reply:
     """Many puts in one frame: ``items`` are PUT metas, each from the put window
     (``window``) or inline (``data_len`` bytes of ``data``, in item order). Each item is
-    answered on its own, ``{ref, tier}`` or ``{error: {code, message, reason}}``."""
+    answered on its own, ``{ref, tier}`` or ``{error: {code, message, reason}}``; after the
+    first failure the rest are not attempted (``{skipped: true}``), as a caller raising the
+    first error would have cancelled them."""
     items = field(frame.meta, "items", list)
     data = memoryview(frame.data).cast("B")
-    answers, cursor = [], 0
+    answers, cursor, counted = [], 0, []
     async with session.budget.hold(data.nbytes):
         for item in items:
+            if answers and ("error" in answers[-1] or "skipped" in answers[-1]):
+                answers.append({"skipped": True})  # the batch stops at its first failure
+                continue
             try:
                 if not isinstance(item, dict):
                     raise InvalidRequest("each PUT_BATCH item must be an object")
@@ -162,9 +168,10 @@ async def handle_put_batch(session: Session, frame: Frame) -> Reply:
                         raise InvalidRequest("PUT_BATCH item data_len runs past the frame's data")
                     payload, cursor = data[cursor : cursor + inline], cursor + inline
                 answers.append(await _put_one(session, item, payload))
+                counted.append((_kind(key_from_wire(item["key"])), "put"))
             except StatetierError as exc:
                 answers.append({"error": error_frame(0, exc).meta})
-    return Reply({"items": answers})
+    return Reply({"items": answers}, items=counted)
 
 
 async def _put_one(session: Session, meta: dict, payload) -> dict:
@@ -241,15 +248,19 @@ async def handle_load_batch(session: Session, frame: Frame) -> Reply:
     """Many loads in one frame: ``items`` are LOAD metas without ``ns`` and ``shm`` (given
     once for all). Each answer is ``{tier, at, len}`` plus ``window`` and ``region`` when
     its payload went to the load window, ``{error: {...}}``, or ``{retry: true}`` when
-    neither the window nor this reply had room left for it (the client loads it alone);
+    neither the window nor this reply had room left for it (the client loads it alone),
+    or ``{skipped: true}`` after the first failure (the rest are not attempted);
     ``data[at:at+len]`` is the item's signed header (window) or whole sealed object."""
     meta = frame.meta
     items = field(meta, "items", list)
     wants_shm = field(meta, "shm", bool, default=False) and session.windows is not None
     engine, owner = session.engine, session.owner
-    answers, parts, cursor = [], [], 0
+    answers, parts, cursor, counted = [], [], 0, []
     room = session.max_frame - (1 << 20)  # meta and frame header fit in the rest
     for item in items:
+        if answers and ("error" in answers[-1] or "skipped" in answers[-1]):
+            answers.append({"skipped": True})  # the batch stops at its first failure
+            continue
         try:
             if not isinstance(item, dict):
                 raise InvalidRequest("each LOAD_BATCH item must be an object")
@@ -272,9 +283,10 @@ async def handle_load_batch(session: Session, frame: Frame) -> Reply:
             parts.append(part)
             cursor += len(part)
             answers.append(answer)
+            counted.append((_kind(result.header.key), "load"))
         except StatetierError as exc:
             answers.append({"error": error_frame(0, exc).meta})
-    return Reply({"items": answers}, b"".join(parts))
+    return Reply({"items": answers}, b"".join(parts), items=counted)
 
 
 async def _place_in_window(session: Session, payload: memoryview) -> tuple[int, int] | None:

@@ -228,14 +228,20 @@ async def test_a_batch_of_puts_and_a_batch_of_loads_are_one_frame_each_answered_
         put = await client.request(Op.PUT_BATCH, {"items": metas}, b"".join(payloads))
         answers = put.meta["items"]
         assert [("ref" in a, a.get("error", {}).get("code")) for a in answers] == [
-            (True, None), (False, 410), (True, None), (True, None)]
+            (True, None), (False, 410), (False, None), (False, None)]
+        assert answers[2:] == [{"skipped": True}] * 2  # a batch stops at its first failure
+        metas = [metas[0], metas[2], metas[3]]
+        payloads = [payloads[0], payloads[2], payloads[3]]
+        answers = (await client.request(Op.PUT_BATCH, {"items": metas[1:]}, b"".join(payloads[1:]))).meta["items"]
+        answers = [{"ref": None}, *answers]
+        answers[0] = {"ref": (await client.request(Op.PUT, metas[0] | {"data_len": None}, payloads[0])).meta["ref"]}
 
-        refs = [answers[0]["ref"], answers[2]["ref"], dict(answers[3]["ref"], state_id="00" * 16)]
+        refs = [answers[0]["ref"], answers[1]["ref"], dict(answers[2]["ref"], state_id="00" * 16)]
         loaded = await client.request(Op.LOAD_BATCH, {"ns": metas[0]["key"]["ns"],
                                                       "items": [{"ref": ref} for ref in refs]})
         first, second, missing = loaded.meta["items"]
         assert missing["error"]["code"] == 200  # NotFound, that item only
-        for answer, want in ((first, payloads[0]), (second, payloads[2])):
+        for answer, want in ((first, payloads[0]), (second, payloads[1])):
             blob = loaded.data[answer["at"] : answer["at"] + answer["len"]]
             header = decode_header(blob)
             assert bytes(blob[header.header_len :]) == want
