@@ -224,7 +224,7 @@ def sdk_section(rows: list[dict]) -> list[str]:
         met = "" if target is None else ("yes" if r["ratio"] >= target else "**no**")
         load = r.get("load_average")
         body.append([f"{r['tier']} {r['op']}", f"{r['size_bytes'] / MiB:g}", str(r["batch"]), _f(r["p50_us"], 0),
-                     _f(r["gbps"]), _f(r["raw_gbps"]), _f(r["ratio"]), _f(target), met,
+                     _f(r["gbps"]), _f(r["raw_gbps"]), _f(r["ratio"], 3), _f(target), met,
                      _f(load[0]) if load else "–", _phases_text(r.get("phases_us"))])
     head = ["path and op", "MiB", "objects/call", "p50 µs", "GB/s", "copy+BLAKE3 GB/s", "ratio", "target", "met",
             "load (1 min)", "phases of one call, µs (median of traced calls)"]
@@ -235,7 +235,7 @@ def sdk_section(rows: list[dict]) -> list[str]:
         met = "" if target is None else ("yes" if r["ratio"] >= target else "**no**")
         load = r.get("load_average")
         lat_body.append([r["op"], _f(r["p50_us"], 0), _f(r["p99_us"], 0), f"{r['raw']}", _f(r["raw_p50_us"], 0),
-                         _f(r["ratio"]), _f(target), met, _f(load[0]) if load else "–"])
+                         _f(r["ratio"], 3), _f(target), met, _f(load[0]) if load else "–"])
     lat_head = ["op", "p50 µs", "p99 µs", "compared with", "its p50 µs", "ratio", "target", "met", "load (1 min)"]
     return ["## Same-host hot path (SDK)", "",
             "Puts and loads of KV pages through `statetier.clients` over the Unix socket, with the connection's "

@@ -4,7 +4,7 @@
 - ``Connection(ctx)`` — an ``asyncio.BufferedProtocol``. Bytes are received straight into
   the ``FrameDecoder``'s buffers. Peer credentials are checked when the connection is
   made (Unix socket); the first frame must be HELLO; then every request frame runs as its
-  own task (``handlers.HANDLERS``) and is answered with the same request id — a REPLY, or
+  own task (``handlers.HANDLERS``) — except PING, answered at once from the callback — and is answered with the same request id — a REPLY, or
   an ERROR frame (a ``StatetierError`` by its code; anything else as ``InternalError``
   with the traceback logged). A malformed frame gets an ERROR frame with request id 0
   and closes this connection only.
@@ -307,6 +307,11 @@ class Connection(asyncio.BufferedProtocol):
             self._handshake(frame)
         elif frame.op is Op.GOODBYE:
             self._begin_draining()
+        elif frame.op is Op.PING and frame.request_id and not frame.is_error:
+            # answered at once, with no task: a ping measures the path, not the scheduler
+            self._writer.send_nowait(Frame(Op.PONG, frame.request_id, {}))
+            if self._ctx.metrics is not None:
+                self._ctx.metrics.observe_op("daemon", "none", "ping", 0, 0.0)
         else:
             freed = frame.meta.get("free_regions")
             if freed and self._windows is not None:  # load-window regions given back in passing

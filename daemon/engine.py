@@ -302,7 +302,7 @@ class Engine:
 
     async def _expect_ref(self, req: LoadRequest) -> tuple[bytes, Expectation]:
         ref = req.ref
-        key = dataclasses.replace(ref.key, namespace=req.namespace)
+        key = ref.key if ref.key.namespace == req.namespace else dataclasses.replace(ref.key, namespace=req.namespace)
         head = await self.registry.newest(stream_id(key, ref.request_id))
         issued_for = await self.registry.stream_of(ref.state_id)
         return ref.state_id, Expectation.for_ref(
@@ -310,7 +310,7 @@ class Engine:
             tensors=req.tensors, allow_speculative=req.allow_speculative)
 
     async def _expect_key(self, req: LoadRequest) -> tuple[bytes, Expectation]:
-        key = dataclasses.replace(req.key, namespace=req.namespace)
+        key = req.key if req.key.namespace == req.namespace else dataclasses.replace(req.key, namespace=req.namespace)
         candidates = await self.candidates(key)
         if not candidates:
             self._count_miss(key)
@@ -335,7 +335,8 @@ class Engine:
             try:
                 # the tensor specs a caller expects are checked apart: a mismatch is about the
                 # request (a caller's buffer), not damage, and must not drop the copy
-                result = await self._serve(tier, index, lease, dataclasses.replace(expectation, tensors=None), owner)
+                bare = expectation if expectation.tensors is None else dataclasses.replace(expectation, tensors=None)
+                result = await self._serve(tier, index, lease, bare, owner)
             except INTEGRITY_FAILURES as exc:
                 self._count_rejection(exc)
                 await self._drop_copy(tier, state_id)
