@@ -203,7 +203,10 @@ class AsyncClient:
 
         ``into`` (``{name: tensor}``, contiguous, on one device) is filled in place and
         returned: the object must hold exactly those names, dtypes and shapes
-        (``CorruptPayload`` otherwise). Every tensor is verified where it lands.
+        (``CorruptPayload`` otherwise, before anything is written). Every tensor is verified
+        where it lands; when that check fails the call raises ``CorruptPayload`` and the
+        contents of ``into`` are undefined (a CPU destination is the copy that was checked;
+        a device destination is written only after its staging copy verified).
         ``trace``: as for ``put`` (plus ``client_hash``, the verification).
         """
         _, tensors = await self.load_with_ref(target, device=device, expect=expect, speculative=speculative,
