@@ -106,9 +106,9 @@ class Transfers:
         return _ref_of(frame)
 
     async def _put_from_window(self, meta: dict, layout, tensors, offset: int, trace: dict | None) -> StateRef:
-        windows = self.windows
-        region = windows.put_window[offset : offset + layout.payload_len]
+        region = self.windows.put_window[offset : offset + layout.payload_len]
         on_gpu = any(t.device.type != "cpu" for t in tensors)
+        free = _once(lambda: self._free_put([offset]))
         sent = False
         try:
             started = time.perf_counter()
@@ -116,13 +116,12 @@ class Transfers:
             copied = time.perf_counter()
             sent = True  # from here the daemon may read the region until it answers
             frame = await self.conn.request(Op.PUT, self._with_free({**meta, "window": offset}),
-                                            on_orphan=lambda _frame: windows.free(offset),
-                                            on_unsent=lambda: windows.free(offset))
+                                            on_orphan=lambda _frame: free(), on_unsent=free)
         except BaseException as exc:
             if not sent or not isinstance(exc, asyncio.CancelledError):
-                windows.free(offset)  # answered (an error), never sent, or the copy failed
+                free()  # answered (an error), never sent, or the copy failed
             raise
-        windows.free(offset)
+        free()
         _record(trace, frame, request=copied, client_copy=(started, copied))
         return _ref_of(frame)
 
@@ -130,6 +129,7 @@ class Transfers:
         """Many puts, one ``PUT_BATCH`` frame (one round trip): each payload from a put
         window region, or inline when the window is full. Raises the first item's error."""
         entries, regions, inline_parts, on_gpu, nbytes = [], [], [], False, 0
+        free = _once(lambda: self._free_put([o for o, _, _ in regions]))
         sent = False
         try:
             for meta, pairs in items:
@@ -150,16 +150,14 @@ class Transfers:
             if regions:
                 await self._copy(lambda: [fill(self.windows.put_window[o : o + lay.payload_len], lay, ts)
                                           for o, lay, ts in regions], nbytes, on_gpu)
-            offsets = [o for o, _, _ in regions]
             sent = True  # from here the daemon may read the regions until it answers
             frame = await self.conn.request(Op.PUT_BATCH, self._with_free({"items": entries}), inline_parts,
-                                            on_orphan=lambda _frame: self._free_put(offsets),
-                                            on_unsent=lambda: self._free_put(offsets))
+                                            on_orphan=lambda _frame: free(), on_unsent=free)
         except BaseException as exc:
             if not sent or not isinstance(exc, asyncio.CancelledError):
-                self._free_put([o for o, _, _ in regions])  # else on_orphan / on_unsent frees them
+                free()  # else on_orphan / on_unsent frees them
             raise
-        self._free_put([o for o, _, _ in regions])
+        free()
         answers = _batch_answers(frame, len(entries))
         return [_ref_of(Frame(Op.REPLY, 0, answer)) for answer in answers]
 
@@ -425,6 +423,18 @@ def _destinations(header: SealedHeader, into, device: torch.device) -> list[torc
                                  f"{dest.dtype}{list(dest.shape)}")
         dests.append(dest)
     return dests
+
+
+def _once(fn: Callable[[], None]) -> Callable[[], None]:
+    """``fn`` run at most once, whichever of several cleanup paths gets there first."""
+    done = False
+
+    def call() -> None:
+        nonlocal done
+        if not done:
+            done = True
+            fn()
+    return call
 
 
 def _inline_parts(pairs, layout) -> list:

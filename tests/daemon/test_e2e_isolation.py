@@ -37,7 +37,7 @@ from daemon_procs import daemon_fixture, eventually, jamba_namespace  # noqa: E4
 from statetier.clients import AsyncClient, PutItem  # noqa: E402
 from statetier.clients.tensors import tensor_bytes  # noqa: E402
 from statetier.daemon.auth import token_sha256  # noqa: E402
-from statetier.protocol.errors import CorruptPayload, NotFound  # noqa: E402
+from statetier.protocol.errors import CorruptPayload, NotFound, Unavailable  # noqa: E402
 
 TOKENS = {"a": "tenant-a-isolation-token", "b": "tenant-b-isolation-token"}
 PAGE_SHAPE = (2, 8, 512, 128)  # 2 MiB of bfloat16
@@ -239,3 +239,14 @@ async def test_a_batch_with_a_missing_target_raises_its_error_and_gives_every_re
             return (await client.stats())["daemon"]["window_regions"] == 0
 
         await eventually(regions_back)
+
+
+async def test_a_put_on_a_lost_connection_is_unavailable_and_frees_its_window_region_once(request) -> None:
+    lone = daemon_fixture(request, name="lone")
+    async with AsyncClient(lone.url, namespace=jamba_namespace("lost")) as client:
+        page = random_page(1)
+        await client.put_kv(0, bytes(32), 0, 512, page, request_id="lost")
+        lone.stop()
+        for _ in range(2):  # the region is freed once, whichever cleanup path runs
+            with pytest.raises(Unavailable):
+                await client.put_kv(0, bytes(32), 0, 512, page, request_id="lost")
