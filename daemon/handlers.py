@@ -391,7 +391,7 @@ HANDLERS: dict[Op, Handler] = {
     Op.LOAD_BATCH: traced(handle_load_batch),
     Op.PUT_BATCH: traced(handle_put_batch),
     Op.RELEASE: handle_release,
-    Op.LOOKUP: handle_lookup,
+    Op.LOOKUP: traced(handle_lookup),
     Op.DELETE: handle_delete,
     Op.STATS: handle_stats,
     Op.INSPECT: handle_inspect,
