@@ -12,7 +12,10 @@ tier (Redis). The server calls, per request:
 - ``reserve(req, owner)`` → ``commit(ticket_id, owner, source)`` / ``abort(ticket_id, owner)``
                                         the same, in two steps, through the host arena
 - ``load(req, owner)``                  find, verify in DESIGN §4 order, promote; the
-                                        result stays leased until ``release(lease_id)``
+                                        result stays leased until ``release(lease_id)``. A
+                                        copy in daemon-only memory (host, device) is not
+                                        digested again: the client verifies the payload
+                                        where it lands (DESIGN §6)
 - ``lookup(req, owner)``                the joint hit (``daemon.lookup``)
 - ``release(lease_id, owner)`` / ``release_owner(owner)`` (a connection went away)
 - ``delete(tenant, ref)``, ``inspect(state_id)``, ``verify_all()``, ``stats()``
