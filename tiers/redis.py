@@ -20,9 +20,12 @@
 - read: ``prepare_load`` fetches the manifest and chunk 0 in one MGET (the whole object up
   to a 2 MiB page; the LRU touch rides in the same round trip when there is a budget), and
   the lease holds those bytes; ``read`` fetches the other chunks in one round trip,
-  reassembles, decrypts (``AtRestCipher``) and verifies (``tiers.redis_verify``): on the
-  event loop up to ``INLINE_BYTES``, in the executor above. A rejected object is deleted
-  and counted (``extra["corrupt_dropped"]``); chunks gone under a lease are ``NotFound``.
+  reassembles, decrypts (``AtRestCipher``) and checks integrity (``tiers.redis_verify``:
+  the lengths the header declares, signature, payload digest; never the manifest): on the
+  event loop up to ``INLINE_BYTES``, in the executor above. A damaged object is deleted
+  and counted (``extra["corrupt_dropped"]``); an intact object of another identity is
+  returned as found, for the engine to classify (``protocol.classify``); chunks gone
+  under a lease are ``NotFound``.
 - every hot-path round trip is one ``redis_connect.exchange``.
 - leases are local to this instance; ``delete`` under a lease removes the manifest at once
   and the chunks at the last release. ``evict`` walks the LRU order shared by every node
@@ -420,15 +423,15 @@ class RedisTier(Tier):
             raise
 
     def _open(self, parts: list[bytes], manifest: Manifest) -> memoryview:
-        """Reassemble, decrypt, verify signature and payload digest (in the executor when large)."""
-        stored = join_chunks(parts, manifest.stored_size)
+        """Reassemble, decrypt, check integrity (in the executor when large).
+
+        Integrity only: framing against the header's own lengths, signature, payload digest.
+        Whether the object is the one stored under this id is the reader's judgement
+        (``protocol.classify``): an intact object of another identity is no damage here.
+        """
+        stored = join_chunks(parts)
         blob = self._cipher.open_envelope(stored) if manifest.is_encrypted else stored
-        _, found = self._verified.open(blob, manifest.meta.object_id)
-        meta = manifest.meta
-        if (found.object_id, found.key_digest, found.stream_id, found.version, found.size) != (
-                meta.object_id, meta.key_digest, meta.stream_id, meta.version, meta.size):
-            raise CorruptPayload(f"object under {meta.object_id.hex()} is sealed as another object "
-                                 f"({found.object_id.hex()} v{found.version})")
+        self._verified.open(blob, manifest.meta.object_id)
         return memoryview(blob)
 
     # -- delete, lookup ----------------------------------------------------------------
