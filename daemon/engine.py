@@ -303,9 +303,13 @@ class Engine:
                            counted: bool = True) -> LoadResult:
         """Serve the fastest copy that ``protocol.classify`` accepts. A damaged copy is removed
         (counted as damage) and the next copy tried; an intact copy of another identity is
-        refused with its §4 reason and left where it is (see ``_serve``). ``counted=False``
-        leaves the counting of a refusal to the caller (a candidate that may be skipped)."""
+        refused with its §4 reason, left where it is (see ``_serve``), and the next copy
+        tried too: when one passes it is served and the refusal still counted, once. When
+        none passes, the first identity refusal is the answer (the copies agree, so the
+        request is what is wrong). ``counted=False`` counts a refusal as a skipped
+        candidate (the caller tries the next candidate)."""
         damaged: RejectedState | None = None
+        refused: RejectedState | None = None  # the first identity refusal, counted once per load
         unavailable: Unavailable | None = None
         for index, tier in enumerate(self.tiers):
             try:
@@ -316,17 +320,24 @@ class Engine:
                 unavailable = unavailable or exc
                 continue
             try:
-                return await self._serve(tier, index, lease, state_id, expectation, owner, tenant)
+                result = await self._serve(tier, index, lease, state_id, expectation, owner, tenant)
             except RejectedState as exc:
-                if not is_damage(exc):
-                    if counted:
-                        self._count_rejection(exc)
-                    raise
-                self._count_rejection(exc)
-                await self._drop_copy(tier, state_id)
-                damaged = damaged or exc
+                if is_damage(exc):
+                    self._count_rejection(exc)
+                    await self._drop_copy(tier, state_id)
+                    damaged = damaged or exc
+                else:
+                    refused = refused or exc
+                continue
             except Unavailable as exc:
                 unavailable = unavailable or exc
+                continue
+            if refused is not None:  # a copy above was another object: served from below, said
+                self._count_refusal(refused, counted)
+            return result
+        if refused is not None:
+            self._count_refusal(refused, counted)
+            raise refused
         if damaged is not None:
             raise damaged
         if expectation.state_id_stream is not None and expectation.request_id is not None \
@@ -383,11 +394,12 @@ class Engine:
             async with self.placement.cycle():
                 if self.placement.is_deleting(oid):
                     return None
-                if not await target.contains(oid):
-                    if self.tenancy.would_exceed(tenant, target.name, meta.size):
-                        return None
-                    await self.placement.store_in(target, [blob], meta)
-                    self.tenancy.charge(tenant, target.name, oid, meta.size)
+                # a copy already above was not the one served (it was refused, or is not yet
+                # judged): serve what was verified, never an unjudged copy in its place
+                if await target.contains(oid) or self.tenancy.would_exceed(tenant, target.name, meta.size):
+                    return None
+                await self.placement.store_in(target, [blob], meta)
+                self.tenancy.charge(tenant, target.name, oid, meta.size)
                 lease = await target.prepare_load(oid, owner=owner, ttl=self.options.lease_ttl)
         except StatetierError as exc:
             log.debug("promotion of %s into %s skipped: %s", meta.object_id.hex(), target.name, exc)
@@ -418,6 +430,12 @@ class Engine:
     def _count_rejection(self, exc: StatetierError) -> None:
         if self.metrics is not None:
             self.metrics.count_rejection(exc.reason)
+
+    def _count_refusal(self, exc: RejectedState, counted: bool) -> None:
+        if counted:
+            self._count_rejection(exc)
+        else:
+            self._count_skip(skip_reason(exc))
 
     def _count_skip(self, reason: str) -> None:
         if self.metrics is not None:

@@ -243,3 +243,31 @@ async def test_real_damage_is_still_corrupt_or_truncated_and_removed(bench, dama
     if bench.tier.name in ("disk", "redis"):  # the tiers that count what they drop
         assert bench.damage_dropped() == dropped + 1
     assert not await bench.tier.contains(a_ref.state_id)  # damage is removed
+
+
+async def test_a_mixed_up_arena_copy_leaves_the_genuine_copy_below_served(tmp_path):
+    """Host arena above disk: B's bytes under A's id in the arena are refused (counted once),
+    left there, and A's genuine write-behind copy on disk is served, never the arena bytes."""
+    keyring = Keyring.generate()
+    host = HostTier(4 << 20, pin_memory=False)
+    disk = DiskTier(tmp_path / "disk", 64 << 20, keyring=keyring, segment_bytes=1 << 20)
+    metrics = Metrics()
+    engine = Engine([host, disk], keyring=keyring, registry=MemoryVersionRegistry(), metrics=metrics,
+                    options=EngineOptions(producer_id="mixups"), arena=host, write_behind_to=disk)
+    await engine.start()
+    try:
+        bench = Bench(engine, metrics, host)
+        a_ref = await put(bench, A_KEY, "req-a", seed=1)
+        b_ref = await put(bench, dataclasses.replace(A_KEY, layer=2), "req-a", seed=2)
+        assert await engine.placement.flush_write_behind(10)
+        await plant(bench, a_ref, await stored_blob(bench, b_ref.state_id), rewrite_index=False)
+        before = bench.rejections()
+
+        served = await engine.load(LoadRequest("default", NS, ref=a_ref), owner="c")
+        assert served.tier == "disk" and served.header.state_id == a_ref.state_id
+        assert bytes(served.payload) == payload(1)
+        await engine.release(served.lease_id, "c")
+        assert moved(before, bench.rejections()) == {"placement": 1}
+        assert await host.contains(a_ref.state_id)  # the mixed-up copy stays for inspection
+    finally:
+        await engine.close()
