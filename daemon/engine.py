@@ -373,7 +373,8 @@ class Engine:
             if self.metrics is not None:
                 self.metrics.count_hit(tier.name, expectation.key.kind.name.lower())
             if index > 0 and self.options.promote_on_load:
-                promoted = await self._promote(blob, lease.meta, tier, owner, tenant)
+                # the verified header says what this is, not the tier's index entry
+                promoted = await self._promote(blob, ObjectMeta.from_header(opened.header), tier, owner, tenant)
                 if promoted is not None:
                     lease_id, held = promoted
                     view = memoryview(await held.tier.read(held.lease)).cast("B")

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import itertools
 import os
 from collections import OrderedDict
@@ -464,14 +465,14 @@ class RedisTier(Tier):
             raw = await self.client.get(self._keys.manifest(object_id))
         manifest = Manifest.try_decode(raw)
         self._remember(object_id, raw is not None)
-        return manifest.meta if manifest else None
+        return _stored_under(manifest, object_id).meta if manifest else None
 
     async def find_by_key(self, key_digest: bytes) -> list[ObjectMeta]:
         client, index = self.client, self._keys.key_index(key_digest)
         with self._edge.call("find_by_key"):
             entries = await client.hkeys(index)
             raws = await self._get_all(client, [self._keys.manifest(bytes.fromhex(e.decode())) for e in entries])
-        found = [Manifest.try_decode(raw) for raw in raws]
+        found = [_stored_under(Manifest.try_decode(raw), bytes.fromhex(e.decode())) for e, raw in zip(entries, raws)]
         gone = [e for e, m in zip(entries, found) if m is None]
         if gone:  # their objects expired or were evicted: prune lazily
             with self._edge.call("find_by_key"):
@@ -588,7 +589,7 @@ class RedisTier(Tier):
 
     async def _decode_manifest(self, client, oid: bytes, raw: bytes) -> Manifest:
         try:
-            return decode_manifest(raw)
+            return _stored_under(decode_manifest(raw), oid)
         except CorruptPayload:
             self._corrupt_dropped += 1
             await self._try_erase(client, oid, None, None)
@@ -656,6 +657,15 @@ class RedisTier(Tier):
             manifest = self._doomed.pop(oid)
             if self._client is not None:
                 await self._try_erase(self._client, oid, manifest, manifest.chunks)
+
+
+def _stored_under(manifest: Manifest | None, oid: bytes) -> Manifest | None:
+    """The manifest as a description of what is stored under ``oid``: a manifest naming
+    another object (a writer that mixed up keys) still describes *these* keys; what the
+    object really is, is for the reader to judge from the bytes."""
+    if manifest is None or manifest.meta.object_id == oid:
+        return manifest
+    return dataclasses.replace(manifest, meta=dataclasses.replace(manifest.meta, object_id=oid))
 
 
 def _sets(keys: list[str], pieces: Sequence) -> list[tuple]:
