@@ -19,8 +19,10 @@ from statetier.daemon.metrics import Metrics
 from statetier.daemon.requests import LoadRequest, LookupRequest, PutRequest
 from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.errors import Forbidden, NotFound, PositionMismatch, Unavailable
-from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, prefix_hashes
+from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, new_state_id, prefix_hashes
 from statetier.protocol.keyring import Keyring
+from statetier.protocol.sealed import decode_header, seal_object
+from statetier.tiers.base import ObjectMeta
 from statetier.tiers.disk import DiskTier
 from statetier.tiers.host import HostTier
 from statetier.tiers.registry import MemoryVersionRegistry
@@ -206,3 +208,25 @@ async def test_verify_reports_only_the_asking_tenants_objects(engine):
     assert await engine.placement.flush_write_behind(10)
     assert (await engine.verify_all("alice"))["checked"] == 4  # two objects, host and disk
     assert (await engine.verify_all("bob"))["checked"] == 2
+
+
+async def test_the_speculative_flag_survives_a_disk_restart(tmp_path):
+    """The disk index keeps the flag (bit 7 of its kind byte), so a restarted daemon still
+    skips a speculative snapshot without reading it."""
+    keyring = Keyring.generate()
+    key = snapshot(1, 3)
+    blob = seal_object(key, Provenance("draft-model", 64, "rules", 1), [(SPECS[0], data(1))], keyring=keyring,
+                       state_id=new_state_id(), version=1, contains_speculative=True)
+    meta = ObjectMeta.from_header(decode_header(blob))
+    assert meta.speculative
+    for round_ in range(2):
+        disk = DiskTier(tmp_path / "disk", 64 << 20, keyring=keyring, segment_bytes=1 << 20)
+        await disk.start()
+        try:
+            if round_ == 0:
+                ticket = await disk.prepare_store(meta)
+                await disk.write(ticket, [blob])
+                await disk.complete_store(ticket, True)
+            assert await disk.find_by_key(key.digest()) == [meta]
+        finally:
+            await disk.close()
