@@ -12,13 +12,17 @@ tier (Redis). The server calls, per request:
                                         result stays leased until ``release(lease_id)``
 - ``lookup(req, owner)``                the joint hit (``daemon.lookup``)
 - ``release(lease_id, owner)`` / ``release_owner(owner)`` (a connection went away)
-- ``delete(tenant, ref)``, ``inspect(tenant, state_id)``, ``verify_all(tenant)``, ``stats()``
+- ``delete(tenant, ref)``               every copy gone once it returns (moves settled)
+- ``inspect(tenant, state_id)``, ``verify_all(tenant)`` (``daemon.audit``), ``stats()``
 
 Rules kept here: a put becomes visible only when sealed and complete; the version
-registry fences stale puts and loads; a copy that fails an integrity check is removed and
-the load falls through to the next copy, never to unverified bytes; identity mismatches
-are refused outright; eviction demotes (``daemon.placement``); ``publish`` writes through
-to the cross-node tier before the put returns.
+registry fences stale puts and loads; every copy is judged by ``protocol.classify``: a
+damaged copy is removed and the load falls through to the next copy, never to unverified
+bytes; an intact copy of another identity is refused with its DESIGN §4 reason, left in
+place, and the next copy tried; a load by key serves the best valid candidate, counting
+what it skipped; eviction demotes (``daemon.placement``); ``publish`` writes through to
+the cross-node tier before the put returns, and without one is refused (or, tolerated,
+said in the reply and counted); tenant bytes follow every copy (``daemon.tenancy``).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from statetier.protocol.sealed import Expectation, decode_header, header_length,
 from statetier.tiers.base import Lease, ObjectMeta, Tier
 from statetier.tiers.registry import VersionRegistry
 
+from . import audit
 from .lookup import joint_hit
 from .placement import Placement
 from .requests import LoadRequest, LoadResult, LookupRequest, LookupResult, PutRequest, PutResult, Reservation
@@ -149,7 +154,7 @@ class Engine:
         provenance = self._stamp(req.provenance)
         state_id = new_state_id()
         version = await self._claim(req, provenance, state_id)
-        header = await self._hash_off_loop(view.nbytes, seal, req.key, provenance, layout, view,
+        header = await self.hash_off_loop(view.nbytes, seal, req.key, provenance, layout, view,
                                            keyring=self.keyring, state_id=state_id, version=version,
                                            digest_alg=req.digest_alg, contains_speculative=req.speculative)
         meta = _meta(req, provenance, state_id, version, len(header), layout.payload_len)
@@ -182,7 +187,7 @@ class Engine:
         ok = False
         try:
             meta = ticket.meta
-            header = await self._hash_off_loop(
+            header = await self.hash_off_loop(
                 reservation.layout.payload_len, seal, req.key, req.provenance, reservation.layout,
                 reservation.payload_view, keyring=self.keyring, state_id=meta.object_id,
                 version=meta.version, digest_alg=req.digest_alg, contains_speculative=req.speculative)
@@ -228,7 +233,7 @@ class Engine:
         try:
             return await self.registry.claim(stream_id(req.key, provenance.request_id), state_id, req.version)
         except StaleState as exc:
-            self._count_rejection(exc)
+            self.count_rejection(exc)
             raise
 
     def _check_put(self, req: PutRequest) -> None:
@@ -243,7 +248,7 @@ class Engine:
         return Provenance(prov.request_id, prov.step, prov.producer_id or self.options.producer_id,
                           prov.created_at_ns or time.time_ns())
 
-    async def _hash_off_loop(self, nbytes: int, fn, *args, **kwargs):
+    async def hash_off_loop(self, nbytes: int, fn, *args, **kwargs):
         if nbytes < INLINE_HASH_BYTES or self.executor is None:
             return fn(*args, **kwargs)
         loop = asyncio.get_running_loop()
@@ -294,7 +299,7 @@ class Engine:
                 continue  # gone since it was located
         if refused is not None:
             if not is_damage(refused):  # damage was counted where the copy was dropped
-                self._count_rejection(refused)
+                self.count_rejection(refused)
             raise refused
         self._count_miss(key)
         raise NotFound("no stored object for that key")
@@ -323,8 +328,8 @@ class Engine:
                 result = await self._serve(tier, index, lease, state_id, expectation, owner, tenant)
             except RejectedState as exc:
                 if is_damage(exc):
-                    self._count_rejection(exc)
-                    await self._drop_copy(tier, state_id)
+                    self.count_rejection(exc)
+                    await self.drop_copy(tier, state_id)
                     damaged = damaged or exc
                 else:
                     refused = refused or exc
@@ -342,11 +347,11 @@ class Engine:
             raise damaged
         if expectation.state_id_stream is not None and expectation.request_id is not None \
                 and expectation.state_id_stream != stream_id(expectation.key, expectation.request_id):
-            self._count_rejection(MisroutedState())
+            self.count_rejection(MisroutedState())
             raise MisroutedState(f"state_id {state_id.hex()} was issued for another stream")
         if expectation.newest_version is not None and expectation.version is not None \
                 and expectation.newest_version > expectation.version:
-            self._count_rejection(StaleState())
+            self.count_rejection(StaleState())
             raise StaleState(f"version {expectation.version} was superseded by {expectation.newest_version}")
         if unavailable is not None:
             raise unavailable
@@ -368,7 +373,7 @@ class Engine:
         kept = False
         try:
             blob = await tier.read(lease)
-            opened = await self._hash_off_loop(blob.nbytes, classify, blob, expectation, self.keyring,
+            opened = await self.hash_off_loop(blob.nbytes, classify, blob, expectation, self.keyring,
                                                stored_as=state_id, verify_payload=not tier.verifies_on_read)
             if self.metrics is not None:
                 self.metrics.count_hit(tier.name, expectation.key.kind.name.lower())
@@ -421,20 +426,20 @@ class Engine:
         self._held[lease_id] = held
         return lease_id, held
 
-    async def _drop_copy(self, tier: Tier, state_id: bytes) -> None:
+    async def drop_copy(self, tier: Tier, state_id: bytes) -> None:
         try:
             await tier.delete(state_id)
         except StatetierError as exc:
             log.warning("could not drop damaged copy %s from %s: %s", state_id.hex(), tier.name, exc)
         self.tenancy.refund(tier.name, state_id)
 
-    def _count_rejection(self, exc: StatetierError) -> None:
+    def count_rejection(self, exc: StatetierError) -> None:
         if self.metrics is not None:
             self.metrics.count_rejection(exc.reason)
 
     def _count_refusal(self, exc: RejectedState, counted: bool) -> None:
         if counted:
-            self._count_rejection(exc)
+            self.count_rejection(exc)
         else:
             self._count_skip(skip_reason(exc))
 
@@ -545,69 +550,10 @@ class Engine:
         return deleted
 
     async def inspect(self, tenant: str, state_id: bytes) -> dict:
-        """The (unverified) header of ``state_id`` and the tiers holding it, for its own
-        tenant only: an object of another tenant's namespace is ``Forbidden``."""
-        tiers, header = [], None
-        for tier in self.tiers:
-            try:
-                lease = await tier.prepare_load(state_id, owner="inspect")
-            except (NotFound, Unavailable):
-                continue
-            try:
-                tiers.append(tier.name)
-                if header is None:
-                    found = decode_header(await tier.read(lease))
-                    self.tenancy.check_namespace(tenant, found.key.namespace)
-                    header = found.describe()
-            except RejectedState as exc:
-                header = header or {"error": exc.reason, "message": exc.message}
-            finally:
-                await tier.complete_load(lease)
-        if not tiers:
-            raise NotFound(f"state {state_id.hex()} is in no tier")
-        return {"header": header, "tiers": tiers}
+        return await audit.inspect(self, tenant, state_id)
 
     async def verify_all(self, tenant: str | None = None, progress=None) -> dict:
-        """Re-check every object in every tier (``statetier verify``): drop what is damaged,
-        report (and leave in place, see ``_serve``) intact objects stored under another
-        object's id as ``misfiled``. With ``tenant``, intact objects of other tenants'
-        namespaces are passed over unreported; damage is dropped whoever it was."""
-        report = {"checked": 0, "dropped": 0, "misfiled": 0, "by_reason": {}}
-        metas = []
-        for tier in self.tiers:
-            try:
-                async for meta in tier.iter_objects():
-                    metas.append((tier, meta))
-            except Unavailable:
-                continue
-        for done, (tier, meta) in enumerate(metas, 1):
-            await self._verify_one(tier, meta, tenant, report)
-            if progress is not None:
-                progress(done, len(metas))
-        return report
-
-    async def _verify_one(self, tier: Tier, meta: ObjectMeta, tenant: str | None, report: dict) -> None:
-        try:
-            lease = await tier.prepare_load(meta.object_id, owner="verify")
-        except (NotFound, Unavailable):
-            return
-        try:
-            blob = await tier.read(lease)
-            header = (await self._hash_off_loop(blob.nbytes, open_sealed, blob, None, self.keyring)).header
-        except RejectedState as exc:
-            report["checked"] += 1
-            report["dropped"] += 1
-            report["by_reason"][exc.reason] = report["by_reason"].get(exc.reason, 0) + 1
-            self._count_rejection(exc)
-            await tier.complete_load(lease)
-            await self._drop_copy(tier, meta.object_id)
-            return
-        await tier.complete_load(lease)
-        if tenant is not None and not self.tenancy.may_see(tenant, header.key.namespace):
-            return
-        report["checked"] += 1
-        if header.state_id != meta.object_id:
-            report["misfiled"] += 1
+        return await audit.verify_all(self, tenant, progress)
 
     # ---------------------------------------------------------------- stats
 
