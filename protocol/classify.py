@@ -15,6 +15,9 @@ this one path, so the first failing check names the fault on every tier alike.
                           (``NamespaceMismatch`` … ``StaleState``/``MisroutedState``), never
                           ``CorruptPayload``; one whose identity matches but whose state_id is
                           not ``stored_as`` is ``MisroutedState``.
+  Bytes beyond what the header declares of itself (an object written over a longer one's
+                          region leaves that one's tail behind) are not judged: the object
+                          is what its own header frames, and fewer bytes are ``truncated``.
 - ``skip_reason(exc)``  — the bounded label a candidate skipped for ``exc`` is counted under:
                           ``speculative``, ``stale``, ``damaged`` or ``misfiled``.
 """
@@ -22,6 +25,7 @@ this one path, so the first failing check names the fault on every tier alike.
 from __future__ import annotations
 
 import dataclasses
+import struct
 
 from .errors import (
     BadSignature,
@@ -34,10 +38,13 @@ from .errors import (
     UnsupportedFormat,
 )
 from .keyring import Keyring
-from .sealed import Expectation, Opened, decode_header, open_sealed
+from .sealed import MAGIC, Expectation, Opened, decode_header, open_sealed
 
 DAMAGE = (TruncatedState, MalformedState, BadSignature, UnsupportedFormat, CorruptPayload)
 SKIP_REASONS = ("speculative", "stale", "damaged", "misfiled")
+# The lengths every sealed object declares in its prefix (docs/protocol.md §1): header_len
+# (u32 at byte 8) and payload_len (u64 at byte 16), after the 4-byte magic.
+_DECLARED = struct.Struct("<8xI4xQ")
 
 
 def is_damage(exc: BaseException) -> bool:
@@ -49,6 +56,7 @@ def classify(blob, expect: Expectation, keyring: Keyring, *, stored_as: bytes,
     """Verify ``blob`` (found under ``stored_as``) against ``expect``; see the module docstring."""
     if expect.state_id is None:  # by key: the object must at least be the one the index named
         expect = dataclasses.replace(expect, state_id=bytes(stored_as))
+    blob = _as_declared(memoryview(blob).cast("B"))
     try:
         return open_sealed(blob, expect, keyring, verify_payload=verify_payload)
     except PositionMismatch as exc:
@@ -64,6 +72,15 @@ def skip_reason(exc: RejectedState) -> str:
     if isinstance(exc, StaleState):
         return "stale"
     return "misfiled"
+
+
+def _as_declared(view: memoryview) -> memoryview:
+    """``view`` cut to the size its header declares, when more bytes are present."""
+    if view.nbytes < _DECLARED.size or bytes(view[:4]) != MAGIC:
+        return view
+    header_len, payload_len = _DECLARED.unpack_from(view, 0)
+    declared = header_len + payload_len
+    return view[:declared] if 0 < declared < view.nbytes else view
 
 
 def _is_speculative(blob) -> bool:

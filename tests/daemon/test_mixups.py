@@ -70,6 +70,7 @@ MIXUPS = [
     ("another_tp_shard", dataclasses.replace(A_KEY, shard=1), "req-a", PlacementMismatch),
     ("kv_instead_of_ssm", dataclasses.replace(A_KEY, kind=Kind.KV), "req-a", PlacementMismatch),
     ("another_model", dataclasses.replace(A_KEY, namespace=OTHER_NS), "req-a", NamespaceMismatch),
+    ("a_smaller_layer", dataclasses.replace(A_KEY, layer=3), "req-a", PlacementMismatch),  # other shapes: fewer bytes
     ("an_older_version", A_KEY, "req-a", StaleState),  # B is version 1 of A's stream, A version 2
     ("a_twin_state_id", A_KEY, "req-a", MisroutedState),  # A's identity and version, another state_id
 ]
@@ -128,8 +129,13 @@ async def bench(request, tmp_path):
         raw.close()
 
 
+SMALL_SPECS = (TensorSpec("conv", "float32", (4, 32)), TensorSpec("ssm", "float32", (32, 16)))
+
+
 async def put(bench: Bench, key: StateKey, request_id: str, seed: int) -> StateRef:
-    result = await bench.engine.put(PutRequest("default", key, Provenance(request_id, step=3), SPECS), payload(seed))
+    specs = SMALL_SPECS if key.layer == 3 else SPECS
+    data = payload(seed)[: sum(spec.nbytes for spec in specs)]
+    result = await bench.engine.put(PutRequest("default", key, Provenance(request_id, step=3), specs), data)
     return result.ref
 
 
@@ -145,8 +151,11 @@ async def plant(bench: Bench, under: StateRef, blob: bytes, *, rewrite_index: bo
     """Write ``blob`` as the object stored under ``under.state_id``, as a buggy connector does.
 
     Redis: SET of the chunk key (the manifest stays A's), or of both chunk and manifest (B's
-    manifest). Host and disk, through the tier's own store: A's index entry sized for the
-    bytes, or B's index entry (its whole ``ObjectMeta``) with A's id.
+    manifest). Host: written over A's arena region in place (A's index entry unchanged; a
+    shorter B leaves A's tail behind it), or stored through the tier with B's index entry
+    (its whole ``ObjectMeta``) under A's id. Disk, and damage on the host (an arena region
+    cannot shrink in place), through the tier's own store: A's index entry sized for the
+    bytes, or B's with A's id.
     """
     oid = under.state_id
     try:
@@ -163,6 +172,14 @@ async def plant(bench: Bench, under: StateRef, blob: bytes, *, rewrite_index: bo
             bench.raw.set(keys.manifest(oid), manifest.encode())
         return
     mine = await bench.tier.get_meta(oid)
+    if bench.tier.name == "host" and not rewrite_index and theirs is not None and len(blob) <= mine.size:
+        lease = await bench.tier.prepare_load(oid, owner="connector")
+        offset = bench.tier.arena_offset(lease)
+        await bench.tier.complete_load(lease)
+        arena = bench.tier.arena_view
+        arena[offset : offset + len(blob)] = blob
+        arena.release()
+        return
     meta = dataclasses.replace(theirs, object_id=oid) if (rewrite_index and theirs is not None) else mine
     meta = dataclasses.replace(meta, size=len(blob), header_len=found.header_len if found else mine.header_len)
     assert await bench.tier.delete(oid)
