@@ -209,7 +209,8 @@ class TenantConfig(_Section):
     )
     uids: tuple[int, ...] = Field((), description="Unix-socket peer uids mapped to this tenant.")
     quota_bytes: dict[str, Annotated[int, BeforeValidator(parse_size), Field(ge=0)]] = Field(
-        default_factory=dict, description="Tier name (device, host, disk, redis) → bytes this tenant may hold there."
+        default_factory=dict, description="Tier name (device, host, disk, redis) → bytes this tenant may hold there; "
+        "every copy counts (write-behind, publish, promotion), a demotion moves the bytes to the lower tier."
     )
 
     @field_validator("token_sha256")
