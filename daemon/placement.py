@@ -21,7 +21,7 @@ settles, and sweeps again leaves no copy behind, whatever eviction was doing mea
 Tenant bytes follow the copies: ``ledger`` (``daemon.tenancy.Tenancy``) hears of every
 copy (``copied``), move (``moved``) and drop (``dropped``), and refuses a copy past the
 tenant's quota in the target tier (``may_copy``): such a write-behind is skipped and such
-a demotion drops the object (counted in ``dropped``).
+a demotion goes further down, or drops the object (counted in ``dropped``).
 """
 
 from __future__ import annotations
@@ -186,7 +186,7 @@ class Placement:
         oid, size = item.meta.object_id, item.meta.size
         for tier in lower:
             if not self.ledger.may_copy(source.name, tier.name, oid, size):
-                return None  # over the tenant's quota there: dropped, like an object no tier takes
+                continue  # over the tenant's quota there: the next tier down, or dropped
             try:
                 await self.store_in(tier, [item.blob], item.meta)
                 return tier

@@ -183,3 +183,19 @@ async def test_a_tenant_with_a_host_quota_can_put_again_once_its_bytes_were_demo
         assert (await put(engine, "alice", 3)).tier == "host"  # her bytes left the arena: room again
     finally:
         await engine.close()
+
+
+async def test_write_behind_copies_count_against_the_tenants_disk_quota(tmp_path):
+    keyring = Keyring.generate()
+    host = HostTier(8 * OBJECT_EXTENT, pin_memory=False)
+    disk = DiskTier(tmp_path / "disk", 64 << 20, keyring=keyring, segment_bytes=1 << 20)
+    engine = await engine_over(keyring, [host, disk], quotas={"alice": {"disk": 2 * OBJECT_EXTENT}})
+    try:
+        refs = [(await put(engine, "alice", layer)).ref for layer in range(4)]
+        assert await engine.placement.flush_write_behind(10)
+        on_disk = [ref for ref in refs if await disk.contains(ref.state_id)]
+        assert len(on_disk) == 2  # the quota's worth: the other write-behind copies were not made
+        assert engine.tenancy.usage()["alice"]["disk"] == sum([meta.size async for meta in disk.iter_objects()])
+        assert engine.placement.write_behind_skipped == 2
+    finally:
+        await engine.close()
