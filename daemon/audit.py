@@ -13,8 +13,9 @@ Called by ``Engine.inspect`` / ``Engine.verify_all`` (the INSPECT and VERIFY han
 
 from __future__ import annotations
 
+from statetier.protocol.classify import open_intact
 from statetier.protocol.errors import NotFound, RejectedState, Unavailable
-from statetier.protocol.sealed import decode_header, open_sealed
+from statetier.protocol.sealed import decode_header
 from statetier.tiers.base import ObjectMeta, Tier
 
 
@@ -69,7 +70,7 @@ async def _verify_one(engine, tier: Tier, meta: ObjectMeta, tenant: str | None, 
         return
     try:
         blob = await tier.read(lease)
-        header = (await engine.hash_off_loop(blob.nbytes, open_sealed, blob, None, engine.keyring)).header
+        header = (await engine.hash_off_loop(blob.nbytes, open_intact, blob, engine.keyring)).header
     except RejectedState as exc:
         report["checked"] += 1
         report["dropped"] += 1

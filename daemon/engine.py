@@ -49,7 +49,7 @@ from statetier.protocol.errors import (
 )
 from statetier.protocol.identity import Provenance, StateKey, StateRef, new_state_id, stream_id
 from statetier.protocol.keyring import Keyring
-from statetier.protocol.sealed import Expectation, decode_header, header_length, layout_payload, open_sealed, seal
+from statetier.protocol.sealed import Expectation, header_length, layout_payload, seal
 from statetier.tiers.base import Lease, ObjectMeta, Tier
 from statetier.tiers.registry import VersionRegistry
 

@@ -488,8 +488,8 @@ class RedisTier(Tier):
                 keys = [key for key in batch if key not in seen]  # SCAN may repeat a key
                 raws = await self._get_all(client, keys)
             seen.update(keys)
-            for raw in raws:
-                manifest = Manifest.try_decode(raw)
+            for key, raw in zip(keys, raws):
+                manifest = _stored_under(Manifest.try_decode(raw), self._keys.object_id_of(key))
                 if manifest is not None:
                     yield manifest.meta
             if len(batch) < 256:

@@ -68,6 +68,11 @@ class RedisKeys:
     def pending_chunks(self, object_id: bytes, store_id: str, count: int) -> list[str]:
         return [f"{self.prefix}:{{{object_id.hex()}}}:p:{store_id}:{i}" for i in range(count)]
 
+    def object_id_of(self, manifest_key: bytes | str) -> bytes:
+        """The object id a manifest key (``manifest``) names."""
+        text = manifest_key.decode() if isinstance(manifest_key, bytes) else manifest_key
+        return bytes.fromhex(text[len(self.prefix) + 2 : -3])
+
     def manifest_pattern(self) -> str:
         """A SCAN pattern matching every manifest of this prefix."""
         escaped = "".join("\\" + c if c in _GLOB_SPECIALS else c for c in self.prefix)

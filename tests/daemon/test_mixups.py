@@ -230,6 +230,9 @@ async def test_an_intact_object_under_another_key_gets_its_identity_reason(bench
     with pytest.raises(RejectedState) as again:  # and never served on a second try either
         await load_a(bench, a_ref)
     assert type(again.value) is error
+    report = await bench.engine.verify_all("default")  # statetier verify: reported, not dropped
+    assert (report["misfiled"], report["dropped"]) == (1, 0)
+    assert await bench.tier.contains(a_ref.state_id)
 
 
 def _tensors(seed: int) -> list:
