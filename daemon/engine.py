@@ -155,8 +155,8 @@ class Engine:
         state_id = new_state_id()
         version = await self._claim(req, provenance, state_id)
         header = await self.hash_off_loop(view.nbytes, seal, req.key, provenance, layout, view,
-                                           keyring=self.keyring, state_id=state_id, version=version,
-                                           digest_alg=req.digest_alg, contains_speculative=req.speculative)
+                                          keyring=self.keyring, state_id=state_id, version=version,
+                                          digest_alg=req.digest_alg, contains_speculative=req.speculative)
         meta = _meta(req, provenance, state_id, version, len(header), layout.payload_len)
         first = self.tenancy.first_tier_within_quota(req.tenant, [t.name for t in self.tiers], meta.size)
         tier = await self.placement.store([header, view], meta, first=first)
@@ -374,7 +374,7 @@ class Engine:
         try:
             blob = await tier.read(lease)
             opened = await self.hash_off_loop(blob.nbytes, classify, blob, expectation, self.keyring,
-                                               stored_as=state_id, verify_payload=not tier.verifies_on_read)
+                                              stored_as=state_id, verify_payload=not tier.verifies_on_read)
             if self.metrics is not None:
                 self.metrics.count_hit(tier.name, expectation.key.kind.name.lower())
             if index > 0 and self.options.promote_on_load:
