@@ -141,7 +141,8 @@ async def handle_put(session: Session, frame: Frame) -> Reply:
         source = session.windows.put_view(window, nbytes)
         async with session.budget.hold(nbytes):
             result = await session.engine.put_shared(request, source, session.owner)
-    return Reply({"ref": ref_to_wire(result.ref), "tier": result.tier}, kind=_kind(request.key))
+    return Reply({"ref": ref_to_wire(result.ref), "tier": result.tier, "published": result.published},
+                 kind=_kind(request.key))
 
 
 async def handle_put_batch(session: Session, frame: Frame) -> Reply:
@@ -184,7 +185,7 @@ async def _put_one(session: Session, meta: dict, payload) -> dict:
             raise InvalidRequest("a PUT from a window needs the shared-memory windows of HELLO_OK")
         source = session.windows.put_view(window, layout_payload(request.specs).payload_len)
         result = await session.engine.put_shared(request, source, session.owner)
-    return {"ref": ref_to_wire(result.ref), "tier": result.tier}
+    return {"ref": ref_to_wire(result.ref), "tier": result.tier, "published": result.published}
 
 
 async def handle_superseded(session: Session, frame: Frame) -> Reply:
@@ -336,6 +337,13 @@ def _boundaries(meta: dict) -> tuple[tuple[int, bytes], ...]:
     return tuple(out)
 
 
+def _tp_size(meta: dict) -> int:
+    tp_size = field(meta, "tp_size", int, default=1)
+    if not 1 <= tp_size <= 4096:
+        raise InvalidRequest("field 'tp_size' must be between 1 and 4096")
+    return tp_size
+
+
 async def handle_lookup(session: Session, frame: Frame) -> Reply:
     meta = frame.meta
     kv_layout = field(meta, "kv_layout", str, default="blocks")
@@ -348,7 +356,7 @@ async def handle_lookup(session: Session, frame: Frame) -> Reply:
         ssm_layers=_int_list(meta, "ssm_layers"),
         boundaries=_boundaries(meta),
         kv_layout=kv_layout,
-        shard=field(meta, "shard", int, default=0),
+        shards=tuple(range(_tp_size(meta))),
         lease=field(meta, "lease", bool, default=True),
     )
     result = await session.engine.lookup(request, session.owner)
@@ -374,11 +382,11 @@ async def handle_inspect(session: Session, frame: Frame) -> Reply:
         state_id = bytes.fromhex(text)
     except ValueError:
         raise InvalidRequest("field 'state_id' must be hex") from None
-    return Reply(await session.engine.inspect(state_id))
+    return Reply(await session.engine.inspect(session.tenant, state_id))
 
 
 async def handle_verify(session: Session, frame: Frame) -> Reply:
-    return Reply(await session.engine.verify_all())
+    return Reply(await session.engine.verify_all(session.tenant))
 
 
 HANDLERS: dict[Op, Handler] = {

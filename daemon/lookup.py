@@ -7,10 +7,11 @@
   consecutive boundaries (``kv_layout="blocks"``) or one page ``[0, N)`` (``"prefix"``), and
 - every SSM layer has a snapshot with ``tokens_absorbed == N`` for the same prefix hash,
 
-or 0. A model with SSM layers never gets a KV-only answer, because the SSM condition is
-part of every boundary's test. The objects behind the answer are leased to ``owner``
-(when ``req.lease``) so they cannot be evicted or compacted away before the caller loads
-or releases them; a load then verifies each one fully.
+or 0 — on every TP shard of ``req.shards`` (a request is restorable at N only when every
+shard of every layer is). A model with SSM layers never gets a KV-only answer, because the
+SSM condition is part of every boundary's test. The objects behind the answer are leased
+to ``owner`` (when ``req.lease``) so they cannot be evicted or compacted away before the
+caller loads or releases them; a load then verifies each one fully.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ async def _each(in_memory: bool, calls: list) -> list:
 
 async def locate_newest(engine, keys: list[StateKey]) -> list[tuple[ObjectMeta, Tier] | None]:
     """For each key, what ``engine.locate(key)`` would answer first (the fastest tier's copy
-    of the newest object not superseded in the registry), or None — for many keys at once."""
+    of the newest servable object: not superseded in the registry, not speculative; the
+    skipped counted as ``locate`` counts them), or None — for many keys at once."""
     digests = [key.digest() for key in keys]
     seen: list[dict[bytes, tuple[ObjectMeta, Tier]]] = [{} for _ in keys]
     for tier in engine.tiers:
@@ -79,9 +81,16 @@ async def locate_newest(engine, keys: list[StateKey]) -> list[tuple[ObjectMeta, 
     heads = dict(zip(streams, answers))
     picks = []
     for found in seen:
-        fresh = [(meta, tier) for meta, tier in found.values()
-                 if heads[meta.stream_id] is None or heads[meta.stream_id].version <= meta.version]
-        picks.append(max(fresh, key=lambda item: (item[0].version, item[0].created_at_ns)) if fresh else None)
+        servable = []
+        for meta, tier in found.values():
+            head = heads[meta.stream_id]
+            if head is not None and head.version > meta.version:
+                engine.count_skip("stale")
+            elif meta.speculative:
+                engine.count_skip("speculative")
+            else:
+                servable.append((meta, tier))
+        picks.append(max(servable, key=lambda item: (item[0].version, item[0].created_at_ns)) if servable else None)
     return picks
 
 
@@ -98,16 +107,18 @@ def _checked(boundaries) -> list[tuple[int, bytes]]:
 def _needed_keys(req: LookupRequest, bounds: list[tuple[int, bytes]], i: int) -> tuple[list, list]:
     """(SSM snapshot keys, KV page keys) that must all exist for boundary ``i``."""
     end, prefix = bounds[i]
-    ssm = [StateKey(req.namespace, Kind.SSM, layer, prefix, 0, end, req.shard) for layer in req.ssm_layers]
+    ssm = [StateKey(req.namespace, Kind.SSM, layer, prefix, 0, end, shard)
+           for layer in req.ssm_layers for shard in req.shards]
     kv = []
     for layer in req.attention_layers:
-        if req.kv_layout == "prefix":
-            kv.append(StateKey(req.namespace, Kind.KV, layer, prefix, 0, end, req.shard))
-            continue
-        start = 0
-        for block_end, block_prefix in bounds[: i + 1]:
-            kv.append(StateKey(req.namespace, Kind.KV, layer, block_prefix, start, block_end, req.shard))
-            start = block_end
+        for shard in req.shards:
+            if req.kv_layout == "prefix":
+                kv.append(StateKey(req.namespace, Kind.KV, layer, prefix, 0, end, shard))
+                continue
+            start = 0
+            for block_end, block_prefix in bounds[: i + 1]:
+                kv.append(StateKey(req.namespace, Kind.KV, layer, block_prefix, start, block_end, shard))
+                start = block_end
     return ssm, kv
 
 
