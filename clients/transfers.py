@@ -200,14 +200,14 @@ class Transfers:
                 on_gpu = on_gpu or target.type != "cpu"
             if failure is not None:
                 raise_for_error(Frame(Op.ERROR, 0, failure, flags=FLAG_ERROR))
-            await self._copy(lambda: [land(*job, self._staging_for) for job in jobs if job is not None],
-                             nbytes, on_gpu)
+            failed = await self._copy(lambda: _land_all(jobs, self._staging_for), nbytes, on_gpu)
         finally:
             if regions:
                 self._give_back(regions)
         out = [None if job is None else {t.spec.name: d for t, d in zip(job[0].tensors, job[2])} for job in jobs]
-        for index in retry:  # the reply had no room for these: one LOAD each
-            _, out[index] = await self.load({**metas[index], "ns": namespace_hex}, device, intos[index])
+        for index in sorted(retry + failed):  # no room in the reply, or not intact where it landed
+            again = {**metas[index], "ns": namespace_hex, **({"recheck": True} if index in failed else {})}
+            _, out[index] = await self.load(again, device, intos[index])
         return out
 
     def _release_batch_orphan(self, frame: Frame) -> None:
@@ -218,6 +218,17 @@ class Transfers:
 
     async def load(self, meta: dict, device, into: Mapping[str, torch.Tensor] | None = None,
                    trace: dict | None = None) -> tuple[StateRef, dict[str, torch.Tensor]]:
+        """One LOAD, verified where it lands; when that check fails, asked once more with
+        ``recheck`` (the daemon then digests every copy it serves, drops a damaged one and
+        serves the next): the second answer is verified the same way, or ``CorruptPayload``."""
+        try:
+            return await self._load_once(meta, device, into, trace)
+        except CorruptPayload as exc:
+            if meta.get("recheck") or not exc.detail.get("landed"):
+                raise
+        return await self._load_once({**meta, "recheck": True}, device, into, trace)
+
+    async def _load_once(self, meta: dict, device, into, trace) -> tuple[StateRef, dict[str, torch.Tensor]]:
         target = _check_into(into, device) if into is not None else torch.device(device or "cpu")
         meta = self._with_free({**meta, "shm": self.windows is not None})
         if trace is not None:
@@ -343,11 +354,27 @@ def land(header: SealedHeader, source: memoryview, dests: Sequence[torch.Tensor]
         digest = hasher.digest()
         if digest != t.digest:
             raise CorruptPayload(f"tensor {t.spec.name!r} changed on its way: its digest does not match the "
-                                 "signed header")
+                                 "signed header", landed=True)
         if on_device and t.nbytes:
             tensor_bytes(dest).copy_(stage)  # synchronous: the staging buffer is reused
         digests.append(digest)
     check_payload_digest(header, digests)
+
+
+def _land_all(jobs: list, staging) -> list[int]:
+    """``land`` every job (``None`` skipped); the indexes whose bytes were not intact where
+    they landed (the caller asks for those again, with ``recheck``)."""
+    failed = []
+    for index, job in enumerate(jobs):
+        if job is None:
+            continue
+        try:
+            land(*job, staging)
+        except CorruptPayload as exc:
+            if not exc.detail.get("landed"):
+                raise
+            failed.append(index)
+    return failed
 
 
 def copy_and_digest(dest: memoryview, source: memoryview, hasher, trace: dict | None = None) -> None:

@@ -15,7 +15,8 @@ tier (Redis). The server calls, per request:
                                         result stays leased until ``release(lease_id)``. A
                                         copy in daemon-only memory (host, device) is not
                                         digested again: the client verifies the payload
-                                        where it lands (DESIGN §6)
+                                        where it lands (DESIGN §6), and asks again with
+                                        ``full_check`` when that fails
 - ``lookup(req, owner)``                the joint hit (``daemon.lookup``)
 - ``release(lease_id, owner)`` / ``release_owner(owner)`` (a connection went away)
 - ``delete(tenant, ref)``               every copy gone once it returns (moves settled)
@@ -296,7 +297,7 @@ class Engine:
         self.tenancy.check_namespace(req.tenant, req.namespace)
         if req.ref is not None:
             state_id, expectation = await self._expect_ref(req)
-            result = await self._load_object(state_id, expectation, owner, req.tenant)
+            result = await self._load_object(state_id, expectation, owner, req.tenant, full_check=req.full_check)
         elif req.key is not None:
             result = await self._load_by_key(req, owner)
         else:
@@ -326,7 +327,8 @@ class Engine:
             expectation = Expectation.for_key(key, newest_version=head.version if head else None,
                                               tensors=req.tensors, allow_speculative=req.allow_speculative)
             try:
-                return await self._load_object(meta.object_id, expectation, owner, req.tenant, counted=False)
+                return await self._load_object(meta.object_id, expectation, owner, req.tenant, counted=False,
+                                               full_check=req.full_check)
             except RejectedState as exc:
                 self._count_skip(skip_reason(exc))
                 refused = refused or exc
@@ -340,7 +342,7 @@ class Engine:
         raise NotFound("no stored object for that key")
 
     async def _load_object(self, state_id: bytes, expectation: Expectation, owner, tenant: str, *,
-                           counted: bool = True) -> LoadResult:
+                           counted: bool = True, full_check: bool = False) -> LoadResult:
         """Serve the fastest copy that ``protocol.classify`` accepts. A damaged copy is removed
         (counted as damage) and the next copy tried; an intact copy of another identity is
         refused with its §4 reason, left where it is (see ``_serve``), and the next copy
@@ -363,7 +365,7 @@ class Engine:
                 # the tensor specs a caller expects are checked apart: a mismatch is about the
                 # request (a caller's buffer), not damage, and must not drop the copy
                 bare = expectation if expectation.tensors is None else dataclasses.replace(expectation, tensors=None)
-                result = await self._serve(tier, index, lease, state_id, bare, owner, tenant)
+                result = await self._serve(tier, index, lease, state_id, bare, owner, tenant, full_check)
             except RejectedState as exc:
                 if is_damage(exc):
                     self.count_rejection(exc)
@@ -409,7 +411,7 @@ class Engine:
         raise exc
 
     async def _serve(self, tier: Tier, index: int, lease: Lease, state_id: bytes, expectation: Expectation,
-                     owner, tenant: str) -> LoadResult:
+                     owner, tenant: str, full_check: bool = False) -> LoadResult:
         """Classify the leased copy found under ``state_id``; promote it when it came from
         below. Owns ``lease``.
 
@@ -424,7 +426,9 @@ class Engine:
             blob = await tier.read(lease)
             # bytes in daemon-only memory were digested when sealed there; the client checks
             # the payload again where it lands (DESIGN §6)
-            trusted = tier.verifies_on_read or tier.holds_verified_bytes
+            # (``full_check``: a client found a payload that did not match: digest every copy
+            # again, so a damaged one is dropped and the next one served)
+            trusted = (tier.verifies_on_read or tier.holds_verified_bytes) and not full_check
             with phase("open" if trusted else "open_and_hash"):
                 opened = await self.hash_off_loop(0 if trusted else blob.nbytes, classify, blob, expectation,
                                                   self.keyring, stored_as=state_id, verify_payload=not trusted,

@@ -206,6 +206,7 @@ def _load_request(tenant: str, meta: dict) -> LoadRequest:
         key=key_from_wire(key_meta) if key_meta is not None else None,
         tensors=specs_from_wire(tensors) if tensors is not None else None,
         allow_speculative=field(meta, "speculative", bool, default=False),
+        full_check=field(meta, "recheck", bool, default=False),
     )
 
 

@@ -57,6 +57,7 @@ class LoadRequest:
     key: StateKey | None = None
     tensors: tuple[TensorSpec, ...] | None = None
     allow_speculative: bool = False
+    full_check: bool = False  # digest even copies in daemon-only memory (a client's recheck)
 
 
 @dataclass(slots=True)

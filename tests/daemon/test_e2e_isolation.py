@@ -250,3 +250,49 @@ async def test_a_put_on_a_lost_connection_is_unavailable_and_frees_its_window_re
         for _ in range(2):  # the region is freed once, whichever cleanup path runs
             with pytest.raises(Unavailable):
                 await client.put_kv(0, bytes(32), 0, 512, page, request_id="lost")
+
+
+def flip_in_daemon_arena(pid: int, state_id: bytes, from_end: int) -> None:
+    """Flip one payload bit of ``state_id``'s copy in the daemon's own arena (what only a
+    daemon bug or root could do: no client maps it), found through ``/proc/<pid>/fd``."""
+    import mmap
+    import os
+
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        path = f"/proc/{pid}/fd/{fd}"
+        try:
+            if "statetier-host" not in os.readlink(path):
+                continue
+        except OSError:
+            continue
+        with open(path, "r+b") as handle, mmap.mmap(handle.fileno(), 0) as arena:
+            at = arena.find(b"STSO")
+            while at >= 0:
+                if arena[at + 136 : at + 152] == state_id:
+                    end = at + int.from_bytes(arena[at + 8 : at + 12], "little") + \
+                        int.from_bytes(arena[at + 16 : at + 24], "little")
+                    arena[end - from_end] ^= 0x10
+                    return
+                at = arena.find(b"STSO", at + 1)
+    raise AssertionError(f"no arena copy of {state_id.hex()}")
+
+
+async def test_damage_in_the_daemons_arena_is_found_where_the_bytes_land_and_the_disk_copy_served(daemon) -> None:
+    async with AsyncClient(daemon.url, namespace=jamba_namespace("recheck")) as client:
+        pages = [random_page(300 + i) for i in range(2)]
+        refs = [await client.put_kv(i, bytes(32), 0, 512, page, request_id="recheck") for i, page in enumerate(pages)]
+
+        async def written_behind() -> bool:
+            return (await client.stats())["write_behind_pending"] == 0
+
+        await eventually(written_behind)
+        before = daemon.scrape()
+        for ref in refs:
+            flip_in_daemon_arena(daemon.pid, ref.state_id, from_end=1000)
+        # the daemon serves its arena copy without a digest pass; the client's check where the
+        # bytes land fails, it asks again in full: the damaged copy is dropped, disk's served
+        assert page_bytes(await client.load(refs[0])) == page_bytes(pages[0])
+        assert [page_bytes(p) for p in await client.load_many(refs[1:])] == [page_bytes(pages[1])]
+        after = daemon.scrape()
+        assert after.delta(before, "statetier_rejections_total", reason="corrupt_payload") == 2
+        assert page_bytes(await client.load(refs[0])) == page_bytes(pages[0])  # promoted back, intact
