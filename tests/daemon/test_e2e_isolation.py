@@ -8,8 +8,13 @@
   that page again and again; each load is the exact page or ``CorruptPayload``, never a
   silently wrong tensor. A read-only mapping that holds the page cannot be written, not
   even through ``/proc/self/mem``.
-- A worker that cannot map the windows (``use_shm=True``, but the descriptors are
-  useless to it) is served inline instead of failing.
+- A worker that cannot map the windows (``use_shm=True``, but its address space has no
+  room for them) is served inline instead of failing.
+- Batch frames: ``put_many`` / ``load_many`` round-trip exactly; a batch with a missing
+  target raises its error and every window region goes back.
+- A put on a lost connection is ``Unavailable`` (its window region freed once).
+- Damage in the daemon's own arena (which no client can reach) is found by the client where
+  the bytes land; the SDK's recheck makes the daemon drop that copy and serve disk's.
 
 Under the old design (every worker mapped the whole host arena read/write, and the
 daemon verified a load in that arena before the worker copied it out) the first two
