@@ -25,6 +25,7 @@ from statetier.protocol.errors import (
     PositionMismatch,
     QuotaExceeded,
     StaleState,
+    UnsupportedFormat,
 )
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, prefix_hashes
 from statetier.protocol.keyring import Keyring
@@ -298,3 +299,28 @@ async def test_a_tenant_past_its_quota_spills_to_the_next_tier_then_is_refused(t
         assert (await engine.put(*ssm_put(layer=3, tenant="small"))).tier == "host"
     finally:
         await engine.close()
+
+
+async def test_a_format_1_object_on_disk_is_refused_with_its_reason_and_dropped_never_misread(engine):
+    # format 1 bound keyed digests; its header, correctly signed, still parses with format 2's
+    # offsets: it must be refused (UnsupportedFormat, saying why), not read
+    req, data = ssm_put()
+    put = await engine.put(req, data)
+    assert await engine.placement.flush_write_behind(10)
+    await engine.arena.delete(put.ref.state_id)
+    disk = engine.tiers[1]
+    lease = await disk.prepare_load(put.ref.state_id)
+    blob = bytearray(await disk.read(lease))
+    meta = lease.meta
+    await disk.complete_load(lease)
+    await disk.delete(put.ref.state_id)
+    header_len = meta.header_len
+    blob[4:6] = (1).to_bytes(2, "little")  # format 1, re-signed by the key that signed it
+    signer = engine.keyring.active
+    sig_len = signer.alg.signature_bytes
+    blob[header_len - sig_len : header_len] = signer.sign(bytes(blob[: header_len - sig_len]))
+    await engine.placement.store_in(disk, [bytes(blob)], meta)
+    with pytest.raises(UnsupportedFormat, match="keyed payload digests"):
+        await engine.load(LoadRequest("default", NS, ref=put.ref), owner="c1")
+    assert rejections(engine.test_metrics, "unsupported_format") == 1
+    assert not await disk.contains(put.ref.state_id)  # dropped as damage
