@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from harness import Budget, DaemonProcess, ProbeResult, internal_errors, key_prefix, payload, percentile
-from statetier.protocol.frames import Frame, Op, encode_frame_bytes, hello_frame
+from statetier.protocol.frames import PROTOCOL_VERSIONS, Frame, Op, encode_frame_bytes, hello_frame
 from wire import Wire
 
 PROBE = "load"
@@ -70,7 +70,7 @@ def _stall(path: str, refs: list[dict], namespace_hex: str) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(path)
-    frames = [encode_frame_bytes(hello_frame((1,), tenant="default", client="stalled"))]
+    frames = [encode_frame_bytes(hello_frame(PROTOCOL_VERSIONS, tenant="default", client="stalled"))]
     for i in range(64):
         frames.append(encode_frame_bytes(Frame(Op.LOAD, i + 1, {"ns": namespace_hex, "ref": refs[i % len(refs)]})))
     sock.sendall(b"".join(frames))
