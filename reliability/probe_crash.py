@@ -199,14 +199,15 @@ async def _client_kills(daemon: DaemonProcess, deadline: float, cap: int, result
             kills += len(pids)
             for _ in range(200):  # bounded: 10 s
                 stats = await wire.stats()
-                fds = _fds(daemon.pid)
-                if stats["leases"] == 0 and _host(stats)["bytes_used"] <= baseline and fds <= baseline_fds:
+                fds = _fds(daemon.pid) - baseline_fds
+                if stats["leases"] == 0 and _host(stats)["bytes_used"] <= baseline and not fds:
                     break
                 await asyncio.sleep(0.05)
             else:
                 result.wrong += 1
                 result.fail(f"after killing holders: {stats['leases']} leases, host "
-                            f"{_host(stats)['bytes_used'] - baseline:+d} bytes, {fds - baseline_fds:+d} fds still held")
+                            f"{_host(stats)['bytes_used'] - baseline:+d} bytes, {len(fds)} sockets/memfds still open "
+                            f"({', '.join(sorted(fds)[:4])})")
     finally:
         pool.close()
         await wire.close()
@@ -214,17 +215,20 @@ async def _client_kills(daemon: DaemonProcess, deadline: float, cap: int, result
     result.faults += kills
 
 
-def _fds(pid: int) -> int:
-    """The daemon's sockets and memfds (connections and their windows); segment files come
-    and go with compaction and are not counted."""
-    count = 0
+def _fds(pid: int) -> set[str]:
+    """The daemon's Unix sockets and memfds (client connections and their windows); its
+    Redis connections (TCP, pooled) and segment files come and go and are not counted."""
+    with open("/proc/net/unix") as table:
+        unix = {f"socket:[{line.split()[6]}]" for line in table.readlines()[1:] if len(line.split()) > 6}
+    found = set()
     for name in os.listdir(f"/proc/{pid}/fd"):
         try:
             target = os.readlink(f"/proc/{pid}/fd/{name}")
         except OSError:
             continue
-        count += target.startswith(("socket:", "/memfd:"))
-    return count
+        if target in unix or target.startswith("/memfd:"):
+            found.add(f"{name}->{target}")
+    return found
 
 
 def _host(stats: dict) -> dict:
