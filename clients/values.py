@@ -2,8 +2,9 @@
 
 - ``PutItem``        — one object of ``AsyncClient.put_many``: key, tensors, provenance, options.
 - ``StoredRef``      — what a put returns: a ``StateRef`` (equal to, and hashed like, the
-                       plain ref) that also says the ``tier`` it landed in and whether it
-                       was ``durable`` (on a durable tier) when the put was acknowledged.
+                       plain ref) that also says the ``tier`` it landed in, whether it was
+                       ``published`` and whether it was ``durable`` (on a durable tier)
+                       when the put was acknowledged.
 - ``LookupResult``   — ``tokens`` restorable and the ``(StateRef, lease_id)`` objects backing
                        them; ``lease_ids`` lists the leases to ``release`` when done.
 - ``named_tensors(tensors)`` — a dict or a sequence of ``(name, tensor)`` pairs as an ordered
@@ -39,6 +40,7 @@ class StoredRef(StateRef):
     """A ``StateRef`` as a put returned it; compares and hashes as the plain ref."""
 
     tier: str = ""
+    published: bool = False
     durable: bool = False
 
     def as_ref(self) -> StateRef:

@@ -88,7 +88,10 @@ class HostTierConfig(_Watermarks):
     capacity_bytes: Bytes | None = Field(
         None, description="Arena size; None = 25% of MemAvailable at start, clamped to [64 MiB, 64 GiB]."
     )
-    shm_dir: Path = Field(Path("/dev/shm"), description="Directory of the arena file that clients mmap (a tmpfs).")
+    shm_dir: Path = Field(Path("/dev/shm"), description="Directory of the arena file (a tmpfs); clients never map it.")
+    window_bytes: Annotated[int, BeforeValidator(parse_size), Field(ge=0)] = Field(
+        64 * MiB, description="Per same-host connection: size of each of its two shared-memory windows (put, "
+        "load), passed over the socket; memory is used only where touched. 0 turns the zero-copy path off.")
 
     def resolved_capacity(self, mem_available: int | None = None) -> int:
         """``capacity_bytes``, or 25% of available memory (``/proc/meminfo``) clamped."""
@@ -124,6 +127,10 @@ class RedisTierConfig(_Section):
     chunk_bytes: Bytes = Field(2 * MiB, description="Large sealed values are split into chunks of this size.")
     encrypt: bool = Field(False, description="Encrypt payloads at rest (AES-256-GCM, keys.at_rest_key_file).")
     socket_timeout: Seconds = Field(5.0, description="Seconds before a Redis call counts as unavailable.")
+    publish_without_redis: Literal["refuse", "local"] = Field(
+        "refuse", description='A put with publish=true when no Redis tier is configured: "refuse" (Unavailable, '
+        'nothing stored) or "local" (stored here only; the reply says published=false and '
+        'statetier_unpublished_puts_total counts it).')
 
     @field_validator("url")
     @classmethod
@@ -205,7 +212,8 @@ class TenantConfig(_Section):
     )
     uids: tuple[int, ...] = Field((), description="Unix-socket peer uids mapped to this tenant.")
     quota_bytes: dict[str, Annotated[int, BeforeValidator(parse_size), Field(ge=0)]] = Field(
-        default_factory=dict, description="Tier name (device, host, disk, redis) → bytes this tenant may hold there."
+        default_factory=dict, description="Tier name (device, host, disk, redis) → bytes this tenant may hold there; "
+        "every copy counts (write-behind, publish, promotion), a demotion moves the bytes to the lower tier."
     )
 
     @field_validator("token_sha256")

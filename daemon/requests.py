@@ -3,7 +3,8 @@
 - ``PutRequest``     — what to seal: key, provenance, tensor specs, placement options
 - ``Reservation``    — a zero-copy put in progress: where in the host arena to write
 - ``PutResult``      — the ``StateRef`` of the sealed object, the tier it landed in, and
-                       whether it was on a durable tier when the put was acknowledged
+                       whether it was published to the cross-node tier and whether it was
+                       on a durable tier when the put was acknowledged
 - ``LoadRequest``    — a load by ``StateRef`` (handoff) or by ``StateKey`` (prefix reuse),
                        always with the requester's own namespace
 - ``LoadResult``     — the verified header and a payload view, leased until released
@@ -47,6 +48,7 @@ class Reservation:
 class PutResult:
     ref: StateRef
     tier: str
+    published: bool = False  # written through to the cross-node tier before the reply
     durable: bool = False  # a durable tier (``Tier.is_durable``) held the object before the reply
 
 
@@ -58,6 +60,7 @@ class LoadRequest:
     key: StateKey | None = None
     tensors: tuple[TensorSpec, ...] | None = None
     allow_speculative: bool = False
+    full_check: bool = False  # digest even copies in daemon-only memory (a client's recheck)
 
 
 @dataclass(slots=True)
@@ -67,6 +70,7 @@ class LoadResult:
     lease_id: int
     tier: str
     arena_offset: int | None = None  # payload offset in the host arena, when served from it
+    blob: memoryview | None = None  # the whole stored object, header then payload (valid like ``payload``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +79,7 @@ class LookupRequest:
 
     ``kv_layout`` says how KV pages are cut: ``"blocks"`` (one page per span between
     consecutive boundaries) or ``"prefix"`` (one page per layer covering ``[0, end)``).
+    ``shards``: the TP ranks that must all hold every object (``range(tp_size)`` on the wire).
     """
 
     tenant: str
@@ -83,7 +88,7 @@ class LookupRequest:
     ssm_layers: tuple[int, ...]
     boundaries: tuple[tuple[int, bytes], ...]
     kv_layout: str = "blocks"
-    shard: int = 0
+    shards: tuple[int, ...] = (0,)
     lease: bool = True
 
 

@@ -1,10 +1,10 @@
-"""Clients that hold leases and a reservation, to be killed with SIGKILL (crash probe).
+"""Clients that hold leases and load-window regions, to be killed with SIGKILL (crash probe).
 
 Run as a script (``python holders.py URL``) it is a small fork server: one process that
 imported the frame transport once and forks a holder per line ``spawn REFS_JSON`` read on
 stdin, printing ``<pid>`` once that holder holds what it should. A holder connects with
-shared memory, loads each ref through the arena (a lease it never releases), takes a
-lookup lease and reserves arena room it never commits, then sleeps until killed. Forking
+shared-memory windows, loads each ref into its load window (a region it never gives back)
+and takes lookup leases it never releases, then sleeps until killed. Forking
 costs a millisecond where a fresh interpreter costs a tenth of a second, so a run can kill
 a thousand of them.
 
@@ -27,18 +27,16 @@ HOLD_SECONDS = 60.0
 
 async def _hold(url: str, refs: list[dict], model: str, ready_fd: int) -> None:
     from statetier.clients.transport import connect
-    from statetier.protocol.dtypes import TensorSpec
     from statetier.protocol.frames import Op
-    from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey
-    from statetier.protocol.messages import key_to_wire, provenance_to_wire, specs_to_wire
+    from statetier.protocol.identity import NamespaceSpec
 
     namespace = NamespaceSpec(model_id=model).namespace()
     conn = await connect(url, shm=True)
-    for ref in refs:
+    for ref in refs:  # each payload copied into our load window: a region we never give back
         await conn.request(Op.LOAD, {"ns": namespace.hex(), "ref": ref, "shm": True})
-    key = StateKey(namespace, Kind.KV, 99, os.urandom(32), 0, 16)
-    await conn.request(Op.PUT_RESERVE, {"key": key_to_wire(key), "provenance": provenance_to_wire(Provenance("holder")),
-                                        "tensors": specs_to_wire([TensorSpec("kv", "uint8", (65536,))])})
+    await conn.request(Op.LOOKUP, {"ns": namespace.hex(), "attention_layers": [ref["key"]["layer"] for ref in refs],
+                                   "ssm_layers": [], "boundaries": [[16, refs[0]["key"]["prefix"]]],
+                                   "kv_layout": "prefix", "lease": True})  # leases we never release
     os.write(ready_fd, f"{os.getpid()}\n".encode())
     await asyncio.sleep(HOLD_SECONDS)
 

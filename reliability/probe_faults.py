@@ -212,33 +212,34 @@ async def _full_disk(result: ProbeResult) -> None:
 
 
 async def _arena_full(result: ProbeResult) -> None:
+    """The host arena full of objects clients hold leases on (nothing evictable), no tier below."""
     daemon = DaemonProcess(name="faults-arena", host_capacity="8MiB", metrics=False,
                            settings={"disk.enabled": "false"})
     tally = Tally(result, "arena_full")
     try:
         daemon.start()
         wire = await Wire.open(daemon.url, model=PROBE)
-        holder = await Wire.open(daemon.url, model=PROBE, shm=True)
-        tickets, refusal = [], None
-        for i in range(400):  # bounded: 8 MiB / 64 KiB is 128 reservations at most
-            meta = holder.put_meta(holder.key(7, key_prefix("arena", i)), 65536, "arena")
+        holder = await Wire.open(daemon.url, model=PROBE)
+        prefix, refusal, layers = key_prefix("arena", 0), None, []
+        for layer in range(400):  # bounded: 8 MiB / 64 KiB is 128 objects at most
             try:
-                tickets.append((await holder.request(Op.PUT_RESERVE, meta)).meta["ticket"])
+                await holder.put(holder.key(layer, prefix), payload(layer, 64 << 10), request_id=f"arena{layer}")
             except StatetierError as exc:
                 refusal = exc
                 break
+            layers.append(layer)
+            await holder.request(Op.LOOKUP, {"ns": holder.namespace.hex(), "attention_layers": [layer],
+                                             "ssm_layers": [], "boundaries": [[16, prefix.hex()]],
+                                             "kv_layout": "prefix", "lease": True})  # held: not evictable
         result.faults += 1
-        result.add(f"arena_full_reserve_typed_{getattr(refusal, 'reason', 'none')}")
+        result.add(f"arena_full_put_typed_{getattr(refusal, 'reason', 'none')}")
         if refusal is None:
-            result.fail("arena full: reservations never refused")
-        await tally.put(wire, 64 << 10)  # refused (typed) while the arena is all reserved
-        for ticket in tickets:
-            await holder.request(Op.PUT_ABORT, {"ticket": ticket})
-        tally.acked.clear()
+            result.fail("arena full: puts never refused")
+        await tally.put(wire, 64 << 10)  # refused (typed) while everything is leased
+        await holder.close()  # its leases go with its connection
         took = await _until_serving(lambda: tally.put(wire, 64 << 10), result, "arena freed")
         result.notes["arena_recovery_s"] = round(took or 0, 3)
         await tally.check(wire)
-        await holder.close()
         await wire.close()
         result.internal_errors += internal_errors(daemon)
     finally:

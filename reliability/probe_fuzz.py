@@ -4,8 +4,8 @@ daemon from many connections, while a well-behaved client keeps putting and load
 Inputs, each one frame (or one blob of bytes) sent to the daemon:
 
 - request mutations on a live connection: a valid request of every op (PUT with its
-  tensors, LOAD by ref and by key, LOOKUP, DELETE, RELEASE, STATS, INSPECT, PUT_COMMIT,
-  PUT_ABORT, PING, GOODBYE) with 1–3 of: a field dropped, replaced by a value of another
+  tensors, PUT_BATCH, LOAD by ref and by key, LOAD_BATCH, LOOKUP, DELETE, RELEASE, STATS,
+  INSPECT, the retired PUT_RESERVE/PUT_COMMIT/PUT_ABORT, PING) with 1–3 of: a field dropped, replaced by a value of another
   JSON type (huge, negative, long or non-text strings, nested lists and objects), an
   unknown field added, a tensor spec bent (dtype, rank, dims, names), the payload made
   longer or shorter than the specs, request id 0 or repeated; 32 pipelined per batch;
@@ -37,7 +37,7 @@ import time
 from harness import Budget, DaemonProcess, ProbeResult, internal_errors, key_prefix, passed, payload
 from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.errors import StatetierError
-from statetier.protocol.frames import Frame, FrameDecoder, Op, encode_frame_bytes, hello_frame
+from statetier.protocol.frames import PROTOCOL_VERSIONS, Frame, FrameDecoder, Op, encode_frame_bytes, hello_frame
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey
 from statetier.protocol.messages import key_to_wire, provenance_to_wire, specs_to_wire
 from wire import Wire
@@ -132,6 +132,10 @@ class Templates:
             (Op.PUT_ABORT, {"ticket": rng.randrange(10)}, b""),
             (Op.PING, {}, b""),
             (Op.PUT_RESERVE, {"key": key_to_wire(key)}, b""),
+            (Op.PUT_BATCH, {"items": [{"key": key_to_wire(key), "provenance": provenance_to_wire(Provenance("fz")),
+                                       "tensors": specs_to_wire([TensorSpec("kv", "uint8", (size,))]),
+                                       "data_len": size}]}, bytes(size)),
+            (Op.LOAD_BATCH, {"ns": NS.hex(), "shm": False, "items": [{"ref": ref}, {"key": ref["key"]}]}, b""),
         ]
         op, meta, data = rng.choice(choices)
         if op is Op.DELETE and rng.random() < 0.9:
@@ -194,10 +198,10 @@ async def _fuzzer(url_path: str, templates: Templates, rng: random.Random, deadl
             await asyncio.sleep(0.1)
             continue
         try:
-            hello = encode_frame_bytes(hello_frame((1,), tenant="default", client="fuzz"))
+            hello = encode_frame_bytes(hello_frame(PROTOCOL_VERSIONS, tenant="default", client="fuzz"))
             if rng.random() < 0.12:  # a bad first input: the connection's only one
                 first = rng.choice([os.urandom(rng.randrange(1, 4096)), _frame_mutation(rng, hello),
-                                    encode_frame_bytes(Frame(Op.HELLO, 1, _mutate_meta({"versions": [1], "tenant": "default",
+                                    encode_frame_bytes(Frame(Op.HELLO, 1, _mutate_meta({"versions": list(PROTOCOL_VERSIONS), "tenant": "default",
                                                                                        "token": "t", "shm": False}, rng)))])
                 writer.write(first)
                 writer.write_eof()  # a frame cut short must end somewhere: at our EOF

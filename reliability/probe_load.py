@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from harness import Budget, DaemonProcess, ProbeResult, internal_errors, key_prefix, payload, percentile
-from statetier.protocol.frames import Frame, Op, encode_frame_bytes, hello_frame
+from statetier.protocol.frames import PROTOCOL_VERSIONS, Frame, Op, encode_frame_bytes, hello_frame
 from wire import Wire
 
 PROBE = "load"
@@ -70,7 +70,7 @@ def _stall(path: str, refs: list[dict], namespace_hex: str) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(path)
-    frames = [encode_frame_bytes(hello_frame((1,), tenant="default", client="stalled"))]
+    frames = [encode_frame_bytes(hello_frame(PROTOCOL_VERSIONS, tenant="default", client="stalled"))]
     for i in range(64):
         frames.append(encode_frame_bytes(Frame(Op.LOAD, i + 1, {"ns": namespace_hex, "ref": refs[i % len(refs)]})))
     sock.sendall(b"".join(frames))
@@ -115,7 +115,7 @@ async def run(budget: Budget) -> ProbeResult:
         stop, samples = asyncio.Event(), []
         sampler = asyncio.create_task(_sample(daemon, stop, samples))
         stalled = [_stall(str(daemon.socket_path), refs, wire.namespace.hex()) for _ in range(STALLED)]
-        env = {**os.environ, "PYTHONPATH": str(HERE)}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
         procs = [subprocess.Popen([sys.executable, str(HERE / "load_worker.py"), daemon.url, str(i), str(seconds),
                                    str(out_dir / f"{i}.json")], env=env) for i in range(workers)]
         slow_started, slow_bytes = time.monotonic(), 0
@@ -143,7 +143,11 @@ async def run(budget: Budget) -> ProbeResult:
         early, late = max((s[0] for s in samples[:third]), default=0), max((s[0] for s in samples[-third:]), default=0)
         result.notes["rss_first_third_peak_mib"], result.notes["rss_last_third_peak_mib"] = early >> 20, late >> 20
         latencies: dict[str, list[float]] = {}
-        for path in out_dir.glob("*.json"):
+        reported = list(out_dir.glob("*.json"))
+        if len(reported) < workers:
+            result.crashes += workers - len(reported)
+            result.fail(f"{workers - len(reported)} of {workers} workers ended without their results")
+        for path in reported:
             data = json.loads(path.read_text())
             result.wrong += data["wrong"]
             for op, values in data["ops"].items():

@@ -4,8 +4,10 @@
 tensor ``"kv"`` of a KV key ``(layer, prefix, [0, 16))`` in the namespace of ``model``:
 
 - ``key(layer, prefix)``; ``put(key, data, request_id=…, durable=…, publish=…)`` → the
-  reply meta (``ref``, ``tier``, ``durable``); ``load(ref=…|key=…)`` → the payload bytes
-  (inline); ``delete(ref)``; ``stats()``; ``request(op, meta, data)`` for anything else.
+  reply meta (``ref``, ``tier``, ``published``, ``durable``); ``load(ref=…|key=…)`` → the
+  payload bytes (inline: the reply holds the signed header, then the payload; the probes
+  compare the bytes with what their put sent); ``delete(ref)``; ``stats()``;
+  ``request(op, meta, data)`` for anything else.
 
 Worker processes (load, crash) import only this and ``statetier.protocol``: 64 of them cost
 tens of MiB each, not a torch import each.
@@ -18,7 +20,7 @@ from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.frames import Op
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey
 from statetier.protocol.messages import key_to_wire, provenance_to_wire, specs_to_wire
-from statetier.protocol.sealed import layout_payload
+from statetier.protocol.sealed import decode_header, layout_payload
 
 TOKENS = 16
 
@@ -54,8 +56,11 @@ class Wire:
         meta = {"ns": self.namespace.hex(), "shm": False}
         meta.update({"ref": ref} if ref is not None else {"key": key_to_wire(key)})
         reply = await self.conn.request(Op.LOAD, meta)
-        (name, dtype, dims, offset) = reply.meta["tensors"][0]
-        return bytes(memoryview(reply.data)[offset : offset + dims[0]])
+        data = memoryview(reply.data)
+        header = decode_header(data)  # inline: the signed header, then the payload
+        (tensor,) = header.tensors
+        start = header.header_len + tensor.offset
+        return bytes(data[start : start + tensor.nbytes])
 
     async def delete(self, ref: dict) -> int:
         return (await self.conn.request(Op.DELETE, {"ref": ref})).meta["deleted"]

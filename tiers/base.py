@@ -48,6 +48,7 @@ class ObjectMeta:
     created_at_ns: int = 0
     request_id: str = ""  # with the key the caller looked up, enough to rebuild the StateRef
     step: int = 0
+    speculative: bool = False  # the snapshot holds speculative tokens: never served by key or lookup
 
     @classmethod
     def from_header(cls, header: SealedHeader) -> "ObjectMeta":
@@ -62,6 +63,7 @@ class ObjectMeta:
             created_at_ns=header.provenance.created_at_ns,
             request_id=header.provenance.request_id,
             step=header.provenance.step,
+            speculative=header.contains_speculative,
         )
 
 
@@ -234,6 +236,13 @@ class Tier(abc.ABC):
     #: and survives a crash of the daemon (the disk tier with fsync): what a put's
     #: ``durable`` reply promises.
     is_durable: bool = False
+    #: True when the tier's bytes live in memory only the daemon can write, and got there
+    #: sealed or verified (host arena, device pool): a load from it needs no digest pass in
+    #: the daemon (the client verifies where the bytes land).
+    holds_verified_bytes: bool = False
+    #: True when ``find_by_key`` and ``prepare_load`` answer from this process's memory (no
+    #: I/O): a caller asking for many keys awaits them one by one instead of a task each.
+    answers_in_memory: bool = False
 
     @abc.abstractmethod
     async def start(self) -> None: ...

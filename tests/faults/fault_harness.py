@@ -14,7 +14,10 @@
 - Stored bytes: ``is_in_redis`` / ``redis_blob`` / ``write_redis_blob`` / ``flip_redis_bit``
   (the Redis tier's manifest and chunk keys, tiers/redis_layout.py); ``flip_disk_bit`` (a
   segment record, tiers/segments.py); ``forged_blob`` — an object re-sealed by a writer
-  holding another key.
+  holding another key; ``write_under_another_key`` (Redis: another object's chunk, and
+  optionally its manifest, under this object's keys) and ``overwrite_in_arena`` (another
+  object's sealed bytes over this one's region of the daemon's arena, in place): a mix-up
+  of two keys.
 - ``Counters`` — one scrape of a daemon's /metrics: rejections by reason, misses by kind,
   load requests served, hits, lookups and the tokens they answered; ``changes(before,
   after)`` is what moved.
@@ -239,3 +242,45 @@ def changes(before: Counters, after: Counters, *prefixes: str) -> dict:
     names = set(before.values) | set(after.values)
     moved = {n: after.values.get(n, 0) - before.values.get(n, 0) for n in names}
     return {n: d for n, d in sorted(moved.items()) if d and (not prefixes or n.startswith(prefixes))}
+
+
+# -- a connector that writes to the wrong key ----------------------------------------------
+
+
+def write_under_another_key(redis, target: bytes, source: bytes, *, with_manifest: bool) -> None:
+    """Object ``source``'s stored bytes SET under ``target``'s chunk key, and with
+    ``with_manifest`` its manifest under ``target``'s manifest key too: what a connector that
+    mixed up two keys writes into Redis."""
+    redis.set(KEYS.chunk(target, 0), redis_blob(redis, source), keepttl=True)
+    if with_manifest:
+        redis.set(KEYS.manifest(target), redis.get(KEYS.manifest(source)), keepttl=True)
+
+
+def overwrite_in_arena(node, ref, blob: bytes) -> None:
+    """Write the sealed ``blob`` over the arena copy of ``ref`` in ``node``'s daemon, in place
+    (the copy's index entry unchanged). Clients no longer map the arena (each connection gets
+    windows of its own), so this is what only a process that can write the daemon's memory
+    could do (a daemon bug, root): the arena is opened through ``/proc/<pid>/fd`` and the
+    object found by its state_id. Same-size objects only: an arena copy is read back at its
+    indexed size."""
+    import mmap
+    import os
+
+    for fd in os.listdir(f"/proc/{node.pid}/fd"):
+        path = f"/proc/{node.pid}/fd/{fd}"
+        try:
+            if "statetier-host" not in os.readlink(path):
+                continue
+        except OSError:
+            continue
+        with open(path, "r+b") as handle, mmap.mmap(handle.fileno(), 0) as arena:
+            at = arena.find(b"STSO")
+            while at >= 0:
+                if arena[at + 136 : at + 152] == ref.state_id:  # state_id in the header (protocol.md §1.1)
+                    header_len = int.from_bytes(arena[at + 8 : at + 12], "little")
+                    payload_len = int.from_bytes(arena[at + 16 : at + 24], "little")
+                    assert header_len + payload_len == len(blob), "same-size objects only"
+                    arena[at : at + len(blob)] = blob
+                    return
+                at = arena.find(b"STSO", at + 1)
+    raise AssertionError(f"no arena copy of {ref.state_id.hex()} in daemon {node.pid}")

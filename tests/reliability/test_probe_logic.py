@@ -25,7 +25,7 @@ import probe_fuzz  # noqa: E402
 from disk_crash_writer import KEYRING, load, make_object, object_id_for, store  # noqa: E402
 from harness import ProbeResult  # noqa: E402
 from statetier.protocol.errors import NotFound, ProtocolError, RejectedState  # noqa: E402
-from statetier.protocol.frames import Frame, FrameDecoder, Op, encode_frame_bytes, hello_frame  # noqa: E402
+from statetier.protocol.frames import PROTOCOL_VERSIONS, Frame, FrameDecoder, Op, encode_frame_bytes, hello_frame  # noqa: E402
 from statetier.tiers.disk import DiskTier  # noqa: E402
 
 
@@ -71,7 +71,7 @@ def test_every_fuzz_input_is_frames_or_a_protocol_error_for_the_decoder():
     rng = random.Random(5)
     refs = [{"key": {"prefix": "00" * 32}, "state_id": "11" * 16}]
     templates = probe_fuzz.Templates(refs)
-    hello = encode_frame_bytes(hello_frame((1,), tenant="default"))
+    hello = encode_frame_bytes(hello_frame(PROTOCOL_VERSIONS, tenant="default"))
     outcomes = {"frames": 0, "protocol_error": 0}
     for _ in range(2000):
         op, meta, data = templates.request(rng)
