@@ -655,3 +655,17 @@ async def test_a_full_filesystem_refuses_stores_but_deletes_still_free_it(small_
         assert await load(tier, meta.object_id) == blob
     finally:
         await tier.close()
+
+
+async def test_one_eviction_reads_at_most_a_batch_into_memory_however_wide_the_watermark_band(open_disk):
+    # Found by the load probe: a 2 GiB disk tier evicting down to its low watermark read
+    # 300 MiB of victims into memory at once; the daemon's RSS passed its bound.
+    tier = await open_disk(capacity=1 << 20, segment_bytes=256 << 10)
+    tier.eviction_batch_bytes = 64 << 10
+    for meta, blob in objects(30, size=32 << 10):  # 30 × 32 KiB: past the 90 % high watermark
+        await store(tier, meta, blob)
+    evicted = await tier.evict(0)
+    assert evicted and sum(e.meta.size for e in evicted) < (64 << 10) + (33 << 10)  # the band is 150 KiB
+    assert tier.stats().bytes_used <= 0.9 * tier.capacity  # under the high watermark again
+    big = await tier.evict(256 << 10)  # a store that needs more room gets all of it in one call
+    assert tier.stats().bytes_used + (256 << 10) <= 0.9 * tier.capacity
