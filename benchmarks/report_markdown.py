@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from report_recompute import recompute_section
 from workload_models import MODELS
 
 MiB = 1024 * 1024
@@ -146,9 +147,23 @@ def pd_section(rows: list[dict], plot: str | None) -> list[str]:
              "Redis asks for the joint hit of every layer, then loads what it found (Redis → verify → its arena → the "
              "client). Both daemons and the redis-server are separate processes (`examples/pd_cluster.py`). "
              "Geometries (KV in bfloat16, one record per attention layer covering the whole prompt):", "",
-             *geometry, "", *_table(head, body), ""]
+             *geometry, "", *_table(head, body), "", _served_text(found), ""]
     lines += [f"![PD handoff GB/s next to the raw limits]({plot})", ""] if plot else []
     return lines
+
+
+def _served_text(found: list[dict]) -> str:
+    """Which tier served the decode side's loads, per case (from its hit counters)."""
+    cases = {}
+    for r in found:
+        if r.get("served_by_tier") is not None:
+            cases.setdefault(r["case"], r["served_by_tier"])
+    if not cases:
+        return "Tiers that served the decode side's loads: not recorded in this run."
+    parts = [f"{case}: " + (", ".join(f"{t} {n}" for t, n in sorted(served.items())) or "none")
+             for case, served in cases.items()]
+    return ("Loads the decode daemon served, by the tier the bytes came from (its `statetier_hits_total`, all "
+            "repetitions): " + "; ".join(parts) + ". The redis-py ratios above are against the tier that served.")
 
 
 def prefix_section(rows: list[dict], plot: str | None) -> list[str]:
@@ -227,6 +242,7 @@ def render(document: dict, run: dict, plots: dict[str, Path | None], md_dir: Pat
         lines += [f"![Every workload figure as a ratio to its raw limit]({rel['ratios']})", ""]
     lines += limits_section(rows)
     lines += pd_section(rows, rel.get("pd"))
+    lines += recompute_section(rows)
     lines += prefix_section(rows, rel.get("prefix"))
     lines += clients_section(rows, rel.get("clients"))
     lines += METHOD
