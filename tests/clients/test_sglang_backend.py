@@ -417,3 +417,13 @@ def test_the_storage_class_is_sglangs_subclass_when_sglang_is_installed():
         assert cls is HiCacheBackend
     else:
         assert issubclass(cls, HiCacheStorage) and issubclass(cls, HiCacheBackend)
+
+
+def test_the_module_imports_without_loading_sglang():
+    import subprocess
+
+    probe = ("import sys, statetier.clients.sglang as m\n"
+             "print(sorted(x for x in sys.modules if x.split('.')[0] == 'sglang'))\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
