@@ -43,6 +43,7 @@ from statetier.protocol.identity import NamespaceSpec, StateKey
 
 from .sglang_pages import PoolPages
 from .sync_client import Client
+from .values import PutItem
 
 log = logging.getLogger("statetier.sglang")
 
@@ -177,12 +178,12 @@ class HiCacheBackend:
         return max(0, min(len(keys), found.tokens // ident.page_size - len(chain)))
 
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor, extra_info: Any = None) -> list[bool]:
-        return self._move_pages(KV, keys, host_indices, extra_info, self._get_page)
+        return self._move_pages(KV, keys, host_indices, extra_info, *self._load_moves)
 
     def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor, extra_info: Any = None) -> list[bool]:
         if not self.is_writer:  # MLA: one rank writes what every rank reads
             return [True] * len(keys)
-        return self._move_pages(KV, keys, host_indices, extra_info, self._set_page)
+        return self._move_pages(KV, keys, host_indices, extra_info, *self._store_moves)
 
     # -- hybrid, v2 -----------------------------------------------------------------------
 
@@ -214,7 +215,8 @@ class HiCacheBackend:
 
     def batch_get_v2(self, transfers: Sequence[Any], extra_info: Any = None) -> dict[str, list[bool]]:
         return {str(t.name): self._move_pages(str(t.name), list(t.keys or []), t.host_indices, extra_info,
-                                              self._get_page) for t in transfers}
+                                              *self._load_moves)
+                for t in transfers}
 
     def batch_set_v2(self, transfers: Sequence[Any], extra_info: Any = None) -> dict[str, list[bool]]:
         results = {}
@@ -223,7 +225,7 @@ class HiCacheBackend:
             if name == KV and not self.is_writer:
                 results[name] = [True] * len(keys)
                 continue
-            results[name] = self._move_pages(name, keys, t.host_indices, extra_info, self._set_page)
+            results[name] = self._move_pages(name, keys, t.host_indices, extra_info, *self._store_moves)
         return results
 
     # -- the copying v0 interface: no positions, so nothing verifiable ----------------------
@@ -303,9 +305,12 @@ class HiCacheBackend:
             return ident.snapshot_key(client, page_hash, page_index)
         return ident.page_key(client, page_hash, page_index)
 
-    def _move_pages(self, pool_name: str, keys: list[str], host_indices: Any, extra_info: Any, move) -> list[bool]:
-        """``move`` each page in order; after the first failure the rest are ``False`` (SGLang
-        stops at the first missing page, so later ones would be wasted work)."""
+    def _move_pages(self, pool_name: str, keys: list[str], host_indices: Any, extra_info: Any,
+                    batch, one) -> list[bool]:
+        """Move the pages of ``keys`` between their slots and the daemon: ``batch`` moves them
+        all (or raises), and only when it fails ``one`` goes page by page to find the first page
+        that cannot move. Pages after that one are ``False`` (SGLang stops at the first missing
+        page). ``batch=None`` goes page by page from the start."""
         chain = _prefix_keys(extra_info)
         if chain is None:
             self._count_refusal("position_unknown", len(keys))
@@ -321,46 +326,76 @@ class HiCacheBackend:
                         pool_name, len(keys), step)
             return [False] * len(keys)
         slots = host_indices.tolist()
-        results = []
-        for i, page_hash in enumerate(keys):
-            ok = bool(results[-1]) if results else True
-            if ok:
-                key = self._key(pool_name, page_hash, len(chain) + i)
-                ok = move(pages, int(slots[i * step]), key)
-            results.append(ok)
+        plan = [(int(slots[i * step]), self._key(pool_name, h, len(chain) + i)) for i, h in enumerate(keys)]
+        if not plan:
+            return []
+        if batch is not None:
+            try:
+                batch(pages, plan)
+                return [True] * len(plan)
+            except StatetierError:
+                pass
+        results: list[bool] = []
+        for slot, key in plan:
+            results.append(bool(results[-1]) if results else True)
+            if results[-1]:
+                results[-1] = one(pages, slot, key)
         return results
+
+    @property
+    def _load_moves(self):
+        """Loads go page by page: a failed batch load would already have dropped a damaged
+        copy, and the page-by-page retry would then report not_found instead of the damage."""
+        return None, self._get_page
+
+    @property
+    def _store_moves(self):
+        return self._set_batch, self._set_page
+
+    def _set_batch(self, pages: PoolPages, plan: list[tuple[int, StateKey]]) -> None:
+        client, _ = self._connected()
+        items = [PutItem(key, self._page_tensors(pages, slot), request_id=_stream_of(key),
+                         publish=self.options.publish) for slot, key in plan]
+        refs = client.put_many(items)
+        with self._lock:
+            self._stored.update(zip((key for _, key in plan), refs))
 
     def _get_page(self, pages: PoolPages, slot: int, key: StateKey) -> bool:
         client, _ = self._connected()
-        views = pages.views(slot)
         try:
             tensors = client.load(key, expect=pages.expected(slot))
         except StatetierError as exc:
             self._count_refusal(exc.reason, detail=f"{pages.kind} page at {key.token_end}: {exc}")
             return False
-        if views is None:
-            pages.copy_in(slot, tensors)
-        else:
-            for name, view in views:
-                view.copy_(tensors[name])
+        self._land(pages, slot, tensors)
         self.served[pages.kind] += 1
         return True
 
     def _set_page(self, pages: PoolPages, slot: int, key: StateKey) -> bool:
         client, _ = self._connected()
-        tensors = pages.views(slot)
-        if tensors is None:
-            tensors = pages.copy_out(slot)
         try:
-            # A stream is (namespace, request, kind, layer, shard, span): the page's own hash as
-            # the request keeps pages of different prefixes at one span from superseding each other.
-            ref = client.put(key, tensors, request_id=key.prefix_hash.hex(), publish=self.options.publish)
+            ref = client.put(key, self._page_tensors(pages, slot), request_id=_stream_of(key),
+                             publish=self.options.publish)
         except StatetierError as exc:
             self._count_refusal(exc.reason, detail=f"storing {pages.kind} page at {key.token_end}: {exc}")
             return False
         with self._lock:
             self._stored[key] = ref
         return True
+
+    @staticmethod
+    def _page_tensors(pages: PoolPages, slot: int) -> list[tuple[str, torch.Tensor]]:
+        views = pages.views(slot)
+        return views if views is not None else pages.copy_out(slot)
+
+    @staticmethod
+    def _land(pages: PoolPages, slot: int, tensors: dict[str, torch.Tensor]) -> None:
+        views = pages.views(slot)
+        if views is None:
+            pages.copy_in(slot, tensors)
+            return
+        for name, view in views:
+            view.copy_(tensors[name])
 
     def _joint_endpoint(self, keys: list[str], extra_info: Any) -> int:
         """The largest page count (relative to ``keys``) where KV and the Mamba snapshot both hold."""
@@ -383,6 +418,13 @@ class HiCacheBackend:
         self.refused[reason] += count
         if detail:
             log.warning("statetier HiCache refused (%s): %s", reason, detail[:300])
+
+
+def _stream_of(key: StateKey) -> str:
+    """The request id a page is stored under: its own hash. A stream is (namespace, request,
+    kind, layer, shard, span), so pages of different prefixes at one span never supersede
+    each other, and storing the same page again supersedes the older copy."""
+    return key.prefix_hash.hex()
 
 
 def _prefix_keys(extra_info: Any) -> list[str] | None:
