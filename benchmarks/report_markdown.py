@@ -196,6 +196,23 @@ def clients_section(rows: list[dict], plot: str | None) -> list[str]:
     return lines
 
 
+def sglang_section(rows: list[dict]) -> list[str]:
+    found = _by(rows, "sglang")
+    if not found:
+        return []
+    body = [[r["op"], str(r["pages"]), f"{r['page_bytes'] / MiB:.1f}", _f(r["p50_us"] / 1e3, 1), _f(r["gbps"]),
+             r["raw"], _f(r["raw_p50_us"] / 1e3, 1), _f(r["raw_gbps"]), _f(r["ratio"]),
+             _f(1 / r["ratio"] if r["ratio"] else None)] for r in found]
+    head = ["op", "pages", "MiB a page", "ms (median)", "GB/s", "SDK call", "SDK ms", "SDK GB/s",
+            "ratio (SDK ÷ backend)", "backend ÷ SDK (target ≤ 1.2)"]
+    return ["## SGLang HiCache backend", "",
+            "`statetier.clients.sglang`'s `batch_set_v1` / `batch_get_v1` of one batch of pages of a page-first KV "
+            "host pool (SGLang's layout; a Qwen3-Next-80B-like page: 12 attention layers × 2 KV heads × 256, "
+            "bfloat16, 64 tokens), against the SDK's own `put_many` / `load_many` of the same pages, the loaded "
+            "tensors copied into the same slots, in the same repetitions against one daemon (host arena).", "",
+            *_table(head, body), ""]
+
+
 METHOD = [
     "## Method", "",
     "- Every statetier figure is paired, repetition by repetition, with a raw path over the same bytes timed in the "
@@ -229,5 +246,6 @@ def render(document: dict, run: dict, plots: dict[str, Path | None], md_dir: Pat
     lines += pd_section(rows, rel.get("pd"))
     lines += prefix_section(rows, rel.get("prefix"))
     lines += clients_section(rows, rel.get("clients"))
+    lines += sglang_section(rows)
     lines += METHOD
     return "\n".join(lines)
