@@ -22,9 +22,10 @@ Calls (SGLang's controller threads; backup and prefetch run at once on one clien
   no token positions, and a page without its position cannot be verified.
 
 Identity (``HiCacheIdentity``): model name, weights revision, KV dtype, pool layouts, page
-size and TP size form the namespace; the page's chained hash is the prefix hash, its span
-comes from ``extra_info.prefix_keys`` (hence ``hicache_storage_pass_prefix_keys``); the
-shard folds TP, attention-CP and DP ranks; the layer group is the PP rank.
+size and TP × CP size form the namespace; the page's chained hash is the prefix hash, its
+span comes from ``extra_info.prefix_keys`` (hence ``hicache_storage_pass_prefix_keys``);
+the shard folds TP and attention-CP ranks (DP replicas share pages); the layer group is
+the PP rank. A lookup answers for every shard, so every rank gives SGLang the same count.
 """
 
 from __future__ import annotations
@@ -86,16 +87,18 @@ class HiCacheIdentity:
 
     spec: NamespaceSpec
     layer: int  # the pipeline stage's layer group
-    shard: int  # TP × attention-CP × DP rank
-    kv_shard: int  # 0 for MLA, whose KV every rank holds whole
+    shard: int  # TP rank × attention-CP size + CP rank (0 for MLA)
     page_size: int
 
     @classmethod
     def build(cls, config: Any, options: BackendOptions, kv: PoolPages, mamba: PoolPages | None) -> "HiCacheIdentity":
         cp_size = int(getattr(config, "attn_cp_size", 1) or 1)
-        tp_size = int(config.tp_size)
-        shard = (int(getattr(config, "dp_rank", 0) or 0) * tp_size + int(config.tp_rank)) * cp_size \
-            + int(getattr(config, "attn_cp_rank", 0) or 0)
+        shard = int(config.tp_rank) * cp_size + int(getattr(config, "attn_cp_rank", 0) or 0)
+        # MLA KV is whole on every rank: one shard, which one rank writes and all read
+        shards = 1 if config.is_mla_model else int(config.tp_size) * cp_size
+        if config.is_mla_model and mamba is not None:
+            raise InvalidRequest("statetier HiCache backend: an MLA model with a Mamba pool is not supported "
+                                 "(its KV is one shard, its Mamba state one per rank)")
         layouts = kv.describe() + ("|" + mamba.describe() if mamba is not None else "")
         spec = NamespaceSpec(
             model_id=str(config.model_name or ""), revision=str(options.weights_revision),
@@ -103,14 +106,13 @@ class HiCacheIdentity:
             ssm_dtype=str(mamba.dtypes[0]).removeprefix("torch.") if mamba else "",
             conv_dtype=str(mamba.dtypes[-1]).removeprefix("torch.") if mamba else "",
             conv_layout=f"sglang:{layouts}:pp{config.pp_size}:cp{cp_size}",
-            tp_size=tp_size * cp_size, hash_algorithm=HASH_ALGORITHM, tenant=options.tenant)
-        kv_shard = 0 if config.is_mla_model else shard
-        return cls(spec, int(config.pp_rank), shard, kv_shard, kv.page_size)
+            tp_size=shards, hash_algorithm=HASH_ALGORITHM, tenant=options.tenant)
+        return cls(spec, int(config.pp_rank), 0 if config.is_mla_model else shard, kv.page_size)
 
     def page_key(self, client: Client, page_hash: str, page_index: int) -> StateKey:
         start = page_index * self.page_size
         return client.kv_key(self.layer, prefix_bytes(page_hash), start, start + self.page_size,
-                             shard=self.kv_shard)
+                             shard=self.shard)
 
     def snapshot_key(self, client: Client, page_hash: str, page_index: int) -> StateKey:
         return client.ssm_key(self.layer, prefix_bytes(page_hash), (page_index + 1) * self.page_size,
@@ -171,7 +173,7 @@ class HiCacheBackend:
         hashes = chain + list(keys)
         boundaries = [((i + 1) * ident.page_size, prefix_bytes(h)) for i, h in enumerate(hashes)]
         try:
-            found = client.lookup([ident.layer], [], boundaries, shard=ident.kv_shard, lease=False)
+            found = client.lookup([ident.layer], [], boundaries, lease=False)
         except StatetierError as exc:
             self._count_refusal(exc.reason)
             return 0
@@ -406,7 +408,7 @@ class HiCacheBackend:
         hashes = chain + list(keys)
         boundaries = [((i + 1) * ident.page_size, prefix_bytes(h)) for i, h in enumerate(hashes)]
         try:
-            found = client.lookup([ident.layer], [ident.layer], boundaries, shard=ident.kv_shard, lease=False)
+            found = client.lookup([ident.layer], [ident.layer], boundaries, lease=False)
         except StatetierError as exc:
             self._count_refusal(exc.reason)
             return 0

@@ -231,7 +231,16 @@ def test_ranks_of_a_sharded_model_never_see_each_others_pages(backends):
     rank0, rank1 = backends(tp_size=2, tp_rank=0), backends(tp_size=2, tp_rank=1)
     keys = chain(11, 2)
     backed_up(rank0, keys, seed=11)
-    assert rank1.batch_exists(keys, ExtraInfo([])) == 0
+    assert rank1.batch_get_v1(keys, slots(0, 2), ExtraInfo([])) == [False, False]
+    assert rank1.mem_pool_host.kv_buffer.count_nonzero() == 0
+
+
+def test_every_rank_answers_the_pages_that_all_ranks_hold(backends):
+    rank0, rank1 = backends(tp_size=2, tp_rank=0), backends(tp_size=2, tp_rank=1)
+    keys = chain(14, 3)
+    backed_up(rank0, keys, seed=14)
+    backed_up(rank1, keys[:2], seed=15)
+    assert [rank0.batch_exists(keys, ExtraInfo([])), rank1.batch_exists(keys, ExtraInfo([]))] == [2, 2]
 
 
 def test_backup_and_prefetch_run_from_two_threads_at_once(backends):
@@ -394,6 +403,11 @@ def test_an_unknown_sidecar_pool_makes_nothing_restorable(backends):
 
 
 # -- configuration and import ----------------------------------------------------------------------
+
+
+def test_an_mla_model_with_a_mamba_pool_is_refused_at_start(daemon):
+    with pytest.raises(InvalidRequest, match="MLA"):
+        make_backend(daemon.url, mamba_pool=MambaPoolHost(), is_mla_model=True)
 
 
 def test_the_extra_config_must_name_the_daemon_and_the_weights_revision():
