@@ -7,8 +7,8 @@ of a Qwen3-Next-80B-like geometry (12 attention layers × 2 KV heads × 256, bfl
 tokens a page: 1.5 MiB), then per repetition, alternating:
 
 - ``batch_set_v1`` of every page, and the SDK's ``put_many`` of the same page tensors;
-- ``batch_get_v1`` of every page into other slots, and the SDK's ``load_many`` of the same
-  objects, copied into the same slots (the caller-buffer form);
+- ``batch_get_v1`` of every page into other slots, and the SDK's ``load_many(into=…)`` of
+  the same objects into the same slots (the caller-buffer form);
 
 Rows: suite ``sglang``, ops ``batch_set_v1`` / ``batch_get_v1``, raw = the SDK call, ratio =
 SDK time ÷ backend time (1.0: the backend costs nothing over the SDK; the target is a
@@ -95,9 +95,7 @@ def measure(url: str, pages: int, reps: int, progress) -> list[dict]:
             refs: list = []
 
             def load_into_slots() -> None:
-                for i, tensors in enumerate(sdk.load_many(refs)):
-                    for name, view in page((pages + i) * PAGE_TOKENS):
-                        view.copy_(tensors[name])
+                sdk.load_many(refs, into=[dict(page((pages + i) * PAGE_TOKENS)) for i in range(pages)])
 
             t_set = _timed(lambda: _must(backend.batch_set_v1(keys, source, _Info([]))))
             t_put = _timed(lambda: refs.extend(sdk.put_many(items)))
@@ -121,7 +119,7 @@ def measure(url: str, pages: int, reps: int, progress) -> list[dict]:
     extra = {"pages": pages, "page_bytes": page_bytes, "reps": reps}
     return [paired_row("sglang", "host", "batch_set_v1", size, pages, times["set"], "SDK put_many", times["put"],
                        **extra),
-            paired_row("sglang", "host", "batch_get_v1", size, pages, times["get"], "SDK load_many into slots",
+            paired_row("sglang", "host", "batch_get_v1", size, pages, times["get"], "SDK load_many(into=)",
                        times["load"], **extra)]
 
 

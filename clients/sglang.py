@@ -180,12 +180,12 @@ class HiCacheBackend:
         return max(0, min(len(keys), found.tokens // ident.page_size - len(chain)))
 
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor, extra_info: Any = None) -> list[bool]:
-        return self._move_pages(KV, keys, host_indices, extra_info, *self._load_moves)
+        return self._move_pages(KV, keys, host_indices, extra_info, self._loads)
 
     def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor, extra_info: Any = None) -> list[bool]:
         if not self.is_writer:  # MLA: one rank writes what every rank reads
             return [True] * len(keys)
-        return self._move_pages(KV, keys, host_indices, extra_info, *self._store_moves)
+        return self._move_pages(KV, keys, host_indices, extra_info, self._stores)
 
     # -- hybrid, v2 -----------------------------------------------------------------------
 
@@ -217,8 +217,7 @@ class HiCacheBackend:
 
     def batch_get_v2(self, transfers: Sequence[Any], extra_info: Any = None) -> dict[str, list[bool]]:
         return {str(t.name): self._move_pages(str(t.name), list(t.keys or []), t.host_indices, extra_info,
-                                              *self._load_moves)
-                for t in transfers}
+                                              self._loads) for t in transfers}
 
     def batch_set_v2(self, transfers: Sequence[Any], extra_info: Any = None) -> dict[str, list[bool]]:
         results = {}
@@ -227,7 +226,7 @@ class HiCacheBackend:
             if name == KV and not self.is_writer:
                 results[name] = [True] * len(keys)
                 continue
-            results[name] = self._move_pages(name, keys, t.host_indices, extra_info, *self._store_moves)
+            results[name] = self._move_pages(name, keys, t.host_indices, extra_info, self._stores)
         return results
 
     # -- the copying v0 interface: no positions, so nothing verifiable ----------------------
@@ -308,11 +307,10 @@ class HiCacheBackend:
         return ident.page_key(client, page_hash, page_index)
 
     def _move_pages(self, pool_name: str, keys: list[str], host_indices: Any, extra_info: Any,
-                    batch, one) -> list[bool]:
-        """Move the pages of ``keys`` between their slots and the daemon: ``batch`` moves them
-        all (or raises), and only when it fails ``one`` goes page by page to find the first page
-        that cannot move. Pages after that one are ``False`` (SGLang stops at the first missing
-        page). ``batch=None`` goes page by page from the start."""
+                    batch) -> list[bool]:
+        """Move the pages of ``keys`` between their slots and the daemon in one batch call.
+        A page that cannot move is ``False``, and so are the pages after it (SGLang stops at
+        the first missing page); its reason is counted."""
         chain = _prefix_keys(extra_info)
         if chain is None:
             self._count_refusal("position_unknown", len(keys))
@@ -331,73 +329,55 @@ class HiCacheBackend:
         plan = [(int(slots[i * step]), self._key(pool_name, h, len(chain) + i)) for i, h in enumerate(keys)]
         if not plan:
             return []
-        if batch is not None:
-            try:
-                batch(pages, plan)
-                return [True] * len(plan)
-            except StatetierError:
-                pass
-        results: list[bool] = []
-        for slot, key in plan:
-            results.append(bool(results[-1]) if results else True)
-            if results[-1]:
-                results[-1] = one(pages, slot, key)
-        return results
+        moved = batch(pages, plan)
+        return [i < moved for i in range(len(plan))]
 
-    @property
-    def _load_moves(self):
-        """Loads go page by page: a failed batch load would already have dropped a damaged
-        copy, and the page-by-page retry would then report not_found instead of the damage."""
-        return None, self._get_page
+    def _loads(self, pages: PoolPages, plan: list[tuple[int, StateKey]]) -> int:
+        """Load every page into its slot (verified where it lands); how many leading pages did."""
+        client, _ = self._connected()
+        keys = [key for _, key in plan]
+        views = [pages.views(slot) for slot, _ in plan]
+        try:
+            if views[0] is not None:  # page-first: straight into the pool's own memory
+                client.load_many(keys, into=[dict(v) for v in views])
+            else:
+                loaded = client.load_many(keys, expect=pages.expected(plan[0][0]))
+                for (slot, _), tensors in zip(plan, loaded):
+                    pages.copy_in(slot, tensors)
+            moved = len(plan)
+        except StatetierError as exc:
+            moved = self._refused_item(exc, pages, plan, "loading")
+            if moved:  # the batch's destinations are undefined after a failure: load the good ones again
+                moved = self._loads(pages, plan[:moved])
+        self.served[pages.kind] += moved
+        return moved
 
-    @property
-    def _store_moves(self):
-        return self._set_batch, self._set_page
-
-    def _set_batch(self, pages: PoolPages, plan: list[tuple[int, StateKey]]) -> None:
+    def _stores(self, pages: PoolPages, plan: list[tuple[int, StateKey]]) -> int:
+        """Store every page from its slot; how many leading pages were stored."""
         client, _ = self._connected()
         items = [PutItem(key, self._page_tensors(pages, slot), request_id=_stream_of(key),
                          publish=self.options.publish) for slot, key in plan]
-        refs = client.put_many(items)
+        try:
+            refs = client.put_many(items)
+        except StatetierError as exc:
+            moved = self._refused_item(exc, pages, plan, "storing")
+            return self._stores(pages, plan[:moved]) if moved else 0
         with self._lock:
             self._stored.update(zip((key for _, key in plan), refs))
+        return len(plan)
 
-    def _get_page(self, pages: PoolPages, slot: int, key: StateKey) -> bool:
-        client, _ = self._connected()
-        try:
-            tensors = client.load(key, expect=pages.expected(slot))
-        except StatetierError as exc:
-            self._count_refusal(exc.reason, detail=f"{pages.kind} page at {key.token_end}: {exc}")
-            return False
-        self._land(pages, slot, tensors)
-        self.served[pages.kind] += 1
-        return True
-
-    def _set_page(self, pages: PoolPages, slot: int, key: StateKey) -> bool:
-        client, _ = self._connected()
-        try:
-            ref = client.put(key, self._page_tensors(pages, slot), request_id=_stream_of(key),
-                             publish=self.options.publish)
-        except StatetierError as exc:
-            self._count_refusal(exc.reason, detail=f"storing {pages.kind} page at {key.token_end}: {exc}")
-            return False
-        with self._lock:
-            self._stored[key] = ref
-        return True
+    def _refused_item(self, exc: StatetierError, pages: PoolPages, plan: list, doing: str) -> int:
+        """Count a batch's refusal; the number of pages before the refused one."""
+        item = exc.detail.get("item")
+        index = item if isinstance(item, int) and 0 <= item < len(plan) else 0
+        self._count_refusal(exc.reason, detail=f"{doing} {pages.kind} page ending at token "
+                                               f"{plan[index][1].token_end}: {exc}")
+        return index
 
     @staticmethod
     def _page_tensors(pages: PoolPages, slot: int) -> list[tuple[str, torch.Tensor]]:
         views = pages.views(slot)
         return views if views is not None else pages.copy_out(slot)
-
-    @staticmethod
-    def _land(pages: PoolPages, slot: int, tensors: dict[str, torch.Tensor]) -> None:
-        views = pages.views(slot)
-        if views is None:
-            pages.copy_in(slot, tensors)
-            return
-        for name, view in views:
-            view.copy_(tensors[name])
 
     def _joint_endpoint(self, keys: list[str], extra_info: Any) -> int:
         """The largest page count (relative to ``keys``) where KV and the Mamba snapshot both hold."""
