@@ -8,6 +8,9 @@
 #   make chaos-short  the same probes for about two minutes (part of `make test`, so of CI)
 #   make run     the daemon in the foreground (`statetier serve $(RUN_ARGS)`)
 #   make bench   benchmarks/seal.py
+#   make test-sglang  opt-in, not in CI: a separate .venv-sglang with sglang 0.5.23 (--no-deps,
+#                plus the modules its HiCache storage API imports), then the SGLang backend's
+#                tests against SGLang's real HiCacheStorage ABC and StorageBackendFactory
 #   make clean   caches and build output; `make distclean` also drops .venv
 
 VENV        ?= .venv
@@ -23,7 +26,14 @@ CHAOS_MINUTES ?= 20
 # offer a CUDA build of the same version.
 FIND_LINKS := $(if $(wildcard $(WHEELS)),--find-links $(WHEELS))
 
-.PHONY: venv test chaos chaos-short run bench clean distclean
+SGLANG_VENV ?= .venv-sglang
+SGLANG      := sglang==0.5.23
+# What `sglang.srt.mem_cache.hicache_storage` and its storage factory import; the rest of
+# SGLang's dependencies (CUDA kernels, torchvision …) are not needed for the L3 storage API.
+SGLANG_DEPS := orjson psutil pybase64 requests numpy triton packaging pillow starlette msgspec \
+               typing_extensions pyzmq ipython aiohttp
+
+.PHONY: venv test chaos chaos-short run bench clean distclean test-sglang
 
 venv: $(STAMP)
 
@@ -48,6 +58,20 @@ chaos-short: $(STAMP)
 	VENV=$(VENV) bash scripts/ensure_redis.sh
 	$(PY) reliability/run.py --short
 
+$(SGLANG_VENV)/.installed: pyproject.toml
+	test -x $(SGLANG_VENV)/bin/python || python3 -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(SGLANG_VENV)/bin/python -m pip install --quiet $(FIND_LINKS) '$(TORCH)'
+	$(SGLANG_VENV)/bin/python -m pip install --quiet $(FIND_LINKS) -e '.[test]' '$(TORCH)'
+	$(SGLANG_VENV)/bin/python -m pip install --quiet --no-deps '$(SGLANG)'
+	$(SGLANG_VENV)/bin/python -m pip install --quiet $(FIND_LINKS) $(SGLANG_DEPS) '$(TORCH)'
+	touch $@
+
+test-sglang: $(SGLANG_VENV)/.installed
+	VENV=$(SGLANG_VENV) bash scripts/ensure_redis.sh
+	$(SGLANG_VENV)/bin/python -m pytest -p no:cacheprovider tests/clients/test_sglang_backend.py \
+		tests/clients/test_sglang_factory.py $(PYTEST_ARGS)
+
 run: $(STAMP)
 	@if $(PY) -c 'import statetier.daemon.app' 2>/dev/null; then \
 		exec $(VENV)/bin/statetier serve $(RUN_ARGS); \
@@ -68,4 +92,4 @@ clean:
 		| xargs -0 rm -rf
 
 distclean: clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(SGLANG_VENV)
