@@ -239,10 +239,10 @@ async def run(budget: Budget) -> ProbeResult:
     result = ProbeResult(
         PROBE,
         promise="an acknowledged durable (or published) put survives kill -9 byte-exact; nothing torn or "
-                "deleted is served; a killed client's leases and reservations are released",
+                "deleted is served; a killed client's leases and window regions are released",
         lost_means="a put acknowledged `durable: true` (or published, Redis alive) not served byte-exact after restart",
         wrong_means="any load returning other bytes than its put sent; a deleted object served again; "
-                    "a lease/reservation/arena byte a killed client held not given back",
+                    "a lease, arena byte or window a killed client held not given back",
     )
     rng = random.Random(14)
     started = time.monotonic()
