@@ -62,7 +62,7 @@ bench: $(STAMP)
 
 clean:
 	rm -rf build dist .pytest_cache .hypothesis statetier-data statetier.sock
-	find . -path ./$(VENV) -prune -o \( -name __pycache__ -o -name '*.egg-info' \) -type d -print0 \
+	find . \( -path ./$(VENV) -o -path ./$(VLLM_VENV) \) -prune -o \( -name __pycache__ -o -name '*.egg-info' \) -type d -print0 \
 		| xargs -0 rm -rf
 
 distclean: clean

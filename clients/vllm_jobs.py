@@ -37,6 +37,7 @@ class LoadJob:
     tokens: int                     # the boundary restored: every layer at exactly this many tokens
     items: tuple[LoadItem, ...]
     attention_blocks: tuple[int, ...]  # the blocks written, reported back if the load is refused
+    problem: str = ""                  # set: the scheduler found the job unsound; the worker refuses it
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ class _Plan:
     tokens: int = 0
     refs: list[StateRef] = field(default_factory=list)   # expected refs, every shard
     leases: list[int] = field(default_factory=list)
+    local: int = 0                                       # num_computed when asked
 
 
 @dataclass
@@ -86,9 +87,12 @@ class SchedulerSide:
         plan = self._plans.get(rid)
         if plan is None:
             plan = self._plans[rid] = self._plan(request)
+        plan.local = num_computed
         return max(0, plan.tokens - num_computed)
 
     def _plan(self, request) -> _Plan:
+        if request.prompt_token_ids is None:  # prompt embeddings: no token ids to key state by
+            return _Plan()
         tokens = list(request.prompt_token_ids)
         hashes = self._hashes(tokens)
         limit = (len(tokens) - 1) // self.layout.block_size  # whole blocks short of the last token
@@ -179,7 +183,14 @@ class SchedulerSide:
             return
         self._tried.add(rid)
         self._leases[rid] = plan.leases
-        first_block = (plan.tokens - num_external) // self.layout.block_size  # below: local prefix-cache hit
+        if plan.local + num_external != plan.tokens:
+            # vLLM trimmed the hit: the Mamba state would not match the tokens it skips
+            problem = f"vLLM skips {plan.local} + {num_external} tokens; the state is at {plan.tokens}"
+            skipped = -(-(plan.local + num_external) // self.layout.block_size)
+            blocks = {b for g in self.layout.attention_groups for b in block_ids[g.index][:skipped]}
+            self._pending.append(LoadJob(rid, plan.tokens, (), tuple(sorted(blocks)), problem))
+            return
+        first_block = plan.local // self.layout.block_size  # below: the local prefix-cache hit
         items, written = [], set()
         for ref in plan.refs:
             group, name = self.layout.group_of(ref.key.kind, ref.key.layer)

@@ -38,6 +38,7 @@ from typing import Mapping, Sequence
 
 import torch
 
+from statetier.protocol.errors import InvalidRequest
 from statetier.protocol.identity import Kind, NamespaceSpec
 from statetier.protocol.messages import ref_to_wire
 
@@ -104,6 +105,8 @@ class WorkerSide:
         for job in jobs:
             items = [item for item in job.items if item.ref.key.shard == self.shard]
             try:
+                if job.problem:
+                    raise InvalidRequest(job.problem)
                 fetched = self._fetch(items)
             except Exception as exc:  # noqa: BLE001 - any failure means: recompute, never run on it
                 self._refused(job, exc)

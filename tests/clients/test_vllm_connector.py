@@ -380,3 +380,16 @@ def test_a_handoff_parses_or_is_refused_loudly() -> None:
     with pytest.raises(InvalidRequest):
         handoff_from_params({"statetier": {"tokens": 0, "block_size": 16, "refs": []}})
     assert ref_from_wire  # the wire form is the protocol's own (messages.ref_to_wire)
+
+
+def test_a_hit_that_vllm_trims_is_refused_rather_than_loaded_at_the_wrong_position(engines) -> None:
+    producer, consumer = engines(role="producer", seed=10), engines(role="consumer", seed=None)
+    prompt = tokens(10, 40)
+    prefill(producer, FakeRequest("p-10", prompt), PRODUCER_BLOCKS, seed=10)
+    request = FakeRequest("c-10", prompt)
+    assert consumer.scheduler.matched_tokens(request, 0) == 32
+    consumer.scheduler.after_alloc(request, CONSUMER_BLOCKS, 16)  # vLLM took only 16 of the 32
+    consumer.worker.load(consumer.scheduler.build_meta([]).loads)
+    assert consumer.worker.take_results().failed == {"c-10"}
+    assert consumer.worker.take_failed_blocks() == {5}  # the block vLLM believed loaded
+    assert all(not t.any() for t in consumer.buffers.values())

@@ -73,9 +73,14 @@ def audit_records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def of_request(record: dict, request_id: str) -> bool:
+    """The engine's id of a request is the caller's id plus a random suffix (``0-8ff29d76``)."""
+    return record["request"] == request_id or record["request"].startswith(request_id + "-")
+
+
 def page_digests(records, event: str, request_id: str) -> dict[tuple, str]:
     return {(r["layer"], r["kind"], r["shard"], tuple(r["span"])): r["digest"]
-            for r in records if r["event"] == event and r["request"] == request_id}
+            for r in records if r["event"] == event and of_request(r, request_id)}
 
 
 def bad_handoffs(produced: dict, saves: list[dict], hybrid: bool) -> dict[str, dict]:
@@ -86,7 +91,7 @@ def bad_handoffs(produced: dict, saves: list[dict], hybrid: bool) -> dict[str, d
     swapped, stale = copy.deepcopy(a), copy.deepcopy(a)
     b_ssm = {r["key"]["layer"]: r for r in b["statetier"]["refs"] if r["key"]["kind"] == "ssm"}
     earlier = {r["ref"]["key"]["layer"]: r["ref"] for r in saves
-               if r["event"] == "save" and r["request"] == produced["A"]["request_id"] and r["kind"] == "ssm"
+               if r["event"] == "save" and of_request(r, produced["A"]["request_id"]) and r["kind"] == "ssm"
                and r["span"] == [0, RESTORED - 128]}
     for handoff, replacement in ((swapped, b_ssm), (stale, earlier)):
         refs = handoff["statetier"]["refs"]
@@ -154,22 +159,30 @@ def check_model(work: Path, daemon: DaemonProcess, name: str, model_dir: Path, h
         n_kv = sum(1 for k in loaded if k[1] == "kv")
         n_ssm = len(loaded) - n_kv
         equal = bool(loaded) and loaded == wanted
-        print(f"  {case:<8} loaded {n_kv} KV pages + {n_ssm} Mamba states "
-              f"({'bytes equal to' if equal else 'NOT equal to'} the producer's {len(wanted)})", flush=True)
+        cached = consumed[case]["num_cached_tokens"]
+        print(f"  {case:<8} loaded {n_kv} KV pages + {n_ssm} Mamba states, "
+              f"{'bytes equal to' if equal else 'NOT equal to'} the producer's {len(wanted)}; "
+              f"vLLM skipped {cached} of {PROMPT_TOKENS} prompt tokens", flush=True)
+        if cached != RESTORED:
+            failures.append(f"{name}/{case}: vLLM counts {cached} cached tokens, not {RESTORED}")
         if not equal:
             failures.append(f"{name}/{case}: loaded pages {sorted(loaded)} differ from the producer's {sorted(wanted)}")
-        refused = [r for r in loads if r["event"] == "refused" and r["request"] == consumed[case]["request_id"]]
+        refused = [r for r in loads if r["event"] == "refused" and of_request(r, consumed[case]["request_id"])]
         if refused:
             failures.append(f"{name}/{case}: a good load was refused: {refused}")
     for case in bad:
         rid = consumed[case]["request_id"]
-        refused = [r for r in loads if r["event"] == "refused" and r["request"] == rid]
-        wrote = [r for r in loads if r["event"] == "load" and r["request"] == rid]
+        refused = [r for r in loads if r["event"] == "refused" and of_request(r, rid)]
+        wrote = [r for r in loads if r["event"] == "load" and of_request(r, rid)]
         reasons = sorted({r["reason"] for r in refused})
         named = ", ".join(f"{r['error']} ({r['reason']})" for r in refused) or "NOT refused"
-        print(f"  {case:<8} refused: {named}; vLLM recomputed it", flush=True)
+        cached = consumed[case]["num_cached_tokens"]
+        print(f"  {case:<8} refused: {named}; vLLM recomputed all {PROMPT_TOKENS} tokens (cached: {cached})",
+              flush=True)
         if not refused or not set(reasons) <= REFUSALS or wrote:
             failures.append(f"{name}/{case}: expected a typed refusal and nothing written, got {refused} / {len(wrote)} writes")
+        if cached != 0:
+            failures.append(f"{name}/{case}: vLLM counts {cached} tokens as cached after a refused load")
     return failures
 
 
