@@ -24,6 +24,7 @@ the same request a second load. Mamba state requires ``mamba_cache_mode="none"``
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import TYPE_CHECKING, Any
 
 from statetier.protocol.errors import InvalidRequest
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = ["StatetierConnector", "layout_from_vllm", "namespace_from_vllm", "ConnectorConfig", "EngineLayout"]
 
 _built: dict[str, Any] = {}
+log = logging.getLogger("vllm.statetier")  # under vLLM's logger: shown with vLLM's own lines
 
 
 def __getattr__(name: str) -> Any:
@@ -110,6 +112,9 @@ def _build_classes() -> dict[str, type]:
             spec = namespace_from_vllm(vllm_config, self._layout, cfg)
             self._scheduler: SchedulerSide | None = None
             self._worker: WorkerSide | None = None
+            log.info("statetier connector (%s, %s): %s, attention blocks of %d tokens, %d attention + %d Mamba "
+                     "layers, namespace %s", role.name.lower(), transfer.kv_role, cfg.url, self._layout.block_size,
+                     len(self._layout.attention_layers), len(self._layout.ssm_layers), spec.namespace().hex()[:16])
             if role == base.KVConnectorRole.SCHEDULER:
                 self._scheduler = SchedulerSide(cfg, self._layout, spec,
                                                 tp_size=vllm_config.parallel_config.tensor_parallel_size,

@@ -232,7 +232,8 @@ class SchedulerSide:
         for block in range(tracked.next_block, last):
             for group in self.layout.attention_groups:
                 for name, lid in group.layers:
-                    key = StateKey(self.namespace, Kind.KV, lid, tracked.hashes[block], block * size, (block + 1) * size)
+                    key = StateKey(self.namespace, Kind.KV, lid, tracked.hashes[block], block * size,
+                                   (block + 1) * size)
                     items.append(SaveItem(name, key, step.block_ids[group.index][block]))
         tracked.next_block = max(tracked.next_block, last)
         if absorbed % size == 0 and 0 < absorbed <= prompt_len and step.num_scheduled > 0:

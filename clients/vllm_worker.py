@@ -162,7 +162,8 @@ class WorkerSide:
 
     def save(self, jobs: Sequence[SaveJob]) -> None:
         for job in jobs:
-            puts = [PutItem(replace(item.key, shard=self.shard), self._views(item.layer_name, item.key.kind, item.block_id),
+            puts = [PutItem(replace(item.key, shard=self.shard),
+                            self._views(item.layer_name, item.key.kind, item.block_id),
                             request_id=job.request_id, step=job.step, publish=self.cfg.publish) for item in job.items]
             try:
                 refs = self._connected().put_many(puts)

@@ -326,7 +326,8 @@ def test_a_local_prefix_cache_hit_is_not_overwritten(engines) -> None:
     prompt = tokens(8, 50)
     blocks = ([1, 2, 3, 4],)
     producer.scheduler.after_alloc(FakeRequest("p-8", prompt), blocks, 0)
-    producer.worker.save(producer.scheduler.build_meta([ScheduledStep(FakeRequest("p-8", prompt), 0, 50, blocks)]).saves)
+    step = ScheduledStep(FakeRequest("p-8", prompt), 0, 50, blocks)
+    producer.worker.save(producer.scheduler.build_meta([step]).saves)
     request = FakeRequest("c-8", prompt)
     assert consumer.scheduler.matched_tokens(request, 16) == 32  # 48 restorable, 16 already local
     consumer.scheduler.after_alloc(request, ([6, 7, 8, 9],), 32)
@@ -359,14 +360,16 @@ def test_settings_are_checked_and_layer_ids_read_from_names() -> None:
 
 def test_the_namespace_names_everything_that_makes_state_incompatible() -> None:
     cfg = ConnectorConfig.from_extra({"url": "unix:///x"})
-    base = dict(model="m", revision="", config_digest="c", weight_dtype="float32", tp_size=1, engine_tag="vllm-0.32/cpu")
+    base = dict(model="m", revision="", config_digest="c", weight_dtype="float32", tp_size=1,
+                engine_tag="vllm-0.32/cpu")
     ns = namespace_spec(cfg, hybrid_layout(), **base).namespace()
     variants = [
         namespace_spec(cfg, hybrid_layout(), **{**base, "tp_size": 2}),
         namespace_spec(cfg, hybrid_layout(), **{**base, "config_digest": "d"}),
         namespace_spec(cfg, hybrid_layout(), **{**base, "engine_tag": "vllm-0.32/cuda"}),
         namespace_spec(cfg, attention_layout(), **base),
-        namespace_spec(ConnectorConfig.from_extra({"url": "unix:///x", "model_fingerprint": "w1"}), hybrid_layout(), **base),
+        namespace_spec(ConnectorConfig.from_extra({"url": "unix:///x", "model_fingerprint": "w1"}), hybrid_layout(),
+                       **base),
         namespace_spec(ConnectorConfig.from_extra({"url": "unix:///x", "tenant": "t2"}), hybrid_layout(), **base),
     ]
     assert all(v.namespace() != ns for v in variants)

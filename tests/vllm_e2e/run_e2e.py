@@ -199,7 +199,8 @@ def check_refused(runs: Runs) -> list[str]:
         print(f"  {case:<8} refused: {named}; vLLM recomputed all {PROMPT_TOKENS} tokens (cached: {cached})",
               flush=True)
         if not refused or not {r["reason"] for r in refused} <= REFUSALS or wrote:
-            failures.append(f"{case}: expected a typed refusal and nothing written, got {refused} / {len(wrote)} writes")
+            failures.append(f"{case}: expected a typed refusal and nothing written, "
+                            f"got {refused} / {len(wrote)} writes")
         if cached != 0:
             failures.append(f"{case}: vLLM counts {cached} tokens as cached after a refused load")
     return failures
@@ -207,8 +208,8 @@ def check_refused(runs: Runs) -> list[str]:
 
 def check_model(work: Path, daemon: DaemonProcess, name: str, model_dir: Path, hybrid: bool) -> list[str]:
     """Run the three engines of one model; the failures found (empty: a pass)."""
-    print(f"{name}: {'GraniteMoeHybrid (Mamba2 + attention), mamba_cache_mode=none' if hybrid else 'Llama, attention only'}",
-          flush=True)
+    what = "GraniteMoeHybrid (Mamba2 + attention), mamba_cache_mode=none" if hybrid else "Llama, attention only"
+    print(f"{name}: {what}", flush=True)
     try:
         runs = run_engines(work, daemon, name, model_dir, hybrid)
     except AssertionError as exc:
