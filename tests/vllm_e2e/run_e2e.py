@@ -5,7 +5,7 @@ caching off: ``mamba_cache_mode="none"``), both tiny, random-weight, made here �
 engine processes against one statetier daemon (a subprocess):
 
 1. reference: no connector at all;
-2. producer (``kv_producer``): prefills prompts A and B (288 tokens each), saving their
+2. producer (``kv_producer``): prefills prompts A, B and C (288 tokens each), saving their
    attention blocks and, at every step that ends on a block end, their Mamba state;
 3. consumer (``kv_consumer``), one request after another:
    - ``lookup``  — prompt A, no handoff: the joint-hit lookup restores 256 tokens;
@@ -13,13 +13,16 @@ engine processes against one statetier daemon (a subprocess):
    - ``swapped`` — prompt A with a handoff of B's state (hybrid: A's refs with B's Mamba
      states; attention only: B's refs): must be refused, and vLLM recomputes;
    - ``stale``   — hybrid only: A's handoff whose Mamba refs name A's snapshot one step
-     (128 tokens) earlier: must be refused, and vLLM recomputes.
+     (128 tokens) earlier: must be refused, and vLLM recomputes;
+   - ``control`` — hybrid only, the negative control: B's Mamba states put again *as C's*
+     (a producer bug no identity can see), handed over with C's pages. It must load, and
+     the tokens must then differ from the reference: the comparison sees a wrong Mamba state.
 
 Passes only when every consumer request's greedy tokens equal the reference's, the
 accepted loads wrote into the consumer's buffers exactly the bytes the producer saved
 (BLAKE2b of every page and Mamba state, read from the engines' own buffers, through the
 connector's audit log) and covered every layer, and the bad handoffs were refused with a
-typed statetier reason. Exit status 0 on a pass, 1 otherwise.
+typed statetier reason, and the control's tokens differ. Exit status 0 on a pass, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -46,12 +49,12 @@ RESTORED = 256
 MAX_TOKENS = 12
 ENGINE_TIMEOUT = 900
 REFUSALS = {"position", "placement", "fingerprint", "stale", "misrouted", "namespace"}
-PROMPT_OF = {"lookup": "A", "handoff": "B", "swapped": "A", "stale": "A"}
+PROMPT_OF = {"lookup": "A", "handoff": "B", "swapped": "A", "stale": "A", "control": "C"}
 
 
 def prompts() -> dict[str, list[int]]:
     rng = random.Random(13)
-    return {name: [rng.randrange(1, VOCAB) for _ in range(PROMPT_TOKENS)] for name in ("A", "B")}
+    return {name: [rng.randrange(1, VOCAB) for _ in range(PROMPT_TOKENS)] for name in ("A", "B", "C")}
 
 
 def run_engine(work: Path, label: str, spec: dict) -> dict:
@@ -108,6 +111,25 @@ def bad_handoffs(produced: dict, saves: list[dict], hybrid: bool) -> dict[str, d
     return {"swapped": swapped, "stale": stale}
 
 
+def forged_handoff(daemon: DaemonProcess, produced: dict) -> dict:
+    """C's handoff whose Mamba refs name B's states, sealed again under C's keys."""
+    from statetier.clients import Client
+    from statetier.protocol.identity import Namespace
+    from statetier.protocol.messages import ref_from_wire, ref_to_wire
+
+    forged = copy.deepcopy(produced["C"]["kv_transfer_params"])
+    b_ssm = {r["key"]["layer"]: ref_from_wire(r) for r in produced["B"]["kv_transfer_params"]["statetier"]["refs"]
+             if r["key"]["kind"] == "ssm"}
+    refs = forged["statetier"]["refs"]
+    with Client(daemon.url, namespace=Namespace.from_hex(refs[0]["key"]["ns"]), use_shm=False) as client:
+        for i, ref in enumerate(refs):
+            if ref["key"]["kind"] == "ssm":
+                key = ref_from_wire(ref).key
+                states = client.load(b_ssm[key.layer])
+                refs[i] = ref_to_wire(client.put(key, states, request_id="forged-by-the-test", step=key.token_end))
+    return forged
+
+
 @dataclass
 class Runs:
     """What the three engines of one model answered, and what their connectors logged."""
@@ -129,11 +151,11 @@ def run_engines(work: Path, daemon: DaemonProcess, name: str, model_dir: Path, h
                                         "audit_path": str(work / f"{name}-{role}.audit.jsonl")}}
 
     reference = run_engine(work, f"{name}-reference", {**base, "connector": None, "requests": [
-        {"name": p, "prompt": text[p], "max_tokens": MAX_TOKENS} for p in ("A", "B")]})
+        {"name": p, "prompt": text[p], "max_tokens": MAX_TOKENS} for p in text]})
     produced = run_engine(work, f"{name}-producer", {**base, "connector": connector("kv_producer"), "requests": [
-        {"name": p, "prompt": text[p], "max_tokens": 2} for p in ("A", "B")]})
+        {"name": p, "prompt": text[p], "max_tokens": 2} for p in text]})
     runs = Runs(reference, produced, audit_records(work / f"{name}-kv_producer.audit.jsonl"))
-    for p in ("A", "B"):
+    for p in text:
         handed = (produced[p]["kv_transfer_params"] or {}).get("statetier", {})
         if handed.get("tokens") != RESTORED:
             raise AssertionError(f"the producer's handoff of {p} covers {handed.get('tokens')} tokens, not {RESTORED}")
@@ -143,6 +165,9 @@ def run_engines(work: Path, daemon: DaemonProcess, name: str, model_dir: Path, h
                  "params": produced["B"]["kv_transfer_params"]}]
     requests += [{"name": kind, "prompt": text["A"], "max_tokens": MAX_TOKENS, "params": params}
                  for kind, params in runs.bad.items()]
+    if hybrid:
+        requests.append({"name": "control", "prompt": text["C"], "max_tokens": MAX_TOKENS,
+                         "params": forged_handoff(daemon, produced)})
     runs.consumed = run_engine(work, f"{name}-consumer", {**base, "connector": connector("kv_consumer"),
                                                           "requests": requests})
     runs.loads = audit_records(work / f"{name}-kv_consumer.audit.jsonl")
@@ -153,6 +178,14 @@ def check_tokens(runs: Runs) -> list[str]:
     failures = []
     for case, out in runs.consumed.items():
         want = runs.reference[PROMPT_OF[case]]["tokens"]
+        if case == "control":
+            differ = out["tokens"] != want
+            print(f"  {case:<8} tokens {'differ from' if differ else 'EQUAL'} the reference: {out['tokens']} "
+                  f"(loaded {out['num_cached_tokens']} tokens with B's Mamba state)", flush=True)
+            if not differ or out["num_cached_tokens"] != RESTORED:
+                failures.append(f"{case}: a wrong Mamba state went unnoticed by the token comparison "
+                                f"({out['num_cached_tokens']} tokens loaded)")
+            continue
         same = out["tokens"] == want
         print(f"  {case:<8} tokens {'equal' if same else 'DIFFER from'} the reference: {out['tokens']}", flush=True)
         if not same:
