@@ -181,7 +181,7 @@ def check_tokens(runs: Runs) -> list[str]:
         if case == "control":
             differ = out["tokens"] != want
             print(f"  {case:<8} tokens {'differ from' if differ else 'EQUAL'} the reference: {out['tokens']} "
-                  f"(loaded {out['num_cached_tokens']} tokens with B's Mamba state)", flush=True)
+                  f"(reference {want}; loaded {out['num_cached_tokens']} tokens with B's Mamba state)", flush=True)
             if not differ or out["num_cached_tokens"] != RESTORED:
                 failures.append(f"{case}: a wrong Mamba state went unnoticed by the token comparison "
                                 f"({out['num_cached_tokens']} tokens loaded)")
