@@ -26,7 +26,10 @@ echo 'torch==2.13.0+cpu' > "$CONSTRAINTS"
 
 "$PY" - <<'PY'
 import importlib.metadata as md
+import importlib.util
 import torch
+for name in ("torchvision", "torchaudio", "torchcodec"):
+    assert importlib.util.find_spec(name) is None, f"{name} is installed: it fails to load beside the CPU torch"
 v = torch.__version__
 assert v == "2.13.0+cpu", f"torch {v}: expected the CPU build 2.13.0+cpu"
 assert not torch.version.cuda, f"a CUDA torch was installed ({torch.version.cuda})"

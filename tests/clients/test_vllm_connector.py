@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import pickle
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "daemon"))  # the s
 
 from daemon_procs import daemon_fixture  # noqa: E402
 
-from statetier.clients.vllm_jobs import StepMeta, handoff_from_params  # noqa: E402
+from statetier.clients import Client  # noqa: E402
+from statetier.clients.vllm_jobs import LoadItem, LoadJob, StepMeta, handoff_from_params  # noqa: E402
 from statetier.clients.vllm_layout import (  # noqa: E402
     CacheGroup, ConnectorConfig, EngineLayout, StateSpec, layer_id_of, namespace_spec)
 from statetier.clients.vllm_scheduler import ScheduledStep, SchedulerSide  # noqa: E402
@@ -382,7 +384,6 @@ def test_a_handoff_parses_or_is_refused_loudly() -> None:
         handoff_from_params({"statetier": {"tokens": 16}})
     with pytest.raises(InvalidRequest):
         handoff_from_params({"statetier": {"tokens": 0, "block_size": 16, "refs": []}})
-    assert ref_from_wire  # the wire form is the protocol's own (messages.ref_to_wire)
 
 
 def test_a_hit_that_vllm_trims_is_refused_rather_than_loaded_at_the_wrong_position(engines) -> None:
@@ -396,3 +397,57 @@ def test_a_hit_that_vllm_trims_is_refused_rather_than_loaded_at_the_wrong_positi
     assert consumer.worker.take_results().failed == {"c-10"}
     assert consumer.worker.take_failed_blocks() == {5}  # the block vLLM believed loaded
     assert all(not t.any() for t in consumer.buffers.values())
+
+
+def _until(predicate, timeout: float = 20.0) -> None:
+    """Poll a condition the daemon reaches in the background (a lease dropped on close)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+def test_the_lookup_leases_are_held_until_vllm_reports_the_load_done(engines, daemon) -> None:
+    producer, consumer = engines(role="producer", seed=11), engines(role="consumer", seed=None)
+    prompt = tokens(11, 40)
+    prefill(producer, FakeRequest("p-11", prompt), PRODUCER_BLOCKS, seed=11)
+    with Client(daemon.url, use_shm=False) as observer:
+        _until(lambda: observer.stats()["leases"] == 0)
+        request = FakeRequest("c-11", prompt)
+        assert consumer.scheduler.matched_tokens(request, 0) == 32
+        assert observer.stats()["leases"] == 6  # 2 layers x 2 pages + 2 Mamba states, pinned
+        consumer.scheduler.after_alloc(request, CONSUMER_BLOCKS, 32)
+        consumer.worker.load(consumer.scheduler.build_meta([]).loads)
+        assert observer.stats()["leases"] >= 6  # still pinned while vLLM has not heard back
+        consumer.scheduler.loads_finished(consumer.worker.take_results().finished)
+        _until(lambda: observer.stats()["leases"] == 0)
+
+
+def test_a_handoff_missing_a_layer_is_no_hit(engines) -> None:
+    producer, consumer = engines(role="producer", seed=12), engines(role="consumer", seed=None)
+    prompt = tokens(12, 40)
+    prefill(producer, FakeRequest("p-12", prompt), PRODUCER_BLOCKS, seed=12)
+    params = producer.scheduler.request_finished(FakeRequest("p-12", prompt))
+    params["statetier"]["refs"] = [r for r in params["statetier"]["refs"]
+                                   if not (r["key"]["kind"] == "ssm" and r["key"]["layer"] == 2)]
+    assert consumer.scheduler.matched_tokens(FakeRequest("c-12", prompt, kv_transfer_params=params), 0) == 0
+
+
+def test_an_unreachable_daemon_is_a_miss_and_a_failed_load_never_an_engine_error(tmp_path) -> None:
+    cfg = ConnectorConfig.from_extra({"url": f"unix://{tmp_path}/nobody.sock", "timeout": 2.0})
+    layout = hybrid_layout()
+    spec = namespace_spec(cfg, layout, model="m", revision="", config_digest="c", weight_dtype="float32", tp_size=1,
+                          engine_tag="vllm-0.32/cpu")
+    scheduler = SchedulerSide(cfg, layout, spec)
+    worker = WorkerSide(cfg, layout, spec)
+    worker.register(engine_buffers(layout, seed=None))
+    request = FakeRequest("r", tokens(13, 40))
+    assert scheduler.matched_tokens(request, 0) == 0
+    scheduler.after_alloc(request, CONSUMER_BLOCKS, 0)
+    worker.save(scheduler.build_meta([ScheduledStep(request, 0, 16, CONSUMER_BLOCKS)]).saves)  # logged, not raised
+    ref = ref_from_wire({"key": {"ns": spec.namespace().hex(), "kind": "kv", "layer": 1, "shard": 0,
+                                 "prefix": prefix_hashes(request.prompt_token_ids, BLOCK)[0].hex(), "start": 0,
+                                 "end": 16}, "request_id": "x", "step": 16, "state_id": "00" * 16, "version": 1,
+                         "fingerprint": "00" * 32})
+    worker.load([LoadJob("r", 16, (LoadItem(ATTN[0], ref, 5),), (5,))])
+    assert worker.take_results().failed == {"r"} and worker.take_failed_blocks() == {5}
