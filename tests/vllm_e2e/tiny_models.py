@@ -18,6 +18,9 @@ VOCAB = 512
 
 
 def _save(model, path: Path) -> Path:
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
     config = json.loads((path / "config.json").read_text())
