@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from statetier.protocol.errors import InvalidRequest
 from statetier.protocol.identity import Kind
 
-from .vllm_layout import CacheGroup, ConnectorConfig, EngineLayout, StateSpec, layer_id_of, namespace_spec
+from .vllm_layout import STATE_NAMES, CacheGroup, ConnectorConfig, EngineLayout, StateSpec, layer_id_of, namespace_spec
 
 if TYPE_CHECKING:
     from .vllm_scheduler import SchedulerSide
@@ -64,8 +64,8 @@ def layout_from_vllm(kv_cache_config) -> EngineLayout:
             if spec.mamba_cache_mode != "none" or spec.num_speculative_blocks:
                 raise InvalidRequest("the statetier connector restores Mamba state with mamba_cache_mode='none' "
                                      "and no speculative blocks")
-            names = [n for n in ("conv", "recurrent")][: len(spec.shapes)]
-            names += [f"state{i}" for i in range(len(names), len(spec.shapes))]
+            count = len(spec.shapes)
+            names = [*STATE_NAMES[:count], *(f"state{i}" for i in range(len(STATE_NAMES), count))]
             states = tuple(StateSpec(n, dtype_name(d), tuple(s)) for n, d, s in zip(names, spec.dtypes, spec.shapes))
             groups.append(CacheGroup(index, Kind.SSM, spec.block_size, layers, states))
         elif isinstance(spec, FullAttentionSpec) and getattr(spec, "sliding_window", None) is None:
