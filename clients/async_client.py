@@ -214,8 +214,9 @@ class AsyncClient:
     async def lookup(self, attention_layers: Sequence[int], ssm_layers: Sequence[int],
                      boundaries: Sequence[tuple[int, bytes]] | None = None, *,
                      token_ids: Sequence[int] | None = None, block_size: int | None = None,
-                     kv_layout: str = "blocks", shard: int = 0, lease: bool = True) -> LookupResult:
-        """The largest prefix that every listed layer can restore (DESIGN §4, joint hits).
+                     kv_layout: str = "blocks", tp_size: int | None = None, lease: bool = True) -> LookupResult:
+        """The largest prefix that every listed layer can restore (DESIGN §4, joint hits),
+        on every TP shard: ``tp_size`` defaults to the ``NamespaceSpec``'s (1 without one).
 
         Give ``boundaries`` as ascending ``(token_end, prefix_hash)`` pairs, or ``token_ids``
         (hashed per ``block_size``, by default the namespace's ``kv_block_size``). Leased
@@ -230,7 +231,8 @@ class AsyncClient:
             boundaries = boundaries_from_tokens(token_ids, size, self.spec.hash_seed if self.spec else 0)
         meta = {"ns": self._own_namespace().hex(), "attention_layers": [int(x) for x in attention_layers],
                 "ssm_layers": [int(x) for x in ssm_layers], "boundaries": boundaries_to_wire(boundaries),
-                "kv_layout": kv_layout, "shard": shard, "lease": bool(lease)}
+                "kv_layout": kv_layout, "lease": bool(lease),
+                "tp_size": int(tp_size if tp_size is not None else (self.spec.tp_size if self.spec else 1))}
         frame = await self._request(Op.LOOKUP, meta)
         objects = []
         for item in field(frame.meta, "objects", list):

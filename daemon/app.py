@@ -182,7 +182,8 @@ def build(config: Config) -> App:
         registry = MemoryVersionRegistry()
     quotas = {t.name: dict(t.quota_bytes) for t in config.tenants if t.quota_bytes}
     options = EngineOptions(lease_ttl=config.limits.lease_ttl_seconds, producer_id=config.resolved_producer_id(),
-                            quotas=quotas, write_behind_limit=config.limits.write_behind_queue)
+                            quotas=quotas, write_behind_limit=config.limits.write_behind_queue,
+                            tolerate_unpublished=config.redis.publish_without_redis == "local")
     engine = Engine(tiers, keyring=keyring, registry=registry, metrics=metrics, options=options,
                     executor=executor, **roles)
     server = Server(engine, config, metrics)

@@ -124,6 +124,10 @@ class RedisTierConfig(_Section):
     chunk_bytes: Bytes = Field(2 * MiB, description="Large sealed values are split into chunks of this size.")
     encrypt: bool = Field(False, description="Encrypt payloads at rest (AES-256-GCM, keys.at_rest_key_file).")
     socket_timeout: Seconds = Field(5.0, description="Seconds before a Redis call counts as unavailable.")
+    publish_without_redis: Literal["refuse", "local"] = Field(
+        "refuse", description='A put with publish=true when no Redis tier is configured: "refuse" (Unavailable, '
+        'nothing stored) or "local" (stored here only; the reply says published=false and '
+        'statetier_unpublished_puts_total counts it).')
 
     @field_validator("url")
     @classmethod
@@ -205,7 +209,8 @@ class TenantConfig(_Section):
     )
     uids: tuple[int, ...] = Field((), description="Unix-socket peer uids mapped to this tenant.")
     quota_bytes: dict[str, Annotated[int, BeforeValidator(parse_size), Field(ge=0)]] = Field(
-        default_factory=dict, description="Tier name (device, host, disk, redis) → bytes this tenant may hold there."
+        default_factory=dict, description="Tier name (device, host, disk, redis) → bytes this tenant may hold there; "
+        "every copy counts (write-behind, publish, promotion), a demotion moves the bytes to the lower tier."
     )
 
     @field_validator("token_sha256")

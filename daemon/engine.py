@@ -12,13 +12,17 @@ tier (Redis). The server calls, per request:
                                         result stays leased until ``release(lease_id)``
 - ``lookup(req, owner)``                the joint hit (``daemon.lookup``)
 - ``release(lease_id, owner)`` / ``release_owner(owner)`` (a connection went away)
-- ``delete(tenant, ref)``, ``inspect(state_id)``, ``verify_all()``, ``stats()``
+- ``delete(tenant, ref)``               every copy gone once it returns (moves settled)
+- ``inspect(tenant, state_id)``, ``verify_all(tenant)`` (``daemon.audit``), ``stats()``
 
 Rules kept here: a put becomes visible only when sealed and complete; the version
-registry fences stale puts and loads; a copy that fails an integrity check is removed and
-the load falls through to the next copy, never to unverified bytes; identity mismatches
-are refused outright; eviction demotes (``daemon.placement``); ``publish`` writes through
-to the cross-node tier before the put returns.
+registry fences stale puts and loads; every copy is judged by ``protocol.classify``: a
+damaged copy is removed and the load falls through to the next copy, never to unverified
+bytes; an intact copy of another identity is refused with its DESIGN §4 reason, left in
+place, and the next copy tried; a load by key serves the best valid candidate, counting
+what it skipped; eviction demotes (``daemon.placement``); ``publish`` writes through to
+the cross-node tier before the put returns, and without one is refused (or, tolerated,
+said in the reply and counted); tenant bytes follow every copy (``daemon.tenancy``).
 """
 
 from __future__ import annotations
@@ -31,28 +35,25 @@ import time
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
+from statetier.protocol.classify import classify, is_damage, skip_reason
 from statetier.protocol.errors import (
-    BadSignature,
-    CorruptPayload,
     Forbidden,
     InvalidRequest,
     LeaseError,
-    MalformedState,
     MisroutedState,
     NotFound,
     RejectedState,
     StaleState,
     StatetierError,
-    TruncatedState,
     Unavailable,
-    UnsupportedFormat,
 )
 from statetier.protocol.identity import Provenance, StateKey, StateRef, new_state_id, stream_id
 from statetier.protocol.keyring import Keyring
-from statetier.protocol.sealed import Expectation, decode_header, header_length, layout_payload, open_sealed, seal
+from statetier.protocol.sealed import Expectation, header_length, layout_payload, seal
 from statetier.tiers.base import Lease, ObjectMeta, Tier
 from statetier.tiers.registry import VersionRegistry
 
+from . import audit
 from .lookup import joint_hit
 from .placement import Placement
 from .requests import LoadRequest, LoadResult, LookupRequest, LookupResult, PutRequest, PutResult, Reservation
@@ -60,8 +61,6 @@ from .tenancy import Tenancy
 
 log = logging.getLogger("statetier.engine")
 
-#: A copy failing one of these is damaged and removed; other rejections are about the request.
-INTEGRITY_FAILURES = (TruncatedState, MalformedState, BadSignature, UnsupportedFormat, CorruptPayload)
 #: Below this many bytes hashing inline beats a hop to the executor.
 INLINE_HASH_BYTES = 256 * 1024
 
@@ -73,6 +72,9 @@ class EngineOptions:
     quotas: dict = field(default_factory=dict)  # tenant -> {tier name -> bytes}
     write_behind_limit: int = 256
     promote_on_load: bool = True
+    #: a put with ``publish`` and no cross-node tier: refused (False) or stored locally,
+    #: said in the reply and counted (True)
+    tolerate_unpublished: bool = False
 
 
 @dataclass(slots=True)
@@ -99,9 +101,10 @@ class Engine:
         self.publish_tier = publish
         self.executor = executor
         volatile = self.tiers[: self.tiers.index(write_behind_to)] if write_behind_to in self.tiers else []
-        self.placement = Placement(self.tiers, metrics, write_behind_limit=self.options.write_behind_limit,
-                                   write_behind_from=volatile, write_behind_to=write_behind_to)
         self.tenancy = Tenancy(self.options.quotas)
+        self.placement = Placement(self.tiers, metrics, write_behind_limit=self.options.write_behind_limit,
+                                   write_behind_from=volatile, write_behind_to=write_behind_to,
+                                   ledger=self.tenancy)
         self._ids = itertools.count(1)
         self._held: dict[int, _Held] = {}
         self._reservations: dict[int, tuple[Reservation, object]] = {}
@@ -151,9 +154,9 @@ class Engine:
         provenance = self._stamp(req.provenance)
         state_id = new_state_id()
         version = await self._claim(req, provenance, state_id)
-        header = await self._hash_off_loop(view.nbytes, seal, req.key, provenance, layout, view,
-                                           keyring=self.keyring, state_id=state_id, version=version,
-                                           digest_alg=req.digest_alg, contains_speculative=req.speculative)
+        header = await self.hash_off_loop(view.nbytes, seal, req.key, provenance, layout, view,
+                                          keyring=self.keyring, state_id=state_id, version=version,
+                                          digest_alg=req.digest_alg, contains_speculative=req.speculative)
         meta = _meta(req, provenance, state_id, version, len(header), layout.payload_len)
         first = self.tenancy.first_tier_within_quota(req.tenant, [t.name for t in self.tiers], meta.size)
         tier = await self.placement.store([header, view], meta, first=first)
@@ -184,7 +187,7 @@ class Engine:
         ok = False
         try:
             meta = ticket.meta
-            header = await self._hash_off_loop(
+            header = await self.hash_off_loop(
                 reservation.layout.payload_len, seal, req.key, req.provenance, reservation.layout,
                 reservation.payload_view, keyring=self.keyring, state_id=meta.object_id,
                 version=meta.version, digest_alg=req.digest_alg, contains_speculative=req.speculative)
@@ -212,25 +215,32 @@ class Engine:
                 await self.placement.copy_between(meta.object_id, tier, self.publish_tier)
             else:
                 await self.placement.store_in(self.publish_tier, chunks, meta)
+                self.tenancy.copied(tier.name, self.publish_tier.name, meta.object_id)
         else:
             self.placement.schedule_copy_down(meta.object_id, tier)
-        if req.publish and self.publish_tier is None:
-            log.debug("publish requested but no cross-node tier is configured")
+        published = req.publish and self.publish_tier is not None
+        if req.publish and not published:  # tolerated (``tolerate_unpublished``): said and counted
+            log.warning("put of %s asked to publish; no cross-node tier: stored locally only", meta.object_id.hex())
+            if self.metrics is not None:
+                self.metrics.count_unpublished()
         if self.metrics is not None:
             self.metrics.observe_op(tier.name, meta.kind.name.lower(), "put", meta.size, time.perf_counter() - started)
         ref = StateRef(req.key, meta.request_id, meta.step, meta.object_id, meta.version)
-        return PutResult(ref, tier.name)
+        return PutResult(ref, tier.name, published)
 
     async def _claim(self, req: PutRequest, provenance: Provenance, state_id: bytes) -> int:
         """The put's version from the registry; a stale put is a refused object, counted."""
         try:
             return await self.registry.claim(stream_id(req.key, provenance.request_id), state_id, req.version)
         except StaleState as exc:
-            self._count_rejection(exc)
+            self.count_rejection(exc)
             raise
 
     def _check_put(self, req: PutRequest) -> None:
         self.tenancy.check_namespace(req.tenant, req.key.namespace)
+        if req.publish and self.publish_tier is None and not self.options.tolerate_unpublished:
+            raise Unavailable("publish requested but this daemon has no cross-node tier (Redis): nothing "
+                              "was stored or published")
         if req.key.kind.name == "SSM" and req.key.token_start != 0:
             raise InvalidRequest("an SSM snapshot must start at token 0")
 
@@ -238,7 +248,7 @@ class Engine:
         return Provenance(prov.request_id, prov.step, prov.producer_id or self.options.producer_id,
                           prov.created_at_ns or time.time_ns())
 
-    async def _hash_off_loop(self, nbytes: int, fn, *args, **kwargs):
+    async def hash_off_loop(self, nbytes: int, fn, *args, **kwargs):
         if nbytes < INLINE_HASH_BYTES or self.executor is None:
             return fn(*args, **kwargs)
         loop = asyncio.get_running_loop()
@@ -251,13 +261,13 @@ class Engine:
         self.tenancy.check_namespace(req.tenant, req.namespace)
         if req.ref is not None:
             state_id, expectation = await self._expect_ref(req)
+            result = await self._load_object(state_id, expectation, owner, req.tenant)
         elif req.key is not None:
-            state_id, expectation = await self._expect_key(req)
+            result = await self._load_by_key(req, owner)
         else:
             raise InvalidRequest("a load names a ref or a key")
-        result = await self._load_object(state_id, expectation, owner)
         if self.metrics is not None:
-            self.metrics.observe_op(result.tier, expectation.key.kind.name.lower(), "load",
+            self.metrics.observe_op(result.tier, result.header.key.kind.name.lower(), "load",
                                     result.payload.nbytes, time.perf_counter() - started)
         return result
 
@@ -270,20 +280,41 @@ class Engine:
             ref, req.namespace, newest_version=head.version if head else None, state_id_stream=issued_for,
             tensors=req.tensors, allow_speculative=req.allow_speculative)
 
-    async def _expect_key(self, req: LoadRequest) -> tuple[bytes, Expectation]:
+    async def _load_by_key(self, req: LoadRequest, owner) -> LoadResult:
+        """The best valid candidate under the key: newest first, each one refused skipped and
+        counted by ``skip_reason``; the first refusal is the answer when none is valid."""
         key = dataclasses.replace(req.key, namespace=req.namespace)
-        candidates = await self.candidates(key)
-        if not candidates:
-            self._count_miss(key)
-            raise NotFound("no stored object for that key")
-        meta = candidates[0]
-        head = await self.registry.newest(meta.stream_id)
-        return meta.object_id, Expectation.for_key(
-            key, newest_version=head.version if head else None, tensors=req.tensors,
-            allow_speculative=req.allow_speculative)
+        candidates = await self.locate(key, allow_speculative=req.allow_speculative)
+        refused: RejectedState | None = None
+        for meta, _tier in candidates:
+            head = await self.registry.newest(meta.stream_id)
+            expectation = Expectation.for_key(key, newest_version=head.version if head else None,
+                                              tensors=req.tensors, allow_speculative=req.allow_speculative)
+            try:
+                return await self._load_object(meta.object_id, expectation, owner, req.tenant, counted=False)
+            except RejectedState as exc:
+                self._count_skip(skip_reason(exc))
+                refused = refused or exc
+            except NotFound:
+                continue  # gone since it was located
+        if refused is not None:
+            if not is_damage(refused):  # damage was counted where the copy was dropped
+                self.count_rejection(refused)
+            raise refused
+        self._count_miss(key)
+        raise NotFound("no stored object for that key")
 
-    async def _load_object(self, state_id: bytes, expectation: Expectation, owner) -> LoadResult:
+    async def _load_object(self, state_id: bytes, expectation: Expectation, owner, tenant: str, *,
+                           counted: bool = True) -> LoadResult:
+        """Serve the fastest copy that ``protocol.classify`` accepts. A damaged copy is removed
+        (counted as damage) and the next copy tried; an intact copy of another identity is
+        refused with its §4 reason, left where it is (see ``_serve``), and the next copy
+        tried too: when one passes it is served and the refusal still counted, once. When
+        none passes, the first identity refusal is the answer (the copies agree, so the
+        request is what is wrong). ``counted=False`` counts a refusal as a skipped
+        candidate (the caller tries the next candidate)."""
         damaged: RejectedState | None = None
+        refused: RejectedState | None = None  # the first identity refusal, counted once per load
         unavailable: Unavailable | None = None
         for index, tier in enumerate(self.tiers):
             try:
@@ -294,42 +325,61 @@ class Engine:
                 unavailable = unavailable or exc
                 continue
             try:
-                return await self._serve(tier, index, lease, expectation, owner)
-            except INTEGRITY_FAILURES as exc:
-                self._count_rejection(exc)
-                await self._drop_copy(tier, state_id)
-                damaged = damaged or exc
+                result = await self._serve(tier, index, lease, state_id, expectation, owner, tenant)
             except RejectedState as exc:
-                self._count_rejection(exc)
-                raise
+                if is_damage(exc):
+                    self.count_rejection(exc)
+                    await self.drop_copy(tier, state_id)
+                    damaged = damaged or exc
+                else:
+                    refused = refused or exc
+                continue
             except Unavailable as exc:
                 unavailable = unavailable or exc
+                continue
+            if refused is not None:  # a copy above was another object: served from below, said
+                self._count_refusal(refused, counted)
+            return result
+        if refused is not None:
+            self._count_refusal(refused, counted)
+            raise refused
         if damaged is not None:
             raise damaged
         if expectation.state_id_stream is not None and expectation.request_id is not None \
                 and expectation.state_id_stream != stream_id(expectation.key, expectation.request_id):
-            self._count_rejection(MisroutedState())
+            self.count_rejection(MisroutedState())
             raise MisroutedState(f"state_id {state_id.hex()} was issued for another stream")
         if expectation.newest_version is not None and expectation.version is not None \
                 and expectation.newest_version > expectation.version:
-            self._count_rejection(StaleState())
+            self.count_rejection(StaleState())
             raise StaleState(f"version {expectation.version} was superseded by {expectation.newest_version}")
         if unavailable is not None:
             raise unavailable
-        self._count_miss(expectation.key)
+        if counted:
+            self._count_miss(expectation.key)
         raise NotFound(f"state {state_id.hex()} is in no tier")
 
-    async def _serve(self, tier: Tier, index: int, lease: Lease, expectation: Expectation, owner) -> LoadResult:
-        """Verify the leased copy; promote it when it came from below. Owns ``lease``."""
+    async def _serve(self, tier: Tier, index: int, lease: Lease, state_id: bytes, expectation: Expectation,
+                     owner, tenant: str) -> LoadResult:
+        """Classify the leased copy found under ``state_id``; promote it when it came from
+        below. Owns ``lease``.
+
+        An authenticated object of another identity under this id (a connector that wrote
+        to the wrong key) is refused and *left in place*: it is no damage (removing it
+        could destroy the only copy of the state it really is), it can never be served
+        under this id (every load classifies again), it is evidence for ``statetier
+        inspect``, and it ages out with the tier's LRU or TTL like any object.
+        """
         kept = False
         try:
             blob = await tier.read(lease)
-            opened = await self._hash_off_loop(blob.nbytes, open_sealed, blob, expectation, self.keyring,
-                                               verify_payload=not tier.verifies_on_read)
+            opened = await self.hash_off_loop(blob.nbytes, classify, blob, expectation, self.keyring,
+                                              stored_as=state_id, verify_payload=not tier.verifies_on_read)
             if self.metrics is not None:
                 self.metrics.count_hit(tier.name, expectation.key.kind.name.lower())
             if index > 0 and self.options.promote_on_load:
-                promoted = await self._promote(blob, lease.meta, tier, owner)
+                # the verified header says what this is, not the tier's index entry
+                promoted = await self._promote(blob, ObjectMeta.from_header(opened.header), tier, owner, tenant)
                 if promoted is not None:
                     lease_id, held = promoted
                     view = memoryview(await held.tier.read(held.lease)).cast("B")
@@ -341,14 +391,22 @@ class Engine:
             if not kept:
                 await tier.complete_load(lease)
 
-    async def _promote(self, blob, meta: ObjectMeta, source: Tier, owner) -> tuple[int, _Held] | None:
+    async def _promote(self, blob, meta: ObjectMeta, source: Tier, owner, tenant: str) -> tuple[int, _Held] | None:
         target = self.arena or self.tiers[0]
         if target is source or self.tiers.index(target) > self.tiers.index(source):
             return None
+        oid = meta.object_id
         try:
-            if not await target.contains(meta.object_id):
+            async with self.placement.cycle():
+                if self.placement.is_deleting(oid):
+                    return None
+                # a copy already above was not the one served (it was refused, or is not yet
+                # judged): serve what was verified, never an unjudged copy in its place
+                if await target.contains(oid) or self.tenancy.would_exceed(tenant, target.name, meta.size):
+                    return None
                 await self.placement.store_in(target, [blob], meta)
-            lease = await target.prepare_load(meta.object_id, owner=owner, ttl=self.options.lease_ttl)
+                self.tenancy.charge(tenant, target.name, oid, meta.size)
+                lease = await target.prepare_load(oid, owner=owner, ttl=self.options.lease_ttl)
         except StatetierError as exc:
             log.debug("promotion of %s into %s skipped: %s", meta.object_id.hex(), target.name, exc)
             return None
@@ -368,16 +426,26 @@ class Engine:
         self._held[lease_id] = held
         return lease_id, held
 
-    async def _drop_copy(self, tier: Tier, state_id: bytes) -> None:
+    async def drop_copy(self, tier: Tier, state_id: bytes) -> None:
         try:
             await tier.delete(state_id)
         except StatetierError as exc:
             log.warning("could not drop damaged copy %s from %s: %s", state_id.hex(), tier.name, exc)
         self.tenancy.refund(tier.name, state_id)
 
-    def _count_rejection(self, exc: StatetierError) -> None:
+    def count_rejection(self, exc: StatetierError) -> None:
         if self.metrics is not None:
             self.metrics.count_rejection(exc.reason)
+
+    def _count_refusal(self, exc: RejectedState, counted: bool) -> None:
+        if counted:
+            self.count_rejection(exc)
+        else:
+            self._count_skip(skip_reason(exc))
+
+    def _count_skip(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.count_skipped_candidate(reason)
 
     def _count_miss(self, key: StateKey) -> None:
         if self.metrics is not None:
@@ -426,14 +494,11 @@ class Engine:
             self.metrics.observe_lookup(result.tokens, time.perf_counter() - started)
         return result
 
-    async def candidates(self, key: StateKey) -> list[ObjectMeta]:
-        """Fresh objects stored under ``key`` in any tier, newest first, with their tier."""
-        found = await self.locate(key)
-        return [meta for meta, _tier in found]
-
-    async def locate(self, key: StateKey) -> list[tuple[ObjectMeta, Tier]]:
-        """Objects stored under ``key`` in any tier (the fastest tier holding each), minus
-        superseded ones, newest first. Tiers and the registry are asked concurrently."""
+    async def locate(self, key: StateKey, *, allow_speculative: bool = False) -> list[tuple[ObjectMeta, Tier]]:
+        """Objects stored under ``key`` that may be served (the fastest tier holding each),
+        newest first: superseded ones (``stale``) and, unless allowed, speculative snapshots
+        (``speculative``) are skipped and counted. Tiers and the registry are asked
+        concurrently."""
         digest = key.digest()
         answers = await asyncio.gather(*(tier.find_by_key(digest) for tier in self.tiers), return_exceptions=True)
         seen: dict[bytes, tuple[ObjectMeta, Tier]] = {}
@@ -445,13 +510,32 @@ class Engine:
             for meta in metas:
                 seen.setdefault(meta.object_id, (meta, tier))
         heads = await asyncio.gather(*(self.registry.newest(meta.stream_id) for meta, _ in seen.values()))
-        fresh = [(meta, tier) for (meta, tier), head in zip(seen.values(), heads)
-                 if head is None or head.version <= meta.version]
-        fresh.sort(key=lambda item: (item[0].version, item[0].created_at_ns), reverse=True)
-        return fresh
+        servable = []
+        for (meta, tier), head in zip(seen.values(), heads):
+            if head is not None and head.version > meta.version:
+                self._count_skip("stale")
+            elif meta.speculative and not allow_speculative:
+                self._count_skip("speculative")
+            else:
+                servable.append((meta, tier))
+        servable.sort(key=lambda item: (item[0].version, item[0].created_at_ns), reverse=True)
+        return servable
 
     async def delete(self, tenant: str, ref: StateRef) -> int:
+        """Remove every copy of ``ref``'s object; none is reachable once this returns.
+
+        The tiers are swept under a tombstone (no move starts a copy meanwhile), every move
+        begun before is waited for (an eviction may hold the object between two tiers),
+        and the tiers are swept again for what such a move left behind.
+        """
         self.tenancy.check_namespace(tenant, ref.key.namespace)
+        async with self.placement.deleting(ref.state_id):
+            deleted = await self._sweep(ref)
+            await self.placement.settle_moves()
+            deleted += await self._sweep(ref)
+        return deleted
+
+    async def _sweep(self, ref: StateRef) -> int:
         deleted = 0
         for tier in self.tiers:
             try:
@@ -460,63 +544,16 @@ class Engine:
                     raise Forbidden("that state_id does not belong to the given key")
                 if await tier.delete(ref.state_id):
                     deleted += 1
-                    self.tenancy.refund(tier.name, ref.state_id)
+                self.tenancy.refund(tier.name, ref.state_id)
             except Unavailable:
                 continue
         return deleted
 
-    async def inspect(self, state_id: bytes) -> dict:
-        tiers, header = [], None
-        for tier in self.tiers:
-            try:
-                lease = await tier.prepare_load(state_id, owner="inspect")
-            except (NotFound, Unavailable):
-                continue
-            try:
-                tiers.append(tier.name)
-                if header is None:
-                    header = decode_header(await tier.read(lease)).describe()
-            except StatetierError as exc:
-                header = header or {"error": exc.reason, "message": exc.message}
-            finally:
-                await tier.complete_load(lease)
-        if not tiers:
-            raise NotFound(f"state {state_id.hex()} is in no tier")
-        return {"header": header, "tiers": tiers}
+    async def inspect(self, tenant: str, state_id: bytes) -> dict:
+        return await audit.inspect(self, tenant, state_id)
 
-    async def verify_all(self, progress=None) -> dict:
-        """Re-check every object in every tier; drop what fails (``statetier verify``)."""
-        report = {"checked": 0, "dropped": 0, "by_reason": {}}
-        metas = []
-        for tier in self.tiers:
-            try:
-                async for meta in tier.iter_objects():
-                    metas.append((tier, meta))
-            except Unavailable:
-                continue
-        for done, (tier, meta) in enumerate(metas, 1):
-            await self._verify_one(tier, meta, report)
-            if progress is not None:
-                progress(done, len(metas))
-        return report
-
-    async def _verify_one(self, tier: Tier, meta: ObjectMeta, report: dict) -> None:
-        try:
-            lease = await tier.prepare_load(meta.object_id, owner="verify")
-        except (NotFound, Unavailable):
-            return
-        report["checked"] += 1
-        try:
-            blob = await tier.read(lease)
-            await self._hash_off_loop(blob.nbytes, open_sealed, blob, None, self.keyring)
-        except RejectedState as exc:
-            report["dropped"] += 1
-            report["by_reason"][exc.reason] = report["by_reason"].get(exc.reason, 0) + 1
-            self._count_rejection(exc)
-            await tier.complete_load(lease)
-            await self._drop_copy(tier, meta.object_id)
-            return
-        await tier.complete_load(lease)
+    async def verify_all(self, tenant: str | None = None, progress=None) -> dict:
+        return await audit.verify_all(self, tenant, progress)
 
     # ---------------------------------------------------------------- stats
 
@@ -554,5 +591,6 @@ def _meta(req: PutRequest, provenance: Provenance, state_id: bytes, version: int
     return ObjectMeta(
         object_id=state_id, key_digest=req.key.digest(), stream_id=stream_id(req.key, provenance.request_id),
         version=version, kind=req.key.kind, size=header_len + payload_len, header_len=header_len,
-        created_at_ns=provenance.created_at_ns, request_id=provenance.request_id, step=provenance.step)
+        created_at_ns=provenance.created_at_ns, request_id=provenance.request_id, step=provenance.step,
+        speculative=req.speculative)
 

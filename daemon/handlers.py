@@ -99,7 +99,8 @@ async def handle_put(session: Session, frame: Frame) -> Reply:
     request = _put_request(session.tenant, frame.meta)
     async with session.budget.hold(len(frame.data)):
         result = await session.engine.put(request, frame.data)
-    return Reply({"ref": ref_to_wire(result.ref), "tier": result.tier}, kind=_kind(request.key))
+    return Reply({"ref": ref_to_wire(result.ref), "tier": result.tier, "published": result.published},
+                 kind=_kind(request.key))
 
 
 async def handle_put_reserve(session: Session, frame: Frame) -> Reply:
@@ -123,7 +124,8 @@ async def handle_put_reserve(session: Session, frame: Frame) -> Reply:
 
 async def handle_put_commit(session: Session, frame: Frame) -> Reply:
     result = await session.engine.commit(field(frame.meta, "ticket", int), session.owner)
-    return Reply({"ref": ref_to_wire(result.ref), "tier": result.tier}, kind=_kind(result.ref.key))
+    return Reply({"ref": ref_to_wire(result.ref), "tier": result.tier, "published": result.published},
+                 kind=_kind(result.ref.key))
 
 
 async def handle_put_abort(session: Session, frame: Frame) -> Reply:
@@ -194,6 +196,13 @@ def _boundaries(meta: dict) -> tuple[tuple[int, bytes], ...]:
     return tuple(out)
 
 
+def _tp_size(meta: dict) -> int:
+    tp_size = field(meta, "tp_size", int, default=1)
+    if not 1 <= tp_size <= 4096:
+        raise InvalidRequest("field 'tp_size' must be between 1 and 4096")
+    return tp_size
+
+
 async def handle_lookup(session: Session, frame: Frame) -> Reply:
     meta = frame.meta
     kv_layout = field(meta, "kv_layout", str, default="blocks")
@@ -206,7 +215,7 @@ async def handle_lookup(session: Session, frame: Frame) -> Reply:
         ssm_layers=_int_list(meta, "ssm_layers"),
         boundaries=_boundaries(meta),
         kv_layout=kv_layout,
-        shard=field(meta, "shard", int, default=0),
+        shards=tuple(range(_tp_size(meta))),
         lease=field(meta, "lease", bool, default=True),
     )
     result = await session.engine.lookup(request, session.owner)
@@ -232,11 +241,11 @@ async def handle_inspect(session: Session, frame: Frame) -> Reply:
         state_id = bytes.fromhex(text)
     except ValueError:
         raise InvalidRequest("field 'state_id' must be hex") from None
-    return Reply(await session.engine.inspect(state_id))
+    return Reply(await session.engine.inspect(session.tenant, state_id))
 
 
 async def handle_verify(session: Session, frame: Frame) -> Reply:
-    return Reply(await session.engine.verify_all())
+    return Reply(await session.engine.verify_all(session.tenant))
 
 
 HANDLERS: dict[Op, Handler] = {

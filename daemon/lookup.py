@@ -7,10 +7,11 @@
   consecutive boundaries (``kv_layout="blocks"``) or one page ``[0, N)`` (``"prefix"``), and
 - every SSM layer has a snapshot with ``tokens_absorbed == N`` for the same prefix hash,
 
-or 0. A model with SSM layers never gets a KV-only answer, because the SSM condition is
-part of every boundary's test. The objects behind the answer are leased to ``owner``
-(when ``req.lease``) so they cannot be evicted or compacted away before the caller loads
-or releases them; a load then verifies each one fully.
+or 0 — on every TP shard of ``req.shards`` (a request is restorable at N only when every
+shard of every layer is). A model with SSM layers never gets a KV-only answer, because the
+SSM condition is part of every boundary's test. The objects behind the answer are leased
+to ``owner`` (when ``req.lease``) so they cannot be evicted or compacted away before the
+caller loads or releases them; a load then verifies each one fully.
 """
 
 from __future__ import annotations
@@ -56,16 +57,18 @@ def _checked(boundaries) -> list[tuple[int, bytes]]:
 def _needed_keys(req: LookupRequest, bounds: list[tuple[int, bytes]], i: int) -> tuple[list, list]:
     """(SSM snapshot keys, KV page keys) that must all exist for boundary ``i``."""
     end, prefix = bounds[i]
-    ssm = [StateKey(req.namespace, Kind.SSM, layer, prefix, 0, end, req.shard) for layer in req.ssm_layers]
+    ssm = [StateKey(req.namespace, Kind.SSM, layer, prefix, 0, end, shard)
+           for layer in req.ssm_layers for shard in req.shards]
     kv = []
     for layer in req.attention_layers:
-        if req.kv_layout == "prefix":
-            kv.append(StateKey(req.namespace, Kind.KV, layer, prefix, 0, end, req.shard))
-            continue
-        start = 0
-        for block_end, block_prefix in bounds[: i + 1]:
-            kv.append(StateKey(req.namespace, Kind.KV, layer, block_prefix, start, block_end, req.shard))
-            start = block_end
+        for shard in req.shards:
+            if req.kv_layout == "prefix":
+                kv.append(StateKey(req.namespace, Kind.KV, layer, prefix, 0, end, shard))
+                continue
+            start = 0
+            for block_end, block_prefix in bounds[: i + 1]:
+                kv.append(StateKey(req.namespace, Kind.KV, layer, block_prefix, start, block_end, shard))
+                start = block_end
     return ssm, kv
 
 

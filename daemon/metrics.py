@@ -15,6 +15,10 @@ Counted by the daemon as things happen:
     statetier_misses_total{kind}                    counter    loads no tier could serve
     statetier_rejections_total{reason}              counter    objects refused on load/put (DESIGN §4);
                                                                every RejectedState reason starts at 0
+    statetier_skipped_candidates_total{reason}      counter    candidates a load by key or a lookup passed over:
+                                                               speculative, stale, damaged, misfiled (all at 0)
+    statetier_unpublished_puts_total                counter    puts asked to publish, stored locally only (no
+                                                               cross-node tier; ``tolerate_unpublished``)
     statetier_evicted_objects_total{tier}           counter    objects the engine evicted from a tier
     statetier_demotions_total{src,dst}              counter    objects moved to a slower tier
     statetier_promotions_total{src,dst}             counter    objects copied to a faster tier
@@ -61,6 +65,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from statetier.protocol.classify import SKIP_REASONS
 from statetier.protocol.errors import RejectedState
 from statetier.tiers.base import TierStats
 
@@ -136,6 +141,13 @@ class Metrics:
         # step from nothing to 1, so an alert on the very first rejection needs a 0 sample.
         for reason in rejection_reasons():
             self._rejections.labels(reason)
+        self._skipped = Counter(
+            "statetier_skipped_candidates_total", "Candidates a load by key or a lookup passed over.", ["reason"],
+            registry=r)
+        for reason in SKIP_REASONS:
+            self._skipped.labels(reason)
+        self._unpublished = Counter(
+            "statetier_unpublished_puts_total", "Puts asked to publish with no cross-node tier.", registry=r)
         self._evicted = Counter(
             "statetier_evicted_objects_total", "Objects the engine evicted from a tier.", ["tier"], registry=r
         )
@@ -181,6 +193,12 @@ class Metrics:
 
     def count_rejection(self, reason: str) -> None:
         self._rejections.labels(reason).inc()
+
+    def count_skipped_candidate(self, reason: str) -> None:
+        self._skipped.labels(reason).inc()
+
+    def count_unpublished(self) -> None:
+        self._unpublished.inc()
 
     def count_eviction(self, tier: str, n: int = 1) -> None:
         self._evicted.labels(tier).inc(n)

@@ -11,14 +11,27 @@
 
 Every store is ``prepare_store`` → ``write`` → ``complete_store(success)`` with the
 completion in ``finally``, so a cancelled move leaves nothing half visible.
+
+Moves and deletes: every move (an eviction with its demotions, a write-behind copy, a
+promotion through ``move``) runs as a numbered *cycle*. ``deleting(object_id)`` puts a
+tombstone up for the length of a delete: no cycle starts a copy of a tombstoned object, and
+``settle_moves()`` waits for every cycle begun before it, so a delete that sweeps the tiers,
+settles, and sweeps again leaves no copy behind, whatever eviction was doing meanwhile.
+
+Tenant bytes follow the copies: ``ledger`` (``daemon.tenancy.Tenancy``) hears of every
+copy (``copied``), move (``moved``) and drop (``dropped``), and refuses a copy past the
+tenant's quota in the target tier (``may_copy``): such a write-behind is skipped and such
+a demotion goes further down, or drops the object (counted in ``dropped``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import logging
 import time
-from typing import Sequence
+from typing import AsyncIterator, Sequence
 
 from statetier.protocol.errors import CapacityError, InvalidRequest, NotFound, StatetierError
 from statetier.tiers.base import EvictedObject, ObjectMeta, Tier
@@ -26,11 +39,30 @@ from statetier.tiers.base import EvictedObject, ObjectMeta, Tier
 log = logging.getLogger("statetier.placement")
 
 
+class _NoLedger:
+    """Placement without tenants (tests of placement alone): every copy is allowed."""
+
+    def may_copy(self, src: str, dst: str, object_id: bytes, nbytes: int) -> bool:
+        return True
+
+    def copied(self, src: str, dst: str, object_id: bytes) -> None: ...
+
+    def moved(self, src: str, dst: str, object_id: bytes) -> None: ...
+
+    def dropped(self, tier: str, object_id: bytes) -> None: ...
+
+
 class Placement:
     def __init__(self, tiers: Sequence[Tier], metrics=None, *, write_behind_limit: int = 256,
-                 write_behind_from: Sequence[Tier] = (), write_behind_to: Tier | None = None) -> None:
+                 write_behind_from: Sequence[Tier] = (), write_behind_to: Tier | None = None,
+                 ledger=None) -> None:
         self.tiers = list(tiers)
         self.metrics = metrics
+        self.ledger = ledger if ledger is not None else _NoLedger()
+        self._cycle_ids = itertools.count(1)
+        self._open_cycles: set[int] = set()
+        self._cycle_ended = asyncio.Condition()
+        self._tombstones: dict[bytes, int] = {}
         self._queue: asyncio.Queue[tuple[bytes, Tier]] = asyncio.Queue(maxsize=max(1, write_behind_limit))
         self._write_behind_from = set(id(t) for t in write_behind_from)
         self._write_behind_to = write_behind_to
@@ -66,46 +98,95 @@ class Placement:
             self.metrics.observe_op(tier.name, meta.kind.name.lower(), "store", meta.size,
                                     time.perf_counter() - started)
 
+    # ---------------------------------------------------------------- moves vs deletes
+
+    @contextlib.asynccontextmanager
+    async def cycle(self) -> AsyncIterator[None]:
+        """One move (an eviction and its demotions, a copy): ``settle_moves`` waits for it."""
+        cycle_id = next(self._cycle_ids)
+        self._open_cycles.add(cycle_id)
+        try:
+            yield
+        finally:
+            self._open_cycles.discard(cycle_id)
+            async with self._cycle_ended:
+                self._cycle_ended.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def deleting(self, object_id: bytes) -> AsyncIterator[None]:
+        """A tombstone for the length of a delete: no cycle copies the object meanwhile."""
+        self._tombstones[object_id] = self._tombstones.get(object_id, 0) + 1
+        try:
+            yield
+        finally:
+            left = self._tombstones.pop(object_id) - 1
+            if left:
+                self._tombstones[object_id] = left
+
+    def is_deleting(self, object_id: bytes) -> bool:
+        return object_id in self._tombstones
+
+    async def settle_moves(self) -> None:
+        """Wait until every cycle that began before this call has ended."""
+        cutoff = next(self._cycle_ids)
+        async with self._cycle_ended:
+            await self._cycle_ended.wait_for(lambda: not any(c < cutoff for c in self._open_cycles))
+
     async def _prepare_with_room(self, tier: Tier, meta: ObjectMeta):
         # Tiers evict only when asked: above the high watermark (counting this object)
         # ``evict`` brings usage down to the low one and hands back what it removed.
-        evicted = await tier.evict(meta.size)
-        if evicted:
-            await self.demote(tier, evicted)
+        async with self.cycle():
+            evicted = await tier.evict(meta.size)
+            if evicted:
+                await self.demote(tier, evicted)
         try:
             return await tier.prepare_store(meta)
         except CapacityError:
-            evicted = await tier.evict(meta.size)
-            if not evicted:
-                raise
-            await self.demote(tier, evicted)
+            async with self.cycle():
+                evicted = await tier.evict(meta.size)
+                if not evicted:
+                    raise
+                await self.demote(tier, evicted)
             return await tier.prepare_store(meta)
 
     async def demote(self, source: Tier, evicted: list[EvictedObject]) -> None:
+        """Move what ``source`` evicted to the next tier down that takes it (inside a cycle)."""
         if self.metrics is not None:
             self.metrics.count_eviction(source.name, len(evicted))
         lower = self.below(source)
         for item in evicted:
-            if await self._held_below(lower, item.meta.object_id):
+            oid = item.meta.object_id
+            if self.is_deleting(oid):
+                self.ledger.dropped(source.name, oid)
                 continue
-            target = await self._demote_one(lower, item)
+            holder = await self._holder_below(lower, oid)
+            if holder is not None:
+                self.ledger.dropped(source.name, oid)
+                continue
+            target = await self._demote_one(source, lower, item)
             if target is None:
                 self.dropped += 1
-                log.info("dropped %s: no lower tier could take it", item.meta.object_id.hex())
-            elif self.metrics is not None:
+                self.ledger.dropped(source.name, oid)
+                log.info("dropped %s: no lower tier could take it", oid.hex())
+                continue
+            self.ledger.moved(source.name, target.name, oid)
+            if self.metrics is not None:
                 self.metrics.count_demotion(source.name, target.name)
 
-    async def _held_below(self, lower: list[Tier], object_id: bytes) -> bool:
+    async def _holder_below(self, lower: list[Tier], object_id: bytes) -> Tier | None:
         for tier in lower:
             try:
                 if await tier.contains(object_id):
-                    return True
+                    return tier
             except StatetierError:
                 continue
-        return False
+        return None
 
-    async def _demote_one(self, lower: list[Tier], item: EvictedObject) -> Tier | None:
+    async def _demote_one(self, source: Tier, lower: list[Tier], item: EvictedObject) -> Tier | None:
+        oid, size = item.meta.object_id, item.meta.size
         for tier in lower:
+            if not self.ledger.may_copy(source.name, tier.name, oid, size):
+                continue  # over the tenant's quota there: the next tier down, or dropped
             try:
                 await self.store_in(tier, [item.blob], item.meta)
                 return tier
@@ -153,24 +234,35 @@ class Placement:
         await self.copy_between(object_id, source, target, missing_ok=True)
 
     async def copy_between(self, object_id: bytes, source: Tier, target: Tier, *, missing_ok: bool = False) -> None:
-        """Copy one object from ``source`` into ``target`` under a lease on the source."""
-        try:
-            lease = await source.prepare_load(object_id, owner="copy")
-        except NotFound:
-            if missing_ok:
+        """Copy one object from ``source`` into ``target`` under a lease on the source.
+
+        The tenant's bytes in ``target`` are charged; a copy past its quota there is skipped.
+        """
+        async with self.cycle():
+            if self.is_deleting(object_id):
                 return
-            raise
-        try:
-            blob = await source.read(lease)
-            await self.store_in(target, [blob], lease.meta)
-            if not await source.contains(object_id):
-                # deleted while the copy ran (our lease keeps it from eviction, so nothing
-                # else removed it): the copy must not outlive the delete
-                await target.delete(object_id)
-        except InvalidRequest:
-            pass  # already there
-        finally:
-            await source.complete_load(lease)
+            try:
+                lease = await source.prepare_load(object_id, owner="copy")
+            except NotFound:
+                if missing_ok:
+                    return
+                raise
+            try:
+                if not self.ledger.may_copy(source.name, target.name, object_id, lease.meta.size):
+                    self.write_behind_skipped += 1
+                    return
+                blob = await source.read(lease)
+                await self.store_in(target, [blob], lease.meta)
+                self.ledger.copied(source.name, target.name, object_id)
+                if not await source.contains(object_id):
+                    # removed from the source while the copy ran (a damaged copy dropped;
+                    # our lease rules out eviction): the copy must not outlive it
+                    await target.delete(object_id)
+                    self.ledger.dropped(target.name, object_id)
+            except InvalidRequest:
+                pass  # already there
+            finally:
+                await source.complete_load(lease)
 
     @property
     def write_behind_pending(self) -> int:

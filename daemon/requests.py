@@ -2,7 +2,8 @@
 
 - ``PutRequest``     — what to seal: key, provenance, tensor specs, placement options
 - ``Reservation``    — a zero-copy put in progress: where in the host arena to write
-- ``PutResult``      — the ``StateRef`` of the sealed object and the tier it landed in
+- ``PutResult``      — the ``StateRef`` of the sealed object, the tier it landed in, and
+                       whether it was published to the cross-node tier
 - ``LoadRequest``    — a load by ``StateRef`` (handoff) or by ``StateKey`` (prefix reuse),
                        always with the requester's own namespace
 - ``LoadResult``     — the verified header and a payload view, leased until released
@@ -45,6 +46,7 @@ class Reservation:
 class PutResult:
     ref: StateRef
     tier: str
+    published: bool = False  # written through to the cross-node tier before the reply
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +74,7 @@ class LookupRequest:
 
     ``kv_layout`` says how KV pages are cut: ``"blocks"`` (one page per span between
     consecutive boundaries) or ``"prefix"`` (one page per layer covering ``[0, end)``).
+    ``shards``: the TP ranks that must all hold every object (``range(tp_size)`` on the wire).
     """
 
     tenant: str
@@ -80,7 +83,7 @@ class LookupRequest:
     ssm_layers: tuple[int, ...]
     boundaries: tuple[tuple[int, bytes], ...]
     kv_layout: str = "blocks"
-    shard: int = 0
+    shards: tuple[int, ...] = (0,)
     lease: bool = True
 
 

@@ -5,10 +5,17 @@
 - ``check_namespace(tenant, namespace)`` binds a namespace to the first tenant that uses
   it and refuses every other tenant (``Forbidden``). A namespace digest already mixes in
   the tenant salt, so two tenants only collide when one deliberately names the other's.
+  ``may_see(tenant, namespace)`` asks the same without binding.
 - ``first_tier_within_quota(tenant, tiers, nbytes)`` — where a put may start; raises
   ``QuotaExceeded`` when no tier has quota left for the tenant.
 - ``charge(tenant, tier, state_id, nbytes)`` / ``refund(tier, state_id)`` keep per-tier
   byte usage of what was stored.
+- the ledger ``daemon.placement`` reports every move to, so usage follows the bytes:
+  ``copied(src, dst, state_id)`` (write-behind, publish, promotion: the tenant of the source
+  copy is charged in ``dst`` too), ``moved(src, dst, state_id)`` (demotion: charged in
+  ``dst``, refunded in ``src``), ``dropped(tier, state_id)`` (evicted with no copy kept, or
+  deleted), and ``may_copy(src, dst, state_id, nbytes)`` (a copy stays within the quota).
+  Each tenant's usage in a tier is thus the bytes of its objects there.
 """
 
 from __future__ import annotations
@@ -31,6 +38,11 @@ class Tenancy:
         if owner != tenant:
             raise Forbidden(f"namespace {namespace.hex()[:16]}… belongs to another tenant")
 
+    def may_see(self, tenant: str, namespace: Namespace) -> bool:
+        """``check_namespace`` as a question, binding nothing: False only for another
+        tenant's namespace."""
+        return self._namespace_owner.get(namespace.digest, tenant) == tenant
+
     def first_tier_within_quota(self, tenant: str, tier_names: list[str], nbytes: int) -> int:
         for index, tier in enumerate(tier_names):
             if not self.would_exceed(tenant, tier, nbytes):
@@ -51,6 +63,24 @@ class Tenancy:
         if charged is not None:
             tenant, nbytes = charged
             self._usage[(tenant, tier)] -= nbytes
+
+    def may_copy(self, src: str, dst: str, state_id: bytes, nbytes: int) -> bool:
+        tenant = self.tenant_of(src, state_id)
+        if tenant is None or self.tenant_of(dst, state_id) is not None:
+            return True
+        return not self.would_exceed(tenant, dst, nbytes)
+
+    def copied(self, src: str, dst: str, state_id: bytes) -> None:
+        charged = self._charges.get((src, state_id))
+        if charged is not None:
+            self.charge(charged[0], dst, state_id, charged[1])
+
+    def moved(self, src: str, dst: str, state_id: bytes) -> None:
+        self.copied(src, dst, state_id)
+        self.refund(src, state_id)
+
+    def dropped(self, tier: str, state_id: bytes) -> None:
+        self.refund(tier, state_id)
 
     def tenant_of(self, tier: str, state_id: bytes) -> str | None:
         charged = self._charges.get((tier, state_id))

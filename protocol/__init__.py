@@ -4,6 +4,7 @@
 - ``dtypes``    — wire dtype codes and ``TensorSpec``
 - ``keyring``   — HMAC / Ed25519 signing keys, rotation, key files
 - ``sealed``    — the sealed object: ``seal``, ``open_sealed``, ``Expectation``
+- ``classify``  — judging a loaded object in DESIGN §4 order (identity vs damage)
 - ``frames``    — the daemon's frame codec (length-prefixed, request ids, handshake)
 - ``errors``    — the one error tree, with wire codes and metric reasons
 

@@ -48,6 +48,7 @@ class ObjectMeta:
     created_at_ns: int = 0
     request_id: str = ""  # with the key the caller looked up, enough to rebuild the StateRef
     step: int = 0
+    speculative: bool = False  # the snapshot holds speculative tokens: never served by key or lookup
 
     @classmethod
     def from_header(cls, header: SealedHeader) -> "ObjectMeta":
@@ -62,6 +63,7 @@ class ObjectMeta:
             created_at_ns=header.provenance.created_at_ns,
             request_id=header.provenance.request_id,
             step=header.provenance.step,
+            speculative=header.contains_speculative,
         )
 
 

@@ -20,8 +20,10 @@ executor=None, name="disk", checkpoint_ops=4096, checkpoint_seconds=2.0)`` imple
   only. ``fsync=False`` skips every fdatasync and LMDB's sync: a killed process loses
   nothing, a power cut may.
 - Load: ``read`` preads the record, opens its at-rest envelope if it has one, and
-  verifies it with ``open_sealed`` (signature + payload digest). A failure drops the
-  object for good (``stats().extra["corrupt_dropped"]``) and raises the rejection.
+  checks its integrity (``protocol.classify.open_intact``: the header's own lengths,
+  signature, payload digest). Damage drops the object for good
+  (``stats().extra["corrupt_dropped"]``) and raises the rejection; an intact object of
+  another identity is returned as found, for the engine to judge.
 - ``start`` checks the index against the segments and replays the log past its last
   checkpoint (``tiers.disk_recovery``); ``compact`` rewrites sparse segments and never
   deletes a file a lease may still read (``tiers.disk_compaction``); ``close`` writes a

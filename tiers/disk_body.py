@@ -9,16 +9,18 @@
   in one pwritev; with a cipher the object is sealed into an AES-GCM envelope first.
 - ``append(file, offset, written, views)`` — more body bytes of a plain record.
 - ``read_verified(file, location, object_id)`` — pread the record, check its header, open
-  the envelope if it is one, then ``open_sealed(blob, None, keyring)``: signature and
-  payload digest. Returns the plain sealed blob in a fresh buffer, or raises the
-  rejection (``CorruptPayload``, ``BadSignature``, ``TruncatedState``, ``MisroutedState`` …).
+  the envelope if it is one, then ``protocol.classify.open_intact``: signature and
+  payload digest. Returns the plain sealed blob in a fresh buffer, or raises the damage
+  (``CorruptPayload``, ``BadSignature``, ``TruncatedState`` …). Integrity only: whether
+  the object is the one stored under this id is the engine's judgement
+  (``protocol.classify``), so an intact object of another identity is returned as found.
 """
 
 from __future__ import annotations
 
-from statetier.protocol.errors import ConfigError, InvalidRequest, MisroutedState
+from statetier.protocol.errors import ConfigError, InvalidRequest
 from statetier.protocol.keyring import Keyring
-from statetier.protocol.sealed import open_sealed
+from statetier.protocol.classify import open_intact
 from statetier.tiers.crypto import ENVELOPE_BYTES, TAG_BYTES, AtRestCipher
 from statetier.tiers.disk_index import Location
 from statetier.tiers.segments import FLAG_ENVELOPE, RECORD_HEADER_BYTES, RecordHeader, SegmentFile
@@ -56,9 +58,7 @@ class RecordBody:
             if self.cipher is None:
                 raise ConfigError(f"object {object_id.hex()} is encrypted at rest; no at-rest cipher is configured")
             blob = self.cipher.open_envelope(body)
-        opened = open_sealed(blob, None, self.keyring)
-        if opened.header.state_id != object_id:
-            raise MisroutedState(f"record {object_id.hex()} holds object {opened.header.state_id.hex()}")
+        open_intact(blob, self.keyring)
         return blob
 
     def read_many(self, jobs: list[tuple[SegmentFile, Location, bytes]]) -> list:

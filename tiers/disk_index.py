@@ -7,7 +7,8 @@ a restart must read the log to catch up. One environment (``index/``, synced) wi
 named databases:
 
 - ``objects``:  object_id (16 B) → entry, little-endian: format u8 (1), segment u32,
-  offset u64, record_len u64, generation u64, kind u8, version u64, size u64,
+  offset u64, record_len u64, generation u64, kind u8 (bit 7: a speculative snapshot),
+  version u64, size u64,
   header_len u32, created_at_ns u64, step u64, key_digest_len u8, stream_id_len u8,
   request_id_len u8, then the key_digest, stream_id and request_id (UTF-8) bytes.
 - ``by_key``:   key_digest_len u8 + key_digest + object_id → b"" (``find_by_key`` scans
@@ -37,6 +38,7 @@ from statetier.tiers.base import ObjectMeta
 
 _ENTRY = struct.Struct("<BIQQQBQQIQQBBB")
 _ENTRY_FORMAT = 1
+_SPECULATIVE = 0x80  # high bit of the kind byte: the object is a speculative snapshot
 _SEGMENT_KEY = struct.Struct(">I")
 _LIVE = struct.Struct("<Q")
 _U64 = struct.Struct("<Q")
@@ -69,8 +71,9 @@ class IndexEntry:
     def pack(self) -> bytes:
         loc, meta = self.location, self.meta
         request_id = meta.request_id.encode()
+        kind = int(meta.kind) | (_SPECULATIVE if meta.speculative else 0)
         return _ENTRY.pack(_ENTRY_FORMAT, loc.segment, loc.offset, loc.record_len, loc.generation,
-                           int(meta.kind), meta.version, meta.size, meta.header_len, meta.created_at_ns,
+                           kind, meta.version, meta.size, meta.header_len, meta.created_at_ns,
                            meta.step, len(meta.key_digest), len(meta.stream_id), len(request_id)
                            ) + meta.key_digest + meta.stream_id + request_id
 
@@ -86,7 +89,8 @@ class IndexEntry:
         key_end = _ENTRY.size + key_len
         stream_end = key_end + stream_len
         meta = ObjectMeta(bytes(object_id), raw[_ENTRY.size : key_end], raw[key_end:stream_end], version,
-                          Kind(kind), size, header_len, created, raw[stream_end:].decode(), step)
+                          Kind(kind & ~_SPECULATIVE), size, header_len, created, raw[stream_end:].decode(), step,
+                          bool(kind & _SPECULATIVE))
         return cls(Location(segment, offset, record_len, generation), meta)
 
 

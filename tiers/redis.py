@@ -20,9 +20,12 @@
 - read: ``prepare_load`` fetches the manifest and chunk 0 in one MGET (the whole object up
   to a 2 MiB page; the LRU touch rides in the same round trip when there is a budget), and
   the lease holds those bytes; ``read`` fetches the other chunks in one round trip,
-  reassembles, decrypts (``AtRestCipher``) and verifies (``tiers.redis_verify``): on the
-  event loop up to ``INLINE_BYTES``, in the executor above. A rejected object is deleted
-  and counted (``extra["corrupt_dropped"]``); chunks gone under a lease are ``NotFound``.
+  reassembles, decrypts (``AtRestCipher``) and checks integrity (``tiers.redis_verify``:
+  the lengths the header declares, signature, payload digest; never the manifest): on the
+  event loop up to ``INLINE_BYTES``, in the executor above. A damaged object is deleted
+  and counted (``extra["corrupt_dropped"]``); an intact object of another identity is
+  returned as found, for the engine to classify (``protocol.classify``); chunks gone
+  under a lease are ``NotFound``.
 - every hot-path round trip is one ``redis_connect.exchange``.
 - leases are local to this instance; ``delete`` under a lease removes the manifest at once
   and the chunks at the last release. ``evict`` walks the LRU order shared by every node
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import itertools
 import os
 from collections import OrderedDict
@@ -420,15 +424,15 @@ class RedisTier(Tier):
             raise
 
     def _open(self, parts: list[bytes], manifest: Manifest) -> memoryview:
-        """Reassemble, decrypt, verify signature and payload digest (in the executor when large)."""
-        stored = join_chunks(parts, manifest.stored_size)
+        """Reassemble, decrypt, check integrity (in the executor when large).
+
+        Integrity only: framing against the header's own lengths, signature, payload digest.
+        Whether the object is the one stored under this id is the reader's judgement
+        (``protocol.classify``): an intact object of another identity is no damage here.
+        """
+        stored = join_chunks(parts)
         blob = self._cipher.open_envelope(stored) if manifest.is_encrypted else stored
-        _, found = self._verified.open(blob, manifest.meta.object_id)
-        meta = manifest.meta
-        if (found.object_id, found.key_digest, found.stream_id, found.version, found.size) != (
-                meta.object_id, meta.key_digest, meta.stream_id, meta.version, meta.size):
-            raise CorruptPayload(f"object under {meta.object_id.hex()} is sealed as another object "
-                                 f"({found.object_id.hex()} v{found.version})")
+        self._verified.open(blob, manifest.meta.object_id)
         return memoryview(blob)
 
     # -- delete, lookup ----------------------------------------------------------------
@@ -461,14 +465,14 @@ class RedisTier(Tier):
             raw = await self.client.get(self._keys.manifest(object_id))
         manifest = Manifest.try_decode(raw)
         self._remember(object_id, raw is not None)
-        return manifest.meta if manifest else None
+        return _stored_under(manifest, object_id).meta if manifest else None
 
     async def find_by_key(self, key_digest: bytes) -> list[ObjectMeta]:
         client, index = self.client, self._keys.key_index(key_digest)
         with self._edge.call("find_by_key"):
             entries = await client.hkeys(index)
             raws = await self._get_all(client, [self._keys.manifest(bytes.fromhex(e.decode())) for e in entries])
-        found = [Manifest.try_decode(raw) for raw in raws]
+        found = [_stored_under(Manifest.try_decode(raw), bytes.fromhex(e.decode())) for e, raw in zip(entries, raws)]
         gone = [e for e, m in zip(entries, found) if m is None]
         if gone:  # their objects expired or were evicted: prune lazily
             with self._edge.call("find_by_key"):
@@ -484,8 +488,8 @@ class RedisTier(Tier):
                 keys = [key for key in batch if key not in seen]  # SCAN may repeat a key
                 raws = await self._get_all(client, keys)
             seen.update(keys)
-            for raw in raws:
-                manifest = Manifest.try_decode(raw)
+            for key, raw in zip(keys, raws):
+                manifest = _stored_under(Manifest.try_decode(raw), self._keys.object_id_of(key))
                 if manifest is not None:
                     yield manifest.meta
             if len(batch) < 256:
@@ -585,7 +589,7 @@ class RedisTier(Tier):
 
     async def _decode_manifest(self, client, oid: bytes, raw: bytes) -> Manifest:
         try:
-            return decode_manifest(raw)
+            return _stored_under(decode_manifest(raw), oid)
         except CorruptPayload:
             self._corrupt_dropped += 1
             await self._try_erase(client, oid, None, None)
@@ -653,6 +657,15 @@ class RedisTier(Tier):
             manifest = self._doomed.pop(oid)
             if self._client is not None:
                 await self._try_erase(self._client, oid, manifest, manifest.chunks)
+
+
+def _stored_under(manifest: Manifest | None, oid: bytes) -> Manifest | None:
+    """The manifest as a description of what is stored under ``oid``: a manifest naming
+    another object (a writer that mixed up keys) still describes *these* keys; what the
+    object really is, is for the reader to judge from the bytes."""
+    if manifest is None or manifest.meta.object_id == oid:
+        return manifest
+    return dataclasses.replace(manifest, meta=dataclasses.replace(manifest.meta, object_id=oid))
 
 
 def _sets(keys: list[str], pieces: Sequence) -> list[tuple]:

@@ -21,7 +21,9 @@ lives in one cluster slot and a single pipeline reads or writes it:
   that wrote it), as JSON; ``decode_manifest(raw)`` decodes with a bounded memo.
 - ``plan_chunks`` — splits the writer's buffers into chunks (slices, no copy); chunk 0 also
   holds the header.
-- ``join_chunks`` — reassembles chunks into one preallocated buffer.
+- ``join_chunks`` — reassembles chunks into one buffer. It does not judge the length: the
+  sealed header inside declares its own sizes, and the reader checks the bytes against
+  those (an intact object of another size under this id is a mix-up, not a truncation).
 
 Pending chunks carry their store's id, so neither a SET that reaches Redis after the
 cleanup of a cancelled store nor a second store of the same object id can touch the chunks
@@ -36,7 +38,7 @@ import json
 from dataclasses import dataclass, fields
 from typing import Sequence
 
-from statetier.protocol.errors import ConfigError, CorruptPayload, TruncatedState
+from statetier.protocol.errors import ConfigError, CorruptPayload
 from statetier.protocol.identity import Kind
 from statetier.tiers.base import Buffer, ObjectMeta
 from statetier.tiers.redis_connect import Gathered
@@ -65,6 +67,11 @@ class RedisKeys:
 
     def pending_chunks(self, object_id: bytes, store_id: str, count: int) -> list[str]:
         return [f"{self.prefix}:{{{object_id.hex()}}}:p:{store_id}:{i}" for i in range(count)]
+
+    def object_id_of(self, manifest_key: bytes | str) -> bytes:
+        """The object id a manifest key (``manifest``) names."""
+        text = manifest_key.decode() if isinstance(manifest_key, bytes) else manifest_key
+        return bytes.fromhex(text[len(self.prefix) + 2 : -3])
 
     def manifest_pattern(self) -> str:
         """A SCAN pattern matching every manifest of this prefix."""
@@ -180,15 +187,11 @@ def plan_chunks(buffers: Sequence[Buffer], chunk_bytes: int, head_bytes: int = 0
     return [parts[0] if len(parts) == 1 else Gathered(tuple(parts)) for parts in chunks]
 
 
-def join_chunks(parts: Sequence[bytes], size: int) -> memoryview:
-    """One buffer holding ``parts`` back to back; ``TruncatedState`` unless they fill ``size``."""
+def join_chunks(parts: Sequence[bytes]) -> memoryview:
+    """One buffer holding ``parts`` back to back (no copy for a single part)."""
     if len(parts) == 1:
-        if len(parts[0]) != size:
-            raise TruncatedState(f"stored object is {len(parts[0])} bytes; its manifest says {size}")
         return memoryview(parts[0])
-    if sum(len(p) for p in parts) != size:
-        raise TruncatedState(f"stored chunks hold {sum(len(p) for p in parts)} bytes; the manifest says {size}")
-    whole = memoryview(bytearray(size))
+    whole = memoryview(bytearray(sum(len(p) for p in parts)))
     offset = 0
     for part in parts:
         whole[offset : offset + len(part)] = part

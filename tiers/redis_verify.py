@@ -1,12 +1,14 @@
 """Verifying what the Redis tier reads back, without redoing work for an object read before.
 
 ``VerifiedHeaders(keyring, size=4096).open(blob, object_id)`` → ``(SealedHeader, ObjectMeta)``
-of a sealed object, or the ``RejectedState`` of ``open_sealed``. Every call checks the
+of a sealed object, or the ``RejectedState`` of ``open_intact``. Every call checks the
 payload digest over the bytes it is given. The header is parsed and its signature checked
-only when its exact bytes have not passed ``open_sealed`` before (a bounded LRU of headers,
+only when its exact bytes have not passed ``open_intact`` before (a bounded LRU of headers,
 by object id) under the very key object the keyring hands out now: identical bytes under
 an unchanged key verify identically, so a hit skips only work whose result is known. A key
-retired, expired or replaced since is a miss, and ``open_sealed`` decides again.
+retired, expired or replaced since is a miss, and ``open_intact`` decides again.
+Integrity only (``protocol.classify``): whether the object is the one stored under
+``object_id`` is the engine's judgement.
 
 Used by ``RedisTier.read`` (the same page is read again and again by prefix reuse), on the
 event loop and in executor threads alike (a lock guards the LRU); the payload check is
@@ -20,7 +22,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from statetier.protocol.keyring import Keyring, SigningKey
-from statetier.protocol.sealed import SealedHeader, open_sealed, verify_payload_only
+from statetier.protocol.classify import open_intact
+from statetier.protocol.sealed import SealedHeader, verify_payload_only
 from statetier.tiers.base import ObjectMeta
 
 
@@ -46,7 +49,7 @@ class VerifiedHeaders:
         if known is not None and self._still_holds(known, view):
             verify_payload_only(known.header, view[len(known.header_bytes):], self._keyring)
             return known.header, known.meta
-        header = open_sealed(view, None, self._keyring).header
+        header = open_intact(view, self._keyring).header
         verified = _Verified(bytes(view[: header.header_len]), header, ObjectMeta.from_header(header),
                              self._keyring.get_for_verify(header.key_id))
         self._remember(object_id, verified)

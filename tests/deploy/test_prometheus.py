@@ -242,7 +242,8 @@ def test_the_rejection_alert_fires_with_its_reason_and_nothing_else_does(stack: 
     alerts = firing()
     assert set(alerts) == {"StatetierStateRejected"}
     assert alerts["StatetierStateRejected"] == {"alertname": "StatetierStateRejected", "severity": "page",
-                                                "job": "statetier", "instance": "127.0.0.1", "reason": "namespace"}
+                                                "job": "statetier", "instance": "127.0.0.1", "reason": "namespace",
+                                                "fault": "identity_mixup"}
     rules = [rule for group in prom.api("rules")["groups"] for rule in group["rules"]]
     assert {rule["name"] for rule in rules} == set(rule_expressions())
     assert all(rule["health"] == "ok" for rule in rules), [(r["name"], r.get("lastError")) for r in rules]

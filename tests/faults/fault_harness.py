@@ -14,7 +14,10 @@
 - Stored bytes: ``is_in_redis`` / ``redis_blob`` / ``write_redis_blob`` / ``flip_redis_bit``
   (the Redis tier's manifest and chunk keys, tiers/redis_layout.py); ``flip_disk_bit`` (a
   segment record, tiers/segments.py); ``forged_blob`` — an object re-sealed by a writer
-  holding another key.
+  holding another key; ``write_under_another_key`` (Redis: another object's chunk, and
+  optionally its manifest, under this object's keys) and ``overwrite_in_arena`` (a same-host
+  connector writing another object's sealed bytes over this one's arena region): a
+  connector that mixed up two keys.
 - ``Counters`` — one scrape of a daemon's /metrics: rejections by reason, misses by kind,
   load requests served, hits, lookups and the tokens they answered; ``changes(before,
   after)`` is what moved.
@@ -239,3 +242,40 @@ def changes(before: Counters, after: Counters, *prefixes: str) -> dict:
     names = set(before.values) | set(after.values)
     moved = {n: after.values.get(n, 0) - before.values.get(n, 0) for n in names}
     return {n: d for n, d in sorted(moved.items()) if d and (not prefixes or n.startswith(prefixes))}
+
+
+# -- a connector that writes to the wrong key ----------------------------------------------
+
+
+def write_under_another_key(redis, target: bytes, source: bytes, *, with_manifest: bool) -> None:
+    """Object ``source``'s stored bytes SET under ``target``'s chunk key, and with
+    ``with_manifest`` its manifest under ``target``'s manifest key too: what a connector that
+    mixed up two keys writes into Redis."""
+    redis.set(KEYS.chunk(target, 0), redis_blob(redis, source), keepttl=True)
+    if with_manifest:
+        redis.set(KEYS.manifest(target), redis.get(KEYS.manifest(source)), keepttl=True)
+
+
+def overwrite_in_arena(client, ref, blob: bytes) -> None:
+    """Write the sealed ``blob`` over the arena copy of ``ref`` on ``client``'s daemon, as a
+    same-host connector holding the mapped arena could: at the region a LOAD of ``ref``
+    names (its payload offset, minus a header as long as ``blob``'s), while leased, then
+    released. Same-size objects only: an arena copy is read back at its indexed size."""
+    from statetier.protocol.frames import Op
+    from statetier.protocol.messages import ref_to_wire
+
+    transfers = client._client._transfers  # the async client's connection and mapped arena
+    assert transfers.arena is not None, "the arena is mapped only over the Unix socket"
+    header_len = decode_header(blob).header_len
+
+    async def overwrite() -> None:
+        meta = {"ns": ref.key.namespace.hex(), "ref": ref_to_wire(ref), "speculative": False, "shm": True}
+        frame = await transfers.conn.request(Op.LOAD, meta)
+        try:
+            assert frame.meta["tier"] == "host" and len(blob) == header_len + frame.meta["payload_len"]
+            start = frame.meta["offset"] - header_len
+            transfers.arena.view[start : start + len(blob)] = blob
+        finally:
+            await transfers.conn.request(Op.RELEASE, {"leases": [frame.meta["lease"]]})
+
+    client._run(overwrite)

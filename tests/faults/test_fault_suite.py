@@ -14,7 +14,10 @@ answered 0 and no load ran); and the decode model ran no forward. The faults, in
 another request's snapshot; a snapshot k tokens early or one token off either way; the
 neighbouring layer's snapshot; KV without SSM state; an older version after a newer one;
 a state_id of another transfer; a flipped bit in Redis and on disk; a header re-signed
-without the key; a decoder whose model has other weights.
+without the key; a decoder whose model has other weights; and (issue 12) another object's
+intact bytes written under this object's key, in Redis (with and without its manifest) and
+in the host arena: the identity reason, never ``CorruptPayload``, no damage counted, the
+copy left in place for ``statetier inspect``, and a genuine copy elsewhere still served.
 """
 
 from __future__ import annotations
@@ -38,10 +41,12 @@ from fault_harness import (
     forged_blob,
     is_in_redis,
     other_weights,
+    overwrite_in_arena,
     prefilled,
     redis_blob,
     scenario,
     write_redis_blob,
+    write_under_another_key,
 )
 from statetier.clients import Client
 from statetier.clients.transformers import (
@@ -365,3 +370,43 @@ def test_a_decoder_with_other_weights_is_refused(pd_nodes, handoffs, arch):
     theirs = other_weights(arch)
     assert namespace_for(theirs).namespace() != namespace_for(sc.model).namespace()
     assert_refused(pd_nodes, theirs, handoffs.get(arch, "main"), sc.prompt, sc.first, NamespaceMismatch)
+
+
+# -- 10. another object's bytes under this object's key ------------------------------------
+
+
+@pytest.mark.parametrize("with_manifest", [False, True], ids=["chunk-only", "manifest-too"])
+@pytest.mark.parametrize("source, error", [
+    ("neighbour", PlacementMismatch),  # the neighbouring layer's snapshot
+    ("other_prompt", PositionMismatch),  # another request's, over other tokens
+    ("same_prompt", FingerprintMismatch),  # another request's, over the same tokens
+    ("earlier_1", PositionMismatch),  # this request's, one token early
+])
+def test_another_objects_bytes_under_this_key_in_redis_get_the_identity_reason(pd_nodes, handoffs, arch, source,
+                                                                              error, with_manifest):
+    sc = scenario(arch)
+    handoff = publish(pd_nodes, sc.model, sc.prompt, f"{RUN}-{arch}-wrong-key-{source}-{int(with_manifest)}")
+    target = handoff.ssm[sc.target].state_id
+    theirs = (handoff.ssm[sc.neighbour] if source == "neighbour" else handoffs.get(arch, source).ssm[sc.target])
+    write_under_another_key(pd_nodes.redis, target, theirs.state_id, with_manifest=with_manifest)
+    assert_refused(pd_nodes, sc.model, handoff, sc.prompt, sc.first, error)  # that reason alone: no corrupt_payload
+    assert is_in_redis(pd_nodes.redis, target)  # no damage: left in place
+    with Client(pd_nodes.decode.url, namespace=namespace_for(sc.model)) as client:
+        found = client.inspect(target)["header"]  # what the operator sees: the object it really is
+    assert found["state_id"] == theirs.state_id.hex()
+
+
+def test_another_objects_bytes_in_the_arena_leave_the_genuine_copy_served(pd_nodes, arch):
+    sc = scenario(arch)
+    handoff = publish(pd_nodes, sc.model, sc.prompt, f"{RUN}-{arch}-wrong-key-arena")
+    target, neighbour = handoff.ssm[sc.target], handoff.ssm[sc.neighbour]
+    with Client(pd_nodes.prefill.url, namespace=namespace_for(sc.model)) as client:
+        overwrite_in_arena(client, target, redis_blob(pd_nodes.redis, neighbour.state_id))
+        before = Counters.of(pd_nodes.prefill)
+        with ForwardCounter(sc.model):
+            cache = restore_cache(client, sc.model, SavedState.from_json(handoff.to_json()), sc.prompt)
+        # the arena copy is refused as the neighbour's; the published copy in Redis is served
+        assert changes(before, Counters.of(pd_nodes.prefill), "rejected:", "miss:") == {"rejected:placement": 1}
+        assert greedy_decode(sc.model, cache, sc.first, len(sc.prompt), NEW_TOKENS) == sc.reference
+        described = client.inspect(target.state_id)
+    assert described["tiers"][0] == "host" and described["header"]["layer"] == sc.neighbour  # left for forensics

@@ -6,7 +6,9 @@ and reads back byte for byte; ``complete_store(False)`` gives every byte back; a
 cancelled before or inside any await of a store or a load leaves no object, lease, store
 in flight or reserved byte behind; duplicates, absent objects, used and expired leases
 fail with the documented errors; a leased object deleted stays readable through its lease;
-capacity counts reservations; and eviction returns the exact LRU sequence with its bytes.
+capacity counts reservations; eviction returns the exact LRU sequence with its bytes; and
+a tier reports what it holds: another object's intact bytes stored under an id read back
+as they are, neither refused nor dropped (judging them is the engine's, issue 12).
 """
 
 from __future__ import annotations
@@ -121,6 +123,16 @@ async def test_an_absent_object_is_not_found(tier):
     await assert_invisible(tier, meta)
     assert await tier.delete(meta.object_id) is False
     await assert_quiet(tier, 0, 0)
+
+
+async def test_another_objects_intact_bytes_under_an_id_read_back_as_found(tier):
+    mine, _ = make_object()
+    theirs, their_blob = make_object()
+    assert theirs.size == mine.size and theirs.object_id != mine.object_id
+    await store(tier, mine, their_blob)  # a writer that mixed up two keys
+    assert await load(tier, mine.object_id) == their_blob
+    assert await tier.contains(mine.object_id)
+    assert tier.stats().extra.get("corrupt_dropped", 0) == 0
 
 
 # ---------------------------------------------------------------------------- cancellation
