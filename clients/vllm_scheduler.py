@@ -6,7 +6,7 @@ calls, in vLLM's order:
 - ``matched_tokens(request, num_computed)`` — how many tokens beyond ``num_computed`` the
   engine may skip. From a handoff in ``request.kv_transfer_params`` (the producer's refs),
   else from the daemon's joint-hit ``lookup`` over every attention and Mamba layer at the
-  attention block ends, for every TP shard (the answer is the boundary all shards hold).
+  attention block ends and every TP shard (``tp_size``: the boundary all shards hold).
   Never the whole prompt (vLLM computes at least one token), one answer per request
   (cached, so repeated calls agree), and 0 once a load of this request was tried.
 - ``after_alloc(request, block_ids, num_external)`` — with the block ids per cache group, a
@@ -106,38 +106,17 @@ class SchedulerSide:
             return _Plan()
 
     def _plan_from_lookup(self, hashes: list[bytes]) -> _Plan:
-        """The joint hit every shard holds: a shard that holds less lowers the boundary,
-        and the shards that answered above it are asked again below it."""
+        """The daemon's joint hit over every layer and every TP shard, leased."""
         size = self.layout.block_size
         bounds = [((i + 1) * size, h) for i, h in enumerate(hashes)]
-        tokens, results = len(bounds) * size, {}
-        try:
-            while tokens > 0:
-                for shard in range(self.tp_size):
-                    found = results.get(shard)
-                    if found is None or found.tokens != tokens:
-                        if found is not None:
-                            self._release(found.lease_ids)
-                        found = results[shard] = self._connected().lookup(
-                            self.layout.attention_layers, self.layout.ssm_layers,
-                            [b for b in bounds if b[0] <= tokens], kv_layout="blocks", shard=shard, lease=True)
-                    if found.tokens < tokens:
-                        tokens = found.tokens
-                        break
-                else:
-                    break
-        except BaseException:
-            for found in results.values():
-                self._release(found.lease_ids)
-            raise
-        plan = _Plan(tokens)
-        for found in results.values():
-            if tokens == 0:
-                self._release(found.lease_ids)
-                continue
-            plan.leases += found.lease_ids
-            plan.refs += [self._expected(ref, hashes) for ref in found.refs]
-        return plan
+        if not bounds:
+            return _Plan()
+        found = self._connected().lookup(self.layout.attention_layers, self.layout.ssm_layers, bounds,
+                                         kv_layout="blocks", tp_size=self.tp_size, lease=True)
+        if found.tokens == 0:
+            self._release(found.lease_ids)
+            return _Plan()
+        return _Plan(found.tokens, [self._expected(ref, hashes) for ref in found.refs], found.lease_ids)
 
     def _plan_from_handoff(self, handoff, hashes: list[bytes]) -> _Plan:
         """The largest boundary the handed refs cover for every layer and shard.
@@ -270,19 +249,15 @@ class SchedulerSide:
         bounds = [((i + 1) * size, h) for i, h in enumerate(tracked.hashes[:usable])]
         if not bounds:
             return None
-        refs, tokens = [], None
         try:
-            for shard in range(self.tp_size):
-                found = self._connected().lookup(self.layout.attention_layers, self.layout.ssm_layers, bounds,
-                                                 kv_layout="blocks", shard=shard, lease=False)
-                tokens = found.tokens if tokens is None else min(tokens, found.tokens)
-                refs += found.refs
+            found = self._connected().lookup(self.layout.attention_layers, self.layout.ssm_layers, bounds,
+                                             kv_layout="blocks", tp_size=self.tp_size, lease=False)
         except (StatetierError, OSError) as exc:
             log.warning("statetier: no handoff for request %s: %s", tracked.request.request_id, exc)
             return None
-        if not tokens:
+        if not found.tokens:
             return None
-        return handoff_params(tokens, size, [r for r in refs if r.key.token_end <= tokens])
+        return handoff_params(found.tokens, size, found.refs)
 
     # -- the daemon -----------------------------------------------------------------------
 
