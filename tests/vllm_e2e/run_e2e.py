@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -263,10 +264,11 @@ def main() -> int:
             print(daemon.log_tail(3000))
     minutes = (time.monotonic() - started) / 60
     if failures:
-        print(f"FAILED ({minutes:.1f} min):")
+        print(f"FAILED ({minutes:.1f} min); engine logs and audit logs kept in {work}:")
         for failure in failures:
             print(f"  - {failure}")
         return 1
+    shutil.rmtree(work, ignore_errors=True)
     print(f"PASSED: {len(models)} models, producer -> statetier -> consumer, tokens and bytes equal; "
           f"bad handoffs refused and recomputed ({minutes:.1f} min)")
     return 0
