@@ -4,8 +4,9 @@ Usage: ``python benchmarks/report.py [--quick] [--out FILE.md] [--plots DIR] [--
 [--from-json FILE]``
 
 1. samples the machine's background load (``machine_load.background``);
-2. runs ``python -m statetier.daemon bench --json FILE [--quick] workloads`` as a
-   subprocess (``benchmarks/workloads.py``: PD handoff, multi-turn prefix reuse,
+2. runs ``python -m statetier.daemon bench --json FILE [--quick] sdk workloads`` as a
+   subprocess (``daemon/bench_sdk.py``: the same-host hot path and its per-phase
+   breakdown; ``benchmarks/workloads.py``: PD handoff, multi-turn prefix reuse,
    concurrent clients, raw limits); its tables go to stdout, its progress bars to stderr;
 3. samples the background load again;
 4. writes the PNG plots (``report_plots``, into ``--plots``, default ``docs/benchmarks/``)
@@ -41,8 +42,8 @@ BACKGROUND_SECONDS = 2.0
 def run_bench(quick: bool, json_path: Path) -> tuple[int, str]:
     command = [sys.executable, "-m", "statetier.daemon", "bench", "--json", str(json_path)]
     command += ["--quick"] if quick else []
-    command += ["workloads"]
-    shown = "statetier bench --json FILE" + (" --quick" if quick else "") + " workloads"
+    command += ["sdk", "workloads"]
+    shown = "statetier bench --json FILE" + (" --quick" if quick else "") + " sdk workloads"
     print(f"report: running {' '.join(command[1:])}", file=sys.stderr, flush=True)
     done = subprocess.run(command, cwd=REPO, timeout=1800)
     return done.returncode, shown
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         document = json.loads(args.from_json.read_text())
         before, after = _stand_in_background(document)
         quick = bool(document.get("options", {}).get("quick"))
-        shown = "statetier bench --json FILE" + (" --quick" if quick else "") + " workloads"
+        shown = "statetier bench --json FILE" + (" --quick" if quick else "") + " sdk workloads"
         seconds = document.get("seconds", 0.0)
     else:
         before = background(BACKGROUND_SECONDS)

@@ -1,4 +1,4 @@
-"""The text of ``docs/benchmarks.md`` from one ``statetier bench --json … workloads`` document.
+"""The text of ``docs/benchmarks.md`` from one ``statetier bench --json … sdk workloads`` document.
 
 ``render(document, run, plots, md_dir) -> str`` — ``document`` is the JSON ``statetier bench``
 wrote; ``run`` what ``benchmarks/report.py`` saw around it (command, seconds, date, quick,
@@ -6,7 +6,8 @@ background before / after); ``plots`` the PNG paths by name, referenced relative
 ``md_dir``. Sections: the machine and its load (with a plain statement when other work
 was loading it), the headline, the raw limits of the run, then PD handoff, multi-turn
 prefix reuse and concurrent clients, each a table whose every row has its ratio to a raw
-limit measured in the same run, and the method. Every table is a results table.
+limit measured in the same run, the same-host hot path through the SDK (every issue-10
+target row, its machine load and the measured phases of one call), and the method. Every table is a results table.
 """
 
 from __future__ import annotations
@@ -187,7 +188,7 @@ def clients_section(rows: list[dict], plot: str | None) -> list[str]:
     head = ["clients", "op", "aggregate GB/s", "raw GB/s", "ratio", "p50 ms", "p99 ms", "raw p50 ms", "raw p99 ms",
             "pages"]
     lines = ["## Concurrent clients", "",
-             f"N client processes, each with its own connection and the daemon's arena mapped, put "
+             f"N client processes, each with its own connection and shared-memory windows, put "
              f"{found[0]['pages_per_client']} KV pages of 2 MiB each, one at a time, then load them back by "
              "`StateRef`; all N start together. The raw limit is the same N processes copying and BLAKE3-hashing "
              "the same pages at the same moment. Latencies are per page over every client and repetition.", "",
@@ -196,10 +197,64 @@ def clients_section(rows: list[dict], plot: str | None) -> list[str]:
     return lines
 
 
+SDK_ORDER = {"put": 0, "load": 1, "load_into": 2}
+PHASE_ORDER = ["client_copy", "round_trip", "frames", "daemon", "daemon_copy_and_seal", "daemon_seal", "daemon_open",
+               "daemon_window_copy", "client_hash"]
+
+
+def _phases_text(phases: dict | None) -> str:
+    if not phases:
+        return "–"
+    names = [n for n in PHASE_ORDER if n in phases] + sorted(set(phases) - set(PHASE_ORDER))
+    return ", ".join(f"{n.replace('_', ' ')} {phases[n]:.0f}" for n in names)
+
+
+def sdk_section(rows: list[dict]) -> list[str]:
+    """The same-host hot path through the SDK (``statetier bench sdk``): every target row of
+    issue 10 with its ratio to the copy + BLAKE3 ceiling of the same run, the machine load
+    beside it, and the measured phases of one call."""
+    found = _by(rows, "sdk")
+    if not found:
+        return []
+    throughput = sorted((r for r in found if r.get("metric") == "throughput"),
+                        key=lambda r: (r["tier"] != "shm", r["size_bytes"], r["batch"], SDK_ORDER.get(r["op"], 9)))
+    body = []
+    for r in throughput:
+        target = r.get("target")
+        met = "" if target is None else ("yes" if r["ratio"] >= target else "**no**")
+        load = r.get("load_average")
+        body.append([f"{r['tier']} {r['op']}", f"{r['size_bytes'] / MiB:g}", str(r["batch"]), _f(r["p50_us"], 0),
+                     _f(r["gbps"]), _f(r["raw_gbps"]), _f(r["ratio"], 3), _f(target), met,
+                     _f(load[0]) if load else "–", _phases_text(r.get("phases_us"))])
+    head = ["path and op", "MiB", "objects/call", "p50 µs", "GB/s", "copy+BLAKE3 GB/s", "ratio", "target", "met",
+            "load (1 min)", "phases of one call, µs (median of traced calls)"]
+    latency = [r for r in found if r.get("metric") == "latency"]
+    lat_body = []
+    for r in latency:
+        target = r.get("target")
+        met = "" if target is None else ("yes" if r["ratio"] >= target else "**no**")
+        load = r.get("load_average")
+        lat_body.append([r["op"], _f(r["p50_us"], 0), _f(r["p99_us"], 0), f"{r['raw']}", _f(r["raw_p50_us"], 0),
+                         _f(r["ratio"], 3), _f(target), met, _f(load[0]) if load else "–"])
+    lat_head = ["op", "p50 µs", "p99 µs", "compared with", "its p50 µs", "ratio", "target", "met", "load (1 min)"]
+    return ["## Same-host hot path (SDK)", "",
+            "Puts and loads of KV pages through `statetier.clients` over the Unix socket, with the connection's "
+            "shared-memory windows (`shm`) and inline; `load` allocates the result tensors, `load_into` fills "
+            "preallocated ones; batches travel as one `put_many` / `load_many` call (batch frames). The ratio is "
+            "to a copy into a preallocated buffer plus BLAKE3, one thread, timed in the same repetition; every "
+            "load is verified by the client where its bytes land. The phases are measured (`trace=`) on one-page "
+            "calls of the shared-memory path: `frames` is the round trip minus the daemon's own time.", "",
+            *_table(head, body), "",
+            "Round trips: `lookup` (1 attention + 1 SSM layer, 1 boundary) and `ping` against a raw Unix-socket echo "
+            "(target: p50 at most 3× raw, ratio ≥ 0.33); `lookup48x16` (48 layers × 16 boundaries, one request's "
+            "chain) against a 1 ms budget.", "",
+            *_table(lat_head, lat_body), ""]
+
+
 METHOD = [
     "## Method", "",
     "- Every statetier figure is paired, repetition by repetition, with a raw path over the same bytes timed in the "
-    "same run, so that the machine's load hits both: memcpy+BLAKE3 (a copy into a preallocated buffer plus keyed "
+    "same run, so that the machine's load hits both: memcpy+BLAKE3 (a copy into a preallocated buffer plus "
     "BLAKE3, one thread — the least that sealing or verifying costs), write+fdatasync (`pwrite` + `fdatasync` per "
     "object, as the disk tier appends) and redis-py with hiredis (SET / GET in the Redis tier's 2 MiB chunks, one "
     "pipeline per tensor, on the same redis-server).",
@@ -229,5 +284,6 @@ def render(document: dict, run: dict, plots: dict[str, Path | None], md_dir: Pat
     lines += pd_section(rows, rel.get("pd"))
     lines += prefix_section(rows, rel.get("prefix"))
     lines += clients_section(rows, rel.get("clients"))
+    lines += sdk_section(rows)
     lines += METHOD
     return "\n".join(lines)

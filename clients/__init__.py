@@ -6,8 +6,9 @@
 - ``PutItem``, ``LookupResult`` — batch input and lookup answer (``values.py``)
 - ``connect``, ``Connection`` — the raw frame connection (``transport.py``)
 
-Underneath: ``transfers.py`` (put/load exchanges), ``shm.py`` (the mapped host arena),
-``tensors.py`` (tensor ↔ bytes). Errors are ``statetier.protocol.errors``.
+Underneath: ``transfers.py`` (put/load exchanges, batch frames, verification where the
+bytes land), ``shm.py`` (the connection's shared-memory windows), ``tensors.py`` (tensor ↔
+bytes). Errors are ``statetier.protocol.errors``.
 
 Importing this package loads neither torch nor any server-side dependency: the names
 above are resolved on first use.

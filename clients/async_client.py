@@ -7,25 +7,27 @@ at once. Keys are built in the client's namespace (``kv_key`` / ``ssm_key``).
 - ``put(key, tensors, *, request_id, step, publish, version, speculative)`` → ``StateRef``;
   ``put_kv(layer, prefix_hash, token_start, token_end, tensors, ...)`` and
   ``put_ssm(layer, prefix_hash, tokens_absorbed, {"conv": t, "ssm": t}, ...)`` build the key.
-- ``load(ref_or_key, *, device, expect)`` → ``{name: tensor}``; ``load_with_ref`` also
-  returns the ``StateRef`` of what was loaded. Loads carry the client's own namespace.
+- ``load(ref_or_key, *, device, expect, into)`` → ``{name: tensor}``, fresh tensors or the
+  caller's ``into`` filled in place; ``load_with_ref`` also returns the ``StateRef`` of
+  what was loaded. Loads carry the client's own namespace; every tensor is verified
+  against the signed header's digests where it lands.
 - ``lookup(attention_layers, ssm_layers, boundaries | token_ids=…, ...)`` → ``LookupResult``;
   ``release(lease_ids)`` gives the leases back.
-- ``put_many(items)`` / ``load_many(targets)``: concurrent over the one connection, bounded.
+- ``put_many(items)`` / ``load_many(targets, into=…)``: batch frames, one round trip per batch.
 - ``delete(ref)``, ``stats()``, ``inspect(state_id)``, ``verify()``, ``ping()``.
 
-Zero-copy through the daemon's host arena on a Unix socket (``transfers.py``), inline
-bytes otherwise. Every failure is a typed ``statetier.protocol.errors`` error;
+Through the connection's own shared-memory windows on a Unix socket (``transfers.py``,
+``shm.py``), inline bytes otherwise (TCP, or a process that cannot map them). Every failure is a typed ``statetier.protocol.errors`` error;
 use after ``close()`` raises ``ClientClosedError``.
 """
 
 from __future__ import annotations
 
-import asyncio
+import logging
 import ssl as _ssl
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence, TypeVar
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
@@ -43,15 +45,14 @@ from statetier.protocol.messages import (
 )
 
 from . import transport
-from .shm import HostArena
+from .shm import ClientWindows
 from .tensors import dtype_name
-from .transfers import Transfers
+from .transfers import Transfers, into_specs
 from .values import LookupResult, PutItem, boundaries_from_tokens, boundaries_to_wire, named_tensors
 
 DEFAULT_CONCURRENCY = 16
+log = logging.getLogger("statetier.client")
 Expect = Mapping[str, tuple[Any, Sequence[int]]]
-T = TypeVar("T")
-R = TypeVar("R")
 
 
 class AsyncClient:
@@ -93,13 +94,14 @@ class AsyncClient:
             return self
         conn = await transport.connect(self.url, tenant=self.tenant, token=self._token, ssl=self._ssl,
                                        shm=self._use_shm, timeout=self._timeout)
-        try:
-            arena = HostArena.open(*conn.shm) if conn.shm is not None and self._use_shm else None
-        except BaseException:
-            await conn.close()
-            raise
+        windows = None
+        if conn.shm is not None:
+            try:
+                windows = ClientWindows.open(conn.shm)
+            except OSError as exc:  # this process cannot map them: the inline path still works
+                log.warning("statetier: shared-memory windows unusable, using inline transfers: %s", exc)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="statetier-copy")
-        self._conn, self._transfers = conn, Transfers(conn, arena, self._executor)
+        self._conn, self._transfers = conn, Transfers(conn, windows, self._executor)
         return self
 
     async def close(self) -> None:
@@ -111,8 +113,8 @@ class AsyncClient:
             if self._conn is not None:
                 await self._conn.close()
         finally:
-            if self._transfers is not None and self._transfers.arena is not None:
-                self._transfers.arena.close()  # deferred while a copy still holds a region
+            if self._transfers is not None and self._transfers.windows is not None:
+                self._transfers.windows.close()  # deferred while a copy still holds a region
             if self._executor is not None:
                 self._executor.shutdown(wait=False)
 
@@ -124,8 +126,8 @@ class AsyncClient:
 
     @property
     def uses_shm(self) -> bool:
-        """Whether puts and loads go through the daemon's host arena."""
-        return self._transfers is not None and self._transfers.arena is not None
+        """Whether puts and loads go through the connection's shared-memory windows."""
+        return self._transfers is not None and self._transfers.windows is not None
 
     @property
     def server_info(self) -> dict:
@@ -147,15 +149,23 @@ class AsyncClient:
     # -- puts ---------------------------------------------------------------------------
 
     async def put(self, key: StateKey, tensors, *, request_id: str, step: int = 0, publish: bool = False,
-                  version: int | None = None, speculative: bool = False) -> StateRef:
-        """Seal ``tensors`` (``{name: tensor}`` or ``[(name, tensor)]``, in payload order) under ``key``."""
+                  version: int | None = None, speculative: bool = False, trace: dict | None = None) -> StateRef:
+        """Seal ``tensors`` (``{name: tensor}`` or ``[(name, tensor)]``, in payload order) under ``key``.
+
+        ``trace``: a dict to fill with this call's measured phases in µs (``client_copy``,
+        ``round_trip``, and the daemon's ``daemon_*``), as ``statetier bench`` prints them.
+        """
+        meta, pairs = self._put_meta(key, tensors, request_id, step, publish, version, speculative)
+        return await self._transfers_now().put(meta, pairs, trace)
+
+    def _put_meta(self, key, tensors, request_id, step, publish, version, speculative):
         pairs = named_tensors(tensors)
         provenance = Provenance(request_id, step, self.producer_id, time.time_ns())
         meta: dict[str, Any] = {"key": key_to_wire(key), "provenance": provenance_to_wire(provenance),
                                 "publish": bool(publish), "speculative": bool(speculative)}
         if version is not None:
             meta["version"] = version
-        return await self._transfers_now().put(meta, pairs)
+        return meta, pairs
 
     async def put_kv(self, layer: int, prefix_hash: bytes, token_start: int, token_end: int, tensors, *,
                      request_id: str, step: int = 0, shard: int = 0, publish: bool = False,
@@ -172,24 +182,83 @@ class AsyncClient:
                               version=version, speculative=speculative)
 
     async def put_many(self, items: Iterable[PutItem], *, concurrency: int | None = None) -> list[StateRef]:
-        """Put every item concurrently; the refs come back in the items' order."""
-        async def put_one(item: PutItem) -> StateRef:
-            return await self.put(item.key, item.tensors, request_id=item.request_id, step=item.step,
-                                  publish=item.publish, version=item.version, speculative=item.speculative)
-        return await _map_bounded(put_one, list(items), concurrency or self.concurrency)
+        """Put every item; the refs come back in the items' order. Items travel in
+        ``PUT_BATCH`` frames (one round trip per batch of up to ``BATCH_ITEMS``); the first
+        failing item's error is raised. ``concurrency`` is accepted for compatibility."""
+        transfers = self._transfers_now()
+        prepared = [self._put_meta(item.key, item.tensors, item.request_id, item.step, item.publish,
+                                   item.version, item.speculative) for item in items]
+        refs: list[StateRef] = []
+        for batch in _batches(prepared, self._batch_bytes(), lambda entry: _pairs_bytes(entry[1])):
+            refs.extend(await transfers.put_batch(batch))
+        return refs
 
     # -- loads --------------------------------------------------------------------------
 
-    async def load(self, target: StateRef | StateKey, *, device: torch.device | str = "cpu",
-                   expect: Expect | None = None, speculative: bool = False) -> dict[str, torch.Tensor]:
-        """The tensors of ``target``: a ``StateRef`` (handoff) or a ``StateKey`` (prefix reuse)."""
-        _, tensors = await self.load_with_ref(target, device=device, expect=expect, speculative=speculative)
+    async def load(self, target: StateRef | StateKey, *, device: torch.device | str | None = None,
+                   expect: Expect | None = None, speculative: bool = False,
+                   into: Mapping[str, torch.Tensor] | None = None, trace: dict | None = None
+                   ) -> dict[str, torch.Tensor]:
+        """The tensors of ``target``: a ``StateRef`` (handoff) or a ``StateKey`` (prefix reuse).
+
+        ``into`` (``{name: tensor}``, contiguous, on one device) is filled in place and
+        returned: the object must hold exactly those names, dtypes and shapes
+        (``CorruptPayload`` otherwise, before anything is written). Every tensor is verified
+        where it lands; when that check fails the call raises ``CorruptPayload`` and the
+        contents of ``into`` are undefined (a CPU destination is the copy that was checked;
+        a device destination is written only after its staging copy verified).
+        ``trace``: as for ``put`` (plus ``client_hash``, the verification).
+        """
+        _, tensors = await self.load_with_ref(target, device=device, expect=expect, speculative=speculative,
+                                              into=into, trace=trace)
         return tensors
 
-    async def load_with_ref(self, target: StateRef | StateKey, *, device: torch.device | str = "cpu",
-                            expect: Expect | None = None,
-                            speculative: bool = False) -> tuple[StateRef, dict[str, torch.Tensor]]:
+    async def load_with_ref(self, target: StateRef | StateKey, *, device: torch.device | str | None = None,
+                            expect: Expect | None = None, speculative: bool = False,
+                            into: Mapping[str, torch.Tensor] | None = None, trace: dict | None = None
+                            ) -> tuple[StateRef, dict[str, torch.Tensor]]:
         """Like ``load``, plus the ``StateRef`` of the object that was loaded."""
+        meta = self._load_meta(target, speculative)
+        if into is not None and expect is not None:
+            raise InvalidRequest("give into or expect, not both: into states what it expects")
+        if expect is not None:
+            meta["tensors"] = specs_to_wire(_expected_specs(expect))
+        if into is not None:
+            meta["tensors"] = specs_to_wire(into_specs(into))
+            return await self._transfers_now().load(meta, device, into, trace)
+        return await self._transfers_now().load(meta, "cpu" if device is None else device, None, trace)
+
+    async def load_many(self, targets: Iterable[StateRef | StateKey], *, device: torch.device | str | None = None,
+                        expect: Expect | None = None, into: Sequence[Mapping[str, torch.Tensor]] | None = None,
+                        concurrency: int | None = None) -> list[dict[str, torch.Tensor]]:
+        """Load every target; results come back in the targets' order. Targets travel in
+        ``LOAD_BATCH`` frames (one round trip per batch of up to ``BATCH_ITEMS``); the first
+        failing target's error is raised. ``into``: one destination mapping per target (see
+        ``load``). ``concurrency`` is accepted for compatibility."""
+        targets = list(targets)
+        if into is not None and len(into) != len(targets):
+            raise InvalidRequest(f"into has {len(into)} destinations for {len(targets)} targets")
+        if into is not None and expect is not None:
+            raise InvalidRequest("give into or expect, not both: into states what it expects")
+        transfers = self._transfers_now()
+        intos = list(into) if into is not None else [None] * len(targets)
+        metas = []
+        for target, dest in zip(targets, intos):
+            meta = self._load_meta(target, False)
+            del meta["ns"]
+            if dest is not None:
+                meta["tensors"] = specs_to_wire(into_specs(dest))
+            elif expect is not None:
+                meta["tensors"] = specs_to_wire(_expected_specs(expect))
+            metas.append(meta)
+        out: list[dict[str, torch.Tensor]] = []
+        pairs = list(zip(metas, intos))
+        for batch in _batches(pairs, self._batch_bytes(), lambda _pair: 0):
+            out.extend(await transfers.load_batch([m for m, _ in batch], self._own_namespace().hex(), device,
+                                                  [d for _, d in batch]))
+        return out
+
+    def _load_meta(self, target, speculative: bool) -> dict[str, Any]:
         meta: dict[str, Any] = {"ns": self._own_namespace().hex(), "speculative": bool(speculative)}
         if isinstance(target, StateRef):
             meta["ref"] = ref_to_wire(target)
@@ -197,17 +266,15 @@ class AsyncClient:
             meta["key"] = key_to_wire(target)
         else:
             raise InvalidRequest(f"load takes a StateRef or a StateKey, not {type(target).__name__}")
-        if expect is not None:
-            meta["tensors"] = specs_to_wire(_expected_specs(expect))
-        return await self._transfers_now().load(meta, device)
+        return meta
 
-    async def load_many(self, targets: Iterable[StateRef | StateKey], *, device: torch.device | str = "cpu",
-                        expect: Expect | None = None,
-                        concurrency: int | None = None) -> list[dict[str, torch.Tensor]]:
-        """Load every target concurrently; results come back in the targets' order."""
-        async def load_one(target) -> dict[str, torch.Tensor]:
-            return await self.load(target, device=device, expect=expect)
-        return await _map_bounded(load_one, list(targets), concurrency or self.concurrency)
+    def _batch_bytes(self) -> int:
+        """Payload bytes per batch frame: what one frame (and the put window) can carry."""
+        limit = self._connection().max_frame - (1 << 20)
+        windows = self._transfers_now().windows
+        if windows is not None:
+            limit = min(limit, windows.put_window.nbytes // 2)
+        return max(limit, 1)
 
     # -- lookup and leases --------------------------------------------------------------
 
@@ -301,32 +368,26 @@ def _expected_specs(expect: Expect) -> list[TensorSpec]:
     return specs
 
 
-async def _map_bounded(fn: Callable[[T], Awaitable[R]], items: list[T], limit: int) -> list[R]:
-    """``fn`` over ``items`` with at most ``limit`` running; the first failure cancels the rest.
+BATCH_ITEMS = 64
 
-    An item still waiting for a slot when another fails never starts: the released slot
-    wakes it before ``gather`` reports the failure, so without the flag it would send one
-    more request after the batch had already failed.
-    """
-    slots = asyncio.Semaphore(max(1, limit))
-    failed = False
 
-    async def one(item: T) -> R:
-        nonlocal failed
-        async with slots:
-            if failed:
-                raise asyncio.CancelledError
-            try:
-                return await fn(item)
-            except BaseException:
-                failed = True
-                raise
+def _pairs_bytes(pairs) -> int:
+    return sum(t.numel() * t.element_size() + 64 for _, t in pairs)
 
-    tasks = [asyncio.ensure_future(one(item)) for item in items]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
+
+def _batches(items: list, max_bytes: int, size_of) -> list[list]:
+    """Consecutive runs of at most ``BATCH_ITEMS`` items and ``max_bytes`` (a bigger item
+    goes alone)."""
+    batches: list[list] = []
+    current: list = []
+    nbytes = 0
+    for item in items:
+        size = size_of(item)
+        if current and (len(current) >= BATCH_ITEMS or nbytes + size > max_bytes):
+            batches.append(current)
+            current, nbytes = [], 0
+        current.append(item)
+        nbytes += size
+    if current:
+        batches.append(current)
+    return batches

@@ -1,99 +1,105 @@
-"""The daemon's host arena mapped into the client: the zero-copy path on one host.
+"""The connection's two shared-memory windows, mapped in the client (daemon/windows.py).
 
-``HostArena.open(path, size)`` maps the file that HELLO_OK's ``shm`` names, read/write.
-The daemon hands out regions of it: a reservation (PUT_RESERVE → ``offset``) that the client
-fills before PUT_COMMIT, and a leased payload (LOAD → ``offset``) that the client copies out
-of before RELEASE. Outside those windows the client must not touch the arena.
+``ClientWindows.open(fds)`` maps what HELLO_OK passed (``transport.WindowFds``) and closes
+the descriptors; ``OSError`` when the process cannot map them (the caller then uses the
+inline path). Nothing here is reachable by path, and neither window holds another
+connection's bytes: the daemon's host arena is never mapped by a client.
 
-- ``write_tensors(payload_offset, placements)`` — copy ``(tensor, offset)`` pairs into a
-  reservation; GPU tensors are copied device → arena directly.
-- ``read_tensors(payload_offset, placements, device)`` — fresh tensors from ``(spec, offset)``
-  pairs of a leased payload.
+- ``put_window`` — read/write. ``allocate(nbytes)`` → offset or ``None`` (full), ``free(offset)``:
+  the client places a payload here, then sends PUT with the offset; the daemon copies it
+  into its own memory before digesting it, so the region is free again once PUT answers.
+- ``load_window`` — a **read-only** mapping of a read-only descriptor: the kernel refuses
+  to make it writable. The daemon copies a loaded payload into a region of it; the client
+  copies it into its own destination and verifies it there (``transfers.py``).
 - ``close()`` — unmaps (deferred to garbage collection while a view is still exported).
 
-Copies are plain single-threaded torch copies (PERFORMANCE.md); the caller decides on
-which thread they run. torch is imported here, so import this module lazily.
+No torch here: the copies live in ``transfers.py``.
 """
 
 from __future__ import annotations
 
+import bisect
 import mmap
-import os
-from typing import Sequence
+import threading
 
-import torch
-
-from statetier.protocol.dtypes import TensorSpec
-from statetier.protocol.errors import InvalidRequest, Unavailable
-
-from .tensors import empty_for, tensor_bytes
+ALIGN = 64
 
 
-class HostArena:
-    """A read/write mapping of the daemon's host arena."""
+class ClientWindows:
+    """The put window (read/write, allocated here) and the load window (read-only)."""
 
-    def __init__(self, path: str, mapping: mmap.mmap) -> None:
-        self.path = path
-        self._mmap = mapping
-        self._view = memoryview(mapping)
+    def __init__(self, put_map: mmap.mmap, load_map: mmap.mmap) -> None:
+        self._put_map, self._load_map = put_map, load_map
+        self.put_window = memoryview(put_map)
+        self.load_window = memoryview(load_map).toreadonly()
+        self._free = _FreeList(len(put_map))
 
     @classmethod
-    def open(cls, path: str, size: int) -> "HostArena":
+    def open(cls, fds) -> "ClientWindows":
         try:
-            fd = os.open(path, os.O_RDWR)
-        except OSError as exc:
-            raise Unavailable(f"cannot open the daemon's shared memory {path!r}: {exc}") from exc
-        try:
-            if os.fstat(fd).st_size < size:
-                raise Unavailable(f"shared memory {path!r} is smaller than the announced {size} bytes")
-            mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        except OSError as exc:
-            raise Unavailable(f"cannot map the daemon's shared memory {path!r}: {exc}") from exc
+            put = mmap.mmap(fds.put_fd, fds.put_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            try:
+                load = mmap.mmap(fds.load_fd, fds.load_bytes, mmap.MAP_SHARED, mmap.PROT_READ)
+            except BaseException:
+                put.close()
+                raise
         finally:
-            os.close(fd)
-        return cls(path, mapping)
+            fds.close()
+        return cls(put, load)
 
-    @property
-    def size(self) -> int:
-        return len(self._view)
+    def allocate(self, nbytes: int) -> int | None:
+        return self._free.allocate(nbytes)
 
-    @property
-    def view(self) -> memoryview:
-        return self._view
-
-    def region(self, offset: int, nbytes: int) -> torch.Tensor:
-        """A ``uint8`` tensor over ``nbytes`` arena bytes at ``offset`` (shares memory)."""
-        if offset < 0 or nbytes < 0 or offset + nbytes > len(self._view):
-            raise InvalidRequest(f"arena region [{offset}, {offset + nbytes}) is outside the {self.size}-byte arena")
-        if nbytes == 0:
-            return torch.empty(0, dtype=torch.uint8)
-        # torch keeps the object it is given, not a buffer export: hand it a slice, whose own
-        # export keeps the mapping alive (and close() from unmapping it) while the tensor lives
-        return torch.frombuffer(self._view[offset : offset + nbytes], dtype=torch.uint8)
-
-    def write_tensors(self, payload_offset: int, placements: Sequence[tuple[torch.Tensor, int]]) -> None:
-        for tensor, offset in placements:
-            src = tensor_bytes(tensor)
-            if src.numel():
-                self.region(payload_offset + offset, src.numel()).copy_(src)
-
-    def read_tensors(
-        self,
-        payload_offset: int,
-        placements: Sequence[tuple[TensorSpec, int]],
-        device: torch.device | str = "cpu",
-    ) -> list[torch.Tensor]:
-        out = []
-        for spec, offset in placements:
-            tensor = empty_for(spec, device)
-            if spec.nbytes:
-                tensor_bytes(tensor).copy_(self.region(payload_offset + offset, spec.nbytes))
-            out.append(tensor)
-        return out
+    def free(self, offset: int) -> None:
+        self._free.free(offset)
 
     def close(self) -> None:
-        try:
-            self._view.release()
-            self._mmap.close()
-        except BufferError:
-            pass  # a tensor still shares the mapping: it is unmapped when that tensor is freed
+        for view in (self.put_window, self.load_window):
+            try:
+                view.release()
+            except BufferError:
+                pass
+        for mapping in (self._put_map, self._load_map):
+            try:
+                mapping.close()
+            except BufferError:
+                pass  # a tensor still shares the mapping: it is unmapped when that tensor is freed
+
+
+class _FreeList:
+    """First-fit over sorted free extents, coalescing on free; 64-byte aligned sizes.
+    Thread-safe (a blocking client's caller threads may put at once)."""
+
+    def __init__(self, capacity: int) -> None:
+        self._starts = [0]
+        self._sizes = {0: capacity}
+        self._used: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def allocate(self, nbytes: int) -> int | None:
+        size = max(ALIGN, -(-nbytes // ALIGN) * ALIGN)
+        with self._lock:
+            for i, start in enumerate(self._starts):
+                have = self._sizes[start]
+                if have >= size:
+                    del self._sizes[start]
+                    if have > size:
+                        self._starts[i] = start + size
+                        self._sizes[start + size] = have - size
+                    else:
+                        del self._starts[i]
+                    self._used[start] = size
+                    return start
+        return None
+
+    def free(self, offset: int) -> None:
+        with self._lock:
+            size = self._used.pop(offset)
+            i = bisect.bisect_left(self._starts, offset)
+            if i < len(self._starts) and offset + size == self._starts[i]:
+                size += self._sizes.pop(self._starts.pop(i))
+            if i > 0 and self._starts[i - 1] + self._sizes[self._starts[i - 1]] == offset:
+                self._sizes[self._starts[i - 1]] += size
+                return
+            self._starts.insert(i, offset)
+            self._sizes[offset] = size

@@ -1,133 +1,298 @@
 """Payloads between torch tensors and the daemon: the put and load exchanges.
 
-- ``Transfers(conn, arena, executor)`` — built by ``AsyncClient.connect``; ``arena`` is the
-  mapped host arena (``shm.HostArena``) or ``None`` (TCP, or no host tier).
-- ``await put(meta, pairs)`` → ``StateRef``. With an arena: PUT_RESERVE → copy the tensors
-  into the reservation → PUT_COMMIT, and PUT_ABORT when anything fails or the caller is
-  cancelled (a reservation refused for room, ``CapacityError``, falls back to inline).
-  Without: one inline PUT whose data are the tensors' own buffers and the zero
-  padding of ``layout_payload``, written back to back (no join).
-- ``await load(meta, device)`` → ``(StateRef, {name: tensor})``. Served from the arena:
-  copy out, then RELEASE the lease (in ``finally``; written at once, its answer not
-  awaited). Inline: tensors from the reply data, sharing the received buffer when it is
-  aligned for the dtype.
+- ``Transfers(conn, windows, executor)`` — built by ``AsyncClient.connect``; ``windows`` is
+  the connection's mapped shared-memory windows (``shm.ClientWindows``) or ``None`` (TCP,
+  or a process that could not map them).
+- ``await put(meta, pairs)`` → ``StateRef``. With windows: copy the tensors into a region
+  of the put window, one ``PUT`` naming it (one round trip); the region is reused once the
+  daemon answered (it copies before it digests). Without, or when the window is full: one
+  inline ``PUT`` whose data are the tensors' own buffers and the zero padding of
+  ``layout_payload``, written back to back (no join).
+- ``await load(meta, device, into)`` → ``(StateRef, {name: tensor})``. The reply carries the
+  signed header (checked by the daemon) and the payload: in a region of the read-only
+  load window, or inline. Each tensor is copied into its destination — ``into``'s tensors,
+  or fresh ones — and **verified there** against the header's digests before it is
+  returned (``land``): bytes that changed on the way are ``CorruptPayload``, never a
+  tensor. A device destination is verified in a private pinned staging buffer, then
+  copied to the device. The region goes back with the client's next request
+  (``free_regions``), or in a ``RELEASE`` at the loop's next turn when none comes first.
 
-Copies up to ``INLINE_COPY_BYTES`` of CPU tensors run on the event loop (a thread hop would
-cost more); larger ones, and any touching a GPU, run on the client's single copy thread. A
-cancelled caller still waits for its copy to end before the arena region is handed back.
+Copies are single-threaded memmoves (memoryview slice assignment), fused with the digest
+in cache-sized chunks; they never touch torch's thread settings. Up to
+``INLINE_COPY_BYTES`` of CPU copies run on the event loop (a thread hop would cost more);
+larger ones, and any touching a GPU, run on the client's single copy thread. A cancelled
+caller still waits for its copy to end before the region is handed back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections import OrderedDict
 from concurrent.futures import Executor
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from statetier.protocol.errors import CapacityError, ClientClosedError, MalformedFrame, StatetierError, Unavailable
-from statetier.protocol.frames import Frame, Op
-from statetier.protocol.messages import field, header_from_wire, ref_from_wire, specs_to_wire
-from statetier.protocol.sealed import layout_payload
+from statetier.protocol.errors import (
+    ClientClosedError,
+    CorruptPayload,
+    InvalidRequest,
+    MalformedFrame,
+    StatetierError,
+)
+from statetier.protocol.frames import FLAG_ERROR, Frame, Op, raise_for_error
+from statetier.protocol.messages import field, ref_from_wire, specs_to_wire
 from statetier.protocol.identity import StateRef
+from statetier.protocol.sealed import SealedHeader, check_payload_digest, layout_payload, parse_header, region_hasher
 
-from .shm import HostArena
-from .tensors import can_share, spec_of, tensor_from_view, tensor_to_spec_and_view
+from .shm import ClientWindows
+from .tensors import byte_view, empty_for, spec_of, tensor_bytes, tensor_to_spec_and_view, torch_dtype
 
 INLINE_COPY_BYTES = 4 << 20  # a 2 MiB page: ~0.1 ms to copy; the hop cost 0.08+ ms and more when busy
+COPY_CHUNK = 256 << 10  # copy then digest this much at a time, while it is still in cache
+HEADER_CACHE = 1024
 _ZEROS = memoryview(bytes(64))  # alignment padding is below 64 bytes
+_HEADER_LEN = slice(8, 12)  # header_len in the sealed object's prefix (docs/protocol.md §1.1)
 
 
 class Transfers:
-    """The put and load exchanges over one connection (and its arena, if any)."""
+    """The put and load exchanges over one connection (and its windows, if any)."""
 
-    def __init__(self, conn, arena: HostArena | None, executor: Executor) -> None:
+    def __init__(self, conn, windows: ClientWindows | None, executor: Executor) -> None:
         self.conn = conn
-        self.arena = arena
+        self.windows = windows
         self._executor = executor
+        self._headers: OrderedDict[bytes, SealedHeader] = OrderedDict()
+        self._staging: torch.Tensor | None = None
+        self._to_free: list[int] = []  # load-window regions done with, not yet given back
+        self._flush_scheduled = False
+
+    def _give_back(self, regions: Sequence[int]) -> None:
+        """Regions go back with the next request this client sends (``free_regions``), or
+        in a ``RELEASE`` of their own at the loop's next turn when none comes first."""
+        self._to_free.extend(regions)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_free)
+
+    def _flush_free(self) -> None:
+        self._flush_scheduled = False
+        if self._to_free:
+            regions, self._to_free = self._to_free, []
+            self.conn.send_nowait(Op.RELEASE, {"regions": regions})
+
+    def _with_free(self, meta: dict) -> dict:
+        if self._to_free:
+            meta["free_regions"], self._to_free = self._to_free, []
+        return meta
 
     # -- put ----------------------------------------------------------------------------
 
-    async def put(self, meta: dict, pairs: Sequence[tuple[str, torch.Tensor]]) -> StateRef:
+    async def put(self, meta: dict, pairs: Sequence[tuple[str, torch.Tensor]], trace: dict | None = None
+                  ) -> StateRef:
         specs = [spec_of(name, tensor) for name, tensor in pairs]
+        layout = layout_payload(specs)
         meta = {**meta, "tensors": specs_to_wire(specs)}
-        if self.arena is not None:
-            reservation = await self._try_reserve(meta)
-            if reservation is not None:
-                return await self._fill_and_commit(reservation, layout_payload(specs), [t for _, t in pairs])
-        return await self._put_inline(meta, pairs)
-
-    async def _put_inline(self, meta: dict, pairs) -> StateRef:
-        views = [tensor_to_spec_and_view(name, tensor) for name, tensor in pairs]
-        layout = layout_payload([spec for spec, _ in views])
-        parts, cursor = [], 0
-        for (spec, view), offset in zip(views, layout.offsets):
-            if offset > cursor:
-                parts.append(_ZEROS[: offset - cursor])
-            parts.append(view)
-            cursor = offset + spec.nbytes
-        frame = await self.conn.request(Op.PUT, meta, parts)
+        if trace is not None:
+            meta["trace"] = True
+        if self.windows is not None and layout.payload_len:
+            offset = self.windows.allocate(layout.payload_len)
+            if offset is not None:
+                return await self._put_from_window(meta, layout, [t for _, t in pairs], offset, trace)
+        started = time.perf_counter()
+        frame = await self.conn.request(Op.PUT, meta, _inline_parts(pairs, layout))
+        _record(trace, frame, request=started)
         return _ref_of(frame)
 
-    async def _try_reserve(self, meta: dict) -> Frame | None:
-        """PUT_RESERVE's reply, or None when the arena has no room (an inline put goes lower)."""
+    async def _put_from_window(self, meta: dict, layout, tensors, offset: int, trace: dict | None) -> StateRef:
+        region = self.windows.put_window[offset : offset + layout.payload_len]
+        on_gpu = any(t.device.type != "cpu" for t in tensors)
+        free = _once(lambda: self._free_put([offset]))
+        sent = False
         try:
-            return await self.conn.request(Op.PUT_RESERVE, meta, on_orphan=self._abort_orphan)
-        except (CapacityError, Unavailable):
-            if not self.conn.is_usable:
-                raise
-            return None
-
-    async def _fill_and_commit(self, frame: Frame, layout, tensors) -> StateRef:
-        ticket = field(frame.meta, "ticket", int)
-        try:
-            offset = field(frame.meta, "offset", int)
-            offsets = _reserved_offsets(frame.meta, layout)
-            placements = list(zip(tensors, offsets))
-            on_gpu = any(t.device.type != "cpu" for t in tensors)
-            await self._copy(lambda: self.arena.write_tensors(offset, placements), layout.payload_len, on_gpu)
-            frame = await self.conn.request(Op.PUT_COMMIT, {"ticket": ticket})
-        except asyncio.CancelledError:
-            self.conn.request_and_forget(Op.PUT_ABORT, {"ticket": ticket})
+            started = time.perf_counter()
+            await self._copy(lambda: fill(region, layout, tensors), layout.payload_len, on_gpu)
+            copied = time.perf_counter()
+            sent = True  # from here the daemon may read the region until it answers
+            frame = await self.conn.request(Op.PUT, self._with_free({**meta, "window": offset}),
+                                            on_orphan=lambda _frame: free(), on_unsent=free)
+        except BaseException as exc:
+            if not sent or not isinstance(exc, asyncio.CancelledError):
+                free()  # answered (an error), never sent, or the copy failed
             raise
-        except BaseException:
-            await _quietly(self.conn.request(Op.PUT_ABORT, {"ticket": ticket}))
-            raise
+        free()
+        _record(trace, frame, request=copied, client_copy=(started, copied))
         return _ref_of(frame)
 
-    def _abort_orphan(self, frame: Frame) -> None:
-        ticket = frame.meta.get("ticket")
-        if isinstance(ticket, int):
-            self.conn.request_and_forget(Op.PUT_ABORT, {"ticket": ticket})
+    async def put_batch(self, items: Sequence[tuple[dict, Sequence[tuple[str, torch.Tensor]]]]) -> list[StateRef]:
+        """Many puts, one ``PUT_BATCH`` frame (one round trip): each payload from a put
+        window region, or inline when the window is full. Raises the first item's error."""
+        entries, regions, inline_parts, on_gpu, nbytes = [], [], [], False, 0
+        free = _once(lambda: self._free_put([o for o, _, _ in regions]))
+        sent = False
+        try:
+            for meta, pairs in items:
+                specs = [spec_of(name, tensor) for name, tensor in pairs]
+                layout = layout_payload(specs)
+                entry = {**meta, "tensors": specs_to_wire(specs)}
+                offset = self.windows.allocate(layout.payload_len) if self.windows and layout.payload_len else None
+                if offset is None:
+                    parts = _inline_parts(pairs, layout)
+                    entry["data_len"] = layout.payload_len
+                    inline_parts.extend(parts)
+                else:
+                    regions.append((offset, layout, [t for _, t in pairs]))
+                    entry["window"] = offset
+                    on_gpu = on_gpu or any(t.device.type != "cpu" for _, t in pairs)
+                    nbytes += layout.payload_len
+                entries.append(entry)
+            if regions:
+                await self._copy(lambda: [fill(self.windows.put_window[o : o + lay.payload_len], lay, ts)
+                                          for o, lay, ts in regions], nbytes, on_gpu)
+            sent = True  # from here the daemon may read the regions until it answers
+            frame = await self.conn.request(Op.PUT_BATCH, self._with_free({"items": entries}), inline_parts,
+                                            on_orphan=lambda _frame: free(), on_unsent=free)
+        except BaseException as exc:
+            if not sent or not isinstance(exc, asyncio.CancelledError):
+                free()  # else on_orphan / on_unsent frees them
+            raise
+        free()
+        answers = _batch_answers(frame, len(entries))
+        return [_ref_of(Frame(Op.REPLY, 0, answer)) for answer in answers]
+
+    def _free_put(self, offsets: Sequence[int]) -> None:
+        for offset in offsets:
+            self.windows.free(offset)
 
     # -- load ---------------------------------------------------------------------------
 
-    async def load(self, meta: dict, device) -> tuple[StateRef, dict[str, torch.Tensor]]:
-        meta = {**meta, "shm": self.arena is not None}
-        frame = await self.conn.request(Op.LOAD, meta, on_orphan=self._release_orphan)
-        lease = frame.meta.get("lease") if self.arena is not None else None
+    async def load_batch(self, metas: Sequence[dict], namespace_hex: str, device,
+                         intos: Sequence[Mapping[str, torch.Tensor] | None]) -> list[dict[str, torch.Tensor]]:
+        """Many loads, one ``LOAD_BATCH`` frame: every payload copied into its destination and
+        verified there; the window regions go back in one ``RELEASE``. Raises the first
+        item's error (after every region was given back)."""
+        targets = [_check_into(into, device) if into is not None else torch.device(device or "cpu")
+                   for into in intos]
+        meta = self._with_free({"ns": namespace_hex, "shm": self.windows is not None, "items": list(metas)})
+        frame = await self.conn.request(Op.LOAD_BATCH, meta, on_orphan=self._release_batch_orphan)
+        answers = frame.meta.get("items")
+        regions = [a["region"] for a in answers or [] if isinstance(a, dict) and isinstance(a.get("region"), int)]
         try:
-            ref, placements, payload_len = header_from_wire(frame.meta)
-            offset = frame.meta.get("offset")
-            if offset is not None and self.arena is not None:
-                if not isinstance(offset, int):
-                    raise MalformedFrame("LOAD reply offset must be an integer")
-                on_gpu = torch.device(device).type != "cpu"
-                tensors = await self._copy(lambda: self.arena.read_tensors(offset, placements, device),
-                                           payload_len, on_gpu)
-            else:
-                tensors = _tensors_from_data(frame.data, placements, payload_len, device)
+            answers = _batch_answers(frame, len(metas), raise_first=False)
+            data = memoryview(frame.data).cast("B")
+            jobs, nbytes, on_gpu, failure, retry = [], 0, False, None, []
+            for index, (answer, into, target) in enumerate(zip(answers, intos, targets)):
+                if "error" in answer or "skipped" in answer:
+                    failure = failure or answer.get("error")
+                    jobs.append(None)
+                    continue
+                if answer.get("retry") is True:
+                    retry.append(index)
+                    jobs.append(None)
+                    continue
+                at, length = answer.get("at"), answer.get("len")
+                if not isinstance(at, int) or not isinstance(length, int) or at < 0 or at + length > data.nbytes:
+                    raise MalformedFrame("LOAD_BATCH item lies outside the frame's data")
+                header, source = self._header_and_payload(Frame(Op.REPLY, 0, answer, data[at : at + length]))
+                jobs.append((header, source, _destinations(header, into, target)))
+                nbytes += header.payload_len
+                on_gpu = on_gpu or target.type != "cpu"
+            if failure is not None:
+                raise_for_error(Frame(Op.ERROR, 0, failure, flags=FLAG_ERROR))
+            failed = await self._copy(lambda: _land_all(jobs, self._staging_for), nbytes, on_gpu)
         finally:
-            if isinstance(lease, int):
-                # written at once, even for a cancelled caller, ahead of the caller's next
-                # request; not awaited: the answer changes nothing and costs a round trip
-                self.conn.send_nowait(Op.RELEASE, {"leases": [lease]})
-        return ref, {spec.name: tensor for (spec, _), tensor in zip(placements, tensors)}
+            if regions:
+                self._give_back(regions)
+        out = [None if job is None else {t.spec.name: d for t, d in zip(job[0].tensors, job[2])} for job in jobs]
+        for index in sorted(retry + failed):  # no room in the reply, or not intact where it landed
+            again = {**metas[index], "ns": namespace_hex, **({"recheck": True} if index in failed else {})}
+            _, out[index] = await self.load(again, device, intos[index])
+        return out
+
+    def _release_batch_orphan(self, frame: Frame) -> None:
+        items = frame.meta.get("items")
+        regions = [a["region"] for a in items or [] if isinstance(a, dict) and isinstance(a.get("region"), int)]
+        if regions:
+            self.conn.send_nowait(Op.RELEASE, {"regions": regions})
+
+    async def load(self, meta: dict, device, into: Mapping[str, torch.Tensor] | None = None,
+                   trace: dict | None = None) -> tuple[StateRef, dict[str, torch.Tensor]]:
+        """One LOAD, verified where it lands; when that check fails, asked once more with
+        ``recheck`` (the daemon then digests every copy it serves, drops a damaged one and
+        serves the next): the second answer is verified the same way, or ``CorruptPayload``."""
+        try:
+            return await self._load_once(meta, device, into, trace)
+        except CorruptPayload as exc:
+            if meta.get("recheck") or not exc.detail.get("landed"):
+                raise
+        return await self._load_once({**meta, "recheck": True}, device, into, trace)
+
+    async def _load_once(self, meta: dict, device, into, trace) -> tuple[StateRef, dict[str, torch.Tensor]]:
+        target = _check_into(into, device) if into is not None else torch.device(device or "cpu")
+        meta = self._with_free({**meta, "shm": self.windows is not None})
+        if trace is not None:
+            meta["trace"] = True
+        started = time.perf_counter()
+        frame = await self.conn.request(Op.LOAD, meta, on_orphan=self._release_orphan)
+        _record(trace, frame, request=started)
+        region = frame.meta.get("region")
+        try:
+            header, source = self._header_and_payload(frame)
+            dests = _destinations(header, into, target)
+            on_gpu = target.type != "cpu"
+            await self._copy(lambda: land(header, source, dests, self._staging_for, trace),
+                             header.payload_len, on_gpu)
+        finally:
+            if isinstance(region, int):
+                # even for a cancelled caller; never awaited: the answer changes nothing
+                self._give_back([region])
+        return header.ref(), {t.spec.name: d for t, d in zip(header.tensors, dests)}
+
+    def _header_and_payload(self, frame: Frame) -> tuple[SealedHeader, memoryview]:
+        data = memoryview(frame.data).cast("B")
+        window = frame.meta.get("window")
+        if window is None:
+            if data.nbytes < _HEADER_LEN.stop:
+                raise MalformedFrame("LOAD reply carries no sealed object")
+            header_len = int.from_bytes(data[_HEADER_LEN], "little")
+            header = self._parse(data[:header_len])
+            payload = data[header_len:]
+            if payload.nbytes != header.payload_len:
+                raise MalformedFrame(f"LOAD reply carries {payload.nbytes} payload bytes; its header says "
+                                     f"{header.payload_len}")
+            return header, payload
+        if self.windows is None or not isinstance(window, int) or isinstance(window, bool):
+            raise MalformedFrame("LOAD reply names a window region this client cannot read")
+        header = self._parse(data)
+        if window < 0 or window + header.payload_len > self.windows.load_window.nbytes:
+            raise MalformedFrame("LOAD reply region lies outside the load window")
+        return header, self.windows.load_window[window : window + header.payload_len]
+
+    def _parse(self, header_bytes: memoryview) -> SealedHeader:
+        """The header the daemon verified; parsed once per distinct header (a hot object is
+        loaded again and again)."""
+        key = bytes(header_bytes)
+        header = self._headers.get(key)
+        if header is None:
+            header = parse_header(key)
+            self._headers[key] = header
+            if len(self._headers) > HEADER_CACHE:
+                self._headers.popitem(last=False)
+        return header
+
+    def _staging_for(self, nbytes: int) -> torch.Tensor:
+        """A private host buffer (pinned when CUDA is there) of at least ``nbytes``: where a
+        device-bound tensor is verified before it is copied to the device. Copy thread only."""
+        if self._staging is None or self._staging.numel() < nbytes:
+            pin = torch.cuda.is_available()
+            self._staging = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=pin)
+        return self._staging
 
     def _release_orphan(self, frame: Frame) -> None:
-        lease = frame.meta.get("lease")
-        if isinstance(lease, int):
-            self.conn.request_and_forget(Op.RELEASE, {"leases": [lease]})
+        region = frame.meta.get("region")
+        if isinstance(region, int):
+            self.conn.send_nowait(Op.RELEASE, {"regions": [region]})
 
     # -- copies -------------------------------------------------------------------------
 
@@ -138,7 +303,7 @@ class Transfers:
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
-            # the copy still touches the arena region: it must end before the region is returned
+            # the copy still touches the window region: it must end before the region is returned
             while not future.done():
                 try:
                     await asyncio.wait([future])
@@ -147,33 +312,185 @@ class Transfers:
             raise
 
 
+# ------------------------------------------------------------------------- the copies
+
+
+def fill(region: memoryview, layout, tensors: Sequence[torch.Tensor]) -> None:
+    """Copy ``tensors`` into ``region`` at ``layout``'s offsets, zeroing the padding."""
+    cursor = 0
+    for tensor, offset in zip(tensors, layout.offsets):
+        if offset > cursor:
+            region[cursor:offset] = _ZEROS[: offset - cursor]
+        nbytes = tensor.numel() * tensor.element_size()
+        if nbytes:
+            if tensor.device.type == "cpu":  # a memmove on this thread, never torch's copy pool
+                source = byte_view(tensor if tensor.is_contiguous() else tensor_bytes(tensor))
+                region[offset : offset + nbytes] = source
+            else:
+                torch.frombuffer(region[offset : offset + nbytes], dtype=torch.uint8).copy_(tensor_bytes(tensor))
+        cursor = offset + nbytes
+
+
+def land(header: SealedHeader, source: memoryview, dests: Sequence[torch.Tensor],
+         staging: Callable[[int], torch.Tensor], trace: dict | None = None) -> None:
+    """Copy each tensor of ``source`` (laid out as ``header`` says) into its destination and
+    verify it there; a device destination is verified in ``staging`` first.
+
+    The digest is computed over the destination's bytes (and a private copy of the
+    padding), so what is verified is what the caller gets, whatever happens to ``source``
+    meanwhile.
+    """
+    digests = []
+    for t, dest in zip(header.tensors, dests):
+        hasher = region_hasher(header.digest_alg)
+        src = source[t.offset : t.offset + t.nbytes]
+        on_device = dest.device.type != "cpu"
+        if t.nbytes:
+            stage = staging(t.nbytes)[: t.nbytes] if on_device else dest  # contiguous: checked or fresh
+            copy_and_digest(byte_view(stage), src, hasher, trace)
+        padding = bytes(source[t.offset + t.nbytes : t.offset + t.region])
+        if padding:
+            hasher.update(padding)
+        digest = hasher.digest()
+        if digest != t.digest:
+            raise CorruptPayload(f"tensor {t.spec.name!r} changed on its way: its digest does not match the "
+                                 "signed header", landed=True)
+        if on_device and t.nbytes:
+            tensor_bytes(dest).copy_(stage)  # synchronous: the staging buffer is reused
+        digests.append(digest)
+    check_payload_digest(header, digests)
+
+
+def _land_all(jobs: list, staging) -> list[int]:
+    """``land`` every job (``None`` skipped); the indexes whose bytes were not intact where
+    they landed (the caller asks for those again, with ``recheck``)."""
+    failed = []
+    for index, job in enumerate(jobs):
+        if job is None:
+            continue
+        try:
+            land(*job, staging)
+        except CorruptPayload as exc:
+            if not exc.detail.get("landed"):
+                raise
+            failed.append(index)
+    return failed
+
+
+def copy_and_digest(dest: memoryview, source: memoryview, hasher, trace: dict | None = None) -> None:
+    nbytes = source.nbytes
+    if trace is not None:
+        return _copy_and_digest_timed(dest, source, hasher, trace)
+    for start in range(0, nbytes, COPY_CHUNK):
+        end = min(nbytes, start + COPY_CHUNK)
+        dest[start:end] = source[start:end]
+        hasher.update(dest[start:end])
+
+
+def _copy_and_digest_timed(dest: memoryview, source: memoryview, hasher, trace: dict) -> None:
+    clock, copying, hashing = time.perf_counter, 0.0, 0.0
+    for start in range(0, source.nbytes, COPY_CHUNK):
+        end = min(source.nbytes, start + COPY_CHUNK)
+        t0 = clock()
+        dest[start:end] = source[start:end]
+        t1 = clock()
+        hasher.update(dest[start:end])
+        copying, hashing = copying + t1 - t0, hashing + clock() - t1
+    trace["client_copy"] = trace.get("client_copy", 0.0) + copying * 1e6
+    trace["client_hash"] = trace.get("client_hash", 0.0) + hashing * 1e6
+
+
+def _record(trace: dict | None, frame: Frame, *, request: float, client_copy: tuple | None = None) -> None:
+    """Fill ``trace`` (µs): the client's copy, the round trip, and the daemon's own phases."""
+    if trace is None:
+        return
+    trace["round_trip"] = (time.perf_counter() - request) * 1e6
+    if client_copy is not None:
+        trace["client_copy"] = (client_copy[1] - client_copy[0]) * 1e6
+    daemon = frame.meta.get("trace")
+    if isinstance(daemon, dict):
+        trace.update({f"daemon_{name}": value for name, value in daemon.items() if isinstance(value, (int, float))})
+
+
+def _check_into(into: Mapping[str, torch.Tensor], device) -> torch.device:
+    if not isinstance(into, Mapping) or not into:
+        raise InvalidRequest("into must be a non-empty {name: tensor} mapping")
+    devices = set()
+    for name, tensor in into.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise InvalidRequest(f"into[{name!r}] is a {type(tensor).__name__}, not a torch.Tensor")
+        if not tensor.is_contiguous():
+            raise InvalidRequest(f"into[{name!r}] is not contiguous: a load fills a tensor's memory as it is")
+        devices.add(tensor.device)
+    if len(devices) != 1:
+        raise InvalidRequest(f"into's tensors lie on several devices: {sorted(map(str, devices))}")
+    (found,) = devices
+    if device is not None and torch.device(device) != found and not (
+            torch.device(device).type == found.type and torch.device(device).index is None):
+        raise InvalidRequest(f"into's tensors are on {found}, the load asks for {device}")
+    return found
+
+
+def into_specs(into: Mapping[str, torch.Tensor]):
+    """The tensor specs a load into ``into`` expects (the daemon refuses others)."""
+    return [spec_of(name, tensor) for name, tensor in into.items()]
+
+
+def _destinations(header: SealedHeader, into, device: torch.device) -> list[torch.Tensor]:
+    if into is None:
+        return [empty_for(t.spec, device) for t in header.tensors]
+    names = [t.spec.name for t in header.tensors]
+    if sorted(names) != sorted(into):
+        raise CorruptPayload(f"the object holds tensors {names}, not {sorted(into)}")
+    dests = []
+    for t in header.tensors:
+        dest = into[t.spec.name]
+        if dest.dtype != torch_dtype(t.spec.dtype) or tuple(dest.shape) != tuple(t.spec.shape):
+            raise CorruptPayload(f"tensor {t.spec.name!r} is {t.spec.dtype}{list(t.spec.shape)}; into holds "
+                                 f"{dest.dtype}{list(dest.shape)}")
+        dests.append(dest)
+    return dests
+
+
+def _once(fn: Callable[[], None]) -> Callable[[], None]:
+    """``fn`` run at most once, whichever of several cleanup paths gets there first."""
+    done = False
+
+    def call() -> None:
+        nonlocal done
+        if not done:
+            done = True
+            fn()
+    return call
+
+
+def _inline_parts(pairs, layout) -> list:
+    """The tensors' own buffers and the zero padding between them, back to back (no join)."""
+    views = [tensor_to_spec_and_view(name, tensor) for name, tensor in pairs]
+    parts, cursor = [], 0
+    for (spec, view), offset in zip(views, layout.offsets):
+        if offset > cursor:
+            parts.append(_ZEROS[: offset - cursor])
+        parts.append(view)
+        cursor = offset + spec.nbytes
+    return parts
+
+
+def _batch_answers(frame: Frame, expected: int, *, raise_first: bool = True) -> list[dict]:
+    answers = frame.meta.get("items")
+    if not isinstance(answers, list) or len(answers) != expected or not all(isinstance(a, dict) for a in answers):
+        raise MalformedFrame(f"a batch reply must answer each of its {expected} items")
+    if raise_first:
+        for answer in answers:
+            if "error" in answer:
+                raise_for_error(Frame(Op.ERROR, 0, answer["error"], flags=FLAG_ERROR))
+            if "skipped" in answer:
+                raise MalformedFrame("a batch reply skipped an item without a failure before it")
+    return answers
+
+
 def _ref_of(frame: Frame) -> StateRef:
     return ref_from_wire(field(frame.meta, "ref", dict))
-
-
-def _reserved_offsets(meta: dict, layout) -> list[int]:
-    if field(meta, "payload_len", int) != layout.payload_len:
-        raise MalformedFrame(f"reservation of {meta['payload_len']} bytes for a {layout.payload_len}-byte payload")
-    reserved = field(meta, "tensors", list, default=None)
-    if reserved is None:
-        return list(layout.offsets)
-    offsets = [item[3] if isinstance(item, list) and len(item) == 4 else None for item in reserved]
-    if offsets != list(layout.offsets):
-        raise MalformedFrame("the reservation lays the tensors out differently from layout_payload")
-    return offsets
-
-
-def _tensors_from_data(data, placements, payload_len: int, device) -> list[torch.Tensor]:
-    view = memoryview(data).cast("B")
-    if view.nbytes != payload_len:
-        raise MalformedFrame(f"LOAD reply carries {view.nbytes} payload bytes; its header says {payload_len}")
-    out = []
-    for spec, offset in placements:
-        if offset < 0 or offset + spec.nbytes > payload_len:
-            raise MalformedFrame(f"tensor {spec.name!r} lies outside the payload")
-        region = view[offset : offset + spec.nbytes]
-        out.append(tensor_from_view(spec, region, device, copy=not can_share(spec, region)))
-    return out
 
 
 async def _quietly(awaitable) -> None:

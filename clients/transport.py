@@ -1,14 +1,18 @@
 """One asyncio connection to the daemon: frames in, frames out, many requests in flight.
 
 - ``await connect(url, *, tenant, token, ssl, shm, timeout)`` → ``Connection`` after the
-  HELLO / HELLO_OK handshake. ``url``: ``unix:///abs.sock``, ``unix:rel.sock``, a bare
+  HELLO / HELLO_OK handshake. On a Unix socket with ``shm`` the handshake is read with
+  ``recvmsg``: HELLO_OK carries the connection's two shared-memory windows as file
+  descriptors (``SCM_RIGHTS``); ``conn.shm`` is then a ``WindowFds`` (the caller maps and
+  closes them), else ``None``. ``url``: ``unix:///abs.sock``, ``unix:rel.sock``, a bare
   socket path, ``tcp://host:port`` (TLS when ``ssl`` is given) or ``tcps://host:port``.
 - ``await conn.request(op, meta, data=b"")`` → the REPLY ``Frame``; an ERROR answer is
   raised as its typed error (``protocol.errors``). ``data`` may be a list of buffers,
   sent back to back with ``writelines`` (no join). Requests get per-connection ids and
   are answered in any order; at most HELLO_OK's ``max_inflight`` are outstanding, more wait.
-- ``on_orphan``: what to do with the reply to a request its caller cancelled (release a
-  lease, abort a reservation) — called with the frame, may return an awaitable.
+- ``on_orphan``: what to do with the answer to a request its caller cancelled (give a
+  window region back) — called with the frame (a REPLY or an ERROR), may return an
+  awaitable; ``on_unsent``: called when the request was never written.
   ``request_and_forget(op, meta)`` sends such a cleanup in the background;
   ``send_nowait(op, meta)`` writes one at once and drops its answer.
 - ``await conn.close()`` → GOODBYE, then the socket closes. Later calls raise
@@ -21,7 +25,9 @@ straight into the buffer its frame keeps. Writes honour ``pause_writing``. No pi
 
 from __future__ import annotations
 
+import array
 import asyncio
+import os
 import socket
 import ssl as _ssl
 import struct
@@ -58,6 +64,23 @@ _LENGTH = struct.Struct("<I")  # the frame's leading length field (docs/frames.m
 
 Buffer = bytes | bytearray | memoryview
 OrphanHandler = Callable[[Frame], "Awaitable[Any] | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class WindowFds:
+    """The two windows HELLO_OK passed: put (read/write) and load (read-only) descriptors."""
+
+    put_fd: int
+    put_bytes: int
+    load_fd: int
+    load_bytes: int
+
+    def close(self) -> None:
+        for fd in (self.put_fd, self.load_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +157,8 @@ class Connection(asyncio.BufferedProtocol):
         self.endpoint = endpoint
         self.hello: dict = {}
         self.max_frame = DEFAULT_MAX_FRAME
-        self.shm: tuple[str, int] | None = None
+        self.shm: WindowFds | None = None
+        self._fds: list[int] = []  # received with HELLO_OK, not yet claimed
         self._loop = asyncio.get_running_loop()
         self._decoder = FrameDecoder(DEFAULT_MAX_FRAME)
         self._transport: asyncio.Transport | None = None
@@ -162,25 +186,38 @@ class Connection(asyncio.BufferedProtocol):
         data: Buffer | Sequence[Buffer] = b"",
         *,
         on_orphan: OrphanHandler | None = None,
+        on_unsent: Callable[[], None] | None = None,
     ) -> Frame:
-        """Send one request and return its REPLY; raises the typed error of an ERROR reply."""
-        self._raise_if_unusable()
-        async with self._slots:
+        """Send one request and return its REPLY; raises the typed error of an ERROR reply.
+
+        ``on_orphan`` gets the answer (a REPLY or an ERROR frame) to a request whose caller
+        was cancelled after it was written; ``on_unsent`` is called instead when the
+        request was never written (cancelled while waiting for a slot, or refused).
+        """
+        written = False
+        try:
             self._raise_if_unusable()
-            request_id = self._next_id
-            self._next_id += 1
-            future = self._loop.create_future()
-            self._pending[request_id] = future
-            try:
-                self._write(self._encode(op, request_id, meta, data))
-                await self._drain()
-                frame = await future
-            except asyncio.CancelledError:
-                if on_orphan is not None:
-                    self._adopt_orphan(request_id, future, on_orphan)
-                raise
-            finally:
-                self._pending.pop(request_id, None)
+            async with self._slots:
+                self._raise_if_unusable()
+                request_id = self._next_id
+                self._next_id += 1
+                future = self._loop.create_future()
+                self._pending[request_id] = future
+                try:
+                    self._write(self._encode(op, request_id, meta, data))
+                    written = True
+                    await self._drain()
+                    frame = await future
+                except asyncio.CancelledError:
+                    if on_orphan is not None and written:
+                        self._adopt_orphan(request_id, future, on_orphan)
+                    raise
+                finally:
+                    self._pending.pop(request_id, None)
+        except BaseException:
+            if not written and on_unsent is not None:
+                on_unsent()
+            raise
         raise_for_error(frame)
         return frame
 
@@ -224,6 +261,12 @@ class Connection(asyncio.BufferedProtocol):
 
     async def _open(self, ssl, tenant: str, token: str | None, want_shm: bool, client_name: str) -> None:
         endpoint = self.endpoint
+        fields: dict[str, Any] = {"tenant": tenant, "client": client_name, "shm": want_shm}
+        if token is not None:
+            fields["token"] = token
+        if want_shm:
+            await self._open_unix_with_fds(fields)
+            return
         try:
             if endpoint.is_unix:
                 await self._loop.create_unix_connection(lambda: self, endpoint.path)
@@ -231,9 +274,6 @@ class Connection(asyncio.BufferedProtocol):
                 await self._loop.create_connection(lambda: self, endpoint.host, endpoint.port, ssl=ssl)
         except (OSError, _ssl.SSLError) as exc:
             raise Unavailable(f"cannot connect to the daemon at {endpoint}: {exc}") from exc
-        fields: dict[str, Any] = {"tenant": tenant, "client": client_name, "shm": want_shm}
-        if token is not None:
-            fields["token"] = token
         future = self._loop.create_future()
         self._pending[0] = future
         try:
@@ -246,6 +286,69 @@ class Connection(asyncio.BufferedProtocol):
             raise MalformedFrame(f"the daemon answered HELLO with {frame.op.name}")
         self._accept_hello(frame.meta)
 
+    async def _open_unix_with_fds(self, fields: dict) -> None:
+        """The handshake on a plain socket, so that HELLO_OK's descriptors are received
+        (an asyncio transport would drop them); the transport takes the socket after."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            try:
+                await self._loop.sock_connect(sock, self.endpoint.path)
+                hello = b"".join(bytes(p) for p in encode_frame(hello_frame(PROTOCOL_VERSIONS, **fields)))
+                await self._loop.sock_sendall(sock, hello)
+                frames = await self._receive_hello(sock)
+            except OSError as exc:
+                raise Unavailable(f"cannot connect to the daemon at {self.endpoint}: {exc}") from exc
+            frame = frames[0]
+            raise_for_error(frame)
+            if frame.op is not Op.HELLO_OK:
+                raise MalformedFrame(f"the daemon answered HELLO with {frame.op.name}")
+            self._accept_hello(frame.meta)
+            await self._loop.create_unix_connection(lambda: self, sock=sock)
+        except BaseException:
+            sock.close()
+            self._close_fds()
+            raise
+        for extra in frames[1:]:
+            self._dispatch(extra)
+
+    async def _receive_hello(self, sock: socket.socket) -> list[Frame]:
+        frames: list[Frame] = []
+        space = socket.CMSG_SPACE(8 * array.array("i").itemsize)
+        while not frames:
+            readable = self._loop.create_future()
+            self._loop.add_reader(sock.fileno(), lambda: readable.done() or readable.set_result(None))
+            try:
+                await readable
+            finally:
+                self._loop.remove_reader(sock.fileno())
+            try:
+                data, ancillary, _flags, _addr = sock.recvmsg(64 * 1024, space)
+            except (BlockingIOError, InterruptedError):
+                continue
+            for level, kind, payload in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds = array.array("i")
+                    fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+                    self._fds.extend(fds)
+            if not data:
+                raise Unavailable("the daemon closed the connection during the handshake")
+            while data:
+                buffer = self._decoder.get_buffer(len(data))
+                n = min(len(buffer), len(data))
+                buffer[:n] = data[:n]
+                data = data[n:]
+                frames.extend(self._decoder.buffer_updated(n))
+        return frames
+
+    def _close_fds(self) -> None:
+        fds, self._fds = self._fds, []
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
     def _accept_hello(self, meta: dict) -> None:
         version = meta.get("version")
         if version not in PROTOCOL_VERSIONS:
@@ -256,9 +359,13 @@ class Connection(asyncio.BufferedProtocol):
             raise MalformedFrame("HELLO_OK needs integer max_frame and max_inflight")
         shm = meta.get("shm")
         if shm is not None:
-            if not (isinstance(shm, dict) and isinstance(shm.get("path"), str) and isinstance(shm.get("size"), int)):
-                raise MalformedFrame("HELLO_OK shm must be {path: str, size: int} or null")
-            self.shm = (shm["path"], shm["size"])
+            sizes = (shm.get("put_bytes"), shm.get("load_bytes")) if isinstance(shm, dict) else (None, None)
+            if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes):
+                raise MalformedFrame("HELLO_OK shm must be {put_bytes: int, load_bytes: int} or null")
+            if len(self._fds) == 2:
+                self.shm = WindowFds(self._fds[0], sizes[0], self._fds[1], sizes[1])
+                self._fds = []
+        self._close_fds()  # anything not claimed (no shm offered, or not two descriptors)
         self.hello = meta
         self.max_frame = max_frame
         self._decoder.max_frame_size = max(self._decoder.max_frame_size, max_frame)
@@ -320,7 +427,7 @@ class Connection(asyncio.BufferedProtocol):
             self._orphans[request_id] = on_orphan  # not answered yet
         elif future.done() and not future.cancelled() and future.exception() is None:
             frame = future.result()  # answered, but the caller was cancelled before it woke up
-            if not frame.is_error and self.is_usable:
+            if self.is_usable:
                 self._spawn(on_orphan(frame))
 
     # -- asyncio protocol callbacks -----------------------------------------------------
@@ -389,7 +496,7 @@ class Connection(asyncio.BufferedProtocol):
             self._fail(_error_of(frame))  # about the connection itself; the daemon closes it
             return
         handler = self._orphans.pop(frame.request_id, None)
-        if handler is not None and not frame.is_error and self.is_usable:
+        if handler is not None and self.is_usable:
             self._spawn(handler(frame))
 
     def _fail(self, error: BaseException) -> None:

@@ -217,7 +217,7 @@ def _num(value, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-HEAD = (f"{'suite':<6} {'tier':<13} {'op':<6} {'size':>7} {'bat':>3} {'GB/s':>7} {'raw':<15} {'raw GB/s':>8}"
+HEAD = (f"{'suite':<6} {'tier':<13} {'op':<9} {'size':>7} {'bat':>3} {'GB/s':>7} {'raw':<15} {'raw GB/s':>8}"
         f" {'ratio':>6} {'target':>7} {'p50 µs':>9} {'p99 µs':>9}")
 
 
@@ -226,15 +226,31 @@ def format_row(row: dict) -> str:
     target = row.get("target")
     mark = "" if target is None or row["ratio"] is None else ("" if row["ratio"] >= target else "*")
     raw = row["raw"] if not latency else f"{row['raw']} {_num(row.get('raw_p50_us'), '.0f')}µs"
-    return (f"{row['suite']:<6} {row['tier']:<13} {row['op']:<6} {_size(row['size_bytes']):>7} {row['batch']:>3}"
+    return (f"{row['suite']:<6} {row['tier']:<13} {row['op']:<9} {_size(row['size_bytes']):>7} {row['batch']:>3}"
             f" {'-' if latency else _num(row['gbps'], '.2f'):>7} {raw:<15}"
             f" {'-' if latency else _num(row['raw_gbps'], '.2f'):>8} {_num(row['ratio'], '.2f'):>6}"
             f" {'' if target is None else '≥' + format(target, '.2f'):>6}{mark:1}"
             f" {_num(row['p50_us'], '.0f'):>9} {_num(row['p99_us'], '.0f'):>9}")
 
 
+def format_phases(row: dict) -> str | None:
+    """The measured phases of one call of ``row`` (µs), in the order a call runs them."""
+    phases = row.get("phases_us")
+    if not phases:
+        return None
+    order = ["client_copy", "round_trip", "frames", "daemon", "daemon_copy_and_seal", "daemon_seal",
+             "daemon_open", "daemon_open_and_hash", "daemon_window_copy", "client_hash"]
+    names = [n for n in order if n in phases] + sorted(set(phases) - set(order))
+    load = row.get("load_average")
+    return ("         phases µs: " + "  ".join(f"{n}={phases[n]:.0f}" for n in names)
+            + (f"  (load {load[0]:.2f})" if load else ""))
+
+
 def print_row(row: dict) -> None:
     print(format_row(row), flush=True)
+    phases = format_phases(row)
+    if phases:
+        print(phases, flush=True)
 
 
 def print_summary(rows: list[dict], suites: dict) -> None:
@@ -242,7 +258,7 @@ def print_summary(rows: list[dict], suites: dict) -> None:
     print(HEAD)
     print("-" * len(HEAD))
     for row in rows:
-        print(format_row(row))
+        print_row(row)
     for name, info in suites.items():
         if info["status"] != "ok":
             print(f"{name}: {info['status'].upper()}")

@@ -88,7 +88,10 @@ class HostTierConfig(_Watermarks):
     capacity_bytes: Bytes | None = Field(
         None, description="Arena size; None = 25% of MemAvailable at start, clamped to [64 MiB, 64 GiB]."
     )
-    shm_dir: Path = Field(Path("/dev/shm"), description="Directory of the arena file that clients mmap (a tmpfs).")
+    shm_dir: Path = Field(Path("/dev/shm"), description="Directory of the arena file (a tmpfs); clients never map it.")
+    window_bytes: Annotated[int, BeforeValidator(parse_size), Field(ge=0)] = Field(
+        64 * MiB, description="Per same-host connection: size of each of its two shared-memory windows (put, "
+        "load), passed over the socket; memory is used only where touched. 0 turns the zero-copy path off.")
 
     def resolved_capacity(self, mem_available: int | None = None) -> int:
         """``capacity_bytes``, or 25% of available memory (``/proc/meminfo``) clamped."""

@@ -4,7 +4,7 @@
 - ``Connection(ctx)`` — an ``asyncio.BufferedProtocol``. Bytes are received straight into
   the ``FrameDecoder``'s buffers. Peer credentials are checked when the connection is
   made (Unix socket); the first frame must be HELLO; then every request frame runs as its
-  own task (``handlers.HANDLERS``) and is answered with the same request id — a REPLY, or
+  own task (``handlers.HANDLERS``) — except PING, answered at once from the callback — and is answered with the same request id — a REPLY, or
   an ERROR frame (a ``StatetierError`` by its code; anything else as ``InternalError``
   with the traceback logged). A malformed frame gets an ERROR frame with request id 0
   and closes this connection only.
@@ -22,8 +22,10 @@
 
 from __future__ import annotations
 
+import array
 import asyncio
 import logging
+import os
 import socket
 import time
 from collections import deque
@@ -35,6 +37,7 @@ from statetier.daemon.auth import PeerCredentials, TenantDirectory, check_peer, 
 from statetier.daemon.budget import ByteBudget
 from statetier.daemon.frame_writer import ConnectionClosed, FrameWriter
 from statetier.daemon.handlers import HANDLERS, Reply, Session
+from statetier.daemon.windows import Windows
 from statetier.protocol.errors import (
     Forbidden,
     InternalError,
@@ -43,7 +46,7 @@ from statetier.protocol.errors import (
     StatetierError,
     Unauthorized,
 )
-from statetier.protocol.frames import Frame, FrameDecoder, Op, error_frame, hello_ok_frame, negotiate
+from statetier.protocol.frames import Frame, FrameDecoder, Op, encode_frame, error_frame, hello_ok_frame, negotiate
 from statetier.protocol.messages import field
 
 log = logging.getLogger(__name__)
@@ -67,6 +70,7 @@ class ConnectionContext:
     metrics: object | None
     is_unix: bool
     daemon_stats: Callable[[], dict]
+    window_bytes: int  # each of a same-host connection's two shared-memory windows; 0: none
     on_open: Callable[["Connection"], None]
     on_close: Callable[["Connection"], None]
 
@@ -93,6 +97,7 @@ class Connection(asyncio.BufferedProtocol):
         self._lost = False
         self._sink: memoryview | None = None
         self._cleanup: asyncio.Task | None = None
+        self._windows: Windows | None = None
         self.closed: asyncio.Future | None = None
 
     # -- state read by the server ------------------------------------------------------
@@ -108,6 +113,11 @@ class Connection(asyncio.BufferedProtocol):
     @property
     def is_reading_paused(self) -> bool:
         return not self._reading and not self._lost
+
+    @property
+    def window_regions(self) -> int:
+        """Load-window regions the client has not given back yet."""
+        return self._windows.regions_in_use if self._windows is not None else 0
 
     @property
     def request_tasks(self) -> list[asyncio.Task]:
@@ -186,6 +196,9 @@ class Connection(asyncio.BufferedProtocol):
         except Exception:
             log.exception("releasing the leases of a closed connection failed")
         finally:
+            if self._windows is not None:
+                self._windows.close()
+                self._windows = None
             self.closed.set_result(None)
             self._ctx.on_close(self)
 
@@ -199,7 +212,7 @@ class Connection(asyncio.BufferedProtocol):
             version = negotiate(frame.meta.get("versions"))
             tls_verified = bool(self._transport.get_extra_info("peercert"))
             tenant = self._ctx.tenants.resolve(frame.meta, self._peer, tls_verified)
-            shm = self._offer_shared_memory(frame.meta)
+            windows = self._open_windows(frame.meta)
         except StatetierError as exc:
             self._refuse(exc)
             return
@@ -207,23 +220,54 @@ class Connection(asyncio.BufferedProtocol):
             log.exception("HELLO failed in the daemon")
             self._fail(InternalError("HELLO failed in the daemon"))
             return
+        self._windows = windows
         self._session = Session(
-            self._ctx.engine, tenant, self, self._ctx.budget, shm is not None, self._ctx.daemon_stats
+            self._ctx.engine, tenant, self, self._ctx.budget, windows, self._ctx.daemon_stats,
+            self._ctx.max_frame,
         )
         ok = hello_ok_frame(
             version, max_frame=self._ctx.max_frame, tenant=tenant,
-            max_inflight=self._ctx.max_inflight, shm=shm,
+            max_inflight=self._ctx.max_inflight, shm=windows.hello() if windows is not None else None,
         )
-        self._writer.send_nowait(ok)
+        if windows is None or not self._send_with_fds(ok, windows.fds_for_client()):
+            if windows is not None:
+                windows.close()
+                self._windows = self._session.windows = None
+                ok.meta["shm"] = None
+            self._writer.send_nowait(ok)
 
-    def _offer_shared_memory(self, hello: dict) -> dict | None:
-        if not field(hello, "shm", bool, default=False) or not self._ctx.is_unix:
+    def _open_windows(self, hello: dict) -> Windows | None:
+        wanted = field(hello, "shm", bool, default=False)
+        if not wanted or not self._ctx.is_unix or self._ctx.window_bytes <= 0:
             return None
-        found = self._ctx.engine.shared_memory()
-        if found is None:
+        try:
+            return Windows.open(self._ctx.window_bytes, self._ctx.window_bytes)
+        except OSError as exc:
+            log.warning("no shared-memory windows for a client (it uses the inline path): %s", exc)
             return None
-        path, size = found
-        return {"path": str(path), "size": size}
+
+    def _send_with_fds(self, frame: Frame, fds: list[int]) -> bool:
+        """Send ``frame`` with ``fds`` attached (``SCM_RIGHTS``), straight on the socket.
+
+        Only at the handshake, when nothing else was written yet, so the bytes stay in
+        order with what the transport writes later. False when it could not be sent so
+        (the caller then sends the frame without windows).
+        """
+        sock = self._transport.get_extra_info("socket")
+        if sock is None or self._transport.get_write_buffer_size():
+            return False
+        data = b"".join(bytes(part) for part in encode_frame(frame, self._ctx.max_frame))
+        raw = socket.socket(fileno=os.dup(sock.fileno()))
+        try:
+            sent = raw.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        except OSError as exc:
+            log.warning("could not pass shared-memory windows to a client: %s", exc)
+            return False
+        finally:
+            raw.close()
+        if sent < len(data):
+            self._transport.write(data[sent:])  # the descriptors went with the first byte
+        return True
 
     def _handshake_timed_out(self) -> None:
         if self._session is None and not self._lost:
@@ -263,7 +307,17 @@ class Connection(asyncio.BufferedProtocol):
             self._handshake(frame)
         elif frame.op is Op.GOODBYE:
             self._begin_draining()
+        elif frame.op is Op.PING and frame.request_id and not frame.is_error:
+            # answered at once, with no task: a ping measures the path, not the scheduler
+            self._writer.send_nowait(Frame(Op.PONG, frame.request_id, {}))
+            if self._ctx.metrics is not None:
+                self._ctx.metrics.observe_op("daemon", "none", "ping", 0, 0.0)
         else:
+            freed = frame.meta.get("free_regions")
+            if freed and self._windows is not None:  # load-window regions given back in passing
+                for region in freed if isinstance(freed, list) else ():
+                    if isinstance(region, int):
+                        self._windows.free(region)
             self._pending.append(frame)
             self._start_pending()
 
@@ -327,9 +381,13 @@ class Connection(asyncio.BufferedProtocol):
         else:
             if self._ctx.metrics is not None:
                 nbytes = len(frame.data) + len(reply.data)
-                self._ctx.metrics.observe_op(
-                    "daemon", reply.kind, frame.op.name.lower(), nbytes, time.perf_counter() - started
-                )
+                seconds = time.perf_counter() - started
+                if reply.items is None:
+                    self._ctx.metrics.observe_op("daemon", reply.kind, frame.op.name.lower(), nbytes, seconds)
+                else:  # a batch counts as its items, each with its share of the time and bytes
+                    for kind, op in reply.items:
+                        share = len(reply.items)
+                        self._ctx.metrics.observe_op("daemon", kind, op, nbytes // share, seconds / share)
 
     async def _dispatch(self, frame: Frame) -> Reply:
         if frame.request_id == 0:

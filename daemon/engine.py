@@ -6,10 +6,17 @@ is the host tier whose shared memory same-host clients map; ``publish`` the cros
 tier (Redis). The server calls, per request:
 
 - ``put(req, payload)``                 seal inline bytes, place, (publish), return the ref
-- ``reserve(req, owner)`` → ``commit(ticket_id, owner)`` / ``abort(ticket_id, owner)``
-                                        the zero-copy put through the host arena
+- ``put_shared(req, source, owner)``   a put whose payload lies where its client can still
+                                        write it (the connection's put window): copied into
+                                        memory only the daemon writes, then digested there
+- ``reserve(req, owner)`` → ``commit(ticket_id, owner, source)`` / ``abort(ticket_id, owner)``
+                                        the same, in two steps, through the host arena
 - ``load(req, owner)``                  find, verify in DESIGN §4 order, promote; the
-                                        result stays leased until ``release(lease_id)``
+                                        result stays leased until ``release(lease_id)``. A
+                                        copy in daemon-only memory (host, device) is not
+                                        digested again: the client verifies the payload
+                                        where it lands (DESIGN §6), and asks again with
+                                        ``full_check`` when that fails
 - ``lookup(req, owner)``                the joint hit (``daemon.lookup``)
 - ``release(lease_id, owner)`` / ``release_owner(owner)`` (a connection went away)
 - ``delete(tenant, ref)``               every copy gone once it returns (moves settled)
@@ -37,6 +44,8 @@ from dataclasses import dataclass, field
 
 from statetier.protocol.classify import classify, is_damage, skip_reason
 from statetier.protocol.errors import (
+    CapacityError,
+    CorruptPayload,
     Forbidden,
     InvalidRequest,
     LeaseError,
@@ -49,13 +58,14 @@ from statetier.protocol.errors import (
 )
 from statetier.protocol.identity import Provenance, StateKey, StateRef, new_state_id, stream_id
 from statetier.protocol.keyring import Keyring
-from statetier.protocol.sealed import Expectation, header_length, layout_payload, seal
+from statetier.protocol.sealed import Expectation, VerifiedHeaders, header_length, layout_payload, seal
 from statetier.tiers.base import Lease, ObjectMeta, Tier
 from statetier.tiers.registry import VersionRegistry
 
 from . import audit
 from .lookup import joint_hit
 from .placement import Placement
+from .trace import phase
 from .requests import LoadRequest, LoadResult, LookupRequest, LookupResult, PutRequest, PutResult, Reservation
 from .tenancy import Tenancy
 
@@ -108,6 +118,7 @@ class Engine:
         self._ids = itertools.count(1)
         self._held: dict[int, _Held] = {}
         self._reservations: dict[int, tuple[Reservation, object]] = {}
+        self._verified = VerifiedHeaders()  # headers of hot objects: signature checked once
         self._tasks: list[asyncio.Task] = []
         self.ready = False
 
@@ -154,9 +165,10 @@ class Engine:
         provenance = self._stamp(req.provenance)
         state_id = new_state_id()
         version = await self._claim(req, provenance, state_id)
-        header = await self.hash_off_loop(view.nbytes, seal, req.key, provenance, layout, view,
-                                          keyring=self.keyring, state_id=state_id, version=version,
-                                          digest_alg=req.digest_alg, contains_speculative=req.speculative)
+        with phase("seal"):
+            header = await self.hash_off_loop(view.nbytes, seal, req.key, provenance, layout, view,
+                                              keyring=self.keyring, state_id=state_id, version=version,
+                                              digest_alg=req.digest_alg, contains_speculative=req.speculative)
         meta = _meta(req, provenance, state_id, version, len(header), layout.payload_len)
         first = self.tenancy.first_tier_within_quota(req.tenant, [t.name for t in self.tiers], meta.size)
         tier = await self.placement.store([header, view], meta, first=first)
@@ -180,17 +192,41 @@ class Engine:
         self._reservations[ticket_id] = (reservation, owner)
         return reservation
 
-    async def commit(self, ticket_id: int, owner) -> PutResult:
+    async def put_shared(self, req: PutRequest, source, owner) -> PutResult:
+        """Seal a payload that lies in memory its client can still write: copy it into the
+        host arena (or a private buffer) first and digest that copy, so a change after the
+        copy changes nothing stored."""
+        view = memoryview(source).cast("B")
+        layout = layout_payload(req.specs)
+        if view.nbytes != layout.payload_len:
+            raise InvalidRequest(f"payload is {view.nbytes} bytes; the tensors need {layout.payload_len}")
+        if self.arena is not None:
+            size = header_length(req.key, self._stamp(req.provenance), req.specs, self.keyring.active.alg) + view.nbytes
+            first = self.tenancy.first_tier_within_quota(req.tenant, [t.name for t in self.tiers], size)
+            if self.tiers[first] is self.arena:
+                try:
+                    reservation = await self.reserve(req, owner)
+                except CapacityError:
+                    pass  # no room in the arena: a private copy goes to the tiers below
+                else:
+                    return await self.commit(reservation.ticket_id, owner, view)
+        private = await self.hash_off_loop(view.nbytes, bytes, view)
+        return await self.put(req, private)
+
+    async def commit(self, ticket_id: int, owner, source=None) -> PutResult:
+        """Seal a reservation; with ``source``, copy it into the reservation first (in the
+        same executor job as the digest)."""
         started = time.perf_counter()
         reservation = self._take_reservation(ticket_id, owner)
         ticket, req = reservation.state, reservation.request
         ok = False
         try:
             meta = ticket.meta
-            header = await self.hash_off_loop(
-                reservation.layout.payload_len, seal, req.key, req.provenance, reservation.layout,
-                reservation.payload_view, keyring=self.keyring, state_id=meta.object_id,
-                version=meta.version, digest_alg=req.digest_alg, contains_speculative=req.speculative)
+            with phase("copy_and_seal" if source is not None else "seal"):
+                header = await self.hash_off_loop(
+                    reservation.layout.payload_len, _copy_then_seal, source, req.key, req.provenance,
+                    reservation.layout, reservation.payload_view, keyring=self.keyring, state_id=meta.object_id,
+                    version=meta.version, digest_alg=req.digest_alg, contains_speculative=req.speculative)
             ticket.view[: len(header)] = header
             ok = True
         finally:
@@ -261,7 +297,7 @@ class Engine:
         self.tenancy.check_namespace(req.tenant, req.namespace)
         if req.ref is not None:
             state_id, expectation = await self._expect_ref(req)
-            result = await self._load_object(state_id, expectation, owner, req.tenant)
+            result = await self._load_object(state_id, expectation, owner, req.tenant, full_check=req.full_check)
         elif req.key is not None:
             result = await self._load_by_key(req, owner)
         else:
@@ -273,7 +309,7 @@ class Engine:
 
     async def _expect_ref(self, req: LoadRequest) -> tuple[bytes, Expectation]:
         ref = req.ref
-        key = dataclasses.replace(ref.key, namespace=req.namespace)
+        key = ref.key if ref.key.namespace == req.namespace else dataclasses.replace(ref.key, namespace=req.namespace)
         head = await self.registry.newest(stream_id(key, ref.request_id))
         issued_for = await self.registry.stream_of(ref.state_id)
         return ref.state_id, Expectation.for_ref(
@@ -283,7 +319,7 @@ class Engine:
     async def _load_by_key(self, req: LoadRequest, owner) -> LoadResult:
         """The best valid candidate under the key: newest first, each one refused skipped and
         counted by ``skip_reason``; the first refusal is the answer when none is valid."""
-        key = dataclasses.replace(req.key, namespace=req.namespace)
+        key = req.key if req.key.namespace == req.namespace else dataclasses.replace(req.key, namespace=req.namespace)
         candidates = await self.locate(key, allow_speculative=req.allow_speculative)
         refused: RejectedState | None = None
         for meta, _tier in candidates:
@@ -291,7 +327,8 @@ class Engine:
             expectation = Expectation.for_key(key, newest_version=head.version if head else None,
                                               tensors=req.tensors, allow_speculative=req.allow_speculative)
             try:
-                return await self._load_object(meta.object_id, expectation, owner, req.tenant, counted=False)
+                return await self._load_object(meta.object_id, expectation, owner, req.tenant, counted=False,
+                                               full_check=req.full_check)
             except RejectedState as exc:
                 self._count_skip(skip_reason(exc))
                 refused = refused or exc
@@ -305,7 +342,7 @@ class Engine:
         raise NotFound("no stored object for that key")
 
     async def _load_object(self, state_id: bytes, expectation: Expectation, owner, tenant: str, *,
-                           counted: bool = True) -> LoadResult:
+                           counted: bool = True, full_check: bool = False) -> LoadResult:
         """Serve the fastest copy that ``protocol.classify`` accepts. A damaged copy is removed
         (counted as damage) and the next copy tried; an intact copy of another identity is
         refused with its §4 reason, left where it is (see ``_serve``), and the next copy
@@ -325,7 +362,10 @@ class Engine:
                 unavailable = unavailable or exc
                 continue
             try:
-                result = await self._serve(tier, index, lease, state_id, expectation, owner, tenant)
+                # the tensor specs a caller expects are checked apart: a mismatch is about the
+                # request (a caller's buffer), not damage, and must not drop the copy
+                bare = expectation if expectation.tensors is None else dataclasses.replace(expectation, tensors=None)
+                result = await self._serve(tier, index, lease, state_id, bare, owner, tenant, full_check)
             except RejectedState as exc:
                 if is_damage(exc):
                     self.count_rejection(exc)
@@ -339,7 +379,7 @@ class Engine:
                 continue
             if refused is not None:  # a copy above was another object: served from below, said
                 self._count_refusal(refused, counted)
-            return result
+            return await self._check_specs(result, expectation, owner)
         if refused is not None:
             self._count_refusal(refused, counted)
             raise refused
@@ -359,8 +399,19 @@ class Engine:
             self._count_miss(expectation.key)
         raise NotFound(f"state {state_id.hex()} is in no tier")
 
+    async def _check_specs(self, result: LoadResult, expectation: Expectation, owner) -> LoadResult:
+        wanted = expectation.tensors
+        found = tuple(t.spec for t in result.header.tensors)
+        if wanted is None or found == tuple(wanted):
+            return result
+        await self.release(result.lease_id, owner)
+        exc = CorruptPayload(f"tensors {[(s.name, s.dtype, s.shape) for s in found]} differ from the expected "
+                             f"{[(s.name, s.dtype, s.shape) for s in wanted]}")
+        self.count_rejection(exc)
+        raise exc
+
     async def _serve(self, tier: Tier, index: int, lease: Lease, state_id: bytes, expectation: Expectation,
-                     owner, tenant: str) -> LoadResult:
+                     owner, tenant: str, full_check: bool = False) -> LoadResult:
         """Classify the leased copy found under ``state_id``; promote it when it came from
         below. Owns ``lease``.
 
@@ -373,8 +424,15 @@ class Engine:
         kept = False
         try:
             blob = await tier.read(lease)
-            opened = await self.hash_off_loop(blob.nbytes, classify, blob, expectation, self.keyring,
-                                              stored_as=state_id, verify_payload=not tier.verifies_on_read)
+            # bytes in daemon-only memory were digested when sealed there; the client checks
+            # the payload again where it lands (DESIGN §6)
+            # (``full_check``: a client found a payload that did not match: digest every copy
+            # again, so a damaged one is dropped and the next one served)
+            trusted = (tier.verifies_on_read or tier.holds_verified_bytes) and not full_check
+            with phase("open" if trusted else "open_and_hash"):
+                opened = await self.hash_off_loop(0 if trusted else blob.nbytes, classify, blob, expectation,
+                                                  self.keyring, stored_as=state_id, verify_payload=not trusted,
+                                                  verified=self._verified if trusted else None)
             if self.metrics is not None:
                 self.metrics.count_hit(tier.name, expectation.key.kind.name.lower())
             if index > 0 and self.options.promote_on_load:
@@ -383,10 +441,10 @@ class Engine:
                 if promoted is not None:
                     lease_id, held = promoted
                     view = memoryview(await held.tier.read(held.lease)).cast("B")
-                    return self._result(lease_id, held, opened.header, view[opened.header.header_len :])
+                    return self._result(lease_id, held, opened.header, view)
             kept = True
             lease_id, held = self._hold(tier, lease, owner)
-            return self._result(lease_id, held, opened.header, opened.payload)
+            return self._result(lease_id, held, opened.header, memoryview(blob).cast("B"))
         finally:
             if not kept:
                 await tier.complete_load(lease)
@@ -414,11 +472,11 @@ class Engine:
             self.metrics.count_promotion(source.name, target.name)
         return self._hold(target, lease, owner)
 
-    def _result(self, lease_id: int, held: _Held, header, payload: memoryview) -> LoadResult:
+    def _result(self, lease_id: int, held: _Held, header, blob: memoryview) -> LoadResult:
         offset = None
         if held.tier is self.arena:
             offset = self.arena.arena_offset(held.lease) + header.header_len
-        return LoadResult(header, payload, lease_id, held.tier.name, offset)
+        return LoadResult(header, blob[header.header_len :], lease_id, held.tier.name, offset, blob)
 
     def _hold(self, tier: Tier, lease: Lease, owner) -> tuple[int, _Held]:
         lease_id = next(self._ids)
@@ -446,6 +504,8 @@ class Engine:
     def _count_skip(self, reason: str) -> None:
         if self.metrics is not None:
             self.metrics.count_skipped_candidate(reason)
+
+    count_skip = _count_skip  # for daemon.lookup, which locates many keys at once
 
     def _count_miss(self, key: StateKey) -> None:
         if self.metrics is not None:
@@ -584,6 +644,12 @@ class Engine:
         if self.arena is None:
             return None
         return self.arena.shared_memory()
+
+
+def _copy_then_seal(source, key, provenance, layout, payload, **options) -> bytes:
+    if source is not None:
+        payload[:] = source
+    return seal(key, provenance, layout, payload, **options)
 
 
 def _meta(req: PutRequest, provenance: Provenance, state_id: bytes, version: int, header_len: int,

@@ -1,8 +1,8 @@
 """Request handlers: one coroutine per opcode, from wire meta to an Engine call and back.
 
 - ``Session`` — what a handler may use: the engine, the connection's tenant, its owner
-  token for leases and reservations, the shared byte budget, whether shared memory was
-  granted at HELLO, and the daemon's own stats.
+  token for leases and reservations, the shared byte budget, the connection's
+  shared-memory windows (``daemon/windows.py``; ``None`` without), and the daemon's stats.
 - ``Reply`` — a handler's answer: meta, data and, for an inline LOAD, a *borrowed*
   payload view plus ``done`` (release the lease) that the connection runs only after the
   transport has given the view back (see ``Connection.send_borrowed``).
@@ -14,24 +14,31 @@ Handlers never write to the socket; the connection sends the ``Reply`` or the er
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field as dataclass_field
 
 from statetier.daemon.budget import ByteBudget
 from statetier.daemon.requests import LoadRequest, LookupRequest, PutRequest
-from statetier.protocol.errors import InvalidRequest
-from statetier.protocol.frames import Frame, Op
+from statetier.daemon.trace import TRACE, phase
+from statetier.daemon.windows import Windows
+from statetier.protocol.errors import InvalidRequest, StatetierError
+from statetier.protocol.frames import Frame, Op, error_frame
 from statetier.protocol.identity import Namespace
 from statetier.protocol.messages import (
     field,
-    header_to_wire,
     key_from_wire,
     provenance_from_wire,
     ref_from_wire,
     ref_to_wire,
     specs_from_wire,
 )
-from statetier.protocol.sealed import DigestAlg
+from statetier.protocol.sealed import DigestAlg, layout_payload
+
+#: Window copies up to this size run on the loop (a 2 MiB page takes ~0.1 ms); larger ones
+#: on the engine's executor.
+INLINE_COPY_BYTES = 4 << 20
 
 _DIGESTS = {"blake3": DigestAlg.BLAKE3, "xxh3-128": DigestAlg.XXH3_128}
 
@@ -42,8 +49,13 @@ class Session:
     tenant: str
     owner: object  # the Connection: leases and reservations are released with it
     budget: ByteBudget
-    shm: bool  # shared memory granted at HELLO (Unix socket, asked for, host tier present)
+    windows: Windows | None  # shared-memory windows passed at HELLO (Unix socket, asked for)
     daemon_stats: Callable[[], dict]
+    max_frame: int = 65 << 20  # the largest reply frame this connection sends
+
+    @property
+    def shm(self) -> bool:
+        return self.windows is not None
 
 
 @dataclass(slots=True)
@@ -55,6 +67,7 @@ class Reply:
     borrowed: bool = False  # data must stay valid until the transport gives it back
     hold_bytes: int = 0  # bytes of ``data`` held under the byte budget while sending
     done: Callable[[], Awaitable[object]] | None = dataclass_field(default=None)
+    items: list[tuple[str, str]] | None = None  # a batch: (kind, op) of each item that succeeded
 
 
 Handler = Callable[[Session, Frame], Awaitable[Reply]]
@@ -95,42 +108,89 @@ async def handle_ping(session: Session, frame: Frame) -> Reply:
     return Reply({}, op=Op.PONG)
 
 
+def traced(handler: Handler) -> Handler:
+    """Run ``handler`` with phase timings when the request asks (``"trace": true``); the
+    reply then says, in µs, how long the daemon worked on it and in which phases."""
+    async def run(session: Session, frame: Frame) -> Reply:
+        if frame.meta.get("trace") is not True:
+            return await handler(session, frame)
+        timings: dict = {}
+        token = TRACE.set(timings)
+        started = time.perf_counter()
+        try:
+            reply = await handler(session, frame)
+        finally:
+            TRACE.reset(token)
+        timings["daemon"] = (time.perf_counter() - started) * 1e6
+        reply.meta["trace"] = timings
+        return reply
+    return run
+
+
 async def handle_put(session: Session, frame: Frame) -> Reply:
+    """Inline (the payload is ``data``) or from the put window (``window``: its offset)."""
     request = _put_request(session.tenant, frame.meta)
-    async with session.budget.hold(len(frame.data)):
-        result = await session.engine.put(request, frame.data)
+    window = field(frame.meta, "window", int, optional=True)
+    if window is None:
+        async with session.budget.hold(len(frame.data)):
+            result = await session.engine.put(request, frame.data)
+    else:
+        if session.windows is None:
+            raise InvalidRequest("a PUT from a window needs the shared-memory windows of HELLO_OK")
+        nbytes = layout_payload(request.specs).payload_len
+        source = session.windows.put_view(window, nbytes)
+        async with session.budget.hold(nbytes):
+            result = await session.engine.put_shared(request, source, session.owner)
     return Reply({"ref": ref_to_wire(result.ref), "tier": result.tier, "published": result.published},
                  kind=_kind(request.key))
 
 
-async def handle_put_reserve(session: Session, frame: Frame) -> Reply:
-    if not session.shm:
-        raise InvalidRequest("PUT_RESERVE needs shared memory, granted at HELLO on the Unix socket")
-    request = _put_request(session.tenant, frame.meta)
-    reservation = await session.engine.reserve(request, session.owner)
-    layout = reservation.layout
-    tensors = [
-        [spec.name, spec.dtype, list(spec.shape), offset]
-        for spec, offset in zip(layout.specs, layout.offsets)
-    ]
-    meta = {
-        "ticket": reservation.ticket_id,
-        "offset": reservation.payload_offset,
-        "payload_len": layout.payload_len,
-        "tensors": tensors,
-    }
-    return Reply(meta, kind=_kind(request.key))
+async def handle_put_batch(session: Session, frame: Frame) -> Reply:
+    """Many puts in one frame: ``items`` are PUT metas, each from the put window
+    (``window``) or inline (``data_len`` bytes of ``data``, in item order). Each item is
+    answered on its own, ``{ref, tier}`` or ``{error: {code, message, reason}}``; after the
+    first failure the rest are not attempted (``{skipped: true}``), as a caller raising the
+    first error would have cancelled them."""
+    items = field(frame.meta, "items", list)
+    data = memoryview(frame.data).cast("B")
+    answers, cursor, counted = [], 0, []
+    async with session.budget.hold(data.nbytes):
+        for item in items:
+            if answers and ("error" in answers[-1] or "skipped" in answers[-1]):
+                answers.append({"skipped": True})  # the batch stops at its first failure
+                continue
+            try:
+                if not isinstance(item, dict):
+                    raise InvalidRequest("each PUT_BATCH item must be an object")
+                inline = field(item, "data_len", int, optional=True)
+                payload = None
+                if inline is not None:
+                    if inline < 0 or cursor + inline > data.nbytes:
+                        raise InvalidRequest("PUT_BATCH item data_len runs past the frame's data")
+                    payload, cursor = data[cursor : cursor + inline], cursor + inline
+                answers.append(await _put_one(session, item, payload))
+                counted.append((_kind(key_from_wire(item["key"])), "put"))
+            except StatetierError as exc:
+                answers.append({"error": error_frame(0, exc).meta})
+    return Reply({"items": answers}, items=counted)
 
 
-async def handle_put_commit(session: Session, frame: Frame) -> Reply:
-    result = await session.engine.commit(field(frame.meta, "ticket", int), session.owner)
-    return Reply({"ref": ref_to_wire(result.ref), "tier": result.tier, "published": result.published},
-                 kind=_kind(result.ref.key))
+async def _put_one(session: Session, meta: dict, payload) -> dict:
+    request = _put_request(session.tenant, meta)
+    if payload is not None:
+        result = await session.engine.put(request, payload)
+    else:
+        window = field(meta, "window", int)
+        if session.windows is None:
+            raise InvalidRequest("a PUT from a window needs the shared-memory windows of HELLO_OK")
+        source = session.windows.put_view(window, layout_payload(request.specs).payload_len)
+        result = await session.engine.put_shared(request, source, session.owner)
+    return {"ref": ref_to_wire(result.ref), "tier": result.tier, "published": result.published}
 
 
-async def handle_put_abort(session: Session, frame: Frame) -> Reply:
-    await session.engine.abort(field(frame.meta, "ticket", int), session.owner)
-    return Reply({})
+async def handle_superseded(session: Session, frame: Frame) -> Reply:
+    raise InvalidRequest(f"{frame.op.name} is gone: clients no longer map the daemon's arena; write the "
+                         "payload into the connection's put window and send PUT with 'window'")
 
 
 def _load_request(tenant: str, meta: dict) -> LoadRequest:
@@ -146,40 +206,122 @@ def _load_request(tenant: str, meta: dict) -> LoadRequest:
         key=key_from_wire(key_meta) if key_meta is not None else None,
         tensors=specs_from_wire(tensors) if tensors is not None else None,
         allow_speculative=field(meta, "speculative", bool, default=False),
+        full_check=field(meta, "recheck", bool, default=False),
     )
 
 
 async def handle_load(session: Session, frame: Frame) -> Reply:
+    """The stored object's signed header and payload: both in ``data`` (inline), or the
+    header in ``data`` and the payload copied into a region of the load window.
+
+    The daemon has checked the header (signature, identity, version); the client checks
+    the payload against the header's digests where it lands (DESIGN §6).
+    """
     request = _load_request(session.tenant, frame.meta)
     wants_shm = field(frame.meta, "shm", bool, default=False)
     engine, owner = session.engine, session.owner
     result = await engine.load(request, owner)
+    released = False
     try:
-        meta = header_to_wire(result.header)
-        meta["tier"] = result.tier
         kind = _kind(result.header.key)
-        if wants_shm and session.shm and result.arena_offset is not None:
-            # The client reads the arena itself and sends RELEASE (or disconnects).
-            meta.update(lease=result.lease_id, offset=result.arena_offset)
-            return Reply(meta, kind=kind)
-        meta.update(lease=None, offset=None)
-        payload = memoryview(result.payload).cast("B")
+        meta = {"tier": result.tier}
+        if wants_shm and session.windows is not None:
+            placed = await _place_in_window(session, result.payload)
+            if placed is not None:
+                header = bytes(result.blob[: result.header.header_len])
+                released = True
+                await engine.release(result.lease_id, owner)
+                meta.update(window=placed[1], region=placed[0])
+                return Reply(meta, header, kind=kind)
+        blob = memoryview(result.blob).cast("B")
 
         async def release() -> None:
             await engine.release(result.lease_id, owner)
 
-        return Reply(
-            meta, payload, kind=kind, borrowed=True, hold_bytes=payload.nbytes, done=release
-        )
+        released = True
+        return Reply(meta, blob, kind=kind, borrowed=True, hold_bytes=blob.nbytes, done=release)
     except BaseException:
-        await engine.release(result.lease_id, owner)
+        if not released:
+            await engine.release(result.lease_id, owner)
         raise
 
 
+async def handle_load_batch(session: Session, frame: Frame) -> Reply:
+    """Many loads in one frame: ``items`` are LOAD metas without ``ns`` and ``shm`` (given
+    once for all). Each answer is ``{tier, at, len}`` plus ``window`` and ``region`` when
+    its payload went to the load window, ``{error: {...}}``, or ``{retry: true}`` when
+    neither the window nor this reply had room left for it (the client loads it alone),
+    or ``{skipped: true}`` after the first failure (the rest are not attempted);
+    ``data[at:at+len]`` is the item's signed header (window) or whole sealed object."""
+    meta = frame.meta
+    items = field(meta, "items", list)
+    wants_shm = field(meta, "shm", bool, default=False) and session.windows is not None
+    engine, owner = session.engine, session.owner
+    answers, parts, cursor, counted = [], [], 0, []
+    room = session.max_frame - (1 << 20)  # meta and frame header fit in the rest
+    for item in items:
+        if answers and ("error" in answers[-1] or "skipped" in answers[-1]):
+            answers.append({"skipped": True})  # the batch stops at its first failure
+            continue
+        try:
+            if not isinstance(item, dict):
+                raise InvalidRequest("each LOAD_BATCH item must be an object")
+            request = _load_request(session.tenant, {**item, "ns": meta.get("ns")})
+            result = await engine.load(request, owner)
+            try:
+                answer = {"tier": result.tier}
+                placed = await _place_in_window(session, result.payload) if wants_shm else None
+                if placed is not None:
+                    part = bytes(result.blob[: result.header.header_len])
+                    answer.update(window=placed[1], region=placed[0])
+                elif cursor + result.blob.nbytes > room:
+                    answers.append({"retry": True})  # no room left in this reply: load it alone
+                    continue
+                else:
+                    part = bytes(result.blob)
+            finally:
+                await engine.release(result.lease_id, owner)
+            answer.update({"at": cursor, "len": len(part)})
+            parts.append(part)
+            cursor += len(part)
+            answers.append(answer)
+            counted.append((_kind(result.header.key), "load"))
+        except StatetierError as exc:
+            answers.append({"error": error_frame(0, exc).meta})
+    return Reply({"items": answers}, b"".join(parts), items=counted)
+
+
+async def _place_in_window(session: Session, payload: memoryview) -> tuple[int, int] | None:
+    """Copy ``payload`` into a fresh load-window region: (region id, offset), or None when
+    the window has no room (the reply then carries the payload inline)."""
+    placed = session.windows.place(payload.nbytes)
+    if placed is None:
+        return None
+    region_id, offset, dest = placed
+    try:
+        with phase("window_copy"):
+            if payload.nbytes <= INLINE_COPY_BYTES or session.engine.executor is None:
+                dest[:] = payload
+            else:
+                await asyncio.get_running_loop().run_in_executor(session.engine.executor, _copy, dest, payload)
+    except BaseException:
+        session.windows.free(region_id)
+        raise
+    return region_id, offset
+
+
+def _copy(dest: memoryview, source: memoryview) -> None:
+    dest[:] = source
+
+
 async def handle_release(session: Session, frame: Frame) -> Reply:
+    """Leases (from LOOKUP) and load-window regions (``regions``) given back."""
     released = 0
     for lease_id in _int_list(frame.meta, "leases"):
         released += bool(await session.engine.release(lease_id, session.owner))
+    regions = _int_list(frame.meta, "regions")
+    if regions and session.windows is not None:
+        released += sum(session.windows.free(region) for region in regions)
     return Reply({"released": released})
 
 
@@ -250,13 +392,15 @@ async def handle_verify(session: Session, frame: Frame) -> Reply:
 
 HANDLERS: dict[Op, Handler] = {
     Op.PING: handle_ping,
-    Op.PUT: handle_put,
-    Op.PUT_RESERVE: handle_put_reserve,
-    Op.PUT_COMMIT: handle_put_commit,
-    Op.PUT_ABORT: handle_put_abort,
-    Op.LOAD: handle_load,
+    Op.PUT: traced(handle_put),
+    Op.PUT_RESERVE: handle_superseded,
+    Op.PUT_COMMIT: handle_superseded,
+    Op.PUT_ABORT: handle_superseded,
+    Op.LOAD: traced(handle_load),
+    Op.LOAD_BATCH: traced(handle_load_batch),
+    Op.PUT_BATCH: traced(handle_put_batch),
     Op.RELEASE: handle_release,
-    Op.LOOKUP: handle_lookup,
+    Op.LOOKUP: traced(handle_lookup),
     Op.DELETE: handle_delete,
     Op.STATS: handle_stats,
     Op.INSPECT: handle_inspect,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 
-from statetier.protocol.errors import InvalidRequest, StatetierError
+from statetier.protocol.errors import InvalidRequest, StatetierError, Unavailable
 from statetier.protocol.identity import Kind, StateKey, StateRef
 from statetier.tiers.base import ObjectMeta, Tier
 
@@ -37,11 +37,61 @@ class _Finder:
         concurrently: on a decode node each may cost Redis round trips."""
         missing = [key for key in dict.fromkeys(keys) if key not in self._cache]
         if missing:
-            found = await asyncio.gather(*(self.engine.locate(key) for key in missing))
-            for key, objects in zip(missing, found):
-                self._cache[key] = objects[0] if objects else None
+            for key, pick in zip(missing, await locate_newest(self.engine, missing)):
+                self._cache[key] = pick
         picks = [self._cache[key] for key in keys]
         return None if any(pick is None for pick in picks) else picks
+
+
+async def _each(in_memory: bool, calls: list) -> list:
+    """The awaitables' results in order: one by one when they answer from memory (a task
+    each would cost more than the answer), else concurrently. Exceptions are returned."""
+    if not in_memory:
+        return await asyncio.gather(*calls, return_exceptions=True)
+    out = []
+    for call in calls:
+        try:
+            out.append(await call)
+        except Exception as exc:  # noqa: BLE001 - returned like gather(return_exceptions=True)
+            out.append(exc)
+    return out
+
+
+async def locate_newest(engine, keys: list[StateKey]) -> list[tuple[ObjectMeta, Tier] | None]:
+    """For each key, what ``engine.locate(key)`` would answer first (the fastest tier's copy
+    of the newest servable object: not superseded in the registry, not speculative; the
+    skipped counted as ``locate`` counts them), or None — for many keys at once."""
+    digests = [key.digest() for key in keys]
+    seen: list[dict[bytes, tuple[ObjectMeta, Tier]]] = [{} for _ in keys]
+    for tier in engine.tiers:
+        answers = await _each(tier.answers_in_memory, [tier.find_by_key(digest) for digest in digests])
+        for found, metas in zip(seen, answers):
+            if isinstance(metas, Unavailable):
+                continue
+            if isinstance(metas, BaseException):
+                raise metas
+            for meta in metas:
+                found.setdefault(meta.object_id, (meta, tier))
+    streams = list({meta.stream_id for found in seen for meta, _ in found.values()})
+    registry = engine.registry
+    answers = await _each(registry.answers_in_memory, [registry.newest(stream) for stream in streams])
+    for answer in answers:
+        if isinstance(answer, BaseException):
+            raise answer
+    heads = dict(zip(streams, answers))
+    picks = []
+    for found in seen:
+        servable = []
+        for meta, tier in found.values():
+            head = heads[meta.stream_id]
+            if head is not None and head.version > meta.version:
+                engine.count_skip("stale")
+            elif meta.speculative:
+                engine.count_skip("speculative")
+            else:
+                servable.append((meta, tier))
+        picks.append(max(servable, key=lambda item: (item[0].version, item[0].created_at_ns)) if servable else None)
+    return picks
 
 
 def _checked(boundaries) -> list[tuple[int, bytes]]:
@@ -97,9 +147,8 @@ async def _lease_all(engine, req: LookupRequest, owner, tokens: int, picks) -> L
     refs = [StateRef(key, meta.request_id, meta.step, meta.object_id, meta.version) for key, meta, _ in picks]
     if not req.lease:
         return LookupResult(tokens, [(ref, None) for ref in refs])
-    leases = await asyncio.gather(
-        *(tier.prepare_load(meta.object_id, owner=owner, ttl=engine.options.lease_ttl) for _, meta, tier in picks),
-        return_exceptions=True)
+    calls = [tier.prepare_load(meta.object_id, owner=owner, ttl=engine.options.lease_ttl) for _, meta, tier in picks]
+    leases = await _each(all(tier.answers_in_memory for _, _, tier in picks), calls)
     if any(isinstance(lease, BaseException) for lease in leases):
         for (_, _, tier), lease in zip(picks, leases):
             if not isinstance(lease, BaseException):
@@ -110,3 +159,4 @@ async def _lease_all(engine, req: LookupRequest, owner, tokens: int, picks) -> L
         return None
     held = [engine.hold_for_lookup(tier, lease, owner) for (_, _, tier), lease in zip(picks, leases)]
     return LookupResult(tokens, list(zip(refs, held)))
+

@@ -57,6 +57,7 @@ class LoadRequest:
     key: StateKey | None = None
     tensors: tuple[TensorSpec, ...] | None = None
     allow_speculative: bool = False
+    full_check: bool = False  # digest even copies in daemon-only memory (a client's recheck)
 
 
 @dataclass(slots=True)
@@ -66,6 +67,7 @@ class LoadResult:
     lease_id: int
     tier: str
     arena_offset: int | None = None  # payload offset in the host arena, when served from it
+    blob: memoryview | None = None  # the whole stored object, header then payload (valid like ``payload``)
 
 
 @dataclass(frozen=True, slots=True)

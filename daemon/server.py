@@ -12,7 +12,7 @@
                             and reservations released through ``engine.release_owner``),
                             remove the socket file. Idempotent.
 
-``stats()`` → ``{"connections", "inflight_requests", "connections_reading_paused",
+``stats()`` → ``{"connections", "inflight_requests", "connections_reading_paused", "window_regions",
 "budget_bytes_in_use", "budget_bytes_limit", "budget_waiters"}``, read by STATS and the
 metrics collector.
 ``socket_path`` and ``tcp_address`` (host, port; port 0 in the config = ephemeral) say
@@ -178,6 +178,7 @@ class Server:
             metrics=self._metrics,
             is_unix=is_unix,
             daemon_stats=self.stats,
+            window_bytes=self._config.host.window_bytes if is_unix else 0,
             on_open=self._connections.add,
             on_close=self._connections.discard,
         )
@@ -200,6 +201,7 @@ class Server:
             "connections": len(self._connections),
             "inflight_requests": sum(conn.inflight for conn in self._connections),
             "connections_reading_paused": sum(conn.is_reading_paused for conn in self._connections),
+            "window_regions": sum(conn.window_regions for conn in self._connections),
             "budget_bytes_in_use": self.budget.in_use,
             "budget_bytes_limit": self.budget.limit,
             "budget_waiters": self.budget.waiting,

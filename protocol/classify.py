@@ -40,7 +40,7 @@ from .errors import (
     UnsupportedFormat,
 )
 from .keyring import Keyring
-from .sealed import MAGIC, Expectation, Opened, decode_header, open_sealed
+from .sealed import MAGIC, Expectation, Opened, VerifiedHeaders, decode_header, open_sealed
 
 DAMAGE = (TruncatedState, MalformedState, BadSignature, UnsupportedFormat, CorruptPayload)
 SKIP_REASONS = ("speculative", "stale", "damaged", "misfiled")
@@ -54,13 +54,14 @@ def is_damage(exc: BaseException) -> bool:
 
 
 def classify(blob, expect: Expectation, keyring: Keyring, *, stored_as: bytes,
-             verify_payload: bool = True) -> Opened:
-    """Verify ``blob`` (found under ``stored_as``) against ``expect``; see the module docstring."""
+             verify_payload: bool = True, verified: VerifiedHeaders | None = None) -> Opened:
+    """Verify ``blob`` (found under ``stored_as``) against ``expect``; see the module docstring.
+    ``verified``: headers already verified, by their exact bytes (``sealed.VerifiedHeaders``)."""
     if expect.state_id is None:  # by key: the object must at least be the one the index named
         expect = dataclasses.replace(expect, state_id=bytes(stored_as))
     blob = _as_declared(memoryview(blob).cast("B"))
     try:
-        return open_sealed(blob, expect, keyring, verify_payload=verify_payload)
+        return open_sealed(blob, expect, keyring, verify_payload=verify_payload, verified=verified)
     except PositionMismatch as exc:
         exc.detail["speculative"] = _is_speculative(blob)
         raise

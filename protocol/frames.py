@@ -33,7 +33,7 @@ from statetier.protocol.errors import (
     error_from_code,
 )
 
-PROTOCOL_VERSIONS: tuple[int, ...] = (1,)
+PROTOCOL_VERSIONS: tuple[int, ...] = (2,)
 
 FLAG_ERROR = 0x01
 _KNOWN_FLAGS = FLAG_ERROR
@@ -62,10 +62,12 @@ class Op(enum.IntEnum):
     PUT_RESERVE = 11
     PUT_COMMIT = 12
     PUT_ABORT = 13
+    PUT_BATCH = 14
     LOAD = 20
     RELEASE = 21
     LOOKUP = 22
     DELETE = 23
+    LOAD_BATCH = 24
     STATS = 30
     INSPECT = 31
     VERIFY = 32

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import enum
 import struct
+
+import blake3
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -54,8 +56,11 @@ from .identity import (
 from .keyring import Keyring, SigAlg, SigningKey
 
 MAGIC = b"STSO"
-FORMAT_VERSION = 1
-SUPPORTED_FORMATS = frozenset({1})
+FORMAT_VERSION = 2
+SUPPORTED_FORMATS = frozenset({2})
+#: Format 1 bound *keyed* BLAKE3 digests (a verifier needed the signing key); it is refused
+#: with ``UnsupportedFormat`` after its signature verified, never read with format 2 rules.
+RETIRED_FORMATS = {1: "format 1 bound keyed payload digests; re-put the object to reseal it unkeyed"}
 ALIGN = 64
 DIGEST_BYTES = 32
 
@@ -65,7 +70,7 @@ _KNOWN_FLAGS = FLAG_SPECULATIVE | FLAG_SEALED
 
 
 class DigestAlg(enum.IntEnum):
-    BLAKE3 = 1  # keyed BLAKE3-256: a MAC under HMAC keyrings
+    BLAKE3 = 1  # plain (unkeyed) BLAKE3-256: anyone can recompute it, nobody needs a key
     XXH3_128 = 2  # corruption check only, for trusted media
 
     @property
@@ -232,19 +237,40 @@ class Expectation:
 # ---------------------------------------------------------------------------- sealing
 
 
-def _digest_region(alg: DigestAlg, digest_key: bytes, data: memoryview) -> bytes:
+def _digest_region(alg: DigestAlg, data) -> bytes:
     if alg is DigestAlg.BLAKE3:
-        import blake3
-
-        return blake3.blake3(data, key=digest_key).digest()
+        return blake3.blake3(data).digest()
     import xxhash
 
     return xxhash.xxh3_128_digest(data) + bytes(16)
 
 
-def _payload_digest(alg: DigestAlg, digest_key: bytes, region_digests: Sequence[bytes], payload_len: int) -> bytes:
+def region_hasher(alg: DigestAlg):
+    """An incremental hasher of one region (``update(bytes)``, ``digest()``) for ``alg``."""
+    if alg is DigestAlg.BLAKE3:
+        return blake3.blake3()
+    import xxhash
+
+    return _Xxh3Region(xxhash.xxh3_128())
+
+
+class _Xxh3Region:
+    __slots__ = ("_h",)
+
+    def __init__(self, h) -> None:
+        self._h = h
+
+    def update(self, data) -> None:
+        self._h.update(data)
+
+    def digest(self) -> bytes:
+        return self._h.digest() + bytes(16)
+
+
+def payload_digest_of(alg: DigestAlg, region_digests: Sequence[bytes], payload_len: int) -> bytes:
+    """The payload digest over the region digests (docs/protocol.md §2.2)."""
     joined = struct.pack("<Q", payload_len) + b"".join(region_digests)
-    return _digest_region(alg, digest_key, memoryview(joined))
+    return _digest_region(alg, memoryview(joined))
 
 
 def seal(
@@ -269,10 +295,9 @@ def seal(
         raise InvalidRequest(f"payload is {view.nbytes} bytes; layout needs {layout.payload_len}")
     signer = keyring.active
     region_digests = [
-        _digest_region(digest_alg, signer.digest_key, view[off : off + region])
-        for off, region in zip(layout.offsets, layout.regions)
+        _digest_region(digest_alg, view[off : off + region]) for off, region in zip(layout.offsets, layout.regions)
     ]
-    payload_digest = _payload_digest(digest_alg, signer.digest_key, region_digests, layout.payload_len)
+    payload_digest = payload_digest_of(digest_alg, region_digests, layout.payload_len)
     flags = FLAG_SEALED | (FLAG_SPECULATIVE if contains_speculative else 0)
     return _encode_header(key, provenance, layout, region_digests, payload_digest, signer,
                           state_id, version, digest_alg, flags)
@@ -413,24 +438,64 @@ def _parse(view: memoryview, prefix: tuple) -> SealedHeader:
                         provenance, flags, state_id, version, fp, payload_digest, tuple(tensors))
 
 
-def open_sealed(blob, expect: Expectation | None, keyring: Keyring, *, verify_payload: bool = True) -> Opened:
+class VerifiedHeaders:
+    """Headers whose signature verified and which parsed, by their exact bytes (bounded LRU).
+
+    A hot object is loaded again and again: its header is verified and parsed once. A hit
+    still asks the keyring whether the signing key may verify (a retired or expired key is
+    ``BadSignature`` as before); identity, version and payload checks run on every load.
+    """
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self.capacity = capacity
+        self._headers: dict[bytes, SealedHeader] = {}
+
+    def __len__(self) -> int:
+        return len(self._headers)
+
+    def get(self, header_bytes: bytes) -> SealedHeader | None:
+        header = self._headers.pop(header_bytes, None)
+        if header is not None:
+            self._headers[header_bytes] = header  # most recent last
+        return header
+
+    def put(self, header_bytes: bytes, header: SealedHeader) -> None:
+        self._headers[header_bytes] = header
+        if len(self._headers) > self.capacity:
+            del self._headers[next(iter(self._headers))]
+
+
+def open_sealed(blob, expect: Expectation | None, keyring: Keyring, *, verify_payload: bool = True,
+                verified: VerifiedHeaders | None = None) -> Opened:
     """Verify ``blob`` against ``expect`` in DESIGN §4 order; return header + payload view.
 
     ``expect=None`` checks only what needs no expectation (framing, signature, format,
     payload); ``verify_payload=False`` skips the digest pass for bytes that never left a
-    trusted, verified tier (the header is still verified).
+    trusted, verified tier (the header is still verified). ``verified``: a cache of
+    headers already verified and parsed (steps 2–3′ are then a dict lookup).
     """
     view, prefix = _frame(blob)  # 1
-    _check_signature(view, prefix, keyring)  # 2
-    if prefix[1] not in SUPPORTED_FORMATS:  # 3
-        raise UnsupportedFormat(f"format version {prefix[1]} (this build reads {sorted(SUPPORTED_FORMATS)})")
-    header = _parse(view, prefix)
+    header = None
+    if verified is not None:
+        header_bytes = bytes(view[: prefix[4]])
+        header = verified.get(header_bytes)
+        if header is not None and keyring.get_for_verify(header.key_id) is None:
+            raise BadSignature(f"unknown or retired key id {header.key_id.hex()}")  # 2, since cached
+    if header is None:
+        _check_signature(view, prefix, keyring)  # 2
+        if prefix[1] not in SUPPORTED_FORMATS:  # 3
+            why = RETIRED_FORMATS.get(prefix[1], "")
+            raise UnsupportedFormat(f"format version {prefix[1]} (this build reads {sorted(SUPPORTED_FORMATS)})"
+                                    + (f": {why}" if why else ""))
+        header = _parse(view, prefix)
+        if verified is not None:
+            verified.put(header_bytes, header)
     if expect is not None:
         _check_identity(header, expect)  # 4-8
     payload = view[header.header_len :]
     _check_tensors(header, expect)  # 9, shapes
     if verify_payload:
-        _check_payload(header, payload, keyring)  # 9, digest
+        check_payload(header, payload)  # 9, digest
     return Opened(header, payload)
 
 
@@ -501,28 +566,56 @@ def _check_tensors(header: SealedHeader, expect: Expectation | None) -> None:
                                  f"{[(s.name, s.dtype, s.shape) for s in expect.tensors]}")
 
 
-def _check_payload(header: SealedHeader, payload: memoryview, keyring: Keyring) -> None:
-    key = keyring.get_for_verify(header.key_id)
-    if key is None:  # retired or expired since the header was verified (verify_payload_only)
-        raise BadSignature(f"unknown or retired key id {header.key_id.hex()}")
+def check_payload(header: SealedHeader, payload) -> None:
+    """Recompute every region digest and the payload digest of ``payload`` (needs no key:
+    the digests are unkeyed; the header that binds them must have been verified)."""
+    payload = memoryview(payload).cast("B")
     digests = []
     for t in header.tensors:
-        digest = _digest_region(header.digest_alg, key.digest_key, payload[t.offset : t.offset + t.region])
+        digest = _digest_region(header.digest_alg, payload[t.offset : t.offset + t.region])
         if digest != t.digest:
             raise CorruptPayload(f"tensor {t.spec.name!r} digest mismatch")
         digests.append(digest)
-    if _payload_digest(header.digest_alg, key.digest_key, digests, header.payload_len) != header.payload_digest:
+    check_payload_digest(header, digests)
+
+
+def check_payload_digest(header: SealedHeader, region_digests: Sequence[bytes]) -> None:
+    """The payload digest over region digests that each already matched their descriptor."""
+    if payload_digest_of(header.digest_alg, region_digests, header.payload_len) != header.payload_digest:
         raise CorruptPayload("payload digest mismatch")
 
 
-def verify_payload_only(header: SealedHeader, payload, keyring: Keyring) -> None:
-    """Re-check the payload of an already opened header (client shared memory after a write)."""
+def verify_payload_only(header: SealedHeader, payload, keyring: Keyring | None = None) -> None:
+    """Re-check the payload of an already opened header (bytes copied to where they land).
+
+    ``keyring`` is accepted for callers of format 1, whose digests were keyed; format 2
+    digests need none.
+    """
     _check_tensors(header, None)
-    _check_payload(header, memoryview(payload).cast("B"), keyring)
+    check_payload(header, payload)
+
+
+def parse_header(header_bytes) -> SealedHeader:
+    """Parse a header given without its payload (what a daemon sends a client beside the
+    payload it placed elsewhere). Verifies nothing: the daemon checked the signature."""
+    view = memoryview(header_bytes).cast("B")
+    if view.nbytes < PREFIX_BYTES:
+        raise TruncatedState(f"{view.nbytes} bytes is shorter than the {PREFIX_BYTES}-byte prefix")
+    prefix = _PREFIX.unpack_from(view, 0)
+    if prefix[0] != MAGIC:
+        raise MalformedState("bad magic: not a statetier sealed object")
+    if prefix[4] != view.nbytes:
+        raise TruncatedState(f"header length {prefix[4]} but {view.nbytes} header bytes given")
+    if prefix[1] not in SUPPORTED_FORMATS:
+        raise UnsupportedFormat(f"format version {prefix[1]} (this build reads {sorted(SUPPORTED_FORMATS)})")
+    header = _parse(view, prefix)
+    _check_tensors(header, None)
+    return header
 
 
 __all__ = [
     "ALIGN", "DigestAlg", "Expectation", "FORMAT_VERSION", "MAGIC", "Opened", "PayloadLayout",
-    "SealedHeader", "TensorDescriptor", "decode_header", "header_length", "layout_payload", "open_sealed", "seal",
-    "seal_object", "verify_payload_only",
+    "SealedHeader", "TensorDescriptor", "VerifiedHeaders", "check_payload", "check_payload_digest", "decode_header", "header_length",
+    "layout_payload", "open_sealed", "parse_header", "payload_digest_of", "region_hasher", "seal", "seal_object",
+    "verify_payload_only",
 ]

@@ -232,6 +232,13 @@ class Tier(abc.ABC):
     #: True when ``read`` itself verifies signature and payload digest (disk, Redis), so the
     #: engine need not hash the payload a second time.
     verifies_on_read: bool = False
+    #: True when the tier's bytes live in memory only the daemon can write, and got there
+    #: sealed or verified (host arena, device pool): a load from it needs no digest pass in
+    #: the daemon (the client verifies where the bytes land).
+    holds_verified_bytes: bool = False
+    #: True when ``find_by_key`` and ``prepare_load`` answer from this process's memory (no
+    #: I/O): a caller asking for many keys awaits them one by one instead of a task each.
+    answers_in_memory: bool = False
 
     @abc.abstractmethod
     async def start(self) -> None: ...

@@ -40,6 +40,8 @@ from .rawmemory import address_of, exported, exported_for_write, fresh_buffer, v
 class DeviceTier(ExtentTier):
     """Torch pool tier. See the module docstring."""
 
+    holds_verified_bytes = True  # device memory of the daemon's own process
+
     def __init__(self, capacity_bytes: int, *, device: str = "cpu", high_watermark: float = 0.9,
                  low_watermark: float = 0.75, lease_ttl: float = 30.0, executor: Executor | None = None,
                  name: str = "device", granularity: int = 4096,

@@ -108,6 +108,7 @@ class ExtentTier(Tier):
     """See the module docstring. Subclasses set ``offers_store_view`` and the medium hooks."""
 
     offers_store_view = False
+    answers_in_memory = True  # the index and leases are dicts of this process
 
     def __init__(self, capacity_bytes: int, *, high_watermark: float, low_watermark: float, lease_ttl: float,
                  executor: Executor | None, name: str, granularity: int, inline_copy_bytes: int) -> None:

@@ -26,6 +26,9 @@ class StreamHead:
 
 
 class VersionRegistry(abc.ABC):
+    #: True when answers come from this process's memory (no I/O): see ``Tier.answers_in_memory``.
+    answers_in_memory: bool = False
+
     @abc.abstractmethod
     async def claim(self, stream_id: bytes, state_id: bytes, version: int | None = None) -> int:
         """Record ``state_id`` as the newest attempt of ``stream_id`` and return its version.
@@ -45,6 +48,7 @@ class VersionRegistry(abc.ABC):
 
 
 class MemoryVersionRegistry(VersionRegistry):
+    answers_in_memory = True
     def __init__(self, max_streams: int = 1_000_000) -> None:
         self.max_streams = max_streams
         self._heads: OrderedDict[bytes, StreamHead] = OrderedDict()

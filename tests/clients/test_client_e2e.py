@@ -25,6 +25,8 @@ from statetier.clients import AsyncClient, Client, PutItem
 from statetier.clients.tensors import tensor_bytes
 from statetier.protocol.errors import (
     ClientClosedError,
+    CorruptPayload,
+    InvalidRequest,
     NamespaceMismatch,
     NotFound,
     StaleState,
@@ -354,3 +356,42 @@ def test_sync_client_basics(daemon_url: str) -> None:
         assert "tiers" in client.stats()
     with pytest.raises(ClientClosedError):
         client.ping()
+
+
+# -- loads into the caller's buffers -------------------------------------------------------
+
+
+@pytest.mark.parametrize("use_shm", [True, False], ids=["shm", "inline"])
+async def test_load_into_fills_the_callers_tensors_in_place(daemon_url: str, use_shm: bool) -> None:
+    async with AsyncClient(daemon_url, namespace=jamba_namespace(f"into-{use_shm}"), use_shm=use_shm) as client:
+        want = [snapshot(seed=40 + i) for i in range(3)]
+        refs = [await client.put_ssm(i, bytes(32), 64, t, request_id="into") for i, t in enumerate(want)]
+        pool = [{"conv": torch.zeros(3, 8192, dtype=torch.bfloat16), "ssm": torch.zeros(8192, 16)}
+                for _ in want]
+        addresses = [{n: t.data_ptr() for n, t in slot.items()} for slot in pool]
+        got = await client.load(refs[0], into=pool[0])
+        assert got["conv"] is pool[0]["conv"] and got["ssm"] is pool[0]["ssm"]
+        assert_same_tensors(pool[0], want[0])
+        await client.load_many(refs[1:], into=pool[1:])
+        for slot, tensors, address in zip(pool, want, addresses):
+            assert_same_tensors(slot, tensors)
+            assert {n: t.data_ptr() for n, t in slot.items()} == address  # filled, never replaced
+
+
+async def test_load_into_a_mismatched_buffer_is_a_typed_error_and_leaves_it_untouched(daemon_url: str) -> None:
+    async with AsyncClient(daemon_url, namespace=jamba_namespace("into-mismatch")) as client:
+        ref = await client.put_ssm(0, bytes(32), 64, snapshot(seed=5), request_id="into")
+        wrong_shape = {"conv": torch.full((3, 8191), 7, dtype=torch.bfloat16), "ssm": torch.zeros(8192, 16)}
+        wrong_dtype = {"conv": torch.zeros(3, 8192, dtype=torch.float16), "ssm": torch.zeros(8192, 16)}
+        missing = {"conv": torch.zeros(3, 8192, dtype=torch.bfloat16)}
+        for into in (wrong_shape, wrong_dtype, missing):
+            with pytest.raises(CorruptPayload):
+                await client.load(ref, into=into)
+        assert bool((wrong_shape["conv"] == 7).all())
+        strided = {"conv": torch.zeros(8192, 3, dtype=torch.bfloat16).t(), "ssm": torch.zeros(8192, 16)}
+        with pytest.raises(InvalidRequest, match="contiguous"):
+            await client.load(ref, into=strided)
+        with pytest.raises(InvalidRequest, match="cpu"):
+            await client.load(ref, into={"conv": torch.zeros(3, 8192, dtype=torch.bfloat16),
+                                         "ssm": torch.zeros(8192, 16, device="meta")})
+        assert_same_tensors(await client.load(ref), snapshot(seed=5))

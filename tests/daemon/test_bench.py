@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from statetier.daemon.bench import RESULT_FIELDS, main, parse_args, run_script_suite, seal_rows, tier_rows
-from statetier.daemon.bench_sdk import QUICK
+from statetier.daemon.bench_sdk import QUICK, TARGETS, THROUGHPUT_TARGET
 from statetier.daemon.config import DEFAULT_CLIENT_URL
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,8 +27,8 @@ MACHINE_FIELDS = ("cpu_model", "cpus", "cpus_usable", "memory_bytes", "kernel", 
 
 def planned_sdk_rows() -> set[tuple]:
     rows = {(path, op, size, batch) for size, batches in QUICK.batches.items() for batch in batches
-            for path in ("shm", "inline") for op in ("put", "load")}
-    return rows | {("unix", "lookup", None, 1), ("unix", "ping", None, 1)}
+            for path in ("shm", "inline") for op in ("put", "load", "load_into")}
+    return rows | {("unix", "lookup", None, 1), ("unix", "ping", None, 1), ("unix", "lookup48x16", None, 1)}
 
 
 def check_row(row: dict) -> None:
@@ -70,8 +70,18 @@ def test_quick_bench_writes_one_json_object_with_every_suite(tmp_path: Path) -> 
     measured = {(row["tier"], row["op"], row["size_bytes"] if row["metric"] == "throughput" else None, row["batch"])
                 for row in by_suite["sdk"]}
     assert measured == planned_sdk_rows()
-    assert all(row["target"] == pytest.approx(0.7) for row in by_suite["sdk"] if row["metric"] == "throughput")
-    assert all(row["target"] == pytest.approx(1 / 3) for row in by_suite["sdk"] if row["metric"] == "latency")
+    throughput = [row for row in by_suite["sdk"] if row["metric"] == "throughput"]
+    assert all(row["target"] == TARGETS.get((row["op"], row["size_bytes"], row["batch"]), THROUGHPUT_TARGET)
+               for row in throughput)
+    assert {row["op"]: row["target"] for row in by_suite["sdk"] if row["metric"] == "latency"} == {
+        "lookup": pytest.approx(1 / 3), "ping": pytest.approx(1 / 3), "lookup48x16": 1.0}
+    # one put and one load of each size, on the shared-memory path, broken down by measured phase
+    traced = {(row["op"], row["size_bytes"]) for row in throughput if row.get("phases_us")}
+    assert traced == {(op, size) for size in QUICK.batches for op in ("put", "load", "load_into")}
+    for row in throughput:
+        if row.get("phases_us"):
+            assert {"round_trip", "daemon", "frames", "client_copy"} <= set(row["phases_us"]), row
+            assert len(row["load_average"]) == 3
 
 
 def test_missing_benchmark_scripts_are_reported_not_fatal(tmp_path: Path, capsys) -> None:

@@ -43,7 +43,7 @@ class StuckReader:
     @classmethod
     async def load(cls, daemon: DaemonProcess, ref: StateRef) -> "StuckReader":
         reader, writer = await asyncio.open_unix_connection(str(daemon.socket_path))
-        writer.write(encode_frame_bytes(hello_frame((1,), tenant="default", client="stuck")))
+        writer.write(encode_frame_bytes(hello_frame((2,), tenant="default", client="stuck")))
         decoder, frames = FrameDecoder(1 << 20), []
         while not frames:
             data = await asyncio.wait_for(reader.read(4096), 10)

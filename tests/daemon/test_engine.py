@@ -25,10 +25,11 @@ from statetier.protocol.errors import (
     PositionMismatch,
     QuotaExceeded,
     StaleState,
+    UnsupportedFormat,
 )
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, prefix_hashes
 from statetier.protocol.keyring import Keyring
-from statetier.protocol.sealed import layout_payload
+from statetier.protocol.sealed import layout_payload, parse_header, verify_payload_only
 from statetier.tiers.disk import DiskTier
 from statetier.tiers.host import HostTier
 from statetier.tiers.registry import MemoryVersionRegistry
@@ -95,40 +96,46 @@ async def test_a_put_is_loaded_back_verified_from_the_host_arena(engine):
     assert engine.lease_count == 0
 
 
-async def test_a_damaged_copy_is_dropped_and_the_verified_copy_below_is_served(engine):
-    req, data = ssm_put()
-    put = await engine.put(req, data)
-    assert await engine.placement.flush_write_behind(10)
-    disk = engine.tiers[1]
-    assert await disk.contains(put.ref.state_id)
+async def _damage_host_copy(engine, state_id: bytes, at) -> None:
     host = engine.arena
-    lease = await host.prepare_load(put.ref.state_id)
+    lease = await host.prepare_load(state_id)
     offset = host.arena_offset(lease)
     await host.complete_load(lease)
     arena = host.arena_view
-    arena[offset + lease.meta.size - 1] ^= 0x01  # one flipped payload bit in shared memory
+    arena[offset + at(lease.meta)] ^= 0x01  # one flipped payload bit in the daemon's own arena
     arena.release()
 
+
+async def test_a_host_copy_is_not_hashed_again_on_load_the_client_verifies_where_it_lands(engine):
+    # the arena is memory only the daemon writes, digested when sealed there: a load from it
+    # costs no daemon-side digest pass; the bytes are checked where they land (DESIGN §6),
+    # so even damage the daemon did not see never reaches a caller as a tensor
+    req, data = ssm_put()
+    put = await engine.put(req, data)
+    await _damage_host_copy(engine, put.ref.state_id, lambda meta: meta.size - 1)
     result = await engine.load(LoadRequest("default", NS, ref=put.ref), owner="c1")
-    assert bytes(result.payload) == data  # the disk copy, verified, promoted back
-    assert rejections(engine.test_metrics, "corrupt_payload") == 1
+    assert result.tier == "host" and bytes(result.payload) != data
+    with pytest.raises(CorruptPayload):
+        verify_payload_only(parse_header(bytes(result.blob[: result.header.header_len])), result.payload)
     await engine.release(result.lease_id, "c1")
 
 
-async def test_when_every_copy_is_damaged_the_load_is_refused_with_the_reason(engine):
+async def test_a_damaged_disk_copy_is_dropped_and_the_load_is_refused_with_the_reason(engine):
     req, data = ssm_put()
-    put = await engine.put(req, data)  # no write-behind flush: the arena holds the only copy
-    await engine.placement.flush_write_behind(10)
-    await engine.tiers[1].delete(put.ref.state_id)
-    host = engine.arena
-    lease = await host.prepare_load(put.ref.state_id)
-    offset = host.arena_offset(lease)
-    await host.complete_load(lease)
-    arena = host.arena_view
-    arena[offset + lease.meta.header_len + 5] ^= 0x80
-    arena.release()
+    put = await engine.put(req, data)
+    assert await engine.placement.flush_write_behind(10)
+    await engine.arena.delete(put.ref.state_id)
+    disk = engine.tiers[1]
+    lease = await disk.prepare_load(put.ref.state_id)
+    blob = bytearray(await disk.read(lease))
+    meta = lease.meta
+    await disk.complete_load(lease)
+    await disk.delete(put.ref.state_id)
+    blob[meta.header_len + 5] ^= 0x80
+    await engine.placement.store_in(disk, [bytes(blob)], meta)
     with pytest.raises(CorruptPayload):
         await engine.load(LoadRequest("default", NS, ref=put.ref), owner="c1")
+    assert rejections(engine.test_metrics, "corrupt_payload") == 1
     with pytest.raises(NotFound):  # the damaged copy is gone for good
         await engine.load(LoadRequest("default", NS, ref=put.ref), owner="c1")
 
@@ -292,3 +299,28 @@ async def test_a_tenant_past_its_quota_spills_to_the_next_tier_then_is_refused(t
         assert (await engine.put(*ssm_put(layer=3, tenant="small"))).tier == "host"
     finally:
         await engine.close()
+
+
+async def test_a_format_1_object_on_disk_is_refused_with_its_reason_and_dropped_never_misread(engine):
+    # format 1 bound keyed digests; its header, correctly signed, still parses with format 2's
+    # offsets: it must be refused (UnsupportedFormat, saying why), not read
+    req, data = ssm_put()
+    put = await engine.put(req, data)
+    assert await engine.placement.flush_write_behind(10)
+    await engine.arena.delete(put.ref.state_id)
+    disk = engine.tiers[1]
+    lease = await disk.prepare_load(put.ref.state_id)
+    blob = bytearray(await disk.read(lease))
+    meta = lease.meta
+    await disk.complete_load(lease)
+    await disk.delete(put.ref.state_id)
+    header_len = meta.header_len
+    blob[4:6] = (1).to_bytes(2, "little")  # format 1, re-signed by the key that signed it
+    signer = engine.keyring.active
+    sig_len = signer.alg.signature_bytes
+    blob[header_len - sig_len : header_len] = signer.sign(bytes(blob[: header_len - sig_len]))
+    await engine.placement.store_in(disk, [bytes(blob)], meta)
+    with pytest.raises(UnsupportedFormat, match="keyed payload digests"):
+        await engine.load(LoadRequest("default", NS, ref=put.ref), owner="c1")
+    assert rejections(engine.test_metrics, "unsupported_format") == 1
+    assert not await disk.contains(put.ref.state_id)  # dropped as damage

@@ -23,6 +23,8 @@ from server_harness import WireClient, eventually, metric, put_meta, running_dae
 from statetier.daemon.server import Server
 from statetier.protocol.errors import ConfigError
 from statetier.protocol.frames import HEADER_SIZE, Frame, Op
+from statetier.protocol.messages import ref_to_wire
+from statetier.protocol.sealed import decode_header
 from statetier.tiers.host import HostTier
 
 STRANGER_UID = os.getuid() + 12345
@@ -41,10 +43,10 @@ async def connected(daemon, **hello) -> WireClient:
 async def test_hello_ok_names_version_limits_and_tenant() -> None:
     async with running_daemon(limits={"max_inflight_per_connection": 7}) as daemon:
         client = await daemon.unix_client()
-        reply = await client.hello(versions=[1, 99], client="tests")
+        reply = await client.hello(versions=[2, 99], client="tests")
         assert reply.op is Op.HELLO_OK and reply.request_id == 0
         assert reply.meta == {
-            "version": 1,
+            "version": 2,
             "max_frame": daemon.config.limits.max_frame_bytes,
             "tenant": "default",
             "max_inflight": 7,
@@ -92,21 +94,21 @@ async def test_peer_credentials_outside_allowed_uids_are_refused_before_hello() 
         assert metric(daemon.metrics, "statetier_auth_failures_total", reason="peer_credentials") == 1
 
 
-async def test_shared_memory_is_not_offered_without_a_host_arena() -> None:
-    async with running_daemon(arena=False) as daemon:
+async def test_the_arena_is_never_offered_put_reserve_is_gone() -> None:
+    async with running_daemon(arena=True) as daemon:
         client = await daemon.unix_client()
-        assert (await client.hello(shm=True)).meta["shm"] is None
+        shm = (await client.hello(shm=True)).meta["shm"]
+        assert set(shm) == {"put_bytes", "load_bytes"}  # no path: nothing to open by name
         meta, _ = put_meta()
         error = await client.request(Op.PUT_RESERVE, meta)
-        assert error.is_error and error.meta["code"] == 410
+        assert error.is_error and error.meta["code"] == 410 and "put window" in error.meta["message"]
 
 
-@pytest.mark.skipif(not hasattr(HostTier, "shared_memory"), reason="HostTier.shared_memory() not there yet")
-async def test_shared_memory_is_offered_on_the_unix_socket_when_asked() -> None:
-    async with running_daemon(arena=True) as daemon:
-        path, size = daemon.engine.shared_memory()
+async def test_shared_memory_windows_are_offered_on_the_unix_socket_only_when_asked() -> None:
+    async with running_daemon(arena=False) as daemon:
         client = await daemon.unix_client()
-        assert (await client.hello(shm=True)).meta["shm"] == {"path": str(path), "size": size}
+        window = daemon.config.host.window_bytes
+        assert (await client.hello(shm=True)).meta["shm"] == {"put_bytes": window, "load_bytes": window}
         other = await daemon.unix_client()
         assert (await other.hello()).meta["shm"] is None
 
@@ -204,11 +206,46 @@ async def test_inline_put_then_load_returns_the_same_bytes_and_releases_the_leas
         assert put.op is Op.REPLY, put.meta
         loaded = await client.request(Op.LOAD, {"ns": meta["key"]["ns"], "ref": put.meta["ref"]})
         assert loaded.op is Op.REPLY, loaded.meta
-        assert loaded.meta["ref"] == put.meta["ref"] and loaded.meta["tier"] == "host"
-        assert loaded.meta["lease"] is None and loaded.meta["offset"] is None
-        assert bytes(loaded.data) == payload
+        assert loaded.meta == {"tier": "host"}
+        header = decode_header(loaded.data)  # the whole sealed object: signed header, payload
+        assert ref_to_wire(header.ref()) == put.meta["ref"]
+        assert bytes(loaded.data[header.header_len :]) == payload
         await eventually(lambda: daemon.leases() == 0)
         assert metric(daemon.metrics, "statetier_operations_total", tier="daemon", kind="kv", op="load") == 1
+
+
+async def test_a_batch_of_puts_and_a_batch_of_loads_are_one_frame_each_answered_per_item() -> None:
+    async with running_daemon() as daemon:
+        client = await connected(daemon)
+        metas, payloads = [], []
+        for layer in range(3):
+            meta, size = put_meta(layer=layer)
+            metas.append({**meta, "data_len": size})
+            payloads.append(os.urandom(size))
+        bad, size = put_meta(layer=9)
+        metas.insert(1, {**bad, "data_len": 5})  # a payload shorter than its tensors
+        payloads.insert(1, b"short")
+        put = await client.request(Op.PUT_BATCH, {"items": metas}, b"".join(payloads))
+        answers = put.meta["items"]
+        assert [("ref" in a, a.get("error", {}).get("code")) for a in answers] == [
+            (True, None), (False, 410), (False, None), (False, None)]
+        assert answers[2:] == [{"skipped": True}] * 2  # a batch stops at its first failure
+        metas = [metas[0], metas[2], metas[3]]
+        payloads = [payloads[0], payloads[2], payloads[3]]
+        answers = (await client.request(Op.PUT_BATCH, {"items": metas[1:]}, b"".join(payloads[1:]))).meta["items"]
+        answers = [{"ref": None}, *answers]
+        answers[0] = {"ref": (await client.request(Op.PUT, metas[0] | {"data_len": None}, payloads[0])).meta["ref"]}
+
+        refs = [answers[0]["ref"], answers[1]["ref"], dict(answers[2]["ref"], state_id="00" * 16)]
+        loaded = await client.request(Op.LOAD_BATCH, {"ns": metas[0]["key"]["ns"],
+                                                      "items": [{"ref": ref} for ref in refs]})
+        first, second, missing = loaded.meta["items"]
+        assert missing["error"]["code"] == 200  # NotFound, that item only
+        for answer, want in ((first, payloads[0]), (second, payloads[1])):
+            blob = loaded.data[answer["at"] : answer["at"] + answer["len"]]
+            header = decode_header(blob)
+            assert bytes(blob[header.header_len :]) == want
+        assert daemon.leases() == 0  # an inline batch copies, then releases at once
 
 
 async def test_an_error_from_the_engine_is_an_error_frame_with_the_request_id() -> None:
@@ -326,7 +363,7 @@ async def scenario_a_slow_reader_keeps_the_lease_until_the_transport_let_go() ->
         length = struct.unpack_from("<I", head)[0]
         rest = await client.reader.readexactly(length + 4 - HEADER_SIZE)
         frame = client._decoder.feed(head + rest)[0]
-        assert frame.request_id == 9 and bytes(frame.data) == payload
+        assert frame.request_id == 9 and bytes(frame.data[-len(payload) :]) == payload
         await eventually(lambda: daemon.leases() == 0)
 
 

@@ -18,10 +18,10 @@ from statetier.daemon.engine import Engine, EngineOptions
 from statetier.daemon.metrics import Metrics
 from statetier.daemon.requests import LoadRequest, LookupRequest, PutRequest
 from statetier.protocol.dtypes import TensorSpec
-from statetier.protocol.errors import Forbidden, NotFound, PositionMismatch, Unavailable
+from statetier.protocol.errors import CorruptPayload, Forbidden, NotFound, PositionMismatch, Unavailable
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, new_state_id, prefix_hashes
 from statetier.protocol.keyring import Keyring
-from statetier.protocol.sealed import decode_header, seal_object
+from statetier.protocol.sealed import decode_header, seal_object, verify_payload_only
 from statetier.tiers.base import ObjectMeta
 from statetier.tiers.disk import DiskTier
 from statetier.tiers.host import HostTier
@@ -160,7 +160,14 @@ async def test_a_damaged_newest_candidate_is_skipped_for_the_next_valid_one(engi
     arena[offset] ^= 0x01
     arena.release()
 
+    # the arena is memory only the daemon writes: a load serves it without a digest pass, the
+    # client finds the damage where the bytes land and asks again with a full check
     served = await engine.load(LoadRequest("default", NS, key=key), owner="c")
+    assert served.header.state_id == newer.ref.state_id
+    with pytest.raises(CorruptPayload):
+        verify_payload_only(served.header, served.payload)
+    await engine.release(served.lease_id, "c")
+    served = await engine.load(LoadRequest("default", NS, key=key, full_check=True), owner="c")
     assert served.header.state_id == older.ref.state_id
     await engine.release(served.lease_id, "c")
     assert counter(engine.test_metrics, "statetier_skipped_candidates_total", reason="damaged") == 1

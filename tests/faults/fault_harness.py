@@ -15,9 +15,9 @@
   (the Redis tier's manifest and chunk keys, tiers/redis_layout.py); ``flip_disk_bit`` (a
   segment record, tiers/segments.py); ``forged_blob`` — an object re-sealed by a writer
   holding another key; ``write_under_another_key`` (Redis: another object's chunk, and
-  optionally its manifest, under this object's keys) and ``overwrite_in_arena`` (a same-host
-  connector writing another object's sealed bytes over this one's arena region): a
-  connector that mixed up two keys.
+  optionally its manifest, under this object's keys) and ``overwrite_in_arena`` (another
+  object's sealed bytes over this one's region of the daemon's arena, in place): a mix-up
+  of two keys.
 - ``Counters`` — one scrape of a daemon's /metrics: rejections by reason, misses by kind,
   load requests served, hits, lookups and the tokens they answered; ``changes(before,
   after)`` is what moved.
@@ -256,26 +256,31 @@ def write_under_another_key(redis, target: bytes, source: bytes, *, with_manifes
         redis.set(KEYS.manifest(target), redis.get(KEYS.manifest(source)), keepttl=True)
 
 
-def overwrite_in_arena(client, ref, blob: bytes) -> None:
-    """Write the sealed ``blob`` over the arena copy of ``ref`` on ``client``'s daemon, as a
-    same-host connector holding the mapped arena could: at the region a LOAD of ``ref``
-    names (its payload offset, minus a header as long as ``blob``'s), while leased, then
-    released. Same-size objects only: an arena copy is read back at its indexed size."""
-    from statetier.protocol.frames import Op
-    from statetier.protocol.messages import ref_to_wire
+def overwrite_in_arena(node, ref, blob: bytes) -> None:
+    """Write the sealed ``blob`` over the arena copy of ``ref`` in ``node``'s daemon, in place
+    (the copy's index entry unchanged). Clients no longer map the arena (each connection gets
+    windows of its own), so this is what only a process that can write the daemon's memory
+    could do (a daemon bug, root): the arena is opened through ``/proc/<pid>/fd`` and the
+    object found by its state_id. Same-size objects only: an arena copy is read back at its
+    indexed size."""
+    import mmap
+    import os
 
-    transfers = client._client._transfers  # the async client's connection and mapped arena
-    assert transfers.arena is not None, "the arena is mapped only over the Unix socket"
-    header_len = decode_header(blob).header_len
-
-    async def overwrite() -> None:
-        meta = {"ns": ref.key.namespace.hex(), "ref": ref_to_wire(ref), "speculative": False, "shm": True}
-        frame = await transfers.conn.request(Op.LOAD, meta)
+    for fd in os.listdir(f"/proc/{node.pid}/fd"):
+        path = f"/proc/{node.pid}/fd/{fd}"
         try:
-            assert frame.meta["tier"] == "host" and len(blob) == header_len + frame.meta["payload_len"]
-            start = frame.meta["offset"] - header_len
-            transfers.arena.view[start : start + len(blob)] = blob
-        finally:
-            await transfers.conn.request(Op.RELEASE, {"leases": [frame.meta["lease"]]})
-
-    client._run(overwrite)
+            if "statetier-host" not in os.readlink(path):
+                continue
+        except OSError:
+            continue
+        with open(path, "r+b") as handle, mmap.mmap(handle.fileno(), 0) as arena:
+            at = arena.find(b"STSO")
+            while at >= 0:
+                if arena[at + 136 : at + 152] == ref.state_id:  # state_id in the header (protocol.md §1.1)
+                    header_len = int.from_bytes(arena[at + 8 : at + 12], "little")
+                    payload_len = int.from_bytes(arena[at + 16 : at + 24], "little")
+                    assert header_len + payload_len == len(blob), "same-size objects only"
+                    arena[at : at + len(blob)] = blob
+                    return
+                at = arena.find(b"STSO", at + 1)
+    raise AssertionError(f"no arena copy of {ref.state_id.hex()} in daemon {node.pid}")

@@ -401,7 +401,7 @@ def test_another_objects_bytes_in_the_arena_leave_the_genuine_copy_served(pd_nod
     handoff = publish(pd_nodes, sc.model, sc.prompt, f"{RUN}-{arch}-wrong-key-arena")
     target, neighbour = handoff.ssm[sc.target], handoff.ssm[sc.neighbour]
     with Client(pd_nodes.prefill.url, namespace=namespace_for(sc.model)) as client:
-        overwrite_in_arena(client, target, redis_blob(pd_nodes.redis, neighbour.state_id))
+        overwrite_in_arena(pd_nodes.prefill, target, redis_blob(pd_nodes.redis, neighbour.state_id))
         before = Counters.of(pd_nodes.prefill)
         with ForwardCounter(sc.model):
             cache = restore_cache(client, sc.model, SavedState.from_json(handoff.to_json()), sc.prompt)

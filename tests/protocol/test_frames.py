@@ -367,8 +367,8 @@ def test_hello_carries_versions_and_fields():
     assert frame == Frame(Op.HELLO, 0, meta)
     (received,) = FrameDecoder().feed(encode_frame_bytes(frame))
     version = negotiate(received.meta["versions"])
-    assert version == 1
-    assert hello_ok_frame(version) == Frame(Op.HELLO_OK, 0, {"version": 1})
+    assert version == 2
+    assert hello_ok_frame(version) == Frame(Op.HELLO_OK, 0, {"version": 2})
 
 
 def test_negotiate_picks_the_highest_common_version():

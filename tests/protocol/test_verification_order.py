@@ -41,8 +41,8 @@ from statetier.protocol.identity import (
     prefix_hash,
     stream_id,
 )
-from statetier.protocol.keyring import Keyring, SigningKey
-from statetier.protocol.sealed import Expectation, Opened, open_sealed, seal_object
+from statetier.protocol.keyring import Keyring, SigAlg, SigningKey
+from statetier.protocol.sealed import Expectation, Opened, VerifiedHeaders, decode_header, open_sealed, seal_object
 
 TOKENS = list(range(500, 600))
 NS = NamespaceSpec("org/hybrid", kv_dtype="bfloat16", tp_size=2).namespace()
@@ -169,11 +169,28 @@ def test_key_past_its_not_after_is_bad_signature():
 # ---------------------------------------------------------------- 3. format
 
 
-def test_correctly_signed_format_2_is_unsupported_format():
+def test_correctly_signed_format_3_is_unsupported_format():
     blob, ref = make()
-    v2 = resign(blob, lambda h: h.__setitem__(slice(4, 6), (2).to_bytes(2, "little")))
-    rejects(UnsupportedFormat, v2, by_ref(ref))
-    rejects(UnsupportedFormat, v2, None)
+    v3 = resign(blob, lambda h: h.__setitem__(slice(4, 6), (3).to_bytes(2, "little")))
+    rejects(UnsupportedFormat, v3, by_ref(ref))
+    rejects(UnsupportedFormat, v3, None)
+
+
+def test_format_1_object_with_keyed_digests_is_refused_never_misread():
+    """Format 1 bound keyed BLAKE3 digests; a correctly signed one is refused, with the reason."""
+    import blake3
+
+    blob, ref = make()
+    header = decode_header(blob)
+    key = KEYRING.active
+    material = key.secret if key.alg is SigAlg.HMAC_SHA256 else key.public
+    digest_key = blake3.blake3(material, derive_key_context="statetier 2026-11 payload digest key v1").digest()
+    payload = blob[header.header_len :]
+    assert header.tensors[0].digest != blake3.blake3(payload[: header.tensors[0].region], key=digest_key).digest()
+    v1 = resign(blob, lambda h: h.__setitem__(slice(4, 6), (1).to_bytes(2, "little")))
+    for expect in (by_ref(ref), None):
+        with pytest.raises(UnsupportedFormat, match="keyed payload digests"):
+            open_sealed(v1, expect, KEYRING)
 
 
 def test_signed_header_with_unknown_flags_is_malformed_state():
@@ -369,7 +386,7 @@ def _sig_flip(blob):
 # table's order (re-signing edits before the signature is broken, truncation last but one).
 FAULTS = {
     "malformed": (1.0, lambda b: b"XTSO" + b[4:], None),
-    "format": (3, lambda b: resign(b, lambda h: h.__setitem__(slice(4, 6), b"\x02\x00")), None),
+    "format": (3, lambda b: resign(b, lambda h: h.__setitem__(slice(4, 6), b"\x01\x00")), None),
     "signature": (2, _sig_flip, None),
     "payload": (9, lambda b: flip(b, len(b) - 2), None),
     "truncated": (1.1, lambda b: b[:-1], None),
@@ -408,3 +425,24 @@ def test_every_combination_of_faults_raises_the_earliest_check():
             assert type(info.value) is ERROR_OF[first], (combo, type(info.value).__name__, str(info.value))
             checked += 1
     assert checked == 2 ** len(names) - 1
+
+
+# ---------------------------------------------------------------- the verified-header cache
+
+
+def test_a_cached_header_is_checked_again_for_its_key_and_identity_and_other_bytes_miss():
+    keyring = Keyring.generate()
+    cache = VerifiedHeaders(capacity=2)
+    blob, ref = make(keyring=keyring)
+    first = open_sealed(blob, by_ref(ref), keyring, verified=cache)
+    assert len(cache) == 1 and open_sealed(blob, by_ref(ref), keyring, verified=cache).header is first.header
+    with pytest.raises(PlacementMismatch):  # identity is checked on every load, cached or not
+        open_sealed(blob, with_key(by_ref(ref), layer=6), keyring, verified=cache)
+    rejects(BadSignature, flip(blob, 140), by_ref(ref), keyring)  # other bytes: verified afresh
+    with pytest.raises(BadSignature):
+        open_sealed(flip(blob, 140), by_ref(ref), keyring, verified=cache)
+    old = keyring.active.key_id
+    keyring.rotate(grace_seconds=3600)
+    keyring.retire(old)
+    with pytest.raises(BadSignature):  # a retired key no longer verifies, cached or not
+        open_sealed(blob, by_ref(ref), keyring, verified=cache)
