@@ -6,11 +6,14 @@
   buffer with blocks on dim 0 (one page = ``buffer[block]``), a Mamba layer's raw int8 slots
   (``[blocks, 1, 1, bytes]`` or ``[blocks, bytes]``) whose bytes hold the typed states of
   ``CacheGroup.states`` back to back, as vLLM's ``MambaBase.bind_kv_cache`` reads them.
-- ``load(jobs)`` — per request, every object of this TP shard is loaded (each load states
-  the expected ref, dtype and shape; the daemon verifies identity, position, version and
-  payload) and only when *all* arrived are they copied into the blocks and the Mamba slot.
-  A refused or failed load writes nothing and marks the request failed, so vLLM
-  recomputes it (``kv_load_failure_policy="recompute"``).
+- ``load(jobs)`` — per request, every object of this TP shard is loaded straight into its
+  block or the Mamba slot (``load_many(into=…)``: each load states the expected ref and the
+  destination's names, dtypes and shapes; the daemon refuses another object's identity,
+  position, version or layout before writing, and the payload is verified where it lands).
+  A refused or failed load marks the request failed and vLLM recomputes all of it
+  (``kv_load_failure_policy="recompute"``): objects of the request that arrived before the
+  refusal are never used (every block is recomputed, and a request recomputed from token 0
+  does not read its Mamba slot).
 - ``save(jobs)`` — ``put_many`` of the listed pages and Mamba states, straight from the
   engine's buffers (the puts finish before vLLM's next step can write them).
 - ``take_results()`` → ``LoadResults(finished, failed)``; ``take_failed_blocks()`` → the
@@ -18,12 +21,8 @@
 - ``close()``.
 
 With ``cfg.audit_path`` every page saved or loaded is logged as a JSON line with the
-BLAKE2b of its bytes *as they lie in the engine's buffer* (after the copy, for loads), and
+BLAKE2b of its bytes *as they lie in the engine's buffer* (after the load, for loads), and
 every refusal with its reason: what the end-to-end test compares across engines.
-
-Loads fetch into fresh tensors, then copy (``_fetch`` / ``_place``): a ``load(into=page)``
-in the SDK makes this one local change in ``_fetch``, at the price of a refused load leaving
-already-written pages behind (harmless: vLLM recomputes every block of a failed request).
 """
 
 from __future__ import annotations
@@ -107,38 +106,18 @@ class WorkerSide:
             try:
                 if job.problem:
                     raise InvalidRequest(job.problem)
-                fetched = self._fetch(items)
+                self._load_into(items)
             except Exception as exc:  # noqa: BLE001 - any failure means: recompute, never run on it
                 self._refused(job, exc)
                 continue
-            for item, tensors in zip(items, fetched):
-                self._place(item, tensors)
             self._results.finished.add(job.request_id)
             if self.cfg.audit_path:
                 self._audit([{"event": "load", "request": job.request_id, **self._described(item)} for item in items])
 
-    def _fetch(self, items: Sequence[LoadItem]) -> list[dict[str, torch.Tensor]]:
-        """Every item's tensors, verified by the daemon against the item's expected ref and
-        the destination's dtypes and shapes; loads of one shape go in one batch."""
-        batches: dict[tuple, list[int]] = {}
-        expects: dict[tuple, dict] = {}
-        for i, item in enumerate(items):
-            views = self._views(item.layer_name, item.ref.key.kind, item.block_id)
-            expect = {name: (t.dtype, tuple(t.shape)) for name, t in views.items()}
-            shape_key = tuple((name, str(d), s) for name, (d, s) in expect.items())
-            batches.setdefault(shape_key, []).append(i)
-            expects[shape_key] = expect
-        out: list[dict | None] = [None] * len(items)
-        client = self._connected()
-        for shape_key, members in batches.items():
-            loaded = client.load_many([items[i].ref for i in members], expect=expects[shape_key])
-            for i, tensors in zip(members, loaded):
-                out[i] = tensors
-        return out
-
-    def _place(self, item: LoadItem, tensors: dict[str, torch.Tensor]) -> None:
-        for name, view in self._views(item.layer_name, item.ref.key.kind, item.block_id).items():
-            view.copy_(tensors[name])
+    def _load_into(self, items: Sequence[LoadItem]) -> None:
+        """Every item into the engine's own memory: its page, or its Mamba slot's typed states."""
+        destinations = [self._views(item.layer_name, item.ref.key.kind, item.block_id) for item in items]
+        self._connected().load_many([item.ref for item in items], into=destinations)
 
     def _refused(self, job: LoadJob, exc: BaseException) -> None:
         reason = getattr(exc, "reason", type(exc).__name__)
