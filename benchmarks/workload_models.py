@@ -10,6 +10,9 @@
   snapshot per SSM layer (``conv`` + ``ssm``), as random bits of the right dtypes.
 - ``kv_block(model, block_tokens, seed)`` / ``ssm_snapshot(model, seed)`` — one layer's KV
   page of a block and one layer's SSM snapshot, for workloads that assemble their own.
+- ``Model.prefill_flops(tokens)`` — the forward FLOPs of a prefill of ``tokens`` (2 × active
+  parameters per token + causal attention over the attention layers), from the published
+  parameter counts in ``active_params`` / ``attention_width``.
 
 Layer positions follow each model's published interleaving as far as it is known; only
 the counts and shapes matter for the bytes moved.
@@ -36,6 +39,9 @@ class Model:
     ssm_dtype: str
     kv_dtype: str = "bfloat16"
     assumption: str = ""
+    active_params: float = 0.0  # parameters one token passes through (MoE: the active ones)
+    attention_width: int = 0  # query heads × head_dim of an attention layer
+    params_source: str = ""
 
     def kv_bytes_per_token(self) -> int:
         return 2 * self.kv_heads * self.head_dim * DTYPE_BYTES[self.kv_dtype] * len(self.attention_layers)
@@ -46,6 +52,10 @@ class Model:
 
     def state_bytes(self, tokens: int) -> int:
         return self.kv_bytes_per_token() * tokens + self.snapshot_bytes()
+
+    def prefill_flops(self, tokens: int) -> float:
+        """2·P_active·N for the weights, plus 2·N²·width per attention layer (QKᵀ and AV, causal)."""
+        return 2.0 * self.active_params * tokens + 2.0 * len(self.attention_layers) * tokens ** 2 * self.attention_width
 
     def describe(self) -> str:
         return (f"{len(self.ssm_layers)} SSM layers × conv {self.conv_shape} {self.conv_dtype} + ssm {self.ssm_shape} "
@@ -71,14 +81,20 @@ _QWEN3_NEXT = _split(48, list(range(3, 48, 4)))  # full_attention_interval 4
 MODELS = (
     Model("jamba-mini", "Jamba-mini", *_JAMBA, kv_heads=8, head_dim=128, conv_shape=(3, 8192), conv_dtype="bfloat16",
           ssm_shape=(8192, 16), ssm_dtype="float32",
-          assumption="conv state bfloat16, recurrent state float32 (as benchmarks/seal.py)"),
+          assumption="conv state bfloat16, recurrent state float32 (as benchmarks/seal.py)",
+          active_params=12e9, attention_width=32 * 128,
+          params_source="AI21 Jamba Mini 1.7: 52B parameters, 12B active; 32 query heads × 128"),
     Model("nemotron-h-8b", "Nemotron-H-8B", *_NEMOTRON, kv_heads=8, head_dim=128, conv_shape=(3, 10240),
           conv_dtype="float32", ssm_shape=(128, 64, 128), ssm_dtype="float32",
           assumption="4 attention layers of 8 KV heads × head_dim 128 in bfloat16 (the published 8B config: "
-                     "32 query heads, GQA with 8 KV heads, 4 of 52 layers attention); MLP-only layers hold no state"),
+                     "32 query heads, GQA with 8 KV heads, 4 of 52 layers attention); MLP-only layers hold no state",
+          active_params=8e9, attention_width=32 * 128,
+          params_source="NVIDIA Nemotron-H-8B: 8B parameters, dense; 32 query heads × 128"),
     Model("qwen3-next-80b", "Qwen3-Next-80B", *_QWEN3_NEXT, kv_heads=2, head_dim=256, conv_shape=(3, 8192),
           conv_dtype="bfloat16", ssm_shape=(32, 128, 128), ssm_dtype="float32",
-          assumption="GDN conv state bfloat16, recurrent state float32"),
+          assumption="GDN conv state bfloat16, recurrent state float32",
+          active_params=3e9, attention_width=16 * 256,
+          params_source="Qwen3-Next-80B-A3B: 80B parameters, 3B active; 16 query heads × 256"),
 )
 
 

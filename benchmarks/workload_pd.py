@@ -29,6 +29,7 @@ import time
 import uuid
 
 from workload_models import Model, request_state
+from workload_procs import served_by_tier
 from workload_raw import MemoryRaw, RedisRaw, atimed, byte_views, paired_row, timed
 
 BLOCK_TOKENS = 256
@@ -137,7 +138,10 @@ async def run_pd(cluster, cases: list[tuple[Model, int]], reps: int, progress) -
     rows: list[dict] = []
     for model, tokens in cases:
         namespace = _namespace(model)
+        before = cluster.decode.counters()
         async with AsyncClient(cluster.prefill.url, namespace=namespace) as prefill, \
                 AsyncClient(cluster.decode.url, namespace=namespace) as decode:
-            rows += await _measure_case(prefill, decode, cluster.redis_url, model, tokens, reps, progress)
+            case_rows = await _measure_case(prefill, decode, cluster.redis_url, model, tokens, reps, progress)
+        served = served_by_tier(before, cluster.decode.counters())
+        rows += [{**row, "served_by_tier": served} for row in case_rows]
     return rows

@@ -35,6 +35,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from workload_models import by_name, kv_block, ssm_snapshot
+from workload_procs import served_by_tier
 from workload_raw import FileRaw, MemoryRaw, byte_views, timed
 
 BLOCK = 256
@@ -188,7 +189,7 @@ async def run_prefix(daemon, plan: PrefixPlan, directory, progress) -> tuple[lis
         finally:
             runner.file.close()
     after = daemon.counters()
-    hits = {name.split()[1]: after.get(name, 0) - before.get(name, 0) for name in after if name.startswith("hits ")}
+    hits = served_by_tier(before, after)
     return _rows(turns, plan, hits), [asdict(turn) for turn in turns]
 
 

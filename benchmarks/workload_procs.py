@@ -4,7 +4,8 @@
   a shared keyring, a prefill and a decode daemon, each with host + disk + Redis tiers and
   a metrics port) whose daemons get ``--host-capacity host_capacity``: one request of
   Qwen3-Next at 8k tokens is 266 MiB, more than the demo's 256 MiB arena.
-- ``Daemon.counters()`` (from ``PDCluster``) gives bytes and hits per tier.
+- ``Daemon.counters()`` (from ``PDCluster``) gives bytes and hits per tier;
+  ``served_by_tier(before, after)`` the loads each tier served between two readings.
 """
 
 from __future__ import annotations
@@ -19,7 +20,13 @@ if str(REPO / "examples") not in sys.path:
 
 from pd_cluster import Daemon, PDCluster, _redis_procs  # noqa: E402
 
-__all__ = ["BenchCluster", "Daemon"]
+__all__ = ["BenchCluster", "Daemon", "served_by_tier"]
+
+
+def served_by_tier(before: dict, after: dict) -> dict[str, int]:
+    """Loads each tier served between two ``Daemon.counters()`` readings (``"hits <tier>"``)."""
+    return {name.split()[1]: after[name] - before.get(name, 0) for name in after
+            if name.startswith("hits ") and after[name] - before.get(name, 0)}
 
 
 class BenchCluster(PDCluster):

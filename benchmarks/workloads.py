@@ -11,7 +11,9 @@ Four parts, in this order (``--only`` picks some), each with a progress bar on s
   and a redis-server from ``examples/pd_cluster.py`` (``workload_procs.BenchCluster``);
 - ``prefix``  — multi-turn conversations restored by joint hits (``workload_prefix``);
 - ``clients`` — 1, 4 and 16 client processes putting and loading 2 MiB pages
-  (``workload_clients``).
+  (``workload_clients``);
+- ``sglang``  — the SGLang HiCache backend's ``batch_set_v1`` / ``batch_get_v1`` of 64 pages
+  against the SDK's own batched put / load of the same pages (``workload_sglang``).
 
 ``--json FILE`` writes ``{"machine", "load_average_after", "seconds", "plan", "rows"}``, rows
 in the schema of ``statetier.daemon.bench.result`` (``daemon/bench.py`` reads them as it
@@ -38,7 +40,7 @@ from machine_load import background  # noqa: E402
 from workload_models import MODELS  # noqa: E402
 from workload_prefix import PrefixPlan  # noqa: E402
 
-PARTS = ("limits", "pd", "prefix", "clients")
+PARTS = ("limits", "pd", "prefix", "clients", "sglang")
 
 
 @dataclass(frozen=True)
@@ -49,12 +51,14 @@ class Plan:
     client_levels: tuple[int, ...]
     client_pages: int
     client_reps: int
+    sglang_pages: int
+    sglang_reps: int
     limit_seconds: float
     background_seconds: float
 
 
-FULL = Plan((2048, 8192), 5, PrefixPlan(5, 7, 4, (2, 6)), (1, 4, 16), 8, 7, 3.0, 1.0)
-QUICK = Plan((2048,), 1, PrefixPlan(2, 3, 2, (1, 3)), (1, 4, 16), 2, 1, 0.5, 0.5)
+FULL = Plan((2048, 8192), 5, PrefixPlan(5, 7, 4, (2, 6)), (1, 4, 16), 8, 7, 64, 7, 3.0, 1.0)
+QUICK = Plan((2048,), 1, PrefixPlan(2, 3, 2, (1, 3)), (1, 4, 16), 2, 1, 64, 1, 0.5, 0.5)
 
 
 class Progress:
@@ -140,10 +144,21 @@ def run_clients(plan: Plan, directory: Path, progress) -> list[dict]:
         shutil.rmtree(home, ignore_errors=True)
 
 
+def run_sglang(plan: Plan, directory: Path, progress) -> list[dict]:
+    from workload_sglang import run_sglang as measure
+
+    home = Path(tempfile.mkdtemp(prefix="st-sg-", dir="/tmp"))  # AF_UNIX paths are short
+    try:
+        return _run_async(measure(plan.sglang_pages, plan.sglang_reps, home, progress))
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
 def steps(plan: Plan, part: str) -> int:
     return {"limits": 1, "pd": len(plan.pd_tokens) * len(MODELS) * (plan.pd_reps + 1),
             "prefix": plan.prefix.conversations * plan.prefix.turns,
-            "clients": len(plan.client_levels) * (plan.client_reps + 1)}[part]
+            "clients": len(plan.client_levels) * (plan.client_reps + 1),
+            "sglang": plan.sglang_reps + 1}[part]
 
 
 def run(plan: Plan, parts: list[str], directory: Path) -> list[dict]:
@@ -156,7 +171,8 @@ def run(plan: Plan, parts: list[str], directory: Path) -> list[dict]:
             if part == "limits":
                 start = run_limits(plan, directory, progress)
                 continue
-            found = {"pd": run_pd, "prefix": run_prefix, "clients": run_clients}[part](plan, directory, progress)
+            found = {"pd": run_pd, "prefix": run_prefix, "clients": run_clients,
+                     "sglang": run_sglang}[part](plan, directory, progress)
         finally:
             progress.close()
         after = background(plan.background_seconds)

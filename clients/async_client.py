@@ -23,6 +23,7 @@ use after ``close()`` raises ``ClientClosedError``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import ssl as _ssl
 import time
@@ -32,7 +33,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import torch
 
 from statetier.protocol.dtypes import TensorSpec
-from statetier.protocol.errors import ClientClosedError, InvalidRequest
+from statetier.protocol.errors import ClientClosedError, InvalidRequest, StatetierError
 from statetier.protocol.frames import Op
 from statetier.protocol.identity import Kind, Namespace, NamespaceSpec, Provenance, StateKey, StateRef
 from statetier.protocol.messages import (
@@ -184,13 +185,15 @@ class AsyncClient:
     async def put_many(self, items: Iterable[PutItem], *, concurrency: int | None = None) -> list[StateRef]:
         """Put every item; the refs come back in the items' order. Items travel in
         ``PUT_BATCH`` frames (one round trip per batch of up to ``BATCH_ITEMS``); the first
-        failing item's error is raised. ``concurrency`` is accepted for compatibility."""
+        failing item's error is raised, its position among ``items`` in ``detail["item"]``
+        (the items before it are stored). ``concurrency`` is accepted for compatibility."""
         transfers = self._transfers_now()
         prepared = [self._put_meta(item.key, item.tensors, item.request_id, item.step, item.publish,
                                    item.version, item.speculative) for item in items]
         refs: list[StateRef] = []
         for batch in _batches(prepared, self._batch_bytes(), lambda entry: _pairs_bytes(entry[1])):
-            refs.extend(await transfers.put_batch(batch))
+            with _items_from(len(refs)):
+                refs.extend(await transfers.put_batch(batch))
         return refs
 
     # -- loads --------------------------------------------------------------------------
@@ -233,8 +236,9 @@ class AsyncClient:
                         concurrency: int | None = None) -> list[dict[str, torch.Tensor]]:
         """Load every target; results come back in the targets' order. Targets travel in
         ``LOAD_BATCH`` frames (one round trip per batch of up to ``BATCH_ITEMS``); the first
-        failing target's error is raised. ``into``: one destination mapping per target (see
-        ``load``). ``concurrency`` is accepted for compatibility."""
+        failing target's error is raised, its position among ``targets`` in ``detail["item"]``
+        (destinations of the batch it was in are left undefined). ``into``: one destination
+        mapping per target (see ``load``). ``concurrency`` is accepted for compatibility."""
         targets = list(targets)
         if into is not None and len(into) != len(targets):
             raise InvalidRequest(f"into has {len(into)} destinations for {len(targets)} targets")
@@ -254,8 +258,9 @@ class AsyncClient:
         out: list[dict[str, torch.Tensor]] = []
         pairs = list(zip(metas, intos))
         for batch in _batches(pairs, self._batch_bytes(), lambda _pair: 0):
-            out.extend(await transfers.load_batch([m for m, _ in batch], self._own_namespace().hex(), device,
-                                                  [d for _, d in batch]))
+            with _items_from(len(out)):
+                out.extend(await transfers.load_batch([m for m, _ in batch], self._own_namespace().hex(), device,
+                                                      [d for _, d in batch]))
         return out
 
     def _load_meta(self, target, speculative: bool) -> dict[str, Any]:
@@ -358,6 +363,17 @@ class AsyncClient:
         if self.namespace is None:
             raise InvalidRequest("this client has no namespace: pass namespace= to put, load or lookup")
         return self.namespace
+
+
+@contextlib.contextmanager
+def _items_from(offset: int):
+    """A batch item's error names its position in the whole call, not in its frame."""
+    try:
+        yield
+    except StatetierError as exc:
+        if isinstance(exc.detail.get("item"), int):
+            exc.detail["item"] += offset
+        raise
 
 
 def _expected_specs(expect: Expect) -> list[TensorSpec]:

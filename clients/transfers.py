@@ -184,7 +184,7 @@ class Transfers:
             jobs, nbytes, on_gpu, failure, retry = [], 0, False, None, []
             for index, (answer, into, target) in enumerate(zip(answers, intos, targets)):
                 if "error" in answer or "skipped" in answer:
-                    failure = failure or answer.get("error")
+                    failure = failure or ((index, answer["error"]) if "error" in answer else None)
                     jobs.append(None)
                     continue
                 if answer.get("retry") is True:
@@ -199,7 +199,7 @@ class Transfers:
                 nbytes += header.payload_len
                 on_gpu = on_gpu or target.type != "cpu"
             if failure is not None:
-                raise_for_error(Frame(Op.ERROR, 0, failure, flags=FLAG_ERROR))
+                _raise_item_error(*failure)
             failed = await self._copy(lambda: _land_all(jobs, self._staging_for), nbytes, on_gpu)
         finally:
             if regions:
@@ -207,7 +207,11 @@ class Transfers:
         out = [None if job is None else {t.spec.name: d for t, d in zip(job[0].tensors, job[2])} for job in jobs]
         for index in sorted(retry + failed):  # no room in the reply, or not intact where it landed
             again = {**metas[index], "ns": namespace_hex, **({"recheck": True} if index in failed else {})}
-            _, out[index] = await self.load(again, device, intos[index])
+            try:
+                _, out[index] = await self.load(again, device, intos[index])
+            except StatetierError as exc:
+                exc.detail["item"] = index
+                raise
         return out
 
     def _release_batch_orphan(self, frame: Frame) -> None:
@@ -481,12 +485,21 @@ def _batch_answers(frame: Frame, expected: int, *, raise_first: bool = True) -> 
     if not isinstance(answers, list) or len(answers) != expected or not all(isinstance(a, dict) for a in answers):
         raise MalformedFrame(f"a batch reply must answer each of its {expected} items")
     if raise_first:
-        for answer in answers:
+        for index, answer in enumerate(answers):
             if "error" in answer:
-                raise_for_error(Frame(Op.ERROR, 0, answer["error"], flags=FLAG_ERROR))
+                _raise_item_error(index, answer["error"])
             if "skipped" in answer:
                 raise MalformedFrame("a batch reply skipped an item without a failure before it")
     return answers
+
+
+def _raise_item_error(index: int, error: dict) -> None:
+    """Raise a batch item's error, its position in the batch in ``detail["item"]``."""
+    try:
+        raise_for_error(Frame(Op.ERROR, 0, error, flags=FLAG_ERROR))
+    except StatetierError as exc:
+        exc.detail["item"] = index
+        raise
 
 
 def _ref_of(frame: Frame) -> StateRef:

@@ -395,3 +395,18 @@ async def test_load_into_a_mismatched_buffer_is_a_typed_error_and_leaves_it_unto
             await client.load(ref, into={"conv": torch.zeros(3, 8192, dtype=torch.bfloat16),
                                          "ssm": torch.zeros(8192, 16, device="meta")})
         assert_same_tensors(await client.load(ref), snapshot(seed=5))
+
+
+@pytest.mark.parametrize("use_shm", [True, False], ids=["shm", "inline"])
+async def test_a_failing_batch_item_names_its_position_in_the_call(daemon_url: str, use_shm: bool) -> None:
+    async with AsyncClient(daemon_url, namespace=jamba_namespace(f"batch-item-{use_shm}"), use_shm=use_shm) as client:
+        refs = [await client.put_ssm(i, bytes(32), 64, snapshot(seed=60 + i), request_id="item") for i in range(4)]
+        await client.delete(refs[2])
+        with pytest.raises(NotFound) as caught:
+            await client.load_many(refs)
+        assert caught.value.detail["item"] == 2
+        dup = PutItem(refs[0].key, snapshot(seed=60), request_id="item", version=refs[0].version)
+        fresh = [PutItem(client.ssm_key(9, bytes(32), 64), snapshot(seed=70), request_id="item-new"), dup]
+        with pytest.raises(StaleState) as caught:
+            await client.put_many(fresh)
+        assert caught.value.detail["item"] == 1
