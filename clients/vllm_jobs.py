@@ -1,0 +1,91 @@
+"""What the connector's scheduler side tells its workers each step, and the PD handoff.
+
+- ``LoadItem`` / ``LoadJob`` — one object to load (the *expected* ``StateRef``: this engine's
+  namespace and its own prefix hash, the found state id and version) into one block or
+  Mamba slot; a job is one request's whole restore, all layers and TP shards.
+- ``SaveItem`` / ``SaveJob`` — one page or Mamba slot to seal under a key (the worker puts
+  its TP rank in as the shard).
+- ``StepMeta`` — the loads and saves of one engine step. Plain picklable values: vLLM
+  sends them to worker processes.
+- ``handoff_params(tokens, block_size, refs)`` / ``handoff_from_params(params)`` → ``Handoff`` — the
+  ``kv_transfer_params`` a producer returns for a finished request (``{"statetier":
+  {"tokens", "block_size", "refs"}}``, JSON) and their parsing on the consumer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from statetier.protocol.errors import InvalidRequest, StatetierError
+from statetier.protocol.identity import StateKey, StateRef
+from statetier.protocol.messages import ref_from_wire, ref_to_wire
+
+HANDOFF_KEY = "statetier"
+
+
+@dataclass(frozen=True)
+class LoadItem:
+    layer_name: str
+    ref: StateRef       # what the load must find: identity, state id, version
+    block_id: int       # attention: the block of the page; Mamba: the request's state slot
+
+
+@dataclass(frozen=True)
+class LoadJob:
+    request_id: str
+    tokens: int                     # the boundary restored: every layer at exactly this many tokens
+    items: tuple[LoadItem, ...]
+    attention_blocks: tuple[int, ...]  # the blocks written, reported back if the load is refused
+    problem: str = ""                  # set: the scheduler found the job unsound; the worker refuses it
+
+
+@dataclass(frozen=True)
+class SaveItem:
+    layer_name: str
+    key: StateKey
+    block_id: int
+
+
+@dataclass(frozen=True)
+class SaveJob:
+    request_id: str
+    step: int          # tokens the request has absorbed after this step
+    items: tuple[SaveItem, ...]
+
+
+@dataclass(frozen=True)
+class StepMeta:
+    loads: tuple[LoadJob, ...] = ()
+    saves: tuple[SaveJob, ...] = ()
+
+
+@dataclass(frozen=True)
+class Handoff:
+    tokens: int
+    block_size: int
+    refs: tuple[StateRef, ...] = field(default_factory=tuple)
+
+
+def handoff_params(tokens: int, block_size: int, refs) -> dict[str, Any]:
+    """``kv_transfer_params`` for a consumer: the refs of a joint hit at ``tokens``."""
+    return {HANDOFF_KEY: {"tokens": int(tokens), "block_size": int(block_size),
+                          "refs": [ref_to_wire(ref) for ref in refs]}}
+
+
+def handoff_from_params(params: Mapping[str, Any] | None) -> Handoff | None:
+    """The handoff in a request's ``kv_transfer_params``, ``None`` when it carries none.
+
+    A malformed one raises ``InvalidRequest``: a consumer must not guess at a handoff.
+    """
+    if not params or HANDOFF_KEY not in params:
+        return None
+    raw = params[HANDOFF_KEY]
+    try:
+        refs = tuple(ref_from_wire(item) for item in raw["refs"])
+        tokens, block_size = raw["tokens"], raw["block_size"]
+    except (KeyError, TypeError, StatetierError) as exc:
+        raise InvalidRequest(f"kv_transfer_params[{HANDOFF_KEY!r}] is not a statetier handoff: {exc}") from exc
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (tokens, block_size)):
+        raise InvalidRequest("a statetier handoff needs positive integer tokens and block_size")
+    return Handoff(tokens, block_size, refs)

@@ -1,0 +1,455 @@
+"""The vLLM connector's scheduler and worker logic against a real daemon, without vLLM.
+
+Plain objects stand in for vLLM's ``Request`` and block tables; the engine's paged buffers
+are real tensors laid out as vLLM 0.32 hands them to ``register_kv_caches`` on CPU
+(attention: ``[blocks, kv heads, block size, 2 * head size]``; Mamba: raw int8 slots in
+padded pages, conv then recurrent state). The story of each test: a producer engine
+prefills and saves, a consumer engine asks, loads into *other* blocks, and gets exactly
+the producer's bytes, or a typed refusal whose objects never reach its buffers.
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "daemon"))  # the sibling daemon_procs.py
+
+from daemon_procs import daemon_fixture  # noqa: E402
+
+from statetier.clients import Client  # noqa: E402
+from statetier.clients.vllm_jobs import LoadItem, LoadJob, StepMeta, handoff_from_params  # noqa: E402
+from statetier.clients.vllm_layout import (  # noqa: E402
+    CacheGroup, ConnectorConfig, EngineLayout, StateSpec, layer_id_of, namespace_spec)
+from statetier.clients.vllm_scheduler import ScheduledStep, SchedulerSide  # noqa: E402
+from statetier.clients.vllm_worker import WorkerSide  # noqa: E402
+from statetier.protocol.errors import InvalidRequest  # noqa: E402
+from statetier.protocol.identity import Kind, prefix_hashes  # noqa: E402
+from statetier.protocol.messages import ref_from_wire  # noqa: E402
+
+BLOCK, HEADS, HEAD = 16, 2, 8
+CONV, RECURRENT = (3, 24), (4, 8, 4)
+STATE_BYTES = (3 * 24 + 4 * 8 * 4) * 4
+PAGE_BYTES = 1024  # vLLM pads Mamba pages to the attention page size
+NUM_BLOCKS = 12
+ATTN = ("model.layers.1.self_attn.attn", "model.layers.3.self_attn.attn")
+MAMBA = ("model.layers.0.mixer", "model.layers.2.mixer")
+
+
+def hybrid_layout() -> EngineLayout:
+    mamba = CacheGroup(0, Kind.SSM, 1024, tuple((n, layer_id_of(n)) for n in MAMBA),
+                       (StateSpec("conv", "float32", CONV), StateSpec("recurrent", "float32", RECURRENT)))
+    attention = CacheGroup(1, Kind.KV, BLOCK, tuple((n, layer_id_of(n)) for n in ATTN),
+                           (StateSpec("kv", "float32", (HEADS, HEAD)),))
+    return EngineLayout((mamba, attention))  # block_ids[0] is the Mamba group, as in vLLM
+
+
+def attention_layout() -> EngineLayout:
+    return EngineLayout((CacheGroup(0, Kind.KV, BLOCK, tuple((n, layer_id_of(n)) for n in ATTN),
+                                    (StateSpec("kv", "float32", (HEADS, HEAD)),)),))
+
+
+def engine_buffers(layout: EngineLayout, seed: int | None) -> dict[str, torch.Tensor]:
+    """Paged buffers: random (a producer that computed) or zeros (a fresh consumer)."""
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    out = {}
+    for group in layout.groups:
+        for name, _ in group.layers:
+            if group.kind is Kind.KV:
+                shape = (NUM_BLOCKS, HEADS, BLOCK, 2 * HEAD)
+                out[name] = torch.randn(shape, generator=gen) if gen else torch.zeros(shape)
+            else:
+                pages = torch.zeros(NUM_BLOCKS, PAGE_BYTES, dtype=torch.int8)
+                out[name] = pages[:, :STATE_BYTES].view(NUM_BLOCKS, 1, 1, STATE_BYTES)
+    return out
+
+
+@dataclass
+class FakeRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    kv_transfer_params: dict | None = None
+    num_computed_tokens: int = 0
+
+
+def tokens(seed: int, n: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(1, 30000, (n,), generator=gen).tolist()
+
+
+@dataclass
+class Engine:
+    """One side of a connector pair, as vLLM would hold it: scheduler, worker, buffers."""
+
+    layout: EngineLayout
+    scheduler: SchedulerSide
+    worker: WorkerSide
+    buffers: dict[str, torch.Tensor]
+    snapshots: dict = field(default_factory=dict)  # (request, tokens, layer) -> states written
+
+    def close(self) -> None:
+        self.scheduler.close()
+        self.worker.close()
+
+
+@pytest.fixture(scope="module")
+def daemon(request):
+    return daemon_fixture(request, metrics=False, name="vllmconn")
+
+
+def make_engine(daemon, layout, *, role: str, seed: int | None, tp_size: int = 1, shard: int = 0,
+                tenant: str = "default") -> Engine:
+    cfg = ConnectorConfig.from_extra({"url": daemon.url, "tenant": tenant})
+    spec = namespace_spec(cfg, layout, model="tiny-hybrid", revision="", config_digest="c0ffee",
+                          weight_dtype="float32", tp_size=tp_size, engine_tag="vllm-0.32/cpu")
+    scheduler = SchedulerSide(cfg, layout, spec, tp_size=tp_size, loads=role != "producer",
+                              saves=role != "consumer")
+    worker = WorkerSide(cfg, layout, spec, shard=shard)
+    buffers = engine_buffers(layout, seed)
+    worker.register(buffers)
+    return Engine(layout, scheduler, worker, buffers)
+
+
+@pytest.fixture
+def engines(daemon):
+    made = []
+
+    def make(layout=None, **kwargs) -> Engine:
+        made.append(make_engine(daemon, layout or hybrid_layout(), **kwargs))
+        return made[-1]
+
+    yield make
+    for engine in made:
+        engine.close()
+
+
+def prefill(engine: Engine, request: FakeRequest, block_ids, chunk: int = BLOCK, seed: int = 0) -> list[StepMeta]:
+    """Run the request's prompt through the scheduler in chunks; before each step's saves,
+    the Mamba slot gets new random states (what the model would have computed)."""
+    engine.scheduler.after_alloc(request, block_ids, 0)
+    metas, done = [], 0
+    while done < len(request.prompt_token_ids):
+        n = min(chunk, len(request.prompt_token_ids) - done)
+        meta = engine.scheduler.build_meta([ScheduledStep(request, done, n, block_ids)])
+        done += n
+        for group in engine.layout.mamba_groups:
+            for name, lid in group.layers:
+                gen = torch.Generator().manual_seed(seed * 1000 + done * 10 + lid)
+                for view in engine.worker.states(name, block_ids[group.index][0]).values():
+                    view.copy_(torch.randn(view.shape, generator=gen))
+                engine.snapshots[(request.request_id, done, name)] = {
+                    k: v.clone() for k, v in engine.worker.states(name, block_ids[group.index][0]).items()}
+        engine.worker.save(meta.saves)
+        metas.append(meta)
+    return metas
+
+
+def restore(engine: Engine, request: FakeRequest, block_ids) -> int:
+    """Admission as vLLM does it: matched tokens, allocation, one step's loads."""
+    matched = engine.scheduler.matched_tokens(request, 0)
+    engine.scheduler.after_alloc(request, block_ids, matched)
+    meta = engine.scheduler.build_meta([])
+    engine.worker.load(meta.loads)
+    engine.scheduler.loads_finished(engine.worker.take_results().finished)
+    return matched
+
+
+PRODUCER_BLOCKS = ([9], [1, 2, 3])
+CONSUMER_BLOCKS = ([2], [5, 7, 11])
+
+
+def test_a_producer_saves_every_prompt_block_and_the_mamba_state_at_step_ends_on_block_ends(engines) -> None:
+    producer = engines(role="producer", seed=1)
+    request = FakeRequest("p-1", tokens(1, 40))
+    metas = prefill(producer, request, PRODUCER_BLOCKS)
+    hashes = prefix_hashes(request.prompt_token_ids, BLOCK)
+    planned = [[(i.layer_name, i.key.kind, i.key.token_start, i.key.token_end, i.key.prefix_hash, i.block_id)
+                for job in m.saves for i in job.items] for m in metas]
+    assert planned == [
+        [(ATTN[0], Kind.KV, 0, 16, hashes[0], 1), (ATTN[1], Kind.KV, 0, 16, hashes[0], 1),
+         (MAMBA[0], Kind.SSM, 0, 16, hashes[0], 9), (MAMBA[1], Kind.SSM, 0, 16, hashes[0], 9)],
+        [(ATTN[0], Kind.KV, 16, 32, hashes[1], 2), (ATTN[1], Kind.KV, 16, 32, hashes[1], 2),
+         (MAMBA[0], Kind.SSM, 0, 32, hashes[1], 9), (MAMBA[1], Kind.SSM, 0, 32, hashes[1], 9)],
+        [],  # 32 -> 40: no block completes, and a state at 40 is at no block end
+    ]
+    assert [job.step for m in metas for job in m.saves] == [16, 32]
+    params = producer.scheduler.request_finished(request)
+    handoff = handoff_from_params(params)
+    assert handoff.tokens == 32 and handoff.block_size == BLOCK
+    assert sorted((r.key.kind, r.key.layer, r.key.token_start, r.key.token_end) for r in handoff.refs) == [
+        (Kind.KV, 1, 0, 16), (Kind.KV, 1, 16, 32), (Kind.KV, 3, 0, 16), (Kind.KV, 3, 16, 32),
+        (Kind.SSM, 0, 0, 32), (Kind.SSM, 2, 0, 32)]
+
+
+def test_a_consumer_restores_the_joint_hit_into_its_own_blocks_and_slot(engines) -> None:
+    producer, consumer = engines(role="producer", seed=2), engines(role="consumer", seed=None)
+    prompt = tokens(2, 40)
+    prefill(producer, FakeRequest("p-2", prompt), PRODUCER_BLOCKS, seed=2)
+    request = FakeRequest("c-2", prompt)
+    assert consumer.scheduler.matched_tokens(request, 0) == 32
+    assert consumer.scheduler.matched_tokens(request, 0) == 32  # asked again: the same answer
+    assert restore(consumer, request, CONSUMER_BLOCKS) == 32
+    for name in ATTN:
+        for src, dst in ((1, 5), (2, 7)):
+            assert torch.equal(consumer.buffers[name][dst], producer.buffers[name][src])
+        assert not consumer.buffers[name][11].any()  # the partial third block is computed, not loaded
+    for name in MAMBA:
+        loaded = consumer.worker.states(name, 2)
+        at_32, at_16 = producer.snapshots[("p-2", 32, name)], producer.snapshots[("p-2", 16, name)]
+        assert all(torch.equal(loaded[k], at_32[k]) for k in at_32)  # the state at 32, not the one at 16
+        assert not torch.equal(loaded["recurrent"], at_16["recurrent"])
+    assert consumer.worker.take_failed_blocks() == set()
+    assert consumer.scheduler.matched_tokens(request, 0) == 0  # one load per request
+
+
+def test_a_handoff_loads_by_ref_and_never_offers_the_whole_prompt(engines) -> None:
+    producer, consumer = engines(role="producer", seed=3), engines(role="consumer", seed=None)
+    prompt = tokens(3, 32)
+    prefill(producer, FakeRequest("p-3", prompt), PRODUCER_BLOCKS, seed=3)
+    params = producer.scheduler.request_finished(FakeRequest("p-3", prompt))
+    # vLLM computes at least one token: of a 32-token prompt, the handoff offers 16 (a state at 16 exists)
+    assert handoff_from_params(params).tokens == 16
+    request = FakeRequest("c-3", prompt, kv_transfer_params=params)
+    assert restore(consumer, request, CONSUMER_BLOCKS) == 16
+    for name in ATTN:
+        assert torch.equal(consumer.buffers[name][5], producer.buffers[name][1])
+        assert not consumer.buffers[name][7].any()
+    for name in MAMBA:
+        want = producer.snapshots[("p-3", 16, name)]
+        assert all(torch.equal(consumer.worker.states(name, 2)[k], want[k]) for k in want)
+
+
+def swap_ssm(params: dict, replacement: dict[int, dict]) -> dict:
+    out = copy.deepcopy(params)
+    refs = out["statetier"]["refs"]
+    for i, ref in enumerate(refs):
+        if ref["key"]["kind"] == "ssm":
+            refs[i] = replacement[ref["key"]["layer"]]
+    return out
+
+
+@pytest.mark.parametrize("fault", ["another_requests_state", "one_step_stale_state", "another_requests_handoff"])
+def test_a_mixed_up_handoff_is_refused_writes_nothing_and_is_never_offered_again(engines, fault) -> None:
+    producer, consumer = engines(role="producer", seed=4), engines(role="consumer", seed=None)
+    prompt_a, prompt_b = tokens(41, 40), tokens(42, 40)
+    saves_a = prefill(producer, FakeRequest("p-a", prompt_a), PRODUCER_BLOCKS, seed=41)
+    prefill(producer, FakeRequest("p-b", prompt_b), ([10], [4, 6, 8]), seed=42)
+    params_a = producer.scheduler.request_finished(FakeRequest("p-a", prompt_a))
+    params_b = producer.scheduler.request_finished(FakeRequest("p-b", prompt_b))
+    if fault == "another_requests_state":  # B's Mamba states handed over with A's pages
+        b_ssm = {r["key"]["layer"]: r for r in params_b["statetier"]["refs"] if r["key"]["kind"] == "ssm"}
+        params = swap_ssm(params_a, b_ssm)
+    elif fault == "one_step_stale_state":  # "the state at 32" names the object the slot held at 16
+        refs_16 = _saved_refs(producer, saves_a, "p-a", 16)
+        params = copy.deepcopy(params_a)
+        for i, ref in enumerate(params["statetier"]["refs"]):
+            if ref["key"]["kind"] == "ssm":
+                older = refs_16[ref["key"]["layer"]]
+                params["statetier"]["refs"][i] = {**ref, "state_id": older.state_id.hex(), "version": older.version,
+                                                  "request_id": older.request_id, "step": older.step}
+    else:
+        params = params_b
+    request = FakeRequest("c-a", prompt_a, kv_transfer_params=params)
+    assert consumer.scheduler.matched_tokens(request, 0) == 32
+    consumer.scheduler.after_alloc(request, CONSUMER_BLOCKS, 32)
+    consumer.worker.load(consumer.scheduler.build_meta([]).loads)
+    results = consumer.worker.take_results()
+    assert results.finished == {"c-a"} and results.failed == {"c-a"}
+    assert consumer.worker.take_failed_blocks() == {5, 7}  # vLLM recomputes every block of the request
+    assert not any(v.any() for name in MAMBA for v in consumer.worker.states(name, 2).values())  # never reached
+    if fault == "another_requests_handoff":  # every object refused: nothing written at all
+        assert all(not t.any() for t in consumer.buffers.values())
+    assert consumer.scheduler.matched_tokens(request, 0) == 0  # no second attempt
+
+
+def _saved_refs(producer: Engine, metas, request_id: str, absorbed: int) -> dict:
+    """The refs of the producer's Mamba snapshots at ``absorbed``, asked of the daemon by key."""
+    client = producer.worker._connected()
+    out = {}
+    for meta in metas:
+        for job in meta.saves:
+            for item in job.items:
+                if item.key.kind is Kind.SSM and item.key.token_end == absorbed:
+                    found = client.lookup([], [item.key.layer], [(absorbed, item.key.prefix_hash)], lease=False)
+                    (ref,) = found.refs
+                    assert ref.request_id == request_id
+                    out[item.key.layer] = ref
+    return out
+
+
+def test_a_consumer_of_another_namespace_finds_nothing(engines, daemon) -> None:
+    producer = engines(role="producer", seed=5)
+    prompt = tokens(5, 40)
+    prefill(producer, FakeRequest("p-5", prompt), PRODUCER_BLOCKS, seed=5)
+    other = make_engine(daemon, hybrid_layout(), role="consumer", seed=None, tp_size=2)  # another TP size
+    try:
+        assert other.scheduler.matched_tokens(FakeRequest("c-5", prompt), 0) == 0
+    finally:
+        other.close()
+
+
+def test_the_joint_hit_is_the_boundary_every_tp_shard_holds(engines) -> None:
+    layout = attention_layout()
+    rank0 = engines(layout, role="producer", seed=6, tp_size=2, shard=0)
+    rank1 = engines(layout, role="producer", seed=7, tp_size=2, shard=1)
+    prompt = tokens(6, 50)
+    blocks = ([1, 2, 3, 4],)
+    rank0.scheduler.after_alloc(FakeRequest("p-6", prompt), blocks, 0)
+    meta = rank0.scheduler.build_meta([ScheduledStep(FakeRequest("p-6", prompt), 0, 48, blocks)])
+    rank0.worker.save(meta.saves)                          # rank 0: blocks 0, 1, 2
+    rank1.worker.save([_first_block_only(meta.saves[0])])  # rank 1: block 0 only
+    consumer = engines(layout, role="consumer", seed=None, tp_size=2, shard=1)
+    request = FakeRequest("c-6", prompt)
+    assert consumer.scheduler.matched_tokens(request, 0) == 16
+    consumer.scheduler.after_alloc(request, ([6, 7, 8, 9],), 16)
+    (job,) = consumer.scheduler.build_meta([]).loads
+    assert sorted((i.ref.key.shard, i.ref.key.layer, i.ref.key.token_end, i.block_id) for i in job.items) == [
+        (0, 1, 16, 6), (0, 3, 16, 6), (1, 1, 16, 6), (1, 3, 16, 6)]
+    consumer.worker.load([job])  # this worker is rank 1: it loads its own shard's pages only
+    assert consumer.worker.take_results().failed == set()
+    for name in ATTN:
+        assert torch.equal(consumer.buffers[name][6], rank1.buffers[name][1])
+
+
+def _first_block_only(job):
+    from statetier.clients.vllm_jobs import SaveJob
+
+    return SaveJob(job.request_id, job.step, tuple(i for i in job.items if i.key.token_end == BLOCK))
+
+
+def test_a_local_prefix_cache_hit_is_not_overwritten(engines) -> None:
+    layout = attention_layout()
+    producer, consumer = engines(layout, role="producer", seed=8), engines(layout, role="consumer", seed=None)
+    prompt = tokens(8, 50)
+    blocks = ([1, 2, 3, 4],)
+    producer.scheduler.after_alloc(FakeRequest("p-8", prompt), blocks, 0)
+    step = ScheduledStep(FakeRequest("p-8", prompt), 0, 50, blocks)
+    producer.worker.save(producer.scheduler.build_meta([step]).saves)
+    request = FakeRequest("c-8", prompt)
+    assert consumer.scheduler.matched_tokens(request, 16) == 32  # 48 restorable, 16 already local
+    consumer.scheduler.after_alloc(request, ([6, 7, 8, 9],), 32)
+    (job,) = consumer.scheduler.build_meta([]).loads
+    assert sorted({i.block_id for i in job.items}) == [7, 8] and job.attention_blocks == (7, 8)
+
+
+def test_step_metadata_survives_pickling(engines) -> None:
+    producer = engines(role="producer", seed=9)
+    request = FakeRequest("p-9", tokens(9, 20))
+    producer.scheduler.after_alloc(request, PRODUCER_BLOCKS, 0)
+    meta = producer.scheduler.build_meta([ScheduledStep(request, 0, 16, PRODUCER_BLOCKS)])
+    assert meta.saves and pickle.loads(pickle.dumps(meta)) == meta
+
+
+def test_settings_are_checked_and_layer_ids_read_from_names() -> None:
+    with pytest.raises(InvalidRequest, match="url"):
+        ConnectorConfig.from_extra({})
+    with pytest.raises(InvalidRequest, match="unknown keys"):
+        ConnectorConfig.from_extra({"url": "unix:///x", "tennant": "a"})
+    assert ConnectorConfig.from_extra({"url": "unix:///x", "publish": True}).publish is True
+    assert layer_id_of("model.layers.12.self_attn.attn") == 12
+    with pytest.raises(InvalidRequest):
+        layer_id_of("model.embed")
+    with pytest.raises(InvalidRequest, match="same block size"):
+        EngineLayout((CacheGroup(0, Kind.KV, 16, (("a.0", 0),)), CacheGroup(1, Kind.KV, 32, (("a.1", 1),))))
+    with pytest.raises(InvalidRequest, match="attention"):
+        EngineLayout((CacheGroup(0, Kind.SSM, 16, (("m.0", 0),)),))
+
+
+def test_the_namespace_names_everything_that_makes_state_incompatible() -> None:
+    cfg = ConnectorConfig.from_extra({"url": "unix:///x"})
+    base = dict(model="m", revision="", config_digest="c", weight_dtype="float32", tp_size=1,
+                engine_tag="vllm-0.32/cpu")
+    ns = namespace_spec(cfg, hybrid_layout(), **base).namespace()
+    variants = [
+        namespace_spec(cfg, hybrid_layout(), **{**base, "tp_size": 2}),
+        namespace_spec(cfg, hybrid_layout(), **{**base, "config_digest": "d"}),
+        namespace_spec(cfg, hybrid_layout(), **{**base, "engine_tag": "vllm-0.32/cuda"}),
+        namespace_spec(cfg, attention_layout(), **base),
+        namespace_spec(ConnectorConfig.from_extra({"url": "unix:///x", "model_fingerprint": "w1"}), hybrid_layout(),
+                       **base),
+        namespace_spec(ConnectorConfig.from_extra({"url": "unix:///x", "tenant": "t2"}), hybrid_layout(), **base),
+    ]
+    assert all(v.namespace() != ns for v in variants)
+    assert len({v.namespace() for v in variants}) == len(variants)
+
+
+def test_a_handoff_parses_or_is_refused_loudly() -> None:
+    assert handoff_from_params(None) is None and handoff_from_params({"other": 1}) is None
+    with pytest.raises(InvalidRequest):
+        handoff_from_params({"statetier": {"tokens": 16}})
+    with pytest.raises(InvalidRequest):
+        handoff_from_params({"statetier": {"tokens": 0, "block_size": 16, "refs": []}})
+
+
+def test_a_hit_that_vllm_trims_is_refused_rather_than_loaded_at_the_wrong_position(engines) -> None:
+    producer, consumer = engines(role="producer", seed=10), engines(role="consumer", seed=None)
+    prompt = tokens(10, 40)
+    prefill(producer, FakeRequest("p-10", prompt), PRODUCER_BLOCKS, seed=10)
+    request = FakeRequest("c-10", prompt)
+    assert consumer.scheduler.matched_tokens(request, 0) == 32
+    consumer.scheduler.after_alloc(request, CONSUMER_BLOCKS, 16)  # vLLM took only 16 of the 32
+    consumer.worker.load(consumer.scheduler.build_meta([]).loads)
+    assert consumer.worker.take_results().failed == {"c-10"}
+    assert consumer.worker.take_failed_blocks() == {5}  # the block vLLM believed loaded
+    assert all(not t.any() for t in consumer.buffers.values())
+
+
+def _until(predicate, timeout: float = 20.0) -> None:
+    """Poll a condition the daemon reaches in the background (a lease dropped on close)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+def test_the_lookup_leases_are_held_until_vllm_reports_the_load_done(engines, daemon) -> None:
+    producer, consumer = engines(role="producer", seed=11), engines(role="consumer", seed=None)
+    prompt = tokens(11, 40)
+    prefill(producer, FakeRequest("p-11", prompt), PRODUCER_BLOCKS, seed=11)
+    with Client(daemon.url, use_shm=False) as observer:
+        _until(lambda: observer.stats()["leases"] == 0)
+        request = FakeRequest("c-11", prompt)
+        assert consumer.scheduler.matched_tokens(request, 0) == 32
+        assert observer.stats()["leases"] == 6  # 2 layers x 2 pages + 2 Mamba states, pinned
+        consumer.scheduler.after_alloc(request, CONSUMER_BLOCKS, 32)
+        consumer.worker.load(consumer.scheduler.build_meta([]).loads)
+        assert observer.stats()["leases"] >= 6  # still pinned while vLLM has not heard back
+        consumer.scheduler.loads_finished(consumer.worker.take_results().finished)
+        _until(lambda: observer.stats()["leases"] == 0)
+
+
+def test_a_handoff_missing_a_layer_is_no_hit(engines) -> None:
+    producer, consumer = engines(role="producer", seed=12), engines(role="consumer", seed=None)
+    prompt = tokens(12, 40)
+    prefill(producer, FakeRequest("p-12", prompt), PRODUCER_BLOCKS, seed=12)
+    params = producer.scheduler.request_finished(FakeRequest("p-12", prompt))
+    params["statetier"]["refs"] = [r for r in params["statetier"]["refs"]
+                                   if not (r["key"]["kind"] == "ssm" and r["key"]["layer"] == 2)]
+    assert consumer.scheduler.matched_tokens(FakeRequest("c-12", prompt, kv_transfer_params=params), 0) == 0
+
+
+def test_an_unreachable_daemon_is_a_miss_and_a_failed_load_never_an_engine_error(tmp_path) -> None:
+    cfg = ConnectorConfig.from_extra({"url": f"unix://{tmp_path}/nobody.sock", "timeout": 2.0})
+    layout = hybrid_layout()
+    spec = namespace_spec(cfg, layout, model="m", revision="", config_digest="c", weight_dtype="float32", tp_size=1,
+                          engine_tag="vllm-0.32/cpu")
+    scheduler = SchedulerSide(cfg, layout, spec)
+    worker = WorkerSide(cfg, layout, spec)
+    worker.register(engine_buffers(layout, seed=None))
+    request = FakeRequest("r", tokens(13, 40))
+    assert scheduler.matched_tokens(request, 0) == 0
+    scheduler.after_alloc(request, CONSUMER_BLOCKS, 0)
+    worker.save(scheduler.build_meta([ScheduledStep(request, 0, 16, CONSUMER_BLOCKS)]).saves)  # logged, not raised
+    ref = ref_from_wire({"key": {"ns": spec.namespace().hex(), "kind": "kv", "layer": 1, "shard": 0,
+                                 "prefix": prefix_hashes(request.prompt_token_ids, BLOCK)[0].hex(), "start": 0,
+                                 "end": 16}, "request_id": "x", "step": 16, "state_id": "00" * 16, "version": 1,
+                         "fingerprint": "00" * 32})
+    worker.load([LoadJob("r", 16, (LoadItem(ATTN[0], ref, 5),), (5,))])
+    assert worker.take_results().failed == {"r"} and worker.take_failed_blocks() == {5}

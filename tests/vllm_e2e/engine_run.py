@@ -1,0 +1,66 @@
+"""One vLLM engine in its own process: run a list of token-id prompts greedily, write the outputs.
+
+    python tests/vllm_e2e/engine_run.py SPEC.json OUT.json
+
+SPEC: ``model`` (folder), ``hybrid`` (bool), ``connector`` (null for a run without any
+connector, or ``{"role": "kv_producer" | "kv_consumer", "extra": {...}}``) and ``requests``:
+``[{"name", "prompt": [ids], "max_tokens", "params": kv_transfer_params or null}]``, run one
+after another. OUT: per request ``name``, ``request_id``, ``tokens``, ``kv_transfer_params``,
+``num_cached_tokens``; and the engine's block size.
+
+Every engine: float32, ``block_size=128``, chunks of at most 128 tokens (so a hybrid
+producer's steps end on block ends, where Mamba state is saved), prefix caching off
+(a consumer must load, not hit its own cache), ``VLLM_CPU_KVCACHE_SPACE=1``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+BLOCK = 128
+
+
+def main(spec_path: str, out_path: str) -> None:
+    spec = json.loads(open(spec_path).read())
+    started = time.monotonic()
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+    from vllm.inputs import TokensPrompt
+
+    imported = time.monotonic()
+    options = dict(model=spec["model"], skip_tokenizer_init=True, dtype="float32", max_model_len=1024,
+                   block_size=BLOCK, max_num_batched_tokens=BLOCK, enable_chunked_prefill=True,
+                   enable_prefix_caching=False, max_num_seqs=4, seed=0)
+    if spec["hybrid"]:
+        options["mamba_cache_mode"] = "none"
+    if spec["connector"] is not None:
+        options["kv_transfer_config"] = KVTransferConfig(
+            kv_connector="StatetierConnector", kv_connector_module_path="statetier.clients.vllm",
+            kv_role=spec["connector"]["role"], kv_load_failure_policy="recompute",
+            kv_connector_extra_config=spec["connector"]["extra"])
+    llm = LLM(**options)
+    ready = time.monotonic()
+    results = []
+    for request in spec["requests"]:
+        params = SamplingParams(max_tokens=request["max_tokens"], temperature=0.0, ignore_eos=True, detokenize=False,
+                                extra_args={"kv_transfer_params": request["params"]} if request.get("params") else None)
+        prompt = TokensPrompt(prompt_token_ids=request["prompt"])
+        (output,) = llm.generate([prompt], params, use_tqdm=False)
+        results.append({"name": request["name"], "request_id": output.request_id,
+                        "tokens": list(output.outputs[0].token_ids),
+                        "kv_transfer_params": output.kv_transfer_params,
+                        "num_cached_tokens": output.num_cached_tokens})
+    done = time.monotonic()
+    with open(out_path, "w") as out:
+        json.dump({"block_size": llm.llm_engine.vllm_config.cache_config.block_size, "results": results,
+                   "seconds": {"import": imported - started, "start": ready - imported, "generate": done - ready}},
+                  out, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
