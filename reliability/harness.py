@@ -89,6 +89,16 @@ def internal_errors(daemon: DaemonProcess) -> int:
     return daemon.log_text().count("Traceback (most recent call last)")
 
 
+def remove_arena_of(pid: int, shm_dir: Path = Path("/dev/shm")) -> int:
+    """Delete the host arena file a SIGKILLed daemon left in ``shm_dir`` (the daemon removes
+    it only on a clean exit): a crash loop otherwise fills /dev/shm, and memory with it."""
+    removed = 0
+    for path in shm_dir.glob(f"statetier-host-{pid}-*.arena"):
+        path.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return 0.0
