@@ -19,10 +19,8 @@ stored after the first repetition, outside the timing.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,30 +29,6 @@ if str(REPO / "tests" / "clients") not in sys.path:
 
 PAGE_TOKENS = 64
 GEOMETRY = {"layer_num": 12, "head_num": 2, "head_dim": 256}
-
-
-@dataclass
-class _Info:
-    prefix_keys: list
-
-
-@dataclass
-class _Config:
-    extra_config: dict
-    tp_rank: int = 0
-    tp_size: int = 1
-    pp_rank: int = 0
-    pp_size: int = 1
-    is_mla_model: bool = False
-    model_name: str = "bench/qwen3-next-like"
-
-
-def _chain(seed: int, pages: int) -> list[str]:
-    keys, previous = [], b""
-    for page in range(pages):
-        previous = hashlib.sha256(previous + f"{seed}:{page}".encode()).digest()
-        keys.append(previous.hex())
-    return keys
 
 
 def _timed(fn) -> float:
@@ -66,7 +40,7 @@ def _timed(fn) -> float:
 def measure(url: str, pages: int, reps: int, progress) -> list[dict]:
     import torch
 
-    from sglang_pools import KVPoolHost
+    from sglang_pools import ExtraInfo, KVPoolHost, StorageConfig, chain
     from statetier.clients import Client, PutItem
     from statetier.clients.sglang import HiCacheBackend, prefix_bytes
     from statetier.protocol.identity import NamespaceSpec
@@ -75,7 +49,7 @@ def measure(url: str, pages: int, reps: int, progress) -> list[dict]:
     pool = KVPoolHost(size=2 * pages * PAGE_TOKENS, page_size=PAGE_TOKENS, **GEOMETRY)
     for i in range(pages):
         pool.fill_page(i * PAGE_TOKENS, i)
-    backend = HiCacheBackend(_Config({"url": url, "weights_revision": "bench"}))
+    backend = HiCacheBackend(StorageConfig({"url": url, "weights_revision": "bench"}, model_name="bench/qwen3-next-like"))
     backend.register_mem_pool_host(pool)
     backend.register_mem_host_pool_v2(pool, "kv")
     source = torch.arange(0, pages * PAGE_TOKENS, dtype=torch.int64)
@@ -89,7 +63,7 @@ def measure(url: str, pages: int, reps: int, progress) -> list[dict]:
     sdk = Client(url, namespace=NamespaceSpec("bench/sdk-baseline", kv_block_size=PAGE_TOKENS)).connect()
     try:
         for rep in range(reps + 1):  # repetition 0 warms up and checks the bytes
-            keys = _chain(rep, pages)
+            keys = chain(rep, pages)
             items = [PutItem(sdk.kv_key(0, prefix_bytes(h), i * PAGE_TOKENS, (i + 1) * PAGE_TOKENS),
                              page(i * PAGE_TOKENS), request_id=h) for i, h in enumerate(keys)]
             refs: list = []
@@ -97,9 +71,9 @@ def measure(url: str, pages: int, reps: int, progress) -> list[dict]:
             def load_into_slots() -> None:
                 sdk.load_many(refs, into=[dict(page((pages + i) * PAGE_TOKENS)) for i in range(pages)])
 
-            t_set = _timed(lambda: _must(backend.batch_set_v1(keys, source, _Info([]))))
+            t_set = _timed(lambda: _must(backend.batch_set_v1(keys, source, ExtraInfo([]))))
             t_put = _timed(lambda: refs.extend(sdk.put_many(items)))
-            t_get = _timed(lambda: _must(backend.batch_get_v1(keys, target, _Info([]))))
+            t_get = _timed(lambda: _must(backend.batch_get_v1(keys, target, ExtraInfo([]))))
             t_load = _timed(load_into_slots)
             if rep == 0:
                 for i in range(pages):

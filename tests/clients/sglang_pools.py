@@ -1,10 +1,58 @@
 """Stand-ins for SGLang's host pools (``sglang.srt.mem_cache.pool_host``), which need a GPU
 stack to import: the same buffers, layouts and ``get_page_buffer_meta`` pointer arithmetic
-as ``MHATokenToKVPoolHost`` and ``MambaPoolHost`` in sglang 0.5.23, page-first layout."""
+as ``MHATokenToKVPoolHost`` and ``MambaPoolHost`` in sglang 0.5.23, page-first layout; and
+the fields of SGLang's config, extra-info and transfer values the backend reads, plus
+``chain(seed, pages)``, SGLang's page keys. Used by the tests and ``benchmarks/workload_sglang``.
+"""
 
 from __future__ import annotations
 
+import hashlib
+from dataclasses import dataclass, field
+
 import torch
+
+
+@dataclass
+class StorageConfig:
+    """``HiCacheStorageConfig``'s fields (sglang 0.5.23) that the backend reads."""
+
+    extra_config: dict
+    tp_rank: int = 0
+    tp_size: int = 1
+    pp_rank: int = 0
+    pp_size: int = 1
+    attn_cp_rank: int = 0
+    attn_cp_size: int = 1
+    is_mla_model: bool = False
+    model_name: str = "ibm-granite/granite-4.0-h-tiny"
+    dp_rank: int = 0
+
+
+@dataclass
+class ExtraInfo:
+    prefix_keys: list | None = None
+
+
+@dataclass
+class Transfer:
+    """``PoolTransfer``'s fields the backend reads."""
+
+    name: str
+    keys: list
+    host_indices: torch.Tensor | None = None
+    hit_policy: str = "trailing_pages"
+    extra: dict = field(default_factory=dict)
+
+
+def chain(seed: int, pages: int) -> list[str]:
+    """SGLang's page keys: a SHA-256 chain over each page's token ids, hex."""
+    keys, previous = [], b""
+    for page in range(pages):
+        tokens = bytes(f"{seed}:{page}", "ascii")
+        previous = hashlib.sha256(previous + tokens).digest()
+        keys.append(previous.hex())
+    return keys
 
 
 class KVPoolHost:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import sys
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -23,55 +22,21 @@ sys.path.insert(0, str(HERE))  # sglang_pools
 sys.path.insert(0, str(HERE.parent / "daemon"))  # daemon_procs
 
 from daemon_procs import daemon_fixture  # noqa: E402
-from sglang_pools import KVPoolHost, LayerFirstKVPoolHost, MambaPoolHost  # noqa: E402
+from sglang_pools import (  # noqa: E402
+    ExtraInfo,
+    KVPoolHost,
+    LayerFirstKVPoolHost,
+    MambaPoolHost,
+    StorageConfig,
+    Transfer,
+    chain,
+)
 
 from statetier.clients import sglang as backend_module  # noqa: E402
 from statetier.clients.sglang import HiCacheBackend, prefix_bytes  # noqa: E402
 from statetier.protocol.errors import InvalidRequest  # noqa: E402
 
 PAGE = 16
-
-
-@dataclass
-class StorageConfig:
-    """``HiCacheStorageConfig``'s fields (sglang 0.5.23) that the backend reads."""
-
-    extra_config: dict
-    tp_rank: int = 0
-    tp_size: int = 1
-    pp_rank: int = 0
-    pp_size: int = 1
-    attn_cp_rank: int = 0
-    attn_cp_size: int = 1
-    is_mla_model: bool = False
-    model_name: str = "ibm-granite/granite-4.0-h-tiny"
-    dp_rank: int = 0
-
-
-@dataclass
-class ExtraInfo:
-    prefix_keys: list | None = None
-
-
-@dataclass
-class Transfer:
-    """``PoolTransfer``'s fields the backend reads."""
-
-    name: str
-    keys: list
-    host_indices: torch.Tensor | None = None
-    hit_policy: str = "trailing_pages"
-    extra: dict = field(default_factory=dict)
-
-
-def chain(seed: int, pages: int) -> list[str]:
-    """SGLang's page keys: a SHA-256 chain over each page's token ids, hex."""
-    keys, previous = [], b""
-    for page in range(pages):
-        tokens = bytes(f"{seed}:{page}", "ascii")
-        previous = hashlib.sha256(previous + tokens).digest()
-        keys.append(previous.hex())
-    return keys
 
 
 def slots(first_slot: int, pages: int, page_size: int = PAGE) -> torch.Tensor:
