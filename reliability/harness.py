@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests" / "daemon"))  # daemon_procs.py
 sys.path.insert(0, str(REPO / "tests"))  # support/redis_procs.py
 
-from daemon_procs import DaemonProcess  # noqa: E402,F401
+from daemon_procs import DaemonProcess, remove_arena_of  # noqa: E402,F401
 from support.redis_procs import RedisCluster, RedisServer  # noqa: E402,F401
 
 MAX_FAILURES = 20
@@ -87,16 +87,6 @@ def key_prefix(probe: str, seed: int) -> bytes:
 
 def internal_errors(daemon: DaemonProcess) -> int:
     return daemon.log_text().count("Traceback (most recent call last)")
-
-
-def remove_arena_of(pid: int, shm_dir: Path = Path("/dev/shm")) -> int:
-    """Delete the host arena file a SIGKILLed daemon left in ``shm_dir`` (the daemon removes
-    it only on a clean exit): a crash loop otherwise fills /dev/shm, and memory with it."""
-    removed = 0
-    for path in shm_dir.glob(f"statetier-host-{pid}-*.arena"):
-        path.unlink(missing_ok=True)
-        removed += 1
-    return removed
 
 
 def percentile(values: list[float], q: float) -> float:

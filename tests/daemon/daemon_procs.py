@@ -10,7 +10,9 @@
   ``start()`` again, or ``restart()``, runs on the same directory; ``close()`` stops and
   removes it. A context manager.
 - Facts: ``url``, ``socket_path``, ``disk_dir``, ``pid``, ``metrics_port``, ``log_tail()``,
-  ``rss_bytes()`` (VmRSS from /proc).
+  ``rss_bytes()`` (VmRSS from /proc). What an ended daemon left in /dev/shm (a killed one
+  keeps its arena file) is removed (``remove_arena_of(pid)``) by ``kill``, the next
+  ``start`` or ``close``.
 - Metrics: ``http_get(path)`` → ``(status, body)``; ``scrape()`` → ``Samples`` (parsed with
   prometheus_client's parser); ``Samples.value(name, **labels)`` (0.0 when absent) and
   ``Samples.delta(before, name, **labels)``.
@@ -103,6 +105,7 @@ class DaemonProcess:
     def start(self, timeout: float = START_TIMEOUT) -> "DaemonProcess":
         if self.is_running:
             raise RuntimeError("the daemon is already running")
+        self._forget_arena()  # of a previous process killed by a signal
         if self.directory is None:
             self.directory = Path(tempfile.mkdtemp(prefix=f"st-{self.name}-", dir="/tmp"))
         if self.config:
@@ -181,7 +184,15 @@ class DaemonProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        self._forget_arena()
         self._close_log()
+
+    def _forget_arena(self) -> None:
+        """A daemon killed, or made to exit at once (a second SIGINT), leaves its arena file in
+        /dev/shm (only a clean shutdown removes it): remove what an ended process left, or every
+        such daemon of the suite keeps its memory."""
+        if self.proc is not None and self.proc.returncode is not None:
+            remove_arena_of(self.proc.pid)
 
     def restart(self) -> "DaemonProcess":
         """SIGTERM (exit 0 asserted), then a new process on the same directory."""
@@ -196,6 +207,7 @@ class DaemonProcess:
                 self.stop(timeout=STOP_TIMEOUT)
             except AssertionError:
                 self.kill()
+        self._forget_arena()
         self._close_log()
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
@@ -301,6 +313,16 @@ def daemon_fixture(request, **kwargs) -> DaemonProcess:
     daemon.start()
     served = True
     return daemon
+
+
+def remove_arena_of(pid: int, shm_dir: Path = Path("/dev/shm")) -> int:
+    """Delete the host arena file a daemon ended by a signal left in ``shm_dir`` (the daemon
+    removes it only on a clean exit): a crash loop otherwise fills /dev/shm, and memory with it."""
+    removed = 0
+    for path in shm_dir.glob(f"statetier-host-{pid}-*.arena"):
+        path.unlink(missing_ok=True)
+        removed += 1
+    return removed
 
 
 # -- TOML ------------------------------------------------------------------------------
