@@ -34,30 +34,15 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-RESULT_FIELDS = ("suite", "tier", "op", "size_bytes", "batch", "gbps", "raw", "raw_gbps", "ratio", "p50_us", "p99_us")
+from .bench_rows import RESULT_FIELDS, KiB, MiB, percentile, result
+
 SUITES = ("seal", "tiers", "sdk", "workloads")
 DEFAULT_SUITES = ("seal", "tiers", "sdk")
 SCRIPT_SUITES = {"seal": "seal.py", "tiers": "tiers.py", "workloads": "workloads.py"}
-KiB, MiB = 1024, 1024 * 1024
 
+__all__ = ["RESULT_FIELDS", "KiB", "MiB", "machine_info", "main", "percentile", "result", "seal_rows", "tier_rows",
+           "write_json"]
 
-# ---------------------------------------------------------------------------- rows
-
-
-def result(suite: str, tier: str, op: str, size_bytes: int, batch: int, gbps: float | None, raw: str,
-           raw_gbps: float | None, p50_us: float | None, p99_us: float | None, **extra) -> dict:
-    """One result row; ``ratio`` is derived here so that it is ``gbps / raw_gbps`` exactly."""
-    ratio = gbps / raw_gbps if gbps is not None and raw_gbps else None
-    row = {"suite": suite, "tier": tier, "op": op, "size_bytes": int(size_bytes), "batch": int(batch),
-           "gbps": gbps, "raw": raw, "raw_gbps": raw_gbps, "ratio": ratio, "p50_us": p50_us, "p99_us": p99_us}
-    row.update(extra)
-    return row
-
-
-def percentile(samples, q: float) -> float:
-    """The ``q``-th percentile (0–100) by nearest rank of the sorted samples."""
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
 def seal_rows(data: dict) -> list[dict]:

@@ -47,7 +47,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .bench import KiB, MiB, percentile, result
+from .bench_rows import KiB, MiB, percentile, result
 from .bench_procs import EchoClient, echo_server, own_daemon, process_cpu_seconds
 
 RAW = "memcpy+blake3"
