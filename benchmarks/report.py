@@ -1,12 +1,12 @@
 """The benchmark report: run the serving workloads, write ``docs/benchmarks.md`` and its plots.
 
-Usage: ``python benchmarks/report.py [--quick] [--out FILE.md] [--plots DIR] [--keep-json FILE]
+Usage: ``python -m statetier.benchmarks.report [--quick] [--out FILE.md] [--plots DIR] [--keep-json FILE]
 [--from-json FILE]``
 
 1. samples the machine's background load (``machine_load.background``);
 2. runs ``python -m statetier.daemon bench --json FILE [--quick] sdk workloads`` as a
    subprocess (``daemon/bench_sdk.py``: the same-host hot path and its per-phase
-   breakdown; ``benchmarks/workloads.py``: PD handoff, multi-turn prefix reuse,
+   breakdown; ``workloads.py``: PD handoff, multi-turn prefix reuse,
    concurrent clients, raw limits); its tables go to stdout, its progress bars to stderr;
 3. samples the background load again;
 4. writes the PNG plots (``report_plots``, into ``--plots``, default ``docs/benchmarks/``)
@@ -30,11 +30,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from .machine import background
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path.insert(0, str(HERE))
-
-from machine_load import background  # noqa: E402
 
 BACKGROUND_SECONDS = 2.0
 
@@ -50,8 +49,8 @@ def run_bench(quick: bool, json_path: Path) -> tuple[int, str]:
 
 
 def write_report(document: dict, run: dict, out: Path, plots_dir: Path) -> tuple[Path, list[Path]]:
-    from report_markdown import render
-    from report_plots import PLOTS
+    from .report_markdown import render
+    from .report_plots import PLOTS
 
     rows = document["results"]
     plots = {}

@@ -10,7 +10,7 @@ The accelerator figures are stated assumptions, not measurements of this machine
 
 from __future__ import annotations
 
-from workload_models import MODELS
+from .workload_models import MODELS
 
 MiB = 1024 * 1024
 ACCELERATOR = "NVIDIA H100 SXM (bf16 dense peak 989 TFLOP/s)"

@@ -1,6 +1,6 @@
 """Seal / open throughput against the raw limits, measured in the same run.
 
-Usage: ``python benchmarks/seal.py [--json FILE] [--quick]``
+Usage: ``python -m statetier.benchmarks.seal [--json FILE] [--quick]``
 
 For payloads of 64 KiB, 2 MiB and 32 MiB as one tensor, and for SSM snapshots
 (``conv`` (3, 8192) bfloat16 + ``ssm`` (8192, 16) float32 per layer; 1, 4 and 58 layers,

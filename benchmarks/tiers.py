@@ -1,6 +1,6 @@
 """Tier store / load throughput against the raw limits, measured in the same run.
 
-Usage: ``python benchmarks/tiers.py [--quick] [--json FILE] [--dir DIR]``
+Usage: ``python -m statetier.benchmarks.tiers [--quick] [--json FILE] [--dir DIR]``
 
 For sealed objects of 64 KiB, 2 MiB and 32 MiB payload (one at a time, batch 1) it times:
 
@@ -44,20 +44,17 @@ from typing import Awaitable, Callable
 import blake3
 import redis.asyncio
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))  # support.redis_procs: a redis-server on a free port
-
-from statetier.protocol.dtypes import TensorSpec  # noqa: E402
-from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey  # noqa: E402
-from statetier.protocol.keyring import Keyring  # noqa: E402
-from statetier.protocol.sealed import decode_header, layout_payload, open_sealed, seal  # noqa: E402
-from statetier.tiers.base import ObjectMeta, Tier  # noqa: E402
-from statetier.tiers.crypto import AtRestCipher  # noqa: E402
-from statetier.tiers.device import DeviceTier  # noqa: E402
-from statetier.tiers.disk import DiskTier  # noqa: E402
-from statetier.tiers.host import HostTier  # noqa: E402
-from statetier.tiers.redis import RedisTier  # noqa: E402
-from support.redis_procs import RedisServer  # noqa: E402
+from statetier.launch.redis_servers import RedisServer
+from statetier.protocol.dtypes import TensorSpec
+from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey
+from statetier.protocol.keyring import Keyring
+from statetier.protocol.sealed import decode_header, layout_payload, open_sealed, seal
+from statetier.tiers.base import ObjectMeta, Tier
+from statetier.tiers.crypto import AtRestCipher
+from statetier.tiers.device import DeviceTier
+from statetier.tiers.disk import DiskTier
+from statetier.tiers.host import HostTier
+from statetier.tiers.redis import RedisTier
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # torch, on the cpu pool
 KiB, MiB = 1024, 1024 * 1024

@@ -28,7 +28,7 @@ import os
 import statistics
 import time
 
-from workload_raw import MemoryRaw, byte_views, paired_row
+from .workload_raw import MemoryRaw, byte_views, paired_row
 
 PAGE_TOKENS = 512  # (2, 8, 512, 128) bfloat16 = 2 MiB
 PAGE_BYTES = 2 * 8 * PAGE_TOKENS * 128 * 2
@@ -155,7 +155,7 @@ class ClientPool:
 
 
 def _level_rows(n: int, pages: int, walls: dict, latencies: dict) -> list[dict]:
-    from statetier.daemon.bench import percentile
+    from .rows import percentile
 
     size = n * pages * PAGE_BYTES
     rows = []
@@ -171,7 +171,7 @@ def _level_rows(n: int, pages: int, walls: dict, latencies: dict) -> list[dict]:
 
 
 async def run_clients(levels: tuple[int, ...], pages: int, reps: int, directory, progress) -> list[dict]:
-    from statetier.daemon.bench_procs import own_daemon
+    from .procs import own_daemon
 
     rows: list[dict] = []
     async with own_daemon(directory) as daemon:

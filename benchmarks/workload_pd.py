@@ -28,9 +28,10 @@ import statistics
 import time
 import uuid
 
-from workload_models import Model, request_state
-from workload_procs import served_by_tier
-from workload_raw import MemoryRaw, RedisRaw, atimed, byte_views, paired_row, timed
+from statetier.launch import served_by_tier
+
+from .workload_models import Model, request_state
+from .workload_raw import MemoryRaw, RedisRaw, atimed, byte_views, paired_row, timed
 
 BLOCK_TOKENS = 256
 

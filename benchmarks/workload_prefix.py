@@ -34,9 +34,10 @@ import random
 import time
 from dataclasses import asdict, dataclass, field
 
-from workload_models import by_name, kv_block, ssm_snapshot
-from workload_procs import served_by_tier
-from workload_raw import FileRaw, MemoryRaw, byte_views, timed
+from statetier.launch import served_by_tier
+
+from .workload_models import by_name, kv_block, ssm_snapshot
+from .workload_raw import FileRaw, MemoryRaw, byte_views, timed
 
 BLOCK = 256
 MODEL = by_name("jamba-mini")
@@ -194,7 +195,7 @@ async def run_prefix(daemon, plan: PrefixPlan, directory, progress) -> tuple[lis
 
 
 def _rows(turns: list[Turn], plan: PrefixPlan, hits: dict) -> list[dict]:
-    from statetier.daemon.bench import percentile
+    from .rows import percentile
 
     possible = sum(t.possible for t in turns)
     restored = sum(min(t.restored, t.possible) for t in turns)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import blake3
 
-from statetier.daemon.bench import percentile
+from .rows import percentile
 from statetier.protocol.keyring import Keyring
 
 MiB = 1024 * 1024

@@ -44,7 +44,7 @@ def measure(url: str, pages: int, reps: int, progress) -> list[dict]:
     from statetier.clients import Client, PutItem
     from statetier.clients.sglang import HiCacheBackend, prefix_bytes
     from statetier.protocol.identity import NamespaceSpec
-    from workload_raw import paired_row
+    from .workload_raw import paired_row
 
     pool = KVPoolHost(size=2 * pages * PAGE_TOKENS, page_size=PAGE_TOKENS, **GEOMETRY)
     for i in range(pages):
@@ -103,7 +103,7 @@ def _must(results: list[bool]) -> None:
 
 
 async def run_sglang(pages: int, reps: int, directory, progress) -> list[dict]:
-    from statetier.daemon.bench_procs import own_daemon
+    from .procs import own_daemon
 
     async with own_daemon(directory) as daemon:
         return await asyncio.to_thread(measure, daemon.url, pages, reps, progress)

@@ -1,6 +1,6 @@
 """Serving workloads against the raw limits of the same run: ``statetier bench workloads``.
 
-Usage: ``python benchmarks/workloads.py [--quick] [--json FILE] [--dir DIR] [--only NAME …]``
+Usage: ``python -m statetier.benchmarks.workloads [--quick] [--json FILE] [--dir DIR] [--only NAME …]``
 
 Four parts, in this order (``--only`` picks some), each with a progress bar on stderr:
 
@@ -8,7 +8,7 @@ Four parts, in this order (``--only`` picks some), each with a progress bar on s
   at the start and again at the end of the run (``workload_raw.limits``);
 - ``pd``      — prefill → decode handoff of whole requests through Redis for Jamba-mini,
   Nemotron-H-8B and Qwen3-Next-80B at 2k and 8k tokens (``workload_pd``), two daemons
-  and a redis-server from ``examples/pd_cluster.py`` (``workload_procs.BenchCluster``);
+  and a redis-server (``statetier.launch.PDCluster``);
 - ``prefix``  — multi-turn conversations restored by joint hits (``workload_prefix``);
 - ``clients`` — 1, 4 and 16 client processes putting and loading 2 MiB pages
   (``workload_clients``);
@@ -17,7 +17,7 @@ Four parts, in this order (``--only`` picks some), each with a progress bar on s
 
 ``--json FILE`` writes ``{"machine", "load_average_after", "seconds", "plan", "rows"}``, rows
 in the schema of ``statetier.daemon.bench.result`` (``daemon/bench.py`` reads them as it
-reads ``benchmarks/tiers.py``); every row also carries ``background``: the machine's load
+reads ``tiers.py``); every row also carries ``background``: the machine's load
 and the other busy processes just before and after its workload (``machine_load``).
 ``--quick`` (2k tokens only, fewer turns, clients and repetitions) takes about a minute.
 """
@@ -34,11 +34,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from machine_load import background  # noqa: E402
-from workload_models import MODELS  # noqa: E402
-from workload_prefix import PrefixPlan  # noqa: E402
+from .machine import background
+from .workload_models import MODELS
+from .workload_prefix import PrefixPlan
 
 PARTS = ("limits", "pd", "prefix", "clients", "sglang")
 
@@ -96,10 +94,10 @@ def _run_async(coro):
 
 
 def run_limits(plan: Plan, directory: Path, progress) -> dict[str, float]:
-    from workload_procs import _redis_procs
-    from workload_raw import limits
+    from statetier.launch import RedisServer
+    from .workload_raw import limits
 
-    with _redis_procs().RedisServer() as server:
+    with RedisServer() as server:
         found = _run_async(limits(server.url, directory, plan.limit_seconds))
     progress(1)
     return found
@@ -115,19 +113,19 @@ def limit_rows(start: dict[str, float], end: dict[str, float]) -> list[dict]:
 
 
 def run_pd(plan: Plan, directory: Path, progress) -> list[dict]:
-    from workload_pd import run_pd as measure
-    from workload_procs import BenchCluster
+    from .workload_pd import run_pd as measure
+    from statetier.launch import PDCluster
 
     cases = [(model, tokens) for tokens in plan.pd_tokens for model in MODELS]
-    with BenchCluster("1GiB") as cluster:
+    with PDCluster(host_capacity="1GiB", log_level="warning") as cluster:
         return _run_async(measure(cluster, cases, plan.pd_reps, progress))
 
 
 def run_prefix(plan: Plan, directory: Path, progress) -> list[dict]:
-    from workload_prefix import run_prefix as measure
-    from workload_procs import BenchCluster
+    from .workload_prefix import run_prefix as measure
+    from statetier.launch import PDCluster
 
-    with BenchCluster("256MiB") as cluster:
+    with PDCluster(host_capacity="256MiB", log_level="warning") as cluster:
         rows, turns = _run_async(measure(cluster.prefill, plan.prefix, directory, progress))
     for row in rows:
         row["per_turn"] = turns
@@ -135,7 +133,7 @@ def run_prefix(plan: Plan, directory: Path, progress) -> list[dict]:
 
 
 def run_clients(plan: Plan, directory: Path, progress) -> list[dict]:
-    from workload_clients import run_clients as measure
+    from .workload_clients import run_clients as measure
 
     home = Path(tempfile.mkdtemp(prefix="st-cl-", dir="/tmp"))  # AF_UNIX paths are short
     try:
@@ -145,7 +143,7 @@ def run_clients(plan: Plan, directory: Path, progress) -> list[dict]:
 
 
 def run_sglang(plan: Plan, directory: Path, progress) -> list[dict]:
-    from workload_sglang import run_sglang as measure
+    from .workload_sglang import run_sglang as measure
 
     home = Path(tempfile.mkdtemp(prefix="st-sg-", dir="/tmp"))  # AF_UNIX paths are short
     try:
@@ -188,7 +186,7 @@ def run(plan: Plan, parts: list[str], directory: Path) -> list[dict]:
 
 
 def print_rows(rows: list[dict]) -> None:
-    from statetier.daemon.bench import HEAD, format_row
+    from .cli import HEAD, format_row
 
     print(HEAD)
     print("-" * len(HEAD))
@@ -206,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)  # copies single-threaded, as the SDK benchmark does (PERFORMANCE.md)
-    from statetier.daemon.bench import machine_info
+    from .machine import machine_info
 
     plan = QUICK if args.quick else FULL
     machine = {**machine_info(), "load_average_before": list(os.getloadavg())}

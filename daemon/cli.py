@@ -9,7 +9,7 @@ Subcommands:
 - ``verify``  — re-check every stored object; dropped objects are counted by reason
 - ``keygen``  — write a new keyring (``--out``), its public trust store (``--public-out``),
                 or rotate an existing one (``--rotate FILE``); files are mode 0600
-- ``bench``   — run the benchmark suite (``daemon.bench.main``)
+- ``bench``   — run the benchmark suite (``statetier.benchmarks.cli.main``)
 
 Client commands take ``--url`` (default ``$STATETIER_URL`` or ``unix://./statetier.sock``).
 A statetier error prints ``error: <reason>: <message>`` on stderr and exits with 2.
@@ -333,7 +333,7 @@ def _save(keyring, path: Path) -> None:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from .bench import main as bench_main  # lazy: the benchmarks import torch
+    from statetier.benchmarks.cli import main as bench_main  # lazy: the benchmarks import torch
 
     argv = ["--url", args.url]
     if args.quick:

@@ -3,7 +3,7 @@
     python examples/pd_disaggregation.py --arch jamba [--arch bamba …] | --all
         [--redis-url URL] [--prompt-len 20] [--new-tokens 8] [--json FILE]
 
-``PDCluster`` (examples/pd_cluster.py) starts Redis, a shared keyring and two daemons.
+``PDCluster`` (``statetier.launch``) starts Redis, a shared keyring and two daemons.
 Two worker processes (multiprocessing, spawn), each with its own daemon:
 
 - the **prefill worker** builds the model (seed 0: same weights everywhere), prefills the
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from pd_cluster import PDCluster  # noqa: E402
+from statetier.launch import PDCluster  # noqa: E402
 from tiny_hybrids import ARCHITECTURES, UnavailableArch  # noqa: E402
 
 RESULT_TIMEOUT_S = 300.0

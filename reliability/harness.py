@@ -17,17 +17,14 @@ from __future__ import annotations
 
 import hashlib
 import random
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests" / "daemon"))  # daemon_procs.py
-sys.path.insert(0, str(REPO / "tests"))  # support/redis_procs.py
+from statetier.launch.daemons import DaemonFailed, DaemonProcess, remove_arena_of  # noqa: F401 - for the probes
+from statetier.launch.redis_servers import RedisCluster, RedisServer  # noqa: F401 - the probes' servers
 
-from daemon_procs import DaemonProcess, remove_arena_of  # noqa: E402,F401
-from support.redis_procs import RedisCluster, RedisServer  # noqa: E402,F401
+REPO = Path(__file__).resolve().parent.parent
 
 MAX_FAILURES = 20
 

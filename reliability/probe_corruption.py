@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness import Budget, DaemonProcess, ProbeResult, RedisServer, internal_errors, key_prefix, passed, payload
+from harness import Budget, DaemonFailed, DaemonProcess, ProbeResult, RedisServer, internal_errors, key_prefix, passed, payload
 from statetier.protocol.errors import NotFound, RejectedState, StatetierError
 from statetier.tiers.segments import RECORD_HEADER_BYTES, SegmentFile
 from wire import Wire
@@ -192,7 +192,7 @@ async def _disk_round(round_no: int, rng: random.Random, result: ProbeResult) ->
         result.add(f"damage_{kind}")
         try:
             daemon.start()
-        except AssertionError as exc:
+        except DaemonFailed as exc:
             result.crashes += 1
             result.fail(f"no restart after {kind}: {str(exc)[-300:]}")
             return

@@ -22,7 +22,7 @@ import random
 import signal
 import time
 
-from harness import (Budget, DaemonProcess, ProbeResult, RedisServer, internal_errors, key_prefix, passed, payload,
+from harness import (Budget, DaemonFailed, DaemonProcess, ProbeResult, RedisServer, internal_errors, key_prefix, passed, payload,
                      percentile, remove_arena_of)
 from holders import HolderPool
 from statetier.protocol.errors import NotFound, RejectedState, StatetierError
@@ -157,7 +157,7 @@ async def _daemon_kills(daemon: DaemonProcess, deadline: float, cap: int, result
         started = time.monotonic()
         try:
             daemon.start()
-        except AssertionError as exc:
+        except DaemonFailed as exc:
             result.crashes += 1
             result.fail(f"restart after a kill failed: {str(exc)[-400:]}")
             return

@@ -146,7 +146,7 @@ async def _cluster_master(result: ProbeResult) -> None:
 
 
 def _cluster_node_args(port: int) -> list[str]:
-    from support.redis_procs import _cluster_args
+    from statetier.launch.redis_servers import _cluster_args
     return _cluster_args(port)
 
 

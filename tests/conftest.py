@@ -6,22 +6,16 @@
 - ``fresh_redis`` (function): a private ``RedisServer`` that a test may kill or restart.
 
 Nothing here touches a Redis on 6379. Every server is closed at teardown, and
-``support.redis_procs`` kills any survivor at interpreter exit.
+``statetier.launch.redis_servers`` kills any survivor at interpreter exit.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-_TESTS = str(Path(__file__).resolve().parent)
-if _TESTS not in sys.path:  # makes ``support`` importable under any import mode
-    sys.path.insert(0, _TESTS)
-
-from support.redis_procs import RedisCluster, RedisServer  # noqa: E402
+from statetier.launch.redis_servers import RedisCluster, RedisServer
 
 
 @pytest.fixture(scope="session")

@@ -11,8 +11,8 @@ from redis.cluster import ClusterNode
 from redis.cluster import RedisCluster as ClusterClient
 from redis.retry import Retry
 
-from support import redis_procs
-from support.redis_procs import RedisCluster, RedisServer, find_redis_binaries, free_port
+from statetier.launch import redis_servers as redis_procs
+from statetier.launch.redis_servers import RedisCluster, RedisServer, find_redis_binaries, free_port
 
 
 def test_session_server_serves_set_and_get(redis_server: RedisServer) -> None:

@@ -9,12 +9,6 @@ KV pages of the "blocks" layout are keyed by the prefix hash at their block's en
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -23,6 +17,7 @@ import torch
 
 from statetier.clients import AsyncClient, Client, PutItem
 from statetier.clients.tensors import tensor_bytes
+from statetier.launch import DaemonProcess
 from statetier.protocol.errors import (
     ClientClosedError,
     CorruptPayload,
@@ -77,42 +72,8 @@ def token_ids(seed: int, n: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def daemon_url():
-    directory = Path(tempfile.mkdtemp(prefix="st-e2e-", dir="/tmp"))  # AF_UNIX paths are short
-    socket_path = directory / "d.sock"
-    log = open(directory / "daemon.log", "wb")
-    command = [sys.executable, "-m", "statetier.daemon", "serve", "--socket", str(socket_path),
-               "--disk-dir", str(directory / "disk"), "--metrics-port", "0", "--host-capacity", "256MiB"]
-    proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    url = f"unix://{socket_path}"
-    try:
-        _wait_until_serving(proc, url, directory / "daemon.log")
-        yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-        shutil.rmtree(directory, ignore_errors=True)
-
-
-def _wait_until_serving(proc: subprocess.Popen, url: str, log_path: Path, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    socket_path = url.removeprefix("unix://")
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"the daemon exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
-        if os.path.exists(socket_path):
-            try:
-                with Client(url, use_shm=False) as probe:
-                    probe.ping()
-                return
-            except Exception:  # noqa: BLE001 - still starting
-                pass
-        time.sleep(0.1)
-    raise AssertionError(f"the daemon did not serve {url} within {timeout} s:\n{log_path.read_text()[-4000:]}")
+    with DaemonProcess(name="e2e", host_capacity="256MiB") as daemon:
+        yield daemon.url
 
 
 # -- exact round trips ---------------------------------------------------------------------

@@ -11,13 +11,7 @@ other weights, layouts and dtypes.
 from __future__ import annotations
 
 import dataclasses
-import os
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +20,7 @@ import torch
 pytest.importorskip("transformers")
 
 from statetier.clients import AsyncClient, Client  # noqa: E402
+from statetier.launch import DaemonProcess  # noqa: E402
 from statetier.clients.transformers import (  # noqa: E402
     SavedState,
     cache_plan,
@@ -60,41 +55,8 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def daemon_url():
-    directory = Path(tempfile.mkdtemp(prefix="st-hf-", dir="/tmp"))  # AF_UNIX paths are short
-    socket_path = directory / "d.sock"
-    log_path = directory / "daemon.log"
-    command = [sys.executable, "-m", "statetier.daemon", "serve", "--socket", str(socket_path),
-               "--disk-dir", str(directory / "disk"), "--no-metrics", "--host-capacity", "64MiB"]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    url = f"unix://{socket_path}"
-    try:
-        _wait_until_serving(proc, url, log_path)
-        yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(directory, ignore_errors=True)
-
-
-def _wait_until_serving(proc: subprocess.Popen, url: str, log_path: Path, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"the daemon exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
-        if os.path.exists(url.removeprefix("unix://")):
-            try:
-                with Client(url, use_shm=False) as probe:
-                    probe.ping()
-                return
-            except Exception:  # noqa: BLE001 - still starting
-                pass
-        time.sleep(0.1)
-    raise AssertionError(f"the daemon did not serve {url} within {timeout} s")
+    with DaemonProcess(name="hf", host_capacity="64MiB", metrics=False) as daemon:
+        yield daemon.url
 
 
 _models: dict[str, torch.nn.Module] = {}

@@ -13,7 +13,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling daemon_procs.py
 
-from daemon_procs import DaemonProcess, assert_same_tensors, jamba_namespace, kv_page  # noqa: E402
+from daemon_procs import assert_same_tensors, jamba_namespace, kv_page  # noqa: E402
+from statetier.launch.daemons import DaemonProcess  # noqa: E402
 from statetier.clients import AsyncClient, StoredRef  # noqa: E402
 from statetier.protocol.identity import StateRef  # noqa: E402
 

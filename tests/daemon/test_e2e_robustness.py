@@ -32,15 +32,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling daemon_procs.py
 
-from daemon_procs import (  # noqa: E402
-    DaemonProcess,
-    assert_same_tensors,
-    daemon_fixture,
-    eventually,
-    jamba_namespace,
-    kv_page,
-    snapshot,
-)
+from daemon_procs import assert_same_tensors, daemon_fixture, eventually, jamba_namespace, kv_page, snapshot  # noqa: E402
+from statetier.launch.daemons import DaemonProcess  # noqa: E402
 from statetier.clients import AsyncClient  # noqa: E402
 from statetier.protocol.errors import Unavailable  # noqa: E402
 from statetier.protocol.frames import Frame, FrameDecoder, Op, encode_frame_bytes, hello_frame  # noqa: E402

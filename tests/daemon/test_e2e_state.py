@@ -27,16 +27,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling daemon_procs.py
 
 from daemon_procs import (  # noqa: E402
-    ATTENTION_LAYERS,
-    BLOCK,
-    SSM_LAYERS,
-    assert_same_tensors,
-    daemon_fixture,
-    jamba_namespace,
-    kv_page,
-    snapshot,
-    token_ids,
-)
+    ATTENTION_LAYERS, BLOCK, SSM_LAYERS, assert_same_tensors, daemon_fixture, jamba_namespace, kv_page, snapshot,
+    token_ids)
 from statetier.clients import AsyncClient, PutItem  # noqa: E402
 from statetier.protocol.errors import (  # noqa: E402
     FingerprintMismatch,

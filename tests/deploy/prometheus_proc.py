@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from support.redis_procs import free_port
+from statetier.launch.redis_servers import free_port
 
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")

@@ -16,12 +16,8 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +34,7 @@ from prometheus_proc import PROMETHEUS, PROMTOOL, SKIP_REASON, PrometheusServer,
 from statetier.clients import Client  # noqa: E402
 from statetier.protocol.errors import NamespaceMismatch  # noqa: E402
 from statetier.protocol.identity import NamespaceSpec  # noqa: E402
-from support.redis_procs import free_port  # noqa: E402
+from statetier.launch import DaemonProcess  # noqa: E402
 
 SCRAPE_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
 KUBERNETES_SCRAPE_CONFIG = DEPLOY / "prometheus" / "prometheus-kubernetes.yml"
@@ -128,39 +124,9 @@ def scrape_config_for(metrics_port: int) -> dict:
 
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[tuple[str, int]]:
-    directory = Path(tempfile.mkdtemp(prefix="st-prom-", dir="/tmp"))  # AF_UNIX paths are short
-    socket_path, port = directory / "d.sock", free_port()
-    log = open(directory / "daemon.log", "wb")
-    command = [sys.executable, "-m", "statetier.daemon", "serve", "--socket", str(socket_path),
-               "--disk-dir", str(directory / "disk"), "--metrics-port", str(port),
-               "--host-capacity", str(HOST_CAPACITY), "--set", f"disk.capacity_bytes={DISK_CAPACITY}"]
-    proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    url = f"unix://{socket_path}"
-    try:
-        wait_for(lambda: _serving(proc, url, directory / "daemon.log"), "statetier serving", timeout=60)
-        yield url, port
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-        shutil.rmtree(directory, ignore_errors=True)
-
-
-def _serving(proc: subprocess.Popen, url: str, log_path: Path) -> bool:
-    if proc.poll() is not None:
-        raise AssertionError(f"the daemon exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
-    if not os.path.exists(url.removeprefix("unix://")):
-        return False
-    try:
-        with Client(url, use_shm=False) as probe:
-            probe.ping()
-        return True
-    except Exception:  # noqa: BLE001 - still starting
-        return False
+    with DaemonProcess(name="prom", host_capacity=str(HOST_CAPACITY),
+                       settings={"disk.capacity_bytes": DISK_CAPACITY}) as daemon:
+        yield daemon.url, daemon.metrics_port
 
 
 @pytest.fixture(scope="module")

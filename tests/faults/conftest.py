@@ -28,7 +28,8 @@ if str(Path(__file__).parent) not in sys.path:  # the sibling fault_harness, und
     sys.path.insert(0, str(Path(__file__).parent))
 
 import fault_harness  # noqa: E402,F401  (puts examples/ and tests/daemon/ on sys.path)
-from daemon_procs import DaemonProcess, daemon_fixture  # noqa: E402
+from daemon_procs import daemon_fixture  # noqa: E402
+from statetier.launch.daemons import DaemonProcess  # noqa: E402
 from statetier.protocol.keyring import Keyring  # noqa: E402
 
 

@@ -40,7 +40,7 @@ from statetier.tiers.crypto import AtRestCipher
 from statetier.tiers.redis import RedisTier
 from statetier.tiers.redis_connect import redact, take_cluster_option
 from statetier.tiers.redis_layout import PENDING_CHUNK_TTL, Manifest, RedisKeys
-from support.redis_procs import RedisServer, TlsFiles
+from statetier.launch.redis_servers import RedisServer, TlsFiles
 
 KEYRING = dev_keyring()
 NAMESPACE = NamespaceSpec("redis-tier-test").namespace()

@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "daemon"))
 
-from daemon_procs import DaemonProcess  # noqa: E402
+from statetier.launch.daemons import DaemonProcess  # noqa: E402
 from tiny_models import VOCAB, write_granite_hybrid, write_llama  # noqa: E402
 
 PROMPT_TOKENS = 288     # two full blocks of 128 and a partial third

@@ -1,4 +1,4 @@
-"""Real ``redis-server`` processes for tests, on free loopback ports (DESIGN §10).
+"""Real ``redis-server`` processes on free loopback ports, for tests, benchmarks and examples (DESIGN §10).
 
 - ``find_redis_binaries()`` -> ``(server, cli | None)``: ``STATETIER_REDIS_SERVER`` /
   ``STATETIER_REDIS_CLI`` when set, else ``redis-server`` / ``redis-cli`` on PATH, else

@@ -1,20 +1,15 @@
 """``statetier bench``: every benchmark of one run, as ratios to raw limits of the same run.
 
-- ``main(argv) -> int`` — what ``statetier bench`` calls (``daemon/cli.py``): options
-  ``--url``, ``--quick``, ``--json FILE``, ``--dir DIR`` (temp files), ``--benchmarks DIR``
-  (the checkout's ``benchmarks/``) and suite names to run only those (``seal``, ``tiers``,
-  ``sdk``, ``workloads``; default all but ``workloads``): ``statetier bench --quick sdk``.
-- ``workloads`` (``benchmarks/workloads.py``: PD handoff, multi-turn prefix reuse, concurrent
-  clients; minutes in full) runs only when named; ``benchmarks/report.py`` runs it.
-- Suites: ``seal`` and ``tiers`` are the scripts ``benchmarks/seal.py`` and
-  ``benchmarks/tiers.py`` of a source checkout, run as subprocesses (they print their own
-  tables); an installed package has no ``benchmarks/``, so they are reported ``missing``
-  and the run goes on. ``sdk`` (``daemon/bench_sdk.py``) ships with the package.
-- ``result(...)`` — one row of the JSON ``results`` list: ``suite, tier, op, size_bytes,
-  batch, gbps, raw, raw_gbps, ratio, p50_us, p99_us`` plus extra fields. ``ratio`` is always
-  ``gbps / raw_gbps`` (≥ 1 is faster than the raw limit); latency rows express a round trip
-  as bytes per p50 time, so their ratio is raw p50 / p50. ``target`` is the ratio aimed at.
-- ``machine_info()`` — CPU, cores, load average, kernel, Python, torch and library versions.
+- ``main(argv) -> int`` — what ``statetier bench`` calls (``daemon/cli.py``, a lazy import):
+  options ``--url``, ``--quick``, ``--json FILE``, ``--dir DIR`` (temp files) and suite
+  names to run only those (``seal``, ``tiers``, ``sdk``, ``workloads``; default all but
+  ``workloads``): ``statetier bench --quick sdk``.
+- ``workloads`` (``workloads.py``: PD handoff, multi-turn prefix reuse, concurrent clients;
+  minutes in full) runs only when named; ``report.py`` runs it.
+- Suites: ``seal``, ``tiers`` and ``workloads`` are the modules ``seal.py``, ``tiers.py`` and
+  ``workloads.py`` of this package, run as subprocesses (``python -m
+  statetier.benchmarks.seal``; they print their own tables); ``sdk`` (``sdk.py``) runs in
+  this process. Rows are ``rows.result`` rows (``ratio`` = ``gbps / raw_gbps``).
 
 ``--json FILE`` writes ``{"results", "machine", "suites", "options", "seconds"}``. The
 suites' own ratios (medians of per-repetition ratios) are kept as ``ratio_paired``.
@@ -25,156 +20,48 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from importlib import metadata
 from pathlib import Path
 
-from .bench_rows import RESULT_FIELDS, KiB, MiB, percentile, result
+from .machine import machine_info
+from .rows import KiB, MiB, seal_rows, tier_rows, write_json
 
 SUITES = ("seal", "tiers", "sdk", "workloads")
 DEFAULT_SUITES = ("seal", "tiers", "sdk")
-SCRIPT_SUITES = {"seal": "seal.py", "tiers": "tiers.py", "workloads": "workloads.py"}
+MODULE_SUITES = ("seal", "tiers", "workloads")  # run as ``python -m statetier.benchmarks.<name>``
 
-__all__ = ["RESULT_FIELDS", "KiB", "MiB", "machine_info", "main", "percentile", "result", "seal_rows", "tier_rows",
-           "write_json"]
-
-
-
-def seal_rows(data: dict) -> list[dict]:
-    """``benchmarks/seal.py --json`` rows as result rows: one ``seal`` and one ``open`` each."""
-    rows = []
-    for item in data.get("results") or []:
-        size = item["payload_bytes"]
-        for op in ("seal", "open"):
-            gbps = item[f"{op}_gbps"]
-            rows.append(result("seal", "memory", op, size, 1, gbps, item["digest"], item["raw_gbps"],
-                               size / gbps / 1e3 if gbps else None, None, target=0.9, metric="throughput",
-                               ratio_paired=item.get(f"{op}_ratio"), case=item.get("case"),
-                               tensors=item.get("tensors"), copy_gbps=item.get("copy_gbps"),
-                               overhead_us=item.get(f"{op}_overhead_us")))
-    return rows
-
-
-def tier_rows(data: dict) -> list[dict]:
-    """``benchmarks/tiers.py --json`` rows, with ``ratio`` recomputed as ``gbps / raw_gbps``."""
-    rows = []
-    for item in data.get("rows") or data.get("results") or []:
-        extra = {k: v for k, v in item.items() if k not in RESULT_FIELDS}
-        extra.setdefault("metric", "throughput")
-        extra["ratio_paired"] = item.get("ratio")
-        rows.append(result(item.get("suite", "tiers"), item["tier"], item["op"], item["size_bytes"],
-                           item.get("batch", 1), item.get("gbps"), item.get("raw", ""), item.get("raw_gbps"),
-                           item.get("p50_us"), item.get("p99_us"), **extra))
-    return rows
-
-
-# ---------------------------------------------------------------------------- machine
-
-
-def machine_info() -> dict:
-    def version(name: str) -> str | None:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return None
-
-    info = {"cpu_model": _cpu_model(), "cpus": os.cpu_count(),
-            "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-            "memory_bytes": _meminfo("MemTotal"), "memory_available_bytes": _meminfo("MemAvailable"),
-            "kernel": platform.release(), "platform": platform.platform(), "hostname": socket.gethostname(),
-            "python": sys.version.split()[0], "python_implementation": platform.python_implementation()}
-    for name in ("statetier", "torch", "uvloop", "blake3", "xxhash", "redis", "hiredis", "lmdb", "cryptography"):
-        info[name] = version(name)
-    info["git_commit"] = _git_commit()
-    return info
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as handle:
-            return next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), "unknown")
-    except OSError:
-        return platform.processor() or "unknown"
-
-
-def _meminfo(field: str) -> int | None:
-    try:
-        with open("/proc/meminfo") as handle:
-            for line in handle:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def _git_commit() -> str | None:
-    root = checkout_root()
-    if root is None or not (root / ".git").exists():
-        return None
-    try:
-        done = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=root,
-                              capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if done.returncode != 0:
-        return None
-    return done.stdout.strip() or None
-
-
-def checkout_root() -> Path | None:
-    """The source checkout the package runs from (``statetier/__init__.py`` maps it), if any."""
-    import statetier
-
-    root = Path(statetier.__file__).resolve().parent.parent
-    return root if (root / "pyproject.toml").is_file() else None
-
-
-def benchmarks_dir(given: str | None) -> Path | None:
-    if given:
-        return Path(given)
-    root = checkout_root()
-    return root / "benchmarks" if root is not None and (root / "benchmarks").is_dir() else None
 
 
 # ---------------------------------------------------------------------------- suites
 
 
-def run_script_suite(name: str, directory: Path | None, quick: bool, workdir: Path, tmp_dir: str | None) -> dict:
-    """Run ``benchmarks/<name>.py`` in a subprocess; its table goes to our stdout."""
-    script = directory / SCRIPT_SUITES[name] if directory is not None else None
-    if script is None or not script.is_file():
-        where = script or "benchmarks/ (no source checkout: an installed statetier ships only the SDK benchmark)"
-        print(f"\n== {name}: MISSING — {where} not found; pass --benchmarks DIR of a statetier checkout", flush=True)
-        return {"status": "missing", "script": str(script) if script else None, "rows": []}
+def run_module_suite(name: str, quick: bool, workdir: Path, tmp_dir: str | None) -> dict:
+    """Run ``statetier.benchmarks.<name>`` in a subprocess; its table goes to our stdout."""
     out = workdir / f"{name}.json"
-    command = [sys.executable, str(script), "--json", str(out)] + (["--quick"] if quick else [])
+    command = [sys.executable, "-m", f"statetier.benchmarks.{name}", "--json", str(out)] + (["--quick"] if quick else [])
     if name in ("tiers", "workloads") and tmp_dir:
         command += ["--dir", tmp_dir]
     print(f"\n== {name}: {' '.join(command[1:])}", flush=True)
     started = time.perf_counter()
     try:
-        done = subprocess.run(command, cwd=script.parent.parent, timeout=600 if quick else 1800)
-        returncode = done.returncode
+        returncode = subprocess.run(command, timeout=600 if quick else 1800).returncode
     except subprocess.TimeoutExpired:
         returncode = -1
     seconds = time.perf_counter() - started
     if returncode != 0 or not out.is_file():
         print(f"== {name}: FAILED (exit status {returncode})", flush=True)
-        return {"status": "failed", "script": str(script), "returncode": returncode, "seconds": seconds, "rows": []}
+        return {"status": "failed", "module": name, "returncode": returncode, "seconds": seconds, "rows": []}
     data = json.loads(out.read_text())
     rows = seal_rows(data) if name == "seal" else tier_rows(data)
-    return {"status": "ok", "script": str(script), "seconds": seconds, "rows": rows,
+    return {"status": "ok", "module": name, "seconds": seconds, "rows": rows,
             "machine": data.get("machine"), "load_average_after": data.get("load_average_after")}
 
 
 def run_sdk_suite(url: str | None, quick: bool, tmp_dir: str | None) -> dict:
-    from .bench_sdk import FULL, QUICK, run_sdk  # lazy: torch and the client
+    from .sdk import FULL, QUICK, run_sdk  # lazy: torch and the client
 
     print(f"\n== sdk: end-to-end through statetier.clients ({'daemon at ' + url if url else 'own daemon'})",
           flush=True)
@@ -253,7 +140,7 @@ def print_summary(rows: list[dict], suites: dict) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from .config import DEFAULT_CLIENT_URL
+    from statetier.daemon.config import DEFAULT_CLIENT_URL
 
     parser = argparse.ArgumentParser(prog="statetier bench", description=__doc__.splitlines()[0])
     parser.add_argument("--url", default=None,
@@ -263,7 +150,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("suite", nargs="*", metavar="SUITE",
                         help=f"run only these suites: {', '.join(SUITES)} (default: {', '.join(DEFAULT_SUITES)})")
     parser.add_argument("--dir", default=None, help="where temporary files go (default: the system temp dir)")
-    parser.add_argument("--benchmarks", default=None, help="the benchmarks/ folder of a statetier checkout")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args([arg for arg in argv if arg != "--"])  # the CLI passes "--" through
     unknown = sorted(set(args.suite) - set(SUITES))
@@ -285,13 +171,12 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     started = time.perf_counter()
     suites: dict[str, dict] = {}
-    directory = benchmarks_dir(args.benchmarks)
     with tempfile.TemporaryDirectory(prefix="statetier-bench-", dir=args.dir) as workdir:
         for name in suites_wanted:
             if name == "sdk":
                 suites[name] = run_sdk_suite(args.url, args.quick, args.dir)
             else:
-                suites[name] = run_script_suite(name, directory, args.quick, Path(workdir), args.dir)
+                suites[name] = run_module_suite(name, args.quick, Path(workdir), args.dir)
     rows = [row for name in suites_wanted for row in suites[name]["rows"]]
     seconds = time.perf_counter() - started
     print_summary(rows, suites)
@@ -304,9 +189,3 @@ def main(argv: list[str] | None = None) -> int:
                            for name, info in suites.items()})
         print(f"wrote {args.json}")
     return 1 if any(info["status"] == "failed" for info in suites.values()) else 0
-
-
-def write_json(path: str | Path, rows: list[dict], machine: dict, **extra) -> None:
-    """The one JSON object other tools read: ``{"results": rows, "machine": machine, **extra}``."""
-    with open(path, "w") as handle:
-        json.dump({"results": rows, "machine": machine, **extra}, handle, indent=2, default=str)

@@ -1,5 +1,7 @@
-"""How busy the machine is apart from us: load average and other processes using CPU.
+"""The machine a benchmark ran on, and how busy it was apart from us.
 
+- ``machine_info()`` — CPU model, cores, memory, kernel, Python, torch and library versions,
+  git commit of the checkout (if any); callers add ``load_average_before`` / ``_after``.
 - ``background(seconds)`` → ``{"load_average", "busy_processes", "busy_cpu_percent",
   "busiest", "cpus", "seconds"}``: every process's CPU time is read from ``/proc`` twice,
   ``seconds`` apart; a process other than this one and its descendants that used at least
@@ -12,7 +14,13 @@ Linux only; elsewhere the counts are ``None`` and only the load average is given
 from __future__ import annotations
 
 import os
+import platform
+import socket
+import subprocess
+import sys
 import time
+from importlib import metadata
+from pathlib import Path
 
 BUSY_PERCENT = 10.0
 
@@ -70,3 +78,56 @@ def background(seconds: float = 1.0) -> dict:
     info.update(busy_processes=len(busy), busy_cpu_percent=round(sum(p for p, _ in busy), 1),
                 busiest=[{"name": name, "cpu_percent": percent} for percent, name in busy[:5]])
     return info
+
+
+def machine_info() -> dict:
+    def version(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    info = {"cpu_model": _cpu_model(), "cpus": os.cpu_count(),
+            "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+            "memory_bytes": _meminfo("MemTotal"), "memory_available_bytes": _meminfo("MemAvailable"),
+            "kernel": platform.release(), "platform": platform.platform(), "hostname": socket.gethostname(),
+            "python": sys.version.split()[0], "python_implementation": platform.python_implementation()}
+    for name in ("statetier", "torch", "uvloop", "blake3", "xxhash", "redis", "hiredis", "lmdb", "cryptography"):
+        info[name] = version(name)
+    info["git_commit"] = _git_commit()
+    return info
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            return next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), "unknown")
+    except OSError:
+        return platform.processor() or "unknown"
+
+
+def _meminfo(field: str) -> int | None:
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _git_commit() -> str | None:
+    import statetier
+
+    root = Path(statetier.__file__).resolve().parent.parent  # a source checkout maps the package here
+    if not (root / ".git").exists():
+        return None
+    try:
+        done = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=root,
+                              capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    return done.stdout.strip() or None

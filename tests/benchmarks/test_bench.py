@@ -1,7 +1,7 @@
 """``statetier bench``: the whole quick run end to end, and its parts. No timing thresholds.
 
 The end-to-end test runs ``python -m statetier.daemon bench --quick --json FILE`` as a
-subprocess (the seal and tier scripts of this checkout, then the SDK benchmark against its
+subprocess (the seal and tier suites as ``python -m statetier.benchmarks.<suite>``, then the SDK benchmark against its
 own daemon) and checks the JSON other tools read: every row has the documented fields,
 ``ratio == gbps / raw_gbps``, and the SDK suite measured exactly the planned rows.
 """
@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from statetier.daemon.bench import RESULT_FIELDS, main, parse_args, run_script_suite, seal_rows, tier_rows
-from statetier.daemon.bench_sdk import QUICK, TARGETS, THROUGHPUT_TARGET
+from statetier.benchmarks.cli import main, parse_args, run_module_suite
+from statetier.benchmarks.rows import RESULT_FIELDS, seal_rows, tier_rows
+from statetier.benchmarks.sdk import QUICK, TARGETS, THROUGHPUT_TARGET
 from statetier.daemon.config import DEFAULT_CLIENT_URL
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,10 +85,10 @@ def test_quick_bench_writes_one_json_object_with_every_suite(tmp_path: Path) -> 
             assert len(row["load_average"]) == 3
 
 
-def test_missing_benchmark_scripts_are_reported_not_fatal(tmp_path: Path, capsys) -> None:
-    info = run_script_suite("seal", tmp_path / "no-checkout", quick=True, workdir=tmp_path, tmp_dir=None)
-    assert (info["status"], info["rows"]) == ("missing", [])
-    assert "seal: MISSING" in capsys.readouterr().out
+def test_a_suite_that_fails_is_reported_not_fatal(tmp_path: Path, capsys) -> None:
+    info = run_module_suite("no_such_suite", quick=True, workdir=tmp_path, tmp_dir=None)
+    assert (info["status"], info["rows"]) == ("failed", []) and info["returncode"] != 0
+    assert "no_such_suite: FAILED" in capsys.readouterr().out
 
 
 def test_an_unreachable_daemon_fails_the_sdk_suite_and_the_exit_status(tmp_path: Path) -> None:

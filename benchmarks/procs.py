@@ -1,8 +1,7 @@
-"""The processes around the SDK benchmark (``daemon/bench_sdk.py``), and their CPU time.
+"""The processes around the SDK benchmark (``sdk.py``), and their CPU time.
 
-- ``own_daemon(directory)`` — async context manager: ``statetier serve`` in a subprocess on a
-  fresh socket with the host tier only; yields an ``OwnDaemon`` (url, pid, command) and
-  stops it with SIGTERM afterwards.
+- ``own_daemon(directory)`` — async context manager: a ``statetier.launch.DaemonProcess``
+  on a fresh socket with the host tier only (url, pid); SIGTERM and cleanup afterwards.
 - ``echo_server(directory)`` — async context manager: the raw round trip's far end, a uvloop
   ``Protocol`` echo server in a subprocess (``serve_echo(path)`` is its body); yields an
   ``EchoClient`` whose ``round_trip(message)`` sends and waits for the echo.
@@ -18,54 +17,25 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-DAEMON_ARENA = "768MiB"
+from statetier.launch.daemons import DaemonProcess
 
-@dataclass(frozen=True)
-class OwnDaemon:
-    url: str
-    pid: int
-    command: list[str]
+DAEMON_ARENA = "768MiB"
 
 
 @contextlib.asynccontextmanager
 async def own_daemon(directory: Path):
-    """``statetier serve`` on a fresh socket, host tier only; yields an ``OwnDaemon``."""
-    socket_path = directory / "daemon.sock"
-    command = [sys.executable, "-m", "statetier.daemon", "serve", "--socket", str(socket_path),
-               "--disk-dir", str(directory / "disk"), "--keyring", str(directory / "keyring.json"),
-               "--no-metrics", "--host-capacity", DAEMON_ARENA, "--set", "disk.enabled=false",
-               "--log-level", "warning"]
-    log_path = directory / "daemon.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(command, cwd=directory, stdout=log, stderr=subprocess.STDOUT)
-    url = f"unix://{socket_path}"
+    """``statetier serve`` on a fresh socket in ``directory``, host tier only (no disk, no
+    metrics: nothing else competes for the cores); yields its ``DaemonProcess``."""
+    daemon = DaemonProcess(name="bench", directory=directory, host_capacity=DAEMON_ARENA, metrics=False,
+                           keyring=directory / "keyring.json", log_level="warning",
+                           settings={"disk.enabled": "false"})
+    await asyncio.to_thread(daemon.start)
     try:
-        await _wait_serving(proc, url, log_path)
-        yield OwnDaemon(url, proc.pid, command)
+        yield daemon
     finally:
-        _stop(proc)
-
-
-async def _wait_serving(proc: subprocess.Popen, url: str, log_path: Path, timeout: float = 60.0) -> None:
-    from statetier.clients import AsyncClient
-    from statetier.protocol.errors import StatetierError
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the benchmark daemon exited with {proc.returncode}:\n{log_path.read_text()[-2000:]}")
-        if os.path.exists(url.removeprefix("unix://")):
-            try:
-                async with AsyncClient(url, use_shm=False, timeout=2.0) as probe:
-                    await probe.ping()
-                return
-            except (StatetierError, OSError):
-                pass  # still starting
-        await asyncio.sleep(0.05)
-    raise RuntimeError(f"the benchmark daemon did not serve {url} within {timeout} s")
+        await asyncio.to_thread(daemon.close)
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -105,7 +75,7 @@ def serve_echo(path: str) -> None:
 @contextlib.asynccontextmanager
 async def echo_server(directory: Path):
     path = directory / "echo.sock"
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; from statetier.daemon.bench_procs import serve_echo; "
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; from statetier.benchmarks.procs import serve_echo; "
                              "serve_echo(sys.argv[1])", str(path)], stdin=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 30

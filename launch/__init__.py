@@ -1,0 +1,19 @@
+"""Real processes around a daemon, started and stopped from Python: for tests, benchmarks,
+examples and the reliability harness (nothing here runs inside a daemon or a worker).
+
+- ``daemons`` — ``DaemonProcess``: ``statetier serve`` in a subprocess, ready-waiting,
+  signals, metrics scrapes, cleanup of what a killed daemon leaves in /dev/shm.
+- ``redis_servers`` — ``RedisServer`` and ``RedisCluster`` (three masters) on free
+  loopback ports, found binaries, ``free_port``.
+- ``pd`` — ``PDCluster``: Redis + a shared keyring + a prefill and a decode daemon.
+
+Imports only ``statetier.protocol`` and ``statetier.clients`` of the package (a daemon is
+always another process).
+"""
+
+from .daemons import DaemonFailed, DaemonProcess, Samples, served_by_tier
+from .pd import PDCluster
+from .redis_servers import RedisCluster, RedisServer, free_port
+
+__all__ = ["DaemonFailed", "DaemonProcess", "PDCluster", "RedisCluster", "RedisServer", "Samples", "free_port",
+           "served_by_tier"]

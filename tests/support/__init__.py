@@ -1,1 +1,0 @@
-"""Helpers for the test suite: real processes the tests start and stop themselves."""
