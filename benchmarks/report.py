@@ -3,9 +3,9 @@
 Usage: ``python -m statetier.benchmarks.report [--quick] [--out FILE.md] [--plots DIR] [--keep-json FILE]
 [--from-json FILE]``
 
-1. samples the machine's background load (``machine_load.background``);
+1. samples the machine's background load (``machine.background``);
 2. runs ``python -m statetier.daemon bench --json FILE [--quick] sdk workloads`` as a
-   subprocess (``daemon/bench_sdk.py``: the same-host hot path and its per-phase
+   subprocess (``sdk.py``: the same-host hot path and its per-phase
    breakdown; ``workloads.py``: PD handoff, multi-turn prefix reuse,
    concurrent clients, raw limits); its tables go to stdout, its progress bars to stderr;
 3. samples the background load again;

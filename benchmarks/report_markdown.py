@@ -146,7 +146,7 @@ def pd_section(rows: list[dict], plot: str | None) -> list[str]:
              "A prefill daemon stores every KV record and SSM snapshot of one request with `publish=True` (each put "
              "returns once the object is sealed in the host arena and written to Redis); a decode daemon on the same "
              "Redis asks for the joint hit of every layer, then loads what it found (Redis → verify → its arena → the "
-             "client). Both daemons and the redis-server are separate processes (`examples/pd_cluster.py`). "
+             "client). Both daemons and the redis-server are separate processes (`statetier.launch.PDCluster`). "
              "Geometries (KV in bfloat16, one record per attention layer covering the whole prompt):", "",
              *geometry, "", *_table(head, body), "", _served_text(found), ""]
     lines += [f"![PD handoff GB/s next to the raw limits]({plot})", ""] if plot else []

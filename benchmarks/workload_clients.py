@@ -1,7 +1,7 @@
 """Concurrent clients: 1, 4 and 16 inference workers putting and loading 2 MiB KV pages.
 
 ``run_clients(levels, pages, reps, directory, progress) -> rows`` starts its own daemon
-(``daemon/bench_procs.own_daemon``: host arena only, the hot path) and a pool of client
+(``procs.own_daemon``: host arena only, the hot path) and a pool of client
 processes (forked from a forkserver that has imported torch and the SDK once), each with
 its own ``AsyncClient`` over shared memory. For each level N, every repetition runs
 these phases on N workers at once, each phase started together (every worker is armed,

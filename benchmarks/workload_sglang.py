@@ -1,7 +1,7 @@
 """The SGLang HiCache backend against the SDK's own batched calls on the same pages.
 
 ``run_sglang(pages, reps, directory, progress) -> rows`` starts its own daemon
-(``daemon/bench_procs.own_daemon``: host arena only), fills a page-first KV host pool (the
+(``procs.own_daemon``: host arena only), fills a page-first KV host pool (the
 stand-in of ``tests/clients/sglang_pools.py``, SGLang's buffer layout) with ``pages`` pages
 of a Qwen3-Next-80B-like geometry (12 attention layers × 2 KV heads × 256, bfloat16, 64
 tokens a page: 1.5 MiB), then per repetition, alternating:

@@ -16,9 +16,9 @@ Four parts, in this order (``--only`` picks some), each with a progress bar on s
   against the SDK's own batched put / load of the same pages (``workload_sglang``).
 
 ``--json FILE`` writes ``{"machine", "load_average_after", "seconds", "plan", "rows"}``, rows
-in the schema of ``statetier.daemon.bench.result`` (``daemon/bench.py`` reads them as it
+in the schema of ``rows.result`` (``cli.py`` reads them as it
 reads ``tiers.py``); every row also carries ``background``: the machine's load
-and the other busy processes just before and after its workload (``machine_load``).
+and the other busy processes just before and after its workload (``machine.background``).
 ``--quick`` (2k tokens only, fewer turns, clients and repetitions) takes about a minute.
 """
 

@@ -23,7 +23,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.append(str(HERE.parent / "benchmarks"))
 
 import probe_corruption  # noqa: E402
 import probe_crash  # noqa: E402
@@ -33,7 +32,7 @@ import probe_load  # noqa: E402
 import probe_security  # noqa: E402
 import chaos_report as report  # noqa: E402
 from harness import REPO, Budget, ProbeResult  # noqa: E402
-from machine_load import background  # noqa: E402
+from statetier.benchmarks.machine import background  # noqa: E402
 
 PROBES = {"crash": probe_crash, "fuzz": probe_fuzz, "corruption": probe_corruption, "faults": probe_faults,
           "load": probe_load, "security": probe_security}

