@@ -40,19 +40,46 @@ def test_the_vllm_connector_module_imports_without_vllm_or_torch() -> None:
 
 
 PACKAGES = {"protocol": "statetier.protocol", "tiers": "statetier.tiers", "daemon": "statetier.daemon",
-            "clients": "statetier.clients"}
+            "clients": "statetier.clients", "launch": "statetier.launch", "benchmarks": "statetier.benchmarks"}
+
+# Which packages each package may import (docs/architecture.md): the arrows run one way.
+ALLOWED = {
+    "protocol": set(),
+    "tiers": {"protocol"},
+    # daemon.cli is the ``statetier`` command: its client subcommands use the SDK, and
+    # ``statetier bench`` enters the benchmarks lazily; no other daemon module does either
+    "daemon": {"protocol", "tiers", "clients", "benchmarks"},
+    "clients": {"protocol"},
+    "launch": {"protocol", "clients"},
+    "benchmarks": {"protocol", "tiers", "daemon", "clients", "launch"},
+}
 
 
-def _import_graph() -> dict[str, set[str]]:
-    """Every statetier module's imports of other statetier modules, lazy ones included."""
+def _modules() -> dict[str, Path]:
+    """Every module of the package (subpackages included) → its file."""
+    root = Path(__file__).resolve().parent.parent
+    modules = {}
+    for folder, package in PACKAGES.items():
+        for path in (root / folder).rglob("*.py"):
+            parts = path.relative_to(root / folder).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            modules[".".join((package, *parts))] = path
+    return modules
+
+
+def _import_graph(*, packages_too: bool = False) -> dict[str, set[str]]:
+    """Every statetier module's imports of other statetier modules, lazy ones included
+    (``packages_too``: an ``__init__`` counts as the module it is)."""
     import ast
 
-    root = Path(__file__).resolve().parent.parent
-    modules = {f"{package}.{path.stem}": path for folder, package in PACKAGES.items()
-               for path in (root / folder).glob("*.py") if path.stem != "__init__"}
+    modules = _modules()
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
-        package = name.rsplit(".", 1)[0]
+        is_package = path.stem == "__init__"
+        if is_package and not packages_too:
+            continue
+        package = name if is_package else name.rsplit(".", 1)[0]
         found: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
@@ -77,6 +104,8 @@ def test_no_module_of_the_package_imports_itself_through_others() -> None:
 
     def visit(name: str, path: list[str]) -> None:
         for nxt in sorted(graph[name]):
+            if nxt not in graph:
+                continue  # a package's __init__: its own imports are checked as modules
             if nxt == path[0]:
                 circles.append(" -> ".join(path + [nxt]))
             elif nxt not in path and nxt > path[0]:  # each circle once, from its smallest module
@@ -85,3 +114,17 @@ def test_no_module_of_the_package_imports_itself_through_others() -> None:
     for start in sorted(graph):
         visit(start, [start])
     assert circles == []
+
+
+def test_each_package_imports_only_what_the_architecture_allows() -> None:
+    def top(module: str) -> str:
+        return module.split(".")[1]
+
+    graph = _import_graph(packages_too=True)
+    wrong = sorted(f"{module} imports {target}" for module, targets in graph.items()
+                   for target in targets if top(target) != top(module) and top(target) not in ALLOWED[top(module)])
+    assert wrong == []
+    upward = sorted(f"{module} imports {target}" for module, targets in graph.items() for target in targets
+                    if top(module) == "daemon" and top(target) in ("clients", "benchmarks")
+                    and module != "statetier.daemon.cli")
+    assert upward == []
