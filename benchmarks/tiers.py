@@ -51,9 +51,9 @@ from statetier.protocol.keyring import Keyring
 from statetier.protocol.sealed import decode_header, layout_payload, open_sealed, seal
 from statetier.tiers.base import ObjectMeta, Tier
 from statetier.tiers.crypto import AtRestCipher
-from statetier.tiers.device import DeviceTier
+from statetier.tiers.memory import DeviceTier
 from statetier.tiers.disk import DiskTier
-from statetier.tiers.host import HostTier
+from statetier.tiers.memory import HostTier
 from statetier.tiers.redis import RedisTier
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # torch, on the cpu pool

@@ -127,9 +127,8 @@ def load_or_create_cipher(path: Path) -> AtRestCipher:
 
 def build_tiers(config: Config, keyring: Keyring, executor) -> tuple[list[Tier], dict]:
     """Concrete tiers, fastest first, and the roles the engine needs (arena, publish, …)."""
-    from statetier.tiers.device import DeviceTier
     from statetier.tiers.disk import DiskTier
-    from statetier.tiers.host import HostTier
+    from statetier.tiers.memory import DeviceTier, HostTier
 
     limits = config.limits
     tiers: list[Tier] = []
@@ -175,7 +174,7 @@ def build(config: Config) -> App:
     tiers, roles = build_tiers(config, keyring, executor)
     metrics = Metrics()
     if roles["publish"] is not None:
-        from statetier.tiers.redis_registry import RedisVersionRegistry
+        from statetier.tiers.redis import RedisVersionRegistry
 
         registry = RedisVersionRegistry(config.redis.url, ttl_seconds=config.redis.ttl_seconds)
     else:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from harness import Budget, DaemonFailed, DaemonProcess, ProbeResult, RedisServer, internal_errors, key_prefix, passed, payload
 from statetier.protocol.errors import NotFound, RejectedState, StatetierError
-from statetier.tiers.segments import RECORD_HEADER_BYTES, SegmentFile
+from statetier.tiers.disk.segments import RECORD_HEADER_BYTES, SegmentFile
 from wire import Wire
 
 PROBE = "corruption"

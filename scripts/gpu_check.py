@@ -185,8 +185,8 @@ async def check_size(torch, host, device, payload_bytes: int, report: Report) ->
 
 
 async def run(torch) -> int:
-    from statetier.tiers.device import DeviceTier
-    from statetier.tiers.host import HostTier
+    from statetier.tiers.memory import DeviceTier
+    from statetier.tiers.memory import HostTier
 
     report = Report()
     print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")

@@ -7,7 +7,7 @@ registry also records, per state_id, the stream it was issued for (``MisroutedSt
 
 - ``VersionRegistry``       — the interface (``claim``, ``newest``, ``stream_of``).
 - ``MemoryVersionRegistry`` — one process; bounded (oldest streams forgotten past a limit).
-- ``RedisVersionRegistry``  — in ``tiers.redis_registry``: across nodes, atomic in Redis.
+- ``RedisVersionRegistry``  — in ``tiers.redis.registry``: across nodes, atomic in Redis.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKe
 from statetier.protocol.keyring import Keyring
 from statetier.protocol.messages import key_to_wire, provenance_to_wire, specs_to_wire
 from statetier.protocol.sealed import layout_payload
-from statetier.tiers.host import HostTier
+from statetier.tiers.memory import HostTier
 from statetier.tiers.registry import MemoryVersionRegistry
 
 NS = NamespaceSpec(model_id="server-tests").namespace()

@@ -11,7 +11,7 @@
   admitted, as that tenant (``Config.is_unix_peer_allowed``).
 - Redis written by someone without the signing key: an object sealed under another
   keyring (or under the daemon's key id with a guessed secret), laid out in Redis the way
-  the tier lays it out (``tiers/redis_layout.py``), is refused with ``BadSignature`` by ref
+  the tier lays it out (``tiers/redis/layout.py``), is refused with ``BadSignature`` by ref
   and by key, counted in ``statetier_rejections_total{reason="bad_signature"}``, and
   removed from Redis.
 - After every refusal the daemon keeps serving (a genuine client round-trips).
@@ -44,7 +44,7 @@ from statetier.protocol.identity import Provenance, StateKey, StateRef, new_stat
 from statetier.protocol.keyring import Keyring, SigningKey  # noqa: E402
 from statetier.protocol.sealed import decode_header, layout_payload, seal  # noqa: E402
 from statetier.tiers.base import ObjectMeta  # noqa: E402
-from statetier.tiers.redis_layout import Manifest, RedisKeys  # noqa: E402
+from statetier.tiers.redis.layout import Manifest, RedisKeys  # noqa: E402
 from statetier.launch.redis_servers import free_port  # noqa: E402
 
 TOKEN = "tenant-a-secret-token"

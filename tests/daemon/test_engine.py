@@ -33,7 +33,7 @@ from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKe
 from statetier.protocol.keyring import Keyring
 from statetier.protocol.sealed import layout_payload, parse_header, verify_payload_only
 from statetier.tiers.disk import DiskTier
-from statetier.tiers.host import HostTier
+from statetier.tiers.memory import HostTier
 from statetier.tiers.registry import MemoryVersionRegistry
 
 NS = NamespaceSpec("jamba-tiny", kv_dtype="bfloat16").namespace()

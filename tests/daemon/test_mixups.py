@@ -39,9 +39,9 @@ from statetier.protocol.keyring import Keyring
 from statetier.protocol.sealed import decode_header, seal_object, verify_payload_only
 from statetier.tiers.base import ObjectMeta
 from statetier.tiers.disk import DiskTier
-from statetier.tiers.host import HostTier
+from statetier.tiers.memory import HostTier
 from statetier.tiers.redis import RedisTier
-from statetier.tiers.redis_layout import Manifest, RedisKeys
+from statetier.tiers.redis.layout import Manifest, RedisKeys
 from statetier.tiers.registry import MemoryVersionRegistry
 
 NS = NamespaceSpec("mixup-model").namespace()

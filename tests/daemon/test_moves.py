@@ -23,7 +23,7 @@ from statetier.protocol.errors import NotFound
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, prefix_hashes
 from statetier.protocol.keyring import Keyring
 from statetier.tiers.disk import DiskTier
-from statetier.tiers.host import HostTier
+from statetier.tiers.memory import HostTier
 from statetier.tiers.redis import RedisTier
 from statetier.tiers.registry import MemoryVersionRegistry
 

@@ -27,7 +27,7 @@ from statetier.daemon.frame_writer import ConnectionClosed, FrameWriter
 from statetier.protocol.frames import HEADER_SIZE, Frame, FrameDecoder, Op
 from statetier.protocol.messages import ref_to_wire
 from statetier.protocol.sealed import decode_header
-from statetier.tiers.host import HostTier
+from statetier.tiers.memory import HostTier
 
 STRANGER_UID = os.getuid() + 12345
 

@@ -24,7 +24,7 @@ from statetier.protocol.keyring import Keyring
 from statetier.protocol.sealed import decode_header, seal_object, verify_payload_only
 from statetier.tiers.base import ObjectMeta
 from statetier.tiers.disk import DiskTier
-from statetier.tiers.host import HostTier
+from statetier.tiers.memory import HostTier
 from statetier.tiers.registry import MemoryVersionRegistry
 
 NS = NamespaceSpec("serving-rules", tp_size=2).namespace()

@@ -12,8 +12,8 @@
 - ``flip_site(snapshot)`` → ``(tensor name, byte index, mask)``: the one bit both suites flip,
   the exponent's high bit of the largest value below 2 in ``recurrent_states.0`` (×2¹²⁸).
 - Stored bytes: ``is_in_redis`` / ``redis_blob`` / ``write_redis_blob`` / ``flip_redis_bit``
-  (the Redis tier's manifest and chunk keys, tiers/redis_layout.py); ``flip_disk_bit`` (a
-  segment record, tiers/segments.py); ``forged_blob`` — an object re-sealed by a writer
+  (the Redis tier's manifest and chunk keys, tiers/redis/layout.py); ``flip_disk_bit`` (a
+  segment record, tiers/disk/segments.py); ``forged_blob`` — an object re-sealed by a writer
   holding another key; ``write_under_another_key`` (Redis: another object's chunk, and
   optionally its manifest, under this object's keys) and ``overwrite_in_arena`` (another
   object's sealed bytes over this one's region of the daemon's arena, in place): a mix-up
@@ -41,7 +41,7 @@ for _extra in (REPO / "examples", REPO / "tests" / "daemon"):
 from statetier.clients.transformers import CachePlan, cache_plan  # noqa: E402
 from statetier.protocol.keyring import Keyring  # noqa: E402
 from statetier.protocol.sealed import decode_header, layout_payload, seal  # noqa: E402
-from statetier.tiers.redis_layout import Manifest, RedisKeys  # noqa: E402
+from statetier.tiers.redis.layout import Manifest, RedisKeys  # noqa: E402
 from tiny_hybrids import build_model, prefill, prompt, reference_tokens  # noqa: E402
 
 ARCHS = ("jamba", "bamba", "zamba2", "qwen3_next", "mamba2")
@@ -174,7 +174,7 @@ def flip_redis_bit(redis, state_id: bytes, snapshot: dict[str, torch.Tensor]) ->
 
 
 _RECORD_MAGIC = b"STRC"
-_RECORD_ID_AT = 16  # tiers/segments.py: the object_id in a record header
+_RECORD_ID_AT = 16  # tiers/disk/segments.py: the object_id in a record header
 RECORD_HEADER_BYTES = 64
 
 

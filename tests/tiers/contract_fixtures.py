@@ -31,9 +31,9 @@ from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKe
 from statetier.protocol.keyring import Keyring
 from statetier.protocol.sealed import decode_header, seal_object
 from statetier.tiers.base import ObjectMeta, Tier
-from statetier.tiers.device import DeviceTier
+from statetier.tiers.memory import DeviceTier
 from statetier.tiers.disk import DiskTier
-from statetier.tiers.host import HostTier
+from statetier.tiers.memory import HostTier
 from statetier.tiers.redis import RedisTier
 
 TIER_KINDS = ["host", "device-cpu", "disk", "redis", "redis-cluster"]

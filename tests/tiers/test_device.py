@@ -21,7 +21,7 @@ from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKe
 from statetier.protocol.keyring import dev_keyring  # noqa: E402
 from statetier.protocol.sealed import decode_header, open_sealed, seal_object  # noqa: E402
 from statetier.tiers.base import ObjectMeta  # noqa: E402
-from statetier.tiers.device import DeviceTier  # noqa: E402
+from statetier.tiers.memory import DeviceTier  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from contract_fixtures import load, store  # noqa: E402

@@ -30,10 +30,10 @@ from statetier.protocol.errors import (
 )
 from statetier.protocol.sealed import open_sealed
 from statetier.tiers.crypto import AtRestCipher
-from statetier.tiers.disk import BUFFERED_BYTES, DiskTier
-from statetier.tiers.disk_index import DiskIndex, IndexEntry, Location, Put
-from statetier.tiers.disk_jobs import translate_error
-from statetier.tiers.segments import RECORD_HEADER_BYTES
+from statetier.tiers.disk.tier import BUFFERED_BYTES, DiskTier
+from statetier.tiers.disk.index import DiskIndex, IndexEntry, Location, Put
+from statetier.tiers.disk.jobs import translate_error
+from statetier.tiers.disk.segments import RECORD_HEADER_BYTES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling disk_crash_writer.py
 from disk_crash_writer import KEYRING, load, make_object, object_id_for, store  # noqa: E402

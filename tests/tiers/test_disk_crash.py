@@ -30,8 +30,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling disk_crash_writer.py
 from disk_crash_writer import crash_size, load, make_object, object_id_for, open_tier  # noqa: E402
 
-from statetier.tiers.disk_index import DiskIndex  # noqa: E402
-from statetier.tiers.segments import list_segments  # noqa: E402
+from statetier.tiers.disk.index import DiskIndex  # noqa: E402
+from statetier.tiers.disk.segments import list_segments  # noqa: E402
 
 WRITER = Path(__file__).with_name("disk_crash_writer.py")
 BUDGET_SECONDS = 40

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from statetier.tiers.disk import DiskTier
-from statetier.tiers.disk_index import Delete, DiskIndex, IndexEntry, Location, Mark, Put
-from statetier.tiers.disk_log import decode_ops, encode_ops, encoded_len
-from statetier.tiers.disk_body import RecordBody
-from statetier.tiers.segments import RECORD_HEADER_BYTES, SegmentFile
+from statetier.tiers.disk.index import Delete, DiskIndex, IndexEntry, Location, Mark, Put
+from statetier.tiers.disk.log import decode_ops, encode_ops, encoded_len
+from statetier.tiers.disk.body import RecordBody
+from statetier.tiers.disk.segments import RECORD_HEADER_BYTES, SegmentFile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling disk_crash_writer.py
 from disk_crash_writer import KEYRING, load, make_object, object_id_for, store  # noqa: E402

@@ -22,7 +22,7 @@ from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKe
 from statetier.protocol.keyring import dev_keyring
 from statetier.protocol.sealed import decode_header, open_sealed, seal_object
 from statetier.tiers.base import ObjectMeta
-from statetier.tiers.host import HostTier, open_unlinked_shm
+from statetier.tiers.memory.host import HostTier, open_unlinked_shm
 
 sys.path.insert(0, str(Path(__file__).parent))
 from contract_fixtures import load, store  # noqa: E402

@@ -38,8 +38,8 @@ from statetier.protocol.sealed import decode_header, seal_object
 from statetier.tiers.base import ObjectMeta
 from statetier.tiers.crypto import AtRestCipher
 from statetier.tiers.redis import RedisTier
-from statetier.tiers.redis_connect import redact, take_cluster_option
-from statetier.tiers.redis_layout import PENDING_CHUNK_TTL, Manifest, RedisKeys
+from statetier.tiers.redis.connect import redact, take_cluster_option
+from statetier.tiers.redis.layout import PENDING_CHUNK_TTL, Manifest, RedisKeys
 from statetier.launch.redis_servers import RedisServer, TlsFiles
 
 KEYRING = dev_keyring()

@@ -23,7 +23,7 @@ from statetier.protocol.keyring import dev_keyring
 from statetier.protocol.sealed import decode_header, seal_object
 from statetier.tiers.base import ObjectMeta
 from statetier.tiers.redis import RedisTier
-from statetier.tiers.redis_registry import RedisVersionRegistry
+from statetier.tiers.redis.registry import RedisVersionRegistry
 
 KEYRING = dev_keyring()
 NAMESPACE = NamespaceSpec("redis-fault-test").namespace()

@@ -18,7 +18,7 @@ from statetier.protocol.errors import InvalidRequest, StaleState
 from statetier.protocol.identity import new_state_id
 from statetier.protocol.keyring import dev_keyring
 from statetier.tiers.redis import RedisTier
-from statetier.tiers.redis_registry import RedisVersionRegistry
+from statetier.tiers.redis.registry import RedisVersionRegistry
 from statetier.tiers.registry import StreamHead
 
 _prefixes = itertools.count()

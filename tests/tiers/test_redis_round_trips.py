@@ -22,9 +22,9 @@ import redis.exceptions
 from statetier.protocol.errors import BadSignature, CorruptPayload, InvalidRequest
 from statetier.protocol.keyring import Keyring
 from statetier.tiers.redis import RedisTier
-from statetier.tiers.redis_connect import BoundedWaitPool, exchange, open_client
-from statetier.tiers.redis_layout import RedisKeys
-from statetier.tiers.redis_scripts import Scripts
+from statetier.tiers.redis.connect import BoundedWaitPool, exchange, open_client
+from statetier.tiers.redis.layout import RedisKeys
+from statetier.tiers.redis.scripts import Scripts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the helpers of the sibling test_redis.py
 from test_redis import KEYRING, backend, keys_of, load, make_object, object_keys, store  # noqa: E402,F401

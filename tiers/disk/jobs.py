@@ -22,7 +22,7 @@ from functools import partial
 import lmdb
 
 from statetier.protocol.errors import CapacityError, InternalError, StatetierError, Unavailable
-from statetier.tiers.disk_space import SegmentState
+from .space import SegmentState
 
 _CAPACITY_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
 

@@ -5,7 +5,7 @@
   whose readers may still hold a location in this segment although the index moved or
   dropped it); ``pins`` (reservations and I/O in flight); ``unheaded`` (offset → header
   of each reservation whose header may not be written yet: the next COMMIT record in
-  this segment fills those below it, ``tiers.disk_log``). ``is_deletable`` says whether
+  this segment fills those below it, ``tiers.disk.log``). ``is_deletable`` says whether
   the file may go: nothing live, nothing pinned, no lingering id (after
   ``forget_unleased`` dropped those no lease holds any more).
 - ``SegmentSpace`` — the segments by number and the one ``active`` segment;
@@ -24,8 +24,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from statetier.tiers.disk_index import Location
-from statetier.tiers.segments import SegmentFile
+from .index import Location
+from .segments import SegmentFile
 
 
 class SegmentState:

@@ -1,10 +1,10 @@
 """The disk tier's log: each group commit is one COMMIT record in a segment, made durable
 with the records it names by one fdatasync.
 
-The segments are the log and the LMDB index a checkpoint of it (``tiers.disk_checkpoint``).
+The segments are the log and the LMDB index a checkpoint of it (``tiers.disk.checkpoint``).
 A store is durable once its object record and the COMMIT record naming it have been
 fdatasync'd together; the index learns of it later, in the background, and a restart
-that finds the index behind replays the COMMIT records it lacks (``tiers.disk_recovery``).
+that finds the index behind replays the COMMIT records it lacks (``tiers.disk.recovery``).
 
 - ``CommitLog.flush(batch)`` — ``GroupCommit``'s flush, on the event loop: resolves each
   op (a ``Move`` whose object left its old location has no effect), reserves the COMMIT
@@ -35,11 +35,11 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from statetier.protocol.errors import StatetierError
-from statetier.tiers.disk_commit import PendingOp, RecordWrite
-from statetier.tiers.disk_index import Delete, IndexEntry, IndexOp, Put
-from statetier.tiers.disk_jobs import chained
-from statetier.tiers.disk_space import SegmentSpace, SegmentState
-from statetier.tiers.segments import (
+from .commit import PendingOp, RecordWrite
+from .index import Delete, IndexEntry, IndexOp, Put
+from .jobs import chained
+from .space import SegmentSpace, SegmentState
+from .segments import (
     RECORD_HEADER_BYTES, RecordHeader, SegmentFile, commit_header, is_commit_body_intact, void_header,
 )
 

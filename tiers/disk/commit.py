@@ -4,7 +4,7 @@
   one index op, naming the segment whose record the op points at and, for a store whose
   bytes were buffered, the ``RecordWrite`` that puts them there. While a batch is in
   flight new ops queue up and go together in the next one, so concurrent stores share one
-  fdatasync (``flush`` is ``CommitLog.flush``, ``tiers.disk_log``). ``on_result`` runs
+  fdatasync (``flush`` is ``CommitLog.flush``, ``tiers.disk.log``). ``on_result`` runs
   for every op, in submit order, as soon as its batch is done, whether or not its
   submitter is still waiting (a cancelled ``complete_store`` still publishes): memory
   follows the log. ``drain()`` waits until the queue is empty (the tier's ``close``);
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from statetier.protocol.errors import InternalError, Unavailable
-from statetier.tiers.disk_index import IndexOp
+from .index import IndexOp
 
 
 @dataclass(frozen=True, slots=True)

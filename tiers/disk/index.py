@@ -1,6 +1,6 @@
 """The disk tier's LMDB index: where each object's record lives, and what the object is.
 
-The index is a *checkpoint* of the log the segments hold (``tiers.disk_log``): it is
+The index is a *checkpoint* of the log the segments hold (``tiers.disk.log``): it is
 written in the background every so many commits, in one durable transaction, and says up
 to which group commit (``last_seq``) it is complete and from which segment (``scan_from``)
 a restart must read the log to catch up. One environment (``index/``, synced) with four
@@ -34,7 +34,7 @@ from pathlib import Path
 import lmdb
 
 from statetier.protocol.identity import Kind
-from statetier.tiers.base import ObjectMeta
+from ..base import ObjectMeta
 
 _ENTRY = struct.Struct("<BIQQQBQQIQQBBB")
 _ENTRY_FORMAT = 1

@@ -21,9 +21,9 @@ from __future__ import annotations
 from statetier.protocol.errors import ConfigError, InvalidRequest
 from statetier.protocol.keyring import Keyring
 from statetier.protocol.classify import open_intact
-from statetier.tiers.crypto import ENVELOPE_BYTES, TAG_BYTES, AtRestCipher
-from statetier.tiers.disk_index import Location
-from statetier.tiers.segments import FLAG_ENVELOPE, RECORD_HEADER_BYTES, RecordHeader, SegmentFile
+from ..crypto import ENVELOPE_BYTES, TAG_BYTES, AtRestCipher
+from .index import Location
+from .segments import FLAG_ENVELOPE, RECORD_HEADER_BYTES, RecordHeader, SegmentFile
 
 
 class RecordBody:

@@ -30,10 +30,10 @@ from dataclasses import astuple, dataclass, replace
 from typing import Awaitable, Callable
 
 from statetier.protocol.errors import CorruptPayload, RejectedState
-from statetier.tiers.disk_commit import GroupCommit
-from statetier.tiers.disk_index import Location, Move
-from statetier.tiers.disk_space import SegmentSpace, SegmentState
-from statetier.tiers.segments import RecordHeader, SegmentFile
+from .commit import GroupCommit
+from .index import Location, Move
+from .space import SegmentSpace, SegmentState
+from .segments import RecordHeader, SegmentFile
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from statetier.protocol.keyring import Keyring, SigningKey
 from statetier.protocol.classify import open_intact
 from statetier.protocol.sealed import SealedHeader, verify_payload_only
-from statetier.tiers.base import ObjectMeta
+from ..base import ObjectMeta
 
 
 @dataclass(frozen=True, slots=True)

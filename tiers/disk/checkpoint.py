@@ -25,7 +25,7 @@ import time
 from typing import Awaitable, Callable
 
 from statetier.protocol.errors import StatetierError
-from statetier.tiers.disk_index import DiskIndex, IndexOp, Mark
+from .index import DiskIndex, IndexOp, Mark
 
 
 class Checkpointer:

@@ -8,7 +8,7 @@
   the server (``INFO cluster``). Connect and socket timeouts plus
   ``Retry(ExponentialBackoff(cap=1.0, base=0.05), retries)`` make a dead or frozen server
   fail in bounded time. redis-py errors are raised as they are; callers translate them
-  (``tiers.redis_errors``).
+  (``tiers.redis.errors``).
 - ``BoundedWaitPool`` — redis-py's ``BlockingConnectionPool`` that takes a free connection
   at once: its condition and timer (about 30 µs a command) only serve when all are busy.
 - ``exchange(client, commands)`` → the replies of ``commands`` (tuples of command name and

@@ -32,8 +32,8 @@ from contextlib import ExitStack
 
 from statetier.protocol.errors import CapacityError, ConfigError, InternalError, StatetierError
 
-from .base import Buffer, StoreTicket
-from .extent_tier import DEFAULT_INLINE_COPY_BYTES, ExtentTier, LeaseState, Placement, release_quietly
+from ..base import Buffer, StoreTicket
+from .extent import DEFAULT_INLINE_COPY_BYTES, ExtentTier, LeaseState, Placement, release_quietly
 from .rawmemory import address_of, exported, exported_for_write, fresh_buffer, view_at
 
 

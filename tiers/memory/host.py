@@ -31,7 +31,7 @@ from concurrent.futures import Executor
 
 from statetier.protocol.errors import CapacityError, ConfigError, Unavailable
 
-from .extent_tier import DEFAULT_INLINE_COPY_BYTES, ExtentTier, release_quietly
+from .extent import DEFAULT_INLINE_COPY_BYTES, ExtentTier, release_quietly
 from .rawmemory import address_of
 
 _GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")

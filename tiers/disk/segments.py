@@ -18,7 +18,7 @@ little-endian::
     48     8     reserved, zero
     56     8     checksum: xxh3-64 (u64) of bytes [0, 56) of this record header
     64     …     body: the sealed blob (header + payload), or its at-rest envelope; in a
-                 COMMIT record the index ops of one group commit (``tiers.disk_log``)
+                 COMMIT record the index ops of one group commit (``tiers.disk.log``)
 
 The checksum guards the record header only; an object body is verified on every read by
 its own signature and payload digest (``open_sealed``), or by the AES-GCM tag first.

@@ -28,7 +28,7 @@ lives in one cluster slot and a single pipeline reads or writes it:
 Pending chunks carry their store's id, so neither a SET that reaches Redis after the
 cleanup of a cancelled store nor a second store of the same object id can touch the chunks
 of a committed object; they expire with ``PENDING_CHUNK_TTL``. The scripts that commit and
-account are in ``tiers.redis_scripts``.
+account are in ``tiers.redis.scripts``.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from typing import Sequence
 
 from statetier.protocol.errors import ConfigError, CorruptPayload
 from statetier.protocol.identity import Kind
-from statetier.tiers.base import Buffer, ObjectMeta
-from statetier.tiers.redis_connect import Gathered
+from ..base import Buffer, ObjectMeta
+from .connect import Gathered
 
 MANIFEST_FORMAT = 1
 PENDING_CHUNK_TTL = 600  # seconds an uncommitted chunk may live

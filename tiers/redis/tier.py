@@ -1,8 +1,8 @@
 """The Redis tier: sealed objects in Redis or Redis Cluster, shared by every node.
 
-``RedisTier`` is the ``Tier`` of DESIGN §5; ``tiers.redis_connect`` opens its client,
-``tiers.redis_layout`` names its keys, ``tiers.redis_scripts`` holds its Lua scripts,
-``tiers.redis_errors`` translates what redis-py raises.
+``RedisTier`` is the ``Tier`` of DESIGN §5; ``tiers.redis.connect`` opens its client,
+``tiers.redis.layout`` names its keys, ``tiers.redis.scripts`` holds its Lua scripts,
+``tiers.redis.errors`` translates what redis-py raises.
 
 - store: the chunks go to pending keys named after the store, as slices of the writer's
   buffers (never copied; chunk 0 also holds the header, so a 2 MiB page is one chunk). An
@@ -20,7 +20,7 @@
 - read: ``prepare_load`` fetches the manifest and chunk 0 in one MGET (the whole object up
   to a 2 MiB page; the LRU touch rides in the same round trip when there is a budget), and
   the lease holds those bytes; ``read`` fetches the other chunks in one round trip,
-  reassembles, decrypts (``AtRestCipher``) and checks integrity (``tiers.redis_verify``:
+  reassembles, decrypts (``AtRestCipher``) and checks integrity (``tiers.redis.verify``:
   the lengths the header declares, signature, payload digest; never the manifest): on the
   event loop up to ``INLINE_BYTES``, in the executor above. A damaged object is deleted
   and counted (``extra["corrupt_dropped"]``); an intact object of another identity is
@@ -62,7 +62,7 @@ from statetier.protocol.errors import (
     StatetierError,
 )
 from statetier.protocol.keyring import Keyring
-from statetier.tiers.base import (
+from ..base import (
     Buffer,
     EvictedObject,
     Lease,
@@ -72,10 +72,10 @@ from statetier.tiers.base import (
     Tier,
     TierStats,
 )
-from statetier.tiers.crypto import AtRestCipher
-from statetier.tiers.redis_connect import exchange, open_client
-from statetier.tiers.redis_errors import RedisEdge
-from statetier.tiers.redis_layout import (
+from ..crypto import AtRestCipher
+from .connect import exchange, open_client
+from .errors import RedisEdge
+from .layout import (
     PENDING_CHUNK_TTL,
     Manifest,
     RedisKeys,
@@ -83,8 +83,8 @@ from statetier.tiers.redis_layout import (
     join_chunks,
     plan_chunks,
 )
-from statetier.tiers.redis_scripts import Scripts
-from statetier.tiers.redis_verify import VerifiedHeaders
+from .scripts import Scripts
+from .verify import VerifiedHeaders
 
 CHUNK_BYTES = 2 << 20
 # Objects up to this size are verified (and sealed at rest) on the event loop: a hash of
@@ -110,7 +110,7 @@ class _Leased:
 
 
 class RedisTier(Tier):
-    verifies_on_read = True  # read() checks every object's signature (tiers.redis_verify) and digest
+    verifies_on_read = True  # read() checks every object's signature (tiers.redis.verify) and digest
 
     def __init__(self, url: str, *, keyring: Keyring, cluster: bool | None = None,
                  key_prefix: str = "st", chunk_bytes: int = CHUNK_BYTES,

@@ -22,10 +22,10 @@ import asyncio
 from redis.asyncio import Redis, RedisCluster
 
 from statetier.protocol.errors import InvalidRequest, StaleState
-from statetier.tiers.redis_connect import open_client
-from statetier.tiers.redis_errors import RedisEdge
-from statetier.tiers.redis_layout import RedisKeys
-from statetier.tiers.registry import StreamHead, VersionRegistry
+from .connect import open_client
+from .errors import RedisEdge
+from .layout import RedisKeys
+from ..registry import StreamHead, VersionRegistry
 
 MAX_VERSION = (1 << 64) - 1
 

@@ -1,7 +1,7 @@
 """The bookkeeping of a tier whose objects live in extents of one preallocated region.
 
-- ``ExtentTier``       — the ``Tier`` lifecycle for the host arena (``tiers.host``) and the
-                         device pool (``tiers.device``): reservations counted against capacity,
+- ``ExtentTier``       — the ``Tier`` lifecycle for the host arena (``tiers.memory.host``) and the
+                         device pool (``tiers.memory.device``): reservations counted against capacity,
                          visibility at ``complete_store(success=True)``, leases, exact LRU
                          eviction, deletes deferred past the last lease, and ``compact()``.
                          A subclass opens and closes the medium (``_open_medium`` /
@@ -45,8 +45,8 @@ from statetier.protocol.errors import (
     StatetierError,
 )
 
-from .allocator import ExtentAllocator
-from .base import Buffer, EvictedObject, Lease, LeaseTable, LruIndex, ObjectMeta, StoreTicket, Tier, TierStats
+from ..allocator import ExtentAllocator
+from ..base import Buffer, EvictedObject, Lease, LeaseTable, LruIndex, ObjectMeta, StoreTicket, Tier, TierStats
 from .rawmemory import copy_bytes, exported, exported_for_write, fresh_buffer
 
 #: Copies up to this size run on the loop (memoryview slice assignment); larger ones in the

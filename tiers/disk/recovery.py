@@ -8,7 +8,7 @@
    means damage after the fact; it must never be served.
 2. The log is replayed: each segment from the checkpoint's ``scan_from`` on is walked
    header to header, and every intact COMMIT record newer than its ``last_seq`` is applied
-   in sequence order (``tiers.disk_log``). For each object only its last op counts: a
+   in sequence order (``tiers.disk.log``). For each object only its last op counts: a
    delete removes it (a deleted object never comes back); a put is taken only once its
    record reads back verified (``open_sealed``: signature and digest) — if it does not,
    the op before it counts instead. A COMMIT record is acknowledged only after it and the
@@ -39,11 +39,11 @@ from pathlib import Path
 
 from statetier.protocol.errors import StatetierError
 from statetier.protocol.sealed import open_sealed
-from statetier.tiers.disk_body import RecordBody
-from statetier.tiers.base import ObjectMeta
-from statetier.tiers.disk_index import Delete, DiskIndex, IndexEntry, IndexOp, Location, Mark, Put
-from statetier.tiers.disk_log import SegmentLog, scan_log
-from statetier.tiers.segments import SegmentFile, list_segments
+from .body import RecordBody
+from ..base import ObjectMeta
+from .index import Delete, DiskIndex, IndexEntry, IndexOp, Location, Mark, Put
+from .log import SegmentLog, scan_log
+from .segments import SegmentFile, list_segments
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,17 +5,17 @@ low_watermark=0.75, compact_below_live_ratio=0.5, lease_ttl=30.0, fsync=True, ci
 executor=None, name="disk", checkpoint_ops=4096, checkpoint_seconds=2.0)`` implements
 ``Tier`` (lifecycle in ``tiers.base``), plus ``compact() -> CompactionReport``.
 
-- Layout: ``directory/segments/seg-00000001.dat`` … (record format in ``tiers.segments``)
-  and ``directory/index/`` (LMDB, ``tiers.disk_index``); in-memory placement in
-  ``tiers.disk_space``.
+- Layout: ``directory/segments/seg-00000001.dat`` … (record format in ``tiers.disk.segments``)
+  and ``directory/index/`` (LMDB, ``tiers.disk.index``); in-memory placement in
+  ``tiers.disk.space``.
 - Store: ``prepare_store`` reserves a range of the active segment, so concurrent stores
   write in parallel; ``write`` pwritev's the record there (objects up to 256 KiB are
   copied into a buffer instead and written by the commit, saving a trip to the
   executor); ``complete_store(True)`` appends a COMMIT record naming it and fdatasyncs
-  both at once (group commit: ``tiers.disk_commit``, ``tiers.disk_log``). Once it
+  both at once (group commit: ``tiers.disk.commit``, ``tiers.disk.log``). Once it
   returns the object survives kill -9 and a power cut: the segments are the log, one
   durable flush per batch. The LMDB index is a checkpoint of that log, written in the
-  background every ``checkpoint_ops`` ops or ``checkpoint_seconds`` (``tiers.disk_checkpoint``);
+  background every ``checkpoint_ops`` ops or ``checkpoint_seconds`` (``tiers.disk.checkpoint``);
   a restart replays what it lacks. Anything less than a completed store leaves dead bytes
   only. ``fsync=False`` skips every fdatasync and LMDB's sync: a killed process loses
   nothing, a power cut may.
@@ -25,8 +25,8 @@ executor=None, name="disk", checkpoint_ops=4096, checkpoint_seconds=2.0)`` imple
   (``stats().extra["corrupt_dropped"]``) and raises the rejection; an intact object of
   another identity is returned as found, for the engine to judge.
 - ``start`` checks the index against the segments and replays the log past its last
-  checkpoint (``tiers.disk_recovery``); ``compact`` rewrites sparse segments and never
-  deletes a file a lease may still read (``tiers.disk_compaction``); ``close`` writes a
+  checkpoint (``tiers.disk.recovery``); ``compact`` rewrites sparse segments and never
+  deletes a file a lease may still read (``tiers.disk.compaction``); ``close`` writes a
   last checkpoint.
 - Capacity: ``bytes_used`` is the sealed size of live objects (and of deleted ones still
   leased); LRU order and the key index in memory, rebuilt at start in created-at order.
@@ -38,8 +38,8 @@ executor=None, name="disk", checkpoint_ops=4096, checkpoint_seconds=2.0)`` imple
   COMMIT records and index pages, so deletes — and with them recovery from a full disk —
   keep working.
 
-Blocking work runs in the executor through ``tiers.disk_jobs``, which also translates
-OSError and lmdb.Error into statetier errors; the record body codec is ``tiers.disk_body``.
+Blocking work runs in the executor through ``tiers.disk.jobs``, which also translates
+OSError and lmdb.Error into statetier errors; the record body codec is ``tiers.disk.body``.
 """
 
 from __future__ import annotations
@@ -57,20 +57,20 @@ from statetier.protocol.errors import (
     CapacityError, ConfigError, InternalError, InvalidRequest, NotFound, RejectedState, StatetierError,
 )
 from statetier.protocol.keyring import Keyring
-from statetier.tiers.base import (
+from ..base import (
     Buffer, EvictedObject, Lease, LeaseTable, LruIndex, ObjectMeta, StoreTicket, Tier, TierStats,
 )
-from statetier.tiers.crypto import AtRestCipher
-from statetier.tiers.disk_body import RecordBody
-from statetier.tiers.disk_checkpoint import Checkpointer
-from statetier.tiers.disk_commit import GroupCommit, RecordWrite
-from statetier.tiers.disk_compaction import CompactionReport, Compactor
-from statetier.tiers.disk_index import Delete, DiskIndex, IndexEntry, IndexOp, Location, Move, Put
-from statetier.tiers.disk_jobs import DiskJobs
-from statetier.tiers.disk_log import CommitLog
-from statetier.tiers.disk_recovery import recover
-from statetier.tiers.disk_space import SegmentSpace, SegmentState
-from statetier.tiers.segments import RECORD_HEADER_BYTES, SegmentFile
+from ..crypto import AtRestCipher
+from .body import RecordBody
+from .checkpoint import Checkpointer
+from .commit import GroupCommit, RecordWrite
+from .compaction import CompactionReport, Compactor
+from .index import Delete, DiskIndex, IndexEntry, IndexOp, Location, Move, Put
+from .jobs import DiskJobs
+from .log import CommitLog
+from .recovery import recover
+from .space import SegmentSpace, SegmentState
+from .segments import RECORD_HEADER_BYTES, SegmentFile
 
 __all__ = ["CompactionReport", "DiskTier"]
 
