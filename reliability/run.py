@@ -2,7 +2,8 @@
 
 ``python reliability/run.py [--minutes 20] [--short] [--only crash,fuzz] [--write PATH]``
 
-Each probe gets a share of the run (``SHARES``) as its deadline; every loop in it is also
+Each probe module has a ``PROMISE`` and ``run(budget, result)``, which fills the row this
+module made and times. Each probe gets a share of the run (``SHARES``) as its deadline; every loop in it is also
 bounded by a count. ``--short`` (≈ 2 minutes, CI) scales the counts down. The long run
 writes ``docs/reliability.md`` unless ``--write ''``. Exit status 1 when any probe found a
 violation (lost, wrong, crash, hang, internal error, or a failure it listed).
@@ -60,11 +61,13 @@ async def _run(names: list[str], total: float, short: bool) -> list[ProbeResult]
     for name in names:
         budget = Budget(total * SHARES[name] / share, short)
         print(f"[chaos] {name}: {budget.seconds:.0f} s", flush=True)
+        result, started = ProbeResult.of(name, PROBES[name].PROMISE), time.monotonic()
         try:
-            result = await PROBES[name].run(budget)
+            await PROBES[name].run(budget, result)
         except Exception as exc:  # noqa: BLE001 - a probe that breaks is a row that says so
             result = ProbeResult(name, "(probe failed to run)", "-", "-")
             result.fail(f"the probe itself failed: {exc!r}")
+        result.seconds = time.monotonic() - started
         results.append(result)
         print(report.table([result]), flush=True)
     return results
