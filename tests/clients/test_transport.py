@@ -14,26 +14,10 @@ from pathlib import Path
 import pytest
 
 from statetier.clients.transport import Endpoint, connect, parse_url
-from statetier.protocol.errors import (
-    Busy,
-    ClientClosedError,
-    FrameTooLarge,
-    InvalidRequest,
-    MalformedFrame,
-    NotFound,
-    Unauthorized,
-    Unavailable,
-    UnsupportedProtocol,
-)
-from statetier.protocol.frames import (
-    Frame,
-    FrameDecoder,
-    Op,
-    encode_frame,
-    encode_frame_bytes,
-    error_frame,
-    hello_ok_frame,
-)
+from statetier.protocol.errors import (Busy, ClientClosedError, FrameTooLarge, InvalidRequest, MalformedFrame, NotFound,
+                                       Unauthorized, Unavailable, UnsupportedProtocol)
+from statetier.protocol.frames import (Frame, FrameDecoder, Op, encode_frame, encode_frame_bytes, error_frame,
+                                       hello_ok_frame)
 
 
 class FramePeer:

@@ -18,29 +18,10 @@ import time
 import pytest
 
 from statetier.protocol.dtypes import TensorSpec
-from statetier.protocol.errors import (
-    BadSignature,
-    CorruptPayload,
-    FingerprintMismatch,
-    MalformedState,
-    MisroutedState,
-    NamespaceMismatch,
-    PlacementMismatch,
-    PositionMismatch,
-    StaleState,
-    StatetierError,
-    TruncatedState,
-    UnsupportedFormat,
-)
-from statetier.protocol.identity import (
-    Kind,
-    NamespaceSpec,
-    Provenance,
-    StateKey,
-    StateRef,
-    prefix_hash,
-    stream_id,
-)
+from statetier.protocol.errors import (BadSignature, CorruptPayload, FingerprintMismatch, MalformedState,
+                                       MisroutedState, NamespaceMismatch, PlacementMismatch, PositionMismatch,
+                                       StaleState, StatetierError, TruncatedState, UnsupportedFormat)
+from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, StateRef, prefix_hash, stream_id
 from statetier.protocol.keyring import Keyring, SigAlg, SigningKey
 from statetier.protocol.sealed import Expectation, Opened, VerifiedHeaders, decode_header, open_sealed, seal_object
 
