@@ -43,14 +43,7 @@ from tiny_hybrids import ARCHITECTURES, build_model, prefill, prompt  # noqa: E4
 
 PROMPT_LEN = 20  # one full block of 16 and a partial one
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run several times faster on one thread than with two fighting."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

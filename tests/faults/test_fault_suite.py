@@ -44,7 +44,7 @@ from tiny_hybrids import greedy_decode, prompt
 
 RUN = uuid.uuid4().hex[:6]  # request ids of this run (the session's Redis outlives a module)
 
-pytestmark = pytest.mark.parametrize("arch", ARCHS)
+pytestmark = [pytest.mark.parametrize("arch", ARCHS), pytest.mark.usefixtures("one_torch_thread")]
 
 
 # -- the two sides -------------------------------------------------------------------------
