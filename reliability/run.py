@@ -33,7 +33,7 @@ import probe_load  # noqa: E402
 import probe_security  # noqa: E402
 import chaos_report as report  # noqa: E402
 from harness import REPO, Budget, ProbeResult  # noqa: E402
-from statetier.benchmarks.machine import background  # noqa: E402
+from statetier.benchmarks.machine import background, cpu_model  # noqa: E402
 
 PROBES = {"crash": probe_crash, "fuzz": probe_fuzz, "corruption": probe_corruption, "faults": probe_faults,
           "load": probe_load, "security": probe_security}
@@ -42,10 +42,8 @@ SHORT_SECONDS = 110.0
 
 
 def _machine() -> str:
-    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-                 platform.processor())
     memory = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal"))
-    return f"{os.cpu_count()} CPUs ({model}), {memory / (1 << 20):.0f} GiB memory, {platform.platform()}"
+    return f"{os.cpu_count()} CPUs ({cpu_model()}), {memory / (1 << 20):.0f} GiB memory, {platform.platform()}"
 
 
 def _commit() -> str:
