@@ -2,7 +2,8 @@
 
 - ``machine_info()`` — CPU model, cores, memory, kernel, Python, torch and library versions,
   git commit of the checkout (if any); callers add ``load_average_before`` / ``_after``.
-  ``cpu_model()`` and ``cpus_usable()`` for the suites that describe the machine themselves.
+- ``machine_brief()`` — the short form the seal and tiers suites print and add to: CPU model,
+  cores (all, usable), load average, Python, platform; ``cpu_model()``, ``cpus_usable()``.
 - ``background(seconds)`` → ``{"load_average", "busy_processes", "busy_cpu_percent",
   "busiest", "cpus", "seconds"}``: every process's CPU time is read from ``/proc`` twice,
   ``seconds`` apart; a process other than this one and its descendants that used at least
@@ -96,6 +97,11 @@ def machine_info() -> dict:
         info[name] = version(name)
     info["git_commit"] = _git_commit()
     return info
+
+
+def machine_brief() -> dict:
+    return {"cpu_model": cpu_model(), "cpus": os.cpu_count(), "cpus_usable": cpus_usable(),
+            "load_average": list(os.getloadavg()), "python": sys.version.split()[0], "platform": platform.platform()}
 
 
 def cpus_usable() -> int | None:

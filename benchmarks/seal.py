@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -34,7 +33,7 @@ from typing import Callable
 import blake3
 import xxhash
 
-from statetier.benchmarks.machine import cpu_model, cpus_usable
+from statetier.benchmarks.machine import machine_brief
 from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, StateRef, prefix_hash
 from statetier.protocol.keyring import dev_keyring
@@ -153,9 +152,7 @@ def measure(case: Case, runs: int, budget_s: float) -> list[Row]:
 
 
 def machine() -> dict:
-    return {"cpu_model": cpu_model(), "cpus": os.cpu_count(), "cpus_usable": cpus_usable(),
-            "load_average": list(os.getloadavg()), "python": sys.version.split()[0], "platform": platform.platform(),
-            "blake3": metadata.version("blake3"), "xxhash": metadata.version("xxhash")}
+    return {**machine_brief(), "blake3": metadata.version("blake3"), "xxhash": metadata.version("xxhash")}
 
 
 def print_table(rows: list[Row]) -> None:
