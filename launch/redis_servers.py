@@ -95,16 +95,6 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def stop_process(proc: subprocess.Popen, timeout_s: float) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def free_cluster_port() -> int:
     """A free port whose cluster bus port (+10000) is free too.
 
@@ -125,6 +115,16 @@ def _is_free(port: int) -> bool:
         except OSError:
             return False
         return True
+
+
+def stop_process(proc: subprocess.Popen, timeout_s: float) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 @dataclass(frozen=True)
