@@ -2,6 +2,8 @@
 
 - ``machine_info()`` — CPU model, cores, memory, kernel, Python, torch and library versions,
   git commit of the checkout (if any); callers add ``load_average_before`` / ``_after``.
+- ``machine_brief()`` — the short form the seal and tiers suites print and add to: CPU model,
+  cores (all, usable), load average, Python, platform; ``cpu_model()``, ``cpus_usable()``.
 - ``background(seconds)`` → ``{"load_average", "busy_processes", "busy_cpu_percent",
   "busiest", "cpus", "seconds"}``: every process's CPU time is read from ``/proc`` twice,
   ``seconds`` apart; a process other than this one and its descendants that used at least
@@ -87,8 +89,7 @@ def machine_info() -> dict:
         except metadata.PackageNotFoundError:
             return None
 
-    info = {"cpu_model": _cpu_model(), "cpus": os.cpu_count(),
-            "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+    info = {"cpu_model": cpu_model(), "cpus": os.cpu_count(), "cpus_usable": cpus_usable(),
             "memory_bytes": _meminfo("MemTotal"), "memory_available_bytes": _meminfo("MemAvailable"),
             "kernel": platform.release(), "platform": platform.platform(), "hostname": socket.gethostname(),
             "python": sys.version.split()[0], "python_implementation": platform.python_implementation()}
@@ -98,7 +99,16 @@ def machine_info() -> dict:
     return info
 
 
-def _cpu_model() -> str:
+def machine_brief() -> dict:
+    return {"cpu_model": cpu_model(), "cpus": os.cpu_count(), "cpus_usable": cpus_usable(),
+            "load_average": list(os.getloadavg()), "python": sys.version.split()[0], "platform": platform.platform()}
+
+
+def cpus_usable() -> int | None:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as handle:
             return next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), "unknown")

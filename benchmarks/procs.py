@@ -13,13 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from statetier.launch.daemons import DaemonProcess
+from statetier.launch.redis_servers import stop_process
 
 DAEMON_ARENA = "768MiB"
 
@@ -36,16 +36,6 @@ async def own_daemon(directory: Path):
         yield daemon
     finally:
         await asyncio.to_thread(daemon.close)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def serve_echo(path: str) -> None:
@@ -91,7 +81,7 @@ async def echo_server(directory: Path):
             transport.close()
     finally:
         proc.stdin.close()
-        _stop(proc)
+        stop_process(proc, 30)
 
 
 class EchoClient(asyncio.Protocol):

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -34,6 +33,7 @@ from typing import Callable
 import blake3
 import xxhash
 
+from statetier.benchmarks.machine import machine_brief
 from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, StateRef, prefix_hash
 from statetier.protocol.keyring import dev_keyring
@@ -152,22 +152,7 @@ def measure(case: Case, runs: int, budget_s: float) -> list[Row]:
 
 
 def machine() -> dict:
-    model = "unknown"
-    try:
-        with open("/proc/cpuinfo") as handle:
-            model = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), model)
-    except OSError:
-        pass
-    return {
-        "cpu_model": model,
-        "cpus": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "load_average": list(os.getloadavg()),
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "blake3": metadata.version("blake3"),
-        "xxhash": metadata.version("xxhash"),
-    }
+    return {**machine_brief(), "blake3": metadata.version("blake3"), "xxhash": metadata.version("xxhash")}
 
 
 def print_table(rows: list[Row]) -> None:

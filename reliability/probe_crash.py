@@ -22,13 +22,20 @@ import random
 import signal
 import time
 
-from harness import (Budget, DaemonFailed, DaemonProcess, ProbeResult, RedisServer, internal_errors, key_prefix, passed, payload,
-                     percentile, remove_arena_of)
+from harness import (Budget, DaemonProcess, ProbeResult, Promise, RedisServer, internal_errors, key_prefix, passed, payload,
+                     percentile, remove_arena_of, started_again)
 from holders import HolderPool
 from statetier.protocol.errors import NotFound, RejectedState, StatetierError
 from wire import Wire
 
 PROBE = "crash"
+PROMISE = Promise(
+    "an acknowledged durable (or published) put survives kill -9 byte-exact; nothing torn or "
+    "deleted is served; a killed client's leases and window regions are released",
+    lost_means="a put acknowledged `durable: true` (or published, Redis alive) not served byte-exact after restart",
+    wrong_means="any load returning other bytes than its put sent; a deleted object served again; "
+                "a lease, arena byte or window a killed client held not given back",
+)
 WRITERS = 4
 SIZES = (4 << 10, 16 << 10, 64 << 10, 256 << 10)
 HOLDERS_PER_ROUND = 8
@@ -155,11 +162,7 @@ async def _daemon_kills(daemon: DaemonProcess, deadline: float, cap: int, result
             for task in pending:
                 task.cancel()
         started = time.monotonic()
-        try:
-            daemon.start()
-        except DaemonFailed as exc:
-            result.crashes += 1
-            result.fail(f"restart after a kill failed: {str(exc)[-400:]}")
+        if not started_again(daemon, result, "restart after a kill failed"):
             return
         recoveries.append(time.monotonic() - started)
         seeds = list(range(first, ledger.next_seed))
@@ -238,17 +241,8 @@ def _host(stats: dict) -> dict:
     return next(t for t in stats["tiers"] if t["tier"] == "host")
 
 
-async def run(budget: Budget) -> ProbeResult:
-    result = ProbeResult(
-        PROBE,
-        promise="an acknowledged durable (or published) put survives kill -9 byte-exact; nothing torn or "
-                "deleted is served; a killed client's leases and window regions are released",
-        lost_means="a put acknowledged `durable: true` (or published, Redis alive) not served byte-exact after restart",
-        wrong_means="any load returning other bytes than its put sent; a deleted object served again; "
-                    "a lease, arena byte or window a killed client held not given back",
-    )
+async def run(budget: Budget, result: ProbeResult) -> None:
     rng = random.Random(14)
-    started = time.monotonic()
     with RedisServer() as redis:
         daemon = DaemonProcess(name="crash", host_capacity="16MiB", redis_url=redis.url, metrics=False,
                                settings={"disk.segment_bytes": "1MiB", "disk.compact_interval_seconds": 0.5,
@@ -262,5 +256,3 @@ async def run(budget: Budget) -> ProbeResult:
                 result.internal_errors = internal_errors(daemon)
         finally:
             daemon.close()
-    result.seconds = time.monotonic() - started
-    return result

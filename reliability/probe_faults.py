@@ -21,19 +21,25 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import (Budget, DaemonProcess, ProbeResult, RedisCluster, RedisServer, internal_errors, key_prefix,
-                    passed, payload, percentile)
+from harness import (Budget, DaemonProcess, ProbeResult, Promise, RedisCluster, RedisServer, internal_errors, key_prefix,
+                    note_failures, passed, payload, percentile)
 from statetier.protocol.errors import StatetierError, Unavailable
 from statetier.protocol.frames import Op
 from wire import Wire
 
 PROBE = "faults"
+PROMISE = Promise(
+    "when Redis dies, a Cluster master dies, Redis hits maxmemory, the disk fills or the arena is "
+    "full: typed errors only, no wrong data, and service comes back without a daemon restart",
+    lost_means="a put acknowledged before or during a fault not served byte-exact once the fault is over",
+    wrong_means="other bytes served; an untyped error or traceback; no recovery within 30 s (a hang)",
+)
 PERSISTENT = ("--appendonly", "yes", "--appendfsync", "always")
 RECOVER_WITHIN = 30.0
 
 
 class Tally:
-    """Acknowledged puts, to check at the end; typed errors by class."""
+    """Acknowledged puts, to check at the end (``finish``); typed errors by class."""
 
     def __init__(self, result: ProbeResult, name: str) -> None:
         self.result, self.name = result, name
@@ -64,6 +70,12 @@ class Tally:
                 self.result.wrong += 1
                 self.result.fail(f"{self.name}: seed {seed} served with other bytes")
         self.result.add(f"{self.name}_acked_checked", len(self.acked))
+
+    async def finish(self, wire: Wire, daemon: DaemonProcess) -> None:
+        """The end of a fault: every acknowledged put checked, the wire closed, the daemon's tracebacks counted."""
+        await self.check(wire)
+        await wire.close()
+        self.result.internal_errors += internal_errors(daemon)
 
 
 async def _load_settled(wire: Wire, ref: dict) -> bytes:
@@ -108,12 +120,10 @@ async def _redis_restarts(budget: Budget, deadline: float, result: ProbeResult, 
             took = await _until_serving(lambda: tally.put(wire, 4 << 10, publish=True), result, "redis restart")
             if took is not None:
                 recoveries.append(took)
-        await tally.check(wire)
-        await wire.close()
+        await tally.finish(wire, daemon)
         result.notes["redis_kills"] = result.notes.get("redis_kills", 0) + len(recoveries)
         result.notes["redis_recovery_p50_s"] = round(percentile(recoveries, 0.5), 3)
         result.notes["redis_recovery_max_s"] = round(max(recoveries, default=0), 3)
-        result.internal_errors += internal_errors(daemon)
     finally:
         daemon.close()
         redis.close()
@@ -138,9 +148,7 @@ async def _cluster_master(result: ProbeResult) -> None:
             victim.start(port, _cluster_node_args(port))
             took = await _until_serving(lambda: tally.put(wire, 8 << 10, publish=True), result, "cluster master back")
             result.notes["cluster_recovery_s"] = round(took or 0, 3)
-            await tally.check(wire)
-            await wire.close()
-            result.internal_errors += internal_errors(daemon)
+            await tally.finish(wire, daemon)
         finally:
             daemon.close()
 
@@ -165,9 +173,7 @@ async def _maxmemory(result: ProbeResult) -> None:
             result.faults += 1
             if not refused:
                 result.fail("maxmemory: no put was refused")
-            await tally.check(wire)
-            await wire.close()
-            result.internal_errors += internal_errors(daemon)
+            await tally.finish(wire, daemon)
         finally:
             daemon.close()
 
@@ -202,9 +208,7 @@ async def _full_disk(result: ProbeResult) -> None:
         tally.acked = tally.acked[len(tally.acked) // 2:]
         took = await _until_serving(lambda: tally.put(wire, 64 << 10), result, "full disk freed")
         result.notes["full_disk_recovery_s"] = round(took or 0, 3)
-        await tally.check(wire)
-        await wire.close()
-        result.internal_errors += internal_errors(daemon)
+        await tally.finish(wire, daemon)
     finally:
         daemon.kill()
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
@@ -239,31 +243,15 @@ async def _arena_full(result: ProbeResult) -> None:
         await holder.close()  # its leases go with its connection
         took = await _until_serving(lambda: tally.put(wire, 64 << 10), result, "arena freed")
         result.notes["arena_recovery_s"] = round(took or 0, 3)
-        await tally.check(wire)
-        await wire.close()
-        result.internal_errors += internal_errors(daemon)
+        await tally.finish(wire, daemon)
     finally:
         daemon.close()
 
 
-async def run(budget: Budget) -> ProbeResult:
-    result = ProbeResult(
-        PROBE,
-        promise="when Redis dies, a Cluster master dies, Redis hits maxmemory, the disk fills or the arena is "
-                "full: typed errors only, no wrong data, and service comes back without a daemon restart",
-        lost_means="a put acknowledged before or during a fault not served byte-exact once the fault is over",
-        wrong_means="other bytes served; an untyped error or traceback; no recovery within 30 s (a hang)",
-    )
-    started = time.monotonic()
+async def run(budget: Budget, result: ProbeResult) -> None:
     rng = random.Random(44)
     for step in (_arena_full, _maxmemory, _full_disk, _cluster_master):
-        try:
+        with note_failures(result, step.__name__):
             await step(result)
-        except (StatetierError, OSError, RuntimeError, AssertionError) as exc:
-            result.fail(f"{step.__name__}: {exc!r}"[:500])
-    try:
+    with note_failures(result, "redis restarts"):
         await _redis_restarts(budget, budget.deadline(), result, rng)
-    except (StatetierError, OSError, RuntimeError, AssertionError) as exc:
-        result.fail(f"redis restarts: {exc!r}"[:500])
-    result.seconds = time.monotonic() - started
-    return result

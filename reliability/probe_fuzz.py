@@ -34,7 +34,7 @@ import random
 import struct
 import time
 
-from harness import Budget, DaemonProcess, ProbeResult, internal_errors, key_prefix, passed, payload
+from harness import Budget, DaemonProcess, ProbeResult, Promise, internal_errors, key_prefix, passed, payload
 from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.errors import StatetierError
 from statetier.protocol.frames import PROTOCOL_VERSIONS, Frame, FrameDecoder, Op, encode_frame_bytes, hello_frame
@@ -43,6 +43,12 @@ from statetier.protocol.messages import key_to_wire, provenance_to_wire, specs_t
 from wire import Wire
 
 PROBE = "fuzz"
+PROMISE = Promise(
+    "malformed frames and headers from many connections never crash or hang the daemon, "
+    "each gets a typed error or a closed connection, and other clients are unaffected",
+    lost_means="(nothing is stored by the fuzzer) the well-behaved client's object not loadable",
+    wrong_means="the well-behaved client's put/load failing or returning other bytes during the fuzzing",
+)
 FUZZERS = 8
 BATCH = 32
 REPLY_TIMEOUT = 10.0
@@ -257,15 +263,7 @@ async def _bystander(url: str, deadline: float, result: ProbeResult) -> None:
         await wire.close()
 
 
-async def run(budget: Budget) -> ProbeResult:
-    result = ProbeResult(
-        PROBE,
-        promise="malformed frames and headers from many connections never crash or hang the daemon, "
-                "each gets a typed error or a closed connection, and other clients are unaffected",
-        lost_means="(nothing is stored by the fuzzer) the well-behaved client's object not loadable",
-        wrong_means="the well-behaved client's put/load failing or returning other bytes during the fuzzing",
-    )
-    started = time.monotonic()
+async def run(budget: Budget, result: ProbeResult) -> None:
     daemon = DaemonProcess(name="fuzz", host_capacity="64MiB", settings={"limits.max_frame_bytes": "1MiB"})
     try:
         daemon.start()
@@ -298,5 +296,3 @@ async def run(budget: Budget) -> ProbeResult:
         result.faults = result.inputs
     finally:
         daemon.close()
-    result.seconds = time.monotonic() - started
-    return result

@@ -27,11 +27,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import Budget, DaemonProcess, ProbeResult, internal_errors, key_prefix, payload, percentile
+from harness import Budget, DaemonProcess, ProbeResult, Promise, internal_errors, key_prefix, payload, percentile
 from statetier.protocol.frames import PROTOCOL_VERSIONS, Frame, Op, encode_frame_bytes, hello_frame
 from wire import Wire
 
 PROBE = "load"
+PROMISE = Promise(
+    "32–64 busy client processes plus stalled and slow readers: no deadlock, bounded daemon memory, "
+    "every load exact; p99 latency reported with the daemon's own share",
+    lost_means="an object put and not deleted refused for a reason other than eviction under capacity",
+    wrong_means="other bytes loaded; a worker not done within its time + 60 s; leases left; RSS over the bound",
+)
 HERE = Path(__file__).resolve().parent
 HOST_BYTES = 256 << 20
 BYTE_BUDGET = 256 << 20
@@ -91,14 +97,7 @@ def _daemon_share(before, after) -> dict:
     return out
 
 
-async def run(budget: Budget) -> ProbeResult:
-    result = ProbeResult(
-        PROBE,
-        promise="32–64 busy client processes plus stalled and slow readers: no deadlock, bounded daemon memory, "
-                "every load exact; p99 latency reported with the daemon's own share",
-        lost_means="an object put and not deleted refused for a reason other than eviction under capacity",
-        wrong_means="other bytes loaded; a worker not done within its time + 60 s; leases left; RSS over the bound",
-    )
+async def run(budget: Budget, result: ProbeResult) -> None:
     started = time.monotonic()
     workers = budget.scale(48, 32)
     seconds = max(10.0, budget.seconds - 25)
@@ -187,5 +186,3 @@ async def run(budget: Budget) -> ProbeResult:
         result.internal_errors = internal_errors(daemon)
     finally:
         daemon.close()
-    result.seconds = time.monotonic() - started
-    return result

@@ -19,10 +19,10 @@ import random
 import ssl
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from harness import Budget, DaemonProcess, ProbeResult, RedisServer, internal_errors, key_prefix, payload
+from harness import (Budget, DaemonProcess, ProbeResult, Promise, RedisServer, internal_errors, key_prefix,
+                     note_failures, payload)
 from statetier.daemon.auth import token_sha256
 from statetier.protocol.errors import Forbidden, RejectedState, StatetierError
 from statetier.protocol.keyring import Keyring
@@ -31,6 +31,12 @@ from statetier.launch.redis_servers import free_port
 from wire import Wire
 
 PROBE = "security"
+PROMISE = Promise(
+    "wrong tokens, foreign certificates and uids, objects forged or replayed in Redis by a keyless "
+    "writer, and another tenant's state ids are all refused and counted; none is served",
+    lost_means="the legitimate owner's object not served byte-exact after the attacks",
+    wrong_means="any attempt served; a superseded version served by key; a refusal the daemon did not count",
+)
 TOKENS = {"a": "token-of-tenant-a", "b": "token-of-tenant-b"}
 
 
@@ -254,23 +260,13 @@ def _replay(client, name: str, old_chunk: bytes):
     return tamper
 
 
-async def run(budget: Budget) -> ProbeResult:
-    result = ProbeResult(
-        PROBE,
-        promise="wrong tokens, foreign certificates and uids, objects forged or replayed in Redis by a keyless "
-                "writer, and another tenant's state ids are all refused and counted; none is served",
-        lost_means="the legitimate owner's object not served byte-exact after the attacks",
-        wrong_means="any attempt served; a superseded version served by key; a refusal the daemon did not count",
-    )
-    started = time.monotonic()
+async def run(budget: Budget, result: ProbeResult) -> None:
     rounds = budget.scale(100, 8)
     rng = random.Random(66)
     with tempfile.TemporaryDirectory(prefix="st-pki-") as directory:
-        for step in (lambda: _tls_and_tenants(rounds, result, Path(directory)), lambda: _foreign_uid(rounds, result),
-                     lambda: _redis_forgery(rounds, result, rng)):
-            try:
-                await step()
-            except (StatetierError, OSError, RuntimeError, AssertionError) as exc:
-                result.fail(f"{exc!r}"[:500])
-    result.seconds = time.monotonic() - started
-    return result
+        with note_failures(result, "tls and tenants"):
+            await _tls_and_tenants(rounds, result, Path(directory))
+        with note_failures(result, "foreign uid"):
+            await _foreign_uid(rounds, result)
+        with note_failures(result, "redis forgery"):
+            await _redis_forgery(rounds, result, rng)

@@ -2,7 +2,8 @@
 
 ``python reliability/run.py [--minutes 20] [--short] [--only crash,fuzz] [--write PATH]``
 
-Each probe gets a share of the run (``SHARES``) as its deadline; every loop in it is also
+Each probe module has a ``PROMISE`` and ``run(budget, result)``, which fills the row this
+module made and times. Each probe gets a share of the run (``SHARES``) as its deadline; every loop in it is also
 bounded by a count. ``--short`` (≈ 2 minutes, CI) scales the counts down. The long run
 writes ``docs/reliability.md`` unless ``--write ''``. Exit status 1 when any probe found a
 violation (lost, wrong, crash, hang, internal error, or a failure it listed).
@@ -32,7 +33,7 @@ import probe_load  # noqa: E402
 import probe_security  # noqa: E402
 import chaos_report as report  # noqa: E402
 from harness import REPO, Budget, ProbeResult  # noqa: E402
-from statetier.benchmarks.machine import background  # noqa: E402
+from statetier.benchmarks.machine import background, cpu_model  # noqa: E402
 
 PROBES = {"crash": probe_crash, "fuzz": probe_fuzz, "corruption": probe_corruption, "faults": probe_faults,
           "load": probe_load, "security": probe_security}
@@ -41,10 +42,8 @@ SHORT_SECONDS = 110.0
 
 
 def _machine() -> str:
-    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-                 platform.processor())
     memory = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal"))
-    return f"{os.cpu_count()} CPUs ({model}), {memory / (1 << 20):.0f} GiB memory, {platform.platform()}"
+    return f"{os.cpu_count()} CPUs ({cpu_model()}), {memory / (1 << 20):.0f} GiB memory, {platform.platform()}"
 
 
 def _commit() -> str:
@@ -60,11 +59,13 @@ async def _run(names: list[str], total: float, short: bool) -> list[ProbeResult]
     for name in names:
         budget = Budget(total * SHARES[name] / share, short)
         print(f"[chaos] {name}: {budget.seconds:.0f} s", flush=True)
+        result, started = ProbeResult.of(name, PROBES[name].PROMISE), time.monotonic()
         try:
-            result = await PROBES[name].run(budget)
+            await PROBES[name].run(budget, result)
         except Exception as exc:  # noqa: BLE001 - a probe that breaks is a row that says so
             result = ProbeResult(name, "(probe failed to run)", "-", "-")
             result.fail(f"the probe itself failed: {exc!r}")
+        result.seconds = time.monotonic() - started
         results.append(result)
         print(report.table([result]), flush=True)
     return results

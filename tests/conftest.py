@@ -4,6 +4,9 @@
   their own keys (or flush what they wrote).
 - ``redis_cluster`` (session): a three-master ``RedisCluster``, started on first use.
 - ``fresh_redis`` (function): a private ``RedisServer`` that a test may kill or restart.
+- ``one_torch_thread`` (module; modules with tiny models name it in ``pytestmark``): torch
+  on one thread while the module runs. Tiny models run several times faster on one thread
+  than with two fighting over two cores, and one thread keeps every reduction order fixed.
 
 Nothing here touches a Redis on 6379. Every server is closed at teardown, and
 ``statetier.launch.redis_servers`` kills any survivor at interpreter exit.
@@ -34,3 +37,13 @@ def redis_cluster() -> Iterator[RedisCluster]:
 def fresh_redis() -> Iterator[RedisServer]:
     with RedisServer() as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    import torch  # only the modules that name this fixture need torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

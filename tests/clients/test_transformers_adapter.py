@@ -43,14 +43,7 @@ from tiny_hybrids import ARCHITECTURES, build_model, prefill, prompt  # noqa: E4
 
 PROMPT_LEN = 20  # one full block of 16 and a partial one
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run several times faster on one thread than with two fighting."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +59,14 @@ def model_of(arch: str) -> torch.nn.Module:
     if arch not in _models:
         _models[arch] = build_model(arch, seed=0)
     return _models[arch]
+
+
+def prefilled(arch: str, seed: int):
+    """``arch``'s model, ``prompt(seed, PROMPT_LEN)`` and the cache after it."""
+    tokens = prompt(seed=seed, length=PROMPT_LEN)
+    model = model_of(arch)
+    cache, _ = prefill(model, tokens)
+    return model, tokens, cache
 
 
 def saved_request(url: str, arch: str, request_id: str, tokens: list[int]):
@@ -164,18 +165,14 @@ def test_the_joint_hit_needs_every_layer(daemon_url):
 
 
 def test_a_client_made_for_another_model_is_refused(daemon_url):
-    tokens = prompt(seed=8, length=PROMPT_LEN)
-    model = model_of("bamba")
-    cache, _ = prefill(model, tokens)
+    model, tokens, cache = prefilled("bamba", seed=8)
     with Client(daemon_url, namespace=namespace_for(model_of("granitemoehybrid"))) as client:
         with pytest.raises(InvalidRequest, match="not made by namespace_for"):
             save_cache(client, model, cache, tokens, request_id="wrong-ns")
 
 
 def test_a_cache_layer_holding_unknown_tensors_is_not_saved(daemon_url):
-    tokens = prompt(seed=9, length=PROMPT_LEN)
-    model = model_of("mamba2")
-    cache, _ = prefill(model, tokens)
+    model, tokens, cache = prefilled("mamba2", seed=9)
     cache.layers[1].extra_state = torch.zeros(3)
     with Client(daemon_url, namespace=namespace_for(model)) as client:
         with pytest.raises(InvalidRequest, match="extra_state"):
@@ -183,9 +180,7 @@ def test_a_cache_layer_holding_unknown_tensors_is_not_saved(daemon_url):
 
 
 def test_a_cache_saved_under_other_tokens_is_refused(daemon_url):
-    tokens = prompt(seed=9, length=PROMPT_LEN)
-    model = model_of("lfm2")
-    cache, _ = prefill(model, tokens)
+    model, tokens, cache = prefilled("lfm2", seed=9)
     with Client(daemon_url, namespace=namespace_for(model)) as client:
         with pytest.raises(InvalidRequest, match="absorbed 20 tokens, not 19"):
             save_cache(client, model, cache, tokens[:-1], request_id="wrong-length")

@@ -14,26 +14,10 @@ from pathlib import Path
 import pytest
 
 from statetier.clients.transport import Endpoint, connect, parse_url
-from statetier.protocol.errors import (
-    Busy,
-    ClientClosedError,
-    FrameTooLarge,
-    InvalidRequest,
-    MalformedFrame,
-    NotFound,
-    Unauthorized,
-    Unavailable,
-    UnsupportedProtocol,
-)
-from statetier.protocol.frames import (
-    Frame,
-    FrameDecoder,
-    Op,
-    encode_frame,
-    encode_frame_bytes,
-    error_frame,
-    hello_ok_frame,
-)
+from statetier.protocol.errors import (Busy, ClientClosedError, FrameTooLarge, InvalidRequest, MalformedFrame, NotFound,
+                                       Unauthorized, Unavailable, UnsupportedProtocol)
+from statetier.protocol.frames import (Frame, FrameDecoder, Op, encode_frame, encode_frame_bytes, error_frame,
+                                       hello_ok_frame)
 
 
 class FramePeer:
@@ -160,6 +144,15 @@ async def wait_for(predicate, timeout: float = 10.0) -> None:
         while not predicate():
             await asyncio.sleep(0.01)
     await asyncio.wait_for(poll(), timeout)
+
+
+async def delete_in_flight(peer):
+    """A connection to a new peer, and a DELETE on it that the peer has received and never answers."""
+    server, url = await peer()
+    conn = await connect(url)
+    pending = asyncio.ensure_future(conn.request(Op.DELETE, {}))
+    await wait_for(lambda: Op.DELETE in server.ops())
+    return server, conn, pending
 
 
 # -- urls and handshake --------------------------------------------------------------------
@@ -335,10 +328,7 @@ async def test_lost_connection_fails_pending_requests_with_unavailable(peer) -> 
 
 
 async def test_close_fails_pending_calls_and_later_calls_with_client_closed(peer) -> None:
-    server, url = await peer()
-    conn = await connect(url)
-    pending = asyncio.ensure_future(conn.request(Op.DELETE, {}))
-    await wait_for(lambda: Op.DELETE in server.ops())
+    server, conn, pending = await delete_in_flight(peer)
     await conn.close()
     with pytest.raises(ClientClosedError):
         await pending
@@ -349,10 +339,7 @@ async def test_close_fails_pending_calls_and_later_calls_with_client_closed(peer
 
 
 async def test_connection_level_error_fails_pending_requests_with_it(peer) -> None:
-    server, url = await peer()
-    conn = await connect(url)
-    pending = asyncio.ensure_future(conn.request(Op.DELETE, {}))
-    await wait_for(lambda: Op.DELETE in server.ops())
+    server, conn, pending = await delete_in_flight(peer)
     server.writers[0].write(encode_frame_bytes(error_frame(0, Busy("too many connections"))))
     with pytest.raises(Busy, match="too many connections"):
         await pending
@@ -362,10 +349,7 @@ async def test_connection_level_error_fails_pending_requests_with_it(peer) -> No
 
 
 async def test_malformed_bytes_from_the_daemon_fail_the_connection(peer) -> None:
-    server, url = await peer()
-    conn = await connect(url)
-    pending = asyncio.ensure_future(conn.request(Op.DELETE, {}))
-    await wait_for(lambda: Op.DELETE in server.ops())
+    server, conn, pending = await delete_in_flight(peer)
     server.writers[0].write(struct.pack("<IBBHQI", 16, 0xEE, 0, 0, 1, 0))  # unknown opcode
     with pytest.raises(MalformedFrame):
         await pending

@@ -165,6 +165,15 @@ PRODUCER_BLOCKS = ([9], [1, 2, 3])
 CONSUMER_BLOCKS = ([2], [5, 7, 11])
 
 
+def prefilled_pair(engines, seed: int, length: int = 40) -> tuple[Engine, Engine, list[int]]:
+    """A producer that has prefilled ``tokens(seed, length)`` as request ``p-<seed>`` into
+    ``PRODUCER_BLOCKS``, a consumer that has seen nothing, and the prompt."""
+    producer, consumer = engines(role="producer", seed=seed), engines(role="consumer", seed=None)
+    prompt = tokens(seed, length)
+    prefill(producer, FakeRequest(f"p-{seed}", prompt), PRODUCER_BLOCKS, seed=seed)
+    return producer, consumer, prompt
+
+
 def test_a_producer_saves_every_prompt_block_and_the_mamba_state_at_step_ends_on_block_ends(engines) -> None:
     producer = engines(role="producer", seed=1)
     request = FakeRequest("p-1", tokens(1, 40))
@@ -189,9 +198,7 @@ def test_a_producer_saves_every_prompt_block_and_the_mamba_state_at_step_ends_on
 
 
 def test_a_consumer_restores_the_joint_hit_into_its_own_blocks_and_slot(engines) -> None:
-    producer, consumer = engines(role="producer", seed=2), engines(role="consumer", seed=None)
-    prompt = tokens(2, 40)
-    prefill(producer, FakeRequest("p-2", prompt), PRODUCER_BLOCKS, seed=2)
+    producer, consumer, prompt = prefilled_pair(engines, 2)
     request = FakeRequest("c-2", prompt)
     assert consumer.scheduler.matched_tokens(request, 0) == 32
     assert consumer.scheduler.matched_tokens(request, 0) == 32  # asked again: the same answer
@@ -210,9 +217,7 @@ def test_a_consumer_restores_the_joint_hit_into_its_own_blocks_and_slot(engines)
 
 
 def test_a_handoff_loads_by_ref_and_never_offers_the_whole_prompt(engines) -> None:
-    producer, consumer = engines(role="producer", seed=3), engines(role="consumer", seed=None)
-    prompt = tokens(3, 32)
-    prefill(producer, FakeRequest("p-3", prompt), PRODUCER_BLOCKS, seed=3)
+    producer, consumer, prompt = prefilled_pair(engines, 3, length=32)
     params = producer.scheduler.request_finished(FakeRequest("p-3", prompt))
     # vLLM computes at least one token: of a 32-token prompt, the handoff offers 16 (a state at 16 exists)
     assert handoff_from_params(params).tokens == 16
@@ -389,9 +394,7 @@ def test_a_handoff_parses_or_is_refused_loudly() -> None:
 
 
 def test_a_hit_that_vllm_trims_is_refused_rather_than_loaded_at_the_wrong_position(engines) -> None:
-    producer, consumer = engines(role="producer", seed=10), engines(role="consumer", seed=None)
-    prompt = tokens(10, 40)
-    prefill(producer, FakeRequest("p-10", prompt), PRODUCER_BLOCKS, seed=10)
+    producer, consumer, prompt = prefilled_pair(engines, 10)
     request = FakeRequest("c-10", prompt)
     assert consumer.scheduler.matched_tokens(request, 0) == 32
     consumer.scheduler.after_alloc(request, CONSUMER_BLOCKS, 16)  # vLLM took only 16 of the 32
@@ -410,9 +413,7 @@ def _until(predicate, timeout: float = 20.0) -> None:
 
 
 def test_the_lookup_leases_are_held_until_vllm_reports_the_load_done(engines, daemon) -> None:
-    producer, consumer = engines(role="producer", seed=11), engines(role="consumer", seed=None)
-    prompt = tokens(11, 40)
-    prefill(producer, FakeRequest("p-11", prompt), PRODUCER_BLOCKS, seed=11)
+    producer, consumer, prompt = prefilled_pair(engines, 11)
     with Client(daemon.url, use_shm=False) as observer:
         _until(lambda: observer.stats()["leases"] == 0)
         request = FakeRequest("c-11", prompt)
@@ -426,9 +427,7 @@ def test_the_lookup_leases_are_held_until_vllm_reports_the_load_done(engines, da
 
 
 def test_a_handoff_missing_a_layer_is_no_hit(engines) -> None:
-    producer, consumer = engines(role="producer", seed=12), engines(role="consumer", seed=None)
-    prompt = tokens(12, 40)
-    prefill(producer, FakeRequest("p-12", prompt), PRODUCER_BLOCKS, seed=12)
+    producer, consumer, prompt = prefilled_pair(engines, 12)
     params = producer.scheduler.request_finished(FakeRequest("p-12", prompt))
     params["statetier"]["refs"] = [r for r in params["statetier"]["refs"]
                                    if not (r["key"]["kind"] == "ssm" and r["key"]["layer"] == 2)]

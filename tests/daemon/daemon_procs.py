@@ -9,12 +9,19 @@ benchmarks, the examples and the reliability harness); this module adds what onl
   ssm (8192, 16) fp32), ``kv_page(seed, tokens)`` ((2, 8, tokens, 128) bf16),
   ``token_ids(seed, n)``, ``assert_same_tensors(got, want)`` (dtype, shape, every bit);
   ``eventually(predicate)`` polls a condition the daemon reaches in the background.
+- ``arena_copy(pid, state_id)`` — a ``with`` block over the daemon's own host arena, mapped
+  writable through ``/proc/<pid>/fd`` (what only a daemon bug or root could do: no client
+  maps it), giving ``(arena, offset, length)`` of the object's copy (signed header + payload).
 """
 
 from __future__ import annotations
 
 import asyncio
+import mmap
+import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Mapping
 
 import torch
@@ -43,6 +50,27 @@ def daemon_fixture(request, **kwargs) -> DaemonProcess:
     daemon.start()
     served = True
     return daemon
+
+
+@contextmanager
+def arena_copy(pid: int, state_id: bytes) -> Iterator[tuple[mmap.mmap, int, int]]:
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        path = f"/proc/{pid}/fd/{fd}"
+        try:
+            if "statetier-host" not in os.readlink(path):
+                continue
+        except OSError:
+            continue
+        with open(path, "r+b") as handle, mmap.mmap(handle.fileno(), 0) as arena:
+            at = arena.find(b"STSO")
+            while at >= 0:
+                if arena[at + 136 : at + 152] == state_id:  # state_id in the header (protocol.md §1.1)
+                    header_len = int.from_bytes(arena[at + 8 : at + 12], "little")
+                    payload_len = int.from_bytes(arena[at + 16 : at + 24], "little")
+                    yield arena, at, header_len + payload_len
+                    return
+                at = arena.find(b"STSO", at + 1)
+    raise AssertionError(f"no arena copy of {state_id.hex()} in daemon {pid}")
 
 
 # -- Jamba-mini state ------------------------------------------------------------------

@@ -38,7 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling daemon_procs.py
 
-from daemon_procs import daemon_fixture, eventually, jamba_namespace  # noqa: E402
+from daemon_procs import arena_copy, daemon_fixture, eventually, jamba_namespace  # noqa: E402
 from statetier.clients import AsyncClient, PutItem  # noqa: E402
 from statetier.clients.tensors import tensor_bytes  # noqa: E402
 from statetier.daemon.auth import token_sha256  # noqa: E402
@@ -260,26 +260,8 @@ async def test_a_put_on_a_lost_connection_is_unavailable_and_frees_its_window_re
 def flip_in_daemon_arena(pid: int, state_id: bytes, from_end: int) -> None:
     """Flip one payload bit of ``state_id``'s copy in the daemon's own arena (what only a
     daemon bug or root could do: no client maps it), found through ``/proc/<pid>/fd``."""
-    import mmap
-    import os
-
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        path = f"/proc/{pid}/fd/{fd}"
-        try:
-            if "statetier-host" not in os.readlink(path):
-                continue
-        except OSError:
-            continue
-        with open(path, "r+b") as handle, mmap.mmap(handle.fileno(), 0) as arena:
-            at = arena.find(b"STSO")
-            while at >= 0:
-                if arena[at + 136 : at + 152] == state_id:
-                    end = at + int.from_bytes(arena[at + 8 : at + 12], "little") + \
-                        int.from_bytes(arena[at + 16 : at + 24], "little")
-                    arena[end - from_end] ^= 0x10
-                    return
-                at = arena.find(b"STSO", at + 1)
-    raise AssertionError(f"no arena copy of {state_id.hex()}")
+    with arena_copy(pid, state_id) as (arena, at, length):
+        arena[at + length - from_end] ^= 0x10
 
 
 async def test_damage_in_the_daemons_arena_is_found_where_the_bytes_land_and_the_disk_copy_served(daemon) -> None:

@@ -30,15 +30,8 @@ from daemon_procs import (  # noqa: E402
     ATTENTION_LAYERS, BLOCK, SSM_LAYERS, assert_same_tensors, daemon_fixture, jamba_namespace, kv_page, snapshot,
     token_ids)
 from statetier.clients import AsyncClient, PutItem  # noqa: E402
-from statetier.protocol.errors import (  # noqa: E402
-    FingerprintMismatch,
-    MisroutedState,
-    NamespaceMismatch,
-    NotFound,
-    PlacementMismatch,
-    PositionMismatch,
-    StaleState,
-)
+from statetier.protocol.errors import (FingerprintMismatch, MisroutedState, NamespaceMismatch, NotFound,  # noqa: E402
+                                       PlacementMismatch, PositionMismatch, StaleState)
 from statetier.protocol.identity import prefix_hashes  # noqa: E402
 from statetier.protocol.keyring import Keyring  # noqa: E402
 

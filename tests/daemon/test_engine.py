@@ -122,17 +122,23 @@ async def test_a_host_copy_is_not_hashed_again_on_load_the_client_verifies_where
     await engine.release(result.lease_id, "c1")
 
 
+async def _take_disk_copy(engine, state_id: bytes):
+    """The object's only copy, taken off the disk tier (the host copy dropped): its bytes, to
+    damage and store back in its place, and its meta."""
+    assert await engine.placement.flush_write_behind(10)
+    await engine.arena.delete(state_id)
+    disk = engine.tiers[1]
+    lease = await disk.prepare_load(state_id)
+    blob = bytearray(await disk.read(lease))
+    await disk.complete_load(lease)
+    await disk.delete(state_id)
+    return disk, blob, lease.meta
+
+
 async def test_a_damaged_disk_copy_is_dropped_and_the_load_is_refused_with_the_reason(engine):
     req, data = ssm_put()
     put = await engine.put(req, data)
-    assert await engine.placement.flush_write_behind(10)
-    await engine.arena.delete(put.ref.state_id)
-    disk = engine.tiers[1]
-    lease = await disk.prepare_load(put.ref.state_id)
-    blob = bytearray(await disk.read(lease))
-    meta = lease.meta
-    await disk.complete_load(lease)
-    await disk.delete(put.ref.state_id)
+    disk, blob, meta = await _take_disk_copy(engine, put.ref.state_id)
     blob[meta.header_len + 5] ^= 0x80
     await engine.placement.store_in(disk, [bytes(blob)], meta)
     with pytest.raises(CorruptPayload):
@@ -431,14 +437,7 @@ async def test_a_format_1_object_on_disk_is_refused_with_its_reason_and_dropped_
     # offsets: it must be refused (UnsupportedFormat, saying why), not read
     req, data = ssm_put()
     put = await engine.put(req, data)
-    assert await engine.placement.flush_write_behind(10)
-    await engine.arena.delete(put.ref.state_id)
-    disk = engine.tiers[1]
-    lease = await disk.prepare_load(put.ref.state_id)
-    blob = bytearray(await disk.read(lease))
-    meta = lease.meta
-    await disk.complete_load(lease)
-    await disk.delete(put.ref.state_id)
+    disk, blob, meta = await _take_disk_copy(engine, put.ref.state_id)
     header_len = meta.header_len
     blob[4:6] = (1).to_bytes(2, "little")  # format 1, re-signed by the key that signed it
     signer = engine.keyring.active

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import subprocess
 import time
 import urllib.parse
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from statetier.launch.redis_servers import free_port
+from statetier.launch.redis_servers import free_port, stop_process
 
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
@@ -105,13 +104,8 @@ class PrometheusServer:
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        if proc is not None:
+            stop_process(proc, 30)
         if self._log is not None:
             self._log.close()
             self._log = None

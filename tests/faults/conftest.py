@@ -1,4 +1,4 @@
-"""Fixtures of the fault suite: the PD pipeline's processes, and torch on one thread.
+"""Fixtures of the fault suite: the PD pipeline's processes.
 
 - ``pd_nodes`` (module) → ``PDNodes``: two ``statetier serve`` subprocesses
   (``tests/daemon/daemon_procs.py``), ``prefill`` and ``decode``, each with its own socket,
@@ -7,8 +7,7 @@
   stored bytes. Teardown stops both daemons and asserts they exited cleanly.
 - ``plain_redis`` (module): a redis-py client on the session ``redis_server`` for the
   plain SET/GET contrast; it deletes its ``plain:*`` keys at teardown.
-- ``one_thread`` (session, autouse): tiny models run faster on one thread than with two
-  threads fighting over two cores, and one thread keeps every reduction order fixed.
+- torch on one thread: each module names ``one_torch_thread`` (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import torch
 
 pytest.importorskip("transformers")
 
@@ -39,14 +37,6 @@ class PDNodes:
     decode: DaemonProcess
     keyring: Keyring
     redis: object
-
-
-@pytest.fixture(scope="session", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -38,6 +38,7 @@ for _extra in (REPO / "examples", REPO / "tests" / "daemon"):
     if str(_extra) not in sys.path:
         sys.path.insert(0, str(_extra))
 
+from daemon_procs import arena_copy  # noqa: E402
 from statetier.clients.transformers import CachePlan, cache_plan  # noqa: E402
 from statetier.protocol.keyring import Keyring  # noqa: E402
 from statetier.protocol.sealed import decode_header, layout_payload, seal  # noqa: E402
@@ -263,24 +264,6 @@ def overwrite_in_arena(node, ref, blob: bytes) -> None:
     could do (a daemon bug, root): the arena is opened through ``/proc/<pid>/fd`` and the
     object found by its state_id. Same-size objects only: an arena copy is read back at its
     indexed size."""
-    import mmap
-    import os
-
-    for fd in os.listdir(f"/proc/{node.pid}/fd"):
-        path = f"/proc/{node.pid}/fd/{fd}"
-        try:
-            if "statetier-host" not in os.readlink(path):
-                continue
-        except OSError:
-            continue
-        with open(path, "r+b") as handle, mmap.mmap(handle.fileno(), 0) as arena:
-            at = arena.find(b"STSO")
-            while at >= 0:
-                if arena[at + 136 : at + 152] == ref.state_id:  # state_id in the header (protocol.md §1.1)
-                    header_len = int.from_bytes(arena[at + 8 : at + 12], "little")
-                    payload_len = int.from_bytes(arena[at + 16 : at + 24], "little")
-                    assert header_len + payload_len == len(blob), "same-size objects only"
-                    arena[at : at + len(blob)] = blob
-                    return
-                at = arena.find(b"STSO", at + 1)
-    raise AssertionError(f"no arena copy of {ref.state_id.hex()} in daemon {node.pid}")
+    with arena_copy(node.pid, ref.state_id) as (arena, at, length):
+        assert length == len(blob), "same-size objects only"
+        arena[at : at + len(blob)] = blob

@@ -37,7 +37,7 @@ from tiny_hybrids import greedy_decode, reference_tokens
 
 RUN = uuid.uuid4().hex[:6]
 
-pytestmark = pytest.mark.parametrize("arch", ARCHS)
+pytestmark = [pytest.mark.parametrize("arch", ARCHS), pytest.mark.usefixtures("one_torch_thread")]
 
 
 class PlainConnector:

@@ -9,29 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from statetier.protocol.errors import (
-    ERRORS_BY_CODE,
-    FrameTooLarge,
-    MalformedFrame,
-    ProtocolError,
-    UnsupportedProtocol,
-)
-from statetier.protocol.frames import (
-    DEFAULT_MAX_FRAME,
-    FLAG_ERROR,
-    HEADER_SIZE,
-    PROTOCOL_VERSIONS,
-    Frame,
-    FrameDecoder,
-    Op,
-    encode_frame,
-    encode_frame_bytes,
-    error_frame,
-    hello_frame,
-    hello_ok_frame,
-    negotiate,
-    raise_for_error,
-)
+from statetier.protocol.errors import ERRORS_BY_CODE, FrameTooLarge, MalformedFrame, ProtocolError, UnsupportedProtocol
+from statetier.protocol.frames import (DEFAULT_MAX_FRAME, FLAG_ERROR, HEADER_SIZE, PROTOCOL_VERSIONS, Frame,
+                                       FrameDecoder, Op, encode_frame, encode_frame_bytes, error_frame, hello_frame,
+                                       hello_ok_frame, negotiate, raise_for_error)
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SLOW = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])

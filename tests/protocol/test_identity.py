@@ -14,20 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from statetier.protocol.errors import InvalidRequest
-from statetier.protocol.identity import (
-    EMPTY_PREFIX,
-    Kind,
-    Namespace,
-    NamespaceSpec,
-    Provenance,
-    StateKey,
-    StateRef,
-    fingerprint,
-    new_state_id,
-    prefix_hash,
-    prefix_hashes,
-    stream_id,
-)
+from statetier.protocol.identity import (EMPTY_PREFIX, Kind, Namespace, NamespaceSpec, Provenance, StateKey, StateRef,
+                                         fingerprint, new_state_id, prefix_hash, prefix_hashes, stream_id)
 
 PROPS = settings(max_examples=60, deadline=None)
 

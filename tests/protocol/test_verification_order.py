@@ -18,29 +18,10 @@ import time
 import pytest
 
 from statetier.protocol.dtypes import TensorSpec
-from statetier.protocol.errors import (
-    BadSignature,
-    CorruptPayload,
-    FingerprintMismatch,
-    MalformedState,
-    MisroutedState,
-    NamespaceMismatch,
-    PlacementMismatch,
-    PositionMismatch,
-    StaleState,
-    StatetierError,
-    TruncatedState,
-    UnsupportedFormat,
-)
-from statetier.protocol.identity import (
-    Kind,
-    NamespaceSpec,
-    Provenance,
-    StateKey,
-    StateRef,
-    prefix_hash,
-    stream_id,
-)
+from statetier.protocol.errors import (BadSignature, CorruptPayload, FingerprintMismatch, MalformedState,
+                                       MisroutedState, NamespaceMismatch, PlacementMismatch, PositionMismatch,
+                                       StaleState, StatetierError, TruncatedState, UnsupportedFormat)
+from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, StateRef, prefix_hash, stream_id
 from statetier.protocol.keyring import Keyring, SigAlg, SigningKey
 from statetier.protocol.sealed import Expectation, Opened, VerifiedHeaders, decode_header, open_sealed, seal_object
 
@@ -303,34 +284,23 @@ def test_registry_knows_a_newer_version_is_stale_state():
     rejects(StaleState, blob, Expectation.for_key(KV_KEY, newest_version=3))
 
 
-def test_object_older_than_the_ref_is_stale_state():
-    old_blob, _ = make(state_id=SID_1, version=1)
+@pytest.mark.parametrize("stored, error", [
+    pytest.param((SID_1, 1), StaleState, id="an_object_older_than_the_ref_is_stale_state"),
+    pytest.param((SID_3, 3), StaleState, id="a_superseded_ref_is_stale_state"),
+    pytest.param((SID_1, 2), MisroutedState, id="the_same_version_with_another_state_id_is_misrouted_state"),
+    pytest.param((SID_2, 5), MisroutedState, id="the_same_state_id_with_another_version_is_misrouted_state"),
+])
+def test_an_object_of_another_version_or_state_id_than_its_ref_is_refused(stored, error):
+    state_id, version = stored
+    blob, _ = make(state_id=state_id, version=version)
     _, ref = make(state_id=SID_2, version=2)
-    rejects(StaleState, old_blob, by_ref(ref))
-
-
-def test_superseded_ref_is_stale_state():
-    new_blob, _ = make(state_id=SID_3, version=3)
-    _, ref = make(state_id=SID_2, version=2)
-    rejects(StaleState, new_blob, by_ref(ref))
+    rejects(error, blob, by_ref(ref))
 
 
 def test_state_id_issued_for_another_stream_is_misrouted_state():
     blob, ref = make()
     other_stream = stream_id(KV_KEY, "req-2")
     rejects(MisroutedState, blob, by_ref(ref, state_id_stream=other_stream))
-
-
-def test_same_version_with_another_state_id_is_misrouted_state():
-    blob, _ = make(state_id=SID_1, version=2)
-    _, ref = make(state_id=SID_2, version=2)
-    rejects(MisroutedState, blob, by_ref(ref))
-
-
-def test_same_state_id_with_another_version_is_misrouted_state():
-    blob, _ = make(state_id=SID_2, version=5)
-    _, ref = make(state_id=SID_2, version=2)
-    rejects(MisroutedState, blob, by_ref(ref))
 
 
 # ---------------------------------------------------------------- 9. payload
