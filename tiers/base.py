@@ -13,7 +13,9 @@ under their ``object_id`` (the 16-byte state_id) and indexes them by ``key_diges
     await tier.complete_load(lease)                 # unpins
 
 ``evict()`` removes least-recently-used unleased objects until usage is under the low
-watermark and returns them *with their bytes*, so the caller can demote rather than drop.
+watermark and returns them *with their bytes*, so the caller can demote rather than drop;
+``evict_sparing_copies(need, is_held_below)`` may leave out the bytes of victims a lower
+tier already holds.
 ``compact()`` (disk segments, host arena) never moves or frees bytes under a lease.
 Foreign exceptions never leave a tier: each translates them into ``statetier`` errors.
 """
@@ -25,7 +27,7 @@ import itertools
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Sequence
+from typing import AsyncIterator, Awaitable, Callable, Sequence
 
 from statetier.protocol.errors import LeaseError
 from statetier.protocol.identity import Kind
@@ -95,8 +97,11 @@ class Lease:
 
 @dataclass(frozen=True, slots=True)
 class EvictedObject:
+    """What ``evict`` removed; ``blob`` is None when the object left without its bytes being
+    read, because a lower tier already holds a copy (``evict_sparing_copies``)."""
+
     meta: ObjectMeta
-    blob: bytes | bytearray | memoryview
+    blob: bytes | bytearray | memoryview | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +297,13 @@ class Tier(abc.ABC):
 
     @abc.abstractmethod
     async def evict(self, need_bytes: int = 0) -> list[EvictedObject]: ...
+
+    async def evict_sparing_copies(self, need_bytes: int,
+                                   is_held_below: Callable[[bytes], Awaitable[bool]]) -> list[EvictedObject]:
+        """``evict``, except that a tier may skip reading the bytes of a victim for which
+        ``is_held_below(object_id)`` is true and hand it back with ``blob=None``. By default
+        every victim's bytes are read."""
+        return await self.evict(need_bytes)
 
     @abc.abstractmethod
     def stats(self) -> TierStats: ...
