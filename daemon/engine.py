@@ -332,8 +332,9 @@ class Engine:
     async def _expect_ref(self, req: LoadRequest) -> tuple[bytes, Expectation]:
         ref = req.ref
         key = ref.key if ref.key.namespace == req.namespace else dataclasses.replace(ref.key, namespace=req.namespace)
-        head = await self.registry.newest(stream_id(key, ref.request_id))
-        issued_for = await self.registry.stream_of(ref.state_id)
+        # two independent registry reads: one round trip's wait, not two
+        head, issued_for = await asyncio.gather(self.registry.newest(stream_id(key, ref.request_id)),
+                                                self.registry.stream_of(ref.state_id))
         return ref.state_id, Expectation.for_ref(
             ref, req.namespace, newest_version=head.version if head else None, state_id_stream=issued_for,
             tensors=req.tensors, allow_speculative=req.allow_speculative)

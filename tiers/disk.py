@@ -102,6 +102,8 @@ class _Reservation:
 EVICTION_BATCH_BYTES = 64 << 20
 
 class DiskTier(Tier):
+    verifies_on_read = True  # read() checks every record's signature and payload digest (disk_body)
+
     def __init__(self, directory, capacity_bytes: int, *, keyring: Keyring, segment_bytes: int = 64 << 20,
                  high_watermark: float = 0.9, low_watermark: float = 0.75,
                  compact_below_live_ratio: float = 0.5, lease_ttl: float = 30.0, fsync: bool = True,
