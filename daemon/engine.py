@@ -11,6 +11,8 @@ tier (Redis). The server calls, per request:
                                         memory only the daemon writes, then digested there
 - ``reserve(req, owner)`` → ``commit(ticket_id, owner, source)`` / ``abort(ticket_id, owner)``
                                         the same, in two steps, through the host arena
+- ``expect_refs(reqs)``                the registry reads of a batch of loads, concurrently,
+                                        handed to ``load(req, owner, expected=)``
 - ``load(req, owner)``                  find, verify in DESIGN §4 order, promote; the
                                         result stays leased until ``release(lease_id)``. A
                                         copy in daemon-only memory (host, device) is not
@@ -77,6 +79,9 @@ log = logging.getLogger("statetier.engine")
 
 #: Below this many bytes hashing inline beats a hop to the executor.
 INLINE_HASH_BYTES = 256 * 1024
+#: Loads of one batch whose registry reads are in flight at once (two reads each; the
+#: Redis pool holds 64 connections).
+REGISTRY_READS_AT_ONCE = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,11 +319,12 @@ class Engine:
 
     # ---------------------------------------------------------------- loads
 
-    async def load(self, req: LoadRequest, owner) -> LoadResult:
+    async def load(self, req: LoadRequest, owner, *, expected: tuple[bytes, Expectation] | None = None) -> LoadResult:
+        """``expected``: what ``expect_refs`` found for this load by ref, read ahead."""
         started = time.perf_counter()
         self.tenancy.check_namespace(req.tenant, req.namespace)
         if req.ref is not None:
-            state_id, expectation = await self._expect_ref(req)
+            state_id, expectation = expected or await self._expect_ref(req)
             result = await self._load_object(state_id, expectation, owner, req.tenant, full_check=req.full_check)
         elif req.key is not None:
             result = await self._load_by_key(req, owner)
@@ -328,6 +334,23 @@ class Engine:
             self.metrics.observe_op(result.tier, result.header.key.kind.name.lower(), "load",
                                     result.payload.nbytes, time.perf_counter() - started)
         return result
+
+    async def expect_refs(self, reqs: list[LoadRequest]) -> list[tuple[bytes, Expectation] | StatetierError | None]:
+        """The registry reads of many loads by ref, made concurrently (``REGISTRY_READS_AT_ONCE``
+        loads at a time): a batch of loads waits for a few round trips, not two per object.
+        Each answer is ``load``'s ``expected``, the error reading it, or None (a load by key)."""
+        out: list = [None] * len(reqs)
+
+        async def read(index: int) -> None:
+            try:
+                out[index] = await self._expect_ref(reqs[index])
+            except StatetierError as exc:
+                out[index] = exc
+
+        by_ref = [i for i, req in enumerate(reqs) if req.ref is not None]
+        for start in range(0, len(by_ref), REGISTRY_READS_AT_ONCE):
+            await asyncio.gather(*(read(i) for i in by_ref[start : start + REGISTRY_READS_AT_ONCE]))
+        return out
 
     async def _expect_ref(self, req: LoadRequest) -> tuple[bytes, Expectation]:
         ref = req.ref

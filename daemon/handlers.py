@@ -264,15 +264,18 @@ async def handle_load_batch(session: Session, frame: Frame) -> Reply:
     engine, owner = session.engine, session.owner
     answers, parts, cursor, counted = [], [], 0, []
     room = session.max_frame - (1 << 20)  # meta and frame header fit in the rest
-    for item in items:
+    requests = _load_requests(session.tenant, items, meta.get("ns"))
+    expected = await engine.expect_refs([r for r in requests if not isinstance(r, StatetierError)])
+    for request, found in zip(requests, expected + [None] * (len(requests) - len(expected))):
         if answers and ("error" in answers[-1] or "skipped" in answers[-1]):
             answers.append({"skipped": True})  # the batch stops at its first failure
             continue
         try:
-            if not isinstance(item, dict):
-                raise InvalidRequest("each LOAD_BATCH item must be an object")
-            request = _load_request(session.tenant, {**item, "ns": meta.get("ns")})
-            result = await engine.load(request, owner)
+            if isinstance(request, StatetierError):
+                raise request
+            if isinstance(found, StatetierError):
+                raise found
+            result = await engine.load(request, owner, expected=found)
             try:
                 answer = {"tier": result.tier}
                 placed = await _place_in_window(session, result.payload) if wants_shm else None
@@ -294,6 +297,20 @@ async def handle_load_batch(session: Session, frame: Frame) -> Reply:
         except StatetierError as exc:
             answers.append({"error": error_frame(0, exc).meta})
     return Reply({"items": answers}, b"".join(parts), items=counted)
+
+
+def _load_requests(tenant: str, items: list, ns) -> list[LoadRequest | StatetierError]:
+    """The batch's items as requests, up to the first that is not one (its error ends the list)."""
+    out: list[LoadRequest | StatetierError] = []
+    for item in items:
+        try:
+            if not isinstance(item, dict):
+                raise InvalidRequest("each LOAD_BATCH item must be an object")
+            out.append(_load_request(tenant, {**item, "ns": ns}))
+        except StatetierError as exc:
+            out.append(exc)
+            break
+    return out + [InvalidRequest("not attempted")] * (len(items) - len(out))
 
 
 async def _place_in_window(session: Session, payload: memoryview) -> tuple[int, int] | None:
