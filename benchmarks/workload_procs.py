@@ -5,7 +5,8 @@
   a metrics port) whose daemons get ``--host-capacity host_capacity``: one request of
   Qwen3-Next at 8k tokens is 266 MiB, more than the demo's 256 MiB arena.
 - ``Daemon.counters()`` (from ``PDCluster``) gives bytes and hits per tier;
-  ``served_by_tier(before, after)`` the loads each tier served between two readings.
+  ``served_by_tier(before, after)`` the loads each tier served between two readings;
+  ``hits_by_tier_and_kind(daemon)`` the daemon's ``statetier_hits_total`` per (tier, kind).
 """
 
 from __future__ import annotations
@@ -20,13 +21,30 @@ if str(REPO / "examples") not in sys.path:
 
 from pd_cluster import Daemon, PDCluster, _redis_procs  # noqa: E402
 
-__all__ = ["BenchCluster", "Daemon", "served_by_tier"]
+__all__ = ["BenchCluster", "Daemon", "hits_by_tier_and_kind", "served_by_tier"]
 
 
 def served_by_tier(before: dict, after: dict) -> dict[str, int]:
     """Loads each tier served between two ``Daemon.counters()`` readings (``"hits <tier>"``)."""
     return {name.split()[1]: after[name] - before.get(name, 0) for name in after
             if name.startswith("hits ") and after[name] - before.get(name, 0)}
+
+
+def hits_by_tier_and_kind(daemon: Daemon) -> dict[tuple[str, str], int]:
+    """Loads served so far by each tier, per kind (``kv``, ``ssm``): one metrics scrape."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics_port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    out: dict[tuple[str, str], int] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "statetier_hits_total":
+                name = (sample.labels.get("tier"), sample.labels.get("kind"))
+                out[name] = out.get(name, 0) + int(sample.value)
+    return out
 
 
 class BenchCluster(PDCluster):

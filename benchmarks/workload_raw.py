@@ -5,6 +5,10 @@
   its keyed BLAKE3, one thread: what sealing on put or verifying on load costs at least.
 - ``FileRaw(directory)`` — ``write_sync(views)``: ``pwrite`` + ``fdatasync`` of each view
   at growing offsets of one file (as the disk tier appends), then the file is truncated.
+- ``ReadRaw(directory)`` — ``stage(views)`` writes the views to one file (fdatasync'd, not
+  timed); ``run_warm()`` / ``run_cold()``: ``pread`` each back into a preallocated buffer and
+  take its keyed BLAKE3, with the file's pages in the page cache, or dropped first
+  (``POSIX_FADV_DONTNEED``): what a verified load from the disk tier costs at least.
 - ``RedisRaw(url)`` — async; ``set_all(views)`` / ``get_all()``: redis-py with hiredis,
   each view split into the Redis tier's 2 MiB chunks, one pipeline per view; ``clear()``.
 - ``timed(fn)`` / ``atimed(coro_fn)`` — seconds one call took.
@@ -96,6 +100,41 @@ class FileRaw:
 
     def reset(self) -> None:
         os.ftruncate(self.fd, 0)
+
+    def close(self) -> None:
+        os.close(self.fd)
+        self.path.unlink(missing_ok=True)
+
+
+class ReadRaw:
+    """``pread`` + keyed BLAKE3 of staged bytes, page cache warm or cold."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = Path(directory) / f"raw-read-{os.getpid()}.dat"
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        self.extents: list[tuple[int, int]] = []
+        self.targets: list[memoryview] = []
+
+    def stage(self, views: list[memoryview]) -> None:
+        os.ftruncate(self.fd, 0)
+        self.extents, offset = [], 0
+        for view in views:
+            os.pwrite(self.fd, view, offset)
+            self.extents.append((offset, len(view)))
+            offset += len(view)
+        os.fdatasync(self.fd)  # clean pages: DONTNEED can drop them
+        self.targets = [memoryview(bytearray(n)) for _, n in self.extents]
+        self.run_warm()  # faults the targets in and the file's pages back into the cache
+
+    def run_warm(self) -> None:
+        for (offset, nbytes), target in zip(self.extents, self.targets):
+            os.preadv(self.fd, [target], offset)
+            blake3.blake3(target, key=DIGEST_KEY).digest()
+
+    def run_cold(self) -> float:
+        """Seconds for the reads and digests after the file's pages were dropped."""
+        os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        return timed(self.run_warm)
 
     def close(self) -> None:
         os.close(self.fd)
