@@ -186,11 +186,22 @@ def prefix_section(rows: list[dict], plot: str | None) -> list[str]:
              f"- Hit rate (tokens restored ÷ tokens possible): **{rate}** — {first['tokens_restored']} of "
              f"{first['tokens_possible']} tokens; tokens possible = what this conversation saved last (the shared "
              f"system prompt on a conversation's first turn)",
-             f"- Objects served per tier (daemon counters): {hits}", "",
+             f"- Objects served per tier (daemon counters): {hits}",
+             *_served_tier_limits(found), "",
              *_table(["op", "MiB", "turns", "GB/s", "raw limit", "raw GB/s", "ratio", "p50 ms/turn", "p99 ms/turn"],
                      body), ""]
     lines += [f"![Tokens possible and restored per turn, and load GB/s]({plot})", ""] if plot else []
     return lines
+
+
+def _served_tier_limits(found: list[dict]) -> list[str]:
+    load = next((r for r in found if r.get("pread_blake3_warm_gbps") is not None), None)
+    if load is None:
+        return []
+    return [f"- Limit of the tier that served each byte: memcpy+BLAKE3 for the host's, `pread`+BLAKE3 of the same "
+            f"bytes from a file for the disk's ({_f(load['pread_blake3_warm_gbps'])} GB/s with its pages cached, "
+            f"{_f(load['pread_blake3_cold_gbps'])} GB/s with them dropped first); the disk served "
+            f"{load['disk_fraction'] * 100:.0f}% of the loaded bytes (hits per tier and kind × object size)"]
 
 
 def clients_section(rows: list[dict], plot: str | None) -> list[str]:

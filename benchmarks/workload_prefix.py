@@ -241,7 +241,7 @@ def _rows(turns: list[Turn], plan: PrefixPlan, hits: dict) -> list[dict]:
     loads = [t for t in turns if t.loaded_bytes]
     rows = []
 
-    def row(op: str, chosen: list[Turn], size_of, time_of, raw: str, raw_of) -> dict:
+    def row(op: str, chosen: list[Turn], size_of, time_of, raw: str, raw_of, **more) -> dict:
         size = sum(size_of(t) for t in chosen)
         spent, raw_spent = sum(time_of(t) for t in chosen), sum(raw_of(t) for t in chosen)
         per_turn = [time_of(t) for t in chosen]
@@ -249,19 +249,19 @@ def _rows(turns: list[Turn], plan: PrefixPlan, hits: dict) -> list[dict]:
                 "gbps": size / spent / 1e9, "raw": raw, "raw_gbps": size / raw_spent / 1e9,
                 "ratio": raw_spent / spent, "p50_us": percentile(per_turn, 50) * 1e6,
                 "p99_us": percentile(per_turn, 99) * 1e6, "samples": len(chosen),
-                "lookup_ms": percentile([t.lookup_s for t in chosen], 50) * 1e3, **extra}
+                "lookup_ms": percentile([t.lookup_s for t in chosen], 50) * 1e3, **extra, **more}
 
     if loads:
         rows.append(row("lookup+load", loads, lambda t: t.loaded_bytes, lambda t: t.load_s, "memcpy+blake3",
                         lambda t: t.raw_load_s))
         loaded = sum(t.loaded_bytes for t in loads)
-        extra["disk_fraction"] = sum(t.loaded_by_tier.get("disk", 0) for t in loads) / loaded
-        extra["pread_blake3_warm_gbps"] = loaded / sum(t.raw_read_warm_s for t in loads) / 1e9
-        extra["pread_blake3_cold_gbps"] = loaded / sum(t.raw_read_cold_s for t in loads) / 1e9
+        limits = {"disk_fraction": sum(t.loaded_by_tier.get("disk", 0) for t in loads) / loaded,
+                  "pread_blake3_warm_gbps": loaded / sum(t.raw_read_warm_s for t in loads) / 1e9,
+                  "pread_blake3_cold_gbps": loaded / sum(t.raw_read_cold_s for t in loads) / 1e9}
         rows.append(row("lookup+load", loads, lambda t: t.loaded_bytes, lambda t: t.load_s,
-                        "served tier, cache warm", lambda t: _served_raw_s(t, t.raw_read_warm_s)))
+                        "served tier, cache warm", lambda t: _served_raw_s(t, t.raw_read_warm_s), **limits))
         rows.append(row("lookup+load", loads, lambda t: t.loaded_bytes, lambda t: t.load_s,
-                        "served tier, cache cold", lambda t: _served_raw_s(t, t.raw_read_cold_s)))
+                        "served tier, cache cold", lambda t: _served_raw_s(t, t.raw_read_cold_s), **limits))
     rows.append(row("save", turns, lambda t: t.saved_bytes, lambda t: t.save_s, "memcpy+blake3",
                     lambda t: t.raw_save_s))
     rows.append(row("save", turns, lambda t: t.saved_bytes, lambda t: t.save_s, "write+fdatasync",

@@ -101,7 +101,11 @@ def test_the_kept_run_holds_every_workload_of_the_quick_plan(quick_report) -> No
         (n, op) for n in (1, 4, 16) for op in ("put", "load")}
     prefix = [r for r in rows if r["suite"] == "prefix"]
     assert {(r["op"], r["raw"]) for r in prefix} == {("lookup+load", "memcpy+blake3"), ("save", "memcpy+blake3"),
-                                                      ("save", "write+fdatasync")}
+                                                      ("save", "write+fdatasync"),
+                                                      ("lookup+load", "served tier, cache warm"),
+                                                      ("lookup+load", "served tier, cache cold")}
+    served = next(r for r in prefix if r["raw"] == "served tier, cache warm")
+    assert 0 <= served["disk_fraction"] <= 1 and served["pread_blake3_cold_gbps"] > 0
     assert 0 < prefix[0]["tokens_restored"] <= prefix[0]["tokens_possible"]
     # every PD case says which tier served the decode side: Redis, the only way bytes reach it
     for row in (r for r in rows if r["suite"] == "pd"):
