@@ -473,6 +473,10 @@ class Engine:
         """
         kept = False
         try:
+            if index > 0 and self.options.promote_on_load and tier.reads_in_place:
+                landed = await self._load_into_arena(tier, lease, state_id, expectation, owner, tenant, full_check)
+                if landed is not None:
+                    return landed
             blob = await tier.read(lease)
             # bytes in daemon-only memory were digested when sealed there; the client checks
             # the payload again where it lands (DESIGN §6)
@@ -498,6 +502,50 @@ class Engine:
         finally:
             if not kept:
                 await tier.complete_load(lease)
+
+    async def _load_into_arena(self, tier: Tier, lease: Lease, state_id: bytes, expectation: Expectation, owner,
+                               tenant: str, full_check: bool) -> LoadResult | None:
+        """A promotion read straight into its arena reservation (the tier's ``read_into``) and
+        classified there: no fresh buffer, no copy (``tier.reads_in_place``). None when it cannot be promoted (no room,
+        quota, a copy already above, or a header whose meta differs from the tier's index
+        entry): the caller then reads it as usual. Damage and refusals raise as from ``read``."""
+        target, meta = self.arena, lease.meta
+        if target is None or self.tiers.index(target) > self.tiers.index(tier):
+            return None
+        trusted = tier.verifies_on_read and not full_check
+        opened, filling = None, False
+
+        async def fill(view: memoryview):
+            nonlocal opened, filling
+            filling = True
+            with phase("read_into_arena"):
+                await tier.read_into(lease, view)
+            opened = await self.hash_off_loop(0 if trusted else view.nbytes, classify, view, expectation,
+                                              self.keyring, stored_as=state_id, verify_payload=not trusted,
+                                              verified=self._verified if trusted else None)
+            # the verified header says what this is: kept only if the index entry agrees
+            return opened if ObjectMeta.from_header(opened.header) == meta else None
+
+        async with self.placement.cycle():
+            if self.placement.is_deleting(meta.object_id) or await target.contains(meta.object_id) \
+                    or self.tenancy.would_exceed(tenant, target.name, meta.size):
+                return None
+            try:
+                if await self.placement.store_filled(target, meta, fill) is None:
+                    return None
+            except StatetierError as exc:
+                if filling:
+                    raise  # what the read or the classification found
+                log.debug("promotion of %s into %s skipped: %s", meta.object_id.hex(), target.name, exc)
+                return None  # no room in the arena (or a concurrent promotion won): read as usual
+            self.tenancy.charge(tenant, target.name, meta.object_id, meta.size)
+            held_lease = await target.prepare_load(meta.object_id, owner=owner, ttl=self.options.lease_ttl)
+        if self.metrics is not None:
+            self.metrics.count_hit(tier.name, expectation.key.kind.name.lower())
+            self.metrics.count_promotion(tier.name, target.name)
+        lease_id, held = self._hold(target, held_lease, owner)
+        view = memoryview(await target.read(held_lease)).cast("B")
+        return self._result(lease_id, held, opened.header, view)
 
     async def _promote(self, blob, meta: ObjectMeta, source: Tier, owner, tenant: str) -> tuple[int, _Held] | None:
         target = self.arena or self.tiers[0]

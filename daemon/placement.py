@@ -8,7 +8,9 @@
   a victim a lower tier already holds (a write-behind copied it) is dropped without its
   bytes being copied out (``Tier.evict_sparing_copies``).
   Returns the tier used.
-- ``store_in(tier, chunks, meta)`` — into one given tier (publish, promotion).
+- ``store_in(tier, chunks, meta)`` — into one given tier (publish, promotion);
+  ``store_filled(tier, meta, fill)`` the same with the bytes put in place by ``fill`` (a
+  promotion read straight into the arena).
 - ``copy_down(state_id, source)``  — write-behind: a copy into the next persistent tier,
   queued (bounded) by ``schedule_copy_down`` and run by the worker ``run_write_behind``.
 
@@ -103,6 +105,22 @@ class Placement:
         if self.metrics is not None:
             self.metrics.observe_op(tier.name, meta.kind.name.lower(), "store", meta.size,
                                     time.perf_counter() - started)
+
+    async def store_filled(self, tier: Tier, meta: ObjectMeta, fill):
+        """``store_in`` whose bytes ``await fill(view)`` puts in place in the tier's own
+        memory (a read straight into the host arena); the object stays only when ``fill``
+        returns something other than None, which is returned."""
+        started = time.perf_counter()
+        ticket = await self._prepare_with_room(tier, meta)
+        kept = None
+        try:
+            kept = await fill(ticket.view)
+        finally:
+            await tier.complete_store(ticket, kept is not None)
+        if kept is not None and self.metrics is not None:
+            self.metrics.observe_op(tier.name, meta.kind.name.lower(), "store", meta.size,
+                                    time.perf_counter() - started)
+        return kept
 
     # ---------------------------------------------------------------- moves vs deletes
 

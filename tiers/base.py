@@ -237,6 +237,10 @@ class Tier(abc.ABC):
     #: True when ``read`` itself verifies signature and payload digest (disk, Redis), so the
     #: engine need not hash the payload a second time.
     verifies_on_read: bool = False
+    #: True when the tier has ``read_into(lease, dest)``: ``read`` straight into a buffer
+    #: of the caller's (the object's exact size), verified there (disk), so a promotion
+    #: reads into its arena reservation instead of a fresh buffer and a copy.
+    reads_in_place: bool = False
     #: True when ``complete_store(True)`` returns only once the object is on stable storage
     #: and survives a crash of the daemon (the disk tier with fsync): what a put's
     #: ``durable`` reply promises.

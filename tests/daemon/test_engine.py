@@ -256,6 +256,30 @@ async def test_verify_all_drops_what_no_longer_verifies(engine):
     await engine.release(result.lease_id, "c1")
 
 
+async def test_a_load_from_disk_lands_in_the_arena_and_a_damaged_record_is_dropped_not_served(engine, tmp_path):
+    good, bad = [await engine.put(*ssm_put(layer=layer, seed=layer + 1)) for layer in (0, 1)]
+    assert await engine.placement.flush_write_behind(10)
+    host = engine.arena
+    for put in (good, bad):
+        await host.delete(put.ref.state_id)  # only the disk copies are left
+    (segment,) = sorted((tmp_path / "disk" / "segments").glob("seg-*.dat"))
+    data = bytearray(segment.read_bytes())
+    at = data.rindex(payload_for(2)[:64])  # inside the second object's payload
+    with open(segment, "r+b") as handle:
+        handle.seek(at + 10)
+        handle.write(bytes([data[at + 10] ^ 0x01]))
+
+    result = await engine.load(LoadRequest("default", NS, ref=good.ref), owner="c1")
+    assert bytes(result.payload) == payload_for(1) and result.tier == "host"  # read into its reservation
+    assert result.arena_offset is not None
+    await engine.release(result.lease_id, "c1")
+    with pytest.raises(CorruptPayload):
+        await engine.load(LoadRequest("default", NS, ref=bad.ref), owner="c1")
+    assert not await engine.tiers[1].contains(bad.ref.state_id)
+    assert not await host.contains(bad.ref.state_id)
+    assert (host.stats().objects, host.stats().inflight, host.stats().leases) == (1, 0, 0)
+
+
 async def test_a_delete_during_the_write_behind_copy_leaves_no_copy_on_disk(engine):
     put = await engine.put(*ssm_put())
     for _ in range(100_000):  # bounded: until the write-behind copy holds its lease on the host
