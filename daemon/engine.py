@@ -45,6 +45,7 @@ import dataclasses
 import itertools
 import logging
 import time
+from collections import OrderedDict
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
@@ -79,6 +80,9 @@ log = logging.getLogger("statetier.engine")
 
 #: Below this many bytes hashing inline beats a hop to the executor.
 INLINE_HASH_BYTES = 256 * 1024
+#: state_id → the stream it was issued for, remembered for this many state_ids (the
+#: mapping never changes once claimed; a load by ref then reads only the stream's head).
+STREAMS_REMEMBERED = 1 << 16
 #: Loads of one batch whose registry reads are in flight at once (two reads each; the
 #: Redis pool holds 64 connections).
 REGISTRY_READS_AT_ONCE = 16
@@ -128,6 +132,7 @@ class Engine:
         self._held: dict[int, _Held] = {}
         self._reservations: dict[int, tuple[Reservation, object]] = {}
         self._verified = VerifiedHeaders()  # headers of hot objects: signature checked once
+        self._issued: OrderedDict[bytes, bytes] = OrderedDict()  # state_id -> stream (``_stream_of``)
         self._tasks: list[asyncio.Task] = []
         self.ready = False
 
@@ -293,11 +298,30 @@ class Engine:
 
     async def _claim(self, req: PutRequest, provenance: Provenance, state_id: bytes) -> int:
         """The put's version from the registry; a stale put is a refused object, counted."""
+        stream = stream_id(req.key, provenance.request_id)
         try:
-            return await self.registry.claim(stream_id(req.key, provenance.request_id), state_id, req.version)
+            version = await self.registry.claim(stream, state_id, req.version)
         except StaleState as exc:
             self.count_rejection(exc)
             raise
+        self._remember_stream(state_id, stream)
+        return version
+
+    def _remember_stream(self, state_id: bytes, stream: bytes) -> None:
+        self._issued[state_id] = stream
+        if len(self._issued) > STREAMS_REMEMBERED:
+            self._issued.popitem(last=False)
+
+    async def _stream_of(self, state_id: bytes) -> bytes | None:
+        """The stream ``state_id`` was issued for: remembered, or read from the registry."""
+        stream = self._issued.get(state_id)
+        if stream is not None:
+            self._issued.move_to_end(state_id)
+            return stream
+        stream = await self.registry.stream_of(state_id)
+        if stream is not None:
+            self._remember_stream(state_id, stream)
+        return stream
 
     def _check_put(self, req: PutRequest) -> None:
         self.tenancy.check_namespace(req.tenant, req.key.namespace)
@@ -355,9 +379,9 @@ class Engine:
     async def _expect_ref(self, req: LoadRequest) -> tuple[bytes, Expectation]:
         ref = req.ref
         key = ref.key if ref.key.namespace == req.namespace else dataclasses.replace(ref.key, namespace=req.namespace)
-        # two independent registry reads: one round trip's wait, not two
+        # two independent registry reads (the second often remembered): one round trip's wait
         head, issued_for = await asyncio.gather(self.registry.newest(stream_id(key, ref.request_id)),
-                                                self.registry.stream_of(ref.state_id))
+                                                self._stream_of(ref.state_id))
         return ref.state_id, Expectation.for_ref(
             ref, req.namespace, newest_version=head.version if head else None, state_id_stream=issued_for,
             tensors=req.tensors, allow_speculative=req.allow_speculative)

@@ -280,6 +280,41 @@ async def test_a_load_from_disk_lands_in_the_arena_and_a_damaged_record_is_dropp
     assert (host.stats().objects, host.stats().inflight, host.stats().leases) == (1, 0, 0)
 
 
+class StreamReadCountingRegistry(MemoryVersionRegistry):
+    """A real in-memory registry that counts its ``stream_of`` reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stream_reads = 0
+
+    async def stream_of(self, state_id: bytes) -> bytes | None:
+        self.stream_reads += 1
+        return await super().stream_of(state_id)
+
+
+async def test_a_load_by_ref_remembers_the_stream_its_state_was_issued_for(tmp_path):
+    keyring, registry = Keyring.generate(), StreamReadCountingRegistry()
+    host = HostTier(1 << 20, granularity=4096)
+    ours = Engine([host], keyring=keyring, registry=registry, arena=host)
+    other = Engine([HostTier(1 << 20, granularity=4096)], keyring=keyring, registry=registry)
+    await ours.start()
+    await other.start()
+    try:
+        put = await ours.put(*ssm_put())
+        for _ in range(2):
+            result = await ours.load(LoadRequest("default", NS, ref=put.ref), owner="c1")
+            await ours.release(result.lease_id, "c1")
+        assert registry.stream_reads == 0  # issued by this engine: known since its claim
+        with pytest.raises(NotFound):  # another daemon asks the registry once, then remembers
+            await other.load(LoadRequest("default", NS, ref=put.ref), owner="c1")
+        with pytest.raises(NotFound):
+            await other.load(LoadRequest("default", NS, ref=put.ref), owner="c1")
+        assert registry.stream_reads == 1
+    finally:
+        await ours.close()
+        await other.close()
+
+
 async def test_a_delete_during_the_write_behind_copy_leaves_no_copy_on_disk(engine):
     put = await engine.put(*ssm_put())
     for _ in range(100_000):  # bounded: until the write-behind copy holds its lease on the host
