@@ -13,7 +13,9 @@ tier (Redis). The server calls, per request:
                                         the same, in two steps, through the host arena
 - ``expect_refs(reqs)``                the registry reads of a batch of loads, concurrently,
                                         handed to ``load(req, owner, expected=)``
-- ``load(req, owner)``                  find, verify in DESIGN §4 order, promote; the
+- ``load(req, owner)``                  find, verify in DESIGN §4 order, promote (from a
+                                        tier that ``reads_in_place``, the disk, straight
+                                        into the arena reservation); the
                                         result stays leased until ``release(lease_id)``. A
                                         copy in daemon-only memory (host, device) is not
                                         digested again: the client verifies the payload
