@@ -22,10 +22,12 @@
   the stream heads of the registry (when it lives on this server: the index entry holds
   the object's version and stream id, so the heads are known before the manifests).
   Index entries whose manifest is gone are pruned (one more round trip, only then).
-- read: ``prepare_load`` fetches the manifest alone, or takes the one a ``find_by_keys``
-  of this instance fetched less than ``FOUND_FRESH_S`` ago (once: a lookup's lease costs
-  no round trip); a lease never holds payload. ``read`` fetches every chunk in one round
-  trip (the LRU touch rides along when there is a budget), reassembles, decrypts (``AtRestCipher``) and checks integrity (``tiers.redis_verify``:
+- read: ``prepare_load`` takes the manifest a ``find_by_keys`` of this instance fetched
+  less than ``FOUND_FRESH_S`` ago (once: a lookup's lease costs no round trip and holds no
+  payload), or fetches it together with the first ``PREFETCH_BYTES`` of chunk 0 (one
+  round trip: an object that small is then read with no other; a larger one's read
+  fetches chunk 0 again, at most ``PREFETCH_BYTES`` wasted). ``read`` fetches the chunks
+  not held in one round trip (the LRU touch rides along when there is a budget), reassembles, decrypts (``AtRestCipher``) and checks integrity (``tiers.redis_verify``:
   the lengths the header declares, signature, payload digest; never the manifest): on the
   event loop up to ``INLINE_BYTES``, in the executor above. A damaged object is deleted
   and counted (``extra["corrupt_dropped"]``); an intact object of another identity is
@@ -105,7 +107,15 @@ _KNOWN_IDS = 1 << 16  # object ids remembered as stored, for prepare_store's ref
 # found it leases it at once. A lease trusts its manifest for its whole TTL anyway (leases
 # are local; a read whose chunks are gone is NotFound), so this adds no new staleness.
 FOUND_FRESH_S = 1.0
+PREFETCH_BYTES = 128 << 10  # of chunk 0, fetched by a lease that did not come from a lookup
 _FOUND_KEPT = 1 << 14
+
+
+@dataclass(frozen=True, slots=True)
+class _Leased:
+    manifest: Manifest
+    head: bytes | None = None  # the first bytes of chunk 0, fetched with the manifest
+    touched: bool = False  # the LRU touch rode with the manifest: the read need not touch
 
 
 @dataclass(slots=True)
@@ -150,7 +160,7 @@ class RedisTier(Tier):
         self._leases = LeaseTable(lease_ttl)
         self._verified = VerifiedHeaders(keyring, size=2048)
         self._leased: dict[bytes, ObjectMeta] = {}  # objects under a local lease
-        self._leased_found: dict[bytes, Manifest] = {}  # their manifests, shared by leases
+        self._leased_found: dict[bytes, _Leased] = {}  # their manifests, shared by leases
         self._found: OrderedDict[bytes, tuple[Manifest, float]] = OrderedDict()  # by find_by_keys, when
         self._doomed: dict[bytes, Manifest] = {}  # deleted while leased: chunks go at the last release
         self._stores: dict[int, StoreTicket] = {}
@@ -368,13 +378,37 @@ class RedisTier(Tier):
             # a second lease (a lookup's, then the load's) shares what the first fetched
             found = self._take_found(object_id)
             if found is None:
-                found = await self._get_manifest(client, object_id, "prepare_load")
+                found = await self._get_manifest_and_head(client, object_id)
         self._remember(object_id, found is not None)
         if found is None:
             raise NotFound(f"object {object_id.hex()} is not in redis")
-        self._leased[object_id] = found.meta
+        self._leased[object_id] = found.manifest.meta
         self._leased_found[object_id] = found
-        return self._leases.grant(found.meta, owner, found, ttl)
+        return self._leases.grant(found.manifest.meta, owner, found, ttl)
+
+    async def _get_manifest_and_head(self, client, oid: bytes) -> _Leased | None:
+        """The manifest and the first ``PREFETCH_BYTES`` of chunk 0, in one round trip (with
+        a budget, the LRU touch too)."""
+        commands = [("GET", self._keys.manifest(oid)),
+                    ("GETRANGE", self._keys.chunk(oid, 0), 0, PREFETCH_BYTES - 1)]
+        with self._edge.call("prepare_load"):
+            replies = await self._exchange_touching(client, oid, commands)
+            _raise_first_error(replies)
+        raw, head = replies
+        if raw is None:
+            return None
+        return _Leased(await self._decode_manifest(client, oid, raw), head, self._capacity is not None)
+
+    async def _exchange_touching(self, client, oid: bytes, commands: list) -> list:
+        """``exchange`` of ``commands`` and, with a budget, the object's LRU touch (whose
+        reply updates the accounting and is not returned)."""
+        if self._capacity is None:  # LRU order only matters to eviction
+            return await exchange(client, commands)
+        touch = ["touch", oid.hex(), 0, self._ttl or 0]
+        replies = await exchange(client, [*commands, self._scripts.command("accounting", self._accounting_keys, touch)])
+        _, used, count = await self._scripts.result_of(replies.pop(), "accounting", self._accounting_keys, touch)
+        self._bytes_used, self._objects = int(used), int(count)
+        return replies
 
     def leases_in_memory(self, object_id: bytes) -> bool:
         """A lease shares a held lease's manifest, or takes the one a lookup just fetched."""
@@ -385,17 +419,18 @@ class RedisTier(Tier):
         found = self._found.get(object_id)
         return found is not None and time.monotonic() - found[1] < FOUND_FRESH_S
 
-    def _take_found(self, oid: bytes) -> Manifest | None:
+    def _take_found(self, oid: bytes) -> _Leased | None:
         """The manifest ``find_by_keys`` fetched, if fresh (each serves one lease)."""
         found = self._found.pop(oid, None)
         if found is None or oid in self._doomed:
             return None
         manifest, when = found
-        return manifest if time.monotonic() - when < FOUND_FRESH_S else None
+        return _Leased(manifest) if time.monotonic() - when < FOUND_FRESH_S else None
 
     async def read(self, lease: Lease) -> memoryview:
         lease = self._leases.check(lease)
-        blob = await self._fetch(self.client, lease.location, "read")
+        found = lease.location
+        blob = await self._fetch(self.client, found.manifest, "read", found.head, touch=not found.touched)
         if blob is None:
             raise NotFound(f"object {lease.object_id.hex()} expired while leased")
         return blob
@@ -409,24 +444,23 @@ class RedisTier(Tier):
         await self._settle_leases()
         return released
 
-    async def _fetch(self, client, manifest: Manifest, op: str) -> memoryview | None:
+    async def _fetch(self, client, manifest: Manifest, op: str, head: bytes | None = None,
+                     touch: bool = False) -> memoryview | None:
         """The verified sealed bytes, or ``None`` (cleaned up) when chunks have expired.
-        A read with a budget touches the object's LRU entry in the same round trip."""
+        ``head``: the first bytes of chunk 0 fetched before (used when they are all of it).
+        ``touch``: the object's LRU entry is touched in the same round trip (with a budget)."""
         oid = manifest.meta.object_id
         if manifest.is_encrypted and self._cipher is None:
             raise CorruptPayload(f"object {oid.hex()} is encrypted at rest; this tier has no cipher")
-        commands = [("GET", key) for key in self._keys.chunks(oid, manifest.chunks)]
-        touch = ["touch", oid.hex(), 0, self._ttl or 0]
-        touching = op == "read" and self._capacity is not None  # LRU order only matters to eviction
-        if touching:
-            commands.append(self._scripts.command("accounting", self._accounting_keys, touch))
-        with self._edge.call(op):
-            parts = await exchange(client, commands)
-            if touching:
-                reply = parts.pop()
-                _, used, count = await self._scripts.result_of(reply, "accounting", self._accounting_keys, touch)
-                self._bytes_used, self._objects = int(used), int(count)
-            _raise_first_error(parts)
+        held = [head] if head is not None and len(head) == _first_chunk_len(manifest) else []
+        commands = [("GET", key) for key in self._keys.chunks(oid, manifest.chunks)[len(held):]]
+        if commands or (touch and self._capacity is not None):
+            with self._edge.call(op):
+                parts = await (self._exchange_touching(client, oid, commands) if touch else exchange(client, commands))
+                _raise_first_error(parts)
+        else:
+            parts = []
+        parts = held + parts
         if any(part is None for part in parts):
             await self._try_erase(client, oid, manifest, manifest.chunks)
             return None
@@ -718,6 +752,11 @@ def _stored_under(manifest: Manifest | None, oid: bytes) -> Manifest | None:
     if manifest is None or manifest.meta.object_id == oid:
         return manifest
     return dataclasses.replace(manifest, meta=dataclasses.replace(manifest.meta, object_id=oid))
+
+
+def _first_chunk_len(manifest: Manifest) -> int:
+    """The length of chunk 0 (``plan_chunks``: the header and ``chunk_bytes`` of the rest)."""
+    return min(manifest.stored_size, manifest.meta.header_len + manifest.chunk_bytes)
 
 
 def _index_entries(reply) -> list[tuple[bytes, bytes | None]]:

@@ -1,8 +1,8 @@
 """The Redis tier when Redis fails: killed, frozen, brought back.
 
 A dead or frozen server turns every operation into ``Unavailable`` in bounded time (the
-``wait_for`` bounds below only guard against a hang; they are not timing assertions),
-reading under a lease included (a lease holds the manifest, not the bytes); the tier reports
+``wait_for`` bounds below only guard against a hang; they are not timing assertions), except
+reading under a lease whose bytes already came with the manifest; the tier reports
 ``available = False``, and when a server answers again on the same port the same tier
 instance serves again, without being recreated.
 """
@@ -72,8 +72,8 @@ async def tier(fresh_redis):
 
 
 async def test_a_killed_server_makes_every_operation_unavailable_until_it_is_back(fresh_redis, tier) -> None:
-    stored, blob = make_object(5 << 20)  # many chunks
-    small, small_blob = make_object(100_000, layer=3)  # one chunk
+    stored, blob = make_object(5 << 20)  # read() fetches its chunks
+    small, small_blob = make_object(100_000, layer=3)  # under PREFETCH_BYTES: prepare_load fetched it
     await store(tier, stored, blob)
     await store(tier, small, small_blob)
     lease = await tier.prepare_load(stored.object_id)
@@ -85,7 +85,7 @@ async def test_a_killed_server_makes_every_operation_unavailable_until_it_is_bac
     assert "redis unavailable" in str(error) and error.__cause__ is not None
     assert tier.stats().extra["reserved_bytes"] == 0
     await unavailable(tier.read(lease))
-    await unavailable(tier.read(small_lease))  # a lease holds the manifest, never payload
+    assert bytes(await tier.read(small_lease)) == small_blob  # its lease holds its verified bytes
     await tier.complete_load(small_lease)
     await tier.complete_load(lease)
     await unavailable(tier.prepare_load(stored.object_id))

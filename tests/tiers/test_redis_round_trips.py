@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import redis.asyncio.connection
 import redis.exceptions
 
 from statetier.protocol.errors import BadSignature, CorruptPayload, InvalidRequest
@@ -167,3 +168,29 @@ async def test_a_batch_lookup_prunes_gone_entries_and_brings_the_stream_heads(ba
     assert (await tier.find_by_keys([fresh.key_digest])).heads == {}  # no registry, no heads
     assert await registry.newest_many([fresh.stream_id, old.stream_id]) == [StreamHead(1, b"\x01" * 16), None]
     await registry.close()
+
+
+async def test_a_small_object_loads_in_one_round_trip_and_a_large_lease_holds_no_chunk(redis_server, make_tier,
+                                                                                       monkeypatch) -> None:
+    tier = await make_tier(redis_server.url, capacity_bytes=64 << 20, chunk_bytes=1 << 20)
+    small, small_blob = make_object(60_000)
+    large, large_blob = make_object(3 << 20, layer=1)
+    for meta, blob in ((small, small_blob), (large, large_blob)):
+        await store(tier, meta, blob)
+    sends = []
+    send = redis.asyncio.connection.AbstractConnection.send_packed_command
+
+    async def counted(connection, *args, **kwargs):
+        sends.append(1)
+        return await send(connection, *args, **kwargs)
+
+    monkeypatch.setattr(redis.asyncio.connection.AbstractConnection, "send_packed_command", counted)
+    lease = await tier.prepare_load(small.object_id)  # the manifest, the whole chunk, the LRU touch
+    assert bytes(await tier.read(lease)) == small_blob
+    assert len(sends) == 1
+    await tier.complete_load(lease)
+    lease = await tier.prepare_load(large.object_id)
+    assert len(lease.location.head) < len(large_blob) // 20  # a bounded prefix, never a whole chunk
+    assert bytes(await tier.read(lease)) == large_blob
+    assert len(sends) == 3
+    await tier.complete_load(lease)
