@@ -27,7 +27,8 @@
   payload), or fetches it together with the first ``PREFETCH_BYTES`` of chunk 0 (one
   round trip: an object that small is then read with no other; a larger one's read
   fetches chunk 0 again, at most ``PREFETCH_BYTES`` wasted). ``read`` fetches the chunks
-  not held in one round trip (the LRU touch rides along when there is a budget), reassembles, decrypts (``AtRestCipher``) and checks integrity (``tiers.redis_verify``:
+  not held in one round trip, over up to ``FETCH_CONNECTIONS`` connections at once (the LRU
+  touch rides along when there is a budget), reassembles, decrypts (``AtRestCipher``) and checks integrity (``tiers.redis_verify``:
   the lengths the header declares, signature, payload digest; never the manifest): on the
   event loop up to ``INLINE_BYTES``, in the executor above. A damaged object is deleted
   and counted (``extra["corrupt_dropped"]``); an intact object of another identity is
@@ -107,6 +108,7 @@ _KNOWN_IDS = 1 << 16  # object ids remembered as stored, for prepare_store's ref
 # found it leases it at once. A lease trusts its manifest for its whole TTL anyway (leases
 # are local; a read whose chunks are gone is NotFound), so this adds no new staleness.
 FOUND_FRESH_S = 1.0
+FETCH_CONNECTIONS = 4  # the chunks of one object are read over this many connections at once
 PREFETCH_BYTES = 128 << 10  # of chunk 0, fetched by a lease that did not come from a lookup
 _FOUND_KEPT = 1 << 14
 
@@ -456,7 +458,7 @@ class RedisTier(Tier):
         commands = [("GET", key) for key in self._keys.chunks(oid, manifest.chunks)[len(held):]]
         if commands or (touch and self._capacity is not None):
             with self._edge.call(op):
-                parts = await (self._exchange_touching(client, oid, commands) if touch else exchange(client, commands))
+                parts = await self._get_chunks(client, oid, commands, touch)
                 _raise_first_error(parts)
         else:
             parts = []
@@ -472,6 +474,18 @@ class RedisTier(Tier):
             self._corrupt_dropped += 1
             await self._try_erase(client, oid, manifest, manifest.chunks)
             raise
+
+    async def _get_chunks(self, client, oid: bytes, commands: list, touch: bool) -> list:
+        """The replies to the chunk GETs, in order. Several chunks travel over up to
+        ``FETCH_CONNECTIONS`` connections at once, in contiguous groups (one server writes
+        to several sockets faster than to one); a group that fails cancels the others (a
+        cancelled exchange closes its connection) and its error is raised: nothing of a
+        half-read object is returned."""
+        size = -(-len(commands) // min(FETCH_CONNECTIONS, max(1, len(commands))))
+        groups = [commands[i : i + size] for i in range(0, len(commands), size)] or [[]]
+        calls = [self._exchange_touching(client, oid, groups[0]) if touch else exchange(client, groups[0])]
+        calls += [exchange(client, group) for group in groups[1:]]
+        return [reply for replies in await _all_or_none(calls) for reply in replies]
 
     def _open(self, parts: list[bytes], manifest: Manifest) -> memoryview:
         """Reassemble, decrypt, check integrity (in the executor when large).
@@ -752,6 +766,19 @@ def _stored_under(manifest: Manifest | None, oid: bytes) -> Manifest | None:
     if manifest is None or manifest.meta.object_id == oid:
         return manifest
     return dataclasses.replace(manifest, meta=dataclasses.replace(manifest.meta, object_id=oid))
+
+
+async def _all_or_none(calls: list) -> list:
+    """The results of the awaitables, run concurrently; the first failure cancels the rest
+    and is raised as itself."""
+    if len(calls) == 1:
+        return [await calls[0]]
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(call) for call in calls]
+    except BaseExceptionGroup as failed:
+        raise failed.exceptions[0]  # noqa: B904 - the group only wraps it
+    return [task.result() for task in tasks]
 
 
 def _first_chunk_len(manifest: Manifest) -> int:

@@ -177,6 +177,7 @@ async def test_a_small_object_loads_in_one_round_trip_and_a_large_lease_holds_no
     large, large_blob = make_object(3 << 20, layer=1)
     for meta, blob in ((small, small_blob), (large, large_blob)):
         await store(tier, meta, blob)
+    assert await load(tier, large.object_id) == large_blob  # the pool has its connections open
     sends = []
     send = redis.asyncio.connection.AbstractConnection.send_packed_command
 
@@ -192,5 +193,6 @@ async def test_a_small_object_loads_in_one_round_trip_and_a_large_lease_holds_no
     lease = await tier.prepare_load(large.object_id)
     assert len(lease.location.head) < len(large_blob) // 20  # a bounded prefix, never a whole chunk
     assert bytes(await tier.read(lease)) == large_blob
-    assert len(sends) == 3
+    chunks = lease.location.manifest.chunks
+    assert chunks >= 3 and len(sends) == 2 + min(chunks, 4)  # over up to 4 connections at once
     await tier.complete_load(lease)
