@@ -94,6 +94,7 @@ from statetier.tiers.redis_layout import (
     plan_chunks,
 )
 from statetier.tiers.redis_scripts import Scripts
+from statetier.tiers.redis_registry import RedisVersionRegistry
 from statetier.tiers.redis_verify import VerifiedHeaders
 from statetier.tiers.registry import VersionRegistry
 
@@ -545,18 +546,13 @@ class RedisTier(Tier):
             replies = await exchange(client, [("HGETALL", index) for index in indexes]) if indexes else []
             _raise_first_error(replies)
         listed = [_index_entries(reply) for reply in replies]
+        riding = registry if isinstance(registry, RedisVersionRegistry) and registry.lives_on(self._url, client) \
+            else None
+        streams = list(dict.fromkeys(s for entries in listed for _, s in entries if s is not None)) if riding else []
         oids = [oid for entries in listed for oid, _ in entries]
-        rides = registry is not None and getattr(registry, "lives_on", None) is not None \
-            and registry.lives_on(self._url, client)
-        streams = list(dict.fromkeys(s for entries in listed for _, s in entries if s is not None)) if rides else []
-        commands = [("GET", self._keys.manifest(oid)) for oid in oids]
-        with self._edge.call("find_by_key"):
-            asked = registry.head_commands(streams) if streams else []
-            replies = await exchange(client, commands + asked) if commands else []
-            _raise_first_error(replies[:len(oids)])
-        heads = dict(zip(streams, registry.heads_from(replies[len(oids):]))) if streams else {}
-        manifests = iter(_stored_under(Manifest.try_decode(raw), oid) for oid, raw in zip(oids, replies))
-        now, metas, gone = time.monotonic(), [], []
+        raws, heads = await self._manifests_and_heads(client, oids, riding, streams)
+        manifests = iter(_stored_under(Manifest.try_decode(raw), oid) for oid, raw in zip(oids, raws))
+        metas, gone, now = [], [], time.monotonic()
         for index, entries in zip(indexes, listed):
             found = []
             for oid, _ in entries:
@@ -571,6 +567,17 @@ class RedisTier(Tier):
             with self._edge.call("find_by_key"):
                 await exchange(client, gone)
         return KeyMatches(metas, heads)
+
+    async def _manifests_and_heads(self, client, oids: list[bytes], registry, streams: list[bytes]) -> tuple:
+        """(raw manifest or None per id, {stream: head}) in one round trip."""
+        if not oids:
+            return [], {}
+        asked = registry.head_commands(streams) if streams else []
+        with self._edge.call("find_by_key"):
+            replies = await exchange(client, [*(("GET", self._keys.manifest(oid)) for oid in oids), *asked])
+            _raise_first_error(replies[: len(oids)])
+        heads = dict(zip(streams, registry.heads_from(replies[len(oids):]))) if streams else {}
+        return replies[: len(oids)], heads
 
     def _keep_found(self, oid: bytes, manifest: Manifest, now: float) -> None:
         self._found[oid] = (manifest, now)
