@@ -13,7 +13,7 @@ chunk bytes: a value copied through Lua costs more than its round trip.
   ``{status, bytes, objects}``.
 - ``COMMIT_INDEXED_LUA`` — the same, then the key index entry and the accounting "add"
   (both idempotent), all at once. KEYS manifest, index, the five accounting keys, pending…, final…; ARGV
-  manifest, ttl, object id hex, size, version.
+  manifest, ttl, object id hex, size, index entry value ("version:stream hex").
 - ``ACCOUNTING_LUA`` — add / touch / remove / status of the accounting keys (lru, sizes,
   bytes, clock, expiry), pruning entries whose TTL has passed (on "status", which eviction
   calls first, and on every call of a node with a TTL). ``{changed, bytes, objects}``.
