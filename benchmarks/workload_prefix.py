@@ -20,11 +20,16 @@ turn, the system prompt when another conversation saved it). Hit rate = tokens r
 copy + keyed BLAKE3 of what was loaded and of what was saved, and ``pwrite`` +
 ``fdatasync`` of what was saved (under ``directory``).
 
-Rows (``suite="prefix"``, ``tier="host+disk"``): ``lookup+load`` against ``memcpy+blake3``;
-``save`` against ``memcpy+blake3`` and ``write+fdatasync``. GB/s are total bytes ÷ total
+Rows (``suite="prefix"``, ``tier="host+disk"``): ``lookup+load`` against ``memcpy+blake3``
+and against the limit of the tier that served each byte (``served tier, cache warm`` /
+``cold``: memcpy+BLAKE3 for the bytes the host served, ``pread`` + BLAKE3 of the same bytes
+from a file, its pages cached or dropped first, for the bytes the disk served; which tier
+served which bytes comes from the daemon's ``statetier_hits_total`` per tier and kind, read
+around each load); ``save`` against ``memcpy+blake3`` and ``write+fdatasync``. GB/s are total bytes ÷ total
 time; ``ratio`` is total raw time ÷ total time; p50/p99 over the turns; extra fields
 ``hit_rate``, ``tokens_restored``, ``tokens_possible``, the daemon's ``hits_by_tier`` and
-``lookup_ms`` (median over the turns of the lookup alone).
+``lookup_ms`` (median over the turns of the lookup alone), ``disk_fraction`` (of the loaded
+bytes), ``pread_blake3_warm_gbps`` / ``pread_blake3_cold_gbps``.
 ``turns`` lists every turn (conversation, turn, context, possible, restored, bytes, times).
 """
 
@@ -37,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from statetier.launch import served_by_tier
 
 from .workload_models import by_name, kv_block, ssm_snapshot
-from .workload_raw import FileRaw, MemoryRaw, byte_views, timed
+from .workload_raw import FileRaw, MemoryRaw, ReadRaw, byte_views, timed
 
 BLOCK = 256
 MODEL = by_name("jamba-mini")
@@ -65,6 +70,9 @@ class Turn:
     load_s: float = 0.0
     save_s: float = 0.0
     raw_load_s: float = 0.0
+    raw_read_warm_s: float = 0.0  # pread + BLAKE3 of the loaded bytes, page cache warm
+    raw_read_cold_s: float = 0.0  # the same with the file's pages dropped first
+    loaded_by_tier: dict = field(default_factory=dict)  # bytes each tier served (from its hits)
     raw_save_s: float = 0.0
     raw_write_s: float = 0.0
 
@@ -97,12 +105,22 @@ def _nbytes(groups) -> int:
     return sum(t.numel() * t.element_size() for group in groups for t in group.values())
 
 
+def hits_by_tier_and_kind(daemon) -> dict[tuple[str, str], int]:
+    """Loads served so far by each tier, per kind (``kv``, ``ssm``): one metrics scrape."""
+    out: dict[tuple[str, str], int] = {}
+    for labels, value in daemon.scrape().matching("statetier_hits_total").items():
+        named = dict(labels)
+        key = (named.get("tier"), named.get("kind"))
+        out[key] = out.get(key, 0) + int(value)
+    return out
+
+
 class _Runner:
-    def __init__(self, client, plan: PrefixPlan, directory) -> None:
+    def __init__(self, client, plan: PrefixPlan, directory, daemon) -> None:
         from statetier.protocol.identity import prefix_hashes
 
-        self.client, self.plan = client, plan
-        self.pools, self.file = _Pools(), FileRaw(directory)
+        self.client, self.plan, self.daemon = client, plan, daemon
+        self.pools, self.file, self.reads = _Pools(), FileRaw(directory), ReadRaw(directory)
         self.hashes = prefix_hashes
         self.system_saved = False
 
@@ -115,6 +133,7 @@ class _Runner:
         client, plan = self.client, self.plan
         possible = conv.saved or (plan.system_blocks * BLOCK if self.system_saved else 0)
         bounds = self.boundaries(conv.tokens)
+        hits_before = hits_by_tier_and_kind(self.daemon)
         started = time.perf_counter()
         hit = await client.lookup(MODEL.attention_layers, MODEL.ssm_layers, bounds, kv_layout="blocks")
         lookup_s = time.perf_counter() - started
@@ -125,6 +144,7 @@ class _Runner:
         load_s = time.perf_counter() - started
         record = Turn(conv.index, index, len(conv.tokens), possible, hit.tokens, _nbytes(loaded),
                       lookup_s=lookup_s, load_s=load_s)
+        record.loaded_by_tier = _bytes_by_tier(hits_before, hits_by_tier_and_kind(self.daemon), hit.refs, loaded)
         items, groups = [], []
         request = f"chat-{conv.index}-{index}"
         for block in range(hit.tokens // BLOCK, len(bounds)):
@@ -154,9 +174,34 @@ class _Runner:
         loaded_views = byte_views([t for group in loaded for t in group.values()])
         saved_views = byte_views([t for group in saved for t in group.values()])
         record.raw_load_s = timed(MemoryRaw(loaded_views).run) if loaded_views else 0.0
+        if loaded_views:
+            self.reads.stage(loaded_views)
+            record.raw_read_warm_s = timed(self.reads.run_warm)
+            record.raw_read_cold_s = self.reads.run_cold()
         record.raw_save_s = timed(MemoryRaw(saved_views).run)
         record.raw_write_s = timed(lambda: self.file.write_sync(saved_views))
         self.file.reset()
+
+
+def _bytes_by_tier(before: dict, after: dict, refs, loaded: list[dict]) -> dict[str, int]:
+    """Bytes each tier served in one load: its hits per kind times that kind's object size
+    (every object of one kind has one size in this workload)."""
+    size_of: dict[str, int] = {}
+    for ref, group in zip(refs, loaded):
+        size_of[ref.key.kind.name.lower()] = _nbytes([group])
+    out: dict[str, int] = {}
+    for (tier, kind), hits in after.items():
+        served = hits - before.get((tier, kind), 0)
+        if served and kind in size_of:
+            out[tier] = out.get(tier, 0) + served * size_of[kind]
+    return out
+
+
+def _served_raw_s(turn: Turn, read_s: float) -> float:
+    """The raw time of a turn's load against the limit of the tier that served each byte:
+    memcpy+BLAKE3 for memory tiers, ``read_s`` (pread+BLAKE3) for the disk tier."""
+    disk = turn.loaded_by_tier.get("disk", 0) / turn.loaded_bytes
+    return turn.raw_load_s * (1 - disk) + read_s * disk
 
 
 def _conversations(plan: PrefixPlan) -> list[_Conversation]:
@@ -180,7 +225,7 @@ async def run_prefix(daemon, plan: PrefixPlan, directory, progress) -> tuple[lis
     before = daemon.counters()
     turns: list[Turn] = []
     async with AsyncClient(daemon.url, namespace=namespace) as client:
-        runner = _Runner(client, plan, directory)
+        runner = _Runner(client, plan, directory, daemon)
         try:
             for index in range(plan.turns):
                 for conv in conversations:
@@ -189,6 +234,7 @@ async def run_prefix(daemon, plan: PrefixPlan, directory, progress) -> tuple[lis
                     progress(1)
         finally:
             runner.file.close()
+            runner.reads.close()
     after = daemon.counters()
     hits = served_by_tier(before, after)
     return _rows(turns, plan, hits), [asdict(turn) for turn in turns]
@@ -206,7 +252,7 @@ def _rows(turns: list[Turn], plan: PrefixPlan, hits: dict) -> list[dict]:
     loads = [t for t in turns if t.loaded_bytes]
     rows = []
 
-    def row(op: str, chosen: list[Turn], size_of, time_of, raw: str, raw_of) -> dict:
+    def row(op: str, chosen: list[Turn], size_of, time_of, raw: str, raw_of, **more) -> dict:
         size = sum(size_of(t) for t in chosen)
         spent, raw_spent = sum(time_of(t) for t in chosen), sum(raw_of(t) for t in chosen)
         per_turn = [time_of(t) for t in chosen]
@@ -214,11 +260,19 @@ def _rows(turns: list[Turn], plan: PrefixPlan, hits: dict) -> list[dict]:
                 "gbps": size / spent / 1e9, "raw": raw, "raw_gbps": size / raw_spent / 1e9,
                 "ratio": raw_spent / spent, "p50_us": percentile(per_turn, 50) * 1e6,
                 "p99_us": percentile(per_turn, 99) * 1e6, "samples": len(chosen),
-                "lookup_ms": percentile([t.lookup_s for t in chosen], 50) * 1e3, **extra}
+                "lookup_ms": percentile([t.lookup_s for t in chosen], 50) * 1e3, **extra, **more}
 
     if loads:
         rows.append(row("lookup+load", loads, lambda t: t.loaded_bytes, lambda t: t.load_s, "memcpy+blake3",
                         lambda t: t.raw_load_s))
+        loaded = sum(t.loaded_bytes for t in loads)
+        limits = {"disk_fraction": sum(t.loaded_by_tier.get("disk", 0) for t in loads) / loaded,
+                  "pread_blake3_warm_gbps": loaded / sum(t.raw_read_warm_s for t in loads) / 1e9,
+                  "pread_blake3_cold_gbps": loaded / sum(t.raw_read_cold_s for t in loads) / 1e9}
+        rows.append(row("lookup+load", loads, lambda t: t.loaded_bytes, lambda t: t.load_s,
+                        "served tier, cache warm", lambda t: _served_raw_s(t, t.raw_read_warm_s), **limits))
+        rows.append(row("lookup+load", loads, lambda t: t.loaded_bytes, lambda t: t.load_s,
+                        "served tier, cache cold", lambda t: _served_raw_s(t, t.raw_read_cold_s), **limits))
     rows.append(row("save", turns, lambda t: t.saved_bytes, lambda t: t.save_s, "memcpy+blake3",
                     lambda t: t.raw_save_s))
     rows.append(row("save", turns, lambda t: t.saved_bytes, lambda t: t.save_s, "write+fdatasync",

@@ -11,7 +11,11 @@ tier (Redis). The server calls, per request:
                                         memory only the daemon writes, then digested there
 - ``reserve(req, owner)`` → ``commit(ticket_id, owner, source)`` / ``abort(ticket_id, owner)``
                                         the same, in two steps, through the host arena
-- ``load(req, owner)``                  find, verify in DESIGN §4 order, promote; the
+- ``expect_refs(reqs)``                the registry reads of a batch of loads, concurrently,
+                                        handed to ``load(req, owner, expected=)``
+- ``load(req, owner)``                  find, verify in DESIGN §4 order, promote (from a
+                                        tier that ``reads_in_place``, the disk, straight
+                                        into the arena reservation); the
                                         result stays leased until ``release(lease_id)``. A
                                         copy in daemon-only memory (host, device) is not
                                         digested again: the client verifies the payload
@@ -43,6 +47,7 @@ import dataclasses
 import itertools
 import logging
 import time
+from collections import OrderedDict
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
@@ -77,6 +82,12 @@ log = logging.getLogger("statetier.engine")
 
 #: Below this many bytes hashing inline beats a hop to the executor.
 INLINE_HASH_BYTES = 256 * 1024
+#: state_id → the stream it was issued for, remembered for this many state_ids (the
+#: mapping never changes once claimed; a load by ref then reads only the stream's head).
+STREAMS_REMEMBERED = 1 << 16
+#: Loads of one batch whose registry reads are in flight at once (two reads each; the
+#: Redis pool holds 64 connections).
+REGISTRY_READS_AT_ONCE = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +134,7 @@ class Engine:
         self._held: dict[int, _Held] = {}
         self._reservations: dict[int, tuple[Reservation, object]] = {}
         self._verified = VerifiedHeaders()  # headers of hot objects: signature checked once
+        self._issued: OrderedDict[bytes, bytes] = OrderedDict()  # state_id -> stream (``_stream_of``)
         self._tasks: list[asyncio.Task] = []
         self.ready = False
 
@@ -288,11 +300,30 @@ class Engine:
 
     async def _claim(self, req: PutRequest, provenance: Provenance, state_id: bytes) -> int:
         """The put's version from the registry; a stale put is a refused object, counted."""
+        stream = stream_id(req.key, provenance.request_id)
         try:
-            return await self.registry.claim(stream_id(req.key, provenance.request_id), state_id, req.version)
+            version = await self.registry.claim(stream, state_id, req.version)
         except StaleState as exc:
             self.count_rejection(exc)
             raise
+        self._remember_stream(state_id, stream)
+        return version
+
+    def _remember_stream(self, state_id: bytes, stream: bytes) -> None:
+        self._issued[state_id] = stream
+        if len(self._issued) > STREAMS_REMEMBERED:
+            self._issued.popitem(last=False)
+
+    async def _stream_of(self, state_id: bytes) -> bytes | None:
+        """The stream ``state_id`` was issued for: remembered, or read from the registry."""
+        stream = self._issued.get(state_id)
+        if stream is not None:
+            self._issued.move_to_end(state_id)
+            return stream
+        stream = await self.registry.stream_of(state_id)
+        if stream is not None:
+            self._remember_stream(state_id, stream)
+        return stream
 
     def _check_put(self, req: PutRequest) -> None:
         self.tenancy.check_namespace(req.tenant, req.key.namespace)
@@ -314,11 +345,12 @@ class Engine:
 
     # ---------------------------------------------------------------- loads
 
-    async def load(self, req: LoadRequest, owner) -> LoadResult:
+    async def load(self, req: LoadRequest, owner, *, expected: tuple[bytes, Expectation] | None = None) -> LoadResult:
+        """``expected``: what ``expect_refs`` found for this load by ref, read ahead."""
         started = time.perf_counter()
         self.tenancy.check_namespace(req.tenant, req.namespace)
         if req.ref is not None:
-            state_id, expectation = await self._expect_ref(req)
+            state_id, expectation = expected or await self._expect_ref(req)
             result = await self._load_object(state_id, expectation, owner, req.tenant, full_check=req.full_check)
         elif req.key is not None:
             result = await self._load_by_key(req, owner)
@@ -329,11 +361,29 @@ class Engine:
                                     result.payload.nbytes, time.perf_counter() - started)
         return result
 
+    async def expect_refs(self, reqs: list[LoadRequest]) -> list[tuple[bytes, Expectation] | StatetierError | None]:
+        """The registry reads of many loads by ref, made concurrently (``REGISTRY_READS_AT_ONCE``
+        loads at a time): a batch of loads waits for a few round trips, not two per object.
+        Each answer is ``load``'s ``expected``, the error reading it, or None (a load by key)."""
+        out: list = [None] * len(reqs)
+
+        async def read(index: int) -> None:
+            try:
+                out[index] = await self._expect_ref(reqs[index])
+            except StatetierError as exc:
+                out[index] = exc
+
+        by_ref = [i for i, req in enumerate(reqs) if req.ref is not None]
+        for start in range(0, len(by_ref), REGISTRY_READS_AT_ONCE):
+            await asyncio.gather(*(read(i) for i in by_ref[start : start + REGISTRY_READS_AT_ONCE]))
+        return out
+
     async def _expect_ref(self, req: LoadRequest) -> tuple[bytes, Expectation]:
         ref = req.ref
         key = ref.key if ref.key.namespace == req.namespace else dataclasses.replace(ref.key, namespace=req.namespace)
-        head = await self.registry.newest(stream_id(key, ref.request_id))
-        issued_for = await self.registry.stream_of(ref.state_id)
+        # two independent registry reads (the second often remembered): one round trip's wait
+        head, issued_for = await asyncio.gather(self.registry.newest(stream_id(key, ref.request_id)),
+                                                self._stream_of(ref.state_id))
         return ref.state_id, Expectation.for_ref(
             ref, req.namespace, newest_version=head.version if head else None, state_id_stream=issued_for,
             tensors=req.tensors, allow_speculative=req.allow_speculative)
@@ -449,6 +499,10 @@ class Engine:
         """
         kept = False
         try:
+            if index > 0 and self.options.promote_on_load and tier.reads_in_place:
+                landed = await self._load_into_arena(tier, lease, state_id, expectation, owner, tenant, full_check)
+                if landed is not None:
+                    return landed
             blob = await tier.read(lease)
             # bytes in daemon-only memory were digested when sealed there; the client checks
             # the payload again where it lands (DESIGN §6)
@@ -474,6 +528,50 @@ class Engine:
         finally:
             if not kept:
                 await tier.complete_load(lease)
+
+    async def _load_into_arena(self, tier: Tier, lease: Lease, state_id: bytes, expectation: Expectation, owner,
+                               tenant: str, full_check: bool) -> LoadResult | None:
+        """A promotion read straight into its arena reservation (the tier's ``read_into``) and
+        classified there: no fresh buffer, no copy (``tier.reads_in_place``). None when it cannot be promoted (no room,
+        quota, a copy already above, or a header whose meta differs from the tier's index
+        entry): the caller then reads it as usual. Damage and refusals raise as from ``read``."""
+        target, meta = self.arena, lease.meta
+        if target is None or self.tiers.index(target) > self.tiers.index(tier):
+            return None
+        trusted = tier.verifies_on_read and not full_check
+        opened, filling = None, False
+
+        async def fill(view: memoryview):
+            nonlocal opened, filling
+            filling = True
+            with phase("read_into_arena"):
+                await tier.read_into(lease, view)
+            opened = await self.hash_off_loop(0 if trusted else view.nbytes, classify, view, expectation,
+                                              self.keyring, stored_as=state_id, verify_payload=not trusted,
+                                              verified=self._verified if trusted else None)
+            # the verified header says what this is: kept only if the index entry agrees
+            return opened if ObjectMeta.from_header(opened.header) == meta else None
+
+        async with self.placement.cycle():
+            if self.placement.is_deleting(meta.object_id) or await target.contains(meta.object_id) \
+                    or self.tenancy.would_exceed(tenant, target.name, meta.size):
+                return None
+            try:
+                if await self.placement.store_filled(target, meta, fill) is None:
+                    return None
+            except StatetierError as exc:
+                if filling:
+                    raise  # what the read or the classification found
+                log.debug("promotion of %s into %s skipped: %s", meta.object_id.hex(), target.name, exc)
+                return None  # no room in the arena (or a concurrent promotion won): read as usual
+            self.tenancy.charge(tenant, target.name, meta.object_id, meta.size)
+            held_lease = await target.prepare_load(meta.object_id, owner=owner, ttl=self.options.lease_ttl)
+        if self.metrics is not None:
+            self.metrics.count_hit(tier.name, expectation.key.kind.name.lower())
+            self.metrics.count_promotion(tier.name, target.name)
+        lease_id, held = self._hold(target, held_lease, owner)
+        view = memoryview(await target.read(held_lease)).cast("B")
+        return self._result(lease_id, held, opened.header, view)
 
     async def _promote(self, blob, meta: ObjectMeta, source: Tier, owner, tenant: str) -> tuple[int, _Held] | None:
         target = self.arena or self.tiers[0]

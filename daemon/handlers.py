@@ -276,11 +276,16 @@ async def handle_load_batch(session: Session, frame: Frame) -> Reply:
     engine, owner = session.engine, session.owner
     answers, parts, cursor, counted = [], [], 0, []
     room = session.max_frame - (1 << 20)  # meta and frame header fit in the rest
-    for item in _until_first_failure(items, answers):
+    requests = _load_requests(session.tenant, items, meta.get("ns"))
+    expected = await engine.expect_refs([r for r in requests if not isinstance(r, StatetierError)])
+    expected += [None] * (len(requests) - len(expected))
+    for request, found in _until_first_failure(list(zip(requests, expected)), answers):
         try:
-            _require_object(item, Op.LOAD_BATCH)
-            request = _load_request(session.tenant, {**item, "ns": meta.get("ns")})
-            result = await engine.load(request, owner)
+            if isinstance(request, StatetierError):
+                raise request
+            if isinstance(found, StatetierError):
+                raise found
+            result = await engine.load(request, owner, expected=found)
             try:
                 answer = {"tier": result.tier}
                 placed = await _place_in_window(session, result.payload) if wants_shm else None
@@ -302,6 +307,19 @@ async def handle_load_batch(session: Session, frame: Frame) -> Reply:
         except StatetierError as exc:
             answers.append({"error": error_frame(0, exc).meta})
     return Reply({"items": answers}, b"".join(parts), items=counted)
+
+
+def _load_requests(tenant: str, items: list, ns) -> list[LoadRequest | StatetierError]:
+    """The batch's items as requests, up to the first that is not one (its error ends the list)."""
+    out: list[LoadRequest | StatetierError] = []
+    for item in items:
+        try:
+            _require_object(item, Op.LOAD_BATCH)
+            out.append(_load_request(tenant, {**item, "ns": ns}))
+        except StatetierError as exc:
+            out.append(exc)
+            break
+    return out + [InvalidRequest("not attempted")] * (len(items) - len(out))
 
 
 async def _place_in_window(session: Session, payload: memoryview) -> tuple[int, int] | None:

@@ -12,6 +12,12 @@ shard of every layer is). A model with SSM layers never gets a KV-only answer, b
 SSM condition is part of every boundary's test. The objects behind the answer are leased
 to ``owner`` (when ``req.lease``) so they cannot be evicted or compacted away before the
 caller loads or releases them; a load then verifies each one fully.
+
+Round trips: when a tier answers over the network (Redis), the keys of every boundary are
+located at once (``Tier.find_by_keys``: on one Redis server two round trips in all, the
+stream heads riding along), and a Redis lease reuses the manifest that lookup fetched, so
+a whole request costs the same round trips whatever its layers, shards and boundaries.
+Tiers that answer from memory are asked boundary by boundary, snapshots first.
 """
 
 from __future__ import annotations
@@ -42,6 +48,10 @@ class _Finder:
         picks = [self._cache[key] for key in keys]
         return None if any(pick is None for pick in picks) else picks
 
+    async def prefetch(self, keys: list[StateKey]) -> None:
+        """Locate all these keys now, in one batch (later ``all_found`` calls hit the cache)."""
+        await self.all_found(keys)
+
 
 async def _each(in_memory: bool, calls: list) -> list:
     """The awaitables' results in order: one by one when they answer from memory (a task
@@ -63,22 +73,22 @@ async def locate_newest(engine, keys: list[StateKey]) -> list[tuple[ObjectMeta, 
     skipped counted as ``locate`` counts them), or None — for many keys at once."""
     digests = [key.digest() for key in keys]
     seen: list[dict[bytes, tuple[ObjectMeta, Tier]]] = [{} for _ in keys]
-    for tier in engine.tiers:
-        answers = await _each(tier.answers_in_memory, [tier.find_by_key(digest) for digest in digests])
-        for found, metas in zip(seen, answers):
-            if isinstance(metas, Unavailable):
-                continue
-            if isinstance(metas, BaseException):
-                raise metas
+    registry, heads = engine.registry, {}
+    tiers = engine.tiers
+    answers = await _each(all(tier.answers_in_memory for tier in tiers),
+                          [tier.find_by_keys(digests, registry) for tier in tiers])
+    for tier, matches in zip(tiers, answers):
+        if isinstance(matches, Unavailable):
+            continue
+        if isinstance(matches, BaseException):
+            raise matches
+        heads.update(matches.heads)
+        for found, metas in zip(seen, matches.metas):
             for meta in metas:
                 found.setdefault(meta.object_id, (meta, tier))
-    streams = list({meta.stream_id for found in seen for meta, _ in found.values()})
-    registry = engine.registry
-    answers = await _each(registry.answers_in_memory, [registry.newest(stream) for stream in streams])
-    for answer in answers:
-        if isinstance(answer, BaseException):
-            raise answer
-    heads = dict(zip(streams, answers))
+    streams = list({meta.stream_id for found in seen for meta, _ in found.values()} - heads.keys())
+    if streams:  # the heads no tier brought along: one batch
+        heads.update(zip(streams, await registry.newest_many(streams)))
     picks = []
     for found in seen:
         servable = []
@@ -104,22 +114,47 @@ def _checked(boundaries) -> list[tuple[int, bytes]]:
     return out
 
 
-def _needed_keys(req: LookupRequest, bounds: list[tuple[int, bytes]], i: int) -> tuple[list, list]:
-    """(SSM snapshot keys, KV page keys) that must all exist for boundary ``i``."""
-    end, prefix = bounds[i]
-    ssm = [StateKey(req.namespace, Kind.SSM, layer, prefix, 0, end, shard)
-           for layer in req.ssm_layers for shard in req.shards]
-    kv = []
-    for layer in req.attention_layers:
-        for shard in req.shards:
-            if req.kv_layout == "prefix":
-                kv.append(StateKey(req.namespace, Kind.KV, layer, prefix, 0, end, shard))
-                continue
-            start = 0
-            for block_end, block_prefix in bounds[: i + 1]:
-                kv.append(StateKey(req.namespace, Kind.KV, layer, block_prefix, start, block_end, shard))
-                start = block_end
-    return ssm, kv
+class _Needed:
+    """(SSM snapshot keys, KV page keys) that must all exist at each boundary, built once
+    each: a block page is one ``StateKey`` however many boundaries need it."""
+
+    def __init__(self, req: LookupRequest, bounds: list[tuple[int, bytes]]) -> None:
+        self.req, self.bounds = req, bounds
+        self._at: dict[int, tuple[list, list]] = {}
+        self._pages: dict[int, list[StateKey]] = {}  # block j → its page of every (layer, shard)
+
+    def at(self, i: int) -> tuple[list, list]:
+        if i not in self._at:
+            self._at[i] = self._build(i)
+        return self._at[i]
+
+    def everything(self) -> list[StateKey]:
+        """Every key of every boundary, each once."""
+        keys = {}
+        for i in range(len(self.bounds)):
+            ssm, kv = self.at(i)
+            keys.update(dict.fromkeys(ssm))
+            keys.update(dict.fromkeys(kv))
+        return list(keys)
+
+    def _build(self, i: int) -> tuple[list, list]:
+        req, (end, prefix) = self.req, self.bounds[i]
+        ssm = [StateKey(req.namespace, Kind.SSM, layer, prefix, 0, end, shard)
+               for layer in req.ssm_layers for shard in req.shards]
+        if req.kv_layout == "prefix":
+            kv = [StateKey(req.namespace, Kind.KV, layer, prefix, 0, end, shard)
+                  for layer in req.attention_layers for shard in req.shards]
+            return ssm, kv
+        pages = [self._page(j) for j in range(i + 1)]
+        return ssm, [page[k] for k in range(len(pages[0])) for page in pages]  # by layer, shard, block
+
+    def _page(self, j: int) -> list[StateKey]:
+        if j not in self._pages:
+            req, (end, prefix) = self.req, self.bounds[j]
+            start = self.bounds[j - 1][0] if j else 0
+            self._pages[j] = [StateKey(req.namespace, Kind.KV, layer, prefix, start, end, shard)
+                              for layer in req.attention_layers for shard in req.shards]
+        return self._pages[j]
 
 
 async def joint_hit(engine, req: LookupRequest, owner) -> LookupResult:
@@ -128,9 +163,11 @@ async def joint_hit(engine, req: LookupRequest, owner) -> LookupResult:
     bounds = _checked(req.boundaries)
     if not bounds or not (req.attention_layers or req.ssm_layers):
         return LookupResult(0)
-    finder = _Finder(engine)
+    finder, needed = _Finder(engine), _Needed(req, bounds)
+    if not all(tier.answers_in_memory for tier in engine.tiers):  # a batch costs what one key does
+        await finder.prefetch(needed.everything())
     for i in reversed(range(len(bounds))):
-        ssm_keys, kv_keys = _needed_keys(req, bounds, i)
+        ssm_keys, kv_keys = needed.at(i)
         ssm = await finder.all_found(ssm_keys)  # snapshots first: they fail fastest
         kv = await finder.all_found(kv_keys) if ssm is not None else None
         if kv is None:
@@ -142,13 +179,31 @@ async def joint_hit(engine, req: LookupRequest, owner) -> LookupResult:
     return LookupResult(0)
 
 
+async def _leases(engine, owner, picks) -> list:
+    """``prepare_load`` of every pick, in order (failures returned): those a tier answers
+    from memory one by one, the others concurrently."""
+    leases: list = [None] * len(picks)
+    remote = []
+    for n, (_, meta, tier) in enumerate(picks):
+        call = tier.prepare_load(meta.object_id, owner=owner, ttl=engine.options.lease_ttl)
+        if not tier.leases_in_memory(meta.object_id):
+            remote.append((n, call))
+            continue
+        try:
+            leases[n] = await call
+        except Exception as exc:  # noqa: BLE001 - returned like gather(return_exceptions=True)
+            leases[n] = exc
+    for (n, _), lease in zip(remote, await _each(False, [call for _, call in remote]) if remote else []):
+        leases[n] = lease
+    return leases
+
+
 async def _lease_all(engine, req: LookupRequest, owner, tokens: int, picks) -> LookupResult | None:
     """Lease every object of the answer, or none (an object vanished: try a lower boundary)."""
     refs = [StateRef(key, meta.request_id, meta.step, meta.object_id, meta.version) for key, meta, _ in picks]
     if not req.lease:
         return LookupResult(tokens, [(ref, None) for ref in refs])
-    calls = [tier.prepare_load(meta.object_id, owner=owner, ttl=engine.options.lease_ttl) for _, meta, tier in picks]
-    leases = await _each(all(tier.answers_in_memory for _, _, tier in picks), calls)
+    leases = await _leases(engine, owner, picks)
     if any(isinstance(lease, BaseException) for lease in leases):
         for (_, _, tier), lease in zip(picks, leases):
             if not isinstance(lease, BaseException):

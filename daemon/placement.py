@@ -4,9 +4,13 @@
 
 - ``store(chunks, meta, first=0)``  — into the highest tier from ``first`` down that has
   room; room is made by evicting that tier's LRU objects and *demoting* them to the next
-  tier down (dropping only what no lower tier can take), one eviction per tier at a time.
+  tier down (dropping only what no lower tier can take), one eviction per tier at a time;
+  a victim a lower tier already holds (a write-behind copied it) is dropped without its
+  bytes being copied out (``Tier.evict_sparing_copies``).
   Returns the tier used.
-- ``store_in(tier, chunks, meta)`` — into one given tier (publish, promotion).
+- ``store_in(tier, chunks, meta)`` — into one given tier (publish, promotion);
+  ``store_filled(tier, meta, fill)`` the same with the bytes put in place by ``fill`` (a
+  promotion read straight into the arena).
 - ``copy_down(state_id, source)``  — write-behind: a copy into the next persistent tier,
   queued (bounded) by ``schedule_copy_down`` and run by the worker ``run_write_behind``.
 
@@ -102,6 +106,22 @@ class Placement:
             self.metrics.observe_op(tier.name, meta.kind.name.lower(), "store", meta.size,
                                     time.perf_counter() - started)
 
+    async def store_filled(self, tier: Tier, meta: ObjectMeta, fill):
+        """``store_in`` whose bytes ``await fill(view)`` puts in place in the tier's own
+        memory (a read straight into the host arena); the object stays only when ``fill``
+        returns something other than None, which is returned."""
+        started = time.perf_counter()
+        ticket = await self._prepare_with_room(tier, meta)
+        kept = None
+        try:
+            kept = await fill(ticket.view)
+        finally:
+            await tier.complete_store(ticket, kept is not None)
+        if kept is not None and self.metrics is not None:
+            self.metrics.observe_op(tier.name, meta.kind.name.lower(), "store", meta.size,
+                                    time.perf_counter() - started)
+        return kept
+
     # ---------------------------------------------------------------- moves vs deletes
 
     @contextlib.asynccontextmanager
@@ -156,8 +176,9 @@ class Placement:
         # the same victims (a whole watermark band each, in memory outside the byte budget);
         # the next one finds the room already made.
         lock = self._eviction_locks.setdefault(id(tier), asyncio.Lock())
+        lower = self.below(tier)
         async with self.cycle(), lock:
-            evicted = await tier.evict(need_bytes)
+            evicted = await tier.evict_sparing_copies(need_bytes, lambda oid: self._is_held_below(lower, oid))
             if evicted:
                 await self.demote(tier, evicted)
         return bool(evicted)
@@ -176,6 +197,11 @@ class Placement:
             if holder is not None:
                 self.ledger.dropped(source.name, oid)
                 continue
+            if item.blob is None:  # its copy below went away while the eviction ran
+                self.dropped += 1
+                self.ledger.dropped(source.name, oid)
+                log.info("dropped %s: its copy below left during its eviction", oid.hex())
+                continue
             target = await self._demote_one(source, lower, item)
             if target is None:
                 self.dropped += 1
@@ -185,6 +211,9 @@ class Placement:
             self.ledger.moved(source.name, target.name, oid)
             if self.metrics is not None:
                 self.metrics.count_demotion(source.name, target.name)
+
+    async def _is_held_below(self, lower: list[Tier], object_id: bytes) -> bool:
+        return await self._holder_below(lower, object_id) is not None
 
     async def _holder_below(self, lower: list[Tier], object_id: bytes) -> Tier | None:
         for tier in lower:

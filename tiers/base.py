@@ -12,8 +12,15 @@ under their ``object_id`` (the 16-byte state_id) and indexes them by ``key_diges
     data = await tier.read(lease)                   # memoryview valid until complete_load
     await tier.complete_load(lease)                 # unpins
 
+``find_by_keys(digests, registry)`` answers ``find_by_key`` for many keys at once (one
+round trip for a tier behind the network); a tier that shares the registry's server may
+also bring back the stream heads of what it found (``KeyMatches.heads``), so a whole
+request's lookup costs the same few round trips whatever its number of objects.
+
 ``evict()`` removes least-recently-used unleased objects until usage is under the low
-watermark and returns them *with their bytes*, so the caller can demote rather than drop.
+watermark and returns them *with their bytes*, so the caller can demote rather than drop;
+``evict_sparing_copies(need, is_held_below)`` may leave out the bytes of victims a lower
+tier already holds.
 ``compact()`` (disk segments, host arena) never moves or frees bytes under a lease.
 Foreign exceptions never leave a tier: each translates them into ``statetier`` errors.
 """
@@ -21,17 +28,38 @@ Foreign exceptions never leave a tier: each translates them into ``statetier`` e
 from __future__ import annotations
 
 import abc
+import asyncio
 import itertools
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Sequence
+from typing import AsyncIterator, Awaitable, Callable, Sequence
 
 from statetier.protocol.errors import LeaseError
 from statetier.protocol.identity import Kind
 from statetier.protocol.sealed import SealedHeader
+from statetier.tiers.registry import StreamHead, VersionRegistry
 
 Buffer = bytes | bytearray | memoryview
+
+
+@dataclass(slots=True)
+class KeyMatches:
+    """What ``Tier.find_by_keys`` found: per digest, the objects (oldest version first);
+    ``heads``: stream id → newest head (None: no head), for the streams the tier could
+    ask the registry about on the way (may be empty, never wrong)."""
+
+    metas: list[list["ObjectMeta"]]
+    heads: dict[bytes, StreamHead | None] = field(default_factory=dict)
+
+
+async def _gather_all(calls: list) -> list:
+    """The awaitables' results, run concurrently; the first failure is raised after all end."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,8 +123,11 @@ class Lease:
 
 @dataclass(frozen=True, slots=True)
 class EvictedObject:
+    """What ``evict`` removed; ``blob`` is None when the object left without its bytes being
+    read, because a lower tier already holds a copy (``evict_sparing_copies``)."""
+
     meta: ObjectMeta
-    blob: bytes | bytearray | memoryview
+    blob: bytes | bytearray | memoryview | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +158,7 @@ class LeaseTable:
         self._ids = itertools.count(1)
         self._leases: dict[int, Lease] = {}
         self._by_object: dict[bytes, set[int]] = {}
+        self._earliest = float("inf")  # no lease has an earlier deadline (releases may leave it lower)
         self.expired_total = 0
 
     def __len__(self) -> int:
@@ -135,6 +167,7 @@ class LeaseTable:
     def grant(self, meta: ObjectMeta, owner: object, location: object = None, ttl: float | None = None) -> Lease:
         lease = Lease(next(self._ids), meta, owner, time.monotonic() + (ttl or self.default_ttl), location)
         self._leases[lease.lease_id] = lease
+        self._earliest = min(self._earliest, lease.deadline)
         self._by_object.setdefault(meta.object_id, set()).add(lease.lease_id)
         return lease
 
@@ -166,9 +199,12 @@ class LeaseTable:
 
     def expire(self, now: float | None = None) -> int:
         now = time.monotonic() if now is None else now
+        if now <= self._earliest:  # nothing to sweep: called before every lease, keep it O(1)
+            return 0
         stale = [lease for lease in self._leases.values() if lease.deadline < now]
         for lease in stale:
             self.release(lease)
+        self._earliest = min((lease.deadline for lease in self._leases.values()), default=float("inf"))
         self.expired_total += len(stale)
         return len(stale)
 
@@ -232,6 +268,10 @@ class Tier(abc.ABC):
     #: True when ``read`` itself verifies signature and payload digest (disk, Redis), so the
     #: engine need not hash the payload a second time.
     verifies_on_read: bool = False
+    #: True when the tier has ``read_into(lease, dest)``: ``read`` straight into a buffer
+    #: of the caller's (the object's exact size), verified there (disk), so a promotion
+    #: reads into its arena reservation instead of a fresh buffer and a copy.
+    reads_in_place: bool = False
     #: True when ``complete_store(True)`` returns only once the object is on stable storage
     #: and survives a crash of the daemon (the disk tier with fsync): what a put's
     #: ``durable`` reply promises.
@@ -267,6 +307,11 @@ class Tier(abc.ABC):
     @abc.abstractmethod
     async def prepare_load(self, object_id: bytes, owner: object = None, ttl: float | None = None) -> Lease: ...
 
+    def leases_in_memory(self, object_id: bytes) -> bool:
+        """True when ``prepare_load(object_id)`` would answer without I/O (a caller leasing
+        many objects then awaits it in turn instead of a task each)."""
+        return self.answers_in_memory
+
     @abc.abstractmethod
     async def read(self, lease: Lease) -> memoryview:
         """The sealed object's bytes, valid until ``complete_load(lease)``."""
@@ -287,11 +332,32 @@ class Tier(abc.ABC):
     @abc.abstractmethod
     async def find_by_key(self, key_digest: bytes) -> list[ObjectMeta]: ...
 
+    async def find_by_keys(self, key_digests: Sequence[bytes],
+                           registry: VersionRegistry | None = None) -> "KeyMatches":
+        """``find_by_key`` of every digest, in order. This default asks one by one (in
+        memory) or concurrently; ``registry`` is only a hint: a tier on the registry's
+        server may fetch the heads of the streams it found in the same round trip."""
+        calls = [self.find_by_key(digest) for digest in key_digests]
+        if self.answers_in_memory:
+            found = []
+            for call in calls:
+                found.append(await call)
+        else:
+            found = list(await _gather_all(calls))
+        return KeyMatches(found)
+
     @abc.abstractmethod
     def iter_objects(self) -> AsyncIterator[ObjectMeta]: ...
 
     @abc.abstractmethod
     async def evict(self, need_bytes: int = 0) -> list[EvictedObject]: ...
+
+    async def evict_sparing_copies(self, need_bytes: int,
+                                   is_held_below: Callable[[bytes], Awaitable[bool]]) -> list[EvictedObject]:
+        """``evict``, except that a tier may skip reading the bytes of a victim for which
+        ``is_held_below(object_id)`` is true and hand it back with ``blob=None``. By default
+        every victim's bytes are read."""
+        return await self.evict(need_bytes)
 
     @abc.abstractmethod
     def stats(self) -> TierStats: ...

@@ -5,7 +5,8 @@ registry; a put whose version is not newer than the registry's is refused (``Sta
 so a late write-behind or a second connector path never overwrites newer state. The
 registry also records, per state_id, the stream it was issued for (``MisroutedState``).
 
-- ``VersionRegistry``       — the interface (``claim``, ``newest``, ``stream_of``).
+- ``VersionRegistry``       — the interface (``claim``, ``newest``, ``newest_many``,
+  ``stream_of``).
 - ``MemoryVersionRegistry`` — one process; bounded (oldest streams forgotten past a limit).
 - ``RedisVersionRegistry``  — in ``tiers.redis.registry``: across nodes, atomic in Redis.
 """
@@ -39,6 +40,10 @@ class VersionRegistry(abc.ABC):
 
     @abc.abstractmethod
     async def newest(self, stream_id: bytes) -> StreamHead | None: ...
+
+    async def newest_many(self, stream_ids: list[bytes]) -> list[StreamHead | None]:
+        """``newest`` of each stream, in order (a registry behind the network: one round trip)."""
+        return [await self.newest(stream) for stream in stream_ids]
 
     @abc.abstractmethod
     async def stream_of(self, state_id: bytes) -> bytes | None: ...

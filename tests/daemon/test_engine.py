@@ -216,6 +216,7 @@ async def test_a_connection_that_goes_away_releases_its_leases_and_reservations(
     assert (engine.lease_count, engine.reservation_count) == (1, 1)
     assert await engine.release_owner("gone") == 2
     assert (engine.lease_count, engine.reservation_count) == (0, 0)
+    assert await engine.placement.flush_write_behind(10)  # its copy to disk holds a lease meanwhile
     assert engine.arena.stats().leases == 0
 
 
@@ -259,6 +260,65 @@ async def test_verify_all_drops_what_no_longer_verifies(engine):
     result = await engine.load(LoadRequest("default", NS, ref=put.ref), owner="c1")  # the disk copy
     assert bytes(result.payload) == payload_for(1) and result.tier == "host"  # promoted again
     await engine.release(result.lease_id, "c1")
+
+
+async def test_a_load_from_disk_lands_in_the_arena_and_a_damaged_record_is_dropped_not_served(engine, tmp_path):
+    good, bad = [await engine.put(*ssm_put(layer=layer, seed=layer + 1)) for layer in (0, 1)]
+    assert await engine.placement.flush_write_behind(10)
+    host = engine.arena
+    for put in (good, bad):
+        await host.delete(put.ref.state_id)  # only the disk copies are left
+    (segment,) = sorted((tmp_path / "disk" / "segments").glob("seg-*.dat"))
+    data = bytearray(segment.read_bytes())
+    at = data.rindex(payload_for(2)[:64])  # inside the second object's payload
+    with open(segment, "r+b") as handle:
+        handle.seek(at + 10)
+        handle.write(bytes([data[at + 10] ^ 0x01]))
+
+    result = await engine.load(LoadRequest("default", NS, ref=good.ref), owner="c1")
+    assert bytes(result.payload) == payload_for(1) and result.tier == "host"  # read into its reservation
+    assert result.arena_offset is not None
+    await engine.release(result.lease_id, "c1")
+    with pytest.raises(CorruptPayload):
+        await engine.load(LoadRequest("default", NS, ref=bad.ref), owner="c1")
+    assert not await engine.tiers[1].contains(bad.ref.state_id)
+    assert not await host.contains(bad.ref.state_id)
+    assert (host.stats().objects, host.stats().inflight, host.stats().leases) == (1, 0, 0)
+
+
+class StreamReadCountingRegistry(MemoryVersionRegistry):
+    """A real in-memory registry that counts its ``stream_of`` reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stream_reads = 0
+
+    async def stream_of(self, state_id: bytes) -> bytes | None:
+        self.stream_reads += 1
+        return await super().stream_of(state_id)
+
+
+async def test_a_load_by_ref_remembers_the_stream_its_state_was_issued_for(tmp_path):
+    keyring, registry = Keyring.generate(), StreamReadCountingRegistry()
+    host = HostTier(1 << 20, granularity=4096)
+    ours = Engine([host], keyring=keyring, registry=registry, arena=host)
+    other = Engine([HostTier(1 << 20, granularity=4096)], keyring=keyring, registry=registry)
+    await ours.start()
+    await other.start()
+    try:
+        put = await ours.put(*ssm_put())
+        for _ in range(2):
+            result = await ours.load(LoadRequest("default", NS, ref=put.ref), owner="c1")
+            await ours.release(result.lease_id, "c1")
+        assert registry.stream_reads == 0  # issued by this engine: known since its claim
+        with pytest.raises(NotFound):  # another daemon asks the registry once, then remembers
+            await other.load(LoadRequest("default", NS, ref=put.ref), owner="c1")
+        with pytest.raises(NotFound):
+            await other.load(LoadRequest("default", NS, ref=put.ref), owner="c1")
+        assert registry.stream_reads == 1
+    finally:
+        await ours.close()
+        await other.close()
 
 
 async def test_a_delete_during_the_write_behind_copy_leaves_no_copy_on_disk(engine):
@@ -366,11 +426,11 @@ class EvictionCountingHostTier(HostTier):
         super().__init__(*args, **kwargs)
         self.running = self.most_at_once = 0
 
-    async def evict(self, need_bytes: int = 0):
+    async def evict_sparing_copies(self, need_bytes: int, is_held_below):
         self.running += 1
         self.most_at_once = max(self.most_at_once, self.running)
         try:
-            return await super().evict(need_bytes)
+            return await super().evict_sparing_copies(need_bytes, is_held_below)
         finally:
             self.running -= 1
 

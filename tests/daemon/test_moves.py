@@ -146,8 +146,11 @@ async def test_each_tenants_usage_per_tier_is_the_bytes_of_its_objects_there(tmp
                 refs[tenant].append(ref)
                 owners[ref.state_id] = tenant
         assert await engine.placement.flush_write_behind(10)  # write-behind copies into disk
-        for tenant in ("alice", "bob"):  # loads from below promote back into the arena
-            for ref in refs[tenant][:2]:
+        # loads from below promote back into the arena; alice's second load comes last, so
+        # no later promotion evicts it (an eviction goes down to the low watermark)
+        for index in range(2):
+            for tenant in ("bob", "alice"):
+                ref = refs[tenant][index]
                 served = await engine.load(LoadRequest(tenant, NAMESPACES[tenant], ref=ref), owner="c")
                 await engine.release(served.lease_id, "c")
         await engine.delete("alice", refs["alice"][0])  # deletes free every copy

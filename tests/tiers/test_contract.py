@@ -86,6 +86,22 @@ async def test_an_object_is_visible_only_after_its_store_completes(tier):
     await assert_quiet(tier, 1, meta.size)
 
 
+async def test_many_keys_are_found_at_once_as_one_by_one(tier):
+    first, first_blob = make_object()
+    second, second_blob = make_object()
+    absent, _ = make_object()
+    for meta, blob in ((first, first_blob), (second, second_blob)):
+        await store(tier, meta, blob)
+    digests = [second.key_digest, absent.key_digest, first.key_digest, second.key_digest]
+    found = await tier.find_by_keys(digests)
+    assert found.metas == [[second], [], [first], [second]]
+    assert found.metas == [await tier.find_by_key(digest) for digest in digests]
+    assert (await tier.find_by_keys([])).metas == []
+    for meta in (first, second):
+        lease = await tier.prepare_load(meta.object_id, owner="probe")  # after a lookup, as a lookup leases
+        await tier.complete_load(lease)
+
+
 async def test_a_failed_store_leaves_nothing_and_gives_back_every_byte(tier):
     kept, kept_blob = make_object()
     await store(tier, kept, kept_blob)

@@ -492,6 +492,49 @@ async def test_a_flipped_payload_byte_is_refused_and_the_object_dropped(open_dis
     assert not await reopened.contains(meta.object_id)
 
 
+async def test_read_into_lands_the_verified_object_in_the_callers_buffer_and_refuses_a_flipped_byte(
+        open_disk, tmp_path):
+    tier = await open_disk(segment_bytes=4 << 20)
+    (meta, blob), (other, other_blob) = objects(2, size=300_000)  # past BUFFERED_BYTES: written by pwritev
+    await store(tier, meta, blob)
+    await store(tier, other, other_blob)
+    dest = memoryview(bytearray(meta.size))
+    lease = await tier.prepare_load(meta.object_id)
+    await tier.read_into(lease, dest)
+    await tier.complete_load(lease)
+    assert bytes(dest) == blob
+
+    (segment,) = segment_files(tmp_path / "disk")
+    with open(segment, "r+b") as handle:  # one payload byte of the second record
+        handle.seek(2 * RECORD_HEADER_BYTES + meta.size + other.header_len + 77_777)
+        byte = handle.read(1)
+        handle.seek(-1, os.SEEK_CUR)
+        handle.write(bytes([byte[0] ^ 0x01]))
+    lease = await tier.prepare_load(other.object_id)
+    with pytest.raises(CorruptPayload):
+        await tier.read_into(lease, memoryview(bytearray(other.size)))
+    await tier.complete_load(lease)
+    assert not await tier.contains(other.object_id)
+    assert tier.stats().extra["corrupt_dropped"] == 1
+
+
+async def test_a_lookup_reads_no_lmdb_transaction_per_object(open_disk):
+    # find_by_key, prepare_load and read answer from memory and the segments: the index is
+    # a checkpoint, so closing its environment changes nothing for them
+    tier = await open_disk(checkpoint_ops=1 << 20, checkpoint_seconds=3600)
+    stored = objects(3, size=5000)
+    for meta, blob in stored:
+        await store(tier, meta, blob)
+    index = tier._index
+    tier._index = None
+    try:
+        for meta, blob in stored:
+            assert await tier.find_by_key(meta.key_digest) == [meta]
+            assert await load(tier, meta.object_id) == blob
+    finally:
+        tier._index = index
+
+
 async def test_the_at_rest_cipher_keeps_payload_bytes_off_the_disk(open_disk, tmp_path):
     cipher = AtRestCipher.generate()
     tier = await open_disk(cipher=cipher)

@@ -261,6 +261,29 @@ async def test_evicting_large_objects_copies_them_out_in_the_executor() -> None:
         assert tier.stats().extra["extent_bytes_allocated"] == 0
 
 
+async def test_eviction_leaves_out_the_bytes_of_victims_a_lower_tier_already_holds() -> None:
+    objects = {name: sealed(1 * MIB) for name in "ABCD"}
+    below = {objects[name][0].object_id for name in "AC"}  # what a write-behind already copied down
+    asked = []
+
+    async def is_held_below(object_id: bytes) -> bool:
+        asked.append(object_id)
+        return object_id in below
+
+    async with HostTier(8 * MIB, pin_memory=False, high_watermark=0.5, low_watermark=0.1,
+                        inline_copy_bytes=64 * KIB) as tier:
+        for meta, blob in objects.values():
+            await put(tier, meta, blob)
+        evicted = await tier.evict_sparing_copies(2 * MIB, is_held_below)
+        names = {meta.object_id: name for name, (meta, _) in objects.items()}
+        assert [names[e.meta.object_id] for e in evicted] == ["A", "B", "C", "D"]
+        assert [names[oid] for oid in asked] == ["A", "B", "C", "D"]
+        assert [e.blob is None for e in evicted] == [True, False, True, False]
+        assert bytes(evicted[1].blob) == objects["B"][1] and bytes(evicted[3].blob) == objects["D"][1]
+        assert tier.stats().extra["extent_bytes_allocated"] == 0
+        assert tier.stats().evictions == 4
+
+
 # ---------------------------------------------------------------------------- leases
 
 

@@ -4,7 +4,8 @@ A dead or frozen server turns every operation into ``Unavailable`` in bounded ti
 ``wait_for`` bounds below only guard against a hang; they are not timing assertions), except
 reading under a lease whose bytes already came with the manifest; the tier reports
 ``available = False``, and when a server answers again on the same port the same tier
-instance serves again, without being recreated.
+instance serves again, without being recreated. A load whose chunks are on their way
+over several connections when the server dies is ``Unavailable``, never part of an object.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import signal
 import time
 
 import pytest
+import redis.asyncio.connection
 
 from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.errors import NotFound, Unavailable
@@ -72,8 +74,8 @@ async def tier(fresh_redis):
 
 
 async def test_a_killed_server_makes_every_operation_unavailable_until_it_is_back(fresh_redis, tier) -> None:
-    stored, blob = make_object(5 << 20)  # read() fetches all but the first chunk
-    small, small_blob = make_object(100_000, layer=3)  # one chunk: prepare_load fetched it
+    stored, blob = make_object(5 << 20)  # read() fetches its chunks
+    small, small_blob = make_object(100_000, layer=3)  # under PREFETCH_BYTES: prepare_load fetched it
     await store(tier, stored, blob)
     await store(tier, small, small_blob)
     lease = await tier.prepare_load(stored.object_id)
@@ -87,7 +89,7 @@ async def test_a_killed_server_makes_every_operation_unavailable_until_it_is_bac
     await unavailable(tier.read(lease))
     assert bytes(await tier.read(small_lease)) == small_blob  # its lease holds its verified bytes
     await tier.complete_load(small_lease)
-    await tier.complete_load(lease)  # a second lease of a leased object shares its first fetch
+    await tier.complete_load(lease)
     await unavailable(tier.prepare_load(stored.object_id))
     await unavailable(tier.contains(stored.object_id))
     await unavailable(tier.get_meta(stored.object_id))
@@ -179,3 +181,30 @@ async def test_start_against_a_dead_server_is_unavailable_not_a_hang(fresh_redis
 
 async def _drain(iterator) -> list:
     return [item async for item in iterator]
+
+
+async def test_a_load_cut_midway_by_a_dying_server_is_unavailable_and_returns_nothing(fresh_redis, monkeypatch) -> None:
+    tier = RedisTier(fresh_redis.url, keyring=KEYRING, socket_timeout=1.0, retries=2)
+    await tier.start()
+    meta, blob = make_object(96 << 20)  # 48 chunks over 4 connections: more than the sockets buffer
+    await store(tier, meta, blob)
+    lease = await tier.prepare_load(meta.object_id)
+    asked, sent = asyncio.Event(), []
+    send = redis.asyncio.connection.AbstractConnection.send_packed_command
+
+    async def counted(connection, *args, **kwargs):
+        await send(connection, *args, **kwargs)
+        sent.append(connection)
+        if len(sent) == 4:
+            asked.set()
+
+    monkeypatch.setattr(redis.asyncio.connection.AbstractConnection, "send_packed_command", counted)
+    reading = asyncio.create_task(tier.read(lease))
+    await asyncio.wait_for(asked.wait(), HANG_GUARD_S)  # every group asked for its chunks
+    assert not reading.done()
+    fresh_redis.kill()
+    await unavailable(reading)
+    assert tier.stats().extra["available"] is False
+    await tier.complete_load(lease)
+    assert tier.stats().leases == 0
+    await asyncio.wait_for(tier.close(), HANG_GUARD_S)

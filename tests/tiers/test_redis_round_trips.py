@@ -5,7 +5,8 @@ an object this node has not seen, so the commit is what refuses an object anothe
 stored: it must leave that object whole and take its own pending chunks away. Scripts run
 by SHA1 must survive a server that lost its script cache. A read that skips the signature
 check of a header it verified before must still catch a flipped payload byte, a changed
-header and a retired key. A commit repeated after its reply was lost is not mistaken for a duplicate. A full
+header and a retired key. A batch lookup prunes index entries whose object is gone and
+brings the registry's stream heads along. A commit repeated after its reply was lost is not mistaken for a duplicate. A full
 connection pool waits, in bounded time, for a free one.
 """
 
@@ -17,6 +18,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import redis.asyncio.connection
 import redis.exceptions
 
 from statetier.protocol.errors import BadSignature, CorruptPayload, InvalidRequest
@@ -24,7 +26,9 @@ from statetier.protocol.keyring import Keyring
 from statetier.tiers.redis import RedisTier
 from statetier.tiers.redis.connect import BoundedWaitPool, exchange, open_client
 from statetier.tiers.redis.layout import RedisKeys
+from statetier.tiers.redis.registry import RedisVersionRegistry
 from statetier.tiers.redis.scripts import Scripts
+from statetier.tiers.registry import StreamHead
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the helpers of the sibling test_redis.py
 from test_redis import KEYRING, backend, keys_of, load, make_object, object_keys, store  # noqa: E402,F401
@@ -142,3 +146,53 @@ async def test_a_full_pool_waits_for_a_free_connection_in_bounded_time(redis_ser
     again = await pool.get_connection()  # the fast path once one is free
     await pool.release(again)
     await pool.aclose()
+
+
+async def test_a_batch_lookup_prunes_gone_entries_and_brings_the_stream_heads(backend, make_tier) -> None:
+    tier = await make_tier(backend.url)
+    registry = RedisVersionRegistry(backend.url, key_prefix=tier.key_prefix)
+    (fresh, fresh_blob), (old, old_blob), (gone, gone_blob) = (make_object(1000, layer=i) for i in range(3))
+    for meta, blob in ((fresh, fresh_blob), (old, old_blob), (gone, gone_blob)):
+        await store(tier, meta, blob)
+    await registry.claim(fresh.stream_id, b"\x01" * 16)
+    keys = keys_of(tier)
+    backend.raw.delete(keys.manifest(gone.object_id))  # expired, or deleted by another node
+    backend.raw.hset(keys.key_index(old.key_digest), old.object_id.hex(), old.version)  # before stream ids
+
+    found = await tier.find_by_keys([fresh.key_digest, old.key_digest, gone.key_digest], registry)
+    assert found.metas == [[fresh], [old], []]
+    assert found.heads[fresh.stream_id] == StreamHead(1, b"\x01" * 16)
+    assert found.heads[gone.stream_id] is None  # asked along with its manifest: never claimed here
+    assert old.stream_id not in found.heads  # its entry names no stream: the caller asks for it
+    assert backend.raw.hkeys(keys.key_index(gone.key_digest)) == []  # pruned
+    assert (await tier.find_by_keys([fresh.key_digest])).heads == {}  # no registry, no heads
+    assert await registry.newest_many([fresh.stream_id, old.stream_id]) == [StreamHead(1, b"\x01" * 16), None]
+    await registry.close()
+
+
+async def test_a_small_object_loads_in_one_round_trip_and_a_large_lease_holds_no_chunk(redis_server, make_tier,
+                                                                                       monkeypatch) -> None:
+    tier = await make_tier(redis_server.url, capacity_bytes=64 << 20, chunk_bytes=1 << 20)
+    small, small_blob = make_object(60_000)
+    large, large_blob = make_object(3 << 20, layer=1)
+    for meta, blob in ((small, small_blob), (large, large_blob)):
+        await store(tier, meta, blob)
+    assert await load(tier, large.object_id) == large_blob  # the pool has its connections open
+    sends = []
+    send = redis.asyncio.connection.AbstractConnection.send_packed_command
+
+    async def counted(connection, *args, **kwargs):
+        sends.append(1)
+        return await send(connection, *args, **kwargs)
+
+    monkeypatch.setattr(redis.asyncio.connection.AbstractConnection, "send_packed_command", counted)
+    lease = await tier.prepare_load(small.object_id)  # the manifest, the whole chunk, the LRU touch
+    assert bytes(await tier.read(lease)) == small_blob
+    assert len(sends) == 1
+    await tier.complete_load(lease)
+    lease = await tier.prepare_load(large.object_id)
+    assert len(lease.location.head) < len(large_blob) // 20  # a bounded prefix, never a whole chunk
+    assert bytes(await tier.read(lease)) == large_blob
+    chunks = lease.location.manifest.chunks
+    assert chunks >= 3 and len(sends) == 2 + min(chunks, 4)  # over up to 4 connections at once
+    await tier.complete_load(lease)

@@ -14,6 +14,8 @@
   (``CorruptPayload``, ``BadSignature``, ``TruncatedState`` …). Integrity only: whether
   the object is the one stored under this id is the engine's judgement
   (``protocol.classify``), so an intact object of another identity is returned as found.
+- ``read_verified_into(file, location, object_id, dest)`` — the same into a caller's buffer:
+  a plain record is read straight into it with one preadv and verified there.
 """
 
 from __future__ import annotations
@@ -60,6 +62,20 @@ class RecordBody:
             blob = self.cipher.open_envelope(body)
         open_intact(blob, self.keyring)
         return blob
+
+    def read_verified_into(self, file: SegmentFile, location: Location, object_id: bytes, dest: memoryview) -> None:
+        """``read_verified`` into ``dest`` (the sealed object's exact size): a plain record is
+        read straight into it and verified there; an envelope is opened, then copied."""
+        if self.cipher is not None or location.record_len - RECORD_HEADER_BYTES != dest.nbytes:
+            blob = self.read_verified(file, location, object_id)  # it raises what is wrong with the record
+            if len(blob) != dest.nbytes:
+                raise InvalidRequest(f"a {dest.nbytes}-byte destination for a {len(blob)}-byte object")
+            dest[:] = blob
+            return
+        header = file.read_record_into(location.offset, location.record_len, object_id, location.generation, dest)
+        if header.is_envelope:
+            raise ConfigError(f"object {object_id.hex()} is encrypted at rest; no at-rest cipher is configured")
+        open_intact(dest, self.keyring)
 
     def read_many(self, jobs: list[tuple[SegmentFile, Location, bytes]]) -> list:
         """``read_verified`` for each job; a failure is returned in its place, not raised."""

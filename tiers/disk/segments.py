@@ -263,6 +263,29 @@ class SegmentFile:
             raise CorruptPayload(f"record holds {header.record_len} bytes, the index says {record_len}")
         return header, body
 
+    def read_record_into(self, offset: int, record_len: int, object_id: bytes, generation: int,
+                         body: memoryview) -> RecordHeader:
+        """``read_record`` with the body read straight into ``body`` (exactly its length):
+        one preadv for header and body, no buffer of its own."""
+        if body.nbytes != record_len - RECORD_HEADER_BYTES:
+            raise CorruptPayload(f"a {body.nbytes}-byte destination for a {record_len}-byte record")
+        head = bytearray(RECORD_HEADER_BYTES)
+        self._read_exactly(offset, [memoryview(head), body])
+        header = RecordHeader.unpack_checked(head, object_id, generation)
+        if header.record_len != record_len:
+            raise CorruptPayload(f"record holds {header.record_len} bytes, the index says {record_len}")
+        return header
+
+    def advise_willneed(self, offset: int, length: int) -> None:
+        """Start reading a range into the page cache: a hint that returns before the reads
+        end, so the loop may call it; nothing when the file is not open yet, or on error."""
+        if self._fd is None:
+            return
+        try:
+            os.posix_fadvise(self._fd, offset, length, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass  # only a hint: the read itself reports what is wrong
+
     def _read_exactly(self, offset: int, views: list[memoryview]) -> None:
         fd = self._fd_for_read()
         first = 0

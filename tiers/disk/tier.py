@@ -19,11 +19,14 @@ executor=None, name="disk", checkpoint_ops=4096, checkpoint_seconds=2.0)`` imple
   a restart replays what it lacks. Anything less than a completed store leaves dead bytes
   only. ``fsync=False`` skips every fdatasync and LMDB's sync: a killed process loses
   nothing, a power cut may.
-- Load: ``read`` preads the record, opens its at-rest envelope if it has one, and
+- Load: ``prepare_load`` asks the kernel to start reading the record (``POSIX_FADV_WILLNEED``);
+  ``read`` preads the record, opens its at-rest envelope if it has one, and
   checks its integrity (``protocol.classify.open_intact``: the header's own lengths,
   signature, payload digest). Damage drops the object for good
   (``stats().extra["corrupt_dropped"]``) and raises the rejection; an intact object of
-  another identity is returned as found, for the engine to judge.
+  another identity is returned as found, for the engine to judge. ``read_into(lease, dest)``
+  does the same straight into a caller's buffer (a promotion's arena reservation): one
+  preadv, verified where it landed.
 - ``start`` checks the index against the segments and replays the log past its last
   checkpoint (``tiers.disk.recovery``); ``compact`` rewrites sparse segments and never
   deletes a file a lease may still read (``tiers.disk.compaction``); ``close`` writes a
@@ -102,6 +105,9 @@ class _Reservation:
 EVICTION_BATCH_BYTES = 64 << 20
 
 class DiskTier(Tier):
+    verifies_on_read = True  # read() checks every record's signature and payload digest (disk_body)
+    reads_in_place = True
+
     def __init__(self, directory, capacity_bytes: int, *, keyring: Keyring, segment_bytes: int = 64 << 20,
                  high_watermark: float = 0.9, low_watermark: float = 0.75,
                  compact_below_live_ratio: float = 0.5, lease_ttl: float = 30.0, fsync: bool = True,
@@ -342,8 +348,12 @@ class DiskTier(Tier):
         meta = self._lru.get(object_id)
         if meta is None:
             raise NotFound(f"object {bytes(object_id).hex()} is not in the {self.name} tier")
-        lease = self._leases.grant(meta, owner, self._space.location(object_id), ttl)
+        location = self._space.location(object_id)
+        lease = self._leases.grant(meta, owner, location, ttl)
         self._lru.touch(object_id)
+        # a lease is followed by a read (a lookup's leases by the load of what it found):
+        # the kernel starts reading the record now, beside whatever runs until then
+        self._space.segment_of(location).file.advise_willneed(location.offset, location.record_len)
         return lease
 
     async def read(self, lease: Lease) -> memoryview:
@@ -360,6 +370,30 @@ class DiskTier(Tier):
             self._drop_corrupt(lease.object_id)
             raise
         return memoryview(blob)
+
+    async def read_into(self, lease: Lease, dest: memoryview) -> None:
+        """``read`` straight into ``dest`` (the object's exact size), verified there. Returns
+        only once no thread writes into ``dest`` any more, even when cancelled."""
+        self._require_started()
+        lease = self._leases.check(lease)
+        location: Location = lease.location
+        segment = self._space.segments.get(location.segment)
+        if segment is None:
+            raise InternalError(f"segment {location.segment} left while a lease pointed into it")
+        job = asyncio.ensure_future(self._call(self._body.read_verified_into, segment.file, location,
+                                               lease.object_id, dest, pins=(segment,)))
+        try:
+            await asyncio.shield(job)
+        except asyncio.CancelledError:
+            while not job.done():  # the thread still writes into dest: the caller may free it only after
+                try:
+                    await asyncio.wait([job])
+                except asyncio.CancelledError:
+                    continue
+            raise
+        except RejectedState:
+            self._drop_corrupt(lease.object_id)
+            raise
 
     async def complete_load(self, lease: Lease) -> None:
         self._leases.release(lease)

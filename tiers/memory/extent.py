@@ -33,7 +33,7 @@ import itertools
 import time
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, Sequence
+from typing import AsyncIterator, Awaitable, Callable, Sequence
 
 from statetier.protocol.errors import (
     CapacityError,
@@ -403,6 +403,10 @@ class ExtentTier(Tier):
     # ------------------------------------------------------------------ eviction
 
     async def evict(self, need_bytes: int = 0) -> list[EvictedObject]:
+        return await self.evict_sparing_copies(need_bytes, None)
+
+    async def evict_sparing_copies(self, need_bytes: int,
+                                   is_held_below: Callable[[bytes], Awaitable[bool]] | None) -> list[EvictedObject]:
         self._require_open()
         self.expire_leases()
         if self.bytes_used + need_bytes <= self.high_watermark * self.capacity:
@@ -418,9 +422,15 @@ class ExtentTier(Tier):
                 chosen += meta.size
         if not victims:
             return []
-        blobs = await self._copy_out([placement for _, placement, _ in victims])
+        # a victim with a copy below leaves without its bytes being copied out (the copy is
+        # what a write-behind already made: copying it out again only to drop it cost a
+        # whole watermark band of memcpy per eviction)
+        spared = [is_held_below is not None and await is_held_below(meta.object_id) for meta, _, _ in victims]
+        copied = await self._copy_out([placement for (_, placement, _), kept in zip(victims, spared) if not kept])
+        blobs = iter(copied)
         evicted = []
-        for (meta, placement, touched), blob in zip(victims, blobs):
+        for (meta, placement, touched), kept in zip(victims, spared):
+            blob = None if kept else next(blobs)
             oid = meta.object_id
             if self._places.get(oid) is not placement or placement.touched != touched or self._leases.is_leased(oid):
                 continue  # loaded or deleted while its bytes were copied out: it stays (or is gone)
@@ -509,6 +519,8 @@ class ExtentTier(Tier):
             copy_bytes(address, self._region_address + offset, nbytes)
 
     async def _copy_out(self, placements: list[Placement]) -> list[Buffer]:
+        if not placements:
+            return []
         if sum(p.nbytes for p in placements) <= self._inline_copy_bytes:
             return [bytes(self._region[p.offset : p.offset + p.nbytes]) for p in placements]
         items = [(p.offset, p.nbytes) for p in placements]

@@ -9,7 +9,7 @@ lives in one cluster slot and a single pipeline reads or writes it:
                                 chunk i of one store in progress, with ``PENDING_CHUNK_TTL``;
                                 the commit renames it to ``c:<i>``
     st:{<state_id hex>}:m       the ``Manifest``, written LAST: no manifest, no object
-    st:k:{<key_digest hex>}     hash state_id hex → version: the key index of find_by_key
+    st:k:{<key_digest hex>}     hash state_id hex → "version:stream_id hex": the key index
     {st}:lru  {st}:sizes  {st}:bytes  {st}:clock  {st}:expiry
                                 accounting, one slot: LRU order (score = a tick of
                                 ``{st}:clock``), sizes, total bytes, expiry times (with TTL)

@@ -11,6 +11,10 @@ A claim is idempotent for its state_id: a retry after a lost reply returns the v
 already recorded instead of a second one (or a ``StaleState``). Versions are compared
 as decimal strings in Lua, so every u64 is exact.
 
+``newest_many`` asks for many heads in one round trip; ``head_commands``/``heads_from`` let
+a ``RedisTier`` on the same server (``lives_on``) carry those commands in a round trip of
+its own (a lookup's manifests and heads travel together).
+
 Pass the client of a started ``RedisTier`` (``tier.client``) to share its connections,
 or a URL: the registry then connects on first use and closes in ``close()``.
 """
@@ -22,10 +26,11 @@ import asyncio
 from redis.asyncio import Redis, RedisCluster
 
 from statetier.protocol.errors import InvalidRequest, StaleState
-from .connect import open_client
+
+from ..registry import StreamHead, VersionRegistry
+from .connect import exchange, open_client, take_cluster_option
 from .errors import RedisEdge
 from .layout import RedisKeys
-from ..registry import StreamHead, VersionRegistry
 
 MAX_VERSION = (1 << 64) - 1
 
@@ -95,6 +100,37 @@ class RedisVersionRegistry(VersionRegistry):
         if version is None or state_id is None:
             return None
         return StreamHead(int(version), bytes(state_id))
+
+    async def newest_many(self, stream_ids: list[bytes]) -> list[StreamHead | None]:
+        if not stream_ids:
+            return []
+        client = await self._ready()
+        with self._edge.call("newest"):
+            replies = await exchange(client, self.head_commands(stream_ids))
+        return self.heads_from(replies)
+
+    def head_commands(self, stream_ids: list[bytes]) -> list[tuple]:
+        """The commands that read these streams' heads (for ``connect.exchange``)."""
+        return [("HMGET", self._keys.stream_head(stream), "version", "state_id") for stream in stream_ids]
+
+    def heads_from(self, replies: list) -> list[StreamHead | None]:
+        """The heads in the replies to ``head_commands``; an error reply is raised (translated)."""
+        heads = []
+        with self._edge.call("newest"):
+            for reply in replies:
+                if isinstance(reply, BaseException):
+                    raise reply
+                version, state_id = reply
+                heads.append(None if version is None or state_id is None else StreamHead(int(version), bytes(state_id)))
+        return heads
+
+    def lives_on(self, url: str | None, client: Redis | RedisCluster | None) -> bool:
+        """Whether this registry's keys are on the server behind ``url`` or ``client``."""
+        if self._client is not None and self._client is client:
+            return True
+        if self._url is None or url is None:
+            return False
+        return take_cluster_option(self._url)[0] == take_cluster_option(url)[0]
 
     async def stream_of(self, state_id: bytes) -> bytes | None:
         client = await self._ready()

@@ -13,7 +13,7 @@ chunk bytes: a value copied through Lua costs more than its round trip.
   ``{status, bytes, objects}``.
 - ``COMMIT_INDEXED_LUA`` — the same, then the key index entry and the accounting "add"
   (both idempotent), all at once. KEYS manifest, index, the five accounting keys, pending…, final…; ARGV
-  manifest, ttl, object id hex, size, version.
+  manifest, ttl, object id hex, size, index entry value ("version:stream hex").
 - ``ACCOUNTING_LUA`` — add / touch / remove / status of the accounting keys (lru, sizes,
   bytes, clock, expiry), pruning entries whose TTL has passed (on "status", which eviction
   calls first, and on every call of a node with a TTL). ``{changed, bytes, objects}``.
@@ -140,7 +140,7 @@ class Scripts:
             await self._client.script_load(script.script)
 
     def command(self, name: str, keys, args) -> tuple:
-        """The EVALSHA command, for ``redis_connect.exchange`` (no SCRIPT EXISTS round trip)."""
+        """The EVALSHA command, for ``connect.exchange`` (no SCRIPT EXISTS round trip)."""
         return ("EVALSHA", self._scripts[name].sha, len(keys), *keys, *args)
 
     async def call(self, name: str, keys, args):

@@ -17,16 +17,24 @@
   without touching another store's keys.
 - duplicates: ``prepare_store`` refuses, after one EXISTS, an object this node has seen
   stored; the commit refuses one stored by another node (``InvalidRequest`` either way).
-- read: ``prepare_load`` fetches the manifest and chunk 0 in one MGET (the whole object up
-  to a 2 MiB page; the LRU touch rides in the same round trip when there is a budget), and
-  the lease holds those bytes; ``read`` fetches the other chunks in one round trip,
-  reassembles, decrypts (``AtRestCipher``) and checks integrity (``tiers.redis.verify``:
+- lookup: ``find_by_keys`` answers many key digests in two round trips in all: the
+  HGETALLs of their key indexes, then the GETs of every manifest they name together with
+  the stream heads of the registry (when it lives on this server: the index entry holds
+  the object's version and stream id, so the heads are known before the manifests).
+  Index entries whose manifest is gone are pruned (one more round trip, only then).
+- read: ``prepare_load`` takes the manifest a ``find_by_keys`` of this instance fetched
+  less than ``FOUND_FRESH_S`` ago (once: a lookup's lease costs no round trip and holds no
+  payload), or fetches it together with the first ``PREFETCH_BYTES`` of chunk 0 (one
+  round trip: an object that small is then read with no other; a larger one's read
+  fetches chunk 0 again, at most ``PREFETCH_BYTES`` wasted). ``read`` fetches the chunks
+  not held in one round trip, over up to ``FETCH_CONNECTIONS`` connections at once (the LRU
+  touch rides along when there is a budget), reassembles, decrypts (``AtRestCipher``) and checks integrity (``tiers.redis.verify``:
   the lengths the header declares, signature, payload digest; never the manifest): on the
   event loop up to ``INLINE_BYTES``, in the executor above. A damaged object is deleted
   and counted (``extra["corrupt_dropped"]``); an intact object of another identity is
   returned as found, for the engine to classify (``protocol.classify``); chunks gone
   under a lease are ``NotFound``.
-- every hot-path round trip is one ``redis_connect.exchange``.
+- every hot-path round trip is one ``connect.exchange``.
 - leases are local to this instance; ``delete`` under a lease removes the manifest at once
   and the chunks at the last release. ``evict`` walks the LRU order shared by every node
   on the prefix and claims each victim atomically, so two nodes never both take one.
@@ -45,6 +53,7 @@ import concurrent.futures
 import dataclasses
 import itertools
 import os
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import AsyncIterator, Sequence
@@ -65,6 +74,7 @@ from statetier.protocol.keyring import Keyring
 from ..base import (
     Buffer,
     EvictedObject,
+    KeyMatches,
     Lease,
     LeaseTable,
     ObjectMeta,
@@ -73,6 +83,7 @@ from ..base import (
     TierStats,
 )
 from ..crypto import AtRestCipher
+from ..registry import VersionRegistry
 from .connect import exchange, open_client
 from .errors import RedisEdge
 from .layout import (
@@ -83,6 +94,7 @@ from .layout import (
     join_chunks,
     plan_chunks,
 )
+from .registry import RedisVersionRegistry
 from .scripts import Scripts
 from .verify import VerifiedHeaders
 
@@ -93,6 +105,20 @@ INLINE_BYTES = 256 << 10
 _EVICT_BATCH = 32
 _PROBE_BATCH = 16  # chunk keys deleted per round trip when the count is unknown
 _KNOWN_IDS = 1 << 16  # object ids remembered as stored, for prepare_store's refusal
+# A manifest find_by_keys fetched serves one prepare_load for this long: the lookup that
+# found it leases it at once. A lease trusts its manifest for its whole TTL anyway (leases
+# are local; a read whose chunks are gone is NotFound), so this adds no new staleness.
+FOUND_FRESH_S = 1.0
+FETCH_CONNECTIONS = 4  # the chunks of one object are read over this many connections at once
+PREFETCH_BYTES = 128 << 10  # of chunk 0, fetched by a lease that did not come from a lookup
+_FOUND_KEPT = 1 << 14
+
+
+@dataclass(frozen=True, slots=True)
+class _Leased:
+    manifest: Manifest
+    head: bytes | None = None  # the first bytes of chunk 0, fetched with the manifest
+    touched: bool = False  # the LRU touch rode with the manifest: the read need not touch
 
 
 @dataclass(slots=True)
@@ -101,12 +127,6 @@ class _PendingStore:
     chunks: int = 0  # pending chunk keys this store may have written (what cleanup deletes)
     stored_size: int = 0
     staged: list | None = None  # the chunk values that go with the commit (not sent by write)
-
-
-@dataclass(frozen=True, slots=True)
-class _Leased:
-    manifest: Manifest
-    first_chunk: bytes | None  # chunk 0, read with the manifest
 
 
 class RedisTier(Tier):
@@ -143,7 +163,8 @@ class RedisTier(Tier):
         self._leases = LeaseTable(lease_ttl)
         self._verified = VerifiedHeaders(keyring, size=2048)
         self._leased: dict[bytes, ObjectMeta] = {}  # objects under a local lease
-        self._leased_found: dict[bytes, "_Leased"] = {}  # their manifest and chunk 0, shared by leases
+        self._leased_found: dict[bytes, _Leased] = {}  # their manifests, shared by leases
+        self._found: OrderedDict[bytes, tuple[Manifest, float]] = OrderedDict()  # by find_by_keys, when
         self._doomed: dict[bytes, Manifest] = {}  # deleted while leased: chunks go at the last release
         self._stores: dict[int, StoreTicket] = {}
         self._storing: set[bytes] = set()
@@ -293,7 +314,7 @@ class RedisTier(Tier):
         else:
             name = "commit_indexed"
             keys = [self._keys.manifest(oid), self._keys.key_index(meta.key_digest), *self._accounting_keys, *moves]
-            args = [manifest.encode(), ttl, oid.hex(), meta.size, meta.version]
+            args = [manifest.encode(), ttl, oid.hex(), meta.size, index_value(meta)]
         sets = [] if pending.staged is None else _sets(pending_keys, pending.staged)
         with self._edge.call("complete_store"):
             replies = await exchange(client, [*sets, self._scripts.command(name, keys, args)])
@@ -310,7 +331,7 @@ class RedisTier(Tier):
         """Cluster only: the key index entry and the accounting "add", in one round trip."""
         index, keys = self._keys.key_index(meta.key_digest), self._accounting_keys
         args = ["add", meta.object_id.hex(), meta.size, self._ttl or 0]
-        commands = [("HSET", index, meta.object_id.hex(), meta.version)]
+        commands = [("HSET", index, meta.object_id.hex(), index_value(meta))]
         if self._ttl:
             commands.append(("EXPIRE", index, self._ttl))
         replies = await exchange(client, [*commands, self._scripts.command("accounting", keys, args)])
@@ -358,7 +379,9 @@ class RedisTier(Tier):
         found = self._leased_found.get(object_id)
         if found is None or object_id in self._doomed or not self._leases.is_leased(object_id):
             # a second lease (a lookup's, then the load's) shares what the first fetched
-            found = await self._get_manifest_and_first_chunk(client, object_id)
+            found = self._take_found(object_id)
+            if found is None:
+                found = await self._get_manifest_and_head(client, object_id)
         self._remember(object_id, found is not None)
         if found is None:
             raise NotFound(f"object {object_id.hex()} is not in redis")
@@ -366,9 +389,51 @@ class RedisTier(Tier):
         self._leased_found[object_id] = found
         return self._leases.grant(found.manifest.meta, owner, found, ttl)
 
+    async def _get_manifest_and_head(self, client, oid: bytes) -> _Leased | None:
+        """The manifest and the first ``PREFETCH_BYTES`` of chunk 0, in one round trip (with
+        a budget, the LRU touch too)."""
+        commands = [("GET", self._keys.manifest(oid)),
+                    ("GETRANGE", self._keys.chunk(oid, 0), 0, PREFETCH_BYTES - 1)]
+        with self._edge.call("prepare_load"):
+            replies = await self._exchange_touching(client, oid, commands)
+            _raise_first_error(replies)
+        raw, head = replies
+        if raw is None:
+            return None
+        return _Leased(await self._decode_manifest(client, oid, raw), head, self._capacity is not None)
+
+    async def _exchange_touching(self, client, oid: bytes, commands: list) -> list:
+        """``exchange`` of ``commands`` and, with a budget, the object's LRU touch (whose
+        reply updates the accounting and is not returned)."""
+        if self._capacity is None:  # LRU order only matters to eviction
+            return await exchange(client, commands)
+        touch = ["touch", oid.hex(), 0, self._ttl or 0]
+        replies = await exchange(client, [*commands, self._scripts.command("accounting", self._accounting_keys, touch)])
+        _, used, count = await self._scripts.result_of(replies.pop(), "accounting", self._accounting_keys, touch)
+        self._bytes_used, self._objects = int(used), int(count)
+        return replies
+
+    def leases_in_memory(self, object_id: bytes) -> bool:
+        """A lease shares a held lease's manifest, or takes the one a lookup just fetched."""
+        if object_id in self._doomed:
+            return False
+        if object_id in self._leased_found and self._leases.is_leased(object_id):
+            return True
+        found = self._found.get(object_id)
+        return found is not None and time.monotonic() - found[1] < FOUND_FRESH_S
+
+    def _take_found(self, oid: bytes) -> _Leased | None:
+        """The manifest ``find_by_keys`` fetched, if fresh (each serves one lease)."""
+        found = self._found.pop(oid, None)
+        if found is None or oid in self._doomed:
+            return None
+        manifest, when = found
+        return _Leased(manifest) if time.monotonic() - when < FOUND_FRESH_S else None
+
     async def read(self, lease: Lease) -> memoryview:
         lease = self._leases.check(lease)
-        blob = await self._fetch(self.client, lease.location.manifest, "read", lease.location.first_chunk)
+        found = lease.location
+        blob = await self._fetch(self.client, found.manifest, "read", found.head, touch=not found.touched)
         if blob is None:
             raise NotFound(f"object {lease.object_id.hex()} expired while leased")
         return blob
@@ -382,35 +447,23 @@ class RedisTier(Tier):
         await self._settle_leases()
         return released
 
-    async def _get_manifest_and_first_chunk(self, client, oid: bytes) -> _Leased | None:
-        """One MGET (chunk 0 holds at most the header and chunk_bytes); with a budget, an LRU touch."""
-        commands = [("MGET", self._keys.manifest(oid), self._keys.chunk(oid, 0))]
-        touch = ["touch", oid.hex(), 0, self._ttl or 0]
-        if self._capacity is not None:  # LRU order only matters to eviction
-            commands.append(self._scripts.command("accounting", self._accounting_keys, touch))
-        with self._edge.call("prepare_load"):
-            replies = await exchange(client, commands)
-            _raise_first_error(replies[:1])
-            if self._capacity is not None:
-                _, used, count = await self._scripts.result_of(replies[1], "accounting", self._accounting_keys, touch)
-                self._bytes_used, self._objects = int(used), int(count)
-        raw, first = replies[0]
-        if raw is None:
-            return None
-        return _Leased(await self._decode_manifest(client, oid, bytes(raw)), first)
-
-    async def _fetch(self, client, manifest: Manifest, op: str, first_chunk: bytes | None = None) -> memoryview | None:
-        """The verified sealed bytes, or ``None`` (cleaned up) when chunks have expired."""
+    async def _fetch(self, client, manifest: Manifest, op: str, head: bytes | None = None,
+                     touch: bool = False) -> memoryview | None:
+        """The verified sealed bytes, or ``None`` (cleaned up) when chunks have expired.
+        ``head``: the first bytes of chunk 0 fetched before (used when they are all of it).
+        ``touch``: the object's LRU entry is touched in the same round trip (with a budget)."""
         oid = manifest.meta.object_id
         if manifest.is_encrypted and self._cipher is None:
             raise CorruptPayload(f"object {oid.hex()} is encrypted at rest; this tier has no cipher")
-        parts = [] if first_chunk is None else [first_chunk]
-        keys = self._keys.chunks(oid, manifest.chunks)[len(parts):]
-        if keys:
+        held = [head] if head is not None and len(head) == _first_chunk_len(manifest) else []
+        commands = [("GET", key) for key in self._keys.chunks(oid, manifest.chunks)[len(held):]]
+        if commands or (touch and self._capacity is not None):
             with self._edge.call(op):
-                replies = await exchange(client, [("GET", key) for key in keys])
-                _raise_first_error(replies)
-            parts += replies
+                parts = await self._get_chunks(client, oid, commands, touch)
+                _raise_first_error(parts)
+        else:
+            parts = []
+        parts = held + parts
         if any(part is None for part in parts):
             await self._try_erase(client, oid, manifest, manifest.chunks)
             return None
@@ -422,6 +475,18 @@ class RedisTier(Tier):
             self._corrupt_dropped += 1
             await self._try_erase(client, oid, manifest, manifest.chunks)
             raise
+
+    async def _get_chunks(self, client, oid: bytes, commands: list, touch: bool) -> list:
+        """The replies to the chunk GETs, in order. Several chunks travel over up to
+        ``FETCH_CONNECTIONS`` connections at once, in contiguous groups (one server writes
+        to several sockets faster than to one); a group that fails cancels the others (a
+        cancelled exchange closes its connection) and its error is raised: nothing of a
+        half-read object is returned."""
+        size = -(-len(commands) // min(FETCH_CONNECTIONS, max(1, len(commands))))
+        groups = [commands[i : i + size] for i in range(0, len(commands), size)] or [[]]
+        calls = [self._exchange_touching(client, oid, groups[0]) if touch else exchange(client, groups[0])]
+        calls += [exchange(client, group) for group in groups[1:]]
+        return [reply for replies in await _all_or_none(calls) for reply in replies]
 
     def _open(self, parts: list[bytes], manifest: Manifest) -> memoryview:
         """Reassemble, decrypt, check integrity (in the executor when large).
@@ -468,16 +533,57 @@ class RedisTier(Tier):
         return _stored_under(manifest, object_id).meta if manifest else None
 
     async def find_by_key(self, key_digest: bytes) -> list[ObjectMeta]:
-        client, index = self.client, self._keys.key_index(key_digest)
+        return (await self.find_by_keys([key_digest])).metas[0]
+
+    async def find_by_keys(self, key_digests: Sequence[bytes],
+                           registry: VersionRegistry | None = None) -> KeyMatches:
+        """Round trip 1: every key index. Round trip 2: every manifest they name, and the
+        heads of their streams when ``registry`` lives on this server. Entries whose
+        manifest is gone (expired, evicted, deleted by another node) are pruned after."""
+        client = self.client
+        indexes = [self._keys.key_index(digest) for digest in key_digests]
         with self._edge.call("find_by_key"):
-            entries = await client.hkeys(index)
-            raws = await self._get_all(client, [self._keys.manifest(bytes.fromhex(e.decode())) for e in entries])
-        found = [_stored_under(Manifest.try_decode(raw), bytes.fromhex(e.decode())) for e, raw in zip(entries, raws)]
-        gone = [e for e, m in zip(entries, found) if m is None]
+            replies = await exchange(client, [("HGETALL", index) for index in indexes]) if indexes else []
+            _raise_first_error(replies)
+        listed = [_index_entries(reply) for reply in replies]
+        riding = registry if isinstance(registry, RedisVersionRegistry) and registry.lives_on(self._url, client) \
+            else None
+        streams = list(dict.fromkeys(s for entries in listed for _, s in entries if s is not None)) if riding else []
+        oids = [oid for entries in listed for oid, _ in entries]
+        raws, heads = await self._manifests_and_heads(client, oids, riding, streams)
+        manifests = iter(_stored_under(Manifest.try_decode(raw), oid) for oid, raw in zip(oids, raws))
+        metas, gone, now = [], [], time.monotonic()
+        for index, entries in zip(indexes, listed):
+            found = []
+            for oid, _ in entries:
+                manifest = next(manifests)
+                if manifest is None:
+                    gone.append(("HDEL", index, oid.hex()))
+                    continue
+                found.append(manifest.meta)
+                self._keep_found(oid, manifest, now)
+            metas.append(sorted(found, key=lambda m: m.version))
         if gone:  # their objects expired or were evicted: prune lazily
             with self._edge.call("find_by_key"):
-                await client.hdel(index, *gone)
-        return sorted((m.meta for m in found if m is not None), key=lambda m: m.version)
+                await exchange(client, gone)
+        return KeyMatches(metas, heads)
+
+    async def _manifests_and_heads(self, client, oids: list[bytes], registry, streams: list[bytes]) -> tuple:
+        """(raw manifest or None per id, {stream: head}) in one round trip."""
+        if not oids:
+            return [], {}
+        asked = registry.head_commands(streams) if streams else []
+        with self._edge.call("find_by_key"):
+            replies = await exchange(client, [*(("GET", self._keys.manifest(oid)) for oid in oids), *asked])
+            _raise_first_error(replies[: len(oids)])
+        heads = dict(zip(streams, registry.heads_from(replies[len(oids):]))) if streams else {}
+        return replies[: len(oids)], heads
+
+    def _keep_found(self, oid: bytes, manifest: Manifest, now: float) -> None:
+        self._found[oid] = (manifest, now)
+        self._found.move_to_end(oid)
+        if len(self._found) > _FOUND_KEPT:
+            self._found.popitem(last=False)
 
     async def iter_objects(self) -> AsyncIterator[ObjectMeta]:
         client, seen = self.client, set()
@@ -631,6 +737,7 @@ class RedisTier(Tier):
         """Keep what this node last saw of an object (for ``prepare_store``), a bounded set."""
         if not stored:
             self._known.pop(oid, None)
+            self._found.pop(oid, None)
             return
         self._known[oid] = None
         self._known.move_to_end(oid)
@@ -666,6 +773,41 @@ def _stored_under(manifest: Manifest | None, oid: bytes) -> Manifest | None:
     if manifest is None or manifest.meta.object_id == oid:
         return manifest
     return dataclasses.replace(manifest, meta=dataclasses.replace(manifest.meta, object_id=oid))
+
+
+async def _all_or_none(calls: list) -> list:
+    """The results of the awaitables, run concurrently; the first failure cancels the rest
+    and is raised as itself."""
+    if len(calls) == 1:
+        return [await calls[0]]
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(call) for call in calls]
+    except BaseExceptionGroup as failed:
+        raise failed.exceptions[0]  # noqa: B904 - the group only wraps it
+    return [task.result() for task in tasks]
+
+
+def _first_chunk_len(manifest: Manifest) -> int:
+    """The length of chunk 0 (``plan_chunks``: the header and ``chunk_bytes`` of the rest)."""
+    return min(manifest.stored_size, manifest.meta.header_len + manifest.chunk_bytes)
+
+
+def _index_entries(reply) -> list[tuple[bytes, bytes | None]]:
+    """(object id, stream id or None) of each entry of a key index (HGETALL's reply, flat
+    or as a dict). An entry's value is ``version:stream hex`` (``index_value``), or the
+    version alone (entries written before the stream id was kept)."""
+    pairs = reply.items() if isinstance(reply, dict) else zip(reply[::2], reply[1::2])
+    out = []
+    for field_, value in pairs:
+        _, _, stream = bytes(value).partition(b":")
+        out.append((bytes.fromhex(bytes(field_).decode()), bytes.fromhex(stream.decode()) if stream else None))
+    return out
+
+
+def index_value(meta: ObjectMeta) -> str:
+    """The key index entry of an object: its version and stream id."""
+    return f"{meta.version}:{meta.stream_id.hex()}"
 
 
 def _sets(keys: list[str], pieces: Sequence) -> list[tuple]:
