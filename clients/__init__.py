@@ -7,9 +7,16 @@
                      returns (``values.py``)
 - ``connect``, ``Connection`` — the raw frame connection (``transport.py``)
 
-Underneath: ``transfers.py`` (put/load exchanges, batch frames, verification where the
-bytes land), ``shm.py`` (the connection's shared-memory windows), ``tensors.py`` (tensor ↔
-bytes). Errors are ``statetier.protocol.errors``.
+Underneath: ``transfers.py`` (the put/load exchanges), ``copies.py`` (payload copies,
+verified where the bytes land), ``batches.py`` (batch calls cut into frames), ``shm.py``
+(the connection's shared-memory windows), ``tensors.py`` (tensor ↔ bytes); under the
+connection, ``endpoint.py`` (daemon URLs) and ``handshake.py`` (HELLO / HELLO_OK, the
+windows' descriptors). Errors are ``statetier.protocol.errors``.
+
+Engine integrations, one subpackage per family, each built on the SDK above:
+``vllm/`` (the vLLM v1 KV connector, ``statetier.clients.vllm.StatetierConnector``),
+``sglang/`` (SGLang's HiCache L3 storage, ``statetier.clients.sglang.StatetierHiCacheStorage``),
+``transformers/`` (Hugging Face hybrid caches: ``save_cache``, ``restore_cache``, …).
 
 Importing this package loads neither torch nor any server-side dependency: the names
 above are resolved on first use.

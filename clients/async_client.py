@@ -18,13 +18,13 @@ at once. Keys are built in the client's namespace (``kv_key`` / ``ssm_key``).
 - ``delete(ref)``, ``stats()``, ``inspect(state_id)``, ``verify()``, ``ping()``.
 
 Through the connection's own shared-memory windows on a Unix socket (``transfers.py``,
-``shm.py``), inline bytes otherwise (TCP, or a process that cannot map them). Every failure is a typed ``statetier.protocol.errors`` error;
-use after ``close()`` raises ``ClientClosedError``.
+``shm.py``), inline bytes otherwise (TCP, or a process that cannot map them); batch calls
+are cut into frames by ``batches.py``. Every failure is a typed ``statetier.protocol.errors``
+error; use after ``close()`` raises ``ClientClosedError``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import ssl as _ssl
 import time
@@ -34,7 +34,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import torch
 
 from statetier.protocol.dtypes import TensorSpec
-from statetier.protocol.errors import ClientClosedError, InvalidRequest, StatetierError
+from statetier.protocol.errors import ClientClosedError, InvalidRequest
 from statetier.protocol.frames import Op
 from statetier.protocol.identity import Kind, Namespace, NamespaceSpec, Provenance, StateKey, StateRef
 from statetier.protocol.messages import (
@@ -47,9 +47,11 @@ from statetier.protocol.messages import (
 )
 
 from . import transport
+from .batches import batches_of, items_from, pairs_bytes
+from .copies import into_specs
 from .shm import ClientWindows
 from .tensors import dtype_name
-from .transfers import Transfers, into_specs
+from .transfers import Transfers
 from .values import LookupResult, PutItem, boundaries_from_tokens, boundaries_to_wire, named_tensors
 
 DEFAULT_CONCURRENCY = 16
@@ -191,7 +193,7 @@ class AsyncClient:
 
     async def put_many(self, items: Iterable[PutItem], *, concurrency: int | None = None) -> list[StateRef]:
         """Put every item; the refs come back in the items' order. Items travel in
-        ``PUT_BATCH`` frames (one round trip per batch of up to ``BATCH_ITEMS``); the first
+        ``PUT_BATCH`` frames (one round trip per batch of up to ``batches.BATCH_ITEMS``); the first
         failing item's error is raised, its position among ``items`` in ``detail["item"]``
         (the items before it are stored). ``concurrency`` is accepted for compatibility."""
         transfers = self._transfers_now()
@@ -199,8 +201,8 @@ class AsyncClient:
                                    item.version, item.speculative, item.durable)
                     for item in items]
         refs: list[StateRef] = []
-        for batch in _batches(prepared, self._batch_bytes(), lambda entry: _pairs_bytes(entry[1])):
-            with _items_from(len(refs)):
+        for batch in batches_of(prepared, self._batch_bytes(), lambda entry: pairs_bytes(entry[1])):
+            with items_from(len(refs)):
                 refs.extend(await transfers.put_batch(batch))
         return refs
 
@@ -243,7 +245,7 @@ class AsyncClient:
                         expect: Expect | None = None, into: Sequence[Mapping[str, torch.Tensor]] | None = None,
                         concurrency: int | None = None) -> list[dict[str, torch.Tensor]]:
         """Load every target; results come back in the targets' order. Targets travel in
-        ``LOAD_BATCH`` frames (one round trip per batch of up to ``BATCH_ITEMS``); the first
+        ``LOAD_BATCH`` frames (one round trip per batch of up to ``batches.BATCH_ITEMS``); the first
         failing target's error is raised, its position among ``targets`` in ``detail["item"]``
         (destinations of the batch it was in are left undefined). ``into``: one destination
         mapping per target (see ``load``). ``concurrency`` is accepted for compatibility."""
@@ -265,8 +267,8 @@ class AsyncClient:
             metas.append(meta)
         out: list[dict[str, torch.Tensor]] = []
         pairs = list(zip(metas, intos))
-        for batch in _batches(pairs, self._batch_bytes(), lambda _pair: 0):
-            with _items_from(len(out)):
+        for batch in batches_of(pairs, self._batch_bytes(), lambda _pair: 0):
+            with items_from(len(out)):
                 out.extend(await transfers.load_batch([m for m, _ in batch], self._own_namespace().hex(), device,
                                                       [d for _, d in batch]))
         return out
@@ -373,45 +375,9 @@ class AsyncClient:
         return self.namespace
 
 
-@contextlib.contextmanager
-def _items_from(offset: int):
-    """A batch item's error names its position in the whole call, not in its frame."""
-    try:
-        yield
-    except StatetierError as exc:
-        if isinstance(exc.detail.get("item"), int):
-            exc.detail["item"] += offset
-        raise
-
-
 def _expected_specs(expect: Expect) -> list[TensorSpec]:
     specs = []
     for name, (dtype, shape) in expect.items():
         wire_dtype = dtype_name(dtype) if isinstance(dtype, torch.dtype) else str(dtype)
         specs.append(TensorSpec(name, wire_dtype, tuple(shape)))
     return specs
-
-
-BATCH_ITEMS = 64
-
-
-def _pairs_bytes(pairs) -> int:
-    return sum(t.numel() * t.element_size() + 64 for _, t in pairs)
-
-
-def _batches(items: list, max_bytes: int, size_of) -> list[list]:
-    """Consecutive runs of at most ``BATCH_ITEMS`` items and ``max_bytes`` (a bigger item
-    goes alone)."""
-    batches: list[list] = []
-    current: list = []
-    nbytes = 0
-    for item in items:
-        size = size_of(item)
-        if current and (len(current) >= BATCH_ITEMS or nbytes + size > max_bytes):
-            batches.append(current)
-            current, nbytes = [], 0
-        current.append(item)
-        nbytes += size
-    if current:
-        batches.append(current)
-    return batches

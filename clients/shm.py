@@ -1,6 +1,6 @@
 """The connection's two shared-memory windows, mapped in the client (daemon/windows.py).
 
-``ClientWindows.open(fds)`` maps what HELLO_OK passed (``transport.WindowFds``) and closes
+``ClientWindows.open(fds)`` maps what HELLO_OK passed (``handshake.WindowFds``) and closes
 the descriptors; ``OSError`` when the process cannot map them (the caller then uses the
 inline path). Nothing here is reachable by path, and neither window holds another
 connection's bytes: the daemon's host arena is never mapped by a client.
@@ -10,10 +10,10 @@ connection's bytes: the daemon's host arena is never mapped by a client.
   into its own memory before digesting it, so the region is free again once PUT answers.
 - ``load_window`` — a **read-only** mapping of a read-only descriptor: the kernel refuses
   to make it writable. The daemon copies a loaded payload into a region of it; the client
-  copies it into its own destination and verifies it there (``transfers.py``).
+  copies it into its own destination and verifies it there (``copies.py``).
 - ``close()`` — unmaps (deferred to garbage collection while a view is still exported).
 
-No torch here: the copies live in ``transfers.py``.
+No torch here: the copies live in ``copies.py``.
 """
 
 from __future__ import annotations

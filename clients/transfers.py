@@ -12,14 +12,12 @@
   signed header (checked by the daemon) and the payload: in a region of the read-only
   load window, or inline. Each tensor is copied into its destination — ``into``'s tensors,
   or fresh ones — and **verified there** against the header's digests before it is
-  returned (``land``): bytes that changed on the way are ``CorruptPayload``, never a
+  returned (``copies.land``): bytes that changed on the way are ``CorruptPayload``, never a
   tensor. A device destination is verified in a private pinned staging buffer, then
   copied to the device. The region goes back with the client's next request
   (``free_regions``), or in a ``RELEASE`` at the loop's next turn when none comes first.
 
-Copies are single-threaded memmoves (memoryview slice assignment), fused with the digest
-in cache-sized chunks; they never touch torch's thread settings. Up to
-``INLINE_COPY_BYTES`` of CPU copies run on the event loop (a thread hop would cost more);
+The copies themselves are ``copies.py``. Up to ``INLINE_COPY_BYTES`` of CPU copies run on the event loop (a thread hop would cost more);
 larger ones, and any touching a GPU, run on the client's single copy thread. A cancelled
 caller still waits for its copy to end before the region is handed back.
 """
@@ -34,26 +32,19 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from statetier.protocol.errors import (
-    ClientClosedError,
-    CorruptPayload,
-    InvalidRequest,
-    MalformedFrame,
-    StatetierError,
-)
+from statetier.protocol.errors import CorruptPayload, MalformedFrame, StatetierError
 from statetier.protocol.frames import FLAG_ERROR, Frame, Op, raise_for_error
 from statetier.protocol.messages import field, ref_from_wire, specs_to_wire
 from statetier.protocol.identity import StateRef
-from statetier.protocol.sealed import SealedHeader, check_payload_digest, layout_payload, parse_header, region_hasher
+from statetier.protocol.sealed import SealedHeader, layout_payload, parse_header
 
+from .copies import destinations, fill, inline_parts, land, land_all, target_of
 from .shm import ClientWindows
-from .tensors import byte_view, empty_for, spec_of, tensor_bytes, tensor_to_spec_and_view, torch_dtype
+from .tensors import spec_of
 from .values import StoredRef
 
 INLINE_COPY_BYTES = 4 << 20  # a 2 MiB page: ~0.1 ms to copy; the hop cost 0.08+ ms and more when busy
-COPY_CHUNK = 256 << 10  # copy then digest this much at a time, while it is still in cache
 HEADER_CACHE = 1024
-_ZEROS = memoryview(bytes(64))  # alignment padding is below 64 bytes
 _HEADER_LEN = slice(8, 12)  # header_len in the sealed object's prefix (docs/protocol.md §1.1)
 
 
@@ -102,7 +93,7 @@ class Transfers:
             if offset is not None:
                 return await self._put_from_window(meta, layout, [t for _, t in pairs], offset, trace)
         started = time.perf_counter()
-        frame = await self.conn.request(Op.PUT, meta, _inline_parts(pairs, layout))
+        frame = await self.conn.request(Op.PUT, meta, inline_parts(pairs, layout))
         _record(trace, frame, request=started)
         return _ref_of(frame)
 
@@ -129,7 +120,7 @@ class Transfers:
     async def put_batch(self, items: Sequence[tuple[dict, Sequence[tuple[str, torch.Tensor]]]]) -> list[StateRef]:
         """Many puts, one ``PUT_BATCH`` frame (one round trip): each payload from a put
         window region, or inline when the window is full. Raises the first item's error."""
-        entries, regions, inline_parts, on_gpu, nbytes = [], [], [], False, 0
+        entries, regions, inline, on_gpu, nbytes = [], [], [], False, 0
         free = _once(lambda: self._free_put([o for o, _, _ in regions]))
         sent = False
         try:
@@ -139,9 +130,8 @@ class Transfers:
                 entry = {**meta, "tensors": specs_to_wire(specs)}
                 offset = self.windows.allocate(layout.payload_len) if self.windows and layout.payload_len else None
                 if offset is None:
-                    parts = _inline_parts(pairs, layout)
                     entry["data_len"] = layout.payload_len
-                    inline_parts.extend(parts)
+                    inline.extend(inline_parts(pairs, layout))
                 else:
                     regions.append((offset, layout, [t for _, t in pairs]))
                     entry["window"] = offset
@@ -152,7 +142,7 @@ class Transfers:
                 await self._copy(lambda: [fill(self.windows.put_window[o : o + lay.payload_len], lay, ts)
                                           for o, lay, ts in regions], nbytes, on_gpu)
             sent = True  # from here the daemon may read the regions until it answers
-            frame = await self.conn.request(Op.PUT_BATCH, self._with_free({"items": entries}), inline_parts,
+            frame = await self.conn.request(Op.PUT_BATCH, self._with_free({"items": entries}), inline,
                                             on_orphan=lambda _frame: free(), on_unsent=free)
         except BaseException as exc:
             if not sent or not isinstance(exc, asyncio.CancelledError):
@@ -173,8 +163,7 @@ class Transfers:
         """Many loads, one ``LOAD_BATCH`` frame: every payload copied into its destination and
         verified there; the window regions go back in one ``RELEASE``. Raises the first
         item's error (after every region was given back)."""
-        targets = [_check_into(into, device) if into is not None else torch.device(device or "cpu")
-                   for into in intos]
+        targets = [target_of(into, device) for into in intos]
         meta = self._with_free({"ns": namespace_hex, "shm": self.windows is not None, "items": list(metas)})
         frame = await self.conn.request(Op.LOAD_BATCH, meta, on_orphan=self._release_batch_orphan)
         answers = frame.meta.get("items")
@@ -196,12 +185,12 @@ class Transfers:
                 if not isinstance(at, int) or not isinstance(length, int) or at < 0 or at + length > data.nbytes:
                     raise MalformedFrame("LOAD_BATCH item lies outside the frame's data")
                 header, source = self._header_and_payload(Frame(Op.REPLY, 0, answer, data[at : at + length]))
-                jobs.append((header, source, _destinations(header, into, target)))
+                jobs.append((header, source, destinations(header, into, target)))
                 nbytes += header.payload_len
                 on_gpu = on_gpu or target.type != "cpu"
             if failure is not None:
                 _raise_item_error(*failure)
-            failed = await self._copy(lambda: _land_all(jobs, self._staging_for), nbytes, on_gpu)
+            failed = await self._copy(lambda: land_all(jobs, self._staging_for), nbytes, on_gpu)
         finally:
             if regions:
                 self._give_back(regions)
@@ -234,7 +223,7 @@ class Transfers:
         return await self._load_once({**meta, "recheck": True}, device, into, trace)
 
     async def _load_once(self, meta: dict, device, into, trace) -> tuple[StateRef, dict[str, torch.Tensor]]:
-        target = _check_into(into, device) if into is not None else torch.device(device or "cpu")
+        target = target_of(into, device)
         meta = self._with_free({**meta, "shm": self.windows is not None})
         if trace is not None:
             meta["trace"] = True
@@ -244,7 +233,7 @@ class Transfers:
         region = frame.meta.get("region")
         try:
             header, source = self._header_and_payload(frame)
-            dests = _destinations(header, into, target)
+            dests = destinations(header, into, target)
             on_gpu = target.type != "cpu"
             await self._copy(lambda: land(header, source, dests, self._staging_for, trace),
                              header.payload_len, on_gpu)
@@ -317,92 +306,7 @@ class Transfers:
             raise
 
 
-# ------------------------------------------------------------------------- the copies
-
-
-def fill(region: memoryview, layout, tensors: Sequence[torch.Tensor]) -> None:
-    """Copy ``tensors`` into ``region`` at ``layout``'s offsets, zeroing the padding."""
-    cursor = 0
-    for tensor, offset in zip(tensors, layout.offsets):
-        if offset > cursor:
-            region[cursor:offset] = _ZEROS[: offset - cursor]
-        nbytes = tensor.numel() * tensor.element_size()
-        if nbytes:
-            if tensor.device.type == "cpu":  # a memmove on this thread, never torch's copy pool
-                source = byte_view(tensor if tensor.is_contiguous() else tensor_bytes(tensor))
-                region[offset : offset + nbytes] = source
-            else:
-                torch.frombuffer(region[offset : offset + nbytes], dtype=torch.uint8).copy_(tensor_bytes(tensor))
-        cursor = offset + nbytes
-
-
-def land(header: SealedHeader, source: memoryview, dests: Sequence[torch.Tensor],
-         staging: Callable[[int], torch.Tensor], trace: dict | None = None) -> None:
-    """Copy each tensor of ``source`` (laid out as ``header`` says) into its destination and
-    verify it there; a device destination is verified in ``staging`` first.
-
-    The digest is computed over the destination's bytes (and a private copy of the
-    padding), so what is verified is what the caller gets, whatever happens to ``source``
-    meanwhile.
-    """
-    digests = []
-    for t, dest in zip(header.tensors, dests):
-        hasher = region_hasher(header.digest_alg)
-        src = source[t.offset : t.offset + t.nbytes]
-        on_device = dest.device.type != "cpu"
-        if t.nbytes:
-            stage = staging(t.nbytes)[: t.nbytes] if on_device else dest  # contiguous: checked or fresh
-            copy_and_digest(byte_view(stage), src, hasher, trace)
-        padding = bytes(source[t.offset + t.nbytes : t.offset + t.region])
-        if padding:
-            hasher.update(padding)
-        digest = hasher.digest()
-        if digest != t.digest:
-            raise CorruptPayload(f"tensor {t.spec.name!r} changed on its way: its digest does not match the "
-                                 "signed header", landed=True)
-        if on_device and t.nbytes:
-            tensor_bytes(dest).copy_(stage)  # synchronous: the staging buffer is reused
-        digests.append(digest)
-    check_payload_digest(header, digests)
-
-
-def _land_all(jobs: list, staging) -> list[int]:
-    """``land`` every job (``None`` skipped); the indexes whose bytes were not intact where
-    they landed (the caller asks for those again, with ``recheck``)."""
-    failed = []
-    for index, job in enumerate(jobs):
-        if job is None:
-            continue
-        try:
-            land(*job, staging)
-        except CorruptPayload as exc:
-            if not exc.detail.get("landed"):
-                raise
-            failed.append(index)
-    return failed
-
-
-def copy_and_digest(dest: memoryview, source: memoryview, hasher, trace: dict | None = None) -> None:
-    nbytes = source.nbytes
-    if trace is not None:
-        return _copy_and_digest_timed(dest, source, hasher, trace)
-    for start in range(0, nbytes, COPY_CHUNK):
-        end = min(nbytes, start + COPY_CHUNK)
-        dest[start:end] = source[start:end]
-        hasher.update(dest[start:end])
-
-
-def _copy_and_digest_timed(dest: memoryview, source: memoryview, hasher, trace: dict) -> None:
-    clock, copying, hashing = time.perf_counter, 0.0, 0.0
-    for start in range(0, source.nbytes, COPY_CHUNK):
-        end = min(source.nbytes, start + COPY_CHUNK)
-        t0 = clock()
-        dest[start:end] = source[start:end]
-        t1 = clock()
-        hasher.update(dest[start:end])
-        copying, hashing = copying + t1 - t0, hashing + clock() - t1
-    trace["client_copy"] = trace.get("client_copy", 0.0) + copying * 1e6
-    trace["client_hash"] = trace.get("client_hash", 0.0) + hashing * 1e6
+# ---------------------------------------------------------------- replies and cleanups
 
 
 def _record(trace: dict | None, frame: Frame, *, request: float, client_copy: tuple | None = None) -> None:
@@ -417,46 +321,6 @@ def _record(trace: dict | None, frame: Frame, *, request: float, client_copy: tu
         trace.update({f"daemon_{name}": value for name, value in daemon.items() if isinstance(value, (int, float))})
 
 
-def _check_into(into: Mapping[str, torch.Tensor], device) -> torch.device:
-    if not isinstance(into, Mapping) or not into:
-        raise InvalidRequest("into must be a non-empty {name: tensor} mapping")
-    devices = set()
-    for name, tensor in into.items():
-        if not isinstance(tensor, torch.Tensor):
-            raise InvalidRequest(f"into[{name!r}] is a {type(tensor).__name__}, not a torch.Tensor")
-        if not tensor.is_contiguous():
-            raise InvalidRequest(f"into[{name!r}] is not contiguous: a load fills a tensor's memory as it is")
-        devices.add(tensor.device)
-    if len(devices) != 1:
-        raise InvalidRequest(f"into's tensors lie on several devices: {sorted(map(str, devices))}")
-    (found,) = devices
-    if device is not None and torch.device(device) != found and not (
-            torch.device(device).type == found.type and torch.device(device).index is None):
-        raise InvalidRequest(f"into's tensors are on {found}, the load asks for {device}")
-    return found
-
-
-def into_specs(into: Mapping[str, torch.Tensor]):
-    """The tensor specs a load into ``into`` expects (the daemon refuses others)."""
-    return [spec_of(name, tensor) for name, tensor in into.items()]
-
-
-def _destinations(header: SealedHeader, into, device: torch.device) -> list[torch.Tensor]:
-    if into is None:
-        return [empty_for(t.spec, device) for t in header.tensors]
-    names = [t.spec.name for t in header.tensors]
-    if sorted(names) != sorted(into):
-        raise CorruptPayload(f"the object holds tensors {names}, not {sorted(into)}")
-    dests = []
-    for t in header.tensors:
-        dest = into[t.spec.name]
-        if dest.dtype != torch_dtype(t.spec.dtype) or tuple(dest.shape) != tuple(t.spec.shape):
-            raise CorruptPayload(f"tensor {t.spec.name!r} is {t.spec.dtype}{list(t.spec.shape)}; into holds "
-                                 f"{dest.dtype}{list(dest.shape)}")
-        dests.append(dest)
-    return dests
-
-
 def _once(fn: Callable[[], None]) -> Callable[[], None]:
     """``fn`` run at most once, whichever of several cleanup paths gets there first."""
     done = False
@@ -467,18 +331,6 @@ def _once(fn: Callable[[], None]) -> Callable[[], None]:
             done = True
             fn()
     return call
-
-
-def _inline_parts(pairs, layout) -> list:
-    """The tensors' own buffers and the zero padding between them, back to back (no join)."""
-    views = [tensor_to_spec_and_view(name, tensor) for name, tensor in pairs]
-    parts, cursor = [], 0
-    for (spec, view), offset in zip(views, layout.offsets):
-        if offset > cursor:
-            parts.append(_ZEROS[: offset - cursor])
-        parts.append(view)
-        cursor = offset + spec.nbytes
-    return parts
 
 
 def _batch_answers(frame: Frame, expected: int, *, raise_first: bool = True) -> list[dict]:
@@ -509,11 +361,3 @@ def _ref_of(frame: Frame) -> StoredRef:
                      tier=field(frame.meta, "tier", str, default=""),
                      published=field(frame.meta, "published", bool, default=False),
                      durable=field(frame.meta, "durable", bool, default=False))
-
-
-async def _quietly(awaitable) -> None:
-    """Best-effort cleanup: the daemon may already have dropped the lease or ticket."""
-    try:
-        await awaitable
-    except (StatetierError, ClientClosedError):
-        pass  # gone already, or the connection is: the daemon then drops the owner's leases itself

@@ -1,11 +1,10 @@
 """One asyncio connection to the daemon: frames in, frames out, many requests in flight.
 
 - ``await connect(url, *, tenant, token, ssl, shm, timeout)`` → ``Connection`` after the
-  HELLO / HELLO_OK handshake. On a Unix socket with ``shm`` the handshake is read with
-  ``recvmsg``: HELLO_OK carries the connection's two shared-memory windows as file
-  descriptors (``SCM_RIGHTS``); ``conn.shm`` is then a ``WindowFds`` (the caller maps and
-  closes them), else ``None``. ``url``: ``unix:///abs.sock``, ``unix:rel.sock``, a bare
-  socket path, ``tcp://host:port`` (TLS when ``ssl`` is given) or ``tcps://host:port``.
+  HELLO / HELLO_OK handshake (``handshake.py``). On a Unix socket with ``shm`` HELLO_OK
+  carries the connection's two shared-memory windows as file descriptors; ``conn.shm`` is
+  then a ``WindowFds`` (the caller maps and closes them), else ``None``. ``url``: see
+  ``endpoint.parse_url`` (TLS over ``tcp://`` when ``ssl`` is given, always over ``tcps://``).
 - ``await conn.request(op, meta, data=b"")`` → the REPLY ``Frame``; an ERROR answer is
   raised as its typed error (``protocol.errors``). ``data`` may be a list of buffers,
   sent back to back with ``writelines`` (no join). Requests get per-connection ids and
@@ -21,19 +20,16 @@
 
 Receiving is a ``BufferedProtocol`` over ``FrameDecoder``: a large payload is received
 straight into the buffer its frame keeps. Writes honour ``pause_writing``. No pickle.
+Kept whole: sending, receiving and failing share one state (pending, orphans, failure).
 """
 
 from __future__ import annotations
 
-import array
 import asyncio
-import os
 import socket
 import ssl as _ssl
 import struct
-from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Sequence
-from urllib.parse import urlsplit
 
 from statetier.protocol.errors import (
     ClientClosedError,
@@ -43,7 +39,6 @@ from statetier.protocol.errors import (
     ProtocolError,
     StatetierError,
     Unavailable,
-    UnsupportedProtocol,
 )
 from statetier.protocol.frames import (
     DEFAULT_MAX_FRAME,
@@ -56,70 +51,16 @@ from statetier.protocol.frames import (
     raise_for_error,
 )
 
+from .endpoint import Endpoint, parse_url
+from .handshake import DEFAULT_MAX_INFLIGHT, WindowFds, close_fds, hello_over_socket, hello_terms
+
 CLIENT_NAME = "statetier-python/0.1"
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 WRITE_HIGH_WATER = 4 * 1024 * 1024
-DEFAULT_MAX_INFLIGHT = 256
 _LENGTH = struct.Struct("<I")  # the frame's leading length field (docs/frames.md)
 
 Buffer = bytes | bytearray | memoryview
 OrphanHandler = Callable[[Frame], "Awaitable[Any] | None"]
-
-
-@dataclass(frozen=True, slots=True)
-class WindowFds:
-    """The two windows HELLO_OK passed: put (read/write) and load (read-only) descriptors."""
-
-    put_fd: int
-    put_bytes: int
-    load_fd: int
-    load_bytes: int
-
-    def close(self) -> None:
-        for fd in (self.put_fd, self.load_fd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    """Where the daemon listens: a Unix socket ``path``, or ``host``:``port`` over TCP."""
-
-    path: str | None = None
-    host: str | None = None
-    port: int | None = None
-    tls: bool = False
-
-    @property
-    def is_unix(self) -> bool:
-        return self.path is not None
-
-
-def parse_url(url: str) -> Endpoint:
-    if not isinstance(url, str) or not url:
-        raise InvalidRequest(f"daemon url must be a non-empty string, not {url!r}")
-    if url.startswith("unix://"):
-        path = url[len("unix://"):]
-    elif url.startswith("unix:"):
-        path = url[len("unix:"):]
-    elif "://" not in url:
-        path = url
-    else:
-        parts = urlsplit(url)
-        if parts.scheme not in ("tcp", "tcps"):
-            raise InvalidRequest(f"unknown daemon url scheme {parts.scheme!r}: use unix://, tcp:// or tcps://")
-        try:
-            port = parts.port
-        except ValueError:
-            port = None
-        if not parts.hostname or port is None:
-            raise InvalidRequest(f"daemon url {url!r} needs a host and a port")
-        return Endpoint(host=parts.hostname, port=port, tls=parts.scheme == "tcps")
-    if not path:
-        raise InvalidRequest(f"daemon url {url!r} names no socket path")
-    return Endpoint(path=path)
 
 
 async def connect(
@@ -281,95 +222,34 @@ class Connection(asyncio.BufferedProtocol):
             frame = await future
         finally:
             self._pending.pop(0, None)
-        raise_for_error(frame)
-        if frame.op is not Op.HELLO_OK:
-            raise MalformedFrame(f"the daemon answered HELLO with {frame.op.name}")
-        self._accept_hello(frame.meta)
+        self._accept_hello(frame)
 
     async def _open_unix_with_fds(self, fields: dict) -> None:
-        """The handshake on a plain socket, so that HELLO_OK's descriptors are received
-        (an asyncio transport would drop them); the transport takes the socket after."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.setblocking(False)
+        """The handshake on a plain socket, so that HELLO_OK's descriptors are received;
+        the transport takes the socket after."""
         try:
+            sock, frames = await hello_over_socket(self._loop, self.endpoint, fields, self._decoder, self._fds)
             try:
-                await self._loop.sock_connect(sock, self.endpoint.path)
-                hello = b"".join(bytes(p) for p in encode_frame(hello_frame(PROTOCOL_VERSIONS, **fields)))
-                await self._loop.sock_sendall(sock, hello)
-                frames = await self._receive_hello(sock)
-            except OSError as exc:
-                raise Unavailable(f"cannot connect to the daemon at {self.endpoint}: {exc}") from exc
-            frame = frames[0]
-            raise_for_error(frame)
-            if frame.op is not Op.HELLO_OK:
-                raise MalformedFrame(f"the daemon answered HELLO with {frame.op.name}")
-            self._accept_hello(frame.meta)
-            await self._loop.create_unix_connection(lambda: self, sock=sock)
+                self._accept_hello(frames[0])
+                await self._loop.create_unix_connection(lambda: self, sock=sock)
+            except BaseException:
+                sock.close()
+                raise
         except BaseException:
-            sock.close()
-            self._close_fds()
+            close_fds(self._fds)
+            self._fds.clear()
             raise
         for extra in frames[1:]:
             self._dispatch(extra)
 
-    async def _receive_hello(self, sock: socket.socket) -> list[Frame]:
-        frames: list[Frame] = []
-        space = socket.CMSG_SPACE(8 * array.array("i").itemsize)
-        while not frames:
-            readable = self._loop.create_future()
-            self._loop.add_reader(sock.fileno(), lambda: readable.done() or readable.set_result(None))
-            try:
-                await readable
-            finally:
-                self._loop.remove_reader(sock.fileno())
-            try:
-                data, ancillary, _flags, _addr = sock.recvmsg(64 * 1024, space)
-            except (BlockingIOError, InterruptedError):
-                continue
-            for level, kind, payload in ancillary:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    fds = array.array("i")
-                    fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
-                    self._fds.extend(fds)
-            if not data:
-                raise Unavailable("the daemon closed the connection during the handshake")
-            while data:
-                buffer = self._decoder.get_buffer(len(data))
-                n = min(len(buffer), len(data))
-                buffer[:n] = data[:n]
-                data = data[n:]
-                frames.extend(self._decoder.buffer_updated(n))
-        return frames
-
-    def _close_fds(self) -> None:
-        fds, self._fds = self._fds, []
-        for fd in fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-    def _accept_hello(self, meta: dict) -> None:
-        version = meta.get("version")
-        if version not in PROTOCOL_VERSIONS:
-            raise UnsupportedProtocol(f"the daemon chose protocol version {version!r}")
-        max_frame = meta.get("max_frame", DEFAULT_MAX_FRAME)
-        inflight = meta.get("max_inflight") or DEFAULT_MAX_INFLIGHT
-        if not isinstance(max_frame, int) or not isinstance(inflight, int) or inflight < 1:
-            raise MalformedFrame("HELLO_OK needs integer max_frame and max_inflight")
-        shm = meta.get("shm")
-        if shm is not None:
-            sizes = (shm.get("put_bytes"), shm.get("load_bytes")) if isinstance(shm, dict) else (None, None)
-            if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes):
-                raise MalformedFrame("HELLO_OK shm must be {put_bytes: int, load_bytes: int} or null")
-            if len(self._fds) == 2:
-                self.shm = WindowFds(self._fds[0], sizes[0], self._fds[1], sizes[1])
-                self._fds = []
-        self._close_fds()  # anything not claimed (no shm offered, or not two descriptors)
-        self.hello = meta
-        self.max_frame = max_frame
-        self._decoder.max_frame_size = max(self._decoder.max_frame_size, max_frame)
-        self._slots = asyncio.Semaphore(inflight)
+    def _accept_hello(self, frame: Frame) -> None:
+        raise_for_error(frame)
+        if frame.op is not Op.HELLO_OK:
+            raise MalformedFrame(f"the daemon answered HELLO with {frame.op.name}")
+        terms = hello_terms(frame.meta, self._fds)
+        self.hello, self.max_frame, self.shm = terms.meta, terms.max_frame, terms.shm
+        self._decoder.max_frame_size = max(self._decoder.max_frame_size, terms.max_frame)
+        self._slots = asyncio.Semaphore(terms.max_inflight)
 
     # -- writing ------------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ def test_the_vllm_connector_module_imports_without_vllm_or_torch() -> None:
     """vLLM (and torch) load only when ``StatetierConnector`` is used, so the module imports
     on any machine; the connector's plain logic modules are light too, save the worker's torch."""
     probe = (
-        "import sys, statetier.clients.vllm, statetier.clients.vllm_scheduler, statetier.clients.vllm_jobs\n"
+        "import sys, statetier.clients.vllm, statetier.clients.vllm.scheduler, statetier.clients.vllm.jobs\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'torch')))\n"
     )
     done = subprocess.run([sys.executable, "-c", probe], cwd=Path(__file__).resolve().parent.parent,

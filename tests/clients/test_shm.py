@@ -1,7 +1,7 @@
 """A connection's shared-memory windows: real memfds, passed descriptors, real mappings.
 
 The daemon side (``daemon/windows.py``) creates them; the client side (``clients/shm.py``)
-maps them; ``clients/transfers.py`` fills the put window and lands loads from the load
+maps them; ``clients/copies.py`` fills the put window and lands loads from the load
 window, verifying each tensor where it lands.
 """
 
@@ -15,8 +15,8 @@ import torch
 
 from statetier.clients.shm import ClientWindows, _FreeList
 from statetier.clients.tensors import spec_of, tensor_bytes
-from statetier.clients.transfers import fill, land
-from statetier.clients.transport import WindowFds
+from statetier.clients.copies import fill, land
+from statetier.clients.handshake import WindowFds
 from statetier.daemon.windows import Windows
 from statetier.protocol.errors import CorruptPayload, InvalidRequest
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, new_state_id

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from statetier.clients.transport import Endpoint, connect, parse_url
+from statetier.clients.endpoint import Endpoint, parse_url
+from statetier.clients.transport import connect
 from statetier.protocol.errors import (Busy, ClientClosedError, FrameTooLarge, InvalidRequest, MalformedFrame, NotFound,
                                        Unauthorized, Unavailable, UnsupportedProtocol)
 from statetier.protocol.frames import (Frame, FrameDecoder, Op, encode_frame, encode_frame_bytes, error_frame,

@@ -25,11 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "daemon"))  # the s
 from daemon_procs import daemon_fixture  # noqa: E402
 
 from statetier.clients import Client  # noqa: E402
-from statetier.clients.vllm_jobs import LoadItem, LoadJob, StepMeta, handoff_from_params  # noqa: E402
-from statetier.clients.vllm_layout import (  # noqa: E402
+from statetier.clients.vllm.jobs import LoadItem, LoadJob, StepMeta, handoff_from_params  # noqa: E402
+from statetier.clients.vllm.layout import (  # noqa: E402
     CacheGroup, ConnectorConfig, EngineLayout, StateSpec, layer_id_of, namespace_spec)
-from statetier.clients.vllm_scheduler import ScheduledStep, SchedulerSide  # noqa: E402
-from statetier.clients.vllm_worker import WorkerSide  # noqa: E402
+from statetier.clients.vllm.scheduler import ScheduledStep, SchedulerSide  # noqa: E402
+from statetier.clients.vllm.worker import WorkerSide  # noqa: E402
 from statetier.protocol.errors import InvalidRequest  # noqa: E402
 from statetier.protocol.identity import Kind, prefix_hashes  # noqa: E402
 from statetier.protocol.messages import ref_from_wire  # noqa: E402
@@ -324,7 +324,7 @@ def test_the_joint_hit_is_the_boundary_every_tp_shard_holds(engines) -> None:
 
 
 def _first_block_only(job):
-    from statetier.clients.vllm_jobs import SaveJob
+    from statetier.clients.vllm.jobs import SaveJob
 
     return SaveJob(job.request_id, job.step, tuple(i for i in job.items if i.key.token_end == BLOCK))
 

@@ -1,14 +1,8 @@
 """SGLang HiCache "L3 storage" backed by statetier: verified KV pages and typed Mamba snapshots.
 
-``StatetierHiCacheStorage(storage_config, kwargs=None)`` — a subclass of SGLang's
-``HiCacheStorage`` when SGLang is installed (resolved on first access, so this module
-imports without SGLang), the plain ``HiCacheBackend`` otherwise. SGLang loads it with::
-
-    --hicache-storage-backend dynamic --hicache-storage-backend-extra-config '{
-      "backend_name": "statetier", "module_path": "statetier.clients.sglang",
-      "class_name": "StatetierHiCacheStorage", "interface_v1": 1,
-      "hicache_storage_pass_prefix_keys": true,
-      "url": "unix:///run/statetier/statetier.sock", "weights_revision": "<commit>"}'
+``HiCacheBackend(storage_config, kwargs=None)`` is the backend's logic; ``storage_class()``
+returns it under SGLang's ``HiCacheStorage`` base when SGLang is installed (the package
+exports that class as ``StatetierHiCacheStorage``, and says how SGLang is configured to load it).
 
 Calls (SGLang's controller threads; backup and prefetch run at once on one client):
 
@@ -41,10 +35,10 @@ import torch
 from statetier.protocol.errors import InvalidRequest, StatetierError
 from statetier.protocol.identity import StateKey
 
-from .sglang_identity import BackendOptions, HiCacheIdentity, prefix_bytes, stream_of
-from .sglang_pages import PoolPages
-from .sync_client import Client
-from .values import PutItem
+from ..sync_client import Client
+from ..values import PutItem
+from .identity import BackendOptions, HiCacheIdentity, prefix_bytes, stream_of
+from .pages import PoolPages
 
 log = logging.getLogger("statetier.sglang")
 
@@ -345,7 +339,8 @@ def _transfer_result(final: int, hits: dict, restorable: list):
     return PoolTransferResult(final, hits, restorable)
 
 
-def _storage_class() -> type:
+def storage_class() -> type:
+    """``HiCacheBackend`` with SGLang's ``HiCacheStorage`` base, or alone without SGLang."""
     try:
         from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
     except ImportError:
@@ -354,13 +349,5 @@ def _storage_class() -> type:
     class StatetierHiCacheStorage(HiCacheBackend, HiCacheStorage):
         """statetier as SGLang's HiCache L3 storage (see the module docstring)."""
 
-    StatetierHiCacheStorage.__module__ = __name__
+    StatetierHiCacheStorage.__module__ = __package__  # found by SGLang and pickle under the public path
     return StatetierHiCacheStorage
-
-
-def __getattr__(name: str):
-    if name == "StatetierHiCacheStorage":
-        cls = _storage_class()
-        globals()[name] = cls
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

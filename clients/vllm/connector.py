@@ -1,16 +1,11 @@
-"""A vLLM v1 KV connector backed by statetier: ``statetier.clients.vllm.StatetierConnector``.
+"""The vLLM v1 KV connector class over the plain scheduler and worker sides.
 
-Load it out of tree (docs/integration.md has the whole command)::
-
-    KVTransferConfig(kv_connector="StatetierConnector", kv_connector_module_path="statetier.clients.vllm",
-                     kv_role="kv_both", kv_load_failure_policy="recompute",
-                     kv_connector_extra_config={"url": "unix:///run/statetier.sock", "tenant": "default"})
-
-- ``StatetierConnector(vllm_config, role, kv_cache_config)`` — ``KVConnectorBase_V1`` and
-  ``SupportsHMA`` (hybrid models). Built on first access of the name, so importing this
-  module needs no vLLM; its logic lives in plain classes: ``SchedulerSide``
-  (``vllm_scheduler.py``), ``WorkerSide`` (``vllm_worker.py``), values in ``vllm_jobs.py`` and
-  ``vllm_layout.py``.
+- ``connector_classes()`` → ``{"StatetierConnector": …, "StatetierConnectorMetadata": …}``,
+  built once on first call, when vLLM is imported: ``StatetierConnector(vllm_config, role,
+  kv_cache_config)`` is ``KVConnectorBase_V1`` and ``SupportsHMA`` (hybrid models), and
+  forwards vLLM's calls to ``SchedulerSide`` (``scheduler.py``) or ``WorkerSide``
+  (``worker.py``). Both classes are named under the package (``statetier.clients.vllm``),
+  whose ``__getattr__`` serves them: vLLM loads the connector and pickles the metadata by name.
 - ``layout_from_vllm(kv_cache_config)`` → ``EngineLayout``; ``namespace_from_vllm(vllm_config,
   layout, cfg)`` → ``NamespaceSpec`` (model, config digest, dtypes, layout, TP size, tenant).
 
@@ -25,36 +20,33 @@ from __future__ import annotations
 
 import importlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from statetier.protocol.errors import InvalidRequest
 from statetier.protocol.identity import Kind
 
-from .vllm_layout import STATE_NAMES, CacheGroup, ConnectorConfig, EngineLayout, StateSpec, layer_id_of, namespace_spec
+from .layout import STATE_NAMES, CacheGroup, ConnectorConfig, EngineLayout, StateSpec, layer_id_of, namespace_spec
 
 if TYPE_CHECKING:
-    from .vllm_scheduler import SchedulerSide
-    from .vllm_worker import WorkerSide
+    from .scheduler import SchedulerSide
+    from .worker import WorkerSide
 
-__all__ = ["StatetierConnector", "layout_from_vllm", "namespace_from_vllm", "ConnectorConfig", "EngineLayout"]
-
-_built: dict[str, Any] = {}
+_built: dict[str, type] = {}
 log = logging.getLogger("vllm.statetier")  # under vLLM's logger: shown with vLLM's own lines
 
 
-def __getattr__(name: str) -> Any:
-    if name in ("StatetierConnector", "StatetierConnectorMetadata"):
-        if not _built:
-            _built.update(_build_classes())
-        return _built[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def connector_classes() -> dict[str, type]:
+    """``StatetierConnector`` and ``StatetierConnectorMetadata``, built (vLLM imported) once."""
+    if not _built:
+        _built.update(_build_classes())
+    return _built
 
 
 def layout_from_vllm(kv_cache_config) -> EngineLayout:
     """vLLM's KV cache groups as an ``EngineLayout`` (full attention and Mamba "none" only)."""
     from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
-    from .tensors import dtype_name
+    from ..tensors import dtype_name
 
     groups = []
     for index, group in enumerate(kv_cache_config.kv_cache_groups):
@@ -81,8 +73,8 @@ def namespace_from_vllm(vllm_config, layout: EngineLayout, cfg: ConnectorConfig)
     from vllm import __version__ as vllm_version
     from vllm.platforms import current_platform
 
-    from .hf_identity import config_digest
-    from .tensors import dtype_name
+    from ..transformers.identity import config_digest
+    from ..tensors import dtype_name
 
     model = vllm_config.model_config
     major_minor = ".".join(str(vllm_version).split(".")[:2])
@@ -94,9 +86,9 @@ def namespace_from_vllm(vllm_config, layout: EngineLayout, cfg: ConnectorConfig)
 
 def _build_classes() -> dict[str, type]:
     base = importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.base")
-    from .vllm_jobs import StepMeta
-    from .vllm_scheduler import ScheduledStep, SchedulerSide
-    from .vllm_worker import WorkerSide
+    from .jobs import StepMeta
+    from .scheduler import ScheduledStep, SchedulerSide
+    from .worker import WorkerSide
 
     class StatetierConnectorMetadata(base.KVConnectorMetadata):
         def __init__(self, step: StepMeta) -> None:
@@ -196,6 +188,6 @@ def _build_classes() -> dict[str, type]:
                     side.close()
 
     built = {"StatetierConnector": StatetierConnector, "StatetierConnectorMetadata": StatetierConnectorMetadata}
-    for name, cls in built.items():  # found again by name (this module's __getattr__): metadata is pickled
-        cls.__qualname__, cls.__module__ = name, __name__
+    for name, cls in built.items():  # found again by name (the package's __getattr__): metadata is pickled
+        cls.__qualname__, cls.__module__ = name, __package__
     return built

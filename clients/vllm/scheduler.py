@@ -32,8 +32,8 @@ from typing import Any, Sequence
 from statetier.protocol.errors import StatetierError
 from statetier.protocol.identity import Kind, NamespaceSpec, StateKey, StateRef, prefix_hashes
 
-from .vllm_jobs import LoadItem, LoadJob, SaveItem, SaveJob, StepMeta, handoff_from_params, handoff_params
-from .vllm_layout import ConnectorConfig, EngineLayout
+from .jobs import LoadItem, LoadJob, SaveItem, SaveJob, StepMeta, handoff_from_params, handoff_params
+from .layout import ConnectorConfig, EngineLayout
 
 log = logging.getLogger("statetier.vllm")
 
@@ -266,7 +266,7 @@ class SchedulerSide:
 
     def _connected(self):
         if self._client is None:
-            from .sync_client import Client
+            from ..sync_client import Client
 
             self._client = Client(self.cfg.url, namespace=self.spec, tenant=self.cfg.tenant, token=self.cfg.token,
                                   use_shm=False, timeout=self.cfg.timeout).connect()

@@ -10,7 +10,7 @@
 - ``prefix_bytes(page_hash)`` — SGLang's hex page key as a 32-byte prefix hash.
 - ``stream_of(key)`` — the request id a page is stored under (its own hash).
 
-Used by ``clients.sglang``; imports neither SGLang nor torch.
+Used by ``backend.py``; imports neither SGLang nor torch.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from statetier.protocol.errors import InvalidRequest
 from statetier.protocol.identity import NamespaceSpec, StateKey
 
 if TYPE_CHECKING:
-    from .sglang_pages import PoolPages
-    from .sync_client import Client
+    from ..sync_client import Client
+    from .pages import PoolPages
 
 HASH_ALGORITHM = "sglang-sha256-chain"
 #: Keys SGLang itself reads from the extra config; the rest are this backend's options.

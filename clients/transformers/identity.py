@@ -25,7 +25,7 @@ import torch
 
 from statetier.protocol.identity import NamespaceSpec
 
-from .tensors import byte_view, dtype_name, tensor_bytes
+from ..tensors import byte_view, dtype_name, tensor_bytes
 
 #: transformers keeps a conv state as (batch, channels, kernel window), newest column last.
 CONV_ORIENTATION = "(batch,channels,window)"

@@ -1,13 +1,4 @@
-"""Hugging Face transformers hybrid caches through statetier: save, look up, restore.
-
-The worked example is docs/integration.md and examples/pd_disaggregation.py. The client
-must be built with ``namespace=namespace_for(model)`` (config + weights fingerprint):
-
-    saved = save_cache(client, model, cache, prompt, request_id="r1", publish=True)
-    handoff = saved.to_json()                                   # prefill → decode
-    ...
-    if lookup_restorable(client, model, prompt) == len(prompt):  # joint hit, all layers
-        cache = restore_cache(client, model, SavedState.from_json(handoff), prompt)
+"""Save, look up and restore a Hugging Face hybrid cache through a statetier client.
 
 - ``SavedState`` — refs by layer (``kv``, ``ssm``), ``tokens`` absorbed, prefix hash, request
   id and step; ``to_json`` / ``from_json`` for the handoff.
@@ -22,12 +13,12 @@ must be built with ``namespace=namespace_for(model)`` (config + weights fingerpr
 - ``lookup_state`` / ``lookup_restorable`` (+ ``_async``) — the daemon's joint hit with
   ``kv_layout="prefix"``: the largest restorable boundary among the block ends,
   ``len(token_ids)`` and any ``candidates``.
+- The pure steps those calls are made of, for engines and the fault suite:
+  ``check_client``, ``boundaries_for``, ``state_key``, ``put_items``, ``saved_from_refs``,
+  ``saved_from_lookup``, ``expected_refs``, ``fill_cache``.
 
-Lower level, for engines and the fault suite: ``check_client``, ``boundaries_for``,
-``state_key``, ``put_items``, ``saved_from_refs``, ``saved_from_lookup``, ``expected_refs``,
-``fill_cache``; and from ``hf_identity`` / ``hf_cache``: ``namespace_for``,
-``weights_fingerprint``, ``config_digest``, ``cache_plan``, ``kv_tensors``, ``ssm_tensors``,
-``apply_kv``, ``apply_ssm``, ``new_cache``, ``forward_from``, ``quirks_for``, ``QUIRKS``.
+The client must be built with ``namespace=namespace_for(model)`` (``identity.py``); the
+cache's layers are read and written by ``cache.py``.
 """
 
 from __future__ import annotations
@@ -40,32 +31,9 @@ from statetier.protocol.errors import InvalidRequest, NotFound
 from statetier.protocol.identity import Kind, Namespace, NamespaceSpec, StateKey, StateRef, prefix_hash, prefix_hashes
 from statetier.protocol.messages import ref_from_wire, ref_to_wire
 
-from .hf_cache import (
-    QUIRKS,
-    CachePlan,
-    LayerPlan,
-    Quirks,
-    apply_kv,
-    apply_ssm,
-    cache_plan,
-    device_of,
-    forward_from,
-    kv_tensors,
-    new_cache,
-    quirks_for,
-    ssm_tensors,
-)
-from .hf_identity import config_digest, namespace_for, weights_fingerprint
-from .values import LookupResult, PutItem
-
-__all__ = [
-    "QUIRKS", "CachePlan", "LayerPlan", "Quirks", "SavedState",
-    "apply_kv", "apply_ssm", "boundaries_for", "cache_plan", "check_client", "config_digest", "expected_refs",
-    "fill_cache", "forward_from", "kv_tensors", "lookup_restorable", "lookup_restorable_async", "lookup_state",
-    "lookup_state_async", "namespace_for", "new_cache", "put_items", "quirks_for", "restore_cache", "restore_cache_async",
-    "save_cache", "save_cache_async", "saved_from_lookup", "saved_from_refs", "ssm_tensors", "state_key",
-    "weights_fingerprint",
-]
+from ..values import LookupResult, PutItem
+from .cache import CachePlan, LayerPlan, apply_kv, apply_ssm, cache_plan, device_of, kv_tensors, new_cache, ssm_tensors
+from .identity import config_digest, namespace_for
 
 
 @dataclass(frozen=True)

@@ -41,10 +41,10 @@ from statetier.protocol.errors import InvalidRequest
 from statetier.protocol.identity import Kind, NamespaceSpec
 from statetier.protocol.messages import ref_to_wire
 
-from .tensors import byte_view, tensor_bytes, torch_dtype
-from .values import PutItem
-from .vllm_jobs import LoadItem, LoadJob, SaveJob
-from .vllm_layout import CacheGroup, ConnectorConfig, EngineLayout
+from ..tensors import byte_view, tensor_bytes, torch_dtype
+from ..values import PutItem
+from .jobs import LoadItem, LoadJob, SaveJob
+from .layout import CacheGroup, ConnectorConfig, EngineLayout
 
 log = logging.getLogger("statetier.vllm")
 
@@ -173,7 +173,7 @@ class WorkerSide:
 
     def _connected(self):
         if self._client is None:
-            from .sync_client import Client
+            from ..sync_client import Client
 
             self._client = Client(self.cfg.url, namespace=self.spec, tenant=self.cfg.tenant, token=self.cfg.token,
                                   timeout=self.cfg.timeout, producer_id=f"vllm-worker-{self.shard}").connect()

@@ -6,7 +6,7 @@
 - ``StateSpec`` / ``CacheGroup`` / ``EngineLayout`` — the engine's KV cache groups as plain
   values: an attention group (``Kind.KV``: block size, layers) or a Mamba group (``Kind.SSM``:
   one state slot per request, typed states ``conv``, ``recurrent``, …). The vLLM adapter
-  (``vllm.py``) builds them from ``kv_cache_config``; tests build them by hand.
+  (``connector.py``) builds them from ``kv_cache_config``; tests build them by hand.
 - ``layer_id_of(name)`` — the layer index in a vLLM layer name (``model.layers.3.mixer`` → 3).
 - ``namespace_spec(...)`` — the ``NamespaceSpec`` of an engine: model, config digest, weights
   fingerprint, dtypes, layout (engine tag, KV page and Mamba state shapes), TP size, tenant.

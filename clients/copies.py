@@ -1,0 +1,174 @@
+"""Payload bytes between torch tensors and buffers, verified where a load lands.
+
+- ``fill(region, layout, tensors)`` — a put's tensors copied into a window region at the
+  payload layout's offsets, padding zeroed; ``inline_parts(pairs, layout)`` — the same
+  payload as the tensors' own buffers and zero padding, to be written back to back.
+- ``land(header, source, dests, staging, trace)`` — each tensor of a loaded payload copied
+  into its destination and **verified there** against the signed header's digests
+  (``CorruptPayload(landed=True)`` when the bytes changed on the way); a device destination
+  is verified in ``staging`` (a private host buffer) first. ``land_all(jobs, staging)``
+  lands a batch and returns the indexes that were not intact, to be asked again.
+- ``copy_and_digest(dest, source, hasher, trace)`` — the fused copy + digest, in
+  cache-sized chunks (``COPY_CHUNK``); with ``trace`` it also times both.
+- ``target_of(into, device)``, ``destinations(header, into, device)``, ``into_specs(into)``
+  — where a load lands: the caller's ``into`` tensors (checked: contiguous, one device,
+  the object's names, dtypes and shapes) or fresh ones.
+
+Copies are single-threaded memmoves (memoryview slice assignment) that never touch
+torch's thread settings; ``transfers.Transfers`` decides on which thread they run.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Mapping, Sequence
+
+import torch
+
+from statetier.protocol.errors import CorruptPayload, InvalidRequest
+from statetier.protocol.sealed import SealedHeader, check_payload_digest, region_hasher
+
+from .tensors import byte_view, empty_for, spec_of, tensor_bytes, tensor_to_spec_and_view, torch_dtype
+
+COPY_CHUNK = 256 << 10  # copy then digest this much at a time, while it is still in cache
+_ZEROS = memoryview(bytes(64))  # alignment padding is below 64 bytes
+
+
+def fill(region: memoryview, layout, tensors: Sequence[torch.Tensor]) -> None:
+    """Copy ``tensors`` into ``region`` at ``layout``'s offsets, zeroing the padding."""
+    cursor = 0
+    for tensor, offset in zip(tensors, layout.offsets):
+        if offset > cursor:
+            region[cursor:offset] = _ZEROS[: offset - cursor]
+        nbytes = tensor.numel() * tensor.element_size()
+        if nbytes:
+            if tensor.device.type == "cpu":  # a memmove on this thread, never torch's copy pool
+                source = byte_view(tensor if tensor.is_contiguous() else tensor_bytes(tensor))
+                region[offset : offset + nbytes] = source
+            else:
+                torch.frombuffer(region[offset : offset + nbytes], dtype=torch.uint8).copy_(tensor_bytes(tensor))
+        cursor = offset + nbytes
+
+
+def land(header: SealedHeader, source: memoryview, dests: Sequence[torch.Tensor],
+         staging: Callable[[int], torch.Tensor], trace: dict | None = None) -> None:
+    """Copy each tensor of ``source`` (laid out as ``header`` says) into its destination and
+    verify it there; a device destination is verified in ``staging`` first.
+
+    The digest is computed over the destination's bytes (and a private copy of the
+    padding), so what is verified is what the caller gets, whatever happens to ``source``
+    meanwhile.
+    """
+    digests = []
+    for t, dest in zip(header.tensors, dests):
+        hasher = region_hasher(header.digest_alg)
+        src = source[t.offset : t.offset + t.nbytes]
+        on_device = dest.device.type != "cpu"
+        if t.nbytes:
+            stage = staging(t.nbytes)[: t.nbytes] if on_device else dest  # contiguous: checked or fresh
+            copy_and_digest(byte_view(stage), src, hasher, trace)
+        padding = bytes(source[t.offset + t.nbytes : t.offset + t.region])
+        if padding:
+            hasher.update(padding)
+        digest = hasher.digest()
+        if digest != t.digest:
+            raise CorruptPayload(f"tensor {t.spec.name!r} changed on its way: its digest does not match the "
+                                 "signed header", landed=True)
+        if on_device and t.nbytes:
+            tensor_bytes(dest).copy_(stage)  # synchronous: the staging buffer is reused
+        digests.append(digest)
+    check_payload_digest(header, digests)
+
+
+def land_all(jobs: list, staging: Callable[[int], torch.Tensor]) -> list[int]:
+    """``land`` every job (``None`` skipped); the indexes whose bytes were not intact where
+    they landed (the caller asks for those again, with ``recheck``)."""
+    failed = []
+    for index, job in enumerate(jobs):
+        if job is None:
+            continue
+        try:
+            land(*job, staging)
+        except CorruptPayload as exc:
+            if not exc.detail.get("landed"):
+                raise
+            failed.append(index)
+    return failed
+
+
+def copy_and_digest(dest: memoryview, source: memoryview, hasher, trace: dict | None = None) -> None:
+    nbytes = source.nbytes
+    if trace is not None:
+        return _copy_and_digest_timed(dest, source, hasher, trace)
+    for start in range(0, nbytes, COPY_CHUNK):
+        end = min(nbytes, start + COPY_CHUNK)
+        dest[start:end] = source[start:end]
+        hasher.update(dest[start:end])
+
+
+def _copy_and_digest_timed(dest: memoryview, source: memoryview, hasher, trace: dict) -> None:
+    clock, copying, hashing = time.perf_counter, 0.0, 0.0
+    for start in range(0, source.nbytes, COPY_CHUNK):
+        end = min(source.nbytes, start + COPY_CHUNK)
+        t0 = clock()
+        dest[start:end] = source[start:end]
+        t1 = clock()
+        hasher.update(dest[start:end])
+        copying, hashing = copying + t1 - t0, hashing + clock() - t1
+    trace["client_copy"] = trace.get("client_copy", 0.0) + copying * 1e6
+    trace["client_hash"] = trace.get("client_hash", 0.0) + hashing * 1e6
+
+
+def target_of(into: Mapping[str, torch.Tensor] | None, device) -> torch.device:
+    """The device a load lands on: ``into``'s one device (checked), else ``device`` (CPU by default)."""
+    if into is None:
+        return torch.device(device or "cpu")
+    if not isinstance(into, Mapping) or not into:
+        raise InvalidRequest("into must be a non-empty {name: tensor} mapping")
+    devices = set()
+    for name, tensor in into.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise InvalidRequest(f"into[{name!r}] is a {type(tensor).__name__}, not a torch.Tensor")
+        if not tensor.is_contiguous():
+            raise InvalidRequest(f"into[{name!r}] is not contiguous: a load fills a tensor's memory as it is")
+        devices.add(tensor.device)
+    if len(devices) != 1:
+        raise InvalidRequest(f"into's tensors lie on several devices: {sorted(map(str, devices))}")
+    (found,) = devices
+    if device is not None and torch.device(device) != found and not (
+            torch.device(device).type == found.type and torch.device(device).index is None):
+        raise InvalidRequest(f"into's tensors are on {found}, the load asks for {device}")
+    return found
+
+
+def into_specs(into: Mapping[str, torch.Tensor]):
+    """The tensor specs a load into ``into`` expects (the daemon refuses others)."""
+    return [spec_of(name, tensor) for name, tensor in into.items()]
+
+
+def destinations(header: SealedHeader, into, device: torch.device) -> list[torch.Tensor]:
+    if into is None:
+        return [empty_for(t.spec, device) for t in header.tensors]
+    names = [t.spec.name for t in header.tensors]
+    if sorted(names) != sorted(into):
+        raise CorruptPayload(f"the object holds tensors {names}, not {sorted(into)}")
+    dests = []
+    for t in header.tensors:
+        dest = into[t.spec.name]
+        if dest.dtype != torch_dtype(t.spec.dtype) or tuple(dest.shape) != tuple(t.spec.shape):
+            raise CorruptPayload(f"tensor {t.spec.name!r} is {t.spec.dtype}{list(t.spec.shape)}; into holds "
+                                 f"{dest.dtype}{list(dest.shape)}")
+        dests.append(dest)
+    return dests
+
+
+def inline_parts(pairs, layout) -> list:
+    """The tensors' own buffers and the zero padding between them, back to back (no join)."""
+    views = [tensor_to_spec_and_view(name, tensor) for name, tensor in pairs]
+    parts, cursor = [], 0
+    for (spec, view), offset in zip(views, layout.offsets):
+        if offset > cursor:
+            parts.append(_ZEROS[: offset - cursor])
+        parts.append(view)
+        cursor = offset + spec.nbytes
+    return parts

@@ -1,0 +1,35 @@
+"""A vLLM v1 KV connector backed by statetier: ``statetier.clients.vllm.StatetierConnector``.
+
+Load it out of tree (docs/integration.md has the whole command)::
+
+    KVTransferConfig(kv_connector="StatetierConnector", kv_connector_module_path="statetier.clients.vllm",
+                     kv_role="kv_both", kv_load_failure_policy="recompute",
+                     kv_connector_extra_config={"url": "unix:///run/statetier.sock", "tenant": "default"})
+
+- ``StatetierConnector`` (and its ``StatetierConnectorMetadata``) — built on first access of
+  the name (``connector.py``), so importing this package needs neither vLLM nor torch;
+  ``layout_from_vllm`` and ``namespace_from_vllm`` translate vLLM's configs (``connector.py``).
+- ``scheduler.py`` — ``SchedulerSide``: what to load (handoff or joint-hit lookup), what each
+  step saves, the handoff a producer returns. No vLLM, no torch.
+- ``worker.py`` — ``WorkerSide``: loads straight into vLLM's blocks and Mamba slots, saves
+  from them. torch, no vLLM.
+- ``jobs.py`` — ``StepMeta``, ``LoadJob``, ``SaveJob``, the handoff: what the scheduler side
+  sends its workers each step.
+- ``layout.py`` — ``ConnectorConfig`` (``kv_connector_extra_config``), ``EngineLayout`` (the
+  KV cache groups as plain values), ``namespace_spec``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .connector import connector_classes, layout_from_vllm, namespace_from_vllm
+from .layout import ConnectorConfig, EngineLayout
+
+__all__ = ["StatetierConnector", "layout_from_vllm", "namespace_from_vllm", "ConnectorConfig", "EngineLayout"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("StatetierConnector", "StatetierConnectorMetadata"):
+        return connector_classes()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
