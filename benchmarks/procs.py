@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from statetier.launch.daemons import DaemonProcess
-from statetier.launch.redis_servers import stop_process
+from statetier.launch.processes import stop_process
 
 DAEMON_ARENA = "768MiB"
 

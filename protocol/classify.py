@@ -40,7 +40,9 @@ from .errors import (
     UnsupportedFormat,
 )
 from .keyring import Keyring
-from .sealed import MAGIC, Expectation, Opened, VerifiedHeaders, decode_header, open_sealed
+from .expectation import Expectation
+from .sealed import Opened, VerifiedHeaders, open_sealed
+from .sealed_format import MAGIC, decode_header
 
 DAMAGE = (TruncatedState, MalformedState, BadSignature, UnsupportedFormat, CorruptPayload)
 SKIP_REASONS = ("speculative", "stale", "damaged", "misfiled")

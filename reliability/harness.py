@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from statetier.launch.daemons import DaemonFailed, DaemonProcess, remove_arena_of  # noqa: F401 - for the probes
-from statetier.launch.redis_servers import RedisCluster, RedisServer  # noqa: F401 - the probes' servers
+from statetier.launch.redis_cluster import RedisCluster  # noqa: F401 - the probes' servers
+from statetier.launch.redis_servers import RedisServer  # noqa: F401 - the probes' servers
 from statetier.protocol.errors import StatetierError
 
 REPO = Path(__file__).resolve().parent.parent

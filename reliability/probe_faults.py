@@ -154,8 +154,8 @@ async def _cluster_master(result: ProbeResult) -> None:
 
 
 def _cluster_node_args(port: int) -> list[str]:
-    from statetier.launch.redis_servers import _cluster_args
-    return _cluster_args(port)
+    from statetier.launch.redis_cluster import cluster_node_args
+    return cluster_node_args(port)
 
 
 async def _maxmemory(result: ProbeResult) -> None:

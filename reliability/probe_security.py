@@ -27,7 +27,7 @@ from statetier.daemon.auth import token_sha256
 from statetier.protocol.errors import Forbidden, RejectedState, StatetierError
 from statetier.protocol.keyring import Keyring
 from statetier.protocol.sealed import decode_header, layout_payload, seal
-from statetier.launch.redis_servers import free_port
+from statetier.launch.processes import free_port
 from wire import Wire
 
 PROBE = "security"

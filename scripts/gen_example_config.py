@@ -25,7 +25,8 @@ from typing import Annotated
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from statetier.daemon.config import Config, _parse_mode, parse_size
+from statetier.daemon.config import Config
+from statetier.daemon.config_values import parse_mode, parse_size
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "deploy" / "statetier.toml"
@@ -140,7 +141,7 @@ def _toml(info: FieldInfo, value: object) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         if parse_size in validators:
             return json.dumps(_size_text(value))
-        if _parse_mode in validators:
+        if parse_mode in validators:
             return oct(value)
     return _plain(value, sizes=parse_size in validators)
 

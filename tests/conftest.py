@@ -18,7 +18,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from statetier.launch.redis_servers import RedisCluster, RedisServer
+from statetier.launch.redis_cluster import RedisCluster
+from statetier.launch.redis_servers import RedisServer
 
 
 @pytest.fixture(scope="session")

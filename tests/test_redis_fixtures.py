@@ -11,8 +11,11 @@ from redis.cluster import ClusterNode
 from redis.cluster import RedisCluster as ClusterClient
 from redis.retry import Retry
 
-from statetier.launch import redis_servers as redis_procs
-from statetier.launch.redis_servers import RedisCluster, RedisServer, find_redis_binaries, free_port
+from statetier.launch import redis_cluster
+from statetier.launch.processes import free_port
+from statetier.launch.redis_binaries import find_redis_binaries
+from statetier.launch.redis_cluster import RedisCluster
+from statetier.launch.redis_servers import RedisServer
 
 
 def test_session_server_serves_set_and_get(redis_server: RedisServer) -> None:
@@ -127,9 +130,9 @@ def test_cluster_serves_keys_in_every_slot_range(redis_cluster: RedisCluster) ->
 def test_cluster_without_a_cli_is_built_with_cluster_commands(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    server_bin, _cli = redis_procs.find_redis_binaries()
-    monkeypatch.setattr(redis_procs, "find_redis_binaries", lambda: (server_bin, None))
-    cluster = redis_procs.RedisCluster().start()
+    server_bin, _cli = find_redis_binaries()
+    monkeypatch.setattr(redis_cluster, "find_redis_binaries", lambda: (server_bin, None))
+    cluster = RedisCluster().start()
     try:
         pids = [node.pid for node in cluster.nodes]
         client = ClusterClient(startup_nodes=[ClusterNode(h, p) for h, p in cluster.startup_nodes])

@@ -45,7 +45,7 @@ from statetier.protocol.keyring import Keyring, SigningKey  # noqa: E402
 from statetier.protocol.sealed import decode_header, layout_payload, seal  # noqa: E402
 from statetier.tiers.base import ObjectMeta  # noqa: E402
 from statetier.tiers.redis.layout import Manifest, RedisKeys  # noqa: E402
-from statetier.launch.redis_servers import free_port  # noqa: E402
+from statetier.launch.processes import free_port  # noqa: E402
 
 TOKEN = "tenant-a-secret-token"
 NOBODY = 65534

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from statetier.launch.redis_servers import free_port, stop_process
+from statetier.launch.processes import free_port, stop_process
 
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from statetier.daemon.config import Config, load_config
+from statetier.daemon.config import Config
+from statetier.daemon.config_loading import load_config
 from statetier.protocol.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -25,9 +25,9 @@ from statetier.protocol.errors import BadSignature, CorruptPayload, InvalidReque
 from statetier.protocol.identity import (Kind, Namespace, NamespaceSpec, Provenance, StateKey, StateRef, fingerprint,
                                          new_state_id, prefix_hash)
 from statetier.protocol.keyring import Keyring, SigAlg, dev_keyring
-from statetier.protocol.sealed import (ALIGN, FIXED_BYTES, FLAG_SEALED, FLAG_SPECULATIVE, MAGIC, DigestAlg, Expectation,
-                                       decode_header, header_length, layout_payload, open_sealed, seal, seal_object,
-                                       parse_header, verify_payload_only)
+from statetier.protocol.sealed import (DigestAlg, Expectation, decode_header, header_length, layout_payload, open_sealed,
+                                       parse_header, seal, seal_object, verify_payload_only)
+from statetier.protocol.sealed_format import ALIGN, FIXED_BYTES, FLAG_SEALED, FLAG_SPECULATIVE, MAGIC
 
 PROPS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"

@@ -1,0 +1,62 @@
+"""The value types of configuration fields: sizes with units, octal file modes, host:port.
+
+- ``parse_size(value)``: ``"64MiB"`` → 67108864 (binary K/KiB…, decimal KB/MB…); other
+  values pass through for pydantic to judge. ``KiB``, ``MiB``, ``GiB``, ``TiB``.
+- ``Bytes``: a positive int field that also accepts a size string; ``Seconds``: a positive float.
+- ``parse_mode(value)``: ``"660"`` / ``"0o660"`` → 0o660 (file modes are octal).
+- ``split_host_port(text)``: ``"127.0.0.1:7000"`` / ``"[::1]:7000"`` → (host, port).
+
+Used by the section models of ``daemon.config``, by ``daemon.server`` (the TCP address)
+and by ``scripts/gen_example_config.py``; raise ``ValueError`` so that pydantic names the field.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import BeforeValidator, Field
+
+KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": KiB, "kib": KiB, "m": MiB, "mib": MiB, "g": GiB, "gib": GiB, "t": TiB, "tib": TiB,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(value: object) -> object:
+    """``"64MiB"`` → 67108864 (binary: K/KiB…, decimal: KB/MB…); other values pass through."""
+    if not isinstance(value, str):
+        return value
+    match = _SIZE.match(value.replace("_", ""))
+    if match is None or match.group(2).lower() not in _UNITS:
+        raise ValueError(f"not a size: {value!r} (use bytes or a unit: 512MiB, 2GiB, 10GB)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+Bytes = Annotated[int, BeforeValidator(parse_size), Field(gt=0)]
+Seconds = Annotated[float, Field(gt=0)]
+
+
+def parse_mode(value: object) -> object:
+    if isinstance(value, str):  # "660", "0660", "0o660": file modes are octal
+        text = value.strip().lower().removeprefix("0o")
+        if not re.fullmatch(r"[0-7]{1,4}", text):
+            raise ValueError(f"not an octal file mode: {value!r}")
+        return int(text, 8)
+    return value
+
+
+def split_host_port(text: str) -> tuple[str, int]:
+    """``"127.0.0.1:7000"`` / ``"[::1]:7000"`` → (host, port); ValueError otherwise."""
+    match = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d+)|([^:\[\]\s]+):(\d+)", text.strip())
+    if match is None:
+        raise ValueError(f'expected "host:port", got {text!r}')
+    host = match.group(1) or match.group(3)
+    port = int(match.group(2) or match.group(4))
+    if port > 65535:
+        raise ValueError(f"port {port} is out of range")
+    return host, port
