@@ -25,6 +25,8 @@ error; use after ``close()`` raises ``ClientClosedError``.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import logging
 import ssl as _ssl
 import time
@@ -47,7 +49,7 @@ from statetier.protocol.messages import (
 )
 
 from . import transport
-from .batches import batches_of, items_from, pairs_bytes
+from .batches import BATCH_ITEMS, LOAD_IN_FLIGHT, batches_of, in_order, items_from, load_batch_items, pairs_bytes
 from .copies import into_specs
 from .shm import ClientWindows
 from .tensors import dtype_name
@@ -245,9 +247,10 @@ class AsyncClient:
                         expect: Expect | None = None, into: Sequence[Mapping[str, torch.Tensor]] | None = None,
                         concurrency: int | None = None) -> list[dict[str, torch.Tensor]]:
         """Load every target; results come back in the targets' order. Targets travel in
-        ``LOAD_BATCH`` frames (one round trip per batch of up to ``batches.BATCH_ITEMS``); the first
-        failing target's error is raised, its position among ``targets`` in ``detail["item"]``
-        (destinations of the batch it was in are left undefined). ``into``: one destination
+        ``LOAD_BATCH`` frames, about ``batches.LOAD_PIPELINE`` of them with two in flight, so
+        that the daemon reads one frame's objects while this process copies and verifies the
+        other's; the first failing target's error is raised, its position among ``targets``
+        in ``detail["item"]`` (destinations of the frames from its own on are left undefined). ``into``: one destination
         mapping per target (see ``load``). ``concurrency`` is accepted for compatibility."""
         targets = list(targets)
         if into is not None and len(into) != len(targets):
@@ -265,13 +268,20 @@ class AsyncClient:
             elif expect is not None:
                 meta["tensors"] = specs_to_wire(_expected_specs(expect))
             metas.append(meta)
-        out: list[dict[str, torch.Tensor]] = []
         pairs = list(zip(metas, intos))
-        for batch in batches_of(pairs, self._batch_bytes(), lambda _pair: 0):
-            with items_from(len(out)):
-                out.extend(await transfers.load_batch([m for m, _ in batch], self._own_namespace().hex(), device,
-                                                      [d for _, d in batch]))
-        return out
+        depth = min(LOAD_IN_FLIGHT, self.concurrency if concurrency is None else concurrency)
+        per_frame = load_batch_items(len(pairs)) if depth > 1 else BATCH_ITEMS
+        batches = batches_of(pairs, self._batch_bytes(), lambda _pair: 0, per_frame)
+        namespace_hex = self._own_namespace().hex()
+        starts = itertools.accumulate((len(batch) for batch in batches[:-1]), initial=0)
+
+        async def one(batch: list, start: int) -> list[dict[str, torch.Tensor]]:
+            with items_from(start):
+                return await transfers.load_batch([m for m, _ in batch], namespace_hex, device, [d for _, d in batch])
+
+        done = await in_order([functools.partial(one, batch, start) for batch, start in zip(batches, starts)],
+                              max(1, depth))
+        return [loaded for batch in done for loaded in batch]
 
     def _load_meta(self, target, speculative: bool) -> dict[str, Any]:
         meta: dict[str, Any] = {"ns": self._own_namespace().hex(), "speculative": bool(speculative)}

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from statetier.clients import AsyncClient, Client, PutItem
+from statetier.clients.batches import load_batch_items
 from statetier.clients.tensors import tensor_bytes
 from statetier.launch import DaemonProcess
 from statetier.protocol.errors import (
@@ -356,6 +357,27 @@ async def test_load_into_a_mismatched_buffer_is_a_typed_error_and_leaves_it_unto
             await client.load(ref, into={"conv": torch.zeros(3, 8192, dtype=torch.bfloat16),
                                          "ssm": torch.zeros(8192, 16, device="meta")})
         assert_same_tensors(await client.load(ref), snapshot(seed=5))
+
+
+@pytest.mark.parametrize("use_shm", [True, False], ids=["shm", "inline"])
+async def test_a_load_many_cut_into_frames_in_flight_keeps_order_and_the_first_failure(daemon_url: str,
+                                                                                       use_shm: bool) -> None:
+    """24 targets travel as several LOAD_BATCH frames, two in flight: every result in its
+    target's place, and a missing object in a later frame is the error, at its position."""
+    assert load_batch_items(24) < 24  # more than one frame
+    async with AsyncClient(daemon_url, namespace=jamba_namespace(f"frames-{use_shm}"), use_shm=use_shm) as client:
+        refs = [await client.put_ssm(i, bytes(32), 64, snapshot(seed=80 + i), request_id="frames") for i in range(24)]
+        for got, i in zip(await client.load_many(refs), range(24)):
+            assert_same_tensors(got, snapshot(seed=80 + i))
+        await client.delete(refs[17])
+        with pytest.raises(NotFound) as caught:
+            await client.load_many(refs)
+        assert caught.value.detail["item"] == 17
+        with pytest.raises(NotFound) as caught:
+            await client.load_many(refs, concurrency=1)  # one frame after the other
+        assert caught.value.detail["item"] == 17
+        for got, i in zip(await client.load_many(refs[:17]), range(17)):  # the connection still serves
+            assert_same_tensors(got, snapshot(seed=80 + i))
 
 
 @pytest.mark.parametrize("use_shm", [True, False], ids=["shm", "inline"])
