@@ -1,4 +1,4 @@
-"""The engine: the tier hierarchy behind the daemon's requests (DESIGN §4–6), and its one entry point.
+"""The engine: the tier hierarchy behind the daemon's requests (DESIGN §4–6); its one entry point.
 
 ``Engine(tiers, keyring=, registry=, metrics=, options=, arena=, publish=, write_behind_to=,
 executor=)`` — ``tiers`` fastest first (device, host, disk, redis; any may be absent);
