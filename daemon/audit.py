@@ -45,8 +45,8 @@ async def inspect(engine, tenant: str, state_id: bytes) -> dict:
 
 async def verify_all(engine, tenant: str | None = None, progress=None) -> dict:
     """Re-check every object in every tier (``statetier verify``): drop what is damaged,
-    report (and leave in place, see ``Engine._serve``) intact objects stored under another
-    object's id as ``misfiled``. With ``tenant``, intact objects of other tenants'
+    report (and leave in place, see ``daemon.serving.CopyServer.serve``) intact objects
+    stored under another object's id as ``misfiled``. With ``tenant``, intact objects of other tenants'
     namespaces are passed over unreported; damage is dropped whoever it was."""
     report = {"checked": 0, "dropped": 0, "misfiled": 0, "by_reason": {}}
     metas = []

@@ -28,6 +28,7 @@ from statetier.protocol.errors import InvalidRequest, StatetierError, Unavailabl
 from statetier.protocol.identity import Kind, StateKey, StateRef
 from statetier.tiers.base import ObjectMeta, Tier
 
+from .candidates import newest_first, servable
 from .requests import LookupRequest, LookupResult
 
 
@@ -91,16 +92,8 @@ async def locate_newest(engine, keys: list[StateKey]) -> list[tuple[ObjectMeta, 
         heads.update(zip(streams, await registry.newest_many(streams)))
     picks = []
     for found in seen:
-        servable = []
-        for meta, tier in found.values():
-            head = heads[meta.stream_id]
-            if head is not None and head.version > meta.version:
-                engine.count_skip("stale")
-            elif meta.speculative:
-                engine.count_skip("speculative")
-            else:
-                servable.append((meta, tier))
-        picks.append(max(servable, key=lambda item: (item[0].version, item[0].created_at_ns)) if servable else None)
+        ok = servable(((meta, tier, heads[meta.stream_id]) for meta, tier in found.values()), False, engine.count_skip)
+        picks.append(max(ok, key=newest_first) if ok else None)
     return picks
 
 

@@ -1,0 +1,64 @@
+"""Leases the engine holds for its callers: one tier lease each, known to its owner.
+
+- ``Held``                         — a tier, the tier's lease, the owner (a connection)
+- ``Leases(ids)``                  — the engine's table; ``ids`` the engine's one counter
+  (reservation tickets draw from it too, so no id names two things)
+  - ``hold(tier, lease, owner)`` → ``(lease_id, Held)``: a load's result or a lookup's
+    object (``daemon.loads``, ``daemon.serving``, ``daemon.lookup`` through
+    ``Engine.hold_for_lookup``), kept until released
+  - ``release(lease_id, owner)`` → bool; ``ids_of(owner)``, ``owners()``, ``len()``
+  - ``held_by(lease_id, owner)`` → ``Held``, or ``LeaseError`` for another owner's id
+
+Releasing completes the tier lease (``Tier.complete_load``): the object may move again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from statetier.protocol.errors import LeaseError
+from statetier.tiers.base import Lease, Tier
+
+
+@dataclass(slots=True)
+class Held:
+    """An engine lease: one tier lease, known to its owner (a connection)."""
+
+    tier: Tier
+    lease: Lease
+    owner: object
+
+
+class Leases:
+    def __init__(self, ids) -> None:
+        self._ids = ids
+        self._held: dict[int, Held] = {}
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def hold(self, tier: Tier, lease: Lease, owner) -> tuple[int, Held]:
+        lease_id = next(self._ids)
+        held = Held(tier, lease, owner)
+        self._held[lease_id] = held
+        return lease_id, held
+
+    async def release(self, lease_id: int, owner) -> bool:
+        held = self._held.get(lease_id)
+        if held is None or held.owner != owner:
+            return False
+        del self._held[lease_id]
+        await held.tier.complete_load(held.lease)
+        return True
+
+    def ids_of(self, owner) -> list[int]:
+        return [lid for lid, held in self._held.items() if held.owner == owner]
+
+    def owners(self) -> set:
+        return {held.owner for held in self._held.values()}
+
+    def held_by(self, lease_id: int, owner) -> Held:
+        held = self._held.get(lease_id)
+        if held is None or held.owner != owner:
+            raise LeaseError(f"no lease {lease_id} on this connection")
+        return held

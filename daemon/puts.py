@@ -1,0 +1,217 @@
+"""The put path: seal, claim a version, place, publish, make durable (DESIGN §3, §5).
+
+``Puts(stack, fences, ids)`` — one per engine; ``Engine`` forwards its put calls here:
+
+- ``put(req, payload)``              seal inline bytes, place, (publish), return ``PutResult``
+- ``put_shared(req, source, owner)`` a payload its client can still write: copied first
+                                      (into an arena reservation, or a private buffer), then
+                                      digested there
+- ``reserve(req, owner)`` → ``commit(ticket_id, owner, source)`` / ``abort(ticket_id, owner)``
+                                      the same in two steps, through the host arena
+- ``abort_owner(owner)``, ``owners()``, ``len()`` — open reservations (a connection went away)
+
+A put is visible only once sealed and complete; its version is claimed from the registry
+first (``daemon.fencing``); ``durable`` copies it into the durable tier before it returns;
+``publish`` writes it through to the cross-node tier, or is refused without one (tolerated:
+said in the reply and counted).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+from statetier.protocol.errors import CapacityError, InvalidRequest, StatetierError, Unavailable
+from statetier.protocol.identity import Provenance, StateRef, new_state_id, stream_id
+from statetier.protocol.sealed import header_length, layout_payload, seal
+from statetier.tiers.base import ObjectMeta, Tier
+
+from .fencing import Fences
+from .requests import PutRequest, PutResult, Reservation
+from .stack import Stack
+from .trace import phase
+
+log = logging.getLogger("statetier.engine")
+
+
+class Puts:
+    def __init__(self, stack: Stack, fences: Fences, ids) -> None:
+        self.stack = stack
+        self.fences = fences
+        self._ids = ids
+        self._reservations: dict[int, tuple[Reservation, object]] = {}
+
+    def __len__(self) -> int:
+        return len(self._reservations)
+
+    def owners(self) -> set:
+        return {o for _, o in self._reservations.values()}
+
+    async def put(self, req: PutRequest, payload) -> PutResult:
+        started, stack = time.perf_counter(), self.stack
+        self._check_put(req)
+        view = memoryview(payload).cast("B")
+        layout = layout_payload(req.specs)
+        _check_length(view, layout)
+        provenance = self._stamp(req.provenance)
+        state_id = new_state_id()
+        version = await self.fences.claim(req, provenance, state_id)
+        with phase("seal"):
+            header = await stack.hash_off_loop(view.nbytes, seal, req.key, provenance, layout, view,
+                                               keyring=stack.keyring, state_id=state_id, version=version,
+                                               digest_alg=req.digest_alg, contains_speculative=req.speculative)
+        meta = _meta(req, provenance, state_id, version, len(header), layout.payload_len)
+        first = stack.tenancy.first_tier_within_quota(req.tenant, [t.name for t in stack.tiers], meta.size)
+        tier = await stack.placement.store([header, view], meta, first=first)
+        return await self._finish_put(req, meta, tier, [header, view], started)
+
+    async def reserve(self, req: PutRequest, owner) -> Reservation:
+        arena = self.stack.arena
+        if arena is None:
+            raise Unavailable("zero-copy puts need the host tier, which is not configured")
+        self._check_put(req)
+        provenance = self._stamp(req.provenance)
+        layout = layout_payload(req.specs)
+        header_len = header_length(req.key, provenance, req.specs, self.stack.keyring.active.alg)
+        state_id = new_state_id()
+        version = await self.fences.claim(req, provenance, state_id)
+        meta = _meta(req, provenance, state_id, version, header_len, layout.payload_len)
+        ticket = await self.stack.placement._prepare_with_room(arena, meta)
+        ticket_id = next(self._ids)
+        reservation = Reservation(ticket_id, dataclasses.replace(req, provenance=provenance), layout,
+                                  arena.arena_offset(ticket) + header_len, ticket.view[header_len:],
+                                  owner, ticket)
+        self._reservations[ticket_id] = (reservation, owner)
+        return reservation
+
+    async def put_shared(self, req: PutRequest, source, owner) -> PutResult:
+        """Seal a payload that lies in memory its client can still write: copy it into the
+        host arena (or a private buffer) first and digest that copy, so a change after the
+        copy changes nothing stored."""
+        stack = self.stack
+        view = memoryview(source).cast("B")
+        _check_length(view, layout_payload(req.specs))
+        if stack.arena is not None:
+            header_len = header_length(req.key, self._stamp(req.provenance), req.specs, stack.keyring.active.alg)
+            size = header_len + view.nbytes
+            first = stack.tenancy.first_tier_within_quota(req.tenant, [t.name for t in stack.tiers], size)
+            if stack.tiers[first] is stack.arena:
+                try:
+                    reservation = await self.reserve(req, owner)
+                except CapacityError:
+                    pass  # no room in the arena: a private copy goes to the tiers below
+                else:
+                    return await self.commit(reservation.ticket_id, owner, view)
+        private = await stack.hash_off_loop(view.nbytes, bytes, view)
+        return await self.put(req, private)
+
+    async def commit(self, ticket_id: int, owner, source=None) -> PutResult:
+        """Seal a reservation; with ``source``, copy it into the reservation first (in the
+        same executor job as the digest)."""
+        started, stack = time.perf_counter(), self.stack
+        reservation = self._take_reservation(ticket_id, owner)
+        ticket, req = reservation.state, reservation.request
+        ok = False
+        try:
+            meta = ticket.meta
+            with phase("copy_and_seal" if source is not None else "seal"):
+                header = await stack.hash_off_loop(
+                    reservation.layout.payload_len, _copy_then_seal, source, req.key, req.provenance,
+                    reservation.layout, reservation.payload_view, keyring=stack.keyring, state_id=meta.object_id,
+                    version=meta.version, digest_alg=req.digest_alg, contains_speculative=req.speculative)
+            ticket.view[: len(header)] = header
+            ok = True
+        finally:
+            await stack.arena.complete_store(ticket, ok)
+        return await self._finish_put(req, meta, stack.arena, None, started)
+
+    async def abort(self, ticket_id: int, owner) -> None:
+        reservation = self._take_reservation(ticket_id, owner)
+        await self.stack.arena.complete_store(reservation.state, False)
+
+    async def abort_owner(self, owner) -> int:
+        tickets = [tid for tid, (_, o) in self._reservations.items() if o == owner]
+        for ticket_id in tickets:
+            await self.abort(ticket_id, owner)
+        return len(tickets)
+
+    def _take_reservation(self, ticket_id: int, owner) -> Reservation:
+        entry = self._reservations.get(ticket_id)
+        if entry is None or entry[1] != owner:
+            raise InvalidRequest(f"no open reservation {ticket_id} on this connection")
+        del self._reservations[ticket_id]
+        return entry[0]
+
+    async def _finish_put(self, req: PutRequest, meta: ObjectMeta, tier: Tier, chunks, started: float) -> PutResult:
+        stack = self.stack
+        publish_tier, placement, metrics = stack.publish, stack.placement, stack.metrics
+        stack.tenancy.charge(req.tenant, tier.name, meta.object_id, meta.size)
+        durable = tier.is_durable or (req.durable and await self._store_durably(meta, tier, chunks))
+        if req.publish and publish_tier is not None and tier is not publish_tier:
+            if chunks is None:  # zero-copy put: the object lives only in the arena
+                await placement.copy_between(meta.object_id, tier, publish_tier)
+            else:
+                await placement.store_in(publish_tier, chunks, meta)
+                stack.tenancy.copied(tier.name, publish_tier.name, meta.object_id)
+        else:
+            placement.schedule_copy_down(meta.object_id, tier)
+        published = req.publish and publish_tier is not None
+        if req.publish and not published:  # tolerated (``tolerate_unpublished``): said and counted
+            log.warning("put of %s asked to publish; no cross-node tier: stored locally only", meta.object_id.hex())
+            if metrics is not None:
+                metrics.count_unpublished()
+        if metrics is not None:
+            metrics.observe_op(tier.name, meta.kind.name.lower(), "put", meta.size, time.perf_counter() - started)
+        ref = StateRef(req.key, meta.request_id, meta.step, meta.object_id, meta.version)
+        return PutResult(ref, tier.name, published, durable)
+
+    async def _store_durably(self, meta: ObjectMeta, tier: Tier, chunks) -> bool:
+        """A put asked to be durable: copy it into the durable tier now, not write-behind.
+        False (the reply says so) when there is none or it cannot take the object."""
+        stack = self.stack
+        target = next((t for t in stack.tiers if t.is_durable), None)
+        if target is None:
+            return False
+        try:
+            if chunks is None:  # zero-copy put: the object lives only in the arena
+                await stack.placement.copy_between(meta.object_id, tier, target)
+            elif stack.tenancy.may_copy(tier.name, target.name, meta.object_id, meta.size):
+                await stack.placement.store_in(target, chunks, meta)
+                stack.tenancy.copied(tier.name, target.name, meta.object_id)
+        except StatetierError as exc:
+            log.debug("durable copy of %s into %s failed: %s", meta.object_id.hex(), target.name, exc)
+            return False
+        return await target.contains(meta.object_id)
+
+    def _check_put(self, req: PutRequest) -> None:
+        self.stack.tenancy.check_namespace(req.tenant, req.key.namespace)
+        if req.publish and self.stack.publish is None and not self.stack.options.tolerate_unpublished:
+            raise Unavailable("publish requested but this daemon has no cross-node tier (Redis): nothing "
+                              "was stored or published")
+        if req.key.kind.name == "SSM" and req.key.token_start != 0:
+            raise InvalidRequest("an SSM snapshot must start at token 0")
+
+    def _stamp(self, prov: Provenance) -> Provenance:
+        return Provenance(prov.request_id, prov.step, prov.producer_id or self.stack.options.producer_id,
+                          prov.created_at_ns or time.time_ns())
+
+
+def _check_length(view: memoryview, layout) -> None:
+    if view.nbytes != layout.payload_len:
+        raise InvalidRequest(f"payload is {view.nbytes} bytes; the tensors need {layout.payload_len}")
+
+
+def _copy_then_seal(source, key, provenance, layout, payload, **options) -> bytes:
+    if source is not None:
+        payload[:] = source
+    return seal(key, provenance, layout, payload, **options)
+
+
+def _meta(req: PutRequest, provenance: Provenance, state_id: bytes, version: int, header_len: int,
+          payload_len: int) -> ObjectMeta:
+    return ObjectMeta(
+        object_id=state_id, key_digest=req.key.digest(), stream_id=stream_id(req.key, provenance.request_id),
+        version=version, kind=req.key.kind, size=header_len + payload_len, header_len=header_len,
+        created_at_ns=provenance.created_at_ns, request_id=provenance.request_id, step=provenance.step,
+        speculative=req.speculative)

@@ -1,0 +1,180 @@
+"""Serving one leased copy: classify it, promote it when it came from below, hold it.
+
+- ``Wanted``                      — what one load asks of every copy it tries: the state_id,
+                                    the ``Expectation``, the owner, the tenant, ``full_check``;
+                                    copies are classified against ``judged`` (the tensor specs
+                                    are checked apart, by ``daemon.loads``)
+- ``CopyServer(stack, leases)``   — ``serve(tier, index, lease, wanted)`` → ``LoadResult``,
+                                    called by ``daemon.loads`` for each copy, fastest first;
+                                    it owns ``lease``. A copy from below is promoted: from a
+                                    tier that ``reads_in_place`` (the disk) straight into an
+                                    arena reservation, else by storing the bytes read. Damage
+                                    and refusals raise as ``protocol.classify`` found them.
+
+A copy in daemon-only memory (host, device) is not digested again unless ``full_check``:
+the client verifies the payload where it lands (DESIGN §6). Headers of hot objects are
+checked once (``VerifiedHeaders``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+
+from statetier.protocol.classify import classify
+from statetier.protocol.errors import StatetierError
+from statetier.protocol.sealed import Expectation, VerifiedHeaders
+from statetier.tiers.base import Lease, ObjectMeta, Tier
+
+from .leases import Held, Leases
+from .requests import LoadResult
+from .stack import Stack
+from .trace import phase
+
+log = logging.getLogger("statetier.engine")
+
+
+@dataclass(frozen=True, slots=True)
+class Wanted:
+    """What one load asks of each copy it tries (the same for every tier)."""
+
+    state_id: bytes
+    expectation: Expectation
+    owner: object
+    tenant: str
+    full_check: bool = False
+
+    @property
+    def judged(self) -> Expectation:
+        """The expectation without the caller's tensor specs: a mismatch there is about the
+        request (a caller's buffer), not damage, and must not drop the copy."""
+        expectation = self.expectation
+        return expectation if expectation.tensors is None else dataclasses.replace(expectation, tensors=None)
+
+
+class CopyServer:
+    def __init__(self, stack: Stack, leases: Leases) -> None:
+        self.stack = stack
+        self.leases = leases
+        self._verified = VerifiedHeaders()  # headers of hot objects: signature checked once
+
+    async def serve(self, tier: Tier, index: int, lease: Lease, wanted: Wanted) -> LoadResult:
+        """Classify the leased copy found under ``wanted.state_id``; promote it when it came
+        from below (``index > 0``). Owns ``lease``.
+
+        An authenticated object of another identity under this id (a connector that wrote
+        to the wrong key) is refused and *left in place*: it is no damage (removing it
+        could destroy the only copy of the state it really is), it can never be served
+        under this id (every load classifies again), it is evidence for ``statetier
+        inspect``, and it ages out with the tier's LRU or TTL like any object.
+        """
+        stack, promote = self.stack, index > 0 and self.stack.options.promote_on_load
+        kept = False
+        try:
+            if promote and tier.reads_in_place:
+                landed = await self._load_into_arena(tier, lease, wanted)
+                if landed is not None:
+                    return landed
+            blob = await tier.read(lease)
+            # bytes in daemon-only memory were digested when sealed there; the client checks
+            # the payload again where it lands (DESIGN §6)
+            # (``full_check``: a client found a payload that did not match: digest every copy
+            # again, so a damaged one is dropped and the next one served)
+            trusted = (tier.verifies_on_read or tier.holds_verified_bytes) and not wanted.full_check
+            with phase("open" if trusted else "open_and_hash"):
+                opened = await self._classify(blob, wanted, trusted)
+            if stack.metrics is not None:
+                stack.metrics.count_hit(tier.name, wanted.expectation.key.kind.name.lower())
+            if promote:
+                # the verified header says what this is, not the tier's index entry
+                promoted = await self._promote(blob, ObjectMeta.from_header(opened.header), tier, wanted)
+                if promoted is not None:
+                    lease_id, held = promoted
+                    view = memoryview(await held.tier.read(held.lease)).cast("B")
+                    return self._result(lease_id, held, opened.header, view)
+            kept = True
+            lease_id, held = self.leases.hold(tier, lease, wanted.owner)
+            return self._result(lease_id, held, opened.header, memoryview(blob).cast("B"))
+        finally:
+            if not kept:
+                await tier.complete_load(lease)
+
+    async def _classify(self, blob, wanted: Wanted, trusted: bool):
+        return await self.stack.hash_off_loop(0 if trusted else blob.nbytes, classify, blob, wanted.judged,
+                                              self.stack.keyring, stored_as=wanted.state_id,
+                                              verify_payload=not trusted,
+                                              verified=self._verified if trusted else None)
+
+    async def _load_into_arena(self, tier: Tier, lease: Lease, wanted: Wanted) -> LoadResult | None:
+        """A promotion read straight into its arena reservation (the tier's ``read_into``) and
+        classified there: no fresh buffer, no copy (``tier.reads_in_place``). None when it cannot be promoted (no room,
+        quota, a copy already above, or a header whose meta differs from the tier's index
+        entry): the caller then reads it as usual. Damage and refusals raise as from ``read``."""
+        stack = self.stack
+        target, meta = stack.arena, lease.meta
+        if target is None or stack.tiers.index(target) > stack.tiers.index(tier):
+            return None
+        trusted = tier.verifies_on_read and not wanted.full_check
+        opened, filling = None, False
+
+        async def fill(view: memoryview):
+            nonlocal opened, filling
+            filling = True
+            with phase("read_into_arena"):
+                await tier.read_into(lease, view)
+            opened = await self._classify(view, wanted, trusted)
+            # the verified header says what this is: kept only if the index entry agrees
+            return opened if ObjectMeta.from_header(opened.header) == meta else None
+
+        async with stack.placement.cycle():
+            if stack.placement.is_deleting(meta.object_id) or await target.contains(meta.object_id) \
+                    or stack.tenancy.would_exceed(wanted.tenant, target.name, meta.size):
+                return None
+            try:
+                if await stack.placement.store_filled(target, meta, fill) is None:
+                    return None
+            except StatetierError as exc:
+                if filling:
+                    raise  # what the read or the classification found
+                log.debug("promotion of %s into %s skipped: %s", meta.object_id.hex(), target.name, exc)
+                return None  # no room in the arena (or a concurrent promotion won): read as usual
+            stack.tenancy.charge(wanted.tenant, target.name, meta.object_id, meta.size)
+            held_lease = await target.prepare_load(meta.object_id, owner=wanted.owner, ttl=stack.options.lease_ttl)
+        if stack.metrics is not None:
+            stack.metrics.count_hit(tier.name, wanted.expectation.key.kind.name.lower())
+            stack.metrics.count_promotion(tier.name, target.name)
+        lease_id, held = self.leases.hold(target, held_lease, wanted.owner)
+        view = memoryview(await target.read(held_lease)).cast("B")
+        return self._result(lease_id, held, opened.header, view)
+
+    async def _promote(self, blob, meta: ObjectMeta, source: Tier, wanted: Wanted) -> tuple[int, Held] | None:
+        stack = self.stack
+        target = stack.arena or stack.tiers[0]
+        if target is source or stack.tiers.index(target) > stack.tiers.index(source):
+            return None
+        oid = meta.object_id
+        try:
+            async with stack.placement.cycle():
+                if stack.placement.is_deleting(oid):
+                    return None
+                # a copy already above was not the one served (it was refused, or is not yet
+                # judged): serve what was verified, never an unjudged copy in its place
+                if await target.contains(oid) or stack.tenancy.would_exceed(wanted.tenant, target.name, meta.size):
+                    return None
+                await stack.placement.store_in(target, [blob], meta)
+                stack.tenancy.charge(wanted.tenant, target.name, oid, meta.size)
+                lease = await target.prepare_load(oid, owner=wanted.owner, ttl=stack.options.lease_ttl)
+        except StatetierError as exc:
+            log.debug("promotion of %s into %s skipped: %s", meta.object_id.hex(), target.name, exc)
+            return None
+        if stack.metrics is not None:
+            stack.metrics.count_promotion(source.name, target.name)
+        return self.leases.hold(target, lease, wanted.owner)
+
+    def _result(self, lease_id: int, held: Held, header, blob: memoryview) -> LoadResult:
+        offset = None
+        arena = self.stack.arena
+        if held.tier is arena:
+            offset = arena.arena_offset(held.lease) + header.header_len
+        return LoadResult(header, blob[header.header_len :], lease_id, held.tier.name, offset, blob)

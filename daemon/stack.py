@@ -1,0 +1,78 @@
+"""What every part of the engine works against: the tier hierarchy and its accounts.
+
+- ``EngineOptions``  — lease TTL, producer id, tenant quotas, write-behind bound, promotion on
+                       load, and whether a put may ``publish`` without a cross-node tier
+- ``Stack``          — built once by ``Engine``, handed to its parts (``daemon.puts``,
+                       ``daemon.fencing``, ``daemon.loads``, ``daemon.serving``,
+                       ``daemon.candidates``, ``daemon.deletion``): the tiers fastest first,
+                       the host arena, the cross-node tier, the version registry,
+                       ``Placement``, ``Tenancy``, keyring, options and metrics (or None);
+                       ``hash_off_loop`` runs a digest inline below ``INLINE_HASH_BYTES``,
+                       else in the executor; ``count_rejection`` / ``count_skip`` /
+                       ``count_miss`` count a refusal, a skipped candidate, a miss (when
+                       there are metrics).
+
+A frozen value: the parts share what it names, and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+
+from statetier.protocol.errors import StatetierError
+from statetier.protocol.identity import StateKey
+from statetier.protocol.keyring import Keyring
+from statetier.tiers.base import Tier
+from statetier.tiers.registry import VersionRegistry
+
+from .placement import Placement
+from .tenancy import Tenancy
+
+#: Below this many bytes hashing inline beats a hop to the executor.
+INLINE_HASH_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    lease_ttl: float = 30.0
+    producer_id: str = ""
+    quotas: dict = field(default_factory=dict)  # tenant -> {tier name -> bytes}
+    write_behind_limit: int = 256
+    promote_on_load: bool = True
+    #: a put with ``publish`` and no cross-node tier: refused (False) or stored locally,
+    #: said in the reply and counted (True)
+    tolerate_unpublished: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Stack:
+    tiers: list[Tier]
+    keyring: Keyring
+    registry: VersionRegistry
+    options: EngineOptions
+    placement: Placement
+    tenancy: Tenancy
+    metrics: object | None = None
+    arena: Tier | None = None
+    publish: Tier | None = None
+    executor: Executor | None = None
+
+    async def hash_off_loop(self, nbytes: int, fn, *args, **kwargs):
+        if nbytes < INLINE_HASH_BYTES or self.executor is None:
+            return fn(*args, **kwargs)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, lambda: fn(*args, **kwargs))
+
+    def count_rejection(self, exc: StatetierError) -> None:
+        if self.metrics is not None:
+            self.metrics.count_rejection(exc.reason)
+
+    def count_skip(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.count_skipped_candidate(reason)
+
+    def count_miss(self, key: StateKey) -> None:
+        if self.metrics is not None:
+            self.metrics.count_miss(key.kind.name.lower())
