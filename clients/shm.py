@@ -1,4 +1,4 @@
-"""The connection's two shared-memory windows, mapped in the client (daemon/windows.py).
+"""The connection's two shared-memory windows, mapped in the client (daemon/server/windows.py).
 
 ``ClientWindows.open(fds)`` maps what HELLO_OK passed (``handshake.WindowFds``) and closes
 the descriptors; ``OSError`` when the process cannot map them (the caller then uses the

@@ -6,7 +6,7 @@
 - ``parse_mode(value)``: ``"660"`` / ``"0o660"`` → 0o660 (file modes are octal).
 - ``split_host_port(text)``: ``"127.0.0.1:7000"`` / ``"[::1]:7000"`` → (host, port).
 
-Used by the section models of ``daemon.config``, by ``daemon.server`` (the TCP address)
+Used by the section models of ``daemon.config``, by ``daemon.server.listeners`` (the TCP address)
 and by ``scripts/gen_example_config.py``; raise ``ValueError`` so that pydantic names the field.
 """
 

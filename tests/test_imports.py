@@ -128,3 +128,17 @@ def test_each_package_imports_only_what_the_architecture_allows() -> None:
                     if top(module) == "daemon" and top(target) in ("clients", "benchmarks")
                     and module != "statetier.daemon.cli")
     assert upward == []
+
+
+def test_the_daemons_server_and_engine_meet_only_in_the_composition_root() -> None:
+    """The server calls the engine it is given (``daemon.app`` wires them); neither imports
+    the other, so the wire side and the tier side can be read, and changed, apart."""
+    graph = _import_graph(packages_too=True)
+
+    def part(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[2] if len(parts) > 2 and parts[1] == "daemon" and parts[2] in ("engine", "server") else None
+
+    crossing = sorted(f"{module} imports {target}" for module, targets in graph.items() for target in targets
+                      if part(module) and part(target) and part(module) != part(target))
+    assert crossing == []

@@ -1,6 +1,6 @@
 """A connection's shared-memory windows: real memfds, passed descriptors, real mappings.
 
-The daemon side (``daemon/windows.py``) creates them; the client side (``clients/shm.py``)
+The daemon side (``daemon/server/windows.py``) creates them; the client side (``clients/shm.py``)
 maps them; ``clients/copies.py`` fills the put window and lands loads from the load
 window, verifying each tensor where it lands.
 """
@@ -17,7 +17,7 @@ from statetier.clients.shm import ClientWindows, _FreeList
 from statetier.clients.tensors import spec_of, tensor_bytes
 from statetier.clients.copies import fill, land
 from statetier.clients.handshake import WindowFds
-from statetier.daemon.windows import Windows
+from statetier.daemon.server.windows import Windows
 from statetier.protocol.errors import CorruptPayload, InvalidRequest
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, new_state_id
 from statetier.protocol.keyring import dev_keyring

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from statetier.daemon.auth import (
+from statetier.daemon.server.auth import (
     PeerCredentials,
     TenantDirectory,
     check_peer,

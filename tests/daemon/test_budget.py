@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from prometheus_client import generate_latest
 
-from statetier.daemon.budget import ByteBudget
+from statetier.daemon.server.budget import ByteBudget
 from statetier.daemon.metrics import Metrics
 from statetier.protocol.errors import Busy, InvalidRequest
 

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling daemon_p
 from daemon_procs import arena_copy, daemon_fixture, eventually, jamba_namespace  # noqa: E402
 from statetier.clients import AsyncClient, PutItem  # noqa: E402
 from statetier.clients.tensors import tensor_bytes  # noqa: E402
-from statetier.daemon.auth import token_sha256  # noqa: E402
+from statetier.daemon.server.auth import token_sha256  # noqa: E402
 from statetier.protocol.errors import CorruptPayload, NotFound, Unavailable  # noqa: E402
 
 TOKENS = {"a": "tenant-a-isolation-token", "b": "tenant-b-isolation-token"}

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling daemon_p
 
 from daemon_procs import assert_same_tensors, daemon_fixture, jamba_namespace, kv_page, snapshot  # noqa: E402
 from statetier.clients import AsyncClient  # noqa: E402
-from statetier.daemon.auth import token_sha256  # noqa: E402
+from statetier.daemon.server.auth import token_sha256  # noqa: E402
 from statetier.protocol.errors import BadSignature, Forbidden, Unauthorized, Unavailable  # noqa: E402
 from statetier.clients.tensors import tensor_to_spec_and_view  # noqa: E402
 from statetier.protocol.identity import Provenance, StateKey, StateRef, new_state_id  # noqa: E402

@@ -5,7 +5,7 @@ of object A, on the host arena, the disk tier, Redis and Redis Cluster; with A's
 entry / manifest left as it was, and with B's rewritten over it. Loading A by its ref must
 raise exactly the error DESIGN §4 gives for B-instead-of-A, move exactly that reason of
 ``statetier_rejections_total``, leave every damage counter alone and the copy where it is
-(it is evidence, not damage: ``daemon.serving.CopyServer.serve``). Real damage (a flipped payload bit, a
+(it is evidence, not damage: ``daemon.engine.serving.CopyServer.serve``). Real damage (a flipped payload bit, a
 truncated object) written the same ways is still ``CorruptPayload`` / ``TruncatedState``,
 counted as damage and removed.
 """

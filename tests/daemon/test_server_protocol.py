@@ -23,7 +23,7 @@ from server_harness import WireClient, eventually, metric, put_meta, running_dae
 from statetier.daemon.config import TenantConfig
 from statetier.daemon.server import Server
 from statetier.protocol.errors import ConfigError
-from statetier.daemon.frame_writer import ConnectionClosed, FrameWriter
+from statetier.daemon.server.frame_writer import ConnectionClosed, FrameWriter
 from statetier.protocol.frames import HEADER_SIZE, Frame, FrameDecoder, Op
 from statetier.protocol.messages import ref_to_wire
 from statetier.protocol.sealed import decode_header

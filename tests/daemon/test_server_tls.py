@@ -19,7 +19,7 @@ from cryptography.x509.oid import NameOID
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling server_harness.py
 
 from server_harness import metric, running_daemon
-from statetier.daemon.auth import server_ssl_context, token_sha256
+from statetier.daemon.server.auth import server_ssl_context, token_sha256
 from statetier.daemon.config import ListenConfig, TenantConfig
 from statetier.protocol.errors import ConfigError
 from statetier.protocol.frames import Op

@@ -55,7 +55,7 @@ class HostTier(ExtentTier):
     """Shared-memory arena tier. See the module docstring."""
 
     offers_store_view = True
-    holds_verified_bytes = True  # clients never map the arena (daemon/windows.py)
+    holds_verified_bytes = True  # clients never map the arena (daemon/server/windows.py)
 
     def __init__(self, capacity_bytes: int, *, high_watermark: float = 0.9, low_watermark: float = 0.75,
                  lease_ttl: float = 30.0, pin_memory: bool | None = None, executor: Executor | None = None,

@@ -4,10 +4,10 @@
 
 - ``load(req, owner, expected=None)`` → ``LoadResult``, leased to ``owner`` until released:
   by ref (``expected``: what ``Fences.expect_refs`` read ahead) or by key (the best valid
-  candidate of ``daemon.candidates.locate``, newest first, each refusal skipped and counted)
+  candidate of ``daemon.engine.candidates.locate``, newest first, each refusal skipped and counted)
 
-Each copy, fastest tier first, is served by ``daemon.serving.CopyServer`` and judged by
-``protocol.classify``: a damaged copy is dropped (``daemon.deletion.drop_copy``) and the
+Each copy, fastest tier first, is served by ``daemon.engine.serving.CopyServer`` and judged by
+``protocol.classify``: a damaged copy is dropped (``daemon.engine.deletion.drop_copy``) and the
 next tried, never unverified bytes; an intact copy of another identity is refused with its
 §4 reason, left in place, and the next tried. The tensor specs a caller expects are checked
 apart, after: a mismatch is about the request, not damage. A load that finds its object in
@@ -38,7 +38,7 @@ from .candidates import locate
 from .deletion import drop_copy
 from .fencing import Fences
 from .leases import Leases
-from .requests import LoadRequest, LoadResult
+from ..requests import LoadRequest, LoadResult
 from .serving import CopyServer, Wanted
 from .stack import Stack
 

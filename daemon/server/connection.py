@@ -29,13 +29,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from statetier.daemon.auth import PeerCredentials, TenantDirectory, check_peer, peer_credentials
-from statetier.daemon.budget import ByteBudget
-from statetier.daemon.frame_writer import FrameWriter
-from statetier.daemon.handlers import Session
-from statetier.daemon.handshake import HANDSHAKE_TIMEOUT_SECONDS, admit, send_with_fds
-from statetier.daemon.request_task import RequestRunner, count_error
-from statetier.daemon.windows import Windows
+from statetier.daemon.server.auth import PeerCredentials, TenantDirectory, check_peer, peer_credentials
+from statetier.daemon.server.budget import ByteBudget
+from statetier.daemon.server.frame_writer import FrameWriter
+from statetier.daemon.server.handlers import Session
+from statetier.daemon.server.handshake import HANDSHAKE_TIMEOUT_SECONDS, admit, send_with_fds
+from statetier.daemon.server.request_task import RequestRunner, count_error
+from statetier.daemon.server.windows import Windows
 from statetier.protocol.errors import Forbidden, InternalError, ProtocolError, StatetierError, Unauthorized, bounded_text
 from statetier.protocol.frames import Frame, FrameDecoder, Op, error_frame, hello_ok_frame
 

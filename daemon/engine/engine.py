@@ -3,21 +3,21 @@
 ``Engine(tiers, keyring=, registry=, metrics=, options=, arena=, publish=, write_behind_to=,
 executor=)`` — ``tiers`` fastest first (device, host, disk, redis; any may be absent);
 ``arena`` the host tier whose shared memory same-host clients map; ``publish`` the
-cross-node tier (Redis). It builds one ``daemon.stack.Stack`` and composes the parts that
+cross-node tier (Redis). It builds one ``daemon.engine.stack.Stack`` and composes the parts that
 hold the rules; the server calls, per request, and the engine forwards to:
 
-- ``put`` / ``put_shared`` / ``reserve`` → ``commit`` / ``abort``   ``daemon.puts`` (sealing,
+- ``put`` / ``put_shared`` / ``reserve`` → ``commit`` / ``abort``   ``daemon.engine.puts`` (sealing,
   version claims, placement, publish, durable copies, reservations in the arena)
-- ``expect_refs``, ``load``      ``daemon.fencing`` (registry reads) and ``daemon.loads``
-  (copies fastest first, each judged and promoted by ``daemon.serving``; spec checks)
-- ``lookup``, ``locate``         ``daemon.lookup`` (the joint hit), ``daemon.candidates``
-- ``release`` / ``release_owner`` ``daemon.leases`` (a connection went away: its leases
+- ``expect_refs``, ``load``      ``daemon.engine.fencing`` (registry reads) and ``daemon.engine.loads``
+  (copies fastest first, each judged and promoted by ``daemon.engine.serving``; spec checks)
+- ``lookup``, ``locate``         ``daemon.engine.lookup`` (the joint hit), ``daemon.engine.candidates``
+- ``release`` / ``release_owner`` ``daemon.engine.leases`` (a connection went away: its leases
   and open reservations)
-- ``delete``, ``drop_copy``      ``daemon.deletion``; ``inspect``, ``verify_all``: ``daemon.audit``
+- ``delete``, ``drop_copy``      ``daemon.engine.deletion``; ``inspect``, ``verify_all``: ``daemon.engine.audit``
 - ``start`` / ``close``, ``stats``, ``lease_count``, ``reservation_count``, ``shared_memory``
 
-``EngineOptions`` (defined in ``daemon.stack``) is exported here. Eviction and demotion
-are ``daemon.placement``'s; tenant bytes follow every copy (``daemon.tenancy``).
+``EngineOptions`` (defined in ``daemon.engine.stack``) is exported here. Eviction and demotion
+are ``daemon.engine.placement``'s; tenant bytes follow every copy (``daemon.engine.tenancy``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from .loads import Loads
 from .lookup import joint_hit
 from .placement import Placement
 from .puts import Puts
-from .requests import LoadRequest, LoadResult, LookupRequest, LookupResult, PutRequest, PutResult, Reservation
+from ..requests import LoadRequest, LoadResult, LookupRequest, LookupResult, PutRequest, PutResult, Reservation
 from .stack import EngineOptions, Stack
 from .tenancy import Tenancy
 
@@ -113,7 +113,7 @@ class Engine:
                 log.exception("closing tier %s failed", tier.name)
         await self.registry.close()
 
-    # ---------------------------------------------------------------- puts (``daemon.puts``)
+    # ---------------------------------------------------------------- puts (``daemon.engine.puts``)
 
     async def put(self, req: PutRequest, payload) -> PutResult:
         return await self._puts.put(req, payload)
@@ -134,14 +134,14 @@ class Engine:
     async def hash_off_loop(self, nbytes: int, fn, *args, **kwargs):
         return await self.stack.hash_off_loop(nbytes, fn, *args, **kwargs)
 
-    # ---------------------------------------------------------------- loads (``daemon.loads``)
+    # ---------------------------------------------------------------- loads (``daemon.engine.loads``)
 
     async def load(self, req: LoadRequest, owner, *, expected: tuple[bytes, Expectation] | None = None) -> LoadResult:
         """``expected``: what ``expect_refs`` found for this load by ref, read ahead."""
         return await self._loads.load(req, owner, expected=expected)
 
     async def expect_refs(self, reqs: list[LoadRequest]) -> list[tuple[bytes, Expectation] | StatetierError | None]:
-        """The registry reads of many loads by ref, made concurrently (``daemon.fencing``)."""
+        """The registry reads of many loads by ref, made concurrently (``daemon.engine.fencing``)."""
         return await self._fences.expect_refs(reqs)
 
     async def drop_copy(self, tier: Tier, state_id: bytes) -> None:
@@ -150,7 +150,7 @@ class Engine:
     def count_rejection(self, exc: StatetierError) -> None:
         self.stack.count_rejection(exc)
 
-    def count_skip(self, reason: str) -> None:  # for daemon.lookup, which locates many keys at once
+    def count_skip(self, reason: str) -> None:  # for daemon.engine.lookup, which locates many keys at once
         self.stack.count_skip(reason)
 
     async def read_leased(self, lease_id: int, owner) -> memoryview:
@@ -158,7 +158,7 @@ class Engine:
         held = self._leases.held_by(lease_id, owner)
         return await held.tier.read(held.lease)
 
-    # ---------------------------------------------------------------- leases (``daemon.leases``)
+    # ---------------------------------------------------------------- leases (``daemon.engine.leases``)
 
     async def release(self, lease_id: int, owner) -> bool:
         return await self._leases.release(lease_id, owner)
@@ -185,12 +185,12 @@ class Engine:
     async def locate(self, key: StateKey, *, allow_speculative: bool = False) -> list[tuple[ObjectMeta, Tier]]:
         """Objects stored under ``key`` that may be served (the fastest tier holding each),
         newest first: superseded ones (``stale``) and, unless allowed, speculative snapshots
-        (``speculative``) are skipped and counted (``daemon.candidates``)."""
+        (``speculative``) are skipped and counted (``daemon.engine.candidates``)."""
         return await candidates.locate(self.stack, key, allow_speculative=allow_speculative)
 
     async def delete(self, tenant: str, ref: StateRef) -> int:
         """Remove every copy of ``ref``'s object; none is reachable once this returns
-        (``daemon.deletion``: swept, moves settled, swept again)."""
+        (``daemon.engine.deletion``: swept, moves settled, swept again)."""
         return await deletion.delete(self.stack, tenant, ref)
 
     async def inspect(self, tenant: str, state_id: bytes) -> dict:

@@ -2,10 +2,10 @@
 
 ``Fences(stack)`` — one per engine, over ``stack.registry``:
 
-- ``claim(req, provenance, state_id)`` → the put's version (``daemon.puts``); a stale put
+- ``claim(req, provenance, state_id)`` → the put's version (``daemon.engine.puts``); a stale put
   raises ``StaleState``, counted as a refused object
 - ``expect_ref(req)`` → ``(state_id, Expectation)`` of a load by ref: its stream's newest
-  version and the stream its state_id was issued for, read together (``daemon.loads``)
+  version and the stream its state_id was issued for, read together (``daemon.engine.loads``)
 - ``expect_refs(reqs)`` — the same for a batch, ``REGISTRY_READS_AT_ONCE`` loads at a time
   (``Engine.expect_refs``; each answer is ``load``'s ``expected``, its error, or None)
 - ``expect_key(key, stream, req)`` → the ``Expectation`` of one candidate of a load by key
@@ -24,7 +24,7 @@ from statetier.protocol.errors import StaleState, StatetierError
 from statetier.protocol.identity import Provenance, StateKey, stream_id
 from statetier.protocol.sealed import Expectation
 
-from .requests import LoadRequest, PutRequest
+from ..requests import LoadRequest, PutRequest
 from .stack import Stack
 
 #: state_id → the stream it was issued for, remembered for this many state_ids.

@@ -28,10 +28,10 @@ import socket
 import ssl
 import stat
 
-from statetier.daemon.auth import TenantDirectory, server_ssl_context
-from statetier.daemon.budget import ByteBudget
+from statetier.daemon.server.auth import TenantDirectory, server_ssl_context
+from statetier.daemon.server.budget import ByteBudget
 from statetier.daemon.config_values import split_host_port
-from statetier.daemon.connection import SOCKET_BUFFER_BYTES, Connection, ConnectionContext
+from statetier.daemon.server.connection import SOCKET_BUFFER_BYTES, Connection, ConnectionContext
 from statetier.protocol.errors import ConfigError
 
 log = logging.getLogger(__name__)

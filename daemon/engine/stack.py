@@ -2,9 +2,9 @@
 
 - ``EngineOptions``  — lease TTL, producer id, tenant quotas, write-behind bound, promotion on
                        load, and whether a put may ``publish`` without a cross-node tier
-- ``Stack``          — built once by ``Engine``, handed to its parts (``daemon.puts``,
-                       ``daemon.fencing``, ``daemon.loads``, ``daemon.serving``,
-                       ``daemon.candidates``, ``daemon.deletion``): the tiers fastest first,
+- ``Stack``          — built once by ``Engine``, handed to its parts (``daemon.engine.puts``,
+                       ``daemon.engine.fencing``, ``daemon.engine.loads``, ``daemon.engine.serving``,
+                       ``daemon.engine.candidates``, ``daemon.engine.deletion``): the tiers fastest first,
                        the host arena, the cross-node tier, the version registry,
                        ``Placement``, ``Tenancy``, keyring, options and metrics (or None);
                        ``hash_off_loop`` runs a digest inline below ``INLINE_HASH_BYTES``,

@@ -3,7 +3,7 @@
 - ``inspect(engine, tenant, state_id)`` → ``{"header", "tiers"}``: the (unverified) header of
   the object stored under ``state_id`` and the tiers holding it; ``Forbidden`` when the
   header's namespace belongs to another tenant (the first tenant to use a namespace owns
-  it, ``daemon.tenancy``).
+  it, ``daemon.engine.tenancy``).
 - ``verify_all(engine, tenant=None, progress=None)`` → ``{"checked", "dropped", "misfiled",
   "by_reason"}``: every object of every tier re-checked; damage dropped and counted by
   reason; an intact object under another object's id reported as ``misfiled`` and left.
@@ -45,7 +45,7 @@ async def inspect(engine, tenant: str, state_id: bytes) -> dict:
 
 async def verify_all(engine, tenant: str | None = None, progress=None) -> dict:
     """Re-check every object in every tier (``statetier verify``): drop what is damaged,
-    report (and leave in place, see ``daemon.serving.CopyServer.serve``) intact objects
+    report (and leave in place, see ``daemon.engine.serving.CopyServer.serve``) intact objects
     stored under another object's id as ``misfiled``. With ``tenant``, intact objects of other tenants'
     namespaces are passed over unreported; damage is dropped whoever it was."""
     report = {"checked": 0, "dropped": 0, "misfiled": 0, "by_reason": {}}

@@ -2,10 +2,10 @@
 
 - ``locate(stack, key, allow_speculative=False)`` → ``[(ObjectMeta, Tier)]``: every servable
   object under ``key`` (the fastest tier holding each), newest first (``Engine.locate``; a
-  load by key tries them in that order, ``daemon.loads``)
+  load by key tries them in that order, ``daemon.engine.loads``)
 - ``servable(found, allow_speculative, count_skip)`` → the ``(meta, tier)`` of each
   ``(meta, tier, stream head)`` that may be served: ``locate``'s judgement, shared with
-  ``daemon.lookup.locate_newest`` (many keys at once, for the joint hit)
+  ``daemon.engine.lookup.locate_newest`` (many keys at once, for the joint hit)
 
 Servable: not superseded in the version registry (skipped as ``stale``) and not a
 speculative snapshot unless allowed (``speculative``); each skip is counted

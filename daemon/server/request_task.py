@@ -19,9 +19,9 @@ import logging
 import time
 from contextlib import nullcontext
 
-from statetier.daemon.budget import ByteBudget
-from statetier.daemon.frame_writer import ConnectionClosed, FrameWriter
-from statetier.daemon.handlers import HANDLERS, Reply, Session
+from statetier.daemon.server.budget import ByteBudget
+from statetier.daemon.server.frame_writer import ConnectionClosed, FrameWriter
+from statetier.daemon.server.handlers import HANDLERS, Reply, Session
 from statetier.protocol.errors import InternalError, InvalidRequest, StatetierError
 from statetier.protocol.frames import Frame, error_frame
 

@@ -10,7 +10,7 @@
   ``QuotaExceeded`` when no tier has quota left for the tenant.
 - ``charge(tenant, tier, state_id, nbytes)`` / ``refund(tier, state_id)`` keep per-tier
   byte usage of what was stored.
-- the ledger ``daemon.placement`` reports every move to, so usage follows the bytes:
+- the ledger ``daemon.engine.placement`` reports every move to, so usage follows the bytes:
   ``copied(src, dst, state_id)`` (write-behind, publish, promotion: the tenant of the source
   copy is charged in ``dst`` too), ``moved(src, dst, state_id)`` (demotion: charged in
   ``dst``, refunded in ``src``), ``dropped(tier, state_id)`` (evicted with no copy kept, or

@@ -4,7 +4,7 @@
 - ``Leases(ids)``                  — the engine's table; ``ids`` the engine's one counter
   (reservation tickets draw from it too, so no id names two things)
   - ``hold(tier, lease, owner)`` → ``(lease_id, Held)``: a load's result or a lookup's
-    object (``daemon.loads``, ``daemon.serving``, ``daemon.lookup`` through
+    object (``daemon.engine.loads``, ``daemon.engine.serving``, ``daemon.engine.lookup`` through
     ``Engine.hold_for_lookup``), kept until released
   - ``release(lease_id, owner)`` → bool; ``ids_of(owner)``, ``owners()``, ``len()``
   - ``held_by(lease_id, owner)`` → ``Held``, or ``LeaseError`` for another owner's id

@@ -11,7 +11,7 @@
 - ``abort_owner(owner)``, ``owners()``, ``len()`` — open reservations (a connection went away)
 
 A put is visible only once sealed and complete; its version is claimed from the registry
-first (``daemon.fencing``); ``durable`` copies it into the durable tier before it returns;
+first (``daemon.engine.fencing``); ``durable`` copies it into the durable tier before it returns;
 ``publish`` writes it through to the cross-node tier, or is refused without one (tolerated:
 said in the reply and counted).
 """
@@ -28,9 +28,9 @@ from statetier.protocol.sealed import header_length, layout_payload, seal
 from statetier.tiers.base import ObjectMeta, Tier
 
 from .fencing import Fences
-from .requests import PutRequest, PutResult, Reservation
+from ..requests import PutRequest, PutResult, Reservation
 from .stack import Stack
-from .trace import phase
+from ..trace import phase
 
 log = logging.getLogger("statetier.engine")
 

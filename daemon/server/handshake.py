@@ -20,8 +20,8 @@ import os
 import socket
 from dataclasses import dataclass
 
-from statetier.daemon.auth import PeerCredentials, TenantDirectory
-from statetier.daemon.windows import Windows
+from statetier.daemon.server.auth import PeerCredentials, TenantDirectory
+from statetier.daemon.server.windows import Windows
 from statetier.protocol.errors import ProtocolError
 from statetier.protocol.frames import Frame, Op, encode_frame, negotiate
 from statetier.protocol.messages import field

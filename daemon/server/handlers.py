@@ -2,7 +2,7 @@
 
 - ``Session`` — what a handler may use: the engine, the connection's tenant, its owner
   token for leases and reservations, the shared byte budget, the connection's
-  shared-memory windows (``daemon/windows.py``; ``None`` without), and the daemon's stats.
+  shared-memory windows (``daemon/server/windows.py``; ``None`` without), and the daemon's stats.
 - ``Reply`` — a handler's answer: meta, data and, for an inline LOAD, a *borrowed*
   payload view plus ``done`` (release the lease) that the connection runs only after the
   transport has given the view back (see ``Connection.send_borrowed``).
@@ -19,10 +19,10 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field as dataclass_field
 
-from statetier.daemon.budget import ByteBudget
+from statetier.daemon.server.budget import ByteBudget
 from statetier.daemon.requests import LoadRequest, LookupRequest, PutRequest
 from statetier.daemon.trace import TRACE, phase
-from statetier.daemon.windows import Windows
+from statetier.daemon.server.windows import Windows
 from statetier.protocol.errors import InvalidRequest, StatetierError
 from statetier.protocol.frames import Frame, Op, error_frame
 from statetier.protocol.identity import Namespace

@@ -3,9 +3,9 @@
 - ``Wanted``                      — what one load asks of every copy it tries: the state_id,
                                     the ``Expectation``, the owner, the tenant, ``full_check``;
                                     copies are classified against ``judged`` (the tensor specs
-                                    are checked apart, by ``daemon.loads``)
+                                    are checked apart, by ``daemon.engine.loads``)
 - ``CopyServer(stack, leases)``   — ``serve(tier, index, lease, wanted)`` → ``LoadResult``,
-                                    called by ``daemon.loads`` for each copy, fastest first;
+                                    called by ``daemon.engine.loads`` for each copy, fastest first;
                                     it owns ``lease``. A copy from below is promoted: from a
                                     tier that ``reads_in_place`` (the disk) straight into an
                                     arena reservation, else by storing the bytes read. Damage
@@ -28,9 +28,9 @@ from statetier.protocol.sealed import Expectation, VerifiedHeaders
 from statetier.tiers.base import Lease, ObjectMeta, Tier
 
 from .leases import Held, Leases
-from .requests import LoadResult
+from ..requests import LoadResult
 from .stack import Stack
-from .trace import phase
+from ..trace import phase
 
 log = logging.getLogger("statetier.engine")
 

@@ -29,7 +29,7 @@ from statetier.protocol.identity import Kind, StateKey, StateRef
 from statetier.tiers.base import ObjectMeta, Tier
 
 from .candidates import newest_first, servable
-from .requests import LookupRequest, LookupResult
+from ..requests import LookupRequest, LookupResult
 
 
 class _Finder:

@@ -25,7 +25,7 @@ settles, and sweeps again leaves no copy behind, whatever eviction was doing mea
 ``has_moves`` says whether any cycle is open (a load that found nothing settles then looks
 again: its object may be between two tiers).
 
-Tenant bytes follow the copies: ``ledger`` (``daemon.tenancy.Tenancy``) hears of every
+Tenant bytes follow the copies: ``ledger`` (``daemon.engine.tenancy.Tenancy``) hears of every
 copy (``copied``), move (``moved``) and drop (``dropped``), and refuses a copy past the
 tenant's quota in the target tier (``may_copy``): such a write-behind is skipped and such
 a demotion goes further down, or drops the object (counted in ``dropped``).

@@ -1,0 +1,16 @@
+"""The server: sockets, frames and connections in front of the engine (DESIGN §7–8).
+
+``Server`` (``listeners.py``: a Unix socket, and TCP with optional TLS) is what the
+composition root starts. Per connection:
+
+- ``connection`` — lifecycle, requests in flight, flow control; ``handshake`` — HELLO,
+  admission, the windows' descriptors; ``request_task`` — one request run to its answer.
+- ``handlers`` — one coroutine per opcode, wire meta to an ``Engine`` call and back.
+- ``windows`` — the connection's two shared-memory windows (the same-host zero-copy path).
+- ``frame_writer`` — flow-controlled frame writes; ``auth`` — peer credentials, tenants,
+  TLS; ``budget`` — the daemon-wide byte budget (backpressure).
+"""
+
+from .listeners import Server
+
+__all__ = ["Server"]
