@@ -6,8 +6,11 @@
 - ``Reply`` — a handler's answer: meta, data and, for an inline LOAD, a *borrowed*
   payload view plus ``done`` (release the lease) that the connection runs only after the
   transport has given the view back (see ``Connection.send_borrowed``).
-- ``HANDLERS`` — ``Op`` → handler. Meta is decoded with ``protocol/messages.py`` into
-  ``daemon/requests.py`` values; bad meta raises ``InvalidRequest`` naming the field.
+- ``handle_*`` — one coroutine per single-object opcode; ``traced`` wraps one with phase
+  timings. The batch frames are in ``batch_handlers.py``, the ``Op`` → handler table in
+  ``dispatch.py``. Meta is decoded with ``protocol/messages.py`` into ``daemon/requests.py``
+  values (``put_request``, ``load_request``); bad meta raises ``InvalidRequest`` naming
+  the field. ``place_in_window`` copies a loaded payload into the connection's load window.
 
 Handlers never write to the socket; the connection sends the ``Reply`` or the error.
 """
@@ -16,15 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field as dataclass_field
 
 from statetier.daemon.server.budget import ByteBudget
 from statetier.daemon.requests import LoadRequest, LookupRequest, PutRequest
 from statetier.daemon.trace import TRACE, phase
 from statetier.daemon.server.windows import Windows
-from statetier.protocol.errors import InvalidRequest, StatetierError
-from statetier.protocol.frames import Frame, Op, error_frame
+from statetier.protocol.errors import InvalidRequest
+from statetier.protocol.frames import Frame, Op
 from statetier.protocol.identity import Namespace
 from statetier.protocol.messages import (
     field,
@@ -73,7 +76,7 @@ class Reply:
 Handler = Callable[[Session, Frame], Awaitable[Reply]]
 
 
-def _kind(key) -> str:
+def kind_of(key) -> str:
     return key.kind.name.lower()
 
 
@@ -147,52 +150,10 @@ async def handle_put(session: Session, frame: Frame) -> Reply:
         source = session.windows.put_view(window, nbytes)
         async with session.budget.hold(nbytes):
             result = await session.engine.put_shared(request, source, session.owner)
-    return Reply(_put_reply(result), kind=_kind(request.key))
+    return Reply(_put_reply(result), kind=kind_of(request.key))
 
 
-async def handle_put_batch(session: Session, frame: Frame) -> Reply:
-    """Many puts in one frame: ``items`` are PUT metas, each from the put window
-    (``window``) or inline (``data_len`` bytes of ``data``, in item order). Each item is
-    answered on its own, ``{ref, tier}`` or ``{error: {code, message, reason}}``; after the
-    first failure the rest are not attempted (``{skipped: true}``), as a caller raising the
-    first error would have cancelled them."""
-    items = field(frame.meta, "items", list)
-    data = memoryview(frame.data).cast("B")
-    answers, cursor, counted = [], 0, []
-    async with session.budget.hold(data.nbytes):
-        for item in _until_first_failure(items, answers):
-            try:
-                _require_object(item, Op.PUT_BATCH)
-                inline = field(item, "data_len", int, optional=True)
-                payload = None
-                if inline is not None:
-                    if inline < 0 or cursor + inline > data.nbytes:
-                        raise InvalidRequest("PUT_BATCH item data_len runs past the frame's data")
-                    payload, cursor = data[cursor : cursor + inline], cursor + inline
-                answers.append(await _put_one(session, item, payload))
-                counted.append((_kind(key_from_wire(item["key"])), "put"))
-            except StatetierError as exc:
-                answers.append({"error": error_frame(0, exc).meta})
-    return Reply({"items": answers}, items=counted)
-
-
-def _until_first_failure(items: list, answers: list[dict]) -> Iterator[object]:
-    """A batch's items, each yielded once the one before it has its answer; after an
-    ``error`` answer the rest are answered ``{skipped: true}`` instead, as a caller raising
-    the first error would have cancelled them."""
-    for item in items:
-        if answers and ("error" in answers[-1] or "skipped" in answers[-1]):
-            answers.append({"skipped": True})
-            continue
-        yield item
-
-
-def _require_object(item: object, op: Op) -> None:
-    if not isinstance(item, dict):
-        raise InvalidRequest(f"each {op.name} item must be an object")
-
-
-async def _put_one(session: Session, meta: dict, payload) -> dict:
+async def put_one(session: Session, meta: dict, payload) -> dict:
     request = _put_request(session.tenant, meta)
     if payload is not None:
         result = await session.engine.put(request, payload)
@@ -210,7 +171,7 @@ async def handle_superseded(session: Session, frame: Frame) -> Reply:
                          "payload into the connection's put window and send PUT with 'window'")
 
 
-def _load_request(tenant: str, meta: dict) -> LoadRequest:
+def load_request(tenant: str, meta: dict) -> LoadRequest:
     ref_meta = field(meta, "ref", dict, optional=True)
     key_meta = field(meta, "key", dict, optional=True)
     if (ref_meta is None) == (key_meta is None):
@@ -234,16 +195,16 @@ async def handle_load(session: Session, frame: Frame) -> Reply:
     The daemon has checked the header (signature, identity, version); the client checks
     the payload against the header's digests where it lands (DESIGN §6).
     """
-    request = _load_request(session.tenant, frame.meta)
+    request = load_request(session.tenant, frame.meta)
     wants_shm = field(frame.meta, "shm", bool, default=False)
     engine, owner = session.engine, session.owner
     result = await engine.load(request, owner)
     released = False
     try:
-        kind = _kind(result.header.key)
+        kind = kind_of(result.header.key)
         meta = {"tier": result.tier}
         if wants_shm and session.windows is not None:
-            placed = await _place_in_window(session, result.payload)
+            placed = await place_in_window(session, result.payload)
             if placed is not None:
                 header = bytes(result.blob[: result.header.header_len])
                 released = True
@@ -263,66 +224,7 @@ async def handle_load(session: Session, frame: Frame) -> Reply:
         raise
 
 
-async def handle_load_batch(session: Session, frame: Frame) -> Reply:
-    """Many loads in one frame: ``items`` are LOAD metas without ``ns`` and ``shm`` (given
-    once for all). Each answer is ``{tier, at, len}`` plus ``window`` and ``region`` when
-    its payload went to the load window, ``{error: {...}}``, or ``{retry: true}`` when
-    neither the window nor this reply had room left for it (the client loads it alone),
-    or ``{skipped: true}`` after the first failure (the rest are not attempted);
-    ``data[at:at+len]`` is the item's signed header (window) or whole sealed object."""
-    meta = frame.meta
-    items = field(meta, "items", list)
-    wants_shm = field(meta, "shm", bool, default=False) and session.windows is not None
-    engine, owner = session.engine, session.owner
-    answers, parts, cursor, counted = [], [], 0, []
-    room = session.max_frame - (1 << 20)  # meta and frame header fit in the rest
-    requests = _load_requests(session.tenant, items, meta.get("ns"))
-    expected = await engine.expect_refs([r for r in requests if not isinstance(r, StatetierError)])
-    expected += [None] * (len(requests) - len(expected))
-    for request, found in _until_first_failure(list(zip(requests, expected)), answers):
-        try:
-            if isinstance(request, StatetierError):
-                raise request
-            if isinstance(found, StatetierError):
-                raise found
-            result = await engine.load(request, owner, expected=found)
-            try:
-                answer = {"tier": result.tier}
-                placed = await _place_in_window(session, result.payload) if wants_shm else None
-                if placed is not None:
-                    part = bytes(result.blob[: result.header.header_len])
-                    answer.update(window=placed[1], region=placed[0])
-                elif cursor + result.blob.nbytes > room:
-                    answers.append({"retry": True})  # no room left in this reply: load it alone
-                    continue
-                else:
-                    part = bytes(result.blob)
-            finally:
-                await engine.release(result.lease_id, owner)
-            answer.update({"at": cursor, "len": len(part)})
-            parts.append(part)
-            cursor += len(part)
-            answers.append(answer)
-            counted.append((_kind(result.header.key), "load"))
-        except StatetierError as exc:
-            answers.append({"error": error_frame(0, exc).meta})
-    return Reply({"items": answers}, b"".join(parts), items=counted)
-
-
-def _load_requests(tenant: str, items: list, ns) -> list[LoadRequest | StatetierError]:
-    """The batch's items as requests, up to the first that is not one (its error ends the list)."""
-    out: list[LoadRequest | StatetierError] = []
-    for item in items:
-        try:
-            _require_object(item, Op.LOAD_BATCH)
-            out.append(_load_request(tenant, {**item, "ns": ns}))
-        except StatetierError as exc:
-            out.append(exc)
-            break
-    return out + [InvalidRequest("not attempted")] * (len(items) - len(out))
-
-
-async def _place_in_window(session: Session, payload: memoryview) -> tuple[int, int] | None:
+async def place_in_window(session: Session, payload: memoryview) -> tuple[int, int] | None:
     """Copy ``payload`` into a fresh load-window region: (region id, offset), or None when
     the window has no room (the reply then carries the payload inline)."""
     placed = session.windows.place(payload.nbytes)
@@ -399,7 +301,7 @@ async def handle_lookup(session: Session, frame: Frame) -> Reply:
 async def handle_delete(session: Session, frame: Frame) -> Reply:
     ref = ref_from_wire(field(frame.meta, "ref", dict))
     deleted = await session.engine.delete(session.tenant, ref)
-    return Reply({"deleted": deleted}, kind=_kind(ref.key))
+    return Reply({"deleted": deleted}, kind=kind_of(ref.key))
 
 
 async def handle_stats(session: Session, frame: Frame) -> Reply:
@@ -419,21 +321,3 @@ async def handle_inspect(session: Session, frame: Frame) -> Reply:
 
 async def handle_verify(session: Session, frame: Frame) -> Reply:
     return Reply(await session.engine.verify_all(session.tenant))
-
-
-HANDLERS: dict[Op, Handler] = {
-    Op.PING: handle_ping,
-    Op.PUT: traced(handle_put),
-    Op.PUT_RESERVE: handle_superseded,
-    Op.PUT_COMMIT: handle_superseded,
-    Op.PUT_ABORT: handle_superseded,
-    Op.LOAD: traced(handle_load),
-    Op.LOAD_BATCH: traced(handle_load_batch),
-    Op.PUT_BATCH: traced(handle_put_batch),
-    Op.RELEASE: handle_release,
-    Op.LOOKUP: traced(handle_lookup),
-    Op.DELETE: handle_delete,
-    Op.STATS: handle_stats,
-    Op.INSPECT: handle_inspect,
-    Op.VERIFY: handle_verify,
-}

@@ -1,7 +1,7 @@
 """One request frame of a connection, run to its one answer.
 
 - ``RequestRunner(session, writer, budget, metrics)`` — built once a connection's HELLO
-  is accepted. ``run(frame)`` dispatches the frame to its handler (``handlers.HANDLERS``)
+  is accepted. ``run(frame)`` dispatches the frame to its handler (``dispatch.HANDLERS``)
   and answers with the same request id: the REPLY (held against the byte budget while it
   is written; a borrowed payload's lease released once the transport let go of it), or an
   ERROR frame (a ``StatetierError`` by its code; anything else as ``InternalError`` with
@@ -21,7 +21,8 @@ from contextlib import nullcontext
 
 from statetier.daemon.server.budget import ByteBudget
 from statetier.daemon.server.frame_writer import ConnectionClosed, FrameWriter
-from statetier.daemon.server.handlers import HANDLERS, Reply, Session
+from statetier.daemon.server.dispatch import HANDLERS
+from statetier.daemon.server.handlers import Reply, Session
 from statetier.protocol.errors import InternalError, InvalidRequest, StatetierError
 from statetier.protocol.frames import Frame, error_frame
 
