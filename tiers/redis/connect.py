@@ -19,6 +19,7 @@
   Connection errors are retried like redis-py's own calls (so every command sent must be
   safe to repeat); a cancelled exchange closes its connection, never reused half read. On a cluster it is a cluster pipeline (routed
   per key, nodes in parallel).
+- ``raise_first_error(replies)`` raises the first error reply of an ``exchange``.
 - ``Gathered(parts)`` — one argument sent from several buffers back to back: no copy on a
   single server (a cluster pipeline gets them joined).
 - ``take_cluster_option(url)`` → the URL without ``cluster=…``, and that choice.
@@ -105,6 +106,13 @@ async def _send_and_read(connection, commands: Sequence[tuple]) -> list:
         except ResponseError as error:  # the reply was read: the connection stays in step
             replies.append(error)
     return replies
+
+
+def raise_first_error(replies: list) -> None:
+    """Raise the first error reply of an ``exchange`` (they come back as exception objects)."""
+    for reply in replies:
+        if isinstance(reply, BaseException):
+            raise reply
 
 
 def _pack(commands: Sequence[tuple]) -> list:
