@@ -30,9 +30,10 @@ from statetier.protocol.errors import (
 )
 from statetier.protocol.sealed import open_sealed
 from statetier.tiers.crypto import AtRestCipher
-from statetier.tiers.disk.tier import BUFFERED_BYTES, DiskTier
+from statetier.tiers.disk import DiskTier
 from statetier.tiers.disk.index import DiskIndex, IndexEntry, Location, Put
 from statetier.tiers.disk.jobs import translate_error
+from statetier.tiers.disk.store import BUFFERED_BYTES
 from statetier.tiers.disk.segments import RECORD_HEADER_BYTES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling disk_crash_writer.py
