@@ -18,11 +18,11 @@ import asyncio
 from statetier.protocol.errors import InternalError, NotFound, RejectedState
 from ..base import Lease
 from .index import Location
+from .space import SegmentState
 
 
 class DiskLoads:
     """``DiskTier``'s load methods (see the module docstring)."""
-
 
     async def prepare_load(self, object_id: bytes, owner: object = None, ttl: float | None = None) -> Lease:
         self._require_started()
@@ -38,12 +38,7 @@ class DiskLoads:
         return lease
 
     async def read(self, lease: Lease) -> memoryview:
-        self._require_started()
-        lease = self._leases.check(lease)
-        location: Location = lease.location
-        segment = self._space.segments.get(location.segment)
-        if segment is None:
-            raise InternalError(f"segment {location.segment} left while a lease pointed into it")
+        lease, location, segment = self._leased_record(lease)
         try:
             blob = await self._call(self._body.read_verified, segment.file, location, lease.object_id,
                                     pins=(segment,))
@@ -55,12 +50,7 @@ class DiskLoads:
     async def read_into(self, lease: Lease, dest: memoryview) -> None:
         """``read`` straight into ``dest`` (the object's exact size), verified there. Returns
         only once no thread writes into ``dest`` any more, even when cancelled."""
-        self._require_started()
-        lease = self._leases.check(lease)
-        location: Location = lease.location
-        segment = self._space.segments.get(location.segment)
-        if segment is None:
-            raise InternalError(f"segment {location.segment} left while a lease pointed into it")
+        lease, location, segment = self._leased_record(lease)
         job = asyncio.ensure_future(self._call(self._body.read_verified_into, segment.file, location,
                                                lease.object_id, dest, pins=(segment,)))
         try:
@@ -84,3 +74,13 @@ class DiskLoads:
         released = self._leases.release_owner(owner)
         self._settle_hidden()
         return released
+
+    def _leased_record(self, lease: Lease) -> tuple[Lease, Location, SegmentState]:
+        """The lease as the table holds it, where its record lies, and that segment."""
+        self._require_started()
+        lease = self._leases.check(lease)
+        location: Location = lease.location
+        segment = self._space.segments.get(location.segment)
+        if segment is None:
+            raise InternalError(f"segment {location.segment} left while a lease pointed into it")
+        return lease, location, segment

@@ -55,7 +55,6 @@ class Reservation:
 class DiskStores:
     """``DiskTier``'s store methods (see the module docstring)."""
 
-
     async def prepare_store(self, meta: ObjectMeta) -> StoreTicket:
         self._require_started()
         if len(meta.object_id) != 16 or meta.size <= 0 or not 0 <= meta.header_len <= meta.size:

@@ -18,7 +18,6 @@ from .placement import CompactionReport, Placement
 class Compaction:
     """``ExtentTier``'s ``compact`` (see the module docstring)."""
 
-
     async def compact(self) -> CompactionReport:
         """Slide unleased objects down into free extents below them, highest first."""
         self._require_open()

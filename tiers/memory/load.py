@@ -26,7 +26,6 @@ from .rawmemory import exported_for_write, release_quietly
 class ExtentLoads:
     """``ExtentTier``'s load methods (see the module docstring)."""
 
-
     async def prepare_load(self, object_id: bytes, owner: object = None, ttl: float | None = None) -> Lease:
         self._require_open()
         placement = self._places.get(object_id)

@@ -28,6 +28,7 @@ _FOUND_KEPT = 1 << 14  # manifests kept for the leases that follow a lookup
 
 class Lookup:
     """``RedisTier``'s lookup methods (see the module docstring)."""
+
     async def contains(self, object_id: bytes) -> bool:
         with self._edge.call("contains"):
             found = bool(await self.client.exists(self._keys.manifest(object_id)))
