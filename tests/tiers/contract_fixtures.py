@@ -8,7 +8,12 @@
                          ``settle(executor)`` waits until every job queued before now has ended.
 - ``make_object(payload_bytes)`` — a sealed KV page (``seal_object`` under ``KEYRING``, which
                          the disk and Redis tiers verify reads against) and its ``ObjectMeta``.
-- ``store`` / ``load`` — the two-phase lifecycles as a caller pairs them, in ``try/finally``.
+- ``store`` / ``load`` — the two-phase lifecycles as a caller pairs them, in ``try/finally``
+                         (the tier-specific suites use them too).
+- ``assert_invisible`` / ``assert_visible`` — every way to find an object fails / finds
+                         exactly it; ``listed(tier)`` is ``iter_objects`` as a list.
+- ``fragment(tier, sizes, seal)`` — an extent tier's region with holes, and a top object
+                         held by a lease (the compaction-under-readers stories).
 
 Extent tiers (host, device) copy through their executor from ``INLINE_COPY_BYTES`` on, so the
 suite's small objects take the threaded copy path, where a cancellation can land mid-copy.
@@ -27,10 +32,11 @@ import redis
 import redis.cluster
 
 from statetier.protocol.dtypes import TensorSpec
+from statetier.protocol.errors import NotFound
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, new_state_id
 from statetier.protocol.keyring import Keyring
 from statetier.protocol.sealed import decode_header, seal_object
-from statetier.tiers.base import ObjectMeta, Tier
+from statetier.tiers.base import Lease, ObjectMeta, Tier
 from statetier.tiers.memory import DeviceTier
 from statetier.tiers.disk import DiskTier
 from statetier.tiers.memory import HostTier
@@ -92,6 +98,45 @@ async def load(tier: Tier, object_id: bytes, owner: object = "reader") -> bytes:
         return bytes(await tier.read(lease))
     finally:
         await tier.complete_load(lease)
+
+
+async def listed(tier: Tier) -> list[ObjectMeta]:
+    return [meta async for meta in tier.iter_objects()]
+
+
+async def assert_invisible(tier: Tier, meta: ObjectMeta) -> None:
+    assert not await tier.contains(meta.object_id)
+    assert await tier.get_meta(meta.object_id) is None
+    assert await tier.find_by_key(meta.key_digest) == []
+    assert meta.object_id not in [m.object_id for m in await listed(tier)]
+    with pytest.raises(NotFound):
+        await tier.prepare_load(meta.object_id, owner="probe")
+
+
+async def assert_visible(tier: Tier, meta: ObjectMeta) -> None:
+    """``meta`` is found every way, and is the only object stored."""
+    assert await tier.contains(meta.object_id)
+    assert await tier.get_meta(meta.object_id) == meta
+    assert await tier.find_by_key(meta.key_digest) == [meta]
+    assert await listed(tier) == [meta]
+
+
+async def fragment(tier: Tier, sizes: list[int], seal) -> tuple[dict[bytes, bytes], tuple[ObjectMeta, bytes], Lease]:
+    """Store an object of each payload size (``seal(size)`` → meta, blob), then a small one
+    last (highest in the region, it fits any hole), and delete every other of the first:
+    the live objects' bytes by id, the top object, and a lease of it taken by
+    ``"slow client"`` (which keeps it from moving)."""
+    live = {}
+    for size in sizes:
+        meta, blob = seal(size)
+        await store(tier, meta, blob)
+        live[meta.object_id] = blob
+    top = seal(5_000)
+    await store(tier, *top)
+    for object_id in list(live)[::2]:
+        await tier.delete(object_id)
+        del live[object_id]
+    return live, top, await tier.prepare_load(top[0].object_id, owner="slow client")
 
 
 async def settle(executor: ThreadPoolExecutor) -> None:

@@ -19,14 +19,17 @@ from pathlib import Path
 
 import pytest
 
-from statetier.protocol.errors import CapacityError, InvalidRequest, LeaseError, NotFound
+from statetier.protocol.errors import CapacityError, InvalidRequest, LeaseError
 from statetier.tiers.redis import RedisTier
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling contract_fixtures.py
 from contract_fixtures import (  # noqa: F401  (fixtures are used by name)
     CAPACITY,
+    assert_invisible,
+    assert_visible,
     chunks_of,
     executor,
+    listed,
     load,
     make_object,
     object_of_size,
@@ -36,19 +39,6 @@ from contract_fixtures import (  # noqa: F401  (fixtures are used by name)
 )
 
 pytestmark = pytest.mark.timeout(60)
-
-
-async def listed(tier) -> list:
-    return [meta async for meta in tier.iter_objects()]
-
-
-async def assert_invisible(tier, meta) -> None:
-    assert not await tier.contains(meta.object_id)
-    assert await tier.get_meta(meta.object_id) is None
-    assert await tier.find_by_key(meta.key_digest) == []
-    assert meta.object_id not in [m.object_id for m in await listed(tier)]
-    with pytest.raises(NotFound):
-        await tier.prepare_load(meta.object_id, owner="probe")
 
 
 async def assert_quiet(tier, objects: int, bytes_used: int) -> None:
@@ -78,10 +68,7 @@ async def test_an_object_is_visible_only_after_its_store_completes(tier):
 
     await tier.complete_store(ticket, success=True)
 
-    assert await tier.contains(meta.object_id)
-    assert await tier.get_meta(meta.object_id) == meta
-    assert await tier.find_by_key(meta.key_digest) == [meta]
-    assert await listed(tier) == [meta]
+    await assert_visible(tier, meta)
     assert await load(tier, meta.object_id) == blob
     await assert_quiet(tier, 1, meta.size)
 

@@ -24,7 +24,7 @@ from statetier.tiers.base import ObjectMeta  # noqa: E402
 from statetier.tiers.memory import DeviceTier  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from contract_fixtures import load, store  # noqa: E402
+from contract_fixtures import fragment, load, store  # noqa: E402
 
 KEYRING = dev_keyring()
 NAMESPACE = NamespaceSpec("test/device-tier").namespace()
@@ -199,18 +199,9 @@ async def test_leases_expire_belong_to_owners_and_defer_deletes() -> None:
 async def test_compaction_of_the_pool_under_leased_readers() -> None:
     rng = random.Random(3)
     async with DeviceTier(4 * MIB, inline_copy_bytes=0) as tier:
-        live = {}
-        for _ in range(24):
-            meta, blob = sealed(rng.randrange(10_000, 90_000))
-            await put(tier, meta, blob)
-            live[meta.object_id] = blob
-        top, top_blob = sealed(5_000)  # last stored, highest in the pool, fits any hole
-        await put(tier, top, top_blob)
-        for object_id in list(live)[::2]:
-            await tier.delete(object_id)
-            del live[object_id]
+        sizes = [rng.randrange(10_000, 90_000) for _ in range(24)]
+        live, (top, top_blob), long_reader = await fragment(tier, sizes, sealed)  # leased: never moves
         bad, stop = [], asyncio.Event()
-        long_reader = await tier.prepare_load(top.object_id, owner="slow client")  # blocks its move
 
         async def reader(seed: int) -> None:
             pick = random.Random(seed)

@@ -50,22 +50,6 @@ def segment_files(directory: Path) -> list[Path]:
     return sorted((directory / "segments").glob("seg-*.dat"))
 
 
-@pytest.fixture
-async def open_disk(tmp_path):
-    opened: list[DiskTier] = []
-
-    async def _open(**options) -> DiskTier:
-        options.setdefault("segment_bytes", 64 * 1024)
-        tier = DiskTier(tmp_path / "disk", options.pop("capacity", 64 << 20), keyring=KEYRING, **options)
-        await tier.start()
-        opened.append(tier)
-        return tier
-
-    yield _open
-    for tier in opened:
-        await tier.close()
-
-
 # ---------------------------------------------------------------------------- lifecycle
 
 

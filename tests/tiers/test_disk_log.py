@@ -10,6 +10,7 @@ the disk: no completed object lost, no deleted object back, nothing torn served.
 
 from __future__ import annotations
 
+import functools
 import shutil
 import sys
 from pathlib import Path
@@ -33,19 +34,9 @@ def objects(count: int, run: int, size: int = 3000):
 
 
 @pytest.fixture
-async def open_disk(tmp_path):
-    opened: list[DiskTier] = []
-
-    async def _open(**options) -> DiskTier:
-        options.setdefault("segment_bytes", 64 * 1024)
-        tier = DiskTier(tmp_path / "disk", 64 << 20, keyring=KEYRING, **NEVER, **options)
-        await tier.start()
-        opened.append(tier)
-        return tier
-
-    yield _open
-    for tier in opened:
-        await tier.close()
+def open_disk(open_disk):
+    """``conftest.open_disk``, checkpointing only at close."""
+    return functools.partial(open_disk, **NEVER)
 
 
 def snapshot_index(tmp_path: Path) -> Path:

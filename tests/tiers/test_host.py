@@ -25,7 +25,7 @@ from statetier.tiers.base import ObjectMeta
 from statetier.tiers.memory.host import HostTier, open_unlinked_shm
 
 sys.path.insert(0, str(Path(__file__).parent))
-from contract_fixtures import load, store  # noqa: E402
+from contract_fixtures import assert_invisible, assert_visible, fragment, load, store  # noqa: E402
 
 KEYRING = dev_keyring()
 NAMESPACE = NamespaceSpec("test/host-tier").namespace()
@@ -60,18 +60,10 @@ async def test_an_object_is_visible_only_after_complete_store(tier: HostTier) ->
     meta, blob = sealed(10_000)
     ticket = await tier.prepare_store(meta)
     await tier.write(ticket, [blob])
-    assert not await tier.contains(meta.object_id)
-    assert await tier.get_meta(meta.object_id) is None
-    assert await tier.find_by_key(meta.key_digest) == []
-    assert [m async for m in tier.iter_objects()] == []
-    with pytest.raises(NotFound):
-        await tier.prepare_load(meta.object_id)
+    await assert_invisible(tier, meta)
     assert tier.stats().bytes_used == meta.size  # the reservation counts
     await tier.complete_store(ticket, True)
-    assert await tier.contains(meta.object_id)
-    assert await tier.get_meta(meta.object_id) == meta
-    assert await tier.find_by_key(meta.key_digest) == [meta]
-    assert [m async for m in tier.iter_objects()] == [meta]
+    await assert_visible(tier, meta)
     lease = await tier.prepare_load(meta.object_id)
     view = await tier.read(lease)
     assert view.readonly and bytes(view) == blob
@@ -480,19 +472,10 @@ async def test_a_lease_taken_during_a_move_keeps_the_old_bytes_and_abandons_the_
 async def test_compaction_under_concurrent_leased_readers_never_tears_a_read() -> None:
     rng = random.Random(7)
     async with HostTier(6 * MIB, pin_memory=False, inline_copy_bytes=0) as tier:
-        live: dict[bytes, bytes] = {}
-        for index in range(40):
-            meta, blob = sealed(rng.randrange(20_000, 120_000))
-            await put(tier, meta, blob)
-            live[meta.object_id] = blob
-        top, top_blob = sealed(5_000)  # last stored, highest in the arena, fits any hole
-        await put(tier, top, top_blob)
-        for object_id in list(live)[::2]:
-            await tier.delete(object_id)
-            del live[object_id]
+        sizes = [rng.randrange(20_000, 120_000) for _ in range(40)]
+        live, (_, top_blob), long_reader = await fragment(tier, sizes, sealed)  # leased: never moves
         counts = {"reads": 0, "bad": 0}
         stop = asyncio.Event()
-        long_reader = await tier.prepare_load(top.object_id, owner="slow client")  # blocks its move
 
         async def reader(seed: int) -> None:
             pick = random.Random(seed)

@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import datetime
 import ipaddress
-import itertools
 import os
+import sys
 import time
+import uuid
+from pathlib import Path
 
 import pytest
 import redis
@@ -42,9 +44,11 @@ from statetier.tiers.redis.connect import redact, take_cluster_option
 from statetier.tiers.redis.layout import PENDING_CHUNK_TTL, Manifest, RedisKeys
 from statetier.launch.redis_servers import RedisServer, TlsFiles
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling contract_fixtures.py
+from contract_fixtures import assert_invisible, assert_visible, load, store  # noqa: E402
+
 KEYRING = dev_keyring()
 NAMESPACE = NamespaceSpec("redis-tier-test").namespace()
-_prefixes = itertools.count()
 
 
 def make_object(size: int, *, keyring: Keyring = KEYRING, layer: int = 0, request_id: str = "req") -> tuple[ObjectMeta, bytes]:
@@ -54,24 +58,6 @@ def make_object(size: int, *, keyring: Keyring = KEYRING, layer: int = 0, reques
                        [(TensorSpec("kv", "uint8", (size,)), os.urandom(size))],
                        keyring=keyring, state_id=new_state_id(), version=1)
     return ObjectMeta.from_header(decode_header(blob)), blob
-
-
-async def store(tier: RedisTier, meta: ObjectMeta, blob: bytes) -> None:
-    ticket = await tier.prepare_store(meta)
-    ok = False
-    try:
-        await tier.write(ticket, [blob[: meta.header_len], memoryview(blob)[meta.header_len :]])
-        ok = True
-    finally:
-        await tier.complete_store(ticket, ok)
-
-
-async def load(tier: RedisTier, object_id: bytes) -> bytes:
-    lease = await tier.prepare_load(object_id, owner="test")
-    try:
-        return bytes(await tier.read(lease))
-    finally:
-        await tier.complete_load(lease)
 
 
 def raw_client(url: str, is_cluster: bool):
@@ -103,20 +89,15 @@ def backend(request):
 
 
 @pytest.fixture
-async def make_tier():
-    made: list[RedisTier] = []
-
-    async def make(url: str, **options) -> RedisTier:
-        options.setdefault("key_prefix", f"t{os.getpid()}x{next(_prefixes)}")
+def make_tier(started):
+    """``await make_tier(url, **options)`` → a started ``RedisTier`` under a prefix of its
+    own (the servers are shared), closed after the test."""
+    def make(url: str, **options):
+        options.setdefault("key_prefix", f"rt-{uuid.uuid4().hex[:16]}")
         options.setdefault("keyring", KEYRING)
-        tier = RedisTier(url, **options)
-        await tier.start()
-        made.append(tier)
-        return tier
+        return started(RedisTier(url, **options))
 
-    yield make
-    for tier in made:
-        await tier.close()
+    return make
 
 
 # -- lifecycle and visibility -----------------------------------------------------------
@@ -129,12 +110,7 @@ async def test_an_object_is_visible_only_after_its_store_completes(backend, make
     ticket = await tier.prepare_store(meta)
     await tier.write(ticket, [blob[: meta.header_len], memoryview(blob)[meta.header_len :]])
 
-    assert not await tier.contains(meta.object_id)
-    assert await tier.get_meta(meta.object_id) is None
-    assert await tier.find_by_key(meta.key_digest) == []
-    assert [m async for m in tier.iter_objects()] == []
-    with pytest.raises(NotFound):
-        await tier.prepare_load(meta.object_id)
+    await assert_invisible(tier, meta)
     assert tier.stats().inflight == 1 and tier.stats().extra["reserved_bytes"] == meta.size
     pending = object_keys(backend.raw, tier.key_prefix, meta.object_id)
     assert len(pending) == 5 and all(b":p:" in key for key in pending)  # not under chunk names yet
@@ -143,10 +119,7 @@ async def test_an_object_is_visible_only_after_its_store_completes(backend, make
 
     await tier.complete_store(ticket, True)
     assert backend.raw.ttl(keys_of(tier).chunk(meta.object_id, 0)) == -1  # committed: no TTL configured
-    assert await tier.contains(meta.object_id)
-    assert await tier.get_meta(meta.object_id) == meta
-    assert await tier.find_by_key(meta.key_digest) == [meta]
-    assert [m async for m in tier.iter_objects()] == [meta]
+    await assert_visible(tier, meta)
     assert await load(tier, meta.object_id) == blob
     stats = tier.stats()
     assert (stats.objects, stats.bytes_used, stats.inflight, stats.leases) == (1, meta.size, 0, 0)
