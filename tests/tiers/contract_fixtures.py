@@ -14,6 +14,9 @@
                          exactly it; ``listed(tier)`` is ``iter_objects`` as a list.
 - ``fragment(tier, sizes, seal)`` — an extent tier's region with holes, and a top object
                          held by a lease (the compaction-under-readers stories).
+- ``store_then_cancel(tier, meta, blob, where)`` — a store cancelled at ``where``;
+                         ``assert_space_returned(tier, meta, blob)`` — it left nothing and
+                         the same object stores again (the extent tiers' cancellation stories).
 
 Extent tiers (host, device) copy through their executor from ``INLINE_COPY_BYTES`` on, so the
 suite's small objects take the threaded copy path, where a cancellation can land mid-copy.
@@ -137,6 +140,52 @@ async def fragment(tier: Tier, sizes: list[int], seal) -> tuple[dict[bytes, byte
         await tier.delete(object_id)
         del live[object_id]
     return live, top, await tier.prepare_load(top[0].object_id, owner="slow client")
+
+
+async def store_then_cancel(tier: Tier, meta: ObjectMeta, blob: bytes, where: str) -> None:
+    """Store ``[blob]`` in a task and cancel it ``where``:
+
+    - ``before_write``: waiting before ``write``; ``after_write``: waiting after it;
+    - ``write_queued``: in ``write`` (the caller keeps the executor busy, so the copy waits);
+    - ``write_copying``: in ``write`` 2 ms into the copy (the caller makes it take longer);
+    - ``during_write``: in ``write``, or waiting after it when the copy was quicker.
+    """
+    gate, reached = asyncio.Event(), asyncio.Event()
+
+    async def store_() -> None:
+        ticket = await tier.prepare_store(meta)
+        done = False
+        try:
+            if where != "after_write":
+                reached.set()
+            if where == "before_write":
+                await gate.wait()
+            await tier.write(ticket, [blob])
+            if where in ("after_write", "during_write"):
+                reached.set()
+                await gate.wait()
+            done = True
+        finally:
+            await tier.complete_store(ticket, done)
+
+    task = asyncio.create_task(store_())
+    await reached.wait()
+    await asyncio.sleep(0)  # let the task reach its next await
+    if where == "write_copying":
+        await asyncio.sleep(0.002)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def assert_space_returned(tier: Tier, meta: ObjectMeta, blob: bytes) -> None:
+    """An extent tier holds nothing (after a cancelled store), and ``meta`` stores again."""
+    assert not await tier.contains(meta.object_id)
+    stats = tier.stats()
+    assert (stats.objects, stats.bytes_used, stats.inflight) == (0, 0, 0)
+    assert stats.extra["extent_bytes_allocated"] == 0
+    await store(tier, meta, blob)  # the whole region is usable again
+    assert await load(tier, meta.object_id) == blob
 
 
 async def settle(executor: ThreadPoolExecutor) -> None:

@@ -24,7 +24,7 @@ from statetier.tiers.base import ObjectMeta  # noqa: E402
 from statetier.tiers.memory import DeviceTier  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from contract_fixtures import fragment, load, store  # noqa: E402
+from contract_fixtures import assert_space_returned, fragment, load, settle, store, store_then_cancel  # noqa: E402
 
 KEYRING = dev_keyring()
 NAMESPACE = NamespaceSpec("test/device-tier").namespace()
@@ -121,36 +121,10 @@ async def test_a_cancelled_store_leaves_nothing_and_returns_its_space(where: str
             meta, blob = sealed(12 * MIB)
             if where == "write_queued":
                 executor.submit(release.wait)
-            gate, reached = asyncio.Event(), asyncio.Event()
-
-            async def store() -> None:
-                ticket = await tier.prepare_store(meta)
-                done = False
-                try:
-                    if where != "after_write":
-                        reached.set()
-                    if where == "before_write":
-                        await gate.wait()
-                    await tier.write(ticket, [blob])
-                    reached.set()
-                    await gate.wait()
-                    done = True
-                finally:
-                    await tier.complete_store(ticket, done)
-
-            task = asyncio.create_task(store())
-            await reached.wait()
-            await asyncio.sleep(0)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
+            await store_then_cancel(tier, meta, blob, where)
             release.set()
-            await asyncio.wrap_future(executor.submit(lambda: None))
-            stats = tier.stats()
-            assert not await tier.contains(meta.object_id)
-            assert (stats.bytes_used, stats.inflight, stats.extra["extent_bytes_allocated"]) == (0, 0, 0)
-            await put(tier, meta, blob)
-            assert await read_bytes(tier, meta.object_id) == blob
+            await settle(executor)
+            await assert_space_returned(tier, meta, blob)
     finally:
         release.set()
         executor.shutdown()

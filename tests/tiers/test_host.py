@@ -25,7 +25,9 @@ from statetier.tiers.base import ObjectMeta
 from statetier.tiers.memory.host import HostTier, open_unlinked_shm
 
 sys.path.insert(0, str(Path(__file__).parent))
-from contract_fixtures import assert_invisible, assert_visible, fragment, load, store  # noqa: E402
+from contract_fixtures import (  # noqa: E402
+    assert_invisible, assert_space_returned, assert_visible, fragment, load, settle, store, store_then_cancel,
+)
 
 KEYRING = dev_keyring()
 NAMESPACE = NamespaceSpec("test/host-tier").namespace()
@@ -40,11 +42,6 @@ def sealed(payload_bytes: int, layer: int = 0) -> tuple[ObjectMeta, bytes]:
 
 
 put, read_bytes = store, load  # the shared store/load steps of the contract suite
-
-
-async def drain(executor: ThreadPoolExecutor) -> None:
-    """Wait until every job queued on a one-thread executor before now has finished."""
-    await asyncio.wrap_future(executor.submit(lambda: None))
 
 
 @pytest.fixture
@@ -159,42 +156,11 @@ async def test_large_writes_and_reads_go_through_the_executor() -> None:
 # ---------------------------------------------------------------------------- cancellation
 
 
-async def _store_then_cancel(tier: HostTier, meta: ObjectMeta, blob: bytes, where: str, executor=None) -> None:
-    gate = asyncio.Event()
-    reached = asyncio.Event()
-
-    async def store() -> None:
-        ticket = await tier.prepare_store(meta)
-        done = False
-        try:
-            if where == "before_write":
-                reached.set()
-                await gate.wait()
-            if where in ("write_queued", "write_copying"):
-                reached.set()
-            await tier.write(ticket, [blob])
-            if where == "after_write":
-                reached.set()
-                await gate.wait()
-            done = True
-        finally:
-            await tier.complete_store(ticket, done)
-
-    task = asyncio.create_task(store())
-    await reached.wait()
-    await asyncio.sleep(0)  # let the task reach its next await
-    if where == "write_copying":
-        await asyncio.sleep(0.002)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-
-
 @pytest.mark.parametrize("where", ["before_write", "write_queued", "write_copying", "after_write"])
 async def test_a_cancelled_store_leaves_nothing_and_returns_its_space(where: str) -> None:
     executor = ThreadPoolExecutor(1)
     release = threading.Event()
-    # the copy must still run 2 ms after it started (``_store_then_cancel``): 12 MiB copied in
+    # the copy must still run 2 ms after it started (``store_then_cancel``): 12 MiB copied in
     # under 2 ms on a quiet machine, so the store finished before the cancel arrived
     size = 192 * MIB if where == "write_copying" else 12 * MIB
     try:
@@ -202,15 +168,10 @@ async def test_a_cancelled_store_leaves_nothing_and_returns_its_space(where: str
             meta, blob = sealed(size)
             if where == "write_queued":
                 executor.submit(release.wait)  # the copy job waits behind this one
-            await _store_then_cancel(tier, meta, blob, where)
+            await store_then_cancel(tier, meta, blob, where)
             release.set()
-            await drain(executor)
-            assert not await tier.contains(meta.object_id)
-            stats = tier.stats()
-            assert (stats.objects, stats.bytes_used, stats.inflight) == (0, 0, 0)
-            assert stats.extra["extent_bytes_allocated"] == 0
-            await put(tier, meta, blob)  # the whole arena is usable again
-            assert await read_bytes(tier, meta.object_id) == blob
+            await settle(executor)
+            await assert_space_returned(tier, meta, blob)
     finally:
         release.set()
         executor.shutdown()
