@@ -12,11 +12,13 @@
                          (the tier-specific suites use them too).
 - ``assert_invisible`` / ``assert_visible`` — every way to find an object fails / finds
                          exactly it; ``listed(tier)`` is ``iter_objects`` as a list.
+- ``assert_read_view_released(tier, meta, blob, keyring)`` — an extent tier's ``read`` is a
+                         read-only view of the intact object, released at ``complete_load``.
 - ``fragment(tier, sizes, seal)`` — an extent tier's region with holes, and a top object
                          held by a lease (the compaction-under-readers stories).
 - ``store_then_cancel(tier, meta, blob, where)`` — a store cancelled at ``where``;
-                         ``assert_space_returned(tier, meta, blob)`` — it left nothing and
-                         the same object stores again (the extent tiers' cancellation stories).
+                         ``assert_cancelled_store_leaves_nothing`` — the extent tiers'
+                         cancellation story around it.
 
 Extent tiers (host, device) copy through their executor from ``INLINE_COPY_BYTES`` on, so the
 suite's small objects take the threaded copy path, where a cancellation can land mid-copy.
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -38,7 +41,7 @@ from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.errors import NotFound
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, new_state_id
 from statetier.protocol.keyring import Keyring
-from statetier.protocol.sealed import decode_header, seal_object
+from statetier.protocol.sealed import decode_header, open_sealed, seal_object
 from statetier.tiers.base import Lease, ObjectMeta, Tier
 from statetier.tiers.memory import DeviceTier
 from statetier.tiers.disk import DiskTier
@@ -124,6 +127,16 @@ async def assert_visible(tier: Tier, meta: ObjectMeta) -> None:
     assert await listed(tier) == [meta]
 
 
+async def assert_read_view_released(tier: Tier, meta: ObjectMeta, blob: bytes, keyring: Keyring) -> None:
+    lease = await tier.prepare_load(meta.object_id)
+    view = await tier.read(lease)
+    assert view.readonly and bytes(view) == blob
+    assert open_sealed(view, None, keyring).header.state_id == meta.object_id
+    await tier.complete_load(lease)
+    with pytest.raises(ValueError):
+        bytes(view)  # released at complete_load: a late reader fails loudly
+
+
 async def fragment(tier: Tier, sizes: list[int], seal) -> tuple[dict[bytes, bytes], tuple[ObjectMeta, bytes], Lease]:
     """Store an object of each payload size (``seal(size)`` → meta, blob), then a small one
     last (highest in the region, it fits any hole), and delete every other of the first:
@@ -178,14 +191,30 @@ async def store_then_cancel(tier: Tier, meta: ObjectMeta, blob: bytes, where: st
         await task
 
 
-async def assert_space_returned(tier: Tier, meta: ObjectMeta, blob: bytes) -> None:
-    """An extent tier holds nothing (after a cancelled store), and ``meta`` stores again."""
-    assert not await tier.contains(meta.object_id)
-    stats = tier.stats()
-    assert (stats.objects, stats.bytes_used, stats.inflight) == (0, 0, 0)
-    assert stats.extra["extent_bytes_allocated"] == 0
-    await store(tier, meta, blob)  # the whole region is usable again
-    assert await load(tier, meta.object_id) == blob
+async def assert_cancelled_store_leaves_nothing(open_tier, seal, size: int, where: str) -> None:
+    """A store of ``seal(size)`` cancelled ``where`` (``store_then_cancel``) leaves nothing
+    and the same object stores again. ``open_tier(executor)`` → an extent tier (used as an
+    async context manager) that copies through ``executor``; for ``write_queued`` the copy
+    job waits behind another until the cancel is in."""
+    executor = ThreadPoolExecutor(1)
+    release = threading.Event()
+    try:
+        async with open_tier(executor) as tier:
+            meta, blob = seal(size)
+            if where == "write_queued":
+                executor.submit(release.wait)
+            await store_then_cancel(tier, meta, blob, where)
+            release.set()
+            await settle(executor)
+            assert not await tier.contains(meta.object_id)
+            stats = tier.stats()
+            assert (stats.objects, stats.bytes_used, stats.inflight) == (0, 0, 0)
+            assert stats.extra["extent_bytes_allocated"] == 0
+            await store(tier, meta, blob)  # the whole region is usable again
+            assert await load(tier, meta.object_id) == blob
+    finally:
+        release.set()
+        executor.shutdown()
 
 
 async def settle(executor: ThreadPoolExecutor) -> None:
