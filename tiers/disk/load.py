@@ -6,9 +6,10 @@
 
 ``prepare_load`` asks the kernel to start reading the record (``POSIX_FADV_WILLNEED``);
 ``read`` preads it, opens its at-rest envelope if it has one and checks its integrity
-(``tiers.disk.body``); ``read_into`` does the same straight into a caller's buffer and
-returns only once no thread writes there any more. Damage drops the object for good
-(``_drop_corrupt``) and raises the rejection.
+(``tiers.disk.body``: the header's own lengths, signature, payload digest); ``read_into``
+does the same straight into a caller's buffer and returns only once no thread writes there
+any more. Damage drops the object for good (``stats().extra["corrupt_dropped"]``) and
+raises the rejection; an intact object of another identity is returned, for the engine.
 """
 
 from __future__ import annotations

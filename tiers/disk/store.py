@@ -7,11 +7,11 @@
 - ``BUFFERED_BYTES`` — objects up to this size are buffered by ``write`` and written by
   the commit job (saving a trip to the executor).
 
-``prepare_store`` reserves a range of the active segment, so concurrent stores write in
-parallel, and refuses a store that would leave the filesystem with less than
-``free_space_reserve``. ``complete_store(True)`` submits a ``Put`` to the group commit
-(``tiers.disk.commit``): the object is visible once its COMMIT record is durable; anything
-less than a completed store leaves dead bytes only.
+``prepare_store`` reserves a range of the active segment (concurrent stores write in
+parallel), refusing a store that would leave the filesystem less than ``free_space_reserve``.
+``complete_store(True)`` appends a COMMIT record naming the object and fdatasyncs both at
+once (the group commit, ``tiers.disk.commit``): once it returns the object survives kill -9
+and a power cut. Anything less than a completed store leaves dead bytes only.
 """
 
 from __future__ import annotations

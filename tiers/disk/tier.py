@@ -3,30 +3,19 @@
 ``DiskTier(directory, capacity_bytes, *, keyring, segment_bytes=64 MiB, high_watermark=0.9,
 low_watermark=0.75, compact_below_live_ratio=0.5, lease_ttl=30.0, fsync=True, cipher=None,
 executor=None, name="disk", checkpoint_ops=4096, checkpoint_seconds=2.0)`` implements
-``Tier`` (lifecycle in ``tiers.base``), plus ``compact() -> CompactionReport``.
+``Tier`` (lifecycle in ``tiers.base``), plus ``compact() -> CompactionReport``. It is
+composed of ``DiskStores`` (``tiers.disk.store``: reserved ranges, the group commit) and
+``DiskLoads`` (``tiers.disk.load``: leases, verified reads); this module holds its state
+(all declared in ``__init__``), lifecycle, removal and eviction, ``compact``, queries, ``stats``.
 
 - Layout: ``directory/segments/seg-00000001.dat`` … (record format in ``tiers.disk.segments``)
   and ``directory/index/`` (LMDB, ``tiers.disk.index``); in-memory placement in
   ``tiers.disk.space``.
-- Store: ``prepare_store`` reserves a range of the active segment, so concurrent stores
-  write in parallel; ``write`` pwritev's the record there (objects up to 256 KiB are
-  copied into a buffer instead and written by the commit, saving a trip to the
-  executor); ``complete_store(True)`` appends a COMMIT record naming it and fdatasyncs
-  both at once (group commit: ``tiers.disk.commit``, ``tiers.disk.log``). Once it
-  returns the object survives kill -9 and a power cut: the segments are the log, one
-  durable flush per batch. The LMDB index is a checkpoint of that log, written in the
-  background every ``checkpoint_ops`` ops or ``checkpoint_seconds`` (``tiers.disk.checkpoint``);
-  a restart replays what it lacks. Anything less than a completed store leaves dead bytes
-  only. ``fsync=False`` skips every fdatasync and LMDB's sync: a killed process loses
-  nothing, a power cut may.
-- Load: ``prepare_load`` asks the kernel to start reading the record (``POSIX_FADV_WILLNEED``);
-  ``read`` preads the record, opens its at-rest envelope if it has one, and
-  checks its integrity (``protocol.classify.open_intact``: the header's own lengths,
-  signature, payload digest). Damage drops the object for good
-  (``stats().extra["corrupt_dropped"]``) and raises the rejection; an intact object of
-  another identity is returned as found, for the engine to judge. ``read_into(lease, dest)``
-  does the same straight into a caller's buffer (a promotion's arena reservation): one
-  preadv, verified where it landed.
+- Durability: the segments are the log (``tiers.disk.commit``, ``tiers.disk.log``); the LMDB
+  index is a checkpoint of it, written in the background every ``checkpoint_ops`` ops or
+  ``checkpoint_seconds`` (``tiers.disk.checkpoint``); a restart replays what it lacks.
+  ``fsync=False`` skips every fdatasync and LMDB's sync: a killed process loses nothing, a
+  power cut may.
 - ``start`` checks the index against the segments and replays the log past its last
   checkpoint (``tiers.disk.recovery``); ``compact`` rewrites sparse segments and never
   deletes a file a lease may still read (``tiers.disk.compaction``); ``close`` writes a
@@ -41,9 +30,6 @@ executor=None, name="disk", checkpoint_ops=4096, checkpoint_seconds=2.0)`` imple
   COMMIT records and index pages, so deletes — and with them recovery from a full disk —
   keep working.
 
-``DiskTier`` is composed of parts of one path each: ``tiers.disk.store`` (``DiskStores``)
-and ``tiers.disk.load`` (``DiskLoads``); this module holds its state (all declared in
-``__init__``), lifecycle, removal and eviction, ``compact``, queries and ``stats``.
 Blocking work runs in the executor through ``tiers.disk.jobs``, which also translates
 OSError and lmdb.Error into statetier errors; the record body codec is ``tiers.disk.body``.
 """
