@@ -12,6 +12,8 @@
                          (the tier-specific suites use them too).
 - ``assert_invisible`` / ``assert_visible`` — every way to find an object fails / finds
                          exactly it; ``listed(tier)`` is ``iter_objects`` as a list.
+- ``assert_quiet(tier, objects, bytes_used)`` — no lease, no store in flight;
+                         ``assert_full_capacity_fits(tier)`` — every byte is free again.
 - ``assert_read_view_released(tier, meta, blob, keyring)`` — an extent tier's ``read`` is a
                          read-only view of the intact object, released at ``complete_load``.
 - ``fragment(tier, sizes, seal)`` — an extent tier's region with holes, and a top object
@@ -125,6 +127,20 @@ async def assert_visible(tier: Tier, meta: ObjectMeta) -> None:
     assert await tier.get_meta(meta.object_id) == meta
     assert await tier.find_by_key(meta.key_digest) == [meta]
     assert await listed(tier) == [meta]
+
+
+async def assert_quiet(tier, objects: int, bytes_used: int) -> None:
+    stats = tier.stats()
+    assert (stats.objects, stats.bytes_used, stats.leases, stats.inflight) == (objects, bytes_used, 0, 0)
+
+
+async def assert_full_capacity_fits(tier) -> None:
+    """Every byte is free: an object of exactly the capacity stores, reads back, and goes."""
+    meta, blob = object_of_size(CAPACITY)
+    await store(tier, meta, blob)
+    assert await load(tier, meta.object_id) == blob
+    assert await tier.delete(meta.object_id)
+    await assert_quiet(tier, 0, 0)
 
 
 async def assert_read_view_released(tier: Tier, meta: ObjectMeta, blob: bytes, keyring: Keyring) -> None:
