@@ -1,20 +1,20 @@
-"""statetier.tiers — where sealed objects live: device and host memory, disk, Redis.
-
-Shared by every tier:
+"""statetier.tiers — where sealed objects live: device, host, disk and Redis.
 
 - ``base``      — the ``Tier`` interface, ``ObjectMeta``, ``StoreTicket``, ``Lease``,
                   ``LeaseTable``, ``LruIndex``, ``TierStats``, ``EvictedObject``
 - ``registry``  — ``VersionRegistry`` and its in-process implementation
 - ``crypto``    — ``AtRestCipher``: AES-GCM envelopes for the disk and Redis tiers
-- ``allocator`` — ``ExtentAllocator``: the memory tiers' arenas and the daemon's windows
+- ``allocator`` — ``ExtentAllocator``, for the memory tiers and the daemon's windows
+- ``memory``    — ``HostTier`` (a shared-memory arena) and ``DeviceTier`` (a torch pool),
+                  both an ``ExtentTier`` (``extent``, ``load``, ``compaction``, ``placement``,
+                  ``pins``, ``hostbytes``, ``rawmemory``)
+- ``disk``      — ``DiskTier``: append-only segments (the log) + an LMDB index (its
+                  checkpoint), crash-safe, compacting (``tier``, ``store``, ``load``,
+                  ``segments``, ``index``, ``body``, ``space``, ``jobs``, ``commit``, ``log``,
+                  ``checkpoint``, ``recovery``, ``compaction``)
+- ``redis``     — ``RedisTier`` on Redis / Redis Cluster and ``RedisVersionRegistry``, the
+                  cross-node registry (``tier``, ``store``, ``load``, ``lookup``, ``evict``,
+                  ``layout``, ``connect``, ``scripts``, ``verify``, ``errors``, ``registry``)
 
-The families, each a subpackage whose ``__init__`` exports only what the daemon uses:
-
-- ``memory`` — ``HostTier`` (a shared-memory arena only the daemon maps) and
-  ``DeviceTier`` (a preallocated torch tensor)
-- ``disk``   — ``DiskTier``: append-only segments + an LMDB index, crash-safe, compacting
-- ``redis``  — ``RedisTier`` and ``RedisVersionRegistry``: Redis or Redis Cluster, shared
-  by every node
-
-Only the daemon's composition root (``daemon/app.py``) names concrete tier classes.
+Only the daemon's composition root names concrete tier classes.
 """

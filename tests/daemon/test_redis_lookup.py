@@ -16,7 +16,7 @@ import uuid
 import pytest
 import redis.asyncio.connection
 
-import statetier.tiers.redis.tier as redis_module
+import statetier.tiers.redis.connect as redis_module
 from statetier.daemon.engine import Engine, EngineOptions
 from statetier.daemon.requests import LoadRequest, LookupRequest, PutRequest
 from statetier.protocol.dtypes import TensorSpec

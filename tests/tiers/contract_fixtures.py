@@ -8,7 +8,19 @@
                          ``settle(executor)`` waits until every job queued before now has ended.
 - ``make_object(payload_bytes)`` — a sealed KV page (``seal_object`` under ``KEYRING``, which
                          the disk and Redis tiers verify reads against) and its ``ObjectMeta``.
-- ``store`` / ``load`` — the two-phase lifecycles as a caller pairs them, in ``try/finally``.
+- ``store`` / ``load`` — the two-phase lifecycles as a caller pairs them, in ``try/finally``
+                         (the tier-specific suites use them too).
+- ``assert_invisible`` / ``assert_visible`` — every way to find an object fails / finds
+                         exactly it; ``listed(tier)`` is ``iter_objects`` as a list.
+- ``assert_quiet(tier, objects, bytes_used)`` — no lease, no store in flight;
+                         ``assert_full_capacity_fits(tier)`` — every byte is free again.
+- ``assert_read_view_released(tier, meta, blob, keyring)`` — an extent tier's ``read`` is a
+                         read-only view of the intact object, released at ``complete_load``.
+- ``fragment(tier, sizes, seal)`` — an extent tier's region with holes, and a top object
+                         held by a lease (the compaction-under-readers stories).
+- ``store_then_cancel(tier, meta, blob, where)`` — a store cancelled at ``where``;
+                         ``assert_cancelled_store_leaves_nothing`` — the extent tiers'
+                         cancellation story around it.
 
 Extent tiers (host, device) copy through their executor from ``INLINE_COPY_BYTES`` on, so the
 suite's small objects take the threaded copy path, where a cancellation can land mid-copy.
@@ -19,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -27,10 +40,11 @@ import redis
 import redis.cluster
 
 from statetier.protocol.dtypes import TensorSpec
+from statetier.protocol.errors import NotFound
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, new_state_id
 from statetier.protocol.keyring import Keyring
-from statetier.protocol.sealed import decode_header, seal_object
-from statetier.tiers.base import ObjectMeta, Tier
+from statetier.protocol.sealed import decode_header, open_sealed, seal_object
+from statetier.tiers.base import Lease, ObjectMeta, Tier
 from statetier.tiers.memory import DeviceTier
 from statetier.tiers.disk import DiskTier
 from statetier.tiers.memory import HostTier
@@ -92,6 +106,131 @@ async def load(tier: Tier, object_id: bytes, owner: object = "reader") -> bytes:
         return bytes(await tier.read(lease))
     finally:
         await tier.complete_load(lease)
+
+
+async def listed(tier: Tier) -> list[ObjectMeta]:
+    return [meta async for meta in tier.iter_objects()]
+
+
+async def assert_invisible(tier: Tier, meta: ObjectMeta) -> None:
+    assert not await tier.contains(meta.object_id)
+    assert await tier.get_meta(meta.object_id) is None
+    assert await tier.find_by_key(meta.key_digest) == []
+    assert meta.object_id not in [m.object_id for m in await listed(tier)]
+    with pytest.raises(NotFound):
+        await tier.prepare_load(meta.object_id, owner="probe")
+
+
+async def assert_visible(tier: Tier, meta: ObjectMeta) -> None:
+    """``meta`` is found every way, and is the only object stored."""
+    assert await tier.contains(meta.object_id)
+    assert await tier.get_meta(meta.object_id) == meta
+    assert await tier.find_by_key(meta.key_digest) == [meta]
+    assert await listed(tier) == [meta]
+
+
+async def assert_quiet(tier, objects: int, bytes_used: int) -> None:
+    stats = tier.stats()
+    assert (stats.objects, stats.bytes_used, stats.leases, stats.inflight) == (objects, bytes_used, 0, 0)
+
+
+async def assert_full_capacity_fits(tier) -> None:
+    """Every byte is free: an object of exactly the capacity stores, reads back, and goes."""
+    meta, blob = object_of_size(CAPACITY)
+    await store(tier, meta, blob)
+    assert await load(tier, meta.object_id) == blob
+    assert await tier.delete(meta.object_id)
+    await assert_quiet(tier, 0, 0)
+
+
+async def assert_read_view_released(tier: Tier, meta: ObjectMeta, blob: bytes, keyring: Keyring) -> None:
+    lease = await tier.prepare_load(meta.object_id)
+    view = await tier.read(lease)
+    assert view.readonly and bytes(view) == blob
+    assert open_sealed(view, None, keyring).header.state_id == meta.object_id
+    await tier.complete_load(lease)
+    with pytest.raises(ValueError):
+        bytes(view)  # released at complete_load: a late reader fails loudly
+
+
+async def fragment(tier: Tier, sizes: list[int], seal) -> tuple[dict[bytes, bytes], tuple[ObjectMeta, bytes], Lease]:
+    """Store an object of each payload size (``seal(size)`` → meta, blob), then a small one
+    last (highest in the region, it fits any hole), and delete every other of the first:
+    the live objects' bytes by id, the top object, and a lease of it taken by
+    ``"slow client"`` (which keeps it from moving)."""
+    live = {}
+    for size in sizes:
+        meta, blob = seal(size)
+        await store(tier, meta, blob)
+        live[meta.object_id] = blob
+    top = seal(5_000)
+    await store(tier, *top)
+    for object_id in list(live)[::2]:
+        await tier.delete(object_id)
+        del live[object_id]
+    return live, top, await tier.prepare_load(top[0].object_id, owner="slow client")
+
+
+async def store_then_cancel(tier: Tier, meta: ObjectMeta, blob: bytes, where: str) -> None:
+    """Store ``[blob]`` in a task and cancel it ``where``:
+
+    - ``before_write``: waiting before ``write``; ``after_write``: waiting after it;
+    - ``write_queued``: in ``write`` (the caller keeps the executor busy, so the copy waits);
+    - ``write_copying``: in ``write`` 2 ms into the copy (the caller makes it take longer);
+    - ``during_write``: in ``write``, or waiting after it when the copy was quicker.
+    """
+    gate, reached = asyncio.Event(), asyncio.Event()
+
+    async def store_() -> None:
+        ticket = await tier.prepare_store(meta)
+        done = False
+        try:
+            if where != "after_write":
+                reached.set()
+            if where == "before_write":
+                await gate.wait()
+            await tier.write(ticket, [blob])
+            if where in ("after_write", "during_write"):
+                reached.set()
+                await gate.wait()
+            done = True
+        finally:
+            await tier.complete_store(ticket, done)
+
+    task = asyncio.create_task(store_())
+    await reached.wait()
+    await asyncio.sleep(0)  # let the task reach its next await
+    if where == "write_copying":
+        await asyncio.sleep(0.002)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def assert_cancelled_store_leaves_nothing(open_tier, seal, size: int, where: str) -> None:
+    """A store of ``seal(size)`` cancelled ``where`` (``store_then_cancel``) leaves nothing
+    and the same object stores again. ``open_tier(executor)`` → an extent tier (used as an
+    async context manager) that copies through ``executor``; for ``write_queued`` the copy
+    job waits behind another until the cancel is in."""
+    executor = ThreadPoolExecutor(1)
+    release = threading.Event()
+    try:
+        async with open_tier(executor) as tier:
+            meta, blob = seal(size)
+            if where == "write_queued":
+                executor.submit(release.wait)
+            await store_then_cancel(tier, meta, blob, where)
+            release.set()
+            await settle(executor)
+            assert not await tier.contains(meta.object_id)
+            stats = tier.stats()
+            assert (stats.objects, stats.bytes_used, stats.inflight) == (0, 0, 0)
+            assert stats.extra["extent_bytes_allocated"] == 0
+            await store(tier, meta, blob)  # the whole region is usable again
+            assert await load(tier, meta.object_id) == blob
+    finally:
+        release.set()
+        executor.shutdown()
 
 
 async def settle(executor: ThreadPoolExecutor) -> None:

@@ -47,7 +47,7 @@ def object_id_for(seed: int, run: int, index: int) -> bytes:
 
 
 def crash_size(object_id: bytes) -> int:
-    from statetier.tiers.disk.tier import BUFFERED_BYTES
+    from statetier.tiers.disk.store import BUFFERED_BYTES
 
     rng = random.Random(object_id + b"size")
     return BUFFERED_BYTES + rng.randrange(1, 64 * 1024) if rng.random() < 0.125 else rng.randrange(256, 24 * 1024)

@@ -6,7 +6,6 @@ import asyncio
 import sys
 import os
 import random
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from pathlib import Path
@@ -16,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from statetier.protocol.dtypes import TensorSpec  # noqa: E402
-from statetier.protocol.errors import CapacityError, ConfigError, InvalidRequest, LeaseError, NotFound  # noqa: E402
+from statetier.protocol.errors import CapacityError, ConfigError, InvalidRequest, LeaseError  # noqa: E402
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, new_state_id  # noqa: E402
 from statetier.protocol.keyring import dev_keyring  # noqa: E402
 from statetier.protocol.sealed import decode_header, open_sealed, seal_object  # noqa: E402
@@ -24,7 +23,10 @@ from statetier.tiers.base import ObjectMeta  # noqa: E402
 from statetier.tiers.memory import DeviceTier  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from contract_fixtures import load, store  # noqa: E402
+from contract_fixtures import (  # noqa: E402
+    assert_cancelled_store_leaves_nothing, assert_invisible, assert_read_view_released, assert_visible, fragment, load,
+    store,
+)
 
 KEYRING = dev_keyring()
 NAMESPACE = NamespaceSpec("test/device-tier").namespace()
@@ -54,18 +56,10 @@ async def test_an_object_is_visible_only_after_complete_store(tier: DeviceTier) 
     ticket = await tier.prepare_store(meta)
     assert ticket.view is None  # the pool is not written in place by clients
     await tier.write(ticket, [blob])
-    assert not await tier.contains(meta.object_id)
-    with pytest.raises(NotFound):
-        await tier.prepare_load(meta.object_id)
+    await assert_invisible(tier, meta)
     await tier.complete_store(ticket, True)
-    assert await tier.find_by_key(meta.key_digest) == [meta]
-    lease = await tier.prepare_load(meta.object_id)
-    view = await tier.read(lease)
-    assert view.readonly and bytes(view) == blob
-    assert open_sealed(view, None, KEYRING).header.state_id == meta.object_id
-    await tier.complete_load(lease)
-    with pytest.raises(ValueError):
-        bytes(view)
+    await assert_visible(tier, meta)
+    await assert_read_view_released(tier, meta, blob, KEYRING)
     assert tier.stats().bytes_used == meta.size
 
 
@@ -114,46 +108,10 @@ async def test_capacity_error_and_duplicate_ids() -> None:
 
 @pytest.mark.parametrize("where", ["before_write", "write_queued", "during_write", "after_write"])
 async def test_a_cancelled_store_leaves_nothing_and_returns_its_space(where: str) -> None:
-    executor = ThreadPoolExecutor(1)
-    release = threading.Event()
-    try:
-        async with DeviceTier(16 * MIB, executor=executor, inline_copy_bytes=0) as tier:
-            meta, blob = sealed(12 * MIB)
-            if where == "write_queued":
-                executor.submit(release.wait)
-            gate, reached = asyncio.Event(), asyncio.Event()
+    def open_tier(executor) -> DeviceTier:
+        return DeviceTier(16 * MIB, executor=executor, inline_copy_bytes=0)
 
-            async def store() -> None:
-                ticket = await tier.prepare_store(meta)
-                done = False
-                try:
-                    if where != "after_write":
-                        reached.set()
-                    if where == "before_write":
-                        await gate.wait()
-                    await tier.write(ticket, [blob])
-                    reached.set()
-                    await gate.wait()
-                    done = True
-                finally:
-                    await tier.complete_store(ticket, done)
-
-            task = asyncio.create_task(store())
-            await reached.wait()
-            await asyncio.sleep(0)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-            release.set()
-            await asyncio.wrap_future(executor.submit(lambda: None))
-            stats = tier.stats()
-            assert not await tier.contains(meta.object_id)
-            assert (stats.bytes_used, stats.inflight, stats.extra["extent_bytes_allocated"]) == (0, 0, 0)
-            await put(tier, meta, blob)
-            assert await read_bytes(tier, meta.object_id) == blob
-    finally:
-        release.set()
-        executor.shutdown()
+    await assert_cancelled_store_leaves_nothing(open_tier, sealed, 12 * MIB, where)
 
 
 async def test_evict_returns_least_recently_used_unleased_objects_with_their_bytes() -> None:
@@ -199,18 +157,9 @@ async def test_leases_expire_belong_to_owners_and_defer_deletes() -> None:
 async def test_compaction_of_the_pool_under_leased_readers() -> None:
     rng = random.Random(3)
     async with DeviceTier(4 * MIB, inline_copy_bytes=0) as tier:
-        live = {}
-        for _ in range(24):
-            meta, blob = sealed(rng.randrange(10_000, 90_000))
-            await put(tier, meta, blob)
-            live[meta.object_id] = blob
-        top, top_blob = sealed(5_000)  # last stored, highest in the pool, fits any hole
-        await put(tier, top, top_blob)
-        for object_id in list(live)[::2]:
-            await tier.delete(object_id)
-            del live[object_id]
+        sizes = [rng.randrange(10_000, 90_000) for _ in range(24)]
+        live, (top, top_blob), long_reader = await fragment(tier, sizes, sealed)  # leased: never moves
         bad, stop = [], asyncio.Event()
-        long_reader = await tier.prepare_load(top.object_id, owner="slow client")  # blocks its move
 
         async def reader(seed: int) -> None:
             pick = random.Random(seed)

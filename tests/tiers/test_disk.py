@@ -1,24 +1,19 @@
 """The disk tier on real segment files and a real LMDB index, in ``tmp_path``.
 
-Each test tells one story: the store lifecycle and its visibility rules, cancellation at
-every point where a store, load, eviction or compaction awaits, a restart that keeps every
-completed object, compaction that frees sparse segments byte for byte, the exact LRU
-eviction order, leases that keep a segment file alive through compaction, a flipped byte
-refused and dropped, at-rest encryption, a full filesystem (where a delete still works),
-and compaction running while many readers stream verified objects. The log itself — an
-index that lost its last checkpoints, a torn tail — is in ``test_disk_log.py``.
+Each test tells one story: the store lifecycle and its visibility rules, a restart that
+keeps every completed object, the exact LRU eviction order, a flipped byte refused and
+dropped, at-rest encryption, and a full filesystem (where a delete still works).
+Cancellation is in ``test_disk_cancellation.py``, compaction in ``test_disk_compaction.py``,
+the log itself — an index that lost its last checkpoints, a torn tail — in
+``test_disk_log.py``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import os
-import random
 import subprocess
 import sys
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,9 +23,8 @@ import pytest
 from statetier.protocol.errors import (
     CapacityError, CorruptPayload, InternalError, InvalidRequest, LeaseError, NotFound, Unavailable,
 )
-from statetier.protocol.sealed import open_sealed
 from statetier.tiers.crypto import AtRestCipher
-from statetier.tiers.disk.tier import BUFFERED_BYTES, DiskTier
+from statetier.tiers.disk import DiskTier
 from statetier.tiers.disk.index import DiskIndex, IndexEntry, Location, Put
 from statetier.tiers.disk.jobs import translate_error
 from statetier.tiers.disk.segments import RECORD_HEADER_BYTES
@@ -47,22 +41,6 @@ def objects(count: int, size: int | None = None, run: int = 0):
 
 def segment_files(directory: Path) -> list[Path]:
     return sorted((directory / "segments").glob("seg-*.dat"))
-
-
-@pytest.fixture
-async def open_disk(tmp_path):
-    opened: list[DiskTier] = []
-
-    async def _open(**options) -> DiskTier:
-        options.setdefault("segment_bytes", 64 * 1024)
-        tier = DiskTier(tmp_path / "disk", options.pop("capacity", 64 << 20), keyring=KEYRING, **options)
-        await tier.start()
-        opened.append(tier)
-        return tier
-
-    yield _open
-    for tier in opened:
-        await tier.close()
 
 
 # ---------------------------------------------------------------------------- lifecycle
@@ -154,147 +132,6 @@ async def test_a_deleted_object_stays_readable_under_its_lease_until_released(op
     assert not await tier.delete(meta.object_id)
 
 
-# ---------------------------------------------------------------------------- cancellation
-
-
-class GatedExecutor(ThreadPoolExecutor):
-    """A real thread pool that holds every job after the first ``allow`` until ``open()``."""
-
-    def __init__(self) -> None:
-        super().__init__(4)
-        self.allow = 1 << 30
-        self.submitted = 0
-        self._gate = threading.Event()
-        self.held = asyncio.Event()
-
-    def arm(self, allow: int) -> None:
-        self.allow, self.submitted = allow, 0
-        self._gate.clear()
-        self.held = asyncio.Event()
-
-    def open(self) -> None:
-        self.allow = 1 << 30
-        self._gate.set()
-
-    def submit(self, fn, /, *args, **kwargs):
-        self.submitted += 1
-        if self.submitted <= self.allow:
-            return super().submit(fn, *args, **kwargs)
-        self.held.set()
-        gate = self._gate
-        return super().submit(lambda: (gate.wait(), fn(*args, **kwargs))[1])
-
-
-async def cancel_at_each_job(executor: GatedExecutor, make_coro, check) -> int:
-    """Run ``make_coro()`` once per executor job it submits, cancelling it while that job
-    is held; ``check(finished)`` then inspects the tier. Returns the number of points."""
-    for point in range(50):
-        executor.arm(point)
-        task = asyncio.create_task(make_coro())
-        held = asyncio.create_task(executor.held.wait())
-        await asyncio.wait({task, held}, return_when=asyncio.FIRST_COMPLETED)
-        held.cancel()
-        finished = task.done()
-        if not finished:
-            task.cancel()
-        executor.open()
-        try:
-            await task
-        except asyncio.CancelledError:
-            pass
-        await check(finished)
-        if finished:
-            return point
-    raise AssertionError("the coroutine never finished")
-
-
-@pytest.mark.parametrize(("size", "jobs"), [(3000, 1), (BUFFERED_BYTES + 1000, 2)], ids=["buffered", "written"])
-async def test_a_store_cancelled_at_any_point_leaves_nothing_visible(open_disk, tmp_path, size, jobs):
-    executor = GatedExecutor()
-    tier = await open_disk(executor=executor, segment_bytes=4 << 20)
-    pending = iter(objects(20, size=size))
-    current = [None]
-    outcomes = []
-
-    async def one_store():
-        meta, blob = current[0] = next(pending)
-        await store(tier, meta, blob)
-
-    async def check(finished: bool) -> None:
-        meta, blob = current[0]
-        outcomes.append(finished)
-        assert await tier.contains(meta.object_id) is finished
-        stats = tier.stats()
-        assert (stats.inflight, stats.extra["reserved_bytes"]) == (0, 0)
-        if finished:
-            assert await load(tier, meta.object_id) == blob
-
-    points = await cancel_at_each_job(executor, one_store, check)
-    assert points >= jobs and outcomes == [False] * points + [True]  # (write,) commit, … then done
-    await tier.close()
-    executor.shutdown()
-
-    reopened = await open_disk(segment_bytes=4 << 20)
-    assert [m.object_id async for m in reopened.iter_objects()] == [current[0][0].object_id]
-
-
-async def test_loads_evictions_and_compactions_cancelled_at_any_point_leave_the_tier_sound(open_disk):
-    executor = GatedExecutor()
-    batch = objects(12, size=6000)
-    tier = await open_disk(executor=executor, capacity=12 * 6400, segment_bytes=20_000)
-    for meta, blob in batch:
-        await store(tier, meta, blob)
-    for meta, _ in batch[::2]:
-        await tier.delete(meta.object_id)
-    survivors = {meta.object_id: blob for meta, blob in batch[1::2]}
-
-    async def check(finished: bool) -> None:
-        assert tier.stats().leases == 0
-        for object_id in [oid for oid in survivors if not await tier.contains(oid)]:
-            del survivors[object_id]  # evicted: an eviction removes before it reads
-        for object_id, blob in survivors.items():
-            assert await load(tier, object_id) == blob
-
-    async def one_load():
-        object_id = next(iter(survivors))
-        lease = await tier.prepare_load(object_id)
-        try:
-            assert bytes(await tier.read(lease)) == survivors[object_id]
-        finally:
-            await tier.complete_load(lease)
-
-    assert await cancel_at_each_job(executor, one_load, check) >= 1
-    assert await cancel_at_each_job(executor, tier.compact, check) >= 1
-    assert tier.stats().bytes_reclaimed > 0
-    assert await cancel_at_each_job(executor, lambda: tier.evict(40_000), check) >= 1
-    await tier.close()
-    executor.shutdown()
-
-
-async def test_concurrent_stores_share_one_durable_index_commit(open_disk):
-    executor = GatedExecutor()
-    tier = await open_disk(executor=executor)
-    batch = objects(16, size=2000)
-    executor.arm(0)  # small objects are written by the commit itself: the first commit is held
-
-    stores = [asyncio.create_task(store(tier, meta, blob)) for meta, blob in batch]
-    try:
-        await executor.held.wait()
-        async with asyncio.timeout(30):  # every store is in the held batch or queued behind it
-            while tier.stats().extra["index_ops"] + tier.stats().extra["index_ops_waiting"] < 16:
-                await asyncio.sleep(0.005)
-    finally:
-        executor.open()
-    await asyncio.gather(*stores)
-
-    extra = tier.stats().extra
-    assert extra["index_ops"] == 16 and extra["index_batches"] <= 2  # the held one and one more
-    for meta, blob in batch:
-        assert await load(tier, meta.object_id) == blob
-    await tier.close()
-    executor.shutdown()
-
-
 # ---------------------------------------------------------------------------- restart
 
 
@@ -333,114 +170,6 @@ async def test_a_restart_drops_entries_whose_record_header_is_damaged(open_disk,
     assert not await reopened.contains(batch[1][0].object_id)
     for meta, blob in batch[:1] + batch[2:]:
         assert await load(reopened, meta.object_id) == blob
-
-
-# ---------------------------------------------------------------------------- compaction
-
-
-async def test_compaction_reclaims_sparse_segments_and_keeps_every_byte(open_disk, tmp_path):
-    tier = await open_disk(segment_bytes=32 * 1024)
-    batch = objects(60, size=2500)
-    for meta, blob in batch:
-        await store(tier, meta, blob)
-    for meta, _ in batch:
-        if meta.object_id[0] % 3:
-            await tier.delete(meta.object_id)
-    kept = {meta.object_id: blob for meta, blob in batch if meta.object_id[0] % 3 == 0}
-    before = sum(p.stat().st_size for p in segment_files(tmp_path / "disk"))
-    logged = tier.stats().extra["commit_record_bytes"]
-
-    report = await tier.compact()
-
-    after = sum(p.stat().st_size for p in segment_files(tmp_path / "disk"))
-    assert report.segments_compacted > 0 and report.objects_moved > 0 and report.segments_blocked == 0
-    moves_logged = tier.stats().extra["commit_record_bytes"] - logged  # the COMMIT record of the moves
-    assert before - after == report.bytes_reclaimed - moves_logged > 0
-    assert tier.stats().compactions_run == 1
-    for object_id, blob in kept.items():
-        assert await load(tier, object_id) == blob
-    await tier.close()
-    reopened = await open_disk(segment_bytes=32 * 1024)
-    assert reopened.stats().extra["recovery_segments_deleted"] == 0
-    assert {m.object_id async for m in reopened.iter_objects()} == set(kept)
-    for object_id, blob in kept.items():
-        assert await load(reopened, object_id) == blob
-
-
-class CommitHoldingExecutor(ThreadPoolExecutor):
-    """A real thread pool that holds group-commit jobs (``write_batch``) until ``open()``."""
-
-    def __init__(self) -> None:
-        super().__init__(4)
-        self.gate = threading.Event()
-        self.gate.set()
-        self.held = 0
-
-    def submit(self, fn, /, *args, **kwargs):
-        if getattr(fn, "__name__", "") != "write_batch" or self.gate.is_set():
-            return super().submit(fn, *args, **kwargs)
-        self.held += 1
-        gate = self.gate
-        return super().submit(lambda: (gate.wait(), fn(*args, **kwargs))[1])
-
-
-async def test_compaction_deletes_a_file_only_once_the_delete_that_emptied_it_is_checkpointed(open_disk, tmp_path):
-    executor = CommitHoldingExecutor()
-    tier = await open_disk(executor=executor, segment_bytes=8 * 1024)
-    batch = objects(6, size=3000)  # two records a segment
-    for meta, blob in batch:
-        await store(tier, meta, blob)
-    first_segment = segment_files(tmp_path / "disk")[0]
-    assert batch[0][0].object_id in first_segment.read_bytes()
-    await tier.delete(batch[1][0].object_id)
-    executor.gate.clear()
-
-    deleting = asyncio.create_task(tier.delete(batch[0][0].object_id))  # empties the first segment
-    compacting = asyncio.create_task(tier.compact())
-    async with asyncio.timeout(30):
-        while not executor.held:
-            await asyncio.sleep(0.005)
-    await asyncio.sleep(0.1)
-
-    assert first_segment.exists() and not compacting.done()  # a restart could still need it
-    executor.gate.set()
-    assert await deleting
-    report = await compacting
-    assert report.segments_compacted >= 1 and not first_segment.exists()
-    await tier.close()
-    executor.shutdown()
-    reopened = await open_disk()
-    assert reopened.stats().extra["recovery_dropped"] == 0
-    assert {m.object_id async for m in reopened.iter_objects()} == {meta.object_id for meta, _ in batch[2:]}
-
-
-async def test_a_lease_keeps_its_segment_file_through_compaction(open_disk, tmp_path):
-    tier = await open_disk(segment_bytes=16 * 1024)
-    batch = objects(12, size=3000)
-    for meta, blob in batch:
-        await store(tier, meta, blob)
-    first_segment = segment_files(tmp_path / "disk")[0]
-    reader_meta, reader_blob = batch[0]
-    lease = await tier.prepare_load(reader_meta.object_id, owner="reader")
-    for meta, _ in batch[1:4]:
-        await tier.delete(meta.object_id)
-
-    blocked = await tier.compact()
-
-    assert (blocked.segments_blocked, blocked.segments_compacted) == (1, 0)
-    assert first_segment.exists()
-    assert bytes(await tier.read(lease)) == reader_blob  # the old location, still intact
-    assert await load(tier, reader_meta.object_id) == reader_blob  # the new location
-    assert (await tier.compact()).segments_blocked == 1
-    await tier.complete_load(lease)
-
-    freed = await tier.compact()
-
-    assert (freed.segments_blocked, freed.segments_compacted) == (0, 1)
-    assert not first_segment.exists()
-    assert tier.stats().compactions_blocked == 2
-    for meta, blob in [batch[0], *batch[4:]]:
-        assert await load(tier, meta.object_id) == blob
 
 
 # ---------------------------------------------------------------------------- eviction
@@ -575,72 +304,6 @@ async def test_a_full_filesystem_gives_a_clean_capacity_error_and_loses_nothing(
         assert await load(tier, object_id) == make_object(object_id, 48 * 1024)[1]
     assert not await tier.contains(bytes.fromhex(full[1]))
     await store(tier, *make_object(bytes.fromhex(full[1]), 48 * 1024))  # room again: it fits now
-
-
-# ---------------------------------------------------------------------------- concurrency
-
-
-async def test_compaction_under_concurrent_transfers_never_serves_a_wrong_byte(open_disk):
-    tier = await open_disk(segment_bytes=48 * 1024, lease_ttl=60)
-    every_blob: dict[bytes, bytes] = {}
-    live: list[bytes] = []
-    wrong, reads = [], [0]
-    next_index = iter(range(10_000))
-
-    async def add() -> None:
-        meta, blob = make_object(object_id_for(2, 0, next(next_index)), None)
-        every_blob[meta.object_id] = blob
-        await store(tier, meta, blob)
-        live.append(meta.object_id)
-
-    for _ in range(40):
-        await add()
-    stop = asyncio.Event()
-
-    async def reader(seed: int) -> None:
-        rng = random.Random(seed)
-        while not stop.is_set():
-            object_id = rng.choice(live)
-            try:
-                lease = await tier.prepare_load(object_id, owner=seed)
-            except NotFound:
-                await asyncio.sleep(0)
-                continue
-            try:
-                await asyncio.sleep(rng.random() * 0.02)  # hold the lease across compactions
-                data = await tier.read(lease)
-                open_sealed(data, None, KEYRING)
-                reads[0] += 1
-                if bytes(data) != every_blob[object_id]:
-                    wrong.append(object_id)
-            finally:
-                await tier.complete_load(lease)
-
-    async def churn() -> None:
-        rng = random.Random(99)
-        while not stop.is_set():
-            await add()
-            victim = live.pop(rng.randrange(len(live)))
-            await tier.delete(victim)
-
-    async def compactor() -> None:
-        for _ in range(400):
-            await tier.compact()
-            await asyncio.sleep(0.005)
-            stats = tier.stats()
-            if stats.compactions_run >= 20 and stats.compactions_blocked > 0 and stats.extra["objects_moved"] > 20:
-                break
-        stop.set()
-
-    async with asyncio.timeout(45):
-        await asyncio.gather(compactor(), churn(), *(reader(i) for i in range(8)))
-
-    stats = tier.stats()
-    assert wrong == [] and reads[0] > 50
-    assert stats.compactions_blocked > 0 and stats.bytes_reclaimed > 0
-    assert stats.leases == 0
-    for object_id in live:
-        assert await load(tier, object_id) == every_blob[object_id]
 
 
 # ---------------------------------------------------------------------------- the edge

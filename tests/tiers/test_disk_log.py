@@ -10,6 +10,7 @@ the disk: no completed object lost, no deleted object back, nothing torn served.
 
 from __future__ import annotations
 
+import functools
 import shutil
 import sys
 from pathlib import Path
@@ -33,19 +34,9 @@ def objects(count: int, run: int, size: int = 3000):
 
 
 @pytest.fixture
-async def open_disk(tmp_path):
-    opened: list[DiskTier] = []
-
-    async def _open(**options) -> DiskTier:
-        options.setdefault("segment_bytes", 64 * 1024)
-        tier = DiskTier(tmp_path / "disk", 64 << 20, keyring=KEYRING, **NEVER, **options)
-        await tier.start()
-        opened.append(tier)
-        return tier
-
-    yield _open
-    for tier in opened:
-        await tier.close()
+def open_disk(open_disk):
+    """``conftest.open_disk``, checkpointing only at close."""
+    return functools.partial(open_disk, **NEVER)
 
 
 def snapshot_index(tmp_path: Path) -> Path:
@@ -177,16 +168,19 @@ def flip_bit(path: Path, offset: int, bit: int = 0x10) -> None:
         handle.write(bytes([byte[0] ^ bit]))
 
 
-async def stored_after_a_checkpoint(open_disk, tmp_path, count: int):
-    """``count`` objects stored one at a time (a record, then its COMMIT record) that only
-    the log knows of: the index is put back to the checkpoint before them."""
+async def stored_after_a_checkpoint(open_disk, tmp_path, count: int, run: int = 4, deleted: int | None = None):
+    """``count`` objects of ``run`` stored one at a time (a record, then its COMMIT record),
+    then the ``deleted``-th of them deleted, all of which only the log knows of: the index is
+    put back to the checkpoint before them. The objects, and the segment holding them."""
     tier = await open_disk(segment_bytes=1 << 20)
     await tier.close()
     saved = snapshot_index(tmp_path)
     tier = await open_disk(segment_bytes=1 << 20)
-    batch = objects(count, run=4)
+    batch = objects(count, run=run)
     for meta, blob in batch:
         await store(tier, meta, blob)
+    if deleted is not None:
+        assert await tier.delete(batch[deleted][0].object_id)
     await tier.close()
     restore_index(tmp_path, saved)
     return batch, segment_holding(tmp_path, batch[0][0].object_id)
@@ -262,17 +256,7 @@ async def test_a_compaction_copy_no_commit_names_is_never_adopted(open_disk, tmp
 
 
 async def test_a_commit_record_lost_to_damage_brings_back_no_object_a_later_commit_deleted(open_disk, tmp_path):
-    tier = await open_disk(segment_bytes=1 << 20)
-    await tier.close()
-    saved = snapshot_index(tmp_path)
-    tier = await open_disk(segment_bytes=1 << 20)
-    batch = objects(6, run=5)
-    for meta, blob in batch:
-        await store(tier, meta, blob)
-    assert await tier.delete(batch[1][0].object_id)
-    await tier.close()
-    restore_index(tmp_path, saved)
-    segment = segment_holding(tmp_path, batch[0][0].object_id)
+    batch, segment = await stored_after_a_checkpoint(open_disk, tmp_path, 6, run=5, deleted=1)
     commits = [offset for offset, header in records_of(segment) if header.is_commit]
     flip_bit(segment, commits[1] + RECORD_HEADER_BYTES + 2)  # the COMMIT of batch[1]'s put
 
@@ -282,16 +266,7 @@ async def test_a_commit_record_lost_to_damage_brings_back_no_object_a_later_comm
 
 
 async def test_a_commit_whose_record_does_not_verify_is_not_indexed(open_disk, tmp_path):
-    tier = await open_disk(segment_bytes=1 << 20)
-    await tier.close()
-    saved = snapshot_index(tmp_path)
-    tier = await open_disk(segment_bytes=1 << 20)
-    batch = objects(3, run=0)
-    for meta, blob in batch:
-        await store(tier, meta, blob)
-    await tier.close()
-    restore_index(tmp_path, saved)
-    (segment,) = [p for p in (tmp_path / "disk" / "segments").glob("seg-*.dat") if p.stat().st_size]
+    batch, segment = await stored_after_a_checkpoint(open_disk, tmp_path, 3, run=0)
     victim = segment.read_bytes().index(batch[1][0].object_id) - 16
     with open(segment, "r+b") as handle:  # a payload byte the fdatasync never got to
         handle.seek(victim + RECORD_HEADER_BYTES + batch[1][0].header_len + 10)

@@ -1,50 +1,30 @@
-"""HostTier on a real memfd arena: lifecycle, cancellation, eviction, leases, other processes,
-and defragmentation while readers hold leases."""
+"""HostTier on a real memfd arena: lifecycle, cancellation, eviction, leases, and
+defragmentation while readers hold leases. The arena as other processes see it (mapping
+it, the sealed fd, the ``/dev/shm`` fallback, pinning, close) is in ``test_host_arena.py``."""
 
 from __future__ import annotations
 
 import asyncio
-import sys
-import hashlib
-import os
 import random
-import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
-
 from pathlib import Path
 
 import pytest
 
-from statetier.protocol.dtypes import TensorSpec
-from statetier.protocol.errors import CapacityError, ConfigError, InvalidRequest, LeaseError, NotFound
-from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, new_state_id
-from statetier.protocol.keyring import dev_keyring
-from statetier.protocol.sealed import decode_header, open_sealed, seal_object
-from statetier.tiers.base import ObjectMeta
-from statetier.tiers.memory.host import HostTier, open_unlinked_shm
+from statetier.protocol.errors import CapacityError, InvalidRequest, LeaseError, NotFound
+from statetier.protocol.sealed import open_sealed
+from statetier.tiers.memory.host import HostTier
 
 sys.path.insert(0, str(Path(__file__).parent))
-from contract_fixtures import load, store  # noqa: E402
+from contract_fixtures import (  # noqa: E402
+    KEYRING, assert_cancelled_store_leaves_nothing, assert_invisible, assert_read_view_released, assert_visible, fragment,
+    load, make_object, store,
+)
 
-KEYRING = dev_keyring()
-NAMESPACE = NamespaceSpec("test/host-tier").namespace()
 KIB, MIB = 1024, 1024 * 1024
-
-
-def sealed(payload_bytes: int, layer: int = 0) -> tuple[ObjectMeta, bytes]:
-    key = StateKey(NAMESPACE, Kind.KV, layer, os.urandom(32), 0, 16)
-    blob = seal_object(key, Provenance("req-1"), [(TensorSpec("kv", "uint8", (payload_bytes,)), os.urandom(payload_bytes))],
-                       keyring=KEYRING, state_id=new_state_id(), version=1)
-    return ObjectMeta.from_header(decode_header(blob)), blob
-
-
 put, read_bytes = store, load  # the shared store/load steps of the contract suite
-
-
-async def drain(executor: ThreadPoolExecutor) -> None:
-    """Wait until every job queued on a one-thread executor before now has finished."""
-    await asyncio.wrap_future(executor.submit(lambda: None))
 
 
 @pytest.fixture
@@ -57,34 +37,20 @@ async def tier():
 
 
 async def test_an_object_is_visible_only_after_complete_store(tier: HostTier) -> None:
-    meta, blob = sealed(10_000)
+    meta, blob = make_object(10_000)
     ticket = await tier.prepare_store(meta)
     await tier.write(ticket, [blob])
-    assert not await tier.contains(meta.object_id)
-    assert await tier.get_meta(meta.object_id) is None
-    assert await tier.find_by_key(meta.key_digest) == []
-    assert [m async for m in tier.iter_objects()] == []
-    with pytest.raises(NotFound):
-        await tier.prepare_load(meta.object_id)
+    await assert_invisible(tier, meta)
     assert tier.stats().bytes_used == meta.size  # the reservation counts
     await tier.complete_store(ticket, True)
-    assert await tier.contains(meta.object_id)
-    assert await tier.get_meta(meta.object_id) == meta
-    assert await tier.find_by_key(meta.key_digest) == [meta]
-    assert [m async for m in tier.iter_objects()] == [meta]
-    lease = await tier.prepare_load(meta.object_id)
-    view = await tier.read(lease)
-    assert view.readonly and bytes(view) == blob
-    assert open_sealed(view, None, KEYRING).header.state_id == meta.object_id
-    await tier.complete_load(lease)
-    with pytest.raises(ValueError):
-        bytes(view)  # released at complete_load: a late reader fails loudly
+    await assert_visible(tier, meta)
+    await assert_read_view_released(tier, meta, blob, KEYRING)
     stats = tier.stats()
     assert (stats.objects, stats.bytes_used, stats.leases, stats.inflight) == (1, meta.size, 0, 0)
 
 
 async def test_zero_copy_store_fills_the_arena_in_place(tier: HostTier) -> None:
-    meta, blob = sealed(50_000)
+    meta, blob = make_object(50_000)
     ticket = await tier.prepare_store(meta)
     assert isinstance(ticket.location, int) and len(ticket.view) == meta.size
     ticket.view[:] = blob  # what a client does through its own mapping
@@ -95,7 +61,7 @@ async def test_zero_copy_store_fills_the_arena_in_place(tier: HostTier) -> None:
 
 
 async def test_failed_store_leaves_nothing_and_frees_its_reservation(tier: HostTier) -> None:
-    meta, blob = sealed(10_000)
+    meta, blob = make_object(10_000)
     ticket = await tier.prepare_store(meta)
     await tier.write(ticket, [blob])
     await tier.complete_store(ticket, False)
@@ -110,7 +76,7 @@ async def test_failed_store_leaves_nothing_and_frees_its_reservation(tier: HostT
 
 
 async def test_storing_a_present_or_pending_id_is_refused(tier: HostTier) -> None:
-    meta, blob = sealed(1000)
+    meta, blob = make_object(1000)
     ticket = await tier.prepare_store(meta)
     with pytest.raises(InvalidRequest):
         await tier.prepare_store(meta)
@@ -121,7 +87,7 @@ async def test_storing_a_present_or_pending_id_is_refused(tier: HostTier) -> Non
 
 
 async def test_overlong_and_partial_writes_are_refused(tier: HostTier) -> None:
-    meta, blob = sealed(1000)
+    meta, blob = make_object(1000)
     ticket = await tier.prepare_store(meta)
     with pytest.raises(InvalidRequest):
         await tier.write(ticket, [blob, b"x"])
@@ -135,22 +101,22 @@ async def test_overlong_and_partial_writes_are_refused(tier: HostTier) -> None:
 
 async def test_capacity_error_counts_reservations_in_progress() -> None:
     async with HostTier(256 * KIB, pin_memory=False) as tier:
-        first, _ = sealed(150 * KIB)
-        second, _ = sealed(150 * KIB)
+        first, _ = make_object(150 * KIB)
+        second, _ = make_object(150 * KIB)
         ticket = await tier.prepare_store(first)
         with pytest.raises(CapacityError) as caught:
             await tier.prepare_store(second)
         assert caught.value.detail["need"] == second.size
         await tier.complete_store(ticket, False)
         await tier.complete_store(await tier.prepare_store(second), False)
-        huge, _ = sealed(300 * KIB)
+        huge, _ = make_object(300 * KIB)
         with pytest.raises(CapacityError):
             await tier.prepare_store(huge)
 
 
 async def test_large_writes_and_reads_go_through_the_executor() -> None:
     async with HostTier(16 * MIB, pin_memory=False, inline_copy_bytes=64 * KIB) as tier:
-        meta, blob = sealed(3 * MIB)
+        meta, blob = make_object(3 * MIB)
         await put(tier, meta, blob)  # a bytes header chunk and a read-only memoryview payload
         assert await read_bytes(tier, meta.object_id) == blob
         lease = await tier.prepare_load(meta.object_id)
@@ -167,68 +133,23 @@ async def test_large_writes_and_reads_go_through_the_executor() -> None:
 # ---------------------------------------------------------------------------- cancellation
 
 
-async def _store_then_cancel(tier: HostTier, meta: ObjectMeta, blob: bytes, where: str, executor=None) -> None:
-    gate = asyncio.Event()
-    reached = asyncio.Event()
-
-    async def store() -> None:
-        ticket = await tier.prepare_store(meta)
-        done = False
-        try:
-            if where == "before_write":
-                reached.set()
-                await gate.wait()
-            if where in ("write_queued", "write_copying"):
-                reached.set()
-            await tier.write(ticket, [blob])
-            if where == "after_write":
-                reached.set()
-                await gate.wait()
-            done = True
-        finally:
-            await tier.complete_store(ticket, done)
-
-    task = asyncio.create_task(store())
-    await reached.wait()
-    await asyncio.sleep(0)  # let the task reach its next await
-    if where == "write_copying":
-        await asyncio.sleep(0.002)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-
-
 @pytest.mark.parametrize("where", ["before_write", "write_queued", "write_copying", "after_write"])
 async def test_a_cancelled_store_leaves_nothing_and_returns_its_space(where: str) -> None:
-    executor = ThreadPoolExecutor(1)
-    release = threading.Event()
-    # the copy must still run 2 ms after it started (``_store_then_cancel``): 12 MiB copied in
+    # the copy must still run 2 ms after it started (``store_then_cancel``): 12 MiB copied in
     # under 2 ms on a quiet machine, so the store finished before the cancel arrived
     size = 192 * MIB if where == "write_copying" else 12 * MIB
-    try:
-        async with HostTier(size + 4 * MIB, pin_memory=False, executor=executor, inline_copy_bytes=0) as tier:
-            meta, blob = sealed(size)
-            if where == "write_queued":
-                executor.submit(release.wait)  # the copy job waits behind this one
-            await _store_then_cancel(tier, meta, blob, where)
-            release.set()
-            await drain(executor)
-            assert not await tier.contains(meta.object_id)
-            stats = tier.stats()
-            assert (stats.objects, stats.bytes_used, stats.inflight) == (0, 0, 0)
-            assert stats.extra["extent_bytes_allocated"] == 0
-            await put(tier, meta, blob)  # the whole arena is usable again
-            assert await read_bytes(tier, meta.object_id) == blob
-    finally:
-        release.set()
-        executor.shutdown()
+
+    def open_tier(executor) -> HostTier:
+        return HostTier(size + 4 * MIB, pin_memory=False, executor=executor, inline_copy_bytes=0)
+
+    await assert_cancelled_store_leaves_nothing(open_tier, make_object, size, where)
 
 
 # ---------------------------------------------------------------------------- eviction
 
 
 async def test_evict_returns_least_recently_used_unleased_objects_with_their_bytes() -> None:
-    objects = {name: sealed(7_600) for name in "ABCDEFGH"}
+    objects = {name: make_object(7_600) for name in "ABCDEFGH"}
     capacity = 10 * 8192  # 8 objects of ~7.9 KB fill 77 %; the low watermark holds 5
     async with HostTier(capacity, pin_memory=False, high_watermark=0.9, low_watermark=0.55) as tier:
         for meta, blob in objects.values():
@@ -252,7 +173,7 @@ async def test_evict_returns_least_recently_used_unleased_objects_with_their_byt
 async def test_evicting_large_objects_copies_them_out_in_the_executor() -> None:
     async with HostTier(8 * MIB, pin_memory=False, high_watermark=0.5, low_watermark=0.1,
                         inline_copy_bytes=64 * KIB) as tier:
-        objects = [sealed(1 * MIB) for _ in range(4)]
+        objects = [make_object(1 * MIB) for _ in range(4)]
         for meta, blob in objects:
             await put(tier, meta, blob)
         evicted = await tier.evict(need_bytes=2 * MIB)
@@ -262,7 +183,7 @@ async def test_evicting_large_objects_copies_them_out_in_the_executor() -> None:
 
 
 async def test_eviction_leaves_out_the_bytes_of_victims_a_lower_tier_already_holds() -> None:
-    objects = {name: sealed(1 * MIB) for name in "ABCD"}
+    objects = {name: make_object(1 * MIB) for name in "ABCD"}
     below = {objects[name][0].object_id for name in "AC"}  # what a write-behind already copied down
     asked = []
 
@@ -289,7 +210,7 @@ async def test_eviction_leaves_out_the_bytes_of_victims_a_lower_tier_already_hol
 
 async def test_an_expired_lease_cannot_read() -> None:
     async with HostTier(1 * MIB, pin_memory=False, lease_ttl=0.05) as tier:
-        meta, blob = sealed(1000)
+        meta, blob = make_object(1000)
         await put(tier, meta, blob)
         lease = await tier.prepare_load(meta.object_id)
         fresh = await tier.prepare_load(meta.object_id, ttl=60)
@@ -312,7 +233,7 @@ async def test_an_expired_lease_cannot_read() -> None:
 
 
 async def test_release_owner_drops_only_that_owners_leases(tier: HostTier) -> None:
-    meta, blob = sealed(1000)
+    meta, blob = make_object(1000)
     await put(tier, meta, blob)
     gone = [await tier.prepare_load(meta.object_id, owner="conn-1") for _ in range(3)]
     kept = await tier.prepare_load(meta.object_id, owner="conn-2")
@@ -325,7 +246,7 @@ async def test_release_owner_drops_only_that_owners_leases(tier: HostTier) -> No
 
 
 async def test_deleting_a_leased_object_hides_it_and_frees_it_after_the_last_lease(tier: HostTier) -> None:
-    meta, blob = sealed(20_000)
+    meta, blob = make_object(20_000)
     await put(tier, meta, blob)
     first = await tier.prepare_load(meta.object_id, owner="a")
     second = await tier.prepare_load(meta.object_id, owner="b")
@@ -343,92 +264,12 @@ async def test_deleting_a_leased_object_hides_it_and_frees_it_after_the_last_lea
     assert (stats.bytes_used, stats.extra["extent_bytes_allocated"], stats.extra["deleted_but_leased"]) == (0, 0, 0)
 
 
-# ---------------------------------------------------------------------------- other processes
-
-_CHILD = """
-import hashlib, mmap, sys
-fd, size, read_at, read_len, write_at = map(int, sys.argv[1:6])
-arena = mmap.mmap(fd, size)
-print(hashlib.sha256(arena[read_at:read_at + read_len]).hexdigest())
-payload = sys.stdin.buffer.read()
-arena[write_at:write_at + len(payload)] = payload
-"""
-
-
-async def test_another_process_maps_the_arena_and_sees_and_fills_the_same_bytes(tier: HostTier) -> None:
-    stored, stored_blob = sealed(300_000)
-    await put(tier, stored, stored_blob)
-    lease = await tier.prepare_load(stored.object_id, owner="client")
-    offset = lease.location[0]
-    incoming, incoming_blob = sealed(200_000)
-    ticket = await tier.prepare_store(incoming)
-    fd = tier.arena_fd
-    args = [str(v) for v in (fd, tier.arena_size, offset, stored.size, ticket.location)]
-    child = await asyncio.create_subprocess_exec(sys.executable, "-c", _CHILD, *args, pass_fds=[fd],
-                                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    out, _ = await child.communicate(incoming_blob)
-    assert child.returncode == 0
-    assert out.decode().strip() == hashlib.sha256(stored_blob).hexdigest()
-    await tier.complete_load(lease)
-    await tier.complete_store(ticket, True)  # filled by the child, no write() here
-    assert await read_bytes(tier, incoming.object_id) == incoming_blob
-
-
-async def test_the_arena_cannot_be_shrunk_through_the_shared_fd(tier: HostTier) -> None:
-    assert tier.is_memfd
-    with pytest.raises(PermissionError):
-        os.ftruncate(tier.arena_fd, 0)
-
-
-def test_the_dev_shm_fallback_is_unlinked_at_once() -> None:
-    before = set(os.listdir("/dev/shm"))
-    fd = open_unlinked_shm("statetier-test")
-    try:
-        assert set(os.listdir("/dev/shm")) == before
-        os.ftruncate(fd, 8192)
-        os.pwrite(fd, b"abc", 4096)
-        assert os.pread(fd, 3, 4096) == b"abc"
-    finally:
-        os.close(fd)
-
-
-async def test_pinning_is_off_without_cuda_and_refused_when_demanded() -> None:
-    async with HostTier(1 * MIB) as tier:
-        assert not tier.is_pinned and tier.stats().extra["pinned"] is False
-    pytest.importorskip("torch")
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA: scripts/gpu_check.py covers pinning")
-    with pytest.raises(ConfigError):
-        await HostTier(1 * MIB, pin_memory=True).start()
-
-
-async def test_close_releases_the_arena_and_refuses_further_use() -> None:
-    tier = HostTier(1 * MIB, pin_memory=False)
-    await tier.start()
-    meta, blob = sealed(1000)
-    await put(tier, meta, blob)
-    lease = await tier.prepare_load(meta.object_id)
-    view = await tier.read(lease)
-    kept = tier.arena_view  # a caller that holds a view keeps the mapping alive, safely
-    await tier.close()
-    await tier.close()
-    with pytest.raises(ValueError):
-        bytes(view)
-    assert bytes(kept[: meta.size]) == blob
-    with pytest.raises(RuntimeError):
-        await tier.prepare_load(meta.object_id)
-    with pytest.raises(RuntimeError):
-        tier.arena_fd
-
-
 # ---------------------------------------------------------------------------- compaction
 
 
 async def test_compaction_slides_objects_down_and_merges_free_space() -> None:
     async with HostTier(1 * MIB, pin_memory=False) as tier:
-        objects = [sealed(60_000) for _ in range(6)]
+        objects = [make_object(60_000) for _ in range(6)]
         for meta, blob in objects:
             await put(tier, meta, blob)
         for index in (0, 2, 4):
@@ -455,8 +296,8 @@ async def test_a_lease_taken_during_a_move_keeps_the_old_bytes_and_abandons_the_
     release = threading.Event()
     try:
         async with HostTier(4 * MIB, pin_memory=False, executor=executor, inline_copy_bytes=0) as tier:
-            low, low_blob = sealed(500_000)
-            high, high_blob = sealed(300_000)
+            low, low_blob = make_object(500_000)
+            high, high_blob = make_object(300_000)
             await put(tier, low, low_blob)
             await put(tier, high, high_blob)
             await tier.delete(low.object_id)
@@ -480,19 +321,10 @@ async def test_a_lease_taken_during_a_move_keeps_the_old_bytes_and_abandons_the_
 async def test_compaction_under_concurrent_leased_readers_never_tears_a_read() -> None:
     rng = random.Random(7)
     async with HostTier(6 * MIB, pin_memory=False, inline_copy_bytes=0) as tier:
-        live: dict[bytes, bytes] = {}
-        for index in range(40):
-            meta, blob = sealed(rng.randrange(20_000, 120_000))
-            await put(tier, meta, blob)
-            live[meta.object_id] = blob
-        top, top_blob = sealed(5_000)  # last stored, highest in the arena, fits any hole
-        await put(tier, top, top_blob)
-        for object_id in list(live)[::2]:
-            await tier.delete(object_id)
-            del live[object_id]
+        sizes = [rng.randrange(20_000, 120_000) for _ in range(40)]
+        live, (_, top_blob), long_reader = await fragment(tier, sizes, make_object)  # leased: never moves
         counts = {"reads": 0, "bad": 0}
         stop = asyncio.Event()
-        long_reader = await tier.prepare_load(top.object_id, owner="slow client")  # blocks its move
 
         async def reader(seed: int) -> None:
             pick = random.Random(seed)
@@ -522,7 +354,7 @@ async def test_compaction_under_concurrent_leased_readers_never_tears_a_read() -
                     await tier.delete(object_id)
                     del live[object_id]
                 for _ in range(2):
-                    meta, blob = sealed(rng.randrange(20_000, 120_000))
+                    meta, blob = make_object(rng.randrange(20_000, 120_000))
                     try:
                         await put(tier, meta, blob)
                     except CapacityError:

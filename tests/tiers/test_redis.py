@@ -4,17 +4,18 @@ Each test tells one story: an object becomes visible only when its store complet
 failed or cancelled store leaves no key behind, leases pin bytes, eviction takes the
 exact LRU order, large objects cross many chunks, TTL expires objects, another node reads
 what this one wrote, and anything that does not verify (foreign key, flipped byte) is
-refused and dropped. Then the edges: at-rest encryption, ACL users, TLS.
+refused and dropped, as is an unreadable manifest. Then at-rest encryption. What a URL
+can say (ACL users, unix sockets, TLS) is in ``test_redis_connect.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
-import itertools
 import os
+import sys
 import time
+import uuid
+from pathlib import Path
 
 import pytest
 import redis
@@ -24,13 +25,10 @@ from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.errors import (
     BadSignature,
     CapacityError,
-    ConfigError,
     CorruptPayload,
-    Forbidden,
     InvalidRequest,
     LeaseError,
     NotFound,
-    Unauthorized,
 )
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, new_state_id
 from statetier.protocol.keyring import Keyring, dev_keyring
@@ -38,13 +36,13 @@ from statetier.protocol.sealed import decode_header, seal_object
 from statetier.tiers.base import ObjectMeta
 from statetier.tiers.crypto import AtRestCipher
 from statetier.tiers.redis import RedisTier
-from statetier.tiers.redis.connect import redact, take_cluster_option
 from statetier.tiers.redis.layout import PENDING_CHUNK_TTL, Manifest, RedisKeys
-from statetier.launch.redis_servers import RedisServer, TlsFiles
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling contract_fixtures.py
+from contract_fixtures import assert_invisible, assert_visible, load, store  # noqa: E402
 
 KEYRING = dev_keyring()
 NAMESPACE = NamespaceSpec("redis-tier-test").namespace()
-_prefixes = itertools.count()
 
 
 def make_object(size: int, *, keyring: Keyring = KEYRING, layer: int = 0, request_id: str = "req") -> tuple[ObjectMeta, bytes]:
@@ -54,24 +52,6 @@ def make_object(size: int, *, keyring: Keyring = KEYRING, layer: int = 0, reques
                        [(TensorSpec("kv", "uint8", (size,)), os.urandom(size))],
                        keyring=keyring, state_id=new_state_id(), version=1)
     return ObjectMeta.from_header(decode_header(blob)), blob
-
-
-async def store(tier: RedisTier, meta: ObjectMeta, blob: bytes) -> None:
-    ticket = await tier.prepare_store(meta)
-    ok = False
-    try:
-        await tier.write(ticket, [blob[: meta.header_len], memoryview(blob)[meta.header_len :]])
-        ok = True
-    finally:
-        await tier.complete_store(ticket, ok)
-
-
-async def load(tier: RedisTier, object_id: bytes) -> bytes:
-    lease = await tier.prepare_load(object_id, owner="test")
-    try:
-        return bytes(await tier.read(lease))
-    finally:
-        await tier.complete_load(lease)
 
 
 def raw_client(url: str, is_cluster: bool):
@@ -103,20 +83,15 @@ def backend(request):
 
 
 @pytest.fixture
-async def make_tier():
-    made: list[RedisTier] = []
-
-    async def make(url: str, **options) -> RedisTier:
-        options.setdefault("key_prefix", f"t{os.getpid()}x{next(_prefixes)}")
+def make_tier(started):
+    """``await make_tier(url, **options)`` → a started ``RedisTier`` under a prefix of its
+    own (the servers are shared), closed after the test."""
+    def make(url: str, **options):
+        options.setdefault("key_prefix", f"rt-{uuid.uuid4().hex[:16]}")
         options.setdefault("keyring", KEYRING)
-        tier = RedisTier(url, **options)
-        await tier.start()
-        made.append(tier)
-        return tier
+        return started(RedisTier(url, **options))
 
-    yield make
-    for tier in made:
-        await tier.close()
+    return make
 
 
 # -- lifecycle and visibility -----------------------------------------------------------
@@ -129,12 +104,7 @@ async def test_an_object_is_visible_only_after_its_store_completes(backend, make
     ticket = await tier.prepare_store(meta)
     await tier.write(ticket, [blob[: meta.header_len], memoryview(blob)[meta.header_len :]])
 
-    assert not await tier.contains(meta.object_id)
-    assert await tier.get_meta(meta.object_id) is None
-    assert await tier.find_by_key(meta.key_digest) == []
-    assert [m async for m in tier.iter_objects()] == []
-    with pytest.raises(NotFound):
-        await tier.prepare_load(meta.object_id)
+    await assert_invisible(tier, meta)
     assert tier.stats().inflight == 1 and tier.stats().extra["reserved_bytes"] == meta.size
     pending = object_keys(backend.raw, tier.key_prefix, meta.object_id)
     assert len(pending) == 5 and all(b":p:" in key for key in pending)  # not under chunk names yet
@@ -143,10 +113,7 @@ async def test_an_object_is_visible_only_after_its_store_completes(backend, make
 
     await tier.complete_store(ticket, True)
     assert backend.raw.ttl(keys_of(tier).chunk(meta.object_id, 0)) == -1  # committed: no TTL configured
-    assert await tier.contains(meta.object_id)
-    assert await tier.get_meta(meta.object_id) == meta
-    assert await tier.find_by_key(meta.key_digest) == [meta]
-    assert [m async for m in tier.iter_objects()] == [meta]
+    await assert_visible(tier, meta)
     assert await load(tier, meta.object_id) == blob
     stats = tier.stats()
     assert (stats.objects, stats.bytes_used, stats.inflight, stats.leases) == (1, meta.size, 0, 0)
@@ -445,64 +412,6 @@ async def test_at_rest_encryption_round_trips_and_stores_no_plaintext(backend, m
     assert await tier.contains(meta.object_id)  # a node without the key does not drop it
 
 
-# -- URLs: cluster option, ACL users, TLS ------------------------------------------------------
-
-
-async def test_the_url_can_state_the_deployment(redis_server, make_tier) -> None:
-    tier = await make_tier(redis_server.url + "?cluster=no")
-    assert tier.is_cluster is False
-    meta, blob = make_object(1000)
-    await store(tier, meta, blob)
-    assert await load(tier, meta.object_id) == blob
-
-
-async def test_an_acl_user_from_the_url_works_and_bad_credentials_are_unauthorized(make_tier) -> None:
-    rules = ["alice on >s3cret ~* &* +@all", "bob on >hunter2 ~elsewhere:* +@all"]
-    with RedisServer(acl_users=rules) as server:
-        base = f"127.0.0.1:{server.port}/0"
-        tier = await make_tier(f"redis://alice:s3cret@{base}")
-        meta, blob = make_object(1000)
-        await store(tier, meta, blob)
-        assert await load(tier, meta.object_id) == blob
-
-        wrong = RedisTier(f"redis://alice:not-her-password@{base}", keyring=KEYRING, retries=0)
-        with pytest.raises(Unauthorized) as caught:
-            await wrong.start()
-        assert "not-her-password" not in str(caught.value)
-        assert wrong.stats().extra["available"] is True  # it answered; it said no
-        await wrong.close()
-
-        confined = RedisTier(f"redis://bob:hunter2@{base}", keyring=KEYRING, cluster=False)
-        with pytest.raises(Forbidden):  # its ACL keeps it off the tier's keys
-            await confined.start()
-        await confined.close()
-
-
-async def test_a_unix_socket_url(tmp_path, make_tier) -> None:
-    socket_path = tmp_path / "redis.sock"
-    with RedisServer().start(extra_args=["--unixsocket", str(socket_path), "--unixsocketperm", "700"]) as server:
-        tier = await make_tier(f"unix://{socket_path}")
-        assert tier.is_cluster is False
-        meta, blob = make_object(1000)
-        await store(tier, meta, blob)
-        assert await load(tier, meta.object_id) == blob
-        server.stop()
-
-
-def test_url_options_are_parsed_and_passwords_redacted() -> None:
-    assert take_cluster_option("redis://h:1/0?cluster=yes&ssl_ca_certs=/ca.pem") == (
-        "redis://h:1/0?ssl_ca_certs=%2Fca.pem", True)
-    assert take_cluster_option("redis://h:1/0?cluster=no") == ("redis://h:1/0", False)
-    assert take_cluster_option("rediss://h:1") == ("rediss://h:1", None)
-    with pytest.raises(ConfigError):
-        take_cluster_option("redis://h:1?cluster=maybe")
-    assert redact("redis://alice:s3cret@h:1/0") == "redis://alice:***@h:1/0"
-    assert redact("redis://h:1/0") == "redis://h:1/0"
-    for bad in ({"chunk_bytes": 0}, {"ttl_seconds": 0}, {"capacity_bytes": 0},
-                {"high_watermark": 0.5, "low_watermark": 0.6}, {"key_prefix": "a{b}"}):
-        with pytest.raises(ConfigError):
-            RedisTier("redis://h:1", keyring=KEYRING, **bad)
-
 
 async def test_an_unreadable_manifest_drops_the_object(backend, make_tier) -> None:
     tier = await make_tier(backend.url, chunk_bytes=1024)
@@ -515,56 +424,3 @@ async def test_an_unreadable_manifest_drops_the_object(backend, make_tier) -> No
         await tier.prepare_load(meta.object_id)
     assert object_keys(backend.raw, tier.key_prefix, meta.object_id) == []
     assert tier.stats().extra["corrupt_dropped"] == 1
-
-
-def _write_tls_files(folder) -> TlsFiles:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    def name(common: str) -> x509.Name:
-        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
-
-    now = datetime.datetime.now(datetime.timezone.utc)
-    ca_key, server_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-    ca = (x509.CertificateBuilder().subject_name(name("statetier test CA")).issuer_name(name("statetier test CA"))
-          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
-          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-          .sign(ca_key, hashes.SHA256()))
-    server = (x509.CertificateBuilder().subject_name(name("127.0.0.1")).issuer_name(ca.subject)
-              .public_key(server_key.public_key()).serial_number(x509.random_serial_number())
-              .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-              .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                                                          x509.DNSName("localhost")]), critical=False)
-              .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-              .sign(ca_key, hashes.SHA256()))
-    files = TlsFiles(folder / "server.crt", folder / "server.key", folder / "ca.crt")
-    files.ca_file.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    files.cert_file.write_bytes(server.public_bytes(serialization.Encoding.PEM))
-    files.key_file.write_bytes(server_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                        serialization.NoEncryption()))
-    return files
-
-
-async def test_tls_from_a_rediss_url(tmp_path, make_tier) -> None:
-    tls = _write_tls_files(tmp_path)
-    server = RedisServer(tls=tls)
-    try:
-        server.start(extra_args=["--tls-auth-clients", "no"])
-    except RuntimeError as exc:
-        server.close()
-        if any(sign in str(exc) for sign in ("Bad directive", "not supported", "TLS support")):
-            pytest.skip(f"this redis-server binary was built without TLS: {str(exc)[-300:]}")
-        raise
-    with server:
-        assert server.url.startswith("rediss://")
-        tier = await make_tier(f"{server.url}?ssl_ca_certs={tls.ca_file}")
-        meta, blob = make_object(3 << 20)
-        await store(tier, meta, blob)
-        assert await load(tier, meta.object_id) == blob

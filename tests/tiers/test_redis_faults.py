@@ -13,49 +13,22 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
+import sys
+from pathlib import Path
 
 import pytest
 import redis.asyncio.connection
 
-from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.errors import NotFound, Unavailable
-from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, new_state_id
-from statetier.protocol.keyring import dev_keyring
-from statetier.protocol.sealed import decode_header, seal_object
-from statetier.tiers.base import ObjectMeta
+from statetier.protocol.identity import new_state_id
 from statetier.tiers.redis import RedisTier
 from statetier.tiers.redis.registry import RedisVersionRegistry
 
-KEYRING = dev_keyring()
-NAMESPACE = NamespaceSpec("redis-fault-test").namespace()
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the siblings test_redis.py and contract_fixtures.py
+from contract_fixtures import load, store  # noqa: E402
+from test_redis import KEYRING, make_object  # noqa: E402
+
 HANG_GUARD_S = 60.0
-
-
-def make_object(size: int, layer: int = 0) -> tuple[ObjectMeta, bytes]:
-    key = StateKey(NAMESPACE, Kind.SSM, layer, bytes(32), 0, 32)
-    blob = seal_object(key, Provenance("req", 0, "test", time.time_ns()),
-                       [(TensorSpec("state", "uint8", (size,)), os.urandom(size))],
-                       keyring=KEYRING, state_id=new_state_id(), version=1)
-    return ObjectMeta.from_header(decode_header(blob)), blob
-
-
-async def store(tier: RedisTier, meta: ObjectMeta, blob: bytes) -> None:
-    ticket = await tier.prepare_store(meta)
-    ok = False
-    try:
-        await tier.write(ticket, [blob])
-        ok = True
-    finally:
-        await tier.complete_store(ticket, ok)
-
-
-async def load(tier: RedisTier, object_id: bytes) -> bytes:
-    lease = await tier.prepare_load(object_id)
-    try:
-        return bytes(await tier.read(lease))
-    finally:
-        await tier.complete_load(lease)
 
 
 async def unavailable(operation) -> Unavailable:

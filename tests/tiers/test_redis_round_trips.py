@@ -23,7 +23,6 @@ import redis.exceptions
 
 from statetier.protocol.errors import BadSignature, CorruptPayload, InvalidRequest
 from statetier.protocol.keyring import Keyring
-from statetier.tiers.redis import RedisTier
 from statetier.tiers.redis.connect import BoundedWaitPool, exchange, open_client
 from statetier.tiers.redis.layout import RedisKeys
 from statetier.tiers.redis.registry import RedisVersionRegistry
@@ -31,24 +30,7 @@ from statetier.tiers.redis.scripts import Scripts
 from statetier.tiers.registry import StreamHead
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the helpers of the sibling test_redis.py
-from test_redis import KEYRING, backend, keys_of, load, make_object, object_keys, store  # noqa: E402,F401
-
-
-@pytest.fixture
-async def make_tier():
-    made: list[RedisTier] = []
-
-    async def make(url: str, **options) -> RedisTier:
-        options.setdefault("key_prefix", f"rt-{uuid.uuid4().hex[:16]}")  # the server is shared
-        options.setdefault("keyring", KEYRING)
-        tier = RedisTier(url, **options)
-        await tier.start()
-        made.append(tier)
-        return tier
-
-    yield make
-    for tier in made:
-        await tier.close()
+from test_redis import backend, keys_of, load, make_object, make_tier, object_keys, store  # noqa: E402,F401
 
 
 async def test_an_object_another_node_stored_is_refused_at_commit_and_stays_whole(backend, make_tier) -> None:

@@ -2,6 +2,8 @@
 
 ``DiskTier`` (``tier.py``) is all the daemon touches. Inside:
 
+- ``store`` / ``load`` — the parts ``DiskTier`` is composed of: reserved record ranges and
+  the group commit; leases and verified reads.
 - ``segments`` — one segment file: records, pwritev/preadv, record headers.
 - ``index`` — the LMDB index (object → segment, offset, length, generation) and its ops.
 - ``body`` — a record's body: at-rest envelope, read and verified (``open_intact``).

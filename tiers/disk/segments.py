@@ -142,6 +142,17 @@ def is_commit_body_intact(header: RecordHeader, body) -> bool:
     return xxhash.xxh3_64_intdigest(body) == header.body_checksum
 
 
+def _past(views: list[memoryview], first: int, done: int) -> int:
+    """After a vectored read or write of ``done`` bytes from ``views[first:]``: the index of
+    the first view not finished, that view trimmed to what is left of it."""
+    while first < len(views) and done >= views[first].nbytes:
+        done -= views[first].nbytes
+        first += 1
+    if done:
+        views[first] = views[first][done:]
+    return first
+
+
 def segment_path(directory: Path, number: int) -> Path:
     return directory / f"seg-{number:08d}.dat"
 
@@ -196,11 +207,7 @@ class SegmentFile:
         while first < len(views):
             written = os.pwritev(fd, views[first : first + _IOV_MAX], offset + total)
             total += written
-            while first < len(views) and written >= views[first].nbytes:
-                written -= views[first].nbytes
-                first += 1
-            if written:
-                views[first] = views[first][written:]
+            first = _past(views, first, written)
         return total
 
     def sync(self) -> None:
@@ -294,11 +301,7 @@ class SegmentFile:
             if got == 0:
                 raise TruncatedState(f"segment {self.number} ends before the record does")
             offset += got
-            while first < len(views) and got >= views[first].nbytes:
-                got -= views[first].nbytes
-                first += 1
-            if got:
-                views[first] = views[first][got:]
+            first = _past(views, first, got)
 
     def copy_record_to(self, target: "SegmentFile", src_offset: int, dst_offset: int,
                        old: RecordHeader) -> RecordHeader:

@@ -3,30 +3,19 @@
 ``DiskTier(directory, capacity_bytes, *, keyring, segment_bytes=64 MiB, high_watermark=0.9,
 low_watermark=0.75, compact_below_live_ratio=0.5, lease_ttl=30.0, fsync=True, cipher=None,
 executor=None, name="disk", checkpoint_ops=4096, checkpoint_seconds=2.0)`` implements
-``Tier`` (lifecycle in ``tiers.base``), plus ``compact() -> CompactionReport``.
+``Tier`` (lifecycle in ``tiers.base``), plus ``compact() -> CompactionReport``. It is
+composed of ``DiskStores`` (``tiers.disk.store``: reserved ranges, the group commit) and
+``DiskLoads`` (``tiers.disk.load``: leases, verified reads); this module holds its state
+(all declared in ``__init__``), lifecycle, removal and eviction, ``compact``, queries, ``stats``.
 
 - Layout: ``directory/segments/seg-00000001.dat`` … (record format in ``tiers.disk.segments``)
   and ``directory/index/`` (LMDB, ``tiers.disk.index``); in-memory placement in
   ``tiers.disk.space``.
-- Store: ``prepare_store`` reserves a range of the active segment, so concurrent stores
-  write in parallel; ``write`` pwritev's the record there (objects up to 256 KiB are
-  copied into a buffer instead and written by the commit, saving a trip to the
-  executor); ``complete_store(True)`` appends a COMMIT record naming it and fdatasyncs
-  both at once (group commit: ``tiers.disk.commit``, ``tiers.disk.log``). Once it
-  returns the object survives kill -9 and a power cut: the segments are the log, one
-  durable flush per batch. The LMDB index is a checkpoint of that log, written in the
-  background every ``checkpoint_ops`` ops or ``checkpoint_seconds`` (``tiers.disk.checkpoint``);
-  a restart replays what it lacks. Anything less than a completed store leaves dead bytes
-  only. ``fsync=False`` skips every fdatasync and LMDB's sync: a killed process loses
-  nothing, a power cut may.
-- Load: ``prepare_load`` asks the kernel to start reading the record (``POSIX_FADV_WILLNEED``);
-  ``read`` preads the record, opens its at-rest envelope if it has one, and
-  checks its integrity (``protocol.classify.open_intact``: the header's own lengths,
-  signature, payload digest). Damage drops the object for good
-  (``stats().extra["corrupt_dropped"]``) and raises the rejection; an intact object of
-  another identity is returned as found, for the engine to judge. ``read_into(lease, dest)``
-  does the same straight into a caller's buffer (a promotion's arena reservation): one
-  preadv, verified where it landed.
+- Durability: the segments are the log (``tiers.disk.commit``, ``tiers.disk.log``); the LMDB
+  index is a checkpoint of it, written in the background every ``checkpoint_ops`` ops or
+  ``checkpoint_seconds`` (``tiers.disk.checkpoint``); a restart replays what it lacks.
+  ``fsync=False`` skips every fdatasync and LMDB's sync: a killed process loses nothing, a
+  power cut may.
 - ``start`` checks the index against the segments and replays the log past its last
   checkpoint (``tiers.disk.recovery``); ``compact`` rewrites sparse segments and never
   deletes a file a lease may still read (``tiers.disk.compaction``); ``close`` writes a
@@ -49,62 +38,36 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
-from typing import AsyncIterator, Sequence
+from typing import AsyncIterator
 
-from statetier.protocol.errors import (
-    CapacityError, ConfigError, InternalError, InvalidRequest, NotFound, RejectedState, StatetierError,
-)
+from statetier.protocol.errors import ConfigError, RejectedState, StatetierError
 from statetier.protocol.keyring import Keyring
-from ..base import (
-    Buffer, EvictedObject, Lease, LeaseTable, LruIndex, ObjectMeta, StoreTicket, Tier, TierStats,
-)
+from ..base import EvictedObject, LeaseTable, LruIndex, ObjectMeta, StoreTicket, Tier, TierStats
 from ..crypto import AtRestCipher
 from .body import RecordBody
 from .checkpoint import Checkpointer
-from .commit import GroupCommit, RecordWrite
+from .commit import GroupCommit
 from .compaction import CompactionReport, Compactor
 from .index import Delete, DiskIndex, IndexEntry, IndexOp, Location, Move, Put
 from .jobs import DiskJobs
+from .load import DiskLoads
 from .log import CommitLog
 from .recovery import recover
 from .space import SegmentSpace, SegmentState
 from .segments import RECORD_HEADER_BYTES, SegmentFile
+from .store import DiskStores
 
 __all__ = ["CompactionReport", "DiskTier"]
-
-#: Objects up to this size are buffered by ``write`` and written by the commit job.
-BUFFERED_BYTES = 256 << 10
-
-
-@dataclass(slots=True)
-class _Reservation:
-    """``StoreTicket.location`` of this tier: one reserved record range."""
-
-    segment: SegmentState
-    offset: int
-    record_len: int
-    is_writing: bool = False
-    is_broken: bool = False  # a write failed or was cancelled: never committable
-    buffer: bytearray | None = None  # a small object's bytes, written by the commit
-    commit: asyncio.Future | None = None
-    is_final: bool = False  # complete_store(True) returned: later calls change nothing
-
-    @property
-    def location(self) -> Location:
-        return Location(self.segment.number, self.offset, self.record_len, 1)
-
 
 # One eviction reads its victims into memory (to hand them to the tier below): it takes at
 # most this many bytes per call, not the whole band down to the low watermark — 15 % of a
 # 16 GiB tier would be 2.4 GiB at once. The next store over the high watermark takes more.
 EVICTION_BATCH_BYTES = 64 << 20
 
-class DiskTier(Tier):
+
+class DiskTier(DiskStores, DiskLoads, Tier):
     verifies_on_read = True  # read() checks every record's signature and payload digest (disk_body)
     reads_in_place = True
 
@@ -216,194 +179,6 @@ class DiskTier(Tier):
             raise RuntimeError(f"the {self.name} tier is not started")
 
     # ------------------------------------------------------------------ store
-
-    async def prepare_store(self, meta: ObjectMeta) -> StoreTicket:
-        self._require_started()
-        if len(meta.object_id) != 16 or meta.size <= 0 or not 0 <= meta.header_len <= meta.size:
-            raise InvalidRequest("an object needs a 16-byte object_id and a positive size")
-        if meta.object_id in self._lru or meta.object_id in self._storing:
-            raise InvalidRequest(f"object {meta.object_id.hex()} is already stored in the {self.name} tier")
-        self._settle_hidden()
-        pinned = self._reserved_bytes + self._hidden_bytes + self._leased_bytes()
-        if meta.size > self.capacity - pinned:
-            raise CapacityError(f"{meta.size} bytes do not fit in the {self.name} tier: "
-                                f"{pinned} of {self.capacity} bytes are reserved or leased")
-        self._check_free_space(RECORD_HEADER_BYTES + self._body.body_len(meta.size))
-        segment, offset = self._space.reserve(RECORD_HEADER_BYTES + self._body.body_len(meta.size),
-                                              self._body.header_for(meta.object_id, meta.size))
-        ticket = StoreTicket(meta, next(self._ticket_ids),
-                             location=_Reservation(segment, offset, segment.tail - offset))
-        self._tickets[ticket.ticket_id] = ticket
-        self._storing.add(meta.object_id)
-        self._reserved_bytes += meta.size
-        return ticket
-
-    def _check_free_space(self, record_len: int) -> None:
-        # statvfs is one metadata syscall (about a microsecond): cheap enough on the loop
-        stat = os.statvfs(self.directory)
-        free = stat.f_bavail * stat.f_frsize
-        if free - record_len < self.free_space_reserve:
-            raise CapacityError(f"the disk tier's filesystem has {free} bytes free; {self.free_space_reserve} "
-                                f"stay free for its log and index, so deletes keep working")
-
-    async def write(self, ticket: StoreTicket, chunks: Sequence[Buffer]) -> None:
-        self._require_started()
-        res = self._open_reservation(ticket)
-        if res.is_writing:
-            raise InvalidRequest("another write of this ticket is in progress")
-        try:
-            views = [memoryview(chunk).cast("B") for chunk in chunks]
-        except TypeError as exc:
-            raise InvalidRequest(f"chunks must be contiguous byte buffers: {exc}") from exc
-        nbytes = sum(v.nbytes for v in views)
-        if ticket.written + nbytes > ticket.meta.size:
-            raise InvalidRequest(f"{ticket.written + nbytes} bytes written for a {ticket.meta.size}-byte object")
-        if ticket.written == 0 and self._body.cipher is not None and nbytes != ticket.meta.size:
-            res.is_broken = True
-            raise InvalidRequest("with an at-rest cipher the whole object is written in one call")
-        if ticket.meta.size <= BUFFERED_BYTES:
-            _copy_into(res, ticket, views)
-            return
-        res.is_writing = True
-        try:
-            if ticket.written == 0:
-                await self._call(self._body.write_record, res.segment.file, res.offset, ticket.meta.object_id,
-                                 ticket.meta.size, views, pins=(res.segment,))
-                res.segment.unheaded.pop(res.offset, None)
-            else:
-                await self._call(self._body.append, res.segment.file, res.offset, ticket.written, views,
-                                 pins=(res.segment,))
-            ticket.written += nbytes
-        except BaseException:
-            res.is_broken = True
-            raise
-        finally:
-            res.is_writing = False
-
-    async def complete_store(self, ticket: StoreTicket, success: bool) -> None:
-        res = ticket.location
-        if not isinstance(res, _Reservation):
-            raise InvalidRequest(f"not a {self.name} tier ticket")
-        if not success:
-            await self._abandon(ticket, res)
-            return
-        self._require_started()
-        if res.is_final:
-            raise InvalidRequest("this store was already completed")
-        if res.commit is None:
-            if ticket.ticket_id not in self._tickets:
-                raise InvalidRequest("this store was already abandoned")
-            if res.is_broken or res.is_writing or ticket.written != ticket.meta.size:
-                self._free(ticket)
-                raise InvalidRequest(f"{ticket.written} of {ticket.meta.size} bytes written; nothing was stored")
-            entry = IndexEntry(res.location, ticket.meta)
-            record = None
-            if res.buffer is not None:
-                record = RecordWrite(res.segment, res.offset, partial(
-                    self._body.write_record, res.segment.file, res.offset, ticket.meta.object_id,
-                    ticket.meta.size, [memoryview(res.buffer)]))
-            res.commit = self._commit.submit(Put(entry), sync=res.segment, record=record,
-                                             on_result=partial(self._on_store_result, ticket, entry))
-        await asyncio.shield(res.commit)
-        res.is_final = True
-
-    def _on_store_result(self, ticket: StoreTicket, entry: IndexEntry, result: object) -> None:
-        self._free(ticket)
-        if result is True:
-            self._space.place(entry.meta.object_id, entry.location)
-            self._lru.add(entry.meta)
-
-    async def _abandon(self, ticket: StoreTicket, res: _Reservation) -> None:
-        if res.is_final:
-            return
-        if res.commit is None:
-            self._free(ticket)
-            return
-        try:  # complete_store(True) was cancelled or failed: undo whatever it did
-            stored = await asyncio.shield(res.commit)
-        except StatetierError:
-            return
-        if stored:
-            await self.delete(ticket.meta.object_id)
-
-    def _free(self, ticket: StoreTicket) -> None:
-        if self._tickets.pop(ticket.ticket_id, None) is None:
-            return
-        ticket.location.segment.unpin()
-        self._reserved_bytes -= ticket.meta.size
-        self._storing.discard(ticket.meta.object_id)
-
-    def _open_reservation(self, ticket: StoreTicket) -> _Reservation:
-        res = ticket.location
-        if not isinstance(res, _Reservation) or ticket.ticket_id not in self._tickets:
-            raise InvalidRequest("this store ticket is completed or abandoned")
-        if res.commit is not None or res.is_broken:
-            raise InvalidRequest("this store is completing or has failed")
-        return res
-
-    # ------------------------------------------------------------------ load
-
-    async def prepare_load(self, object_id: bytes, owner: object = None, ttl: float | None = None) -> Lease:
-        self._require_started()
-        meta = self._lru.get(object_id)
-        if meta is None:
-            raise NotFound(f"object {bytes(object_id).hex()} is not in the {self.name} tier")
-        location = self._space.location(object_id)
-        lease = self._leases.grant(meta, owner, location, ttl)
-        self._lru.touch(object_id)
-        # a lease is followed by a read (a lookup's leases by the load of what it found):
-        # the kernel starts reading the record now, beside whatever runs until then
-        self._space.segment_of(location).file.advise_willneed(location.offset, location.record_len)
-        return lease
-
-    async def read(self, lease: Lease) -> memoryview:
-        self._require_started()
-        lease = self._leases.check(lease)
-        location: Location = lease.location
-        segment = self._space.segments.get(location.segment)
-        if segment is None:
-            raise InternalError(f"segment {location.segment} left while a lease pointed into it")
-        try:
-            blob = await self._call(self._body.read_verified, segment.file, location, lease.object_id,
-                                    pins=(segment,))
-        except RejectedState:
-            self._drop_corrupt(lease.object_id)
-            raise
-        return memoryview(blob)
-
-    async def read_into(self, lease: Lease, dest: memoryview) -> None:
-        """``read`` straight into ``dest`` (the object's exact size), verified there. Returns
-        only once no thread writes into ``dest`` any more, even when cancelled."""
-        self._require_started()
-        lease = self._leases.check(lease)
-        location: Location = lease.location
-        segment = self._space.segments.get(location.segment)
-        if segment is None:
-            raise InternalError(f"segment {location.segment} left while a lease pointed into it")
-        job = asyncio.ensure_future(self._call(self._body.read_verified_into, segment.file, location,
-                                               lease.object_id, dest, pins=(segment,)))
-        try:
-            await asyncio.shield(job)
-        except asyncio.CancelledError:
-            while not job.done():  # the thread still writes into dest: the caller may free it only after
-                try:
-                    await asyncio.wait([job])
-                except asyncio.CancelledError:
-                    continue
-            raise
-        except RejectedState:
-            self._drop_corrupt(lease.object_id)
-            raise
-
-    async def complete_load(self, lease: Lease) -> None:
-        self._leases.release(lease)
-        self._settle_hidden()
-
-    async def release_owner(self, owner: object) -> int:
-        released = self._leases.release_owner(owner)
-        self._settle_hidden()
-        return released
-
     # ------------------------------------------------------------------ removal
 
     async def delete(self, object_id: bytes) -> bool:
@@ -563,15 +338,6 @@ class DiskTier(Tier):
         active = self._space.active.number
         return active if inflight is None else min(active, inflight)
 
-
-def _copy_into(res: _Reservation, ticket: StoreTicket, views: list[memoryview]) -> None:
-    """Buffer a small object's bytes; the commit job writes them."""
-    if res.buffer is None:
-        res.buffer = bytearray(ticket.meta.size)
-    target = memoryview(res.buffer)
-    for view in views:
-        target[ticket.written : ticket.written + view.nbytes] = view
-        ticket.written += view.nbytes
 
 
 def _index_map_size(capacity: int) -> int:

@@ -8,7 +8,8 @@
   copy; the pool is a tensor over an anonymous mapping, which outlives ``close()`` while
   a view of it is held); on CUDA a pinned staging buffer held until ``complete_load``.
   ``read_into(lease, dest)`` copies into a caller's buffer instead (the host arena).
-- ``compact()``, eviction and leases come from ``ExtentTier``.
+- ``compact()``, eviction and leases come from ``ExtentTier``; on ``cpu`` the bytes move
+  with ``HostMemoryBytes`` (``tiers.memory.hostbytes``).
 
 On CUDA every copy is queued on the tier's side stream (``non_blocking``; a DMA when the
 host side is pinned, such as the host tier's registered arena) and finished by recording a
@@ -33,11 +34,13 @@ from contextlib import ExitStack
 from statetier.protocol.errors import CapacityError, ConfigError, InternalError, StatetierError
 
 from ..base import Buffer, StoreTicket
-from .extent import DEFAULT_INLINE_COPY_BYTES, ExtentTier, LeaseState, Placement, release_quietly
-from .rawmemory import address_of, exported, exported_for_write, fresh_buffer, view_at
+from .extent import DEFAULT_INLINE_COPY_BYTES, ExtentTier
+from .hostbytes import HostMemoryBytes
+from .placement import LeaseState, Placement
+from .rawmemory import address_of, exported, exported_for_write, fresh_buffer, release_quietly, view_at
 
 
-class DeviceTier(ExtentTier):
+class DeviceTier(HostMemoryBytes, ExtentTier):
     """Torch pool tier. See the module docstring."""
 
     holds_verified_bytes = True  # device memory of the daemon's own process

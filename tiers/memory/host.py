@@ -13,6 +13,7 @@
   offset) in place and the daemon calls ``complete_store`` with no ``write()`` at all.
 - ``read(lease)`` is a read-only view of the arena, no copy, valid until ``complete_load``.
 - ``compact()`` (from ``ExtentTier``) defragments the arena around leased objects.
+- Its bytes move with ``HostMemoryBytes`` (``tiers.memory.hostbytes``).
 
 With CUDA present (``pin_memory=None``) or asked for (``True``) the arena is registered as
 pinned memory (``cudaHostRegister``), so device copies from and to it are true DMA; torch
@@ -31,8 +32,9 @@ from concurrent.futures import Executor
 
 from statetier.protocol.errors import CapacityError, ConfigError, Unavailable
 
-from .extent import DEFAULT_INLINE_COPY_BYTES, ExtentTier, release_quietly
-from .rawmemory import address_of
+from .extent import DEFAULT_INLINE_COPY_BYTES, ExtentTier
+from .hostbytes import HostMemoryBytes
+from .rawmemory import address_of, release_quietly
 
 _GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
 
@@ -51,7 +53,7 @@ def open_unlinked_shm(name: str, directory: str = "/dev/shm") -> int:
     return fd
 
 
-class HostTier(ExtentTier):
+class HostTier(HostMemoryBytes, ExtentTier):
     """Shared-memory arena tier. See the module docstring."""
 
     offers_store_view = True

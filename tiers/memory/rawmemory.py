@@ -7,6 +7,8 @@
                           executor thread copies while the event loop keeps running.
 - ``view_at(address, n)`` — a writable ``memoryview`` over memory owned elsewhere (a
                           torch tensor); the caller keeps the owner alive.
+- ``byte_view(buffer)``  — a flat, contiguous ``B`` view of any buffer (a copy if it is not
+                          contiguous); ``release_quietly(view)`` drops our reference to one.
 - ``fresh_buffer(n)``   — an anonymous mapping to copy an evicted object into: its pages
                           are zeroed on first touch by the kernel, not by a ``memset``.
 
@@ -20,6 +22,8 @@ import ctypes
 import mmap
 from contextlib import contextmanager
 from typing import Iterator
+
+from ..base import Buffer
 
 
 class _PyBuffer(ctypes.Structure):
@@ -94,3 +98,22 @@ def address_of(buffer: mmap.mmap | memoryview | bytearray) -> int:
         return ctypes.addressof(anchor)
     finally:
         del anchor
+
+
+def byte_view(chunk: Buffer) -> memoryview:
+    """A flat, contiguous ``B`` view of any buffer (non-contiguous ones are copied)."""
+    view = chunk if isinstance(chunk, memoryview) else memoryview(chunk)
+    if not view.c_contiguous:
+        view = memoryview(view.tobytes())
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    return view
+
+
+def release_quietly(view: memoryview | None) -> None:
+    """Release our reference; a view still exported elsewhere lives on until that ends."""
+    if view is not None:
+        try:
+            view.release()
+        except BufferError:
+            pass

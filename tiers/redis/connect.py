@@ -20,6 +20,7 @@
   safe to repeat); the replies share one moving deadline (no gap of more than
   ``socket_timeout``), not a timer each; a cancelled exchange closes its connection, never reused half read. On a cluster it is a cluster pipeline (routed
   per key, nodes in parallel).
+- ``raise_first_error(replies)`` raises the first error reply of an ``exchange``.
 - ``Gathered(parts)`` — one argument sent from several buffers back to back: no copy on a
   single server (a cluster pipeline gets them joined).
 - ``take_cluster_option(url)`` → the URL without ``cluster=…``, and that choice.
@@ -125,6 +126,13 @@ async def _send_and_read(connection, commands: Sequence[tuple]) -> list:
         await connection.disconnect(nowait=True)  # half read: never reused
         raise RedisTimeoutError(f"Timeout reading from {connection.host}:{connection.port}") from exc
     return replies
+
+
+def raise_first_error(replies: list) -> None:
+    """Raise the first error reply of an ``exchange`` (they come back as exception objects)."""
+    for reply in replies:
+        if isinstance(reply, BaseException):
+            raise reply
 
 
 def _pack(commands: Sequence[tuple]) -> list:

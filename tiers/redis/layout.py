@@ -17,8 +17,11 @@ lives in one cluster slot and a single pipeline reads or writes it:
     st:s:{<state_id hex>}       the stream a state_id was claimed for
 
 - ``RedisKeys``   — the names above for one prefix.
+- ``CHUNK_BYTES``, ``INLINE_BYTES`` — the default chunk size; the size up to which an object
+  is sealed and verified on the event loop.
 - ``Manifest``    — an object's summary (ObjectMeta + how its bytes are chunked + the store
-  that wrote it), as JSON; ``decode_manifest(raw)`` decodes with a bounded memo.
+  that wrote it), as JSON; ``decode_manifest(raw)`` decodes with a bounded memo;
+  ``stored_under(manifest, oid)`` reads it as the description of the keys of ``oid``.
 - ``plan_chunks`` — splits the writer's buffers into chunks (slices, no copy); chunk 0 also
   holds the header.
 - ``join_chunks`` — reassembles chunks into one buffer. It does not judge the length: the
@@ -33,6 +36,7 @@ account are in ``tiers.redis.scripts``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from dataclasses import dataclass, fields
@@ -45,6 +49,10 @@ from .connect import Gathered
 
 MANIFEST_FORMAT = 1
 PENDING_CHUNK_TTL = 600  # seconds an uncommitted chunk may live
+CHUNK_BYTES = 2 << 20  # the default chunk size
+# Objects up to this size are verified (and sealed at rest) on the event loop: a hash of
+# 256 KiB costs less than an executor hop.
+INLINE_BYTES = 256 << 10
 _GLOB_SPECIALS = "*?[]\\"
 
 
@@ -141,6 +149,17 @@ class Manifest:
 def decode_manifest(raw: bytes) -> Manifest:
     """``Manifest.decode``, remembered: an object read again has the same manifest bytes."""
     return Manifest.decode(raw)
+
+
+def stored_under(manifest: Manifest | None, oid: bytes) -> Manifest | None:
+    """The manifest as a description of what is stored under ``oid``: a manifest naming
+    another object (a writer that mixed up keys) still describes *these* keys; what the
+    object really is, is for the reader to judge from the bytes."""
+    if manifest is None or manifest.meta.object_id == oid:
+        return manifest
+    return dataclasses.replace(manifest, meta=dataclasses.replace(manifest.meta, object_id=oid))
+
+
 
 
 _META_FIELDS = tuple(f.name for f in fields(ObjectMeta))

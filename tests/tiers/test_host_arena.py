@@ -1,0 +1,104 @@
+"""The host tier's arena as other processes see it: the memory a same-host client maps.
+
+Another process maps the arena through the fd and reads a leased object's bytes at its
+offset and fills a store in place (``complete_store`` with no ``write``); the memfd is
+sealed against shrinking; the ``/dev/shm`` fallback is unlinked at once; pinning is off
+without CUDA and refused when demanded; ``close`` releases the arena while a view a caller
+still holds keeps the mapping alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from statetier.protocol.errors import ConfigError
+from statetier.tiers.memory.host import HostTier, open_unlinked_shm
+
+sys.path.insert(0, str(Path(__file__).parent))  # the siblings contract_fixtures.py and test_host.py
+from contract_fixtures import load, make_object, store  # noqa: E402
+from test_host import MIB, tier  # noqa: E402,F401
+
+
+_CHILD = """
+import hashlib, mmap, sys
+fd, size, read_at, read_len, write_at = map(int, sys.argv[1:6])
+arena = mmap.mmap(fd, size)
+print(hashlib.sha256(arena[read_at:read_at + read_len]).hexdigest())
+payload = sys.stdin.buffer.read()
+arena[write_at:write_at + len(payload)] = payload
+"""
+
+
+async def test_another_process_maps_the_arena_and_sees_and_fills_the_same_bytes(tier: HostTier) -> None:
+    stored, stored_blob = make_object(300_000)
+    await store(tier, stored, stored_blob)
+    lease = await tier.prepare_load(stored.object_id, owner="client")
+    offset = lease.location[0]
+    incoming, incoming_blob = make_object(200_000)
+    ticket = await tier.prepare_store(incoming)
+    fd = tier.arena_fd
+    args = [str(v) for v in (fd, tier.arena_size, offset, stored.size, ticket.location)]
+    child = await asyncio.create_subprocess_exec(sys.executable, "-c", _CHILD, *args, pass_fds=[fd],
+                                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    out, _ = await child.communicate(incoming_blob)
+    assert child.returncode == 0
+    assert out.decode().strip() == hashlib.sha256(stored_blob).hexdigest()
+    await tier.complete_load(lease)
+    await tier.complete_store(ticket, True)  # filled by the child, no write() here
+    assert await load(tier, incoming.object_id) == incoming_blob
+
+
+async def test_the_arena_cannot_be_shrunk_through_the_shared_fd(tier: HostTier) -> None:
+    assert tier.is_memfd
+    with pytest.raises(PermissionError):
+        os.ftruncate(tier.arena_fd, 0)
+
+
+def test_the_dev_shm_fallback_is_unlinked_at_once() -> None:
+    before = set(os.listdir("/dev/shm"))
+    fd = open_unlinked_shm("statetier-test")
+    try:
+        assert set(os.listdir("/dev/shm")) == before
+        os.ftruncate(fd, 8192)
+        os.pwrite(fd, b"abc", 4096)
+        assert os.pread(fd, 3, 4096) == b"abc"
+    finally:
+        os.close(fd)
+
+
+async def test_pinning_is_off_without_cuda_and_refused_when_demanded() -> None:
+    async with HostTier(1 * MIB) as tier:
+        assert not tier.is_pinned and tier.stats().extra["pinned"] is False
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: scripts/gpu_check.py covers pinning")
+    with pytest.raises(ConfigError):
+        await HostTier(1 * MIB, pin_memory=True).start()
+
+
+async def test_close_releases_the_arena_and_refuses_further_use() -> None:
+    tier = HostTier(1 * MIB, pin_memory=False)
+    await tier.start()
+    meta, blob = make_object(1000)
+    await store(tier, meta, blob)
+    lease = await tier.prepare_load(meta.object_id)
+    view = await tier.read(lease)
+    kept = tier.arena_view  # a caller that holds a view keeps the mapping alive, safely
+    await tier.close()
+    await tier.close()
+    with pytest.raises(ValueError):
+        bytes(view)
+    assert bytes(kept[: meta.size]) == blob
+    with pytest.raises(RuntimeError):
+        await tier.prepare_load(meta.object_id)
+    with pytest.raises(RuntimeError):
+        tier.arena_fd
