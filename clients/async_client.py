@@ -250,8 +250,10 @@ class AsyncClient:
         ``LOAD_BATCH`` frames, about ``batches.LOAD_PIPELINE`` of them with two in flight, so
         that the daemon reads one frame's objects while this process copies and verifies the
         other's; the first failing target's error is raised, its position among ``targets``
-        in ``detail["item"]`` (destinations of the frames from its own on are left undefined). ``into``: one destination
-        mapping per target (see ``load``). ``concurrency`` is accepted for compatibility."""
+        in ``detail["item"]`` (destinations of the frames from its own on are left
+        undefined). ``into``: one destination mapping per target (see ``load``).
+        ``concurrency`` (default: the client's) caps the frames in flight; 1 sends the
+        frames one after the other, so nothing is asked after the first failure."""
         targets = list(targets)
         if into is not None and len(into) != len(targets):
             raise InvalidRequest(f"into has {len(into)} destinations for {len(targets)} targets")

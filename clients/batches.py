@@ -26,6 +26,8 @@ from statetier.protocol.errors import StatetierError
 BATCH_ITEMS = 64
 # A load_many is cut into about this many frames, two in flight: the daemon's reads (disk,
 # Redis, the window copy) of one frame overlap this process's copy and hash of the other's.
+# A put_many keeps one frame at a time: the versions of one stream must be claimed in order,
+# and a frame sent beside an earlier one could claim a later version first (StaleState).
 LOAD_PIPELINE = 4
 LOAD_IN_FLIGHT = 2
 MIN_LOAD_BATCH = 4  # fewer items per frame cost more in round trips than the overlap gives
