@@ -11,8 +11,8 @@
   becomes one of the row's ``failures`` and the probe goes on.
 - ``Budget(seconds, short)`` — a probe's share of the run: ``deadline()`` for its loops,
   ``scale(long, short)`` for its counts. Every loop is bounded by a count *and* a deadline.
-- ``DaemonProcess``, ``RedisServer``, ``RedisCluster`` — the test suite's own helpers
-  (``tests/daemon/daemon_procs.py``, ``tests/support/redis_procs.py``), reused as they are.
+- ``DaemonProcess``, ``RedisServer``, ``RedisCluster`` (``DaemonFailed``, ``remove_arena_of``)
+  — ``statetier.launch``, the processes the tests and benchmarks start too.
 - ``payload(seed, size)`` / ``key_prefix(probe, seed)`` — deterministic bytes and prefix
   hashes, so that what a load returns can be checked against what its put sent.
 - ``started_again(daemon, result, what)`` — restarts a stopped or killed daemon; one that
