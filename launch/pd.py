@@ -2,7 +2,7 @@
 
 ``PDCluster(redis_url=None, *, host_capacity="256MiB", log_level=None)`` — a context
 manager. ``start()``: a ``redis-server`` on a free port in its own temp dir (unless
-``redis_url`` names one), a signing keyring (``statetier keygen``), then two
+``redis_url`` names one), a signing keyring (as ``statetier keygen`` writes it), then two
 ``DaemonProcess`` es, ``prefill`` and ``decode``, each with its own Unix socket, disk dir and
 metrics port, both with ``--redis-url`` and the keyring; returns once both serve.
 ``close()``: SIGTERM to the daemons, then Redis; removes the directory. Used by the PD
@@ -12,10 +12,10 @@ example (examples/pd_disaggregation.py) and the PD handoff benchmark.
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
+
+from statetier.protocol.keyring import Keyring
 
 from .daemons import DaemonProcess
 from .redis_servers import RedisServer
@@ -48,8 +48,7 @@ class PDCluster:
             self._redis = RedisServer().start()
             self.redis_url = self._redis.url
         keyring = self.directory / "keyring.json"
-        subprocess.run([sys.executable, "-m", "statetier.daemon", "keygen", "--out", str(keyring)],
-                       check=True, capture_output=True)
+        Keyring.generate().save(keyring)  # what ``statetier keygen --out`` writes (mode 0600)
         self.prefill, self.decode = (
             DaemonProcess(name=side, directory=self.directory / side, host_capacity=self.host_capacity,
                           redis_url=self.redis_url, keyring=keyring, log_level=self.log_level)
