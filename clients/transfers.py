@@ -26,16 +26,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
 from concurrent.futures import Executor
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from statetier.protocol.cancellation import wait_out_cancellation
 from statetier.protocol.errors import CorruptPayload, MalformedFrame, StatetierError
 from statetier.protocol.frames import FLAG_ERROR, Frame, Op, raise_for_error
 from statetier.protocol.messages import field, ref_from_wire, specs_to_wire
 from statetier.protocol.identity import StateRef
+from statetier.protocol.lru import BoundedLru
 from statetier.protocol.sealed import SealedHeader, layout_payload, parse_header
 
 from .copies import destinations, fill, inline_parts, land, land_all, target_of
@@ -55,7 +56,7 @@ class Transfers:
         self.conn = conn
         self.windows = windows
         self._executor = executor
-        self._headers: OrderedDict[bytes, SealedHeader] = OrderedDict()
+        self._headers: BoundedLru[bytes, SealedHeader] = BoundedLru(HEADER_CACHE)
         self._staging: torch.Tensor | None = None
         self._to_free: list[int] = []  # load-window regions done with, not yet given back
         self._flush_scheduled = False
@@ -270,9 +271,7 @@ class Transfers:
         header = self._headers.get(key)
         if header is None:
             header = parse_header(key)
-            self._headers[key] = header
-            if len(self._headers) > HEADER_CACHE:
-                self._headers.popitem(last=False)
+            self._headers.put(key, header)
         return header
 
     def _staging_for(self, nbytes: int) -> torch.Tensor:
@@ -293,17 +292,8 @@ class Transfers:
     async def _copy(self, copy: Callable[[], Any], nbytes: int, on_gpu: bool) -> Any:
         if nbytes <= INLINE_COPY_BYTES and not on_gpu:
             return copy()
-        future = asyncio.get_running_loop().run_in_executor(self._executor, copy)
-        try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
-            # the copy still touches the window region: it must end before the region is returned
-            while not future.done():
-                try:
-                    await asyncio.wait([future])
-                except asyncio.CancelledError:
-                    pass
-            raise
+        # the copy touches a window region: it must end before the region is returned
+        return await wait_out_cancellation(asyncio.get_running_loop().run_in_executor(self._executor, copy))
 
 
 # ---------------------------------------------------------------- replies and cleanups

@@ -14,10 +14,10 @@ registry also records, per state_id, the stream it was issued for (``MisroutedSt
 from __future__ import annotations
 
 import abc
-from collections import OrderedDict
 from dataclasses import dataclass
 
 from statetier.protocol.errors import StaleState
+from statetier.protocol.lru import BoundedLru
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,29 +54,25 @@ class VersionRegistry(abc.ABC):
 
 class MemoryVersionRegistry(VersionRegistry):
     answers_in_memory = True
+
     def __init__(self, max_streams: int = 1_000_000) -> None:
         self.max_streams = max_streams
-        self._heads: OrderedDict[bytes, StreamHead] = OrderedDict()
-        self._streams: OrderedDict[bytes, bytes] = OrderedDict()
+        self._heads: BoundedLru[bytes, StreamHead] = BoundedLru(max_streams)
+        self._streams: BoundedLru[bytes, bytes] = BoundedLru(max_streams)
 
     async def claim(self, stream_id: bytes, state_id: bytes, version: int | None = None) -> int:
-        head = self._heads.get(stream_id)
+        head = self._heads.peek(stream_id)
         newest = head.version if head else 0
         if version is None:
             version = newest + 1
         elif version <= newest:
             raise StaleState(f"version {version} is not newer than the registry's {newest}")
-        self._heads[stream_id] = StreamHead(version, state_id)
-        self._heads.move_to_end(stream_id)
-        self._streams[state_id] = stream_id
-        while len(self._heads) > self.max_streams:
-            self._heads.popitem(last=False)
-        while len(self._streams) > self.max_streams:
-            self._streams.popitem(last=False)
+        self._heads.put(stream_id, StreamHead(version, state_id))
+        self._streams.put(state_id, stream_id)
         return version
 
     async def newest(self, stream_id: bytes) -> StreamHead | None:
-        return self._heads.get(stream_id)
+        return self._heads.peek(stream_id)
 
     async def stream_of(self, state_id: bytes) -> bytes | None:
-        return self._streams.get(state_id)
+        return self._streams.peek(state_id)

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections import OrderedDict
 
 from statetier.protocol.errors import StaleState, StatetierError
 from statetier.protocol.identity import Provenance, StateKey, stream_id
+from statetier.protocol.lru import BoundedLru
 from statetier.protocol.sealed import Expectation
 
 from ..requests import LoadRequest, PutRequest
@@ -38,7 +38,7 @@ class Fences:
     def __init__(self, stack: Stack) -> None:
         self.stack = stack
         self.registry = stack.registry
-        self._issued: OrderedDict[bytes, bytes] = OrderedDict()  # state_id -> stream (``_stream_of``)
+        self._issued: BoundedLru[bytes, bytes] = BoundedLru(STREAMS_REMEMBERED)  # state_id -> stream
 
     async def claim(self, req: PutRequest, provenance: Provenance, state_id: bytes) -> int:
         """The put's version from the registry; a stale put is a refused object, counted."""
@@ -84,15 +84,12 @@ class Fences:
                                    tensors=req.tensors, allow_speculative=req.allow_speculative)
 
     def _remember_stream(self, state_id: bytes, stream: bytes) -> None:
-        self._issued[state_id] = stream
-        if len(self._issued) > STREAMS_REMEMBERED:
-            self._issued.popitem(last=False)
+        self._issued.put(state_id, stream)
 
     async def _stream_of(self, state_id: bytes) -> bytes | None:
         """The stream ``state_id`` was issued for: remembered, or read from the registry."""
         stream = self._issued.get(state_id)
         if stream is not None:
-            self._issued.move_to_end(state_id)
             return stream
         stream = await self.registry.stream_of(state_id)
         if stream is not None:

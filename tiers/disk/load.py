@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 
+from statetier.protocol.cancellation import wait_out_cancellation
 from statetier.protocol.errors import InternalError, NotFound, RejectedState
 from ..base import Lease
 from .index import Location
@@ -55,14 +56,7 @@ class DiskLoads:
         job = asyncio.ensure_future(self._call(self._body.read_verified_into, segment.file, location,
                                                lease.object_id, dest, pins=(segment,)))
         try:
-            await asyncio.shield(job)
-        except asyncio.CancelledError:
-            while not job.done():  # the thread still writes into dest: the caller may free it only after
-                try:
-                    await asyncio.wait([job])
-                except asyncio.CancelledError:
-                    continue
-            raise
+            await wait_out_cancellation(job)  # the thread writes into dest: the caller frees it only after
         except RejectedState:
             self._drop_corrupt(lease.object_id)
             raise

@@ -31,7 +31,7 @@ from statetier.protocol.errors import (
     StatetierError,
 )
 
-from ..allocator import ExtentAllocator
+from statetier.protocol.extents import ExtentAllocator
 from ..base import Buffer, EvictedObject, LeaseTable, LruIndex, ObjectMeta, StoreTicket, Tier, TierStats
 from .compaction import Compaction
 from .load import ExtentLoads

@@ -21,7 +21,7 @@ from typing import Callable
 
 from statetier.protocol.errors import CapacityError, StatetierError
 
-from ..allocator import ExtentAllocator
+from statetier.protocol.extents import ExtentAllocator
 
 
 class PinnedJobs:

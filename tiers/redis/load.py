@@ -19,6 +19,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 
+from statetier.protocol.classify import open_intact
 from statetier.protocol.errors import CorruptPayload, NotFound, RejectedState
 from ..base import Lease
 from . import connect
@@ -167,7 +168,7 @@ class LoadPath:
         """
         stored = join_chunks(parts)
         blob = self._cipher.open_envelope(stored) if manifest.is_encrypted else stored
-        self._verified.open(blob, manifest.meta.object_id)
+        open_intact(blob, self._keyring, verified=self._verified)
         return memoryview(blob)
 
 

@@ -28,6 +28,7 @@ from redis.asyncio import Redis, RedisCluster
 
 from statetier.protocol.errors import ConfigError, CorruptPayload
 from statetier.protocol.keyring import Keyring
+from statetier.protocol.sealed import VerifiedHeaders
 from ..base import LeaseTable, ObjectMeta, StoreTicket, Tier, TierStats
 from ..crypto import AtRestCipher
 from . import connect
@@ -39,7 +40,6 @@ from .load import LoadPath, Leased
 from .lookup import Lookup
 from .scripts import Scripts
 from .store import StorePath
-from .verify import VerifiedHeaders
 
 _KNOWN_IDS = 1 << 16  # object ids remembered as stored, for prepare_store's refusal
 
@@ -78,7 +78,7 @@ class RedisTier(StorePath, LoadPath, Lookup, Removal, Tier):
         self.is_cluster: bool | None = None
         self._edge = RedisEdge()
         self._leases = LeaseTable(lease_ttl)
-        self._verified = VerifiedHeaders(keyring, size=2048)
+        self._verified = VerifiedHeaders(2048)
         self._leased: dict[bytes, ObjectMeta] = {}  # objects under a local lease
         self._leased_found: dict[bytes, Leased] = {}  # their manifests, shared by leases
         self._found: OrderedDict[bytes, tuple[Manifest, float]] = OrderedDict()  # by find_by_keys, when
