@@ -51,9 +51,9 @@ from statetier.protocol.keyring import Keyring
 from statetier.protocol.sealed import decode_header, layout_payload, open_sealed, seal
 from statetier.tiers.base import ObjectMeta, Tier
 from statetier.tiers.crypto import AtRestCipher
-from statetier.tiers.memory import DeviceTier
+from statetier.tiers.memory import DeviceTier, DeviceTierOptions
 from statetier.tiers.disk import DiskTier
-from statetier.tiers.memory import HostTier
+from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.redis import RedisTier
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # torch, on the cpu pool
@@ -358,8 +358,8 @@ def print_table(rows: list[Row]) -> None:
 
 
 async def run(plan: Plan, directory: Path) -> list[Row]:
-    rows = await measure_memory("host", HostTier(160 * MiB, pin_memory=False), plan)
-    rows += await measure_memory("device-cpu", DeviceTier(160 * MiB, device="cpu"), plan)
+    rows = await measure_memory("host", HostTier(HostTierOptions(160 * MiB, pin_memory=False)), plan)
+    rows += await measure_memory("device-cpu", DeviceTier(DeviceTierOptions(160 * MiB, device="cpu")), plan)
     rows += await measure_disk("disk", directory, None, plan)
     rows += await measure_disk("disk+aesgcm", directory, AtRestCipher.generate(), plan)
     with RedisServer() as server:

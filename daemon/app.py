@@ -128,19 +128,19 @@ def load_or_create_cipher(path: Path) -> AtRestCipher:
 def build_tiers(config: Config, keyring: Keyring, executor) -> tuple[list[Tier], dict]:
     """Concrete tiers, fastest first, and the roles the engine needs (arena, publish, …)."""
     from statetier.tiers.disk import DiskTier
-    from statetier.tiers.memory import DeviceTier, HostTier
+    from statetier.tiers.memory import DeviceTier, DeviceTierOptions, HostTier, HostTierOptions
 
     limits = config.limits
     tiers: list[Tier] = []
     roles: dict = {"arena": None, "publish": None, "write_behind_to": None}
     if config.device.enabled:
-        tiers.append(DeviceTier(config.device.capacity_bytes, device=config.device.device,
-                                high_watermark=config.device.high_watermark, low_watermark=config.device.low_watermark,
-                                lease_ttl=limits.lease_ttl_seconds, executor=executor))
+        tiers.append(DeviceTier(DeviceTierOptions(
+            config.device.capacity_bytes, device=config.device.device, high_watermark=config.device.high_watermark,
+            low_watermark=config.device.low_watermark, lease_ttl=limits.lease_ttl_seconds), executor))
     if config.host.enabled:
-        host = HostTier(config.host.resolved_capacity(), shm_dir=config.host.shm_dir,
-                        high_watermark=config.host.high_watermark, low_watermark=config.host.low_watermark,
-                        lease_ttl=limits.lease_ttl_seconds, executor=executor)
+        host = HostTier(HostTierOptions(
+            config.host.resolved_capacity(), shm_dir=config.host.shm_dir, high_watermark=config.host.high_watermark,
+            low_watermark=config.host.low_watermark, lease_ttl=limits.lease_ttl_seconds), executor)
         tiers.append(host)
         roles["arena"] = host
     cipher = None

@@ -34,7 +34,7 @@ from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKe
 from statetier.protocol.keyring import Keyring
 from statetier.protocol.messages import key_to_wire, provenance_to_wire, specs_to_wire
 from statetier.protocol.sealed import layout_payload
-from statetier.tiers.memory import HostTier
+from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.registry import MemoryVersionRegistry
 
 NS = NamespaceSpec(model_id="server-tests").namespace()
@@ -77,7 +77,7 @@ async def running_daemon(*, listen: dict | None = None, limits: dict | None = No
         **extra,
     )
     metrics = Metrics()
-    host = HostTier(HOST_BYTES)
+    host = HostTier(HostTierOptions(HOST_BYTES))
     engine = Engine([host], keyring=Keyring.generate(), registry=MemoryVersionRegistry(),
                     metrics=metrics, arena=host if arena else None)
     await engine.start()

@@ -39,7 +39,7 @@ from statetier.protocol.keyring import Keyring
 from statetier.protocol.sealed import decode_header, seal_object, verify_payload_only
 from statetier.tiers.base import ObjectMeta
 from statetier.tiers.disk import DiskTier
-from statetier.tiers.memory import HostTier
+from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.redis import RedisTier
 from statetier.tiers.redis.layout import Manifest, RedisKeys
 from statetier.tiers.registry import MemoryVersionRegistry
@@ -107,7 +107,7 @@ async def bench(request, tmp_path):
     keyring = Keyring.generate()
     kind, raw, prefix = request.param, None, ""
     if kind == "host":
-        tier = HostTier(4 << 20, pin_memory=False)
+        tier = HostTier(HostTierOptions(4 << 20, pin_memory=False))
     elif kind == "disk":
         tier = DiskTier(tmp_path / "disk", 64 << 20, keyring=keyring, segment_bytes=1 << 20)
     else:
@@ -278,7 +278,7 @@ async def test_a_mixed_up_arena_copy_leaves_the_genuine_copy_below_served(tmp_pa
     """Host arena above disk: B's bytes under A's id in the arena are refused (counted once),
     left there, and A's genuine write-behind copy on disk is served, never the arena bytes."""
     keyring = Keyring.generate()
-    host = HostTier(4 << 20, pin_memory=False)
+    host = HostTier(HostTierOptions(4 << 20, pin_memory=False))
     disk = DiskTier(tmp_path / "disk", 64 << 20, keyring=keyring, segment_bytes=1 << 20)
     metrics = Metrics()
     engine = Engine([host, disk], keyring=keyring, registry=MemoryVersionRegistry(), metrics=metrics,

@@ -24,7 +24,7 @@ from statetier.protocol.keyring import Keyring
 from statetier.protocol.sealed import decode_header, seal_object, verify_payload_only
 from statetier.tiers.base import ObjectMeta
 from statetier.tiers.disk import DiskTier
-from statetier.tiers.memory import HostTier
+from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.registry import MemoryVersionRegistry
 
 NS = NamespaceSpec("serving-rules", tp_size=2).namespace()
@@ -48,7 +48,7 @@ def page(layer: int, block: int, *, shard: int = 0) -> StateKey:
 
 async def build(tmp_path, **options) -> tuple[Engine, Metrics]:
     keyring = Keyring.generate()
-    host = HostTier(8 << 20, pin_memory=False)
+    host = HostTier(HostTierOptions(8 << 20, pin_memory=False))
     disk = DiskTier(tmp_path / "disk", 64 << 20, keyring=keyring, segment_bytes=1 << 20)
     metrics = Metrics()
     engine = Engine([host, disk], keyring=keyring, registry=MemoryVersionRegistry(), metrics=metrics,

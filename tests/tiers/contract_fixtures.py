@@ -45,9 +45,9 @@ from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKe
 from statetier.protocol.keyring import Keyring
 from statetier.protocol.sealed import decode_header, open_sealed, seal_object
 from statetier.tiers.base import Lease, ObjectMeta, Tier
-from statetier.tiers.memory import DeviceTier
+from statetier.tiers.memory import DeviceTier, DeviceTierOptions
 from statetier.tiers.disk import DiskTier
-from statetier.tiers.memory import HostTier
+from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.redis import RedisTier
 
 TIER_KINDS = ["host", "device-cpu", "disk", "redis", "redis-cluster"]
@@ -262,9 +262,9 @@ def _drop_keys(url: str, is_cluster: bool, prefix: str) -> None:
 def _build(kind: str, request, tmp_path, executor) -> tuple[Tier, object]:
     """The tier, and a cleanup to run after it is closed (or ``None``)."""
     if kind == "host":
-        return HostTier(CAPACITY, pin_memory=False, executor=executor, inline_copy_bytes=INLINE_COPY_BYTES), None
+        return HostTier(HostTierOptions(CAPACITY, pin_memory=False, inline_copy_bytes=INLINE_COPY_BYTES), executor=executor), None
     if kind == "device-cpu":
-        return DeviceTier(CAPACITY, device="cpu", executor=executor, inline_copy_bytes=INLINE_COPY_BYTES), None
+        return DeviceTier(DeviceTierOptions(CAPACITY, device="cpu", inline_copy_bytes=INLINE_COPY_BYTES), executor=executor), None
     if kind == "disk":
         return DiskTier(tmp_path / "disk", CAPACITY, keyring=KEYRING, segment_bytes=1 << 20, executor=executor), None
     is_cluster = kind == "redis-cluster"

@@ -44,7 +44,8 @@ from typing import AsyncIterator
 
 from statetier.protocol.errors import ConfigError, RejectedState, StatetierError
 from statetier.protocol.keyring import Keyring
-from ..base import EvictedObject, LeaseTable, LruIndex, ObjectMeta, StoreTicket, Tier, TierStats
+from ..base import EvictedObject, KeyMatches, ObjectMeta, StoreTicket, Tier, TierStats
+from ..ledger import LeaseTable, LruIndex
 from ..crypto import AtRestCipher
 from .body import RecordBody
 from .checkpoint import Checkpointer
@@ -261,9 +262,9 @@ class DiskTier(DiskStores, DiskLoads, Tier):
     async def get_meta(self, object_id: bytes) -> ObjectMeta | None:
         return self._lru.get(object_id)
 
-    async def find_by_key(self, key_digest: bytes) -> list[ObjectMeta]:
+    async def find_by_keys(self, key_digests, registry=None) -> KeyMatches:
         self._require_started()
-        return self._lru.by_key(key_digest)
+        return KeyMatches([self._lru.by_key(digest) for digest in key_digests])
 
     async def iter_objects(self) -> AsyncIterator[ObjectMeta]:
         for meta in self._lru.lru_order():

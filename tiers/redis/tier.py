@@ -29,7 +29,8 @@ from redis.asyncio import Redis, RedisCluster
 from statetier.protocol.errors import ConfigError, CorruptPayload
 from statetier.protocol.keyring import Keyring
 from statetier.protocol.sealed import VerifiedHeaders
-from ..base import LeaseTable, ObjectMeta, StoreTicket, Tier, TierStats
+from ..base import ObjectMeta, StoreTicket, Tier, TierStats
+from ..ledger import LeaseTable
 from ..crypto import AtRestCipher
 from . import connect
 from .connect import open_client
