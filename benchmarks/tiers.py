@@ -52,7 +52,7 @@ from statetier.protocol.sealed import decode_header, layout_payload, open_sealed
 from statetier.tiers.base import ObjectMeta, Tier
 from statetier.tiers.crypto import AtRestCipher
 from statetier.tiers.memory import DeviceTier, DeviceTierOptions
-from statetier.tiers.disk import DiskTier
+from statetier.tiers.disk import DiskTier, DiskTierOptions
 from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.redis import RedisTier
 
@@ -270,7 +270,7 @@ class DiskRaws:
 
 
 async def measure_disk(name: str, directory: Path, cipher, plan: Plan) -> list[Row]:
-    tier = DiskTier(directory / name, 1 << 40, keyring=KEYRING, cipher=cipher)
+    tier = DiskTier(DiskTierOptions(directory / name, 1 << 40), keyring=KEYRING, cipher=cipher)
     await tier.start()
     rows = []
     try:

@@ -127,7 +127,7 @@ def load_or_create_cipher(path: Path) -> AtRestCipher:
 
 def build_tiers(config: Config, keyring: Keyring, executor) -> tuple[list[Tier], dict]:
     """Concrete tiers, fastest first, and the roles the engine needs (arena, publish, …)."""
-    from statetier.tiers.disk import DiskTier
+    from statetier.tiers.disk import DiskTier, DiskTierOptions
     from statetier.tiers.memory import DeviceTier, DeviceTierOptions, HostTier, HostTierOptions
 
     limits = config.limits
@@ -147,10 +147,11 @@ def build_tiers(config: Config, keyring: Keyring, executor) -> tuple[list[Tier],
     if (config.disk.enabled and config.disk.encrypt) or (config.redis.url and config.redis.encrypt):
         cipher = load_or_create_cipher(config.at_rest_key_path())
     if config.disk.enabled:
-        disk = DiskTier(config.disk.directory, config.disk.capacity_bytes, keyring=keyring,
-                        segment_bytes=config.disk.segment_bytes, high_watermark=config.disk.high_watermark,
-                        low_watermark=config.disk.low_watermark, lease_ttl=limits.lease_ttl_seconds,
-                        fsync=config.disk.fsync, cipher=cipher if config.disk.encrypt else None, executor=executor)
+        disk = DiskTier(DiskTierOptions(
+            config.disk.directory, config.disk.capacity_bytes, segment_bytes=config.disk.segment_bytes,
+            high_watermark=config.disk.high_watermark, low_watermark=config.disk.low_watermark,
+            lease_ttl=limits.lease_ttl_seconds, fsync=config.disk.fsync),
+            keyring=keyring, cipher=cipher if config.disk.encrypt else None, executor=executor)
         tiers.append(disk)
         roles["write_behind_to"] = disk
     if config.redis.url:

@@ -109,9 +109,14 @@ class Ledger(Generic[P]):
     # ------------------------------------------------------------------ totals
 
     @property
+    def held_bytes(self) -> int:
+        """Object bytes stored: visible, and deleted but leased."""
+        return self.index.bytes_used + self.hidden_bytes
+
+    @property
     def bytes_used(self) -> int:
-        """Object bytes held: visible, reserved by stores in progress, deleted but leased."""
-        return self.index.bytes_used + self.reserved_bytes + self.hidden_bytes
+        """``held_bytes`` and what the stores in progress reserve."""
+        return self.index.bytes_used + self.hidden_bytes + self.reserved_bytes
 
     def forget_all(self) -> None:
         """Drop what the index, the stores and the hidden objects hold (the tier closed)."""

@@ -32,7 +32,7 @@ from statetier.protocol.errors import (
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, prefix_hashes
 from statetier.protocol.keyring import Keyring
 from statetier.protocol.sealed import layout_payload, parse_header, verify_payload_only
-from statetier.tiers.disk import DiskTier
+from statetier.tiers.disk import DiskTier, DiskTierOptions
 from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.registry import MemoryVersionRegistry
 
@@ -65,7 +65,7 @@ async def engine(tmp_path):
     keyring = Keyring.generate()
     object_bytes = 20 * 1024  # header + payload of one SPECS object, in 4 KiB extents
     host = HostTier(HostTierOptions(6 * object_bytes, granularity=4096))
-    disk = DiskTier(tmp_path / "disk", 64 << 20, keyring=keyring, segment_bytes=1 << 20)
+    disk = DiskTier(DiskTierOptions(tmp_path / "disk", 64 << 20, segment_bytes=1 << 20), keyring=keyring)
     metrics = Metrics()
     engine = Engine([host, disk], keyring=keyring, registry=MemoryVersionRegistry(), metrics=metrics,
                     options=EngineOptions(producer_id="test"), arena=host, write_behind_to=disk)
@@ -353,7 +353,7 @@ async def test_a_delete_is_acknowledged_only_once_no_copy_of_the_object_is_on_it
     assert not await disk.contains(put.ref.state_id)
     snapshot = tmp_path / "after-delete"
     shutil.copytree(tmp_path / "disk", snapshot)
-    reopened = DiskTier(snapshot, 64 << 20, keyring=engine.keyring, segment_bytes=1 << 20)
+    reopened = DiskTier(DiskTierOptions(snapshot, 64 << 20, segment_bytes=1 << 20), keyring=engine.keyring)
     await reopened.start()
     try:
         assert not await reopened.contains(put.ref.state_id)
@@ -364,7 +364,7 @@ async def test_a_delete_is_acknowledged_only_once_no_copy_of_the_object_is_on_it
 async def test_a_load_while_its_object_is_demoted_waits_for_the_demotion_instead_of_missing(tmp_path):
     keyring = Keyring.generate()
     host = HostTier(HostTierOptions(6 * 20 * 1024, granularity=4096))
-    disk = DiskTier(tmp_path / "disk", 64 << 20, keyring=keyring, segment_bytes=1 << 20)
+    disk = DiskTier(DiskTierOptions(tmp_path / "disk", 64 << 20, segment_bytes=1 << 20), keyring=keyring)
     engine = Engine([host, disk], keyring=keyring, registry=MemoryVersionRegistry(),
                     options=EngineOptions(producer_id="test"))  # no write-behind: demotion is the only copy
     await engine.start()
@@ -398,7 +398,7 @@ async def test_copies_of_evicted_objects_are_unmapped_once_demoted_without_the_g
     # done-callback — and the daemon's RSS grew by ~700 MiB of them under eviction.
     keyring = Keyring.generate()
     host = HostTier(HostTierOptions(8 << 20, granularity=4096))
-    disk = DiskTier(tmp_path / "disk", 640 << 20, keyring=keyring, segment_bytes=8 << 20)
+    disk = DiskTier(DiskTierOptions(tmp_path / "disk", 640 << 20, segment_bytes=8 << 20), keyring=keyring)
     engine = Engine([host, disk], keyring=keyring, registry=MemoryVersionRegistry(),
                     options=EngineOptions(producer_id="test"))
     specs = (TensorSpec("kv", "uint8", (200 * 1024,)),)  # above the inline copy size: copied in the executor
@@ -440,7 +440,7 @@ async def test_puts_that_need_room_at_the_same_time_share_one_eviction(tmp_path)
     # a whole watermark band of the same victims at once; the daemon's RSS peaked at 1.1 GiB.
     keyring = Keyring.generate()
     host = EvictionCountingHostTier(HostTierOptions(8 << 20, granularity=4096, inline_copy_bytes=0))  # copies in the executor
-    disk = DiskTier(tmp_path / "disk", 640 << 20, keyring=keyring, segment_bytes=8 << 20)
+    disk = DiskTier(DiskTierOptions(tmp_path / "disk", 640 << 20, segment_bytes=8 << 20), keyring=keyring)
     engine = Engine([host, disk], keyring=keyring, registry=MemoryVersionRegistry(),
                     options=EngineOptions(producer_id="test"))
     specs = (TensorSpec("kv", "uint8", (200 * 1024,)),)
@@ -473,7 +473,7 @@ async def test_a_state_id_issued_for_another_stream_is_misrouted_even_when_its_o
 async def test_a_tenant_past_its_quota_spills_to_the_next_tier_then_is_refused(tmp_path):
     keyring = Keyring.generate()
     host = HostTier(HostTierOptions(1 << 20))
-    disk = DiskTier(tmp_path / "disk", 64 << 20, keyring=keyring, segment_bytes=1 << 20)
+    disk = DiskTier(DiskTierOptions(tmp_path / "disk", 64 << 20, segment_bytes=1 << 20), keyring=keyring)
     one_object = 20 * 1024
     quotas = {"small": {"host": one_object, "disk": one_object}}
     engine = Engine([host, disk], keyring=keyring, registry=MemoryVersionRegistry(),

@@ -38,7 +38,7 @@ from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKe
 from statetier.protocol.keyring import Keyring
 from statetier.protocol.sealed import decode_header, seal_object, verify_payload_only
 from statetier.tiers.base import ObjectMeta
-from statetier.tiers.disk import DiskTier
+from statetier.tiers.disk import DiskTier, DiskTierOptions
 from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.redis import RedisTier
 from statetier.tiers.redis.layout import Manifest, RedisKeys
@@ -109,7 +109,7 @@ async def bench(request, tmp_path):
     if kind == "host":
         tier = HostTier(HostTierOptions(4 << 20, pin_memory=False))
     elif kind == "disk":
-        tier = DiskTier(tmp_path / "disk", 64 << 20, keyring=keyring, segment_bytes=1 << 20)
+        tier = DiskTier(DiskTierOptions(tmp_path / "disk", 64 << 20, segment_bytes=1 << 20), keyring=keyring)
     else:
         server = request.getfixturevalue("redis_cluster" if kind == "redis-cluster" else "redis_server")
         prefix = f"mixup-{uuid.uuid4().hex[:10]}"
@@ -279,7 +279,7 @@ async def test_a_mixed_up_arena_copy_leaves_the_genuine_copy_below_served(tmp_pa
     left there, and A's genuine write-behind copy on disk is served, never the arena bytes."""
     keyring = Keyring.generate()
     host = HostTier(HostTierOptions(4 << 20, pin_memory=False))
-    disk = DiskTier(tmp_path / "disk", 64 << 20, keyring=keyring, segment_bytes=1 << 20)
+    disk = DiskTier(DiskTierOptions(tmp_path / "disk", 64 << 20, segment_bytes=1 << 20), keyring=keyring)
     metrics = Metrics()
     engine = Engine([host, disk], keyring=keyring, registry=MemoryVersionRegistry(), metrics=metrics,
                     options=EngineOptions(producer_id="mixups"), arena=host, write_behind_to=disk)

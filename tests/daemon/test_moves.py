@@ -22,7 +22,7 @@ from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.errors import NotFound
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, prefix_hashes
 from statetier.protocol.keyring import Keyring
-from statetier.tiers.disk import DiskTier
+from statetier.tiers.disk import DiskTier, DiskTierOptions
 from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.redis import RedisTier
 from statetier.tiers.registry import MemoryVersionRegistry
@@ -51,7 +51,7 @@ async def lower(request, tmp_path):
     """The tier under the host arena: what a demotion writes into."""
     keyring = Keyring.generate()
     if request.param == "disk":
-        yield keyring, DiskTier(tmp_path / "disk", 64 << 20, keyring=keyring, segment_bytes=1 << 20), None
+        yield keyring, DiskTier(DiskTierOptions(tmp_path / "disk", 64 << 20, segment_bytes=1 << 20), keyring=keyring), None
         return
     server = request.getfixturevalue("redis_server")
     prefix = f"moves-{uuid.uuid4().hex[:10]}"
@@ -132,7 +132,7 @@ async def test_each_tenants_usage_per_tier_is_the_bytes_of_its_objects_there(tmp
     keyring = Keyring.generate()
     prefix = f"moves-{uuid.uuid4().hex[:10]}"
     host = HostTier(HostTierOptions(4 * OBJECT_EXTENT, pin_memory=False, high_watermark=1.0, low_watermark=0.5))
-    disk = DiskTier(tmp_path / "disk", 64 << 20, keyring=keyring, segment_bytes=1 << 20)
+    disk = DiskTier(DiskTierOptions(tmp_path / "disk", 64 << 20, segment_bytes=1 << 20), keyring=keyring)
     cross = RedisTier(redis_server.url, keyring=keyring, key_prefix=prefix)
     engine = Engine([host, disk, cross], keyring=keyring, registry=MemoryVersionRegistry(),
                     options=EngineOptions(producer_id="moves"), arena=host, publish=cross, write_behind_to=disk)
@@ -171,7 +171,7 @@ async def test_each_tenants_usage_per_tier_is_the_bytes_of_its_objects_there(tmp
 async def test_a_tenant_with_a_host_quota_can_put_again_once_its_bytes_were_demoted(tmp_path):
     keyring = Keyring.generate()
     host = HostTier(HostTierOptions(4 * OBJECT_EXTENT, pin_memory=False, high_watermark=1.0, low_watermark=0.5))
-    disk = DiskTier(tmp_path / "disk", 64 << 20, keyring=keyring, segment_bytes=1 << 20)
+    disk = DiskTier(DiskTierOptions(tmp_path / "disk", 64 << 20, segment_bytes=1 << 20), keyring=keyring)
     quota = {"alice": {"host": 2 * OBJECT_EXTENT}}
     engine = await engine_over(keyring, [host, disk], quotas=quota)
     try:
@@ -191,7 +191,7 @@ async def test_a_tenant_with_a_host_quota_can_put_again_once_its_bytes_were_demo
 async def test_write_behind_copies_count_against_the_tenants_disk_quota(tmp_path):
     keyring = Keyring.generate()
     host = HostTier(HostTierOptions(8 * OBJECT_EXTENT, pin_memory=False))
-    disk = DiskTier(tmp_path / "disk", 64 << 20, keyring=keyring, segment_bytes=1 << 20)
+    disk = DiskTier(DiskTierOptions(tmp_path / "disk", 64 << 20, segment_bytes=1 << 20), keyring=keyring)
     engine = await engine_over(keyring, [host, disk], quotas={"alice": {"disk": 2 * OBJECT_EXTENT}})
     try:
         refs = [(await put(engine, "alice", layer)).ref for layer in range(4)]

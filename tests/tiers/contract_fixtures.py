@@ -46,7 +46,7 @@ from statetier.protocol.keyring import Keyring
 from statetier.protocol.sealed import decode_header, open_sealed, seal_object
 from statetier.tiers.base import Lease, ObjectMeta, Tier
 from statetier.tiers.memory import DeviceTier, DeviceTierOptions
-from statetier.tiers.disk import DiskTier
+from statetier.tiers.disk import DiskTier, DiskTierOptions
 from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.redis import RedisTier
 
@@ -266,7 +266,7 @@ def _build(kind: str, request, tmp_path, executor) -> tuple[Tier, object]:
     if kind == "device-cpu":
         return DeviceTier(DeviceTierOptions(CAPACITY, device="cpu", inline_copy_bytes=INLINE_COPY_BYTES), executor=executor), None
     if kind == "disk":
-        return DiskTier(tmp_path / "disk", CAPACITY, keyring=KEYRING, segment_bytes=1 << 20, executor=executor), None
+        return DiskTier(DiskTierOptions(tmp_path / "disk", CAPACITY, segment_bytes=1 << 20), keyring=KEYRING, executor=executor), None
     is_cluster = kind == "redis-cluster"
     url = request.getfixturevalue("redis_cluster" if is_cluster else "redis_server").url
     prefix = f"contract-{uuid.uuid4().hex}"

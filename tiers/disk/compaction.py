@@ -1,7 +1,7 @@
 """Compaction of disk segments: live records copied out of sparse segments; an old file is
 deleted only when no reader can still be in it.
 
-``Compactor.run() -> CompactionReport`` (``DiskTier.compact`` serialises calls):
+``Compactor.run() -> SegmentCompactionReport`` (``DiskTier.compact`` serialises calls):
 
 1. Each sealed, unpinned segment whose live ratio is under the threshold is evacuated:
    the headers of its live records are read, then every live record is copied to the
@@ -17,7 +17,7 @@ deleted only when no reader can still be in it.
    so far — the moves, and the deletes that emptied the file: a restart must never find
    an index entry pointing into a deleted file, nor need a COMMIT record from one.
 
-``CompactionReport(segments_compacted, segments_blocked, bytes_reclaimed, objects_moved)``
+``SegmentCompactionReport(segments_compacted, segments_blocked, bytes_reclaimed, objects_moved)``
 for one run (``bytes_reclaimed``: file bytes deleted minus live bytes copied out of them);
 ``Compactor.totals`` sums every run, counted as the work happens. ``read_headers(file,
 live)`` (blocking, in the executor) reads the record headers step 1 starts from.
@@ -37,14 +37,14 @@ from .segments import RecordHeader, SegmentFile
 
 
 @dataclass(frozen=True, slots=True)
-class CompactionReport:
+class SegmentCompactionReport:
     segments_compacted: int = 0
     segments_blocked: int = 0
     bytes_reclaimed: int = 0
     objects_moved: int = 0
 
-    def __sub__(self, other: "CompactionReport") -> "CompactionReport":
-        return CompactionReport(*(a - b for a, b in zip(astuple(self), astuple(other))))
+    def __sub__(self, other: "SegmentCompactionReport") -> "SegmentCompactionReport":
+        return SegmentCompactionReport(*(a - b for a, b in zip(astuple(self), astuple(other))))
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,12 +66,12 @@ class Compactor:
         self._is_leased = is_leased
         self._drop_corrupt = drop_corrupt
         self.below_live_ratio = below_live_ratio
-        self.totals = CompactionReport()  # counted as work happens, so a cancelled run counts too
+        self.totals = SegmentCompactionReport()  # counted as work happens, so a cancelled run counts too
 
     def _count(self, **more: int) -> None:
         self.totals = replace(self.totals, **{k: getattr(self.totals, k) + v for k, v in more.items()})
 
-    async def run(self) -> CompactionReport:
+    async def run(self) -> SegmentCompactionReport:
         before = self.totals
         for segment in self._space.compaction_candidates(self.below_live_ratio):
             await self._evacuate(segment)
