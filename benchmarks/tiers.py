@@ -54,7 +54,7 @@ from statetier.tiers.crypto import AtRestCipher
 from statetier.tiers.memory import DeviceTier, DeviceTierOptions
 from statetier.tiers.disk import DiskTier, DiskTierOptions
 from statetier.tiers.memory import HostTier, HostTierOptions
-from statetier.tiers.redis import RedisTier
+from statetier.tiers.redis import RedisTier, RedisTierOptions
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # torch, on the cpu pool
 KiB, MiB = 1024, 1024 * 1024
@@ -295,7 +295,7 @@ async def measure_disk(name: str, directory: Path, cipher, plan: Plan) -> list[R
 
 
 async def measure_redis(name: str, url: str, cipher, plan: Plan) -> list[Row]:
-    tier = RedisTier(url, keyring=KEYRING, key_prefix=f"bench-{name}-{os.getpid()}", cipher=cipher)
+    tier = RedisTier(RedisTierOptions(url, key_prefix=f"bench-{name}-{os.getpid()}"), keyring=KEYRING, cipher=cipher)
     client = redis.asyncio.Redis.from_url(url)
     await tier.start()
     rows = []

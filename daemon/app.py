@@ -155,13 +155,13 @@ def build_tiers(config: Config, keyring: Keyring, executor) -> tuple[list[Tier],
         tiers.append(disk)
         roles["write_behind_to"] = disk
     if config.redis.url:
-        from statetier.tiers.redis import RedisTier
+        from statetier.tiers.redis import RedisTier, RedisTierOptions
 
-        redis_tier = RedisTier(config.redis.url, keyring=keyring, cluster=config.redis.cluster,
-                               ttl_seconds=config.redis.ttl_seconds, capacity_bytes=config.redis.capacity_bytes,
-                               chunk_bytes=config.redis.chunk_bytes, lease_ttl=limits.lease_ttl_seconds,
-                               cipher=cipher if config.redis.encrypt else None,
-                               socket_timeout=config.redis.socket_timeout, executor=executor)
+        redis_tier = RedisTier(RedisTierOptions(
+            config.redis.url, cluster=config.redis.cluster, ttl_seconds=config.redis.ttl_seconds,
+            capacity_bytes=config.redis.capacity_bytes, chunk_bytes=config.redis.chunk_bytes,
+            lease_ttl=limits.lease_ttl_seconds, socket_timeout=config.redis.socket_timeout),
+            keyring=keyring, cipher=cipher if config.redis.encrypt else None, executor=executor)
         tiers.append(redis_tier)
         roles["publish"] = redis_tier
     if not tiers:

@@ -40,7 +40,7 @@ from statetier.protocol.sealed import decode_header, seal_object, verify_payload
 from statetier.tiers.base import ObjectMeta
 from statetier.tiers.disk import DiskTier, DiskTierOptions
 from statetier.tiers.memory import HostTier, HostTierOptions
-from statetier.tiers.redis import RedisTier
+from statetier.tiers.redis import RedisTier, RedisTierOptions
 from statetier.tiers.redis.layout import Manifest, RedisKeys
 from statetier.tiers.registry import MemoryVersionRegistry
 
@@ -113,7 +113,7 @@ async def bench(request, tmp_path):
     else:
         server = request.getfixturevalue("redis_cluster" if kind == "redis-cluster" else "redis_server")
         prefix = f"mixup-{uuid.uuid4().hex[:10]}"
-        tier = RedisTier(server.url, keyring=keyring, cluster=kind == "redis-cluster", key_prefix=prefix)
+        tier = RedisTier(RedisTierOptions(server.url, cluster=kind == "redis-cluster", key_prefix=prefix), keyring=keyring)
         raw = (redis.cluster.RedisCluster.from_url(server.url) if kind == "redis-cluster"
                else redis.Redis.from_url(server.url))
     metrics = Metrics()

@@ -24,7 +24,7 @@ from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKe
 from statetier.protocol.keyring import Keyring
 from statetier.tiers.disk import DiskTier, DiskTierOptions
 from statetier.tiers.memory import HostTier, HostTierOptions
-from statetier.tiers.redis import RedisTier
+from statetier.tiers.redis import RedisTier, RedisTierOptions
 from statetier.tiers.registry import MemoryVersionRegistry
 
 SPECS = (TensorSpec("ssm", "float32", (64, 60)),)  # 15 KiB of payload: one 16 KiB extent with its header
@@ -55,7 +55,7 @@ async def lower(request, tmp_path):
         return
     server = request.getfixturevalue("redis_server")
     prefix = f"moves-{uuid.uuid4().hex[:10]}"
-    yield keyring, RedisTier(server.url, keyring=keyring, key_prefix=prefix), prefix
+    yield keyring, RedisTier(RedisTierOptions(server.url, key_prefix=prefix), keyring=keyring), prefix
     with redis.Redis.from_url(server.url) as raw:
         for pattern in (f"{prefix}:*", f"{{{prefix}}}:*"):
             for name in list(raw.scan_iter(match=pattern, count=500)):
@@ -133,7 +133,7 @@ async def test_each_tenants_usage_per_tier_is_the_bytes_of_its_objects_there(tmp
     prefix = f"moves-{uuid.uuid4().hex[:10]}"
     host = HostTier(HostTierOptions(4 * OBJECT_EXTENT, pin_memory=False, high_watermark=1.0, low_watermark=0.5))
     disk = DiskTier(DiskTierOptions(tmp_path / "disk", 64 << 20, segment_bytes=1 << 20), keyring=keyring)
-    cross = RedisTier(redis_server.url, keyring=keyring, key_prefix=prefix)
+    cross = RedisTier(RedisTierOptions(redis_server.url, key_prefix=prefix), keyring=keyring)
     engine = Engine([host, disk, cross], keyring=keyring, registry=MemoryVersionRegistry(),
                     options=EngineOptions(producer_id="moves"), arena=host, publish=cross, write_behind_to=disk)
     await engine.start()

@@ -48,7 +48,7 @@ from statetier.tiers.base import Lease, ObjectMeta, Tier
 from statetier.tiers.memory import DeviceTier, DeviceTierOptions
 from statetier.tiers.disk import DiskTier, DiskTierOptions
 from statetier.tiers.memory import HostTier, HostTierOptions
-from statetier.tiers.redis import RedisTier
+from statetier.tiers.redis import RedisTier, RedisTierOptions
 
 TIER_KINDS = ["host", "device-cpu", "disk", "redis", "redis-cluster"]
 KEYRING = Keyring.generate()
@@ -270,8 +270,7 @@ def _build(kind: str, request, tmp_path, executor) -> tuple[Tier, object]:
     is_cluster = kind == "redis-cluster"
     url = request.getfixturevalue("redis_cluster" if is_cluster else "redis_server").url
     prefix = f"contract-{uuid.uuid4().hex}"
-    tier = RedisTier(url, keyring=KEYRING, cluster=is_cluster, key_prefix=prefix, capacity_bytes=CAPACITY,
-                     executor=executor)
+    tier = RedisTier(RedisTierOptions(url, cluster=is_cluster, key_prefix=prefix, capacity_bytes=CAPACITY), keyring=KEYRING, executor=executor)
     return tier, lambda: _drop_keys(url, is_cluster, prefix)
 
 
