@@ -128,7 +128,7 @@ class TierStats:
     compactions_run: int = 0
     compactions_blocked: int = 0
     bytes_reclaimed: int = 0
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Tier(abc.ABC):

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import astuple, dataclass, replace
-from typing import Awaitable, Callable
+from functools import partial
+from typing import Any, Awaitable, Callable
 
 from statetier.protocol.errors import CorruptPayload, RejectedState
 from .commit import GroupCommit
@@ -56,7 +57,7 @@ class _Copied:
 
 
 class Compactor:
-    def __init__(self, space: SegmentSpace, commit: GroupCommit, call: Callable[..., Awaitable],
+    def __init__(self, space: SegmentSpace, commit: GroupCommit, call: Callable[..., Awaitable[Any]],
                  is_leased: Callable[[bytes], bool], drop_corrupt: Callable[[bytes], None],
                  checkpoint: Callable[[], Awaitable[None]], below_live_ratio: float) -> None:
         self._space = space
@@ -98,7 +99,7 @@ class Compactor:
                 if (location := self._space.location(object_id)) is not None and location.segment == segment.number]
         headers = await self._call(read_headers, segment.file, live, pins=(segment,)) if live else []
         copies: list[_Copied] = []
-        futures: list[asyncio.Future] = []
+        futures: list[asyncio.Future[object]] = []
         try:
             for (object_id, location), header in zip(live, headers):
                 if isinstance(header, RejectedState):
@@ -110,7 +111,7 @@ class Compactor:
             for copied in copies:
                 futures.append(self._commit.submit(Move(copied.object_id, copied.old, copied.new),
                                                    sync=copied.target,
-                                                   on_result=lambda result, c=copied: self._settle(c, result)))
+                                                   on_result=partial(self._settle, copied)))
         finally:
             for copied in copies[len(futures):]:
                 copied.target.unpin()
@@ -146,9 +147,9 @@ class Compactor:
             source.lingering.add(copied.object_id)
 
 
-def read_headers(file: SegmentFile, live: list[tuple[bytes, Location]]) -> list:
+def read_headers(file: SegmentFile, live: list[tuple[bytes, Location]]) -> list[RecordHeader | RejectedState]:
     """The record header at each location (checked against it), or the rejection instead."""
-    out = []
+    out: list[RecordHeader | RejectedState] = []
     for object_id, location in live:
         try:
             header = file.read_record_header(location.offset, object_id, location.generation)

@@ -138,6 +138,7 @@ class HostArena:
     def _open_named(self, label: str) -> int:
         """A named file clients open by path (a shared ``/dev/shm`` in a pod, say); mode 0660
         so the socket's group can map it; removed again at ``close()``."""
+        assert self._shm_dir is not None
         path = os.path.join(self._shm_dir, f"{label}-{os.getpid()}-{secrets.token_hex(6)}.arena")
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o660)

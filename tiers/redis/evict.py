@@ -12,6 +12,8 @@ leased, being stored or deleted under a lease here is stepped over. Its bytes ar
 
 from __future__ import annotations
 
+from typing import cast
+
 from redis.asyncio import Redis, RedisCluster
 
 from statetier.protocol.errors import CorruptPayload, RejectedState
@@ -49,11 +51,11 @@ class RedisEviction:
             return []
         low = medium.options.low_watermark * capacity
         evicted: list[EvictedObject] = []
-        offset, seen = 0, set()
+        offset, seen = 0, set[bytes]()
         lru = medium.accounting_keys[0]
         while medium.bytes_used + need_bytes > low:
             with medium.edge.call("evict"):
-                batch = await client.zrange(lru, offset, offset + _EVICT_BATCH - 1)
+                batch = cast("list[bytes]", await client.zrange(lru, offset, offset + _EVICT_BATCH - 1))
             if not batch:
                 break
             for raw_id in batch:
@@ -64,7 +66,7 @@ class RedisEviction:
                 seen.add(oid)
                 if taken is False:
                     offset += 1  # left in place (pinned, or unreadable here): step over it
-                elif taken is not None:
+                elif isinstance(taken, EvictedObject):
                     evicted.append(taken)
         self._ledger.evictions += len(evicted)
         return evicted

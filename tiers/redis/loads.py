@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable
+from typing import Any, Coroutine
 
 from redis.asyncio import Redis, RedisCluster
 
@@ -196,7 +196,7 @@ class RedisLoads:
         return memoryview(blob)
 
 
-async def _all_or_none(calls: list[Awaitable[list[Any]]]) -> list[list[Any]]:
+async def _all_or_none(calls: list[Coroutine[Any, Any, list[Any]]]) -> list[list[Any]]:
     """The results of the awaitables, run concurrently; the first failure cancels the rest
     and is raised as itself."""
     if len(calls) == 1:

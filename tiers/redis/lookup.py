@@ -14,7 +14,7 @@ entries whose manifest is gone are pruned (one more round trip, only then).
 from __future__ import annotations
 
 import time
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Sequence, cast
 
 from redis.asyncio import Redis, RedisCluster
 
@@ -43,7 +43,7 @@ class RedisLookup:
 
     async def get_meta(self, object_id: bytes) -> ObjectMeta | None:
         with self._edge.call("get_meta"):
-            raw = await self._medium.client.get(self._keys.manifest(object_id))
+            raw = cast("bytes | None", await self._medium.client.get(self._keys.manifest(object_id)))
         manifest = stored_under(Manifest.try_decode(raw), object_id)
         self._medium.seen.remember(object_id, raw is not None)
         return manifest.meta if manifest else None
@@ -121,12 +121,12 @@ class RedisLookup:
             return await pipe.execute()
 
 
-def _index_entries(reply) -> list[tuple[bytes, bytes | None]]:
+def _index_entries(reply: Any) -> list[tuple[bytes, bytes | None]]:
     """(object id, stream id or None) of each entry of a key index (HGETALL's reply, flat
     or as a dict). An entry's value is ``version:stream hex`` (``index_value``), or the
     version alone (entries written before the stream id was kept)."""
     pairs = reply.items() if isinstance(reply, dict) else zip(reply[::2], reply[1::2])
-    out = []
+    out: list[tuple[bytes, bytes | None]] = []
     for field_, value in pairs:
         _, _, stream = bytes(value).partition(b":")
         out.append((bytes.fromhex(bytes(field_).decode()), bytes.fromhex(stream.decode()) if stream else None))
@@ -134,7 +134,7 @@ def _index_entries(reply) -> list[tuple[bytes, bytes | None]]:
 
 
 
-async def _take(iterator: AsyncIterator, count: int) -> AsyncIterator:
+async def _take(iterator: AsyncIterator[Any], count: int) -> AsyncIterator[Any]:
     for _ in range(count):
         try:
             yield await iterator.__anext__()

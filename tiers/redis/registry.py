@@ -22,8 +22,10 @@ or a URL: the registry then connects on first use and closes in ``close()``.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from redis.asyncio import Redis, RedisCluster
+from redis.commands.core import AsyncScript
 
 from statetier.protocol.errors import InvalidRequest, StaleState
 
@@ -64,12 +66,12 @@ class RedisVersionRegistry(VersionRegistry):
     def __init__(self, client_or_url: Redis | RedisCluster | str, *, key_prefix: str = "st",
                  ttl_seconds: int | None = None, socket_timeout: float = 5.0, retries: int = 3) -> None:
         self._url = client_or_url if isinstance(client_or_url, str) else None
-        self._client = None if self._url else client_or_url
+        self._client: Redis | RedisCluster | None = None if isinstance(client_or_url, str) else client_or_url
         self._owns_client = self._url is not None
         self._keys = RedisKeys(key_prefix)
         self._ttl = ttl_seconds
         self._socket_timeout, self._retries = socket_timeout, retries
-        self._script = None
+        self._script: AsyncScript | None = None
         self._connecting: asyncio.Lock | None = None
         self._edge = RedisEdge()
 
@@ -80,9 +82,9 @@ class RedisVersionRegistry(VersionRegistry):
     async def claim(self, stream_id: bytes, state_id: bytes, version: int | None = None) -> int:
         if version is not None and not (isinstance(version, int) and 0 <= version <= MAX_VERSION):
             raise InvalidRequest(f"version must be an integer in [0, 2^64), not {version!r}")
-        client = await self._ready()
+        client, script = await self._ready()
         with self._edge.call("claim"):
-            claimed, value = await self._script(
+            claimed, value = await script(
                 keys=[self._keys.stream_head(stream_id)],
                 args=[state_id, "" if version is None else str(version), self._ttl or 0])
         if not claimed:
@@ -94,28 +96,28 @@ class RedisVersionRegistry(VersionRegistry):
         return int(value)
 
     async def newest(self, stream_id: bytes) -> StreamHead | None:
-        client = await self._ready()
+        client, _ = await self._ready()
         with self._edge.call("newest"):
             version, state_id = await client.hmget(self._keys.stream_head(stream_id), "version", "state_id")
         if version is None or state_id is None:
             return None
-        return StreamHead(int(version), bytes(state_id))
+        return StreamHead(int(version), _as_bytes(state_id))
 
     async def newest_many(self, stream_ids: list[bytes]) -> list[StreamHead | None]:
         if not stream_ids:
             return []
-        client = await self._ready()
+        client, _ = await self._ready()
         with self._edge.call("newest"):
             replies = await exchange(client, self.head_commands(stream_ids))
         return self.heads_from(replies)
 
-    def head_commands(self, stream_ids: list[bytes]) -> list[tuple]:
+    def head_commands(self, stream_ids: list[bytes]) -> list[tuple[Any, ...]]:
         """The commands that read these streams' heads (for ``connect.exchange``)."""
         return [("HMGET", self._keys.stream_head(stream), "version", "state_id") for stream in stream_ids]
 
-    def heads_from(self, replies: list) -> list[StreamHead | None]:
+    def heads_from(self, replies: list[Any]) -> list[StreamHead | None]:
         """The heads in the replies to ``head_commands``; an error reply is raised (translated)."""
-        heads = []
+        heads: list[StreamHead | None] = []
         with self._edge.call("newest"):
             for reply in replies:
                 if isinstance(reply, BaseException):
@@ -133,10 +135,10 @@ class RedisVersionRegistry(VersionRegistry):
         return take_cluster_option(self._url)[0] == take_cluster_option(url)[0]
 
     async def stream_of(self, state_id: bytes) -> bytes | None:
-        client = await self._ready()
+        client, _ = await self._ready()
         with self._edge.call("stream_of"):
             stream = await client.get(self._keys.stream_of(state_id))
-        return bytes(stream) if stream is not None else None
+        return _as_bytes(stream) if stream is not None else None
 
     async def close(self) -> None:
         client, self._script = self._client, None
@@ -144,16 +146,24 @@ class RedisVersionRegistry(VersionRegistry):
             self._client = None
             await client.aclose()
 
-    async def _ready(self) -> Redis | RedisCluster:
-        if self._script is not None:
-            return self._client
+    async def _ready(self) -> tuple[Redis | RedisCluster, AsyncScript]:
+        if self._script is not None and self._client is not None:
+            return self._client, self._script
         if self._connecting is None:
             self._connecting = asyncio.Lock()
         async with self._connecting:
-            if self._client is None:
+            client = self._client
+            if client is None:
+                assert self._url is not None  # a registry given a client keeps it until close
                 with self._edge.call("connect"):
-                    self._client, _ = await open_client(
-                        self._url, socket_timeout=self._socket_timeout, retries=self._retries)
+                    client, _ = await open_client(self._url, socket_timeout=self._socket_timeout,
+                                                  retries=self._retries)
+                self._client = client
             if self._script is None:
-                self._script = self._client.register_script(CLAIM_LUA)
-        return self._client
+                self._script = client.register_script(CLAIM_LUA)
+            return client, self._script
+
+
+def _as_bytes(value: bytes | str) -> bytes:
+    """A reply as bytes (the clients here never decode replies; a str is not expected)."""
+    return value.encode() if isinstance(value, str) else bytes(value)

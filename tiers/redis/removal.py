@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from redis.asyncio import Redis, RedisCluster
 
 from statetier.protocol.errors import CorruptPayload, StatetierError
@@ -34,7 +36,7 @@ class RedisRemoval:
         medium = self._medium
         client = medium.client
         with medium.edge.call("delete"):
-            raw = await client.get(medium.keys.manifest(object_id))
+            raw = cast("bytes | None", await client.get(medium.keys.manifest(object_id)))
         medium.seen.remember(object_id, False)
         if raw is None:
             return False
@@ -51,7 +53,7 @@ class RedisRemoval:
     async def get_manifest(self, client: Redis | RedisCluster, oid: bytes, op: str) -> Manifest | None:
         """The object's manifest; one that cannot be parsed drops the object."""
         with self._medium.edge.call(op):
-            raw = await client.get(self._medium.keys.manifest(oid))
+            raw = cast("bytes | None", await client.get(self._medium.keys.manifest(oid)))
         return None if raw is None else await self.decode_manifest(client, oid, raw)
 
     async def decode_manifest(self, client: Redis | RedisCluster, oid: bytes, raw: bytes) -> Manifest:
