@@ -58,7 +58,7 @@ __all__ = ["DiskTier", "SegmentCompactionReport"]
 class DiskTier(Tier):
     """See the module docstring."""
 
-    verifies_on_read = True  # read() checks every record's signature and payload digest (disk_body)
+    verifies_on_read = True  # read() checks every record's signature and payload digest (tiers.disk.body)
     reads_in_place = True
 
     def __init__(self, options: DiskTierOptions, *, keyring: Keyring, cipher: AtRestCipher | None = None,

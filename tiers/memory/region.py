@@ -6,7 +6,7 @@
   (``tiers.memory.device``) are the two.
 - ``ByteMovers`` — how bytes get in and out of the region: ``write_chunks``, ``read_view``,
   ``copy_to``, ``copy_out``, ``move``, ``view`` (``HostBytes`` over host memory,
-  ``CudaBytes`` over a CUDA pool).
+  ``TorchBytes`` over a CUDA pool).
 - ``ExtentSpace`` — the region while it is open: the allocator, where each visible object
   lives (``places``), the executor jobs that pin extents, the movers; ``free(extent)``.
 - ``ExtentRegion(medium, capacity, …)`` — opens and closes the medium and its space for the
