@@ -4,7 +4,7 @@
 executor=None)`` implements ``Tier`` (lifecycle in ``tiers.base``), plus ``read_into`` and
 ``compact() -> SegmentCompactionReport``. Its medium is a ``DiskVolume``
 (``tiers.disk.volume``: the directory while started); its bookkeeping one ``Ledger``
-(``tiers.ledger``); each call goes, without an await of its own, to the part that does it:
+(``tiers.ledger``); as a ``ComposedTier`` (``tiers.composed``) each call goes to its part:
 ``DiskStores`` (``tiers.disk.stores``: reserved ranges, the group commit), ``DiskLoads``
 (``tiers.disk.loads``: leases, verified reads) and ``DiskRemoval`` (``tiers.disk.removal``:
 delete, dropped damage, eviction); ``Compactor`` (``tiers.disk.compaction``) for ``compact``.
@@ -39,7 +39,8 @@ from typing import Any, AsyncIterator, Sequence
 
 from statetier.protocol.keyring import Keyring
 
-from ..base import Buffer, EvictedObject, KeyMatches, Lease, ObjectMeta, StoreTicket, Tier, TierStats
+from ..base import KeyMatches, Lease, ObjectMeta, TierStats
+from ..composed import ComposedTier
 from ..crypto import AtRestCipher
 from ..ledger import Ledger
 from ..registry import VersionRegistry
@@ -55,7 +56,7 @@ from .volume import DiskVolume
 __all__ = ["DiskTier", "SegmentCompactionReport"]
 
 
-class DiskTier(Tier):
+class DiskTier(ComposedTier):
     """See the module docstring."""
 
     verifies_on_read = True  # read() checks every record's signature and payload digest (tiers.disk.body)
@@ -64,13 +65,13 @@ class DiskTier(Tier):
     def __init__(self, options: DiskTierOptions, *, keyring: Keyring, cipher: AtRestCipher | None = None,
                  executor: Executor | None = None) -> None:
         self.options = options
-        self.name = options.name
         self.capacity = options.capacity_bytes
         self._ledger: Ledger[Location] = Ledger(options.name, options.lease_ttl)
         self._volume = DiskVolume(options, RecordBody(keyring, cipher), executor)
         self._removal = DiskRemoval(self._ledger, self._volume)
-        self._stores = DiskStores(self._ledger, self._volume, self._removal)
         self._loads = DiskLoads(self._ledger, self._volume, self._removal)
+        super().__init__(options.name, DiskStores(self._ledger, self._volume, self._removal), self._loads,
+                         self._removal, self._removal)
         self._compact_lock = asyncio.Lock()
         self.compactions_run = 0
 
@@ -86,40 +87,12 @@ class DiskTier(Tier):
     async def close(self) -> None:
         await self._volume.close()
 
-    # ------------------------------------------------------------------ the parts' calls
-
-    def prepare_store(self, meta: ObjectMeta) -> Coroutine[Any, Any, StoreTicket]:
-        return self._stores.prepare_store(meta)
-
-    def write(self, ticket: StoreTicket, chunks: Sequence[Buffer]) -> Coroutine[Any, Any, None]:
-        return self._stores.write(ticket, chunks)
-
-    def complete_store(self, ticket: StoreTicket, success: bool) -> Coroutine[Any, Any, None]:
-        return self._stores.complete_store(ticket, success)
-
-    def prepare_load(self, object_id: bytes, owner: object = None,
-                     ttl: float | None = None) -> Coroutine[Any, Any, Lease]:
-        return self._loads.prepare_load(object_id, owner, ttl)
-
-    def read(self, lease: Lease) -> Coroutine[Any, Any, memoryview]:
-        return self._loads.read(lease)
+    # ------------------------------------------------------------------ beyond ComposedTier
 
     def read_into(self, lease: Lease, dest: memoryview) -> Coroutine[Any, Any, None]:
         """``read`` straight into ``dest`` (the object's exact size), verified there. Returns
         only once no thread writes into ``dest`` any more, even when cancelled."""
         return self._loads.read_into(lease, dest)
-
-    def complete_load(self, lease: Lease) -> Coroutine[Any, Any, None]:
-        return self._loads.complete_load(lease)
-
-    def release_owner(self, owner: object) -> Coroutine[Any, Any, int]:
-        return self._loads.release_owner(owner)
-
-    def delete(self, object_id: bytes) -> Coroutine[Any, Any, bool]:
-        return self._removal.delete(object_id)
-
-    def evict(self, need_bytes: int = 0) -> Coroutine[Any, Any, list[EvictedObject]]:
-        return self._removal.evict(need_bytes)
 
     async def compact(self) -> SegmentCompactionReport:
         """Rewrite sparse sealed segments; delete old files no lease can still read."""

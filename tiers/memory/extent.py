@@ -2,16 +2,16 @@
 
 - ``ExtentTierOptions`` — capacity, watermarks, lease TTL, granularity, the inline copy
   size, name; ``HostTierOptions`` and ``DeviceTierOptions`` extend it.
-- ``ExtentTier(config, medium, executor, offers_store_view)`` — the ``Tier`` lifecycle over
-  one ``Ledger`` (``tiers.ledger``) and one ``ExtentRegion`` (``tiers.memory.region``),
-  composed of parts that each receive both: ``ExtentStores`` (reservations counted against
+- ``ExtentTier(config, medium, executor, offers_store_view)`` — a ``ComposedTier``
+  (``tiers.composed``) over one ``Ledger`` (``tiers.ledger``) and one ``ExtentRegion``
+  (``tiers.memory.region``), of parts that each receive both: ``ExtentStores`` (reservations counted against
   capacity, visibility at ``complete_store(success=True)``), ``ExtentLoads`` (leases, reads,
   frees deferred past the last lease), ``ExtentRemoval`` (delete, exact LRU eviction) and
   ``ExtentCompaction`` (``compact()``). ``HostTier`` and ``DeviceTier`` are this with their
   medium (``HostArena``, ``DevicePool``) and the calls only they offer.
 - ``DEFAULT_INLINE_COPY_BYTES`` — copies up to this size run on the event loop.
 
-Each ``Tier`` call is handed to its part without an await of its own. Bookkeeping runs on
+Bookkeeping runs on
 the event loop only; executor threads only copy bytes, and a free waits for the jobs
 pinning its extent (``tiers.memory.pins``), so a cancelled write or move never scribbles on
 space that was handed out again.
@@ -26,7 +26,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 from statetier.protocol.errors import ConfigError
 
-from ..base import Buffer, EvictedObject, KeyMatches, Lease, ObjectMeta, StoreTicket, Tier, TierStats
+from ..base import Buffer, EvictedObject, KeyMatches, Lease, ObjectMeta, TierStats
+from ..composed import ComposedTier
 from ..ledger import Ledger
 from ..registry import VersionRegistry
 from .compaction import ExtentCompaction
@@ -61,14 +62,13 @@ class ExtentTierOptions:
             raise ConfigError(f"{self.name}: need 0 < low_watermark <= high_watermark <= 1")
 
 
-class ExtentTier(Tier):
+class ExtentTier(ComposedTier):
     """See the module docstring."""
 
     answers_in_memory = True  # the index and leases are dicts of this process
 
     def __init__(self, config: ExtentTierOptions, medium: ExtentMedium, executor: Executor | None, *,
                  offers_store_view: bool) -> None:
-        self.name = config.name
         self.capacity = config.capacity_bytes
         self.config = config
         self._ledger: Ledger[ObjectExtent] = Ledger(config.name, config.lease_ttl)
@@ -79,6 +79,7 @@ class ExtentTier(Tier):
         self._removal = ExtentRemoval(self._ledger, self._region, self._loads, config.capacity_bytes,
                                       config.high_watermark, config.low_watermark)
         self._compaction = ExtentCompaction(self._ledger, self._region, self._loads)
+        super().__init__(config.name, self._stores, self._loads, self._removal, self._removal)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -96,43 +97,15 @@ class ExtentTier(Tier):
         space.places.clear()
         await self._region.finish_close(space)
 
-    # ------------------------------------------------------------------ the parts' calls
-
-    def prepare_store(self, meta: ObjectMeta) -> Coroutine[Any, Any, StoreTicket]:
-        return self._stores.prepare_store(meta)
-
-    def write(self, ticket: StoreTicket, chunks: Sequence[Buffer]) -> Coroutine[Any, Any, None]:
-        return self._stores.write(ticket, chunks)
-
-    def complete_store(self, ticket: StoreTicket, success: bool) -> Coroutine[Any, Any, None]:
-        return self._stores.complete_store(ticket, success)
-
-    def prepare_load(self, object_id: bytes, owner: object = None,
-                     ttl: float | None = None) -> Coroutine[Any, Any, Lease]:
-        return self._loads.prepare_load(object_id, owner, ttl)
-
-    def read(self, lease: Lease) -> Coroutine[Any, Any, memoryview]:
-        return self._loads.read(lease)
+    # ------------------------------------------------------------------ beyond ComposedTier
 
     def read_into(self, lease: Lease, dest: Buffer) -> Coroutine[Any, Any, int]:
         """Copy the leased object into ``dest`` (writable, at least its size); returns the size."""
         return self._loads.read_into(lease, dest)
 
-    def complete_load(self, lease: Lease) -> Coroutine[Any, Any, None]:
-        return self._loads.complete_load(lease)
-
-    def release_owner(self, owner: object) -> Coroutine[Any, Any, int]:
-        return self._loads.release_owner(owner)
-
     def expire_leases(self) -> int:
         """Drop leases past their deadline (and free what they alone kept); for maintenance."""
         return self._loads.expire_leases()
-
-    def delete(self, object_id: bytes) -> Coroutine[Any, Any, bool]:
-        return self._removal.delete(object_id)
-
-    def evict(self, need_bytes: int = 0) -> Coroutine[Any, Any, list[EvictedObject]]:
-        return self._removal.evict_sparing_copies(need_bytes, None)
 
     def evict_sparing_copies(self, need_bytes: int, is_held_below: Callable[[bytes], Awaitable[bool]]
                              ) -> Coroutine[Any, Any, list[EvictedObject]]:

@@ -1,7 +1,7 @@
 """How objects leave an extent tier: ``delete`` and LRU eviction down to the low watermark.
 
 - ``ExtentRemoval(ledger, region, loads, capacity, high_watermark, low_watermark)`` —
-  ``delete`` / ``evict_sparing_copies`` of ``ExtentTier`` (``tiers.memory.extent``), called
+  ``delete`` / ``evict`` / ``evict_sparing_copies`` of ``ExtentTier`` (``tiers.memory.extent``), called
   by the daemon's deletes and its capacity loop.
 
 A delete under a lease hides the object (``Ledger.hide``): its extent is freed when the
@@ -42,6 +42,9 @@ class ExtentRemoval:
         else:
             space.free(place.offset)
         return True
+
+    async def evict(self, need_bytes: int = 0) -> list[EvictedObject]:
+        return await self.evict_sparing_copies(need_bytes, None)
 
     async def evict_sparing_copies(self, need_bytes: int,
                                    is_held_below: Callable[[bytes], Awaitable[bool]] | None) -> list[EvictedObject]:

@@ -3,7 +3,8 @@
 ``RedisTier(RedisTierOptions(url, …), *, keyring, cipher=None, executor=None)`` is the
 ``Tier`` of DESIGN §5. Its medium is a ``RedisMedium`` (``tiers.redis.medium``: the client
 and every call through it, the seam of every part); its bookkeeping one ``Ledger``
-(``tiers.ledger``); each call goes, without an await of its own, to the part of one path:
+(``tiers.ledger``); as a ``ComposedTier`` (``tiers.composed``) each call goes to the part
+of one path:
 
 - ``tiers.redis.stores`` — ``RedisStores``: pending chunks, then the manifest-last commit.
 - ``tiers.redis.loads`` — ``RedisLoads``: leases, prefetch, parallel chunk read, verification.
@@ -29,7 +30,8 @@ from redis.asyncio import Redis, RedisCluster
 
 from statetier.protocol.keyring import Keyring
 
-from ..base import Buffer, EvictedObject, KeyMatches, Lease, ObjectMeta, StoreTicket, Tier, TierStats
+from ..base import KeyMatches, ObjectMeta, TierStats
+from ..composed import ComposedTier
 from ..crypto import AtRestCipher
 from ..ledger import Ledger
 from ..registry import VersionRegistry
@@ -43,7 +45,7 @@ from .removal import RedisRemoval
 from .stores import RedisStores
 
 
-class RedisTier(Tier):
+class RedisTier(ComposedTier):
     """See the module docstring."""
 
     verifies_on_read = True  # read() checks every object's signature and payload digest (RedisLoads)
@@ -51,7 +53,6 @@ class RedisTier(Tier):
     def __init__(self, options: RedisTierOptions, *, keyring: Keyring, cipher: AtRestCipher | None = None,
                  executor: concurrent.futures.Executor | None = None) -> None:
         self.options = options
-        self.name = options.name
         self.key_prefix = options.key_prefix
         self._ledger: Ledger[Manifest] = Ledger(options.name, options.lease_ttl)
         self._medium = RedisMedium(options, keyring, cipher, executor)
@@ -60,6 +61,7 @@ class RedisTier(Tier):
         self._loads = RedisLoads(self._ledger, self._medium, self._removal)
         self._lookup = RedisLookup(self._medium)
         self._eviction = RedisEviction(self._ledger, self._medium, self._removal, self._loads)
+        super().__init__(options.name, self._stores, self._loads, self._removal, self._eviction)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -73,8 +75,7 @@ class RedisTier(Tier):
         await self._stores.close_all(client)
         for meta, manifest in list(self._ledger.hidden.values()):  # our leases end with us
             await self._removal.try_erase(client, meta.object_id, manifest, manifest.chunks)
-        self._ledger.hidden.clear()
-        self._ledger.hidden_bytes = 0
+        self._ledger.forget_all()
         await self._medium.close(client)
 
     @property
@@ -89,38 +90,10 @@ class RedisTier(Tier):
     def is_available(self) -> bool:
         return self._medium.edge.is_available
 
-    # ------------------------------------------------------------------ the parts' calls
-
-    def prepare_store(self, meta: ObjectMeta) -> Coroutine[Any, Any, StoreTicket]:
-        return self._stores.prepare_store(meta)
-
-    def write(self, ticket: StoreTicket, chunks: Sequence[Buffer]) -> Coroutine[Any, Any, None]:
-        return self._stores.write(ticket, chunks)
-
-    def complete_store(self, ticket: StoreTicket, success: bool) -> Coroutine[Any, Any, None]:
-        return self._stores.complete_store(ticket, success)
-
-    def prepare_load(self, object_id: bytes, owner: object = None,
-                     ttl: float | None = None) -> Coroutine[Any, Any, Lease]:
-        return self._loads.prepare_load(object_id, owner, ttl)
+    # ------------------------------------------------------------------ beyond ComposedTier
 
     def leases_in_memory(self, object_id: bytes) -> bool:
         return self._loads.leases_in_memory(object_id)
-
-    def read(self, lease: Lease) -> Coroutine[Any, Any, memoryview]:
-        return self._loads.read(lease)
-
-    def complete_load(self, lease: Lease) -> Coroutine[Any, Any, None]:
-        return self._loads.complete_load(lease)
-
-    def release_owner(self, owner: object) -> Coroutine[Any, Any, int]:
-        return self._loads.release_owner(owner)
-
-    def delete(self, object_id: bytes) -> Coroutine[Any, Any, bool]:
-        return self._removal.delete(object_id)
-
-    def evict(self, need_bytes: int = 0) -> Coroutine[Any, Any, list[EvictedObject]]:
-        return self._eviction.evict(need_bytes)
 
     def contains(self, object_id: bytes) -> Coroutine[Any, Any, bool]:
         return self._lookup.contains(object_id)
