@@ -34,7 +34,7 @@ from .removal import RedisRemoval
 
 
 @dataclass(slots=True)
-class _PendingStore:
+class _PendingChunks:
     store_id: str  # names its pending chunk keys and goes into the manifest
     chunks: int = 0  # pending chunk keys this store may have written (what cleanup deletes)
     stored_size: int = 0
@@ -73,7 +73,7 @@ class RedisStores:
             if exists:
                 raise InvalidRequest(f"object {oid.hex()} is already stored")
             self._medium.seen.known.discard(oid)
-        return ledger.open_store(meta, _PendingStore(os.urandom(6).hex()))
+        return ledger.open_store(meta, _PendingChunks(os.urandom(6).hex()))
 
     async def write(self, ticket: StoreTicket, chunks: Sequence[Buffer]) -> None:
         client, pending = self._medium.client, self._pending(ticket)
@@ -107,7 +107,7 @@ class RedisStores:
         if not self._ledger.close_store(ticket):
             return  # completed before (or never ours): nothing is held
         meta, pending = ticket.meta, ticket.location
-        assert isinstance(pending, _PendingStore)
+        assert isinstance(pending, _PendingChunks)
         client = self._medium.client
         if not success or ticket.written != meta.size:
             await self._try_drop_pending(client, meta.object_id, pending)
@@ -128,7 +128,7 @@ class RedisStores:
         if committed == -1:  # another node stored this state_id meanwhile: its object stands
             raise InvalidRequest(f"object {meta.object_id.hex()} is already stored")
 
-    async def _commit(self, client: Redis | RedisCluster, manifest: Manifest, pending: _PendingStore) -> int:
+    async def _commit(self, client: Redis | RedisCluster, manifest: Manifest, pending: _PendingChunks) -> int:
         """Send the staged chunks (if any) and the commit; 1, 0 (a chunk is gone) or -1 (exists)."""
         meta, oid = manifest.meta, manifest.meta.object_id
         pending_keys = self._pending_keys(oid, pending)
@@ -169,18 +169,18 @@ class RedisStores:
     async def close_all(self, client: Redis | RedisCluster) -> None:
         """Forget the stores still open, deleting what they sent (the tier closes)."""
         for ticket in self._ledger.close_all_stores():
-            if isinstance(ticket.location, _PendingStore):
+            if isinstance(ticket.location, _PendingChunks):
                 await self._try_drop_pending(client, ticket.meta.object_id, ticket.location)
 
-    def _pending(self, ticket: StoreTicket) -> _PendingStore:
-        if not self._ledger.is_open(ticket) or not isinstance(ticket.location, _PendingStore):
+    def _pending(self, ticket: StoreTicket) -> _PendingChunks:
+        if not self._ledger.is_open(ticket) or not isinstance(ticket.location, _PendingChunks):
             raise InvalidRequest(f"store ticket {ticket.ticket_id} is not open")
         return ticket.location
 
-    def _pending_keys(self, oid: bytes, pending: _PendingStore) -> list[str]:
+    def _pending_keys(self, oid: bytes, pending: _PendingChunks) -> list[str]:
         return self._keys.pending_chunks(oid, pending.store_id, pending.chunks)
 
-    async def _try_drop_pending(self, client: Redis | RedisCluster, oid: bytes, pending: _PendingStore) -> None:
+    async def _try_drop_pending(self, client: Redis | RedisCluster, oid: bytes, pending: _PendingChunks) -> None:
         """Delete the pending chunks ``write`` sent (best effort: they expire anyway)."""
         if pending.staged is not None or not pending.chunks:
             return  # nothing was sent
@@ -190,7 +190,7 @@ class RedisStores:
         except StatetierError:
             pass
 
-    async def _try_roll_back(self, client: Redis | RedisCluster, manifest: Manifest, pending: _PendingStore) -> None:
+    async def _try_roll_back(self, client: Redis | RedisCluster, manifest: Manifest, pending: _PendingChunks) -> None:
         """After a commit that failed or was cancelled midway: drop the pending chunks and,
         when the commit did land, the object (only if its manifest names this store)."""
         oid = manifest.meta.object_id
