@@ -17,7 +17,6 @@ tier's ``Ledger`` and this volume.
 
 from __future__ import annotations
 
-import asyncio
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
