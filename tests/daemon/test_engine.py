@@ -439,7 +439,8 @@ async def test_puts_that_need_room_at_the_same_time_share_one_eviction(tmp_path)
     # Found by the load probe: 48 clients putting into a full arena each evicted (copied out)
     # a whole watermark band of the same victims at once; the daemon's RSS peaked at 1.1 GiB.
     keyring = Keyring.generate()
-    host = EvictionCountingHostTier(HostTierOptions(8 << 20, granularity=4096, inline_copy_bytes=0))  # copies in the executor
+    host = EvictionCountingHostTier(HostTierOptions(8 << 20, granularity=4096,
+                                                    inline_copy_bytes=0))  # copies in the executor
     disk = DiskTier(DiskTierOptions(tmp_path / "disk", 640 << 20, segment_bytes=8 << 20), keyring=keyring)
     engine = Engine([host, disk], keyring=keyring, registry=MemoryVersionRegistry(),
                     options=EngineOptions(producer_id="test"))

@@ -113,7 +113,8 @@ async def bench(request, tmp_path):
     else:
         server = request.getfixturevalue("redis_cluster" if kind == "redis-cluster" else "redis_server")
         prefix = f"mixup-{uuid.uuid4().hex[:10]}"
-        tier = RedisTier(RedisTierOptions(server.url, cluster=kind == "redis-cluster", key_prefix=prefix), keyring=keyring)
+        tier = RedisTier(RedisTierOptions(server.url, cluster=kind == "redis-cluster", key_prefix=prefix),
+            keyring=keyring)
         raw = (redis.cluster.RedisCluster.from_url(server.url) if kind == "redis-cluster"
                else redis.Redis.from_url(server.url))
     metrics = Metrics()

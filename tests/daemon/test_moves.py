@@ -51,7 +51,8 @@ async def lower(request, tmp_path):
     """The tier under the host arena: what a demotion writes into."""
     keyring = Keyring.generate()
     if request.param == "disk":
-        yield keyring, DiskTier(DiskTierOptions(tmp_path / "disk", 64 << 20, segment_bytes=1 << 20), keyring=keyring), None
+        yield keyring, DiskTier(DiskTierOptions(tmp_path / "disk", 64 << 20, segment_bytes=1 << 20),
+            keyring=keyring), None
         return
     server = request.getfixturevalue("redis_server")
     prefix = f"moves-{uuid.uuid4().hex[:10]}"

@@ -262,15 +262,19 @@ def _drop_keys(url: str, is_cluster: bool, prefix: str) -> None:
 def _build(kind: str, request, tmp_path, executor) -> tuple[Tier, object]:
     """The tier, and a cleanup to run after it is closed (or ``None``)."""
     if kind == "host":
-        return HostTier(HostTierOptions(CAPACITY, pin_memory=False, inline_copy_bytes=INLINE_COPY_BYTES), executor=executor), None
+        return HostTier(HostTierOptions(CAPACITY, pin_memory=False, inline_copy_bytes=INLINE_COPY_BYTES),
+            executor=executor), None
     if kind == "device-cpu":
-        return DeviceTier(DeviceTierOptions(CAPACITY, device="cpu", inline_copy_bytes=INLINE_COPY_BYTES), executor=executor), None
+        return DeviceTier(DeviceTierOptions(CAPACITY, device="cpu", inline_copy_bytes=INLINE_COPY_BYTES),
+            executor=executor), None
     if kind == "disk":
-        return DiskTier(DiskTierOptions(tmp_path / "disk", CAPACITY, segment_bytes=1 << 20), keyring=KEYRING, executor=executor), None
+        return DiskTier(DiskTierOptions(tmp_path / "disk", CAPACITY, segment_bytes=1 << 20),
+            keyring=KEYRING, executor=executor), None
     is_cluster = kind == "redis-cluster"
     url = request.getfixturevalue("redis_cluster" if is_cluster else "redis_server").url
     prefix = f"contract-{uuid.uuid4().hex}"
-    tier = RedisTier(RedisTierOptions(url, cluster=is_cluster, key_prefix=prefix, capacity_bytes=CAPACITY), keyring=KEYRING, executor=executor)
+    tier = RedisTier(RedisTierOptions(url, cluster=is_cluster, key_prefix=prefix, capacity_bytes=CAPACITY),
+        keyring=KEYRING, executor=executor)
     return tier, lambda: _drop_keys(url, is_cluster, prefix)
 
 

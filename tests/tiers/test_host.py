@@ -171,7 +171,8 @@ async def test_evict_returns_least_recently_used_unleased_objects_with_their_byt
 
 
 async def test_evicting_large_objects_copies_them_out_in_the_executor() -> None:
-    async with HostTier(HostTierOptions(8 * MIB, pin_memory=False, high_watermark=0.5, low_watermark=0.1, inline_copy_bytes=64 * KIB)) as tier:
+    async with HostTier(HostTierOptions(8 * MIB, pin_memory=False, high_watermark=0.5, low_watermark=0.1,
+                                        inline_copy_bytes=64 * KIB)) as tier:
         objects = [make_object(1 * MIB) for _ in range(4)]
         for meta, blob in objects:
             await put(tier, meta, blob)
@@ -190,7 +191,8 @@ async def test_eviction_leaves_out_the_bytes_of_victims_a_lower_tier_already_hol
         asked.append(object_id)
         return object_id in below
 
-    async with HostTier(HostTierOptions(8 * MIB, pin_memory=False, high_watermark=0.5, low_watermark=0.1, inline_copy_bytes=64 * KIB)) as tier:
+    async with HostTier(HostTierOptions(8 * MIB, pin_memory=False, high_watermark=0.5, low_watermark=0.1,
+                                        inline_copy_bytes=64 * KIB)) as tier:
         for meta, blob in objects.values():
             await put(tier, meta, blob)
         evicted = await tier.evict_sparing_copies(2 * MIB, is_held_below)

@@ -40,7 +40,8 @@ async def unavailable(operation) -> Unavailable:
 
 @pytest.fixture
 async def tier(fresh_redis):
-    tier = RedisTier(RedisTierOptions(fresh_redis.url, capacity_bytes=64 << 20, socket_timeout=1.0, retries=2), keyring=KEYRING)
+    tier = RedisTier(RedisTierOptions(fresh_redis.url, capacity_bytes=64 << 20, socket_timeout=1.0, retries=2),
+        keyring=KEYRING)
     await tier.start()
     yield tier
     await asyncio.wait_for(tier.close(), HANG_GUARD_S)

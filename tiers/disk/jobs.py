@@ -79,7 +79,8 @@ class DiskJobs:
         except Exception as exc:
             raise translate_error(exc) from exc
 
-    def _finished_threadsafe(self, pins: tuple[SegmentState, ...], waiter: asyncio.Future[Any], job: Future[Any]) -> None:
+    def _finished_threadsafe(self, pins: tuple[SegmentState, ...], waiter: asyncio.Future[Any],
+                             job: Future[Any]) -> None:
         try:
             self._loop.call_soon_threadsafe(self._finished, pins, waiter, job)
         except RuntimeError:  # the loop is gone: nobody is left to care about pins

@@ -2,13 +2,14 @@
 
 - ``ExtentStores(ledger, region, offers_store_view)`` — ``prepare_store`` / ``write`` /
   ``complete_store`` of ``ExtentTier`` (``tiers.memory.extent``), ``write_with`` for a
-  medium's own writer (``DeviceTier.write_from_tensor``), ``close_all`` when it closes. The daemon's placement calls them
-  in that order, per object.
+  medium's own writer (``DeviceTier.write_from_tensor``), ``close_all`` when it closes.
+  The daemon's placement calls them in that order, per object.
 
 ``prepare_store`` allocates the extent (``CapacityError`` when none is free; the ticket's
-``location`` is its offset) and, for the host arena, hands out a view of it to fill in place; ``complete_store(success=True)`` makes
-the object visible only when every byte was written; ``success=False`` frees the extent.
-A write that failed or was cancelled tears the store: only ``success=False`` may follow.
+``location`` is its offset) and, for the host arena, hands out a view of it to fill in
+place; ``complete_store(success=True)`` makes the object visible only when every byte was
+written; ``success=False`` frees the extent. A write that failed or was cancelled tears the
+store: only ``success=False`` may follow.
 """
 
 from __future__ import annotations
