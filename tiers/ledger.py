@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import OrderedDict
-from typing import Generic, Iterator, TypeVar
+from typing import Generic, TypeVar
 
 from statetier.protocol.errors import LeaseError
 
@@ -145,9 +145,6 @@ class LeaseTable:
     def __len__(self) -> int:
         return len(self._leases)
 
-    def __iter__(self) -> Iterator[Lease]:
-        return iter(list(self._leases.values()))
-
     def grant(self, meta: ObjectMeta, owner: object, location: object = None, ttl: float | None = None) -> Lease:
         lease = Lease(next(self._ids), meta, owner, time.monotonic() + (ttl or self.default_ttl), location)
         self._leases[lease.lease_id] = lease
@@ -194,9 +191,6 @@ class LeaseTable:
 
     def is_leased(self, object_id: bytes) -> bool:
         return object_id in self._by_object
-
-    def leased_objects(self) -> set[bytes]:
-        return set(self._by_object)
 
     def leased_bytes(self) -> int:
         """The sizes of the objects under a lease, each counted once."""
