@@ -4,10 +4,11 @@
   ``RedisTier`` reaches Redis through (as redis-py's commands reach their connection
   through ``execute_command``): ``client`` (``RuntimeError`` until started), ``edge`` (the
   error translation, ``tiers.redis.errors``), ``keys`` (``tiers.redis.layout``),
-  ``scripts``, ``exchange(commands)`` (one round trip, ``tiers.redis.connect``),
-  ``exchange_touching`` (with the object's LRU touch riding along when there is a budget),
-  ``account(op, …)`` (the accounting script; ``objects`` and ``bytes_used`` as Redis last
-  reported them), ``run(fn)`` (the executor, for large envelopes and joins).
+  ``scripts``; the parts send their commands with ``connect.exchange(medium.client, …)``
+  (one round trip), or ``exchange_touching`` (the object's LRU touch riding along when
+  there is a budget); ``account(op, …)`` (the accounting script; ``objects`` and
+  ``bytes_used`` as Redis last reported them); ``run(fn)`` (the executor, for large
+  envelopes and joins).
   ``start()`` connects, loads the scripts and proves the ACL user may touch the keys;
   ``close()`` closes the client.
 - ``Sightings`` — what this node last saw of Redis (``medium.seen``): object ids seen
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from redis.asyncio import Redis, RedisCluster
 
@@ -123,10 +124,6 @@ class RedisMedium:
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
-
-    async def exchange(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
-        """``commands`` in one round trip (``connect.exchange``); the caller holds ``edge.call``."""
-        return await connect.exchange(self.client, commands)
 
     async def account(self, op: str, object_id: bytes = b"", size: int = 0,
                       client: Redis | RedisCluster | None = None) -> int:
