@@ -9,8 +9,9 @@
                               SIGTERM/SIGINT stops gracefully, a second exits at once).
 
 Keys: the signing keyring is read from ``keys.keyring_file`` (default
-``<disk dir>/keyring.json``), generated with mode 0600 on first start; the at-rest key
-likewise when a tier encrypts.
+``<disk dir>/keyring.json``), generated with mode 0600 on first start — with a warning, or
+a refusal (``keys.new_keyring_with_redis``), when a Redis tier is configured: daemons that
+share Redis must share one keyring. The at-rest key likewise when a tier encrypts.
 """
 
 from __future__ import annotations
@@ -99,13 +100,25 @@ class App:
         return "\n".join(lines)
 
 
-def load_or_create_keyring(path: Path) -> Keyring:
+def load_or_create_keyring(config: Config) -> Keyring:
+    path = config.keyring_path()
     if path.exists():
         return Keyring.load(path)
+    shared = config.redis.url is not None
+    if shared and config.keys.new_keyring_with_redis == "refuse":
+        raise ConfigError(f"keys.keyring_file: {path} does not exist and redis.url is set: daemons that share "
+                          f"Redis must share one keyring (statetier keygen --out FILE, then keys.keyring_file = FILE "
+                          f"on every one of them); keys.new_keyring_with_redis = \"refuse\" forbids generating one here")
     path.parent.mkdir(parents=True, exist_ok=True)
     keyring = Keyring.generate()
     keyring.save(path)
-    log.info("generated a new signing keyring at %s", path)
+    if shared:
+        log.warning("generated a new signing keyring at %s while a Redis tier is configured: daemons that share "
+                    "Redis must share one keyring (keys.keyring_file); objects sealed by daemons with another "
+                    "keyring are refused here as unknown_key (and left in Redis), and theirs are refused there. "
+                    "Set keys.new_keyring_with_redis = \"refuse\" to stop instead", path)
+    else:
+        log.info("generated a new signing keyring at %s", path)
     return keyring
 
 
@@ -169,7 +182,7 @@ def build_tiers(config: Config, keyring: Keyring, executor) -> tuple[list[Tier],
 
 
 def build(config: Config) -> App:
-    keyring = load_or_create_keyring(config.keyring_path())
+    keyring = load_or_create_keyring(config)
     executor = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)), thread_name_prefix="statetier-io")
     tiers, roles = build_tiers(config, keyring, executor)
     metrics = Metrics()

@@ -203,6 +203,10 @@ class KeysConfig(_Section):
     at_rest_key_file: Path | None = Field(
         None, description="AES-256 key for tiers with encrypt=true; None = <disk dir>/at-rest.key, generated at first start (0600)."
     )
+    new_keyring_with_redis: Literal["warn", "refuse"] = Field(
+        "warn", description='A cross-node tier (redis.url) and no keyring file yet: "warn" generates one and logs '
+        "that daemons sharing Redis must share keys.keyring_file (each other's objects are refused as unknown_key "
+        'otherwise); "refuse" stops the daemon instead, before anything is written.')
 
 
 class MetricsConfig(_Section):

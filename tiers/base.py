@@ -77,6 +77,7 @@ class ObjectMeta:
     request_id: str = ""  # with the key the caller looked up, enough to rebuild the StateRef
     step: int = 0
     speculative: bool = False  # the snapshot holds speculative tokens: never served by key or lookup
+    namespace: bytes = b""  # the key's namespace digest (b"": a record written before tiers kept it)
 
     @classmethod
     def from_header(cls, header: SealedHeader) -> "ObjectMeta":
@@ -92,6 +93,7 @@ class ObjectMeta:
             request_id=header.provenance.request_id,
             step=header.provenance.step,
             speculative=header.contains_speculative,
+            namespace=header.key.namespace.digest,
         )
 
 

@@ -184,7 +184,7 @@ def test_the_series_arrive_with_the_values_of_the_traffic(stack: Stack) -> None:
     assert prom.value(f'sum(statetier_misses_total{{{job}}})') is None  # no load missed
     rejections = prom.by_label(f'statetier_rejections_total{{{job}}}', "reason")
     assert rejections[("namespace",)] == 1 and sum(rejections.values()) == 1
-    assert len(rejections) == 11  # every reason exported, the other ten at 0
+    assert len(rejections) == 12  # every reason exported, the other eleven at 0
     assert prom.value(f'statetier_errors_total{{{job},reason="namespace"}}') == 1
     assert prom.by_label(f'statetier_tier_capacity_bytes{{{job}}}', "tier") == {
         ("host",): HOST_CAPACITY, ("disk",): DISK_CAPACITY}

@@ -43,6 +43,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import AsyncIterator
 
+from statetier.protocol.classify import is_damage
 from statetier.protocol.errors import ConfigError, RejectedState, StatetierError
 from statetier.protocol.keyring import Keyring
 from ..base import EvictedObject, LeaseTable, LruIndex, ObjectMeta, StoreTicket, Tier, TierStats
@@ -245,7 +246,7 @@ class DiskTier(DiskStores, DiskLoads, Tier):
         evicted = []
         for (meta, _), blob in zip(victims, blobs):
             if isinstance(blob, RejectedState):
-                self.corrupt_dropped += 1
+                self.corrupt_dropped += is_damage(blob)  # an unknown key id: evicted, not damage
             elif not isinstance(blob, BaseException):
                 evicted.append(EvictedObject(meta, blob))
         return evicted
