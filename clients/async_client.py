@@ -15,7 +15,8 @@ at once. Keys are built in the client's namespace (``kv_key`` / ``ssm_key``).
 - ``lookup(attention_layers, ssm_layers, boundaries | token_ids=…, ...)`` → ``LookupResult``;
   ``release(lease_ids)`` gives the leases back.
 - ``put_many(items)`` / ``load_many(targets, into=…)``: batch frames, one round trip per batch.
-- ``delete(ref)``, ``stats()``, ``inspect(state_id)``, ``verify()``, ``ping()``.
+- ``delete(ref)``, ``purge(namespace | tenant=)``, ``list_objects(all_tenants=)``, ``stats()``,
+  ``inspect(state_id)``, ``verify(progress=)``, ``ping()``.
 
 Through the connection's own shared-memory windows on a Unix socket (``transfers.py``,
 ``shm.py``), inline bytes otherwise (TCP, or a process that cannot map them); batch calls
@@ -25,13 +26,14 @@ error; use after ``close()`` raises ``ClientClosedError``.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
 import logging
 import ssl as _ssl
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 
@@ -356,8 +358,47 @@ class AsyncClient:
         text = state_id.hex() if isinstance(state_id, (bytes, bytearray)) else str(state_id)
         return dict((await self._request(Op.INSPECT, {"state_id": text})).meta)
 
-    async def verify(self) -> dict:
-        return dict((await self._request(Op.VERIFY, {})).meta)
+    async def verify(self, progress: Callable[[int, int], object] | None = None, *,
+                     poll_seconds: float = 0.25) -> dict:
+        """Re-check every stored object (of this tenant); the report. ``progress(done, total)``
+        is called as the daemon goes (it answers STATS with this connection's progress while
+        the VERIFY runs, asked every ``poll_seconds``) and once more at the end."""
+        if progress is None:
+            return dict((await self._request(Op.VERIFY, {})).meta)
+        running = asyncio.ensure_future(self._request(Op.VERIFY, {}))
+        try:
+            while not running.done():
+                await asyncio.wait([running], timeout=poll_seconds)
+                if not running.done():
+                    seen = (await self._request(Op.STATS, {})).meta.get("verify_progress")
+                    if isinstance(seen, dict):
+                        progress(int(seen.get("done", 0)), int(seen.get("total", 0)))
+            report = dict(running.result().meta)
+        finally:
+            running.cancel()
+        progress(int(report.get("checked", 0)), int(report.get("checked", 0)))
+        return report
+
+    async def list_objects(self, *, all_tenants: bool = False) -> dict:
+        """What is stored, one row per (tenant, namespace): objects, bytes, copies per tier,
+        objects per kind, oldest and newest ``created_at_ns`` (``statetier ls``). This
+        connection's tenant's rows; every tenant's with ``all_tenants`` (an operator only)."""
+        return dict((await self._request(Op.LIST, {"all": bool(all_tenants)})).meta)
+
+    async def purge(self, namespace: Namespace | NamespaceSpec | None = None, *, tenant: str | None = None) -> dict:
+        """Remove every object of ``namespace`` (default: this client's own) from every tier,
+        Redis included — or, with ``tenant``, of every namespace of that tenant (this
+        connection's own, or any for an operator). Loads in flight finish; counts come back:
+        ``objects``, ``bytes``, ``copies``, ``by_tier``, ``namespaces``, ``unavailable``."""
+        if tenant is not None:
+            if namespace is not None:
+                raise InvalidRequest("purge takes a namespace or a tenant, not both")
+            return dict((await self._request(Op.PURGE, {"tenant": tenant})).meta)
+        if namespace is None:
+            namespace = self._own_namespace()
+        elif isinstance(namespace, NamespaceSpec):
+            namespace = namespace.namespace()
+        return dict((await self._request(Op.PURGE, {"ns": namespace.hex()})).meta)
 
     async def ping(self) -> float:
         """One round trip to the daemon; returns its duration in seconds."""

@@ -119,6 +119,10 @@ class ListenConfig(_Section):
         (), description="Peer uids allowed on the socket; empty = the daemon's own uid and root."
     )
     allowed_gids: tuple[int, ...] = Field((), description="Peer gids allowed on the socket.")
+    operator_uids: tuple[int, ...] = Field(
+        (), description="Unix peer uids that may list and purge every tenant's state (statetier ls --all, "
+        "statetier purge --tenant); empty = the daemon's own uid and root. Others list and purge their own tenant's."
+    )
     tcp: str | None = Field(None, description='"host:port" ("[::1]:7000" for IPv6) to listen on TCP too; None = Unix only.')
     tls_cert: Path | None = Field(None, description="PEM certificate for TCP (with tls_key).")
     tls_key: Path | None = Field(None, validate_default=True, description="PEM private key for TCP (with tls_cert).")

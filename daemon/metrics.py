@@ -22,6 +22,7 @@ Counted by the daemon as things happen:
     statetier_evicted_objects_total{tier}           counter    objects the engine evicted from a tier
     statetier_demotions_total{src,dst}              counter    objects moved to a slower tier
     statetier_promotions_total{src,dst}             counter    objects copied to a faster tier
+    statetier_purged_objects_total{tier}            counter    copies removed by a purge
     statetier_busy_total                            counter    requests answered Busy (byte budget)
     statetier_errors_total{reason}                  counter    requests that ended in an error
     statetier_auth_failures_total{reason}           counter    connections refused at HELLO
@@ -153,6 +154,8 @@ class Metrics:
         )
         self._demotions = Counter("statetier_demotions_total", "Objects demoted.", ["src", "dst"], registry=r)
         self._promotions = Counter("statetier_promotions_total", "Objects promoted.", ["src", "dst"], registry=r)
+        self._purged = Counter(
+            "statetier_purged_objects_total", "Copies removed by a purge (statetier purge).", ["tier"], registry=r)
         self._busy = Counter("statetier_busy_total", "Requests answered Busy.", registry=r)
         self._errors = Counter("statetier_errors_total", "Requests that ended in an error.", ["reason"], registry=r)
         self._auth_failures = Counter(
@@ -208,6 +211,9 @@ class Metrics:
 
     def count_promotion(self, src: str, dst: str) -> None:
         self._promotions.labels(src, dst).inc()
+
+    def count_purged(self, tier: str, n: int) -> None:
+        self._purged.labels(tier).inc(n)
 
     def count_busy(self) -> None:
         self._busy.inc()

@@ -71,6 +71,8 @@ class Op(enum.IntEnum):
     STATS = 30
     INSPECT = 31
     VERIFY = 32
+    LIST = 33
+    PURGE = 34
     REPLY = 40
     ERROR = 41
 

@@ -88,7 +88,8 @@ class CopyServer:
                 stack.metrics.count_hit(tier.name, wanted.expectation.key.kind.name.lower())
             if promote:
                 # the verified header says what this is, not the tier's index entry
-                promoted = await self._promote(blob, ObjectMeta.from_header(opened.header), tier, wanted)
+                meta = dataclasses.replace(ObjectMeta.from_header(opened.header), tenant=lease.meta.tenant)
+                promoted = await self._promote(blob, meta, tier, wanted)
                 if promoted is not None:
                     lease_id, held = promoted
                     view = memoryview(await held.tier.read(held.lease)).cast("B")
