@@ -1,6 +1,6 @@
 """``statetier bench``: every benchmark of one run, as ratios to raw limits of the same run.
 
-- ``main(argv) -> int`` — what ``statetier bench`` calls (``daemon/cli.py``, a lazy import):
+- ``main(argv) -> int`` — what ``statetier bench`` calls (``daemon/cli/serve.py``, a lazy import):
   options ``--url``, ``--quick``, ``--json FILE``, ``--dir DIR`` (temp files) and suite
   names to run only those (``seal``, ``tiers``, ``sdk``, ``workloads``; default all but
   ``workloads``): ``statetier bench --quick sdk``.

@@ -10,7 +10,7 @@
   ``DEFAULT_CLIENT_URL``).
 
 With ``daemon.config`` (the model), the only reader of the environment. Called by
-``statetier serve`` and ``--set`` in ``daemon/cli.py``.
+``statetier serve`` and ``--set`` in ``daemon/cli/serve.py``.
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling deploy_f
 
 from deploy_files import DEPLOY, REPO, containerfile_instructions, load_yaml_documents, pod_specs  # noqa: E402
 
-from statetier.daemon.cli import build_parser, config_overrides  # noqa: E402
+from statetier.daemon.cli import build_parser  # noqa: E402
+from statetier.daemon.cli.serve import config_overrides  # noqa: E402
 from statetier.daemon.config import Config  # noqa: E402
 from statetier.daemon.config_loading import load_config  # noqa: E402
 
