@@ -58,6 +58,7 @@ class App:
             if self.http is not None:
                 await self.http.start()
         except BaseException:
+            await self.server.shutdown(0)  # removes the socket file it bound, if it got that far
             await self.engine.close()
             raise
         self.maintenance.append(asyncio.create_task(self._maintain(), name="maintenance"))
@@ -96,8 +97,17 @@ class App:
         if self.http is not None:
             lines.append(f"  metrics: http://{self.config.metrics.host}:{self.http.port}/metrics")
         for stats in self.engine.tier_stats():
-            lines.append(f"  tier {stats.tier}: capacity {stats.capacity} bytes, {stats.objects} objects")
+            sized = ""
+            if stats.tier == "host" and self.config.host.capacity_bytes is None:
+                sized = (f" (25% of this machine's available memory, allocated now; host.capacity_bytes or "
+                         f"--host-capacity sets it)")
+            lines.append(f"  tier {stats.tier}: capacity {stats.capacity} bytes ({_gib(stats.capacity)}), "
+                         f"{stats.objects} objects{sized}")
         return "\n".join(lines)
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / (1 << 30):.1f} GiB" if nbytes >= 1 << 30 else f"{nbytes / (1 << 20):.0f} MiB"
 
 
 def load_or_create_keyring(config: Config) -> Keyring:
