@@ -63,6 +63,23 @@ def stop_group(proc: subprocess.Popen) -> int:
         return proc.wait()
 
 
+def deepest_below(pid: int) -> int:
+    """The deepest process below ``pid``: the daemon that make (this test's) started."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    below, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        below = children + below
+        frontier = children
+    return below[0]
+
+
 def run_python(code: str, folder: Path) -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -76,9 +93,11 @@ def test_the_ten_lines_run_against_make_run(tmp_path) -> None:
         printed = wait_for_line(daemon, "tier disk:")
         assert f"listening on unix://{tmp_path / 'statetier.sock'}" in printed
         run_python(code, tmp_path)
+        os.kill(deepest_below(daemon.pid), signal.SIGTERM)  # the daemon alone: make then exits with its code
+        rest, _ = daemon.communicate(timeout=60)
     finally:
-        stop_group(daemon)  # SIGTERM to make and the daemon, as a terminal's Ctrl-C would (make dies of it)
-    assert "statetier: shutting down" in daemon.stdout.read()
+        stop_group(daemon)
+    assert daemon.returncode == 0 and "statetier: shutting down" in rest
     assert not (tmp_path / "statetier.sock").exists()  # a clean shutdown removes it
 
 
