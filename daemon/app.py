@@ -210,12 +210,24 @@ def build(config: Config) -> App:
                     executor=executor, **roles)
     server = Server(engine, config, metrics)
     metrics.track(_tier_stats_reporting_redis(engine, metrics, roles["publish"]),
-                  lambda: {**server.stats(), "leases": engine.lease_count,
-                                  "reservations": engine.reservation_count})
+                  lambda: {**server.stats(), "leases": engine.lease_count, "reservations": engine.reservation_count,
+                           "write_behind_pending": engine.placement.write_behind_pending,
+                           "write_behind_limit": config.limits.write_behind_queue,
+                           "tenants": _tenant_accounts(engine.tenancy.usage(), quotas)})
     http = None
     if config.metrics.enabled:
         http = MetricsServer(metrics, config.metrics.host, config.metrics.port, ready=lambda: engine.ready)
     return App(config, engine, server, metrics, http, executor)
+
+
+def _tenant_accounts(usage: dict[str, dict[str, int]], quotas: dict[str, dict[str, int]]) -> dict:
+    """``{tenant: {tier: {"used": bytes, "quota": bytes or None}}}`` for the scrape."""
+    accounts: dict[str, dict[str, dict]] = {}
+    for tenant in set(usage) | set(quotas):
+        for tier in set(usage.get(tenant, {})) | set(quotas.get(tenant, {})):
+            accounts.setdefault(tenant, {})[tier] = {"used": usage.get(tenant, {}).get(tier, 0),
+                                                     "quota": quotas.get(tenant, {}).get(tier)}
+    return accounts
 
 
 def _tier_stats_reporting_redis(engine: Engine, metrics: Metrics, redis_tier: Tier | None):

@@ -181,7 +181,8 @@ class Engine:
         self.tenancy.check_namespace(req.tenant, req.namespace)
         result = await joint_hit(self, req, owner)
         if self.metrics is not None:
-            self.metrics.observe_lookup(result.tokens, time.perf_counter() - started)
+            requested = req.boundaries[-1][0] if req.boundaries else 0
+            self.metrics.observe_lookup(result.tokens, time.perf_counter() - started, requested)
         return result
 
     async def locate(self, key: StateKey, *, allow_speculative: bool = False) -> list[tuple[ObjectMeta, Tier]]:
