@@ -184,6 +184,19 @@ async def test_storing_an_object_twice_or_writing_the_wrong_size_is_invalid(back
 # -- leases -----------------------------------------------------------------------------
 
 
+async def test_closing_with_an_object_deleted_under_a_lease_erases_it_and_closes(backend, make_tier) -> None:
+    """Regression: ``close`` dropped its client before erasing what was deleted under a lease,
+    and the erase's accounting then raised ``RuntimeError`` (a daemon purging a namespace
+    during loads exited 1 at shutdown)."""
+    tier = await make_tier(backend.url, capacity_bytes=64 << 20)
+    meta, blob = make_object(5000)
+    await store(tier, meta, blob)
+    await tier.prepare_load(meta.object_id, owner="conn-1")
+    assert await tier.delete(meta.object_id) is True
+    await tier.close()
+    assert object_keys(backend.raw, tier.key_prefix, meta.object_id) == []
+
+
 async def test_leases_pin_reads_and_delete_under_a_lease_hides_at_once(backend, make_tier) -> None:
     tier = await make_tier(backend.url, chunk_bytes=1 << 20, capacity_bytes=64 << 20)
     meta, blob = make_object(2_500_000)
