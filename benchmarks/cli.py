@@ -140,7 +140,7 @@ def print_summary(rows: list[dict], suites: dict) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from statetier.daemon.config_loading import DEFAULT_CLIENT_URL
+    from statetier.daemon.client_env import DEFAULT_CLIENT_URL
 
     parser = argparse.ArgumentParser(prog="statetier bench", description=__doc__.splitlines()[0])
     parser.add_argument("--url", default=None,

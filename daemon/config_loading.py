@@ -7,10 +7,9 @@
 - ``parse_env_value`` / ``parse_setting(dotted, raw)`` — how an environment string (or a
   ``--set KEY=VALUE``) becomes a value: JSON when it parses; text fields, and file modes
   (``"660"`` is octal, never the decimal 660), keep the raw string.
-- ``client_url_from_env(env)`` — the CLI's default daemon URL (``$STATETIER_URL``, else
-  ``DEFAULT_CLIENT_URL``).
 
-With ``daemon.config`` (the model), the only reader of the environment. Called by
+With ``daemon.config`` (the model), the only reader of the daemon's environment (the client
+commands' ``$STATETIER_URL``/``$STATETIER_TOKEN``: ``daemon.client_env``). Called by
 ``statetier serve`` and ``--set`` in ``daemon/cli/serve.py``.
 """
 
@@ -33,13 +32,6 @@ from statetier.protocol.errors import ConfigError
 
 ENV_PREFIX = "STATETIER_"
 ENV_CONFIG_FILE = "STATETIER_CONFIG"
-ENV_CLIENT_URL = "STATETIER_URL"
-DEFAULT_CLIENT_URL = "unix://./statetier.sock"
-
-
-def client_url_from_env(env: Mapping[str, str] | None = None) -> str:
-    env = os.environ if env is None else env
-    return env.get(ENV_CLIENT_URL) or DEFAULT_CLIENT_URL
 
 
 def load_config(

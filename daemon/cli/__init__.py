@@ -2,7 +2,7 @@
 
 ``build_parser()`` describes every subcommand with argparse alone; a command's module is
 imported only when it runs, so ``statetier --help`` and the admin commands load neither
-torch nor the tiers (``tests/daemon/test_cli.py`` checks what they import):
+torch nor the tiers (``tests/daemon/test_cli_admin.py`` checks what they import):
 
 - ``serve``, ``config`` — ``serve.py``: the configuration (file ← environment ← flags; a
   ``statetier.toml`` in the current folder is read when neither ``--config`` nor
@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 from pathlib import Path
 
+from statetier.daemon.client_env import client_token_from_env, client_url_from_env
+
 EXIT_ERROR = 2
-DEFAULT_CLIENT_URL = "unix://./statetier.sock"  # also daemon.config_loading's
 LOG_LEVELS = ["debug", "info", "warning", "error", "critical"]
 
 
@@ -74,10 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _client_options() -> argparse.ArgumentParser:
     client = argparse.ArgumentParser(add_help=False)
-    client.add_argument("--url", default=os.environ.get("STATETIER_URL") or DEFAULT_CLIENT_URL,
+    client.add_argument("--url", default=client_url_from_env(),
                         help="daemon address: unix://PATH or tcp://HOST:PORT (default $STATETIER_URL, else %(default)s)")
     client.add_argument("--tenant", default="default", help="the tenant to act as (default: %(default)s)")
-    client.add_argument("--token", default=os.environ.get("STATETIER_TOKEN"),
+    client.add_argument("--token", default=client_token_from_env(),
                         help="bearer token of the tenant (default $STATETIER_TOKEN)")
     return client
 

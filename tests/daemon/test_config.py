@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from statetier.daemon.config import Config, HostTierConfig
-from statetier.daemon.config_loading import client_url_from_env, load_config, parse_setting
+from statetier.daemon.client_env import client_url_from_env
+from statetier.daemon.config_loading import load_config, parse_setting
 from statetier.daemon.config_values import GiB, MiB
 from statetier.protocol.errors import ConfigError
 
