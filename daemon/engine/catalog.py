@@ -10,8 +10,8 @@
   their bytes, objects per kind, the oldest and newest ``created_at_ns``. A tenant sees its own
   rows; ``everyone`` (an operator) sees all.
 - ``purge(stack, tenant, *, namespace=None, of_tenant=None, is_operator=False)`` → counts: every
-  copy on every tier of the objects of one namespace (which must be the asking tenant's, unless
-  an operator asks), or of every namespace of ``of_tenant`` (the asking tenant itself, or any
+  copy on every tier of the objects of one namespace (which must be the asking tenant's, by
+  ``Tenancy`` and by the tenant each copy's put recorded, unless an operator asks), or of every namespace of ``of_tenant`` (the asking tenant itself, or any
   tenant for an operator). ``Forbidden`` otherwise. The copies are removed as a delete removes
   one (``daemon.engine.deletion``): under tombstones, so no move copies them meanwhile, swept,
   moves settled, swept again. A tier deletes a leased copy only once its lease ends, so a load
@@ -110,8 +110,8 @@ async def purge(stack: Stack, tenant: str, *, namespace: Namespace | None = None
     if (namespace is None) == (of_tenant is None):
         raise InvalidRequest("a purge names a namespace or a tenant")
     if namespace is not None:
-        if not is_operator:
-            stack.tenancy.check_namespace(tenant, namespace)
+        if not is_operator and not stack.tenancy.may_see(tenant, namespace):  # asks; claims nothing
+            raise Forbidden(f"namespace {namespace.hex()[:16]}… belongs to another tenant")
 
         def chosen(copy: Copy) -> bool:
             return copy.namespace == namespace.digest
@@ -124,6 +124,9 @@ async def purge(stack: Stack, tenant: str, *, namespace: Namespace | None = None
             return copy.tenant == of_tenant
     walked = await walk(stack)
     picked = [copy for copy in walked.copies if chosen(copy)]
+    others = {copy.tenant for copy in picked if copy.tenant} - {tenant}
+    if others and not is_operator:  # recorded at the put: holds after a restart, and on other nodes' Redis copies
+        raise Forbidden("objects of that namespace belong to another tenant")
     ids = list(dict.fromkeys(copy.meta.object_id for copy in picked))
     removed = await _remove_all(stack, ids, walked.unavailable)
     if stack.metrics is not None:

@@ -131,7 +131,13 @@ def test_a_tenant_may_not_purge_or_list_another_tenant(daemon, fresh_redis) -> N
             client.list_objects(all_tenants=True)
         assert client.list_objects()["namespaces"] == []
     assert in_redis(fresh_redis, refs) == 2
+    daemon.restart()  # who owns the namespace is forgotten in memory, not where each put recorded it
+    with tenant_client(daemon, "b", spec) as client:
+        with pytest.raises(Forbidden):
+            client.purge(spec)
+    assert in_redis(fresh_redis, refs) == 2
     with tenant_client(daemon, "a", spec) as client:
+        client.load(refs[0])  # the refused purge claimed nothing: A still uses its namespace
         assert client.purge(tenant="a")["objects"] == 2  # its own tenant, without being an operator
 
 
