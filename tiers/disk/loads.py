@@ -9,7 +9,9 @@
 (``tiers.disk.body``: the header's own lengths, signature, payload digest); ``read_into``
 does the same straight into a caller's buffer and returns only once no thread writes there
 any more. Damage drops the object for good (``stats().extra["corrupt_dropped"]``) and
-raises the rejection; an intact object of another identity is returned, for the engine.
+raises the rejection; a key id the keyring cannot verify with (``UnknownKey``: another
+keyring, not damage) raises and leaves the object; an intact object of another identity is
+returned, for the engine.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 
 from statetier.protocol.cancellation import wait_out_cancellation
+from statetier.protocol.classify import is_damage
 from statetier.protocol.errors import InternalError, NotFound, RejectedState
 
 from ..base import Lease
@@ -54,8 +57,9 @@ class DiskLoads:
         try:
             blob = await volume.call(self._body.read_verified, segment.file, location, lease.object_id,
                                      pins=(segment,))
-        except RejectedState:
-            self._removal.drop_corrupt(lease.object_id)
+        except RejectedState as exc:
+            if is_damage(exc):
+                self._removal.drop_corrupt(lease.object_id)
             raise
         return memoryview(blob)
 
@@ -67,8 +71,9 @@ class DiskLoads:
                                                 lease.object_id, dest, pins=(segment,)))
         try:
             await wait_out_cancellation(job)  # the thread writes into dest: the caller frees it only after
-        except RejectedState:
-            self._removal.drop_corrupt(lease.object_id)
+        except RejectedState as exc:
+            if is_damage(exc):
+                self._removal.drop_corrupt(lease.object_id)
             raise
 
     async def complete_load(self, lease: Lease) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 
+from statetier.protocol.classify import is_damage
 from statetier.protocol.errors import RejectedState
 
 from ..base import EvictedObject, ObjectMeta
@@ -92,7 +93,7 @@ class DiskRemoval:
         evicted = []
         for (meta, _), blob in zip(victims, blobs):
             if isinstance(blob, RejectedState):
-                ledger.corrupt_dropped += 1
+                ledger.corrupt_dropped += is_damage(blob)  # an unknown key id: evicted, not damage
             elif not isinstance(blob, BaseException):
                 evicted.append(EvictedObject(meta, blob))
         return evicted

@@ -17,7 +17,8 @@ delete, dropped damage, eviction); ``Compactor`` (``tiers.disk.compaction``) for
   ``checkpoint_seconds`` (``tiers.disk.checkpoint``); a restart replays what it lacks.
   ``fsync=False`` skips every fdatasync and LMDB's sync: a killed process loses nothing, a
   power cut may.
-- ``start`` checks the index against the segments and replays the log past its last
+- ``start`` first locks the directory (``tiers.disk.dirlock``: one tier, hence one daemon,
+  per directory), then checks the index against the segments and replays the log past its last
   checkpoint (``tiers.disk.recovery``); ``compact`` rewrites sparse segments and never
   deletes a file a lease may still read; ``close`` writes a last checkpoint.
 - Capacity: ``bytes_used`` is the sealed size of live objects (and of deleted ones still

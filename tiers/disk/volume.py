@@ -1,10 +1,12 @@
 """The medium of the disk tier: its directory of segment files and LMDB index, while started.
 
 - ``DiskVolume(options, body, executor)`` — opens and closes the directory for the tier.
-  ``open(ledger, drop_corrupt)`` creates ``segments/``, opens the index, recovers (replays
+  ``open(ledger, drop_corrupt)`` first locks the directory (``tiers.disk.dirlock``: one
+  open tier, hence one daemon, per directory), then creates ``segments/``, opens the
+  index, recovers (replays
   the log past the last checkpoint, ``tiers.disk.recovery``), fills the ledger's index and
-  wires the group commit; ``close()`` drains the commits, writes a last checkpoint and
-  closes every file. ``state`` is the ``OpenVolume`` while started (``RuntimeError``
+  wires the group commit; ``close()`` drains the commits, writes a last checkpoint,
+  closes every file and lets the lock go. ``state`` is the ``OpenVolume`` while started (``RuntimeError``
   otherwise); ``current`` is the last one opened, for stats.
 - ``OpenVolume`` — what exists while started: ``jobs`` (the executor edge,
   ``tiers.disk.jobs``), ``index``, ``space`` (segments and placements), ``commit`` (the group
@@ -28,6 +30,7 @@ from .body import RecordBody
 from .checkpoint import Checkpointer
 from .commit import GroupCommit
 from .compaction import Compactor
+from .dirlock import DirectoryLock
 from .index import DiskIndex, IndexEntry, IndexOp, Location, Move, Put
 from .jobs import DiskJobs
 from .log import CommitLog
@@ -69,6 +72,7 @@ class DiskVolume:
         self._executor: Executor | None = None
         self._jobs: DiskJobs | None = None
         self._open: OpenVolume | None = None
+        self._lock = DirectoryLock(options.directory)
         self.is_started = False
 
     @property
@@ -94,6 +98,8 @@ class DiskVolume:
         segment_dir, index_dir = options.directory / "segments", options.directory / "index"
         index: DiskIndex | None = None
         try:
+            await jobs.run(options.directory.mkdir, 0o750, True, True)
+            await jobs.run(self._lock.acquire)  # before anything in it is read or written
             await jobs.run(segment_dir.mkdir, 0o750, True, True)
             index = await jobs.run(DiskIndex.open, index_dir, _index_map_size(options.capacity_bytes), options.fsync)
             found: Recovered = await jobs.run(recover, index, segment_dir, self.body)
@@ -154,6 +160,7 @@ class DiskVolume:
             if self._given_executor is None:
                 self._executor.shutdown(wait=False)
             self._executor = None
+        self._lock.release()
 
 
 def _index_map_size(capacity: int) -> int:

@@ -16,7 +16,7 @@ from typing import cast
 
 from redis.asyncio import Redis, RedisCluster
 
-from statetier.protocol.errors import CorruptPayload, RejectedState
+from statetier.protocol.errors import CorruptPayload, RejectedState, UnknownKey
 
 from ..base import EvictedObject
 from ..ledger import Ledger
@@ -88,6 +88,8 @@ class RedisEviction:
             return False
         try:
             blob = await self._loads.fetch(client, manifest, "evict")
+        except UnknownKey:
+            return False  # another keyring's object: not this node's to judge, so not to drop
         except RejectedState:
             return None
         if blob is None:

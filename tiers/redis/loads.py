@@ -11,7 +11,8 @@ A lease takes the manifest a ``find_by_keys`` fetched less than ``FOUND_FRESH_S`
 fetches it with the first ``PREFETCH_BYTES`` of chunk 0 in one round trip. ``read`` fetches
 the rest in one round trip over up to ``FETCH_CONNECTIONS`` connections, reassembles,
 decrypts and checks integrity (``protocol.classify.open_intact``, with a ``VerifiedHeaders``
-so a header read again is not verified again); a damaged object is deleted.
+so a header read again is not verified again); a damaged object is deleted, one signed
+under a key id this node's keyring lacks (``UnknownKey``) is refused and left.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any, Coroutine
 
 from redis.asyncio import Redis, RedisCluster
 
-from statetier.protocol.classify import open_intact
+from statetier.protocol.classify import is_damage, open_intact
 from statetier.protocol.errors import CorruptPayload, NotFound, RejectedState
 from statetier.protocol.sealed import VerifiedHeaders
 
@@ -164,9 +165,10 @@ class RedisLoads:
                 return self._open(parts, manifest)
             opened: memoryview = await medium.run(self._open, parts, manifest)
             return opened
-        except RejectedState:
-            self._ledger.corrupt_dropped += 1
-            await self._removal.try_erase(client, oid, manifest, manifest.chunks)
+        except RejectedState as exc:
+            if is_damage(exc):  # an unknown key id is another keyring's object: left for the nodes holding it
+                self._ledger.corrupt_dropped += 1
+                await self._removal.try_erase(client, oid, manifest, manifest.chunks)
             raise
 
     async def _get_chunks(self, client: Redis | RedisCluster, oid: bytes, commands: list[tuple[Any, ...]],

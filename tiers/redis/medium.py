@@ -116,8 +116,10 @@ class RedisMedium:
         client, self._client = self._client, None
         return client
 
-    async def close(self, client: Redis | RedisCluster) -> None:
-        await client.aclose()
+    async def close(self, client: Redis | RedisCluster | None) -> None:
+        """Close ``client`` (what ``take_client`` gave) and the executor this medium made."""
+        if client is not None:
+            await client.aclose()
         if self._owns_executor and self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None

@@ -70,12 +70,11 @@ class RedisTier(ComposedTier):
 
     async def close(self) -> None:
         client = self._medium.take_client()
-        if client is None:
-            return
-        await self._stores.close_all(client)
-        for meta, manifest in list(self._ledger.hidden.values()):  # our leases end with us
-            await self._removal.try_erase(client, meta.object_id, manifest, manifest.chunks)
-        self._ledger.forget_all()
+        if client is not None:
+            await self._stores.close_all(client)
+            for meta, manifest in list(self._ledger.hidden.values()):  # our leases end with us
+                await self._removal.try_erase(client, meta.object_id, manifest, manifest.chunks)
+            self._ledger.forget_all()
         await self._medium.close(client)
 
     @property
