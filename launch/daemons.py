@@ -15,9 +15,9 @@ that knows how to start, wait for, signal and clean up a daemon.
   ``restart()``, runs on the same directory; ``close()`` stops it and removes the
   directory it made. A context manager.
 - Facts: ``url``, ``socket_path``, ``disk_dir``, ``pid``, ``metrics_port``, ``log_tail()``,
-  ``rss_bytes()`` (VmRSS from /proc). What an ended daemon left in /dev/shm (a killed one
-  keeps its arena file) is removed (``remove_arena_of(pid)``) by ``kill``, the next
-  ``start`` or ``close``.
+  ``rss_bytes()`` (VmRSS from /proc). A killed daemon leaves nothing behind to clean: its
+  host arena is a memfd that goes with the process (a named one, ``host.shm_dir``, the
+  next daemon removes at start).
 - Metrics: ``http_get(path)`` → ``(status, body)``; ``scrape()`` → ``Samples`` (parsed with
   prometheus_client's parser); ``Samples.value(name, **labels)`` (0.0 when absent),
   ``Samples.delta(before, name, **labels)``; ``counters()`` the bytes per tier and
@@ -115,7 +115,6 @@ class DaemonProcess:
     def start(self, timeout: float = START_TIMEOUT) -> "DaemonProcess":
         if self.is_running:
             raise RuntimeError("the daemon is already running")
-        self._forget_arena()  # of a previous process killed by a signal
         if self.directory is None:
             self.directory = Path(tempfile.mkdtemp(prefix=f"st-{self.name}-", dir="/tmp"))
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -195,15 +194,7 @@ class DaemonProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        self._forget_arena()
         self._close_log()
-
-    def _forget_arena(self) -> None:
-        """A daemon killed, or made to exit at once (a second SIGINT), leaves its arena file in
-        /dev/shm (only a clean shutdown removes it): remove what an ended process left, or every
-        such daemon of the suite keeps its memory."""
-        if self.proc is not None and self.proc.returncode is not None:
-            remove_arena_of(self.proc.pid)
 
     def restart(self) -> "DaemonProcess":
         """SIGTERM (exit 0 asserted), then a new process on the same directory."""
@@ -219,7 +210,6 @@ class DaemonProcess:
                 self.stop(timeout=STOP_TIMEOUT)
             except DaemonFailed:
                 self.kill()
-        self._forget_arena()
         self._close_log()
         if self.directory is not None and self._owns_directory:
             shutil.rmtree(self.directory, ignore_errors=True)
@@ -324,16 +314,6 @@ def served_by_tier(before: dict[str, int], after: dict[str, int]) -> dict[str, i
     """Loads each tier served between two ``DaemonProcess.counters()`` readings."""
     return {name.split()[1]: after[name] - before.get(name, 0) for name in after
             if name.startswith("hits ") and after[name] - before.get(name, 0)}
-
-
-def remove_arena_of(pid: int, shm_dir: Path = Path("/dev/shm")) -> int:
-    """Delete the host arena file a daemon ended by a signal left in ``shm_dir`` (the daemon
-    removes it only on a clean exit): a crash loop otherwise fills /dev/shm, and memory with it."""
-    removed = 0
-    for path in shm_dir.glob(f"statetier-host-{pid}-*.arena"):
-        path.unlink(missing_ok=True)
-        removed += 1
-    return removed
 
 
 # -- TOML ------------------------------------------------------------------------------

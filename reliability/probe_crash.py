@@ -23,7 +23,7 @@ import signal
 import time
 
 from harness import (Budget, DaemonProcess, ProbeResult, Promise, RedisServer, internal_errors, key_prefix, passed, payload,
-                     percentile, remove_arena_of, started_again)
+                     percentile, started_again)
 from holders import HolderPool
 from statetier.protocol.errors import NotFound, RejectedState, StatetierError
 from wire import Wire
@@ -150,9 +150,7 @@ async def _daemon_kills(daemon: DaemonProcess, deadline: float, cap: int, result
                    for _ in range(WRITERS)]
         await asyncio.sleep(rng.uniform(0.02, 0.5))
         await _note_activity(daemon.url, result)
-        killed = daemon.pid
         daemon.kill()  # SIGKILL, mid-whatever
-        remove_arena_of(killed)
         result.faults += 1
         stop.set()
         done, pending = await asyncio.wait(writers, timeout=15)
