@@ -8,9 +8,9 @@ composed of ``DiskStores`` (``tiers.disk.store``: reserved ranges, the group com
 ``DiskLoads`` (``tiers.disk.load``: leases, verified reads); this module holds its state
 (all declared in ``__init__``), lifecycle, removal and eviction, ``compact``, queries, ``stats``.
 
-- Layout: ``directory/segments/seg-00000001.dat`` … (record format in ``tiers.disk.segments``)
+- Layout: ``directory/segments/seg-00000001.dat`` … (record format in ``tiers.disk.records``)
   and ``directory/index/`` (LMDB, ``tiers.disk.index``); in-memory placement in
-  ``tiers.disk.space``.
+  ``tiers.disk.space``. The directories are 0700 and the files 0600: only the daemon reads them.
 - Durability: the segments are the log (``tiers.disk.commit``, ``tiers.disk.log``); the LMDB
   index is a checkpoint of it, written in the background every ``checkpoint_ops`` ops or
   ``checkpoint_seconds`` (``tiers.disk.checkpoint``); a restart replays what it lacks.
@@ -37,10 +37,11 @@ OSError and lmdb.Error into statetier errors; the record body codec is ``tiers.d
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from statetier.protocol.errors import ConfigError, RejectedState, StatetierError
 from statetier.protocol.keyring import Keyring
@@ -114,6 +115,7 @@ class DiskTier(DiskStores, DiskLoads, Tier):
         self.evictions = self.compactions_run = 0
         self.corrupt_dropped = self.recovery_dropped = self.recovery_segments_deleted = 0
         self.recovery_replayed = self.recovery_unverified = self.recovery_adopted = 0
+        self.recovery_legacy_segments = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -128,13 +130,13 @@ class DiskTier(DiskStores, DiskLoads, Tier):
         self._jobs = DiskJobs(self._executor)
         segment_dir, index_dir = self.directory / "segments", self.directory / "index"
         try:
-            await self._call(segment_dir.mkdir, 0o750, True, True)
+            await self._call(_make_private_directories, self.directory, segment_dir, index_dir)
             self._index = await self._call(DiskIndex.open, index_dir, _index_map_size(self.capacity), self.fsync)
             found = await self._call(recover, self._index, segment_dir, self._body)
         except BaseException:
             await self._release()
             raise
-        self._space = SegmentSpace(segment_dir, self.segment_bytes, found.next_segment)
+        self._space = SegmentSpace(segment_dir, self.segment_bytes, found.next_segment, self._body.records)
         for number, size in found.segment_sizes.items():
             self._space.adopt(number, size)
         for entry in found.entries:
@@ -142,7 +144,7 @@ class DiskTier(DiskStores, DiskLoads, Tier):
             self._lru.add(entry.meta)
         self.recovery_dropped, self.recovery_segments_deleted = found.entries_dropped, found.segments_deleted
         self.recovery_replayed, self.recovery_unverified = found.replayed, found.unverified
-        self.recovery_adopted = found.adopted
+        self.recovery_adopted, self.recovery_legacy_segments = found.adopted, found.legacy_segments
         self._checkpointer = Checkpointer(self._index, self._call, self._scan_from, found.mark,
                                           *self._checkpoint_every)
         self._log = CommitLog(self._space, self._call, self._checkpointer, self._resolve, self.fsync,
@@ -182,15 +184,22 @@ class DiskTier(DiskStores, DiskLoads, Tier):
     # ------------------------------------------------------------------ removal
 
     async def delete(self, object_id: bytes) -> bool:
+        """Remove the object for good: its record is marked DELETED in the same fdatasync as
+        the COMMIT record of the delete, so no damage to that COMMIT record brings it back."""
         self._require_started()
-        done = self._remove_nowait(object_id)
-        if done is None:
+        location = self._space.location(object_id) if object_id in self._lru else None
+        if location is None:
             return False
+        segment = self._space.segment_of(location)
+        mark = functools.partial(segment.file.mark_deleted, location.offset, object_id, location.generation)
+        done = self._remove_nowait(object_id, sync=segment, mark=mark)
         await asyncio.shield(done)
         return True
 
-    def _remove_nowait(self, object_id: bytes) -> asyncio.Future | None:
-        """Make an object invisible now; its index entry goes in the next commit."""
+    def _remove_nowait(self, object_id: bytes, *, sync: SegmentState | None = None,
+                       mark: Callable[[], object] | None = None) -> asyncio.Future | None:
+        """Make an object invisible now; its index entry goes in the next commit (``mark``
+        run with it, ``sync`` fdatasync'd with it: ``GroupCommit.submit``)."""
         meta = self._lru.remove(object_id)
         if meta is None:
             return None
@@ -199,7 +208,7 @@ class DiskTier(DiskStores, DiskLoads, Tier):
             self._hidden[object_id] = meta
             self._hidden_bytes += meta.size
             self._space.segment_of(location).lingering.add(object_id)
-        return self._commit.submit(Delete(object_id))
+        return self._commit.submit(Delete(object_id), sync=sync, mark=mark)
 
     def _drop_corrupt(self, object_id: bytes) -> None:
         self.corrupt_dropped += 1
@@ -299,12 +308,14 @@ class DiskTier(DiskStores, DiskLoads, Tier):
                 "index_ops_waiting": self._commit.waiting if self._commit else 0,
                 "commit_record_bytes": self._log.commit_bytes if self._log else 0,
                 "log_fallbacks": self._log.fallbacks if self._log else 0,
+                "delete_marks_failed": self._log.marks_failed if self._log else 0,
                 "checkpoints": self._checkpointer.runs if self._checkpointer else 0,
                 "checkpoint_failures": self._checkpointer.failures if self._checkpointer else 0,
                 "ops_not_checkpointed": self._checkpointer.waiting if self._checkpointer else 0,
                 "recovery_replayed": self.recovery_replayed,
                 "recovery_unverified": self.recovery_unverified,
                 "recovery_adopted": self.recovery_adopted,
+                "recovery_legacy_segments": self.recovery_legacy_segments,
             },
         )
 
@@ -343,6 +354,14 @@ class DiskTier(DiskStores, DiskLoads, Tier):
 def _index_map_size(capacity: int) -> int:
     # an entry is ~100 bytes and objects are hundreds of bytes at the very least
     return min(max(64 << 20, capacity // 16), 1 << 40)
+
+
+def _make_private_directories(*directories: Path) -> None:
+    """The tier's directories, readable by the daemon's uid only (mode 0700, whatever the
+    umask): a worker in the daemon's group, there to reach the socket, reads nothing here."""
+    for directory in directories:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        directory.chmod(0o700)
 
 
 def _close_all(files: list[SegmentFile], index: DiskIndex | None) -> None:
