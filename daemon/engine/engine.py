@@ -18,6 +18,8 @@ hold the rules; the server calls, per request, and the engine forwards to:
 
 ``EngineOptions`` (defined in ``daemon.engine.stack``) is exported here. Eviction and demotion
 are ``daemon.engine.placement``'s; tenant bytes follow every copy (``daemon.engine.tenancy``).
+Every request is taken into its tenant's own namespaces first (``own_put``, ``own_load``,
+``own_lookup``, ``owned_ref``: ``daemon.engine.tenancy``): the refs it returns carry them.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from .placement import Placement
 from .puts import Puts
 from ..requests import LoadRequest, LoadResult, LookupRequest, LookupResult, PutRequest, PutResult, Reservation
 from .stack import EngineOptions, Stack
-from .tenancy import Tenancy
+from .tenancy import Tenancy, own_load, own_lookup, own_put, owned_ref
 
 __all__ = ["Engine", "EngineOptions"]
 
@@ -116,14 +118,14 @@ class Engine:
     # ---------------------------------------------------------------- puts (``daemon.engine.puts``)
 
     async def put(self, req: PutRequest, payload) -> PutResult:
-        return await self._puts.put(req, payload)
+        return await self._puts.put(own_put(req), payload)
 
     async def reserve(self, req: PutRequest, owner) -> Reservation:
-        return await self._puts.reserve(req, owner)
+        return await self._puts.reserve(own_put(req), owner)
 
     async def put_shared(self, req: PutRequest, source, owner) -> PutResult:
         """Seal a payload that lies in memory its client can still write: copied first."""
-        return await self._puts.put_shared(req, source, owner)
+        return await self._puts.put_shared(own_put(req), source, owner)
 
     async def commit(self, ticket_id: int, owner, source=None) -> PutResult:
         return await self._puts.commit(ticket_id, owner, source)
@@ -138,11 +140,11 @@ class Engine:
 
     async def load(self, req: LoadRequest, owner, *, expected: tuple[bytes, Expectation] | None = None) -> LoadResult:
         """``expected``: what ``expect_refs`` found for this load by ref, read ahead."""
-        return await self._loads.load(req, owner, expected=expected)
+        return await self._loads.load(own_load(req), owner, expected=expected)
 
     async def expect_refs(self, reqs: list[LoadRequest]) -> list[tuple[bytes, Expectation] | StatetierError | None]:
         """The registry reads of many loads by ref, made concurrently (``daemon.engine.fencing``)."""
-        return await self._fences.expect_refs(reqs)
+        return await self._fences.expect_refs([own_load(req) for req in reqs])
 
     async def drop_copy(self, tier: Tier, state_id: bytes) -> None:
         await deletion.drop_copy(self.stack, tier, state_id)
@@ -176,6 +178,7 @@ class Engine:
 
     async def lookup(self, req: LookupRequest, owner) -> LookupResult:
         started = time.perf_counter()
+        req = own_lookup(req)
         self.tenancy.check_namespace(req.tenant, req.namespace)
         result = await joint_hit(self, req, owner)
         if self.metrics is not None:
@@ -191,7 +194,7 @@ class Engine:
     async def delete(self, tenant: str, ref: StateRef) -> int:
         """Remove every copy of ``ref``'s object; none is reachable once this returns
         (``daemon.engine.deletion``: swept, moves settled, swept again)."""
-        return await deletion.delete(self.stack, tenant, ref)
+        return await deletion.delete(self.stack, tenant, owned_ref(tenant, ref))
 
     async def inspect(self, tenant: str, state_id: bytes) -> dict:
         return await audit.inspect(self, tenant, state_id)
