@@ -4,11 +4,12 @@ Used by the tests, the benchmarks, the examples and the reliability harness: the
 that knows how to start, wait for, signal and clean up a daemon.
 
 - ``DaemonProcess(config=None, *, host_capacity, redis_url, settings, metrics, name,
-  keyring, log_level, directory)`` — one daemon in a directory (by default its own short
+  keyring, log_level, directory, group)`` — one daemon in a directory (by default its own short
   temp directory under /tmp, made by the first ``start()``: AF_UNIX paths are short):
   socket ``d.sock``, disk tier ``disk/``, log ``daemon.log``. ``config`` (a dict) is written
   as ``config.toml`` there and passed with ``--config``; ``settings`` become ``--set
-  KEY=VALUE`` flags; ``keyring`` a ``--keyring`` file. ``start()`` returns once
+  KEY=VALUE`` flags; ``keyring`` a ``--keyring`` file; ``group`` a gid to run it with (a
+  service group: what it creates belongs to that group). ``start()`` returns once
   ``/readyz`` answers 200 (the metrics server starts after the listeners; without metrics:
   once PING answers), else raises ``DaemonFailed`` with the log tail; ``stop(sig=SIGTERM)``
   → exit code; ``send_signal``/``wait``; ``kill()`` (SIGKILL); ``start()`` again, or
@@ -59,8 +60,9 @@ class DaemonProcess:
     def __init__(self, config: Mapping[str, Any] | None = None, *, host_capacity: str | None = "128MiB",
                  redis_url: str | None = None, settings: Mapping[str, object] | None = None,
                  metrics: bool = True, name: str = "d", keyring: Path | None = None,
-                 log_level: str | None = None, directory: Path | None = None) -> None:
+                 log_level: str | None = None, directory: Path | None = None, group: int | None = None) -> None:
         self.name = name
+        self.group = group
         self.directory: Path | None = Path(directory) if directory is not None else None
         self._owns_directory = directory is None
         self.keyring = keyring
@@ -126,8 +128,9 @@ class DaemonProcess:
         self._log.write(f"--- starting: {' '.join(self.command())}\n".encode())
         self._log.flush()
         env = {k: v for k, v in os.environ.items() if not k.startswith("STATETIER_")}
+        groups = {} if self.group is None else {"group": self.group, "extra_groups": [self.group]}
         self.proc = subprocess.Popen(self.command(), cwd=self.directory, stdout=self._log,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, **groups)
         try:
             self._wait_until_serving(timeout)
         except BaseException:
