@@ -9,7 +9,8 @@
                        them; ``lease_ids`` lists the leases to ``release`` when done.
 - ``named_tensors(tensors)`` — a dict or a sequence of ``(name, tensor)`` pairs as an ordered
                        list of pairs (the payload order), refusing duplicate names.
-- ``boundaries_to_wire`` / ``boundaries_from_tokens`` — LOOKUP's ``(token_end, prefix)`` list.
+- ``boundaries_to_wire`` / ``boundaries_from_tokens`` — LOOKUP's ``(token_end, prefix)`` list;
+  ``lookup_meta(...)`` — a LOOKUP request's meta (the SDK's ``lookup`` and ``statetier lookup``).
 """
 
 from __future__ import annotations
@@ -105,3 +106,10 @@ def boundaries_from_tokens(token_ids: Sequence[int], block_size: int, seed: int 
     """Every full-block boundary of ``token_ids`` with its chained prefix hash."""
     hashes = prefix_hashes(token_ids, block_size, seed=seed)
     return [((i + 1) * block_size, h) for i, h in enumerate(hashes)]
+
+
+def lookup_meta(namespace_hex: str, attention_layers: Sequence[int], ssm_layers: Sequence[int],
+                boundaries: Sequence[tuple[int, bytes]], *, kv_layout: str, lease: bool, tp_size: int) -> dict:
+    return {"ns": namespace_hex, "attention_layers": [int(x) for x in attention_layers],
+            "ssm_layers": [int(x) for x in ssm_layers], "boundaries": boundaries_to_wire(boundaries),
+            "kv_layout": kv_layout, "lease": bool(lease), "tp_size": int(tp_size)}

@@ -5,7 +5,8 @@ Inputs, each one frame (or one blob of bytes) sent to the daemon:
 
 - request mutations on a live connection: a valid request of every op (PUT with its
   tensors, PUT_BATCH, LOAD by ref and by key, LOAD_BATCH, LOOKUP, DELETE, RELEASE, STATS,
-  INSPECT, the retired PUT_RESERVE/PUT_COMMIT/PUT_ABORT, PING) with 1–3 of: a field dropped, replaced by a value of another
+  INSPECT, LIST, PURGE (of a namespace or tenant with nothing stored), the retired
+  PUT_RESERVE/PUT_COMMIT/PUT_ABORT, PING) with 1–3 of: a field dropped, replaced by a value of another
   JSON type (huge, negative, long or non-text strings, nested lists and objects), an
   unknown field added, a tensor spec bent (dtype, rank, dims, names), the payload made
   longer or shorter than the specs, request id 0 or repeated; 32 pipelined per batch;
@@ -112,6 +113,9 @@ def _mutate_meta(meta: dict, rng: random.Random) -> dict:
     return meta
 
 
+ADMIN_SHARE = 0.01
+
+
 class Templates:
     """Valid requests of every op, with refs of objects that exist."""
 
@@ -143,6 +147,11 @@ class Templates:
                                        "data_len": size}]}, bytes(size)),
             (Op.LOAD_BATCH, {"ns": NS.hex(), "shm": False, "items": [{"ref": ref}, {"key": ref["key"]}]}, b""),
         ]
+        if rng.random() < ADMIN_SHARE:  # each walks every stored object: a few, not a twelfth of the inputs
+            choices = [(Op.LIST, {"all": rng.random() < 0.5}, b""),
+                       # purges that, unbent, remove nothing the well-behaved client stored
+                       (Op.PURGE, {"ns": rng.randbytes(32).hex()}, b""),
+                       (Op.PURGE, {"tenant": "fz-nobody"}, b"")]
         op, meta, data = rng.choice(choices)
         if op is Op.DELETE and rng.random() < 0.9:
             meta = _mutate_meta(meta, rng)  # a valid delete would empty the store: mostly bent

@@ -7,7 +7,8 @@
   candidate of ``daemon.engine.candidates.locate``, newest first, each refusal skipped and counted)
 
 Each copy, fastest tier first, is served by ``daemon.engine.serving.CopyServer`` and judged by
-``protocol.classify``: a damaged copy is dropped (``daemon.engine.deletion.drop_copy``) and the
+``protocol.classify`` (a hit is counted, for the tier that held the copy, only once a copy is
+handed over: never for a refusal, of the copy or of the caller's tensor specs): a damaged copy is dropped (``daemon.engine.deletion.drop_copy``) and the
 next tried, never unverified bytes; an intact copy of another identity is refused with its
 §4 reason, left in place, and the next tried. The tensor specs a caller expects are checked
 apart, after: a mismatch is about the request, not damage. A load that finds its object in
@@ -114,7 +115,10 @@ class Loads:
                 continue
             if passed.refused is not None:  # a copy above was another object: served from below, said
                 self._count_refusal(passed.refused, counted)
-            return await self._check_specs(result, wanted)
+            result = await self._check_specs(result, wanted)
+            if stack.metrics is not None:  # a hit only now: the bytes are the caller's
+                stack.metrics.count_hit(tier.name, wanted.expectation.key.kind.name.lower())
+            return result
         if passed.refused is not None:
             self._count_refusal(passed.refused, counted)
             raise passed.refused

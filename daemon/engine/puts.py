@@ -214,4 +214,4 @@ def _meta(req: PutRequest, provenance: Provenance, state_id: bytes, version: int
         object_id=state_id, key_digest=req.key.digest(), stream_id=stream_id(req.key, provenance.request_id),
         version=version, kind=req.key.kind, size=header_len + payload_len, header_len=header_len,
         created_at_ns=provenance.created_at_ns, request_id=provenance.request_id, step=provenance.step,
-        speculative=req.speculative)
+        speculative=req.speculative, namespace=req.key.namespace.digest, tenant=req.tenant)

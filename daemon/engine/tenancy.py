@@ -11,7 +11,9 @@ its own tag, on every daemon and after every restart; nothing is remembered.
 
 - ``check_namespace(tenant, namespace)`` refuses (``Forbidden``) a namespace another tenant
   owns (a stored header's, for ``statetier inspect``); ``may_see(tenant, namespace)`` asks
-  the same.
+  the same; ``owner_of(digest)`` → the tenant whose tag a namespace carries, among the
+  tenants this daemon has served (None before it served that tenant: names are not in the
+  digest).
 - ``first_tier_within_quota(tenant, tiers, nbytes)`` — where a put may start; raises
   ``QuotaExceeded`` when no tier has quota left for the tenant.
 - ``charge(tenant, tier, state_id, nbytes)`` / ``refund(tier, state_id)`` keep per-tier
@@ -30,12 +32,12 @@ import dataclasses
 from collections import defaultdict
 
 from statetier.protocol.errors import Forbidden, QuotaExceeded
-from statetier.protocol.identity import Namespace
-from statetier.protocol.ownership import is_owned_by, owned_key, owned_namespace, owned_ref
+from statetier.protocol.identity import NAMESPACE_BYTES, Namespace
+from statetier.protocol.ownership import TAG_BYTES, is_owned_by, owned_key, owned_namespace, owned_ref, tenant_tag
 
 from ..requests import LoadRequest, LookupRequest, PutRequest
 
-__all__ = ["Tenancy", "own_load", "own_lookup", "own_put", "owned_ref"]
+__all__ = ["Tenancy", "own_load", "own_lookup", "own_put", "owned_namespace", "owned_ref"]
 
 
 def own_put(req: PutRequest) -> PutRequest:
@@ -62,14 +64,19 @@ class Tenancy:
         self.quotas = {t: dict(q) for t, q in (quotas or {}).items()}
         self._usage: dict[tuple[str, str], int] = defaultdict(int)
         self._charges: dict[tuple[str, bytes], tuple[str, int]] = {}
+        self._names: dict[bytes, str] = {}  # tenant tag -> the name it was seen with
 
     def check_namespace(self, tenant: str, namespace: Namespace) -> None:
         if not is_owned_by(namespace, tenant):
             raise Forbidden(f"namespace {namespace.hex()[:16]}… belongs to another tenant")
+        self._names.setdefault(tenant_tag(tenant), tenant)
 
     def may_see(self, tenant: str, namespace: Namespace) -> bool:
         """``check_namespace`` as a question."""
         return is_owned_by(namespace, tenant)
+
+    def owner_of(self, namespace_digest: bytes) -> str | None:
+        return self._names.get(namespace_digest[NAMESPACE_BYTES - TAG_BYTES :])
 
     def first_tier_within_quota(self, tenant: str, tier_names: list[str], nbytes: int) -> int:
         for index, tier in enumerate(tier_names):

@@ -10,8 +10,10 @@ from .handlers import (
     handle_delete,
     handle_inspect,
     handle_load,
+    handle_list,
     handle_lookup,
     handle_ping,
+    handle_purge,
     handle_put,
     handle_release,
     handle_stats,
@@ -35,4 +37,6 @@ HANDLERS: dict[Op, Handler] = {
     Op.STATS: handle_stats,
     Op.INSPECT: handle_inspect,
     Op.VERIFY: handle_verify,
+    Op.LIST: handle_list,
+    Op.PURGE: handle_purge,
 }

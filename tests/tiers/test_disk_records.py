@@ -16,6 +16,8 @@ what such a writer could, then restarts the tier:
   checkpoint held the object;
 - a segment file of record format 1 is set aside into ``segments/format-1/`` with a
   warning, never read and never silently dropped;
+- a start with another keyring is refused (``ConfigError`` naming ``keys.keyring_file``) and
+  changes nothing: the right keyring finds everything;
 - the tier's directories are 0700 and its files 0600: a worker in the daemon's group (to
   reach the socket) reads none of it.
 """
@@ -33,6 +35,7 @@ from pathlib import Path
 import pytest
 import xxhash
 
+from statetier.protocol.errors import ConfigError
 from statetier.protocol.keyring import dev_keyring
 from statetier.tiers.disk import DiskTier
 from statetier.tiers.disk.index import Delete
@@ -218,3 +221,15 @@ async def test_the_tiers_directories_and_files_are_the_daemons_alone(open_disk, 
     for path in [root, *root.rglob("*")]:
         mode = stat.S_IMODE(path.stat().st_mode)
         assert mode == (0o700 if path.is_dir() else 0o600), f"{path.relative_to(tmp_path)} is {mode:o}"
+
+
+async def test_a_start_with_another_keyring_is_refused_and_changes_nothing(open_disk, tmp_path):
+    batch = await stored(open_disk, 4, run=6)
+    before = {p: p.read_bytes() for p in (tmp_path / "disk" / "segments").glob("seg-*.dat")}
+
+    with pytest.raises(ConfigError, match="keys.keyring_file"):
+        await DiskTier(tmp_path / "disk", 64 << 20, keyring=dev_keyring(b"another-keyring"), **NEVER).start()
+
+    assert {p: p.read_bytes() for p in (tmp_path / "disk" / "segments").glob("seg-*.dat")} == before
+    reopened = await open_disk()  # the keyring that wrote them: everything is there
+    assert await visible(reopened) == {meta.object_id for meta, _ in batch}

@@ -38,7 +38,8 @@ segment aside with a reason (``tiers.disk.recovery``).
 - ``RecordCodec(keyring)`` — ``pack(header, segment, offset)``, ``commit_header(seq, body,
   segment, offset)``, ``void_header(record_len, segment, offset)``, ``try_unpack(raw,
   segment, offset)`` (None where no authentic header lies), ``unpack_checked(raw, segment,
-  offset, object_id, generation)``, ``is_commit_body_intact(header, body)``. A trust store
+  offset, object_id, generation)``, ``is_commit_body_intact(header, body)``,
+  ``unknown_key_of(raw)`` (a header this keyring cannot check: not damage). A trust store
   holding only public keys cannot make a record key: ``ConfigError`` at the first write.
 """
 
@@ -182,6 +183,15 @@ class RecordCodec:
             raise CorruptPayload(f"record at the indexed offset is {header.object_id.hex()} generation "
                                  f"{header.generation}, expected {object_id.hex()} generation {generation}")
         return header
+
+    def unknown_key_of(self, raw) -> bytes | None:
+        """The key id of a record header of today's format that this keyring cannot check (its
+        key unknown, or past its grace): another keyring's record, not damage. None otherwise."""
+        view = memoryview(raw)
+        if view.nbytes < RECORD_HEADER_BYTES or bytes(view[:4]) != RECORD_MAGIC or view[4] != RECORD_VERSION:
+            return None
+        key_id = bytes(view[40:48])
+        return key_id if self._verifier(key_id) is None else None
 
     def is_commit_body_intact(self, header: RecordHeader, body) -> bool:
         key = self._verifier(header.key_id)

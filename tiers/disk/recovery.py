@@ -2,7 +2,9 @@
 
 ``recover(index, segment_dir, body) -> Recovered`` blocks; the tier runs it in its executor.
 
-0. A segment file of record format 1 (written before records were authenticated,
+0. A start with a keyring that cannot check the records (a segment's first record is under
+   a key it lacks) is refused, ``ConfigError``, before anything is read or changed. A
+   segment file of record format 1 (written before records were authenticated,
    ``tiers.disk.records``) is set aside, not read: moved into ``segments/format-1/`` and
    named in a warning; the index entries pointing into it are dropped in step 1 (counted).
    Its objects were sealed before namespaces were bound to tenants, so no load would
@@ -21,8 +23,10 @@
    verified (``open_sealed``: signature and digest) — if it does not, the op before it
    counts instead, unless the record was marked DELETED: a delete rewrites its object's
    header in the same fdatasync as its own COMMIT record, so a deleted object stays
-   deleted even when damage takes that COMMIT record. A COMMIT record is acknowledged only
-   after it and the records it names are durable, so a put that fails here was never
+   deleted even when damage takes that COMMIT record. An object signed under a key id this
+   keyring lacks (``UnknownKey``: the daemon restarted with another keyring) is kept: that
+   is no damage, and loads refuse it without removing it. A COMMIT record is acknowledged
+   only after it and the records it names are durable, so a put that fails here was never
    acknowledged.
    The walk resynchronises past a damaged header at the next intact one, so one flipped
    bit costs only what it touched: the COMMIT records after it still count, and in a
@@ -51,7 +55,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from statetier.protocol.errors import StatetierError
+from statetier.protocol.errors import ConfigError, StatetierError, UnknownKey
 from statetier.protocol.sealed import open_sealed
 from .body import RecordBody
 from ..base import ObjectMeta
@@ -80,6 +84,7 @@ class Recovered:
 def recover(index: DiskIndex, segment_dir: Path, body: RecordBody) -> Recovered:
     checkpoint = index.mark()
     legacy = _set_legacy_aside(segment_dir, body)
+    _refuse_records_of_another_keyring(segment_dir, body)
     sizes = list_segments(segment_dir)
     entries, unreadable = index.scan()
     files = {number: SegmentFile(segment_dir, number, body.records) for number in sizes}
@@ -128,6 +133,22 @@ def recover(index: DiskIndex, segment_dir: Path, body: RecordBody) -> Recovered:
     kept.sort(key=lambda e: (e.meta.created_at_ns, e.location.segment, e.location.offset))
     return Recovered(kept, {n: sizes[n] for n in live}, len(dropped), len(changes), unverified, deleted,
                      next_segment, mark, len(adopted), len(legacy))
+
+
+def _refuse_records_of_another_keyring(segment_dir: Path, body: RecordBody) -> None:
+    """``ConfigError`` (nothing read, nothing changed) when a segment's records are under a key
+    this keyring cannot check: the daemon was started with another keyring, and reading its
+    records as damage would throw the store away."""
+    for number in sorted(list_segments(segment_dir)):
+        file = SegmentFile(segment_dir, number, body.records)
+        try:
+            key_id = file.unknown_first_key()
+        finally:
+            file.close()
+        if key_id is not None:
+            raise ConfigError(f"the disk tier's records in {segment_dir} are authenticated under key {key_id.hex()}, "
+                              "which this keyring does not hold (or holds past its grace): start with the keyring "
+                              "that wrote them (keys.keyring_file), or move the directory aside")
 
 
 def _set_legacy_aside(segment_dir: Path, body: RecordBody) -> list[int]:
@@ -228,6 +249,8 @@ def _record_state(entry: IndexEntry, sizes: dict[int, int], files: dict[int, Seg
         return "deleted"
     try:
         body.read_verified(files[entry.location.segment], entry.location, entry.meta.object_id)
+    except UnknownKey:
+        return "live"  # intact and committed, signed under a key this keyring lacks: kept, refused on load
     except (StatetierError, OSError):
         return "damaged"
     return "live"

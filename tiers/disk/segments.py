@@ -11,7 +11,8 @@ header (its layout, and the keyed MACs that bind it to its place) is
   ``write_at`` (pwritev), ``sync`` (fdatasync), ``read_record``, ``read_record_into``,
   ``read_record_header``, ``read_at``, ``walk`` (header to header from the start,
   resynchronising past a damaged header), ``copy_record_to``, ``mark_deleted`` (a delete's
-  mark over an object's header), ``is_legacy`` (a segment of record format 1), ``unlink``.
+  mark over an object's header), ``is_legacy`` (a segment of record format 1),
+  ``unknown_first_key``, ``unlink``.
   Every method blocks: the tier calls them in its executor.
 - ``segment_path`` / ``list_segments`` — file names and discovery.
 """
@@ -143,6 +144,11 @@ class SegmentFile:
             return False
         self.write_at(offset, [self.header_bytes(header.deleted(), offset)])
         return True
+
+    def unknown_first_key(self) -> bytes | None:
+        """The key id of the file's first record when this keyring cannot check it (see
+        ``RecordCodec.unknown_key_of``), else None."""
+        return self.codec.unknown_key_of(os.pread(self._fd_for_read(), RECORD_HEADER_BYTES, 0))
 
     def is_legacy(self) -> bool:
         """Whether the file starts with a record of format 1 (written before records were
