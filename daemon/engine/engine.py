@@ -239,6 +239,7 @@ class Engine:
             "objects": sum(s.objects for s in tiers),
             "write_behind_pending": self.placement.write_behind_pending,
             "dropped_on_demotion": self.placement.dropped,
+            "registry_heads_behind": self._fences.rollbacks_seen,
             "tenants": self.tenancy.usage(),
         }
 
