@@ -40,11 +40,11 @@ from statetier.protocol.keyring import dev_keyring
 from statetier.tiers.disk import DiskTier
 from statetier.tiers.disk.index import Delete
 from statetier.tiers.disk.log import encode_ops, encoded_len
-from statetier.tiers.disk.records import RECORD_HEADER_BYTES, RecordCodec
-from statetier.tiers.disk.segments import SegmentFile
+from statetier.tiers.disk.records import RECORD_HEADER_BYTES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling disk_crash_writer.py
-from disk_crash_writer import KEYRING, load, make_object, object_id_for, store  # noqa: E402
+from disk_crash_writer import load, make_object, object_id_for, store  # noqa: E402
+from test_disk_log import flip_bit, segment_file  # noqa: E402
 
 NEVER = {"checkpoint_ops": 1 << 30, "checkpoint_seconds": 3600.0, "segment_bytes": 1 << 20}
 FORGED_SEQ = 1_000_000  # newer than any checkpoint: a restart replays it if it believes it
@@ -69,20 +69,8 @@ def the_segment(tmp_path: Path) -> Path:
     return segment
 
 
-def segment_file(segment: Path, keyring=KEYRING) -> SegmentFile:
-    return SegmentFile(segment.parent, int(segment.stem.split("-")[1]), RecordCodec(keyring))
-
-
 def record_offset(segment: Path, object_id: bytes) -> int:
     return segment.read_bytes().index(object_id) - 16  # the object_id lies at 16 in a record header
-
-
-def flip_bit(path: Path, offset: int, bit: int = 0x10) -> None:
-    with open(path, "r+b") as handle:
-        handle.seek(offset)
-        byte = handle.read(1)
-        handle.seek(offset)
-        handle.write(bytes([byte[0] ^ bit]))
 
 
 def write_at(path: Path, offset: int, data: bytes) -> None:
