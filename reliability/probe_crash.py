@@ -50,11 +50,13 @@ HOLDERS_PER_ROUND = 8
 
 
 class Ledger:
-    """Every put the writers tried: seed → (category, reply meta or None, deleted)."""
+    """Every put the writers tried: seed → (category, reply meta or None, deleted). Seeds
+    start at ``first_seed``: the ledgers of daemons sharing Redis never name the same
+    stream (a seed makes the key, the request id and the bytes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, first_seed: int = 0) -> None:
         self.puts: dict[int, dict] = {}
-        self.next_seed = 0
+        self.next_seed = first_seed
 
     def new(self, category: str, size: int) -> int:
         seed = self.next_seed
@@ -183,7 +185,7 @@ async def _daemon_kill_loops(daemons: list[DaemonProcess], deadline: float, cap:
                              rng: random.Random) -> None:
     """``_daemon_kills`` of every daemon at once (each its own directory and ledger), so the
     restart of one overlaps the writes and checks of the others; the figures are their sum."""
-    ledgers, recoveries = [Ledger() for _ in daemons], []
+    ledgers, recoveries = [Ledger(first_seed=index << 40) for index in range(len(daemons))], []
     started = time.monotonic()
     await asyncio.gather(*(_daemon_kills(daemon, deadline, cap, result, random.Random(rng.random()), ledger,
                                          recoveries) for daemon, ledger in zip(daemons, ledgers)))
