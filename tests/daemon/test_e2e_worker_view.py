@@ -15,6 +15,9 @@ can read, for 64 bytes of A's page: none, while A is connected and after A is go
 On the old design B found them twice: in the host arena, a named ``/dev/shm`` file created
 0660 in the daemon's group, and in the disk tier's segment files (0640, directories 0750).
 Needs root (to run processes as other uids); skipped otherwise.
+
+And a daemon's arena is a memfd: nothing of it is in ``/dev/shm`` while it runs, or after it
+is killed with SIGKILL (the old named arena file stayed behind until someone removed it).
 """
 
 from __future__ import annotations
@@ -29,14 +32,17 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 
+from statetier.clients import Client
 from statetier.launch.daemons import DaemonProcess
+from statetier.protocol.identity import NamespaceSpec
 
 WORKER = Path(__file__).resolve().parent / "tenant_worker.py"
 UID_A, UID_B = 61301, 61302
 GID_A, GID_B, GID_DAEMON = 61301, 61302, 61300
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs processes as other uids: needs root")
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="runs processes as other uids: needs root")
 
 
 def worker_argv(job: str, uid: int, gid: int, **fields) -> list[str]:
@@ -53,6 +59,8 @@ def scan_as_b(probe: str, daemon: DaemonProcess, *pids: int) -> dict:
 
 @pytest.fixture
 def daemon():
+    if os.geteuid() != 0:
+        pytest.skip("runs processes as other uids: needs root")
     directory = Path(tempfile.mkdtemp(prefix="st-view-", dir="/tmp"))
     os.chown(directory, 0, GID_DAEMON)
     directory.chmod(0o750)  # the daemon's group may enter (the socket is here)
@@ -64,6 +72,7 @@ def daemon():
     shutil.rmtree(directory, ignore_errors=True)
 
 
+@needs_root
 def test_a_worker_of_another_tenant_in_the_daemons_group_finds_none_of_a_tenants_bytes(daemon):
     a = subprocess.Popen(worker_argv("put", UID_A, GID_A, url=daemon.url, model="view", tenant_in_spec="",
                                      seed=5, hold_seconds=120), stdout=subprocess.PIPE, text=True)
@@ -84,3 +93,19 @@ def test_a_worker_of_another_tenant_in_the_daemons_group_finds_none_of_a_tenants
     assert while_connected["opened"] >= 2 and after["opened"] >= 2  # B did open things: the log, the config
     assert (while_connected["memory_read"], after["memory_read"]) == (0, 0)  # no other uid's memory
     assert sorted(p.name for p in daemon.directory.iterdir()) == ["config.toml", "d.sock", "daemon.log", "disk"]
+
+
+def arena_files_of(pid: int) -> list[str]:
+    return [name for name in os.listdir("/dev/shm") if name.startswith(f"statetier-host-{pid}-")]
+
+
+def test_the_daemons_arena_is_a_memfd_and_a_sigkill_leaves_nothing_in_dev_shm(tmp_path):
+    with DaemonProcess(name="memfd") as daemon:
+        with Client(daemon.url, namespace=NamespaceSpec(model_id="memfd")) as client:
+            client.put_kv(0, bytes(32), 0, 16, {"kv": torch.ones(16, 1024)}, request_id="r")
+        maps = Path(f"/proc/{daemon.pid}/maps").read_text()
+        assert "/memfd:statetier-host" in maps and "/dev/shm/statetier" not in maps
+        assert arena_files_of(daemon.pid) == []
+        pid = daemon.pid
+        daemon.kill()
+        assert arena_files_of(pid) == []
