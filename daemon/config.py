@@ -57,7 +57,10 @@ class HostTierConfig(_Watermarks):
     capacity_bytes: Bytes | None = Field(
         None, description="Arena size; None = 25% of MemAvailable at start, clamped to [64 MiB, 64 GiB]."
     )
-    shm_dir: Path = Field(Path("/dev/shm"), description="Directory of the arena file (a tmpfs); clients never map it.")
+    shm_dir: Path | None = Field(
+        None, description="None = the arena is an anonymous memfd (nothing any other process can open); a directory "
+        "(a tmpfs) = a named arena file there, mode 0600, owned by the daemon, removed at exit and, when a dead "
+        "daemon left one, at the next start. Clients never map the arena either way.")
     window_bytes: Annotated[int, BeforeValidator(parse_size), Field(ge=0)] = Field(
         64 * MiB, description="Per same-host connection: size of each of its two shared-memory windows (put, "
         "load), passed over the socket; memory is used only where touched. 0 turns the zero-copy path off.")

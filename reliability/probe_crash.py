@@ -1,5 +1,8 @@
 """Probe 1, crash during writes: kill -9 the daemon while clients put (durable, published,
 cached), delete, and while eviction, write-behind and compaction run; restart; check.
+``DAEMON_LOOPS`` daemons (each its own directory, sharing one Redis) are killed side by side,
+so one's restart overlaps the others' writes: the run states its kills, their rate per minute
+of the kill phase (``DAEMON_KILL_SHARE`` of the probe's time) and the recovery times.
 
 Then kill clients that hold lookup leases and load-window regions (the shared-memory
 windows of protocol 2; puts no longer reserve arena room).
@@ -23,7 +26,7 @@ import signal
 import time
 
 from harness import (Budget, DaemonProcess, ProbeResult, Promise, RedisServer, internal_errors, key_prefix, passed, payload,
-                     percentile, remove_arena_of, started_again)
+                     percentile, started_again)
 from holders import HolderPool
 from statetier.protocol.errors import NotFound, RejectedState, StatetierError
 from wire import Wire
@@ -37,16 +40,23 @@ PROMISE = Promise(
                 "a lease, arena byte or window a killed client held not given back",
 )
 WRITERS = 4
+#: Daemons killed and restarted side by side: one's restart (mostly imports, CPU-bound)
+#: overlaps another's writes and checks, so a run kills more often per minute.
+DAEMON_LOOPS = 2
+#: The share of the probe's time that goes to daemon kills; client kills get the rest.
+DAEMON_KILL_SHARE = 0.85
 SIZES = (4 << 10, 16 << 10, 64 << 10, 256 << 10)
 HOLDERS_PER_ROUND = 8
 
 
 class Ledger:
-    """Every put the writers tried: seed → (category, reply meta or None, deleted)."""
+    """Every put the writers tried: seed → (category, reply meta or None, deleted). Seeds
+    start at ``first_seed``: the ledgers of daemons sharing Redis never name the same
+    stream (a seed makes the key, the request id and the bytes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, first_seed: int = 0) -> None:
         self.puts: dict[int, dict] = {}
-        self.next_seed = 0
+        self.next_seed = first_seed
 
     def new(self, category: str, size: int) -> int:
         seed = self.next_seed
@@ -138,8 +148,9 @@ async def _check(url: str, ledger: Ledger, seeds: list[int], result: ProbeResult
         await wire.close()
 
 
-async def _daemon_kills(daemon: DaemonProcess, deadline: float, cap: int, result: ProbeResult, rng: random.Random) -> None:
-    ledger, recoveries = Ledger(), []
+async def _daemon_kills(daemon: DaemonProcess, deadline: float, cap: int, result: ProbeResult,
+                        rng: random.Random, ledger: Ledger, recoveries: list[float]) -> None:
+    """Kill-restart-check cycles of one daemon until ``deadline`` (at most ``cap``)."""
     durable_seen: list[int] = []
     for _ in range(cap):
         if passed(deadline):
@@ -150,10 +161,9 @@ async def _daemon_kills(daemon: DaemonProcess, deadline: float, cap: int, result
                    for _ in range(WRITERS)]
         await asyncio.sleep(rng.uniform(0.02, 0.5))
         await _note_activity(daemon.url, result)
-        killed = daemon.pid
         daemon.kill()  # SIGKILL, mid-whatever
-        remove_arena_of(killed)
         result.faults += 1
+        result.add("daemon_kills")
         stop.set()
         done, pending = await asyncio.wait(writers, timeout=15)
         if pending:
@@ -162,19 +172,33 @@ async def _daemon_kills(daemon: DaemonProcess, deadline: float, cap: int, result
             for task in pending:
                 task.cancel()
         started = time.monotonic()
-        if not started_again(daemon, result, "restart after a kill failed"):
+        if not await asyncio.to_thread(started_again, daemon, result, "restart after a kill failed"):
             return
         recoveries.append(time.monotonic() - started)
         seeds = list(range(first, ledger.next_seed))
         durable_seen += [s for s in seeds if ledger.puts[s]["category"] == "durable" and ledger.puts[s]["reply"]]
         older = rng.sample(durable_seen, min(10, len(durable_seen)))
         await _check(daemon.url, ledger, seeds + [s for s in older if s < first], result)
-    result.notes["daemon_kills"] = result.faults
-    result.notes["puts_tried"] = ledger.next_seed
-    result.notes["puts_acknowledged"] = sum(1 for e in ledger.puts.values() if e["reply"])
-    result.notes["acknowledged_durable"] = sum(1 for e in ledger.puts.values() if e["reply"] and e["reply"].get("durable"))
-    result.notes["deletes_acknowledged"] = sum(1 for e in ledger.puts.values() if e["deleted"])
-    result.notes["deletes_that_found_nothing"] = sum(1 for e in ledger.puts.values() if e.get("delete_found_nothing"))
+
+
+async def _daemon_kill_loops(daemons: list[DaemonProcess], deadline: float, cap: int, result: ProbeResult,
+                             rng: random.Random) -> None:
+    """``_daemon_kills`` of every daemon at once (each its own directory and ledger), so the
+    restart of one overlaps the writes and checks of the others; the figures are their sum."""
+    ledgers, recoveries = [Ledger(first_seed=index << 40) for index in range(len(daemons))], []
+    started = time.monotonic()
+    await asyncio.gather(*(_daemon_kills(daemon, deadline, cap, result, random.Random(rng.random()), ledger,
+                                         recoveries) for daemon, ledger in zip(daemons, ledgers)))
+    minutes = (time.monotonic() - started) / 60
+    puts = [entry for ledger in ledgers for entry in ledger.puts.values()]
+    result.notes["daemon_kill_loops"] = len(daemons)
+    result.notes["daemon_kill_minutes"] = round(minutes, 2)
+    result.notes["daemon_kills_per_minute"] = round(result.notes.get("daemon_kills", 0) / max(minutes, 1e-9), 1)
+    result.notes["puts_tried"] = len(puts)
+    result.notes["puts_acknowledged"] = sum(1 for e in puts if e["reply"])
+    result.notes["acknowledged_durable"] = sum(1 for e in puts if e["reply"] and e["reply"].get("durable"))
+    result.notes["deletes_acknowledged"] = sum(1 for e in puts if e["deleted"])
+    result.notes["deletes_that_found_nothing"] = sum(1 for e in puts if e.get("delete_found_nothing"))
     result.notes["recovery_p50_s"] = round(percentile(recoveries, 0.5), 3)
     result.notes["recovery_max_s"] = round(max(recoveries, default=0.0), 3)
 
@@ -244,15 +268,18 @@ def _host(stats: dict) -> dict:
 async def run(budget: Budget, result: ProbeResult) -> None:
     rng = random.Random(14)
     with RedisServer() as redis:
-        daemon = DaemonProcess(name="crash", host_capacity="16MiB", redis_url=redis.url, metrics=False,
-                               settings={"disk.segment_bytes": "1MiB", "disk.compact_interval_seconds": 0.5,
-                                         "disk.capacity_bytes": "4GiB", "redis.socket_timeout": 2.0})
+        daemons = [DaemonProcess(name=f"crash{i}", host_capacity="16MiB", redis_url=redis.url, metrics=False,
+                                 settings={"disk.segment_bytes": "1MiB", "disk.compact_interval_seconds": 0.5,
+                                           "disk.capacity_bytes": "4GiB", "redis.socket_timeout": 2.0})
+                   for i in range(DAEMON_LOOPS)]
         try:
-            daemon.start()
-            await _daemon_kills(daemon, budget.deadline(0.75), budget.scale(2000, 40), result, rng)
+            for daemon in daemons:
+                daemon.start()
+            await _daemon_kill_loops(daemons, budget.deadline(DAEMON_KILL_SHARE), budget.scale(4000, 40), result, rng)
+            daemon = daemons[0]
             if daemon.is_running:
-                await _client_kills(daemon, budget.deadline(0.25), budget.scale(1000, 12), result)
-            if daemon.is_running:
-                result.internal_errors = internal_errors(daemon)
+                await _client_kills(daemon, budget.deadline(1 - DAEMON_KILL_SHARE), budget.scale(1000, 12), result)
+            result.internal_errors = sum(internal_errors(d) for d in daemons if d.is_running)
         finally:
-            daemon.close()
+            for daemon in daemons:
+                daemon.close()

@@ -1,14 +1,21 @@
 """Probe 6, security: wrong tokens, certificates our CA did not sign, a uid the socket does
-not admit, a writer with Redis access but no key forging and replaying objects, and one
-tenant naming another's state — each attempt repeated, every refusal counted by the daemon.
+not admit, a writer with Redis access but no key forging and replaying objects, one tenant
+naming another's state, and a Redis writer rolling the version registry back — each attempt
+repeated, every refusal counted by the daemon.
 
 - wrong: any attempt that is served (a connection admitted, an object's bytes handed out,
   another tenant's object deleted); an attempt refused but not counted in the daemon's
   metrics (``statetier_auth_failures_total``, ``statetier_rejections_total``,
   ``statetier_errors_total``).
 - lost: the legitimate owner's object no longer served byte-exact after the attacks.
-- Not probed: another tenant's arena (the per-tenant arena comes with the hot-path issue);
-  a Redis writer rolling the version registry back (the registry is trusted by design).
+- The registry rollback (``_registry_rollback``): a prefill daemon puts versions 1 and 2 of a
+  stream (published), a decode daemon loads version 2, then a Redis writer writes version 1's
+  head back. Wrong: that decode daemon serving version 1 by its ref, or version 1's bytes by
+  key; the prefill daemon's next put claiming a second version 2. What a daemon that never
+  saw version 2 does with version 1's ref is reported, not judged: the registry is its only
+  witness (``registry_rollback_served_by_a_daemon_that_never_saw_v2``).
+- Not probed here: another tenant's files and mappings (tests/daemon/test_e2e_worker_view.py,
+  with real uids).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from harness import (Budget, DaemonProcess, ProbeResult, Promise, RedisServer, i
 from statetier.daemon.server.auth import token_sha256
 from statetier.protocol.errors import Forbidden, RejectedState, StatetierError
 from statetier.protocol.keyring import Keyring
+from statetier.protocol.messages import ref_from_wire
 from statetier.protocol.sealed import decode_header, layout_payload, seal
 from statetier.launch.processes import free_port
 from wire import Wire
@@ -128,7 +136,10 @@ async def _tls_and_tenants(rounds: int, result: ProbeResult, directory: Path) ->
         after = daemon.scrape()
         counted = {"wrong_token": after.delta(before, "statetier_auth_failures_total", reason="token"),
                    "rogue_certificate": after.delta(before, "statetier_auth_failures_total", reason="tls"),
-                   "other_tenant": after.delta(before, "statetier_errors_total", reason="forbidden")}
+                   # its own namespace holds nothing (a miss); a's ref is another namespace's object;
+                   # deleting it is forbidden
+                   "other_tenant": sum(after.delta(before, "statetier_errors_total", reason=reason)
+                                       for reason in ("not_found", "namespace", "forbidden"))}
         result.notes["counted_by_daemon"] = {k: int(v) for k, v in counted.items()}
         for name, expected in (("wrong_token", rounds), ("rogue_certificate", rounds), ("other_tenant", 3 * rounds)):
             if counted[name] < expected:
@@ -218,6 +229,66 @@ async def _redis_forgery(rounds: int, result: ProbeResult, rng: random.Random) -
             daemon.close()
 
 
+async def _registry_rollback(rounds: int, result: ProbeResult, directory: Path) -> None:
+    keyring = directory / "rollback-keyring.json"
+    Keyring.generate().save(keyring)  # one keyring: the daemons share Redis
+    with RedisServer() as redis:
+        daemons = {role: DaemonProcess(name=f"sec-{role}", host_capacity="16MiB", redis_url=redis.url,
+                                       keyring=keyring, metrics=False)
+                   for role in ("prefill", "decode", "fresh")}
+        try:
+            for daemon in daemons.values():
+                daemon.start()
+            wires = {role: await Wire.open(daemon.url, model=PROBE) for role, daemon in daemons.items()}
+            client = redis.client()
+            for i in range(rounds):
+                await _roll_back_once(i, wires, client, result)
+            result.notes["registry_heads_behind_seen_by_decode"] = (await wires["decode"].stats())["registry_heads_behind"]
+            client.close()
+            for wire in wires.values():
+                await wire.close()
+            result.internal_errors += sum(internal_errors(daemon) for daemon in daemons.values())
+        finally:
+            for daemon in daemons.values():
+                daemon.close()
+
+
+async def _roll_back_once(i: int, wires: dict, client, result: ProbeResult) -> None:
+    prefill, decode, fresh = wires["prefill"], wires["decode"], wires["fresh"]
+    key = prefill.key(2, key_prefix("rollback", i))
+    old_data, new_data = payload(40 + i, 4096), payload(60 + i, 4096)
+    old = (await prefill.put(key, old_data, request_id=f"rb{i}", publish=True))["ref"]
+    new = (await prefill.put(key, new_data, request_id=f"rb{i}", publish=True))["ref"]
+    if await decode.load(ref=new) != new_data:  # the decode daemon reads version 2's head
+        result.lost += 1
+        result.fail(f"round {i}: version 2 not served before the rollback")
+    stream = ref_from_wire(old).stream_id
+    client.hset(f"st:v:{{{stream.hex()}}}", mapping={"version": old["version"],
+                                                     "state_id": bytes.fromhex(old["state_id"])})
+    result.faults += 1
+    await _attempt(result, "registry_rollback_old_ref_on_the_decode_daemon", lambda: decode.load(ref=old))
+    result.inputs += 2
+    if await decode.load(ref=new) != new_data:
+        result.lost += 1
+        result.fail(f"round {i}: version 2 not served after the rollback")
+    if await decode.load(key=key) == old_data:
+        result.wrong += 1
+        result.fail(f"round {i}: a load by key served version 1 after the rollback")
+    try:
+        served = await fresh.load(ref=old) == old_data
+    except StatetierError:
+        served = False
+    result.add("registry_rollback_served_by_a_daemon_that_never_saw_v2" if served
+               else "registry_rollback_refused_by_a_daemon_that_never_saw_v2")
+    again = (await prefill.put(key, payload(80 + i, 4096), request_id=f"rb{i}", publish=True))["ref"]
+    result.inputs += 1
+    if again["version"] <= new["version"]:
+        result.wrong += 1
+        result.fail(f"round {i}: the put after the rollback claimed version {again['version']} again")
+    else:
+        result.add("registry_rollback_healed_by_the_next_put")
+
+
 def _then_load(wire: Wire, ref: dict, tamper):
     async def attack():
         tamper()
@@ -270,3 +341,5 @@ async def run(budget: Budget, result: ProbeResult) -> None:
             await _foreign_uid(rounds, result)
         with note_failures(result, "redis forgery"):
             await _redis_forgery(rounds, result, rng)
+        with note_failures(result, "registry rollback"):
+            await _registry_rollback(budget.scale(20, 3), result, Path(directory))

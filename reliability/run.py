@@ -91,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     run["load_after"] = background(1.0)
     print()
     print(report.table(results))
+    if report.kills_line(results):
+        print(report.kills_line(results).replace("**", "").replace("`", ""))
     print(f"[chaos] {run['seconds']:.0f} s; load average before {run['load_before']['load_average']}, "
           f"after {run['load_after']['load_average']}")
     (REPO / ".chaos-results.json").write_text(json.dumps(

@@ -38,6 +38,7 @@ DEPLOYMENT: dict[str, object] = {
 
 EXAMPLES: dict[str, object] = {
     "host.capacity_bytes": "8GiB",
+    "host.shm_dir": "/dev/shm",
     "redis.url": "rediss://statetier:PASSWORD@redis.example.internal:6379/0",
     "redis.cluster": False,
     "redis.capacity_bytes": "64GiB",

@@ -20,6 +20,8 @@ hold the rules; the server calls, per request, and the engine forwards to:
 
 ``EngineOptions`` (defined in ``daemon.engine.stack``) is exported here. Eviction and demotion
 are ``daemon.engine.placement``'s; tenant bytes follow every copy (``daemon.engine.tenancy``).
+Every request is taken into its tenant's own namespaces first (``own_put``, ``own_load``,
+``own_lookup``, ``owned_ref``: ``daemon.engine.tenancy``): the refs it returns carry them.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from .placement import Placement
 from .puts import Puts
 from ..requests import LoadRequest, LoadResult, LookupRequest, LookupResult, PutRequest, PutResult, Reservation
 from .stack import EngineOptions, Stack
-from .tenancy import Tenancy
+from .tenancy import Tenancy, own_load, own_lookup, own_put, owned_namespace, owned_ref
 
 __all__ = ["Engine", "EngineOptions"]
 
@@ -118,14 +120,14 @@ class Engine:
     # ---------------------------------------------------------------- puts (``daemon.engine.puts``)
 
     async def put(self, req: PutRequest, payload) -> PutResult:
-        return await self._puts.put(req, payload)
+        return await self._puts.put(own_put(req), payload)
 
     async def reserve(self, req: PutRequest, owner) -> Reservation:
-        return await self._puts.reserve(req, owner)
+        return await self._puts.reserve(own_put(req), owner)
 
     async def put_shared(self, req: PutRequest, source, owner) -> PutResult:
         """Seal a payload that lies in memory its client can still write: copied first."""
-        return await self._puts.put_shared(req, source, owner)
+        return await self._puts.put_shared(own_put(req), source, owner)
 
     async def commit(self, ticket_id: int, owner, source=None) -> PutResult:
         return await self._puts.commit(ticket_id, owner, source)
@@ -140,11 +142,11 @@ class Engine:
 
     async def load(self, req: LoadRequest, owner, *, expected: tuple[bytes, Expectation] | None = None) -> LoadResult:
         """``expected``: what ``expect_refs`` found for this load by ref, read ahead."""
-        return await self._loads.load(req, owner, expected=expected)
+        return await self._loads.load(own_load(req), owner, expected=expected)
 
     async def expect_refs(self, reqs: list[LoadRequest]) -> list[tuple[bytes, Expectation] | StatetierError | None]:
         """The registry reads of many loads by ref, made concurrently (``daemon.engine.fencing``)."""
-        return await self._fences.expect_refs(reqs)
+        return await self._fences.expect_refs([own_load(req) for req in reqs])
 
     async def drop_copy(self, tier: Tier, state_id: bytes) -> None:
         await deletion.drop_copy(self.stack, tier, state_id)
@@ -178,6 +180,7 @@ class Engine:
 
     async def lookup(self, req: LookupRequest, owner) -> LookupResult:
         started = time.perf_counter()
+        req = own_lookup(req)
         self.tenancy.check_namespace(req.tenant, req.namespace)
         result = await joint_hit(self, req, owner)
         if self.metrics is not None:
@@ -194,13 +197,17 @@ class Engine:
     async def delete(self, tenant: str, ref: StateRef) -> int:
         """Remove every copy of ``ref``'s object; none is reachable once this returns
         (``daemon.engine.deletion``: swept, moves settled, swept again)."""
-        return await deletion.delete(self.stack, tenant, ref)
+        return await deletion.delete(self.stack, tenant, owned_ref(tenant, ref))
 
     async def list_objects(self, tenant: str, *, everyone: bool = False) -> dict:
         return await catalog.listing(self.stack, tenant, everyone=everyone)
 
     async def purge(self, tenant: str, *, namespace: Namespace | None = None, of_tenant: str | None = None,
                     is_operator: bool = False) -> dict:
+        """A tenant's namespace is taken into the one it owns, as for every request; an
+        operator names a stored (owned) namespace exactly, as ``statetier ls --all`` shows it."""
+        if namespace is not None and not is_operator:
+            namespace = owned_namespace(tenant, namespace)
         return await catalog.purge(self.stack, tenant, namespace=namespace, of_tenant=of_tenant,
                                    is_operator=is_operator)
 
@@ -232,6 +239,7 @@ class Engine:
             "objects": sum(s.objects for s in tiers),
             "write_behind_pending": self.placement.write_behind_pending,
             "dropped_on_demotion": self.placement.dropped,
+            "registry_heads_behind": self._fences.rollbacks_seen,
             "tenants": self.tenancy.usage(),
         }
 

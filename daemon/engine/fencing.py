@@ -12,6 +12,14 @@
 
 The stream of each state_id claimed or read is remembered (``STREAMS_REMEMBERED`` of them:
 the mapping never changes once claimed), so a load by ref mostly reads only the head.
+
+So is the newest version this daemon has seen of each stream (claimed or read, as many
+streams): versions only grow, so a registry head below it means the registry was rolled back
+(a Redis writer replaying an old head) or lost the head (its TTL ran out). Loads then expect
+the remembered version, so an older one is refused as ``StaleState`` on this daemon; a claim
+then asks for a version above it, which writes the head forward again. ``rollbacks_seen``
+counts the heads found behind (``Engine.stats``: ``registry_heads_behind``). A daemon that
+never saw the newer version has only the registry to go by.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from statetier.protocol.errors import StaleState, StatetierError
 from statetier.protocol.identity import Provenance, StateKey, stream_id
 from statetier.protocol.lru import BoundedLru
 from statetier.protocol.sealed import Expectation
+from statetier.tiers.registry import StreamHead
 
 from ..requests import LoadRequest, PutRequest
 from .stack import Stack
@@ -39,16 +48,23 @@ class Fences:
         self.stack = stack
         self.registry = stack.registry
         self._issued: BoundedLru[bytes, bytes] = BoundedLru(STREAMS_REMEMBERED)  # state_id -> stream
+        self._newest: BoundedLru[bytes, int] = BoundedLru(STREAMS_REMEMBERED)  # stream -> newest version seen
+        self.rollbacks_seen = 0
 
     async def claim(self, req: PutRequest, provenance: Provenance, state_id: bytes) -> int:
         """The put's version from the registry; a stale put is a refused object, counted."""
         stream = stream_id(req.key, provenance.request_id)
         try:
             version = await self.registry.claim(stream, state_id, req.version)
+            seen = self._newest.get(stream)
+            if req.version is None and seen is not None and version <= seen:  # the head went back
+                self.rollbacks_seen += 1
+                version = await self.registry.claim(stream, state_id, seen + 1)
         except StaleState as exc:
             self.stack.count_rejection(exc)
             raise
         self._remember_stream(state_id, stream)
+        self._remember_version(stream, version)
         return version
 
     async def expect_refs(self, reqs: list[LoadRequest]) -> list[tuple[bytes, Expectation] | StatetierError | None]:
@@ -72,16 +88,31 @@ class Fences:
         ref = req.ref
         key = ref.key if ref.key.namespace == req.namespace else dataclasses.replace(ref.key, namespace=req.namespace)
         # two independent registry reads (the second often remembered): one round trip's wait
-        head, issued_for = await asyncio.gather(self.registry.newest(stream_id(key, ref.request_id)),
-                                                self._stream_of(ref.state_id))
+        stream = stream_id(key, ref.request_id)
+        head, issued_for = await asyncio.gather(self.registry.newest(stream), self._stream_of(ref.state_id))
         return ref.state_id, Expectation.for_ref(
-            ref, req.namespace, newest_version=head.version if head else None, state_id_stream=issued_for,
+            ref, req.namespace, newest_version=self._newest_of(stream, head), state_id_stream=issued_for,
             tensors=req.tensors, allow_speculative=req.allow_speculative)
 
     async def expect_key(self, key: StateKey, stream: bytes, req: LoadRequest) -> Expectation:
         head = await self.registry.newest(stream)
-        return Expectation.for_key(key, newest_version=head.version if head else None,
+        return Expectation.for_key(key, newest_version=self._newest_of(stream, head),
                                    tensors=req.tensors, allow_speculative=req.allow_speculative)
+
+    def _newest_of(self, stream: bytes, head: StreamHead | None) -> int | None:
+        """The newest version of ``stream``: the registry's, or the one seen here when the
+        registry's is behind it (rolled back)."""
+        seen = self._newest.get(stream)
+        if head is not None and (seen is None or head.version >= seen):
+            self._remember_version(stream, head.version)
+            return head.version
+        if seen is not None:
+            self.rollbacks_seen += 1
+        return seen
+
+    def _remember_version(self, stream: bytes, version: int) -> None:
+        seen = self._newest.peek(stream)
+        self._newest.put(stream, version if seen is None else max(version, seen))
 
     def _remember_stream(self, state_id: bytes, stream: bytes) -> None:
         self._issued.put(state_id, stream)

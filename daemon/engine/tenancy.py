@@ -1,12 +1,19 @@
-"""Tenants: who may see which namespace, and how many bytes each may keep per tier.
+"""Tenants: which namespaces are whose, and how many bytes each may keep per tier.
+
+Ownership comes from the authenticated connection, never from a client's spec: every
+namespace a request names is replaced by the one its tenant owns
+(``protocol.ownership.owned_namespace``) before the engine looks at it —
+``own_put(req)``, ``own_load(req)``, ``own_lookup(req)``, ``owned_ref(tenant, ref)``, at the
+engine's entry points. A tenant's requests therefore only ever reach namespaces carrying
+its own tag, on every daemon and after every restart; nothing is remembered.
 
 ``Tenancy(quotas)`` — ``quotas`` maps tenant → {tier name → bytes}.
 
-- ``check_namespace(tenant, namespace)`` binds a namespace to the first tenant that uses
-  it and refuses every other tenant (``Forbidden``). A namespace digest already mixes in
-  the tenant salt, so two tenants only collide when one deliberately names the other's.
-  ``may_see(tenant, namespace)`` asks the same without binding; ``owner_of(digest)`` → the
-  tenant a namespace is bound to, or None.
+- ``check_namespace(tenant, namespace)`` refuses (``Forbidden``) a namespace another tenant
+  owns (a stored header's, for ``statetier inspect``); ``may_see(tenant, namespace)`` asks
+  the same; ``owner_of(digest)`` → the tenant whose tag a namespace carries, among the
+  tenants this daemon has served (None before it served that tenant: names are not in the
+  digest).
 - ``first_tier_within_quota(tenant, tiers, nbytes)`` — where a put may start; raises
   ``QuotaExceeded`` when no tier has quota left for the tenant.
 - ``charge(tenant, tier, state_id, nbytes)`` / ``refund(tier, state_id)`` keep per-tier
@@ -21,31 +28,55 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 
 from statetier.protocol.errors import Forbidden, QuotaExceeded
-from statetier.protocol.identity import Namespace
+from statetier.protocol.identity import NAMESPACE_BYTES, Namespace
+from statetier.protocol.ownership import TAG_BYTES, is_owned_by, owned_key, owned_namespace, owned_ref, tenant_tag
+
+from ..requests import LoadRequest, LookupRequest, PutRequest
+
+__all__ = ["Tenancy", "own_load", "own_lookup", "own_put", "owned_namespace", "owned_ref"]
+
+
+def own_put(req: PutRequest) -> PutRequest:
+    key = owned_key(req.tenant, req.key)
+    return req if key is req.key else dataclasses.replace(req, key=key)
+
+
+def own_load(req: LoadRequest) -> LoadRequest:
+    namespace = owned_namespace(req.tenant, req.namespace)
+    ref = None if req.ref is None else owned_ref(req.tenant, req.ref)
+    key = None if req.key is None else owned_key(req.tenant, req.key)
+    if namespace == req.namespace and ref is req.ref and key is req.key:
+        return req
+    return dataclasses.replace(req, namespace=namespace, ref=ref, key=key)
+
+
+def own_lookup(req: LookupRequest) -> LookupRequest:
+    namespace = owned_namespace(req.tenant, req.namespace)
+    return req if namespace == req.namespace else dataclasses.replace(req, namespace=namespace)
 
 
 class Tenancy:
     def __init__(self, quotas: dict[str, dict[str, int]] | None = None) -> None:
         self.quotas = {t: dict(q) for t, q in (quotas or {}).items()}
-        self._namespace_owner: dict[bytes, str] = {}
         self._usage: dict[tuple[str, str], int] = defaultdict(int)
         self._charges: dict[tuple[str, bytes], tuple[str, int]] = {}
+        self._names: dict[bytes, str] = {}  # tenant tag -> the name it was seen with
 
     def check_namespace(self, tenant: str, namespace: Namespace) -> None:
-        owner = self._namespace_owner.setdefault(namespace.digest, tenant)
-        if owner != tenant:
+        if not is_owned_by(namespace, tenant):
             raise Forbidden(f"namespace {namespace.hex()[:16]}… belongs to another tenant")
+        self._names.setdefault(tenant_tag(tenant), tenant)
 
     def may_see(self, tenant: str, namespace: Namespace) -> bool:
-        """``check_namespace`` as a question, binding nothing: False only for another
-        tenant's namespace."""
-        return self._namespace_owner.get(namespace.digest, tenant) == tenant
+        """``check_namespace`` as a question."""
+        return is_owned_by(namespace, tenant)
 
     def owner_of(self, namespace_digest: bytes) -> str | None:
-        return self._namespace_owner.get(namespace_digest)
+        return self._names.get(namespace_digest[NAMESPACE_BYTES - TAG_BYTES :])
 
     def first_tier_within_quota(self, tenant: str, tier_names: list[str], nbytes: int) -> int:
         for index, tier in enumerate(tier_names):

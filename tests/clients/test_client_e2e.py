@@ -28,6 +28,7 @@ from statetier.protocol.errors import (
     StaleState,
 )
 from statetier.protocol.identity import NamespaceSpec, prefix_hashes
+from statetier.protocol.ownership import owned_key
 
 try:
     import statetier.daemon.app  # noqa: F401
@@ -97,7 +98,8 @@ async def _jamba_round_trip(url: str, *, use_shm: bool) -> None:
                                  request_id="jamba-req"))
             wanted.append(tensors)
         refs = await client.put_many(items)
-        assert [ref.key for ref in refs] == [item.key for item in items]
+        # stored in the namespace the connection's tenant owns (protocol.ownership)
+        assert [ref.key for ref in refs] == [owned_key(client.tenant, item.key) for item in items]
         assert all(ref.request_id == "jamba-req" and ref.version >= 1 for ref in refs)
 
         loaded = await client.load_many(refs)

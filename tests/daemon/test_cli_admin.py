@@ -29,6 +29,7 @@ from statetier.clients import Client  # noqa: E402
 from statetier.daemon.cli import main  # noqa: E402
 from statetier.protocol.errors import NotFound  # noqa: E402
 from statetier.protocol.identity import prefix_hash  # noqa: E402
+from statetier.protocol.ownership import owned_namespace  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = jamba_namespace("cli-admin", block=16)
@@ -72,8 +73,9 @@ def test_ls_shows_each_namespace_with_readable_sizes_and_times(daemon, stored, c
     assert main(["ls", "--url", daemon.url]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:4] == ["tenant", "namespace", "objects", "bytes"]
-    row = next(line for line in lines if SPEC.namespace().hex() in line)
-    assert row.split()[:3] == ["default", SPEC.namespace().hex(), "4"]
+    stored_as = owned_namespace("default", SPEC.namespace()).hex()  # the namespace tenant "default" owns
+    row = next(line for line in lines if stored_as in line)
+    assert row.split()[:3] == ["default", stored_as, "4"]
     assert "host 4" in row and "kv 2, ssm 2" in row and row.count(" UTC (") == 2
 
 
@@ -122,7 +124,7 @@ def test_verify_reports_progress_to_the_end(daemon, stored, capsys) -> None:
 
 
 def test_purge_asks_for_yes_then_removes_the_namespace(daemon, stored, capsys) -> None:
-    namespace = SPEC.namespace().hex()
+    namespace = owned_namespace("default", SPEC.namespace()).hex()  # as `statetier ls` shows it
     assert main(["purge", "--namespace", namespace, "--url", daemon.url]) == 0
     captured = capsys.readouterr()
     assert namespace in captured.out and "nothing was removed" in captured.err

@@ -44,6 +44,7 @@ from statetier.protocol.errors import BadSignature, Forbidden, Unauthorized, Una
 from statetier.clients.tensors import tensor_to_spec_and_view  # noqa: E402
 from statetier.protocol.identity import Provenance, StateKey, StateRef, new_state_id  # noqa: E402
 from statetier.protocol.keyring import Keyring, SigningKey  # noqa: E402
+from statetier.protocol.ownership import owned_key  # noqa: E402
 from statetier.protocol.sealed import decode_header, layout_payload, seal  # noqa: E402
 from statetier.tiers.base import ObjectMeta  # noqa: E402
 from statetier.tiers.redis.layout import Manifest, RedisKeys  # noqa: E402
@@ -208,10 +209,11 @@ async def test_a_uid_a_tenant_lists_is_admitted_as_that_tenant(tenant_uid_daemon
 # -- Redis written without the key -----------------------------------------------------
 
 
-def forge_into_redis(redis_client, key: StateKey, tensors: dict, signer: Keyring) -> StateRef:
+def forge_into_redis(redis_client, key: StateKey, tensors: dict, signer: Keyring, tenant: str = "default") -> StateRef:
     """Seal ``tensors`` under ``signer`` and store them the way the Redis tier would (one
-    chunk, the manifest, the key index) — what someone with write access to Redis but
-    without the daemon's key can do."""
+    chunk, the manifest, the key index), in the namespace ``tenant`` owns (anyone can derive
+    it) — what someone with write access to Redis but without the daemon's key can do."""
+    key = owned_key(tenant, key)
     views = [tensor_to_spec_and_view(name, tensor) for name, tensor in tensors.items()]
     layout = layout_payload([spec for spec, _ in views])
     payload = bytearray(layout.payload_len)

@@ -189,10 +189,19 @@ async def test_a_consumer_with_another_namespace_or_position_is_refused(engine):
     assert engine.lease_count == 0
 
 
-async def test_a_tenant_cannot_read_another_tenants_namespace(engine):
+async def test_a_tenant_naming_another_tenants_namespace_reaches_only_its_own(engine):
     put = await engine.put(*ssm_put(tenant="alice"))
-    with pytest.raises(Forbidden):
+    assert put.ref.key.namespace != NS  # stored under alice's own namespace, not the one she named
+    req, _ = ssm_put(tenant="bob")  # the very same spec, key and request: bob's namespace is another
+    with pytest.raises(NotFound):
+        await engine.load(LoadRequest("bob", NS, key=req.key), owner="c1")
+    with pytest.raises(NamespaceMismatch):  # alice's ref, handed to bob: her object is not his
         await engine.load(LoadRequest("bob", NS, ref=put.ref), owner="c1")
+    with pytest.raises(Forbidden):
+        await engine.delete("bob", put.ref)
+    mine = await engine.load(LoadRequest("alice", NS, ref=put.ref), owner="c1")
+    assert bytes(mine.payload) == ssm_put()[1]
+    await engine.release(mine.lease_id, "c1")
 
 
 async def test_the_zero_copy_put_is_sealed_in_place(engine):
@@ -494,7 +503,7 @@ async def test_a_tenant_past_its_quota_spills_to_the_next_tier_then_is_refused(t
 
 
 async def test_a_format_1_object_on_disk_is_refused_with_its_reason_and_dropped_never_misread(engine):
-    # format 1 bound keyed digests; its header, correctly signed, still parses with format 2's
+    # format 1 bound keyed digests; its header, correctly signed, still parses with format 3's
     # offsets: it must be refused (UnsupportedFormat, saying why), not read
     req, data = ssm_put()
     put = await engine.put(req, data)

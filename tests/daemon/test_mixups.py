@@ -212,7 +212,7 @@ async def test_an_intact_object_under_another_key_gets_its_identity_reason(bench
         b_blob = await stored_blob(bench, b_ref.state_id)
     elif name == "a_twin_state_id":
         a_ref = await put(bench, A_KEY, "req-a", seed=1)
-        b_blob = seal_object(A_KEY, Provenance("req-a", 3, "mixups", 1), _tensors(3),
+        b_blob = seal_object(a_ref.key, Provenance("req-a", 3, "mixups", 1), _tensors(3),
                              keyring=bench.engine.keyring, state_id=new_state_id(), version=a_ref.version)
     else:
         a_ref = await put(bench, A_KEY, "req-a", seed=1)

@@ -200,30 +200,28 @@ def test_secrets_carry_the_redis_url_and_the_keyring(tmp_path: Path) -> None:
         assert str(PurePosixPath(mount["mountPath"]) / keys["items"][0]["path"]) == str(config.keyring_path())
 
 
-def test_socket_arena_and_disk_live_on_the_volumes_the_workers_share(tmp_path: Path) -> None:
+def test_workers_share_the_socket_volume_with_statetier_and_nothing_else(tmp_path: Path) -> None:
     for name, spec, container, documents in statetier_containers():
         config = config_of(container, documents, spec, tmp_path)
+        assert config.host.shm_dir is None, name  # the arena is a memfd: no file anyone could open
         workers = [(s, c) for _, s in pod_specs(documents) for c in s["containers"] if c["name"] != "statetier"]
         assert workers, f"{name}: no worker to share the socket with"
         socket_mount = mount_of(container, config.listen.socket_path)
-        arena_mount = mount_of(container, config.host.shm_dir)
         for worker_spec, worker in workers:
             assert {"name": "STATETIER_URL", "value": f"unix://{config.listen.socket_path}"} in worker["env"]
-            for mount in (socket_mount, arena_mount):
-                theirs = mount_of(worker, mount["mountPath"])
-                assert theirs["mountPath"] == mount["mountPath"], name  # the daemon hands out paths
-                assert same_storage(spec, mount, worker_spec, theirs), f"{name}: {mount['mountPath']}"
+            theirs = mount_of(worker, socket_mount["mountPath"])
+            assert same_storage(spec, socket_mount, worker_spec, theirs), f"{name}: {socket_mount['mountPath']}"
+            shared = [m["mountPath"] for m in container["volumeMounts"]
+                      for t in worker.get("volumeMounts", []) if same_storage(spec, m, worker_spec, t)]
+            assert shared == [socket_mount["mountPath"]], f"{name}: workers also see {shared}"
         disk = volume(spec, mount_of(container, config.disk.directory)["name"])
         assert "hostPath" in disk or "persistentVolumeClaim" in disk, name
 
 
-def test_the_sidecar_arena_is_a_memory_volume_large_enough_for_the_host_tier(tmp_path: Path) -> None:
-    (spec, container, documents) = next((s, c, d) for n, s, c, d in statetier_containers() if n == "sidecar.yaml")
-    config = config_of(container, documents, spec, tmp_path)
-    dshm = volume(spec, mount_of(container, config.host.shm_dir)["name"])["emptyDir"]
-    assert dshm["medium"] == "Memory"
-    assert quantity(dshm["sizeLimit"]) >= config.host.capacity_bytes
-    assert quantity(container["resources"]["limits"]["memory"]) > config.host.capacity_bytes
+def test_the_statetier_containers_memory_limit_holds_the_host_tiers_arena(tmp_path: Path) -> None:
+    for name, spec, container, documents in statetier_containers():
+        config = config_of(container, documents, spec, tmp_path)
+        assert quantity(container["resources"]["limits"]["memory"]) > config.host.capacity_bytes, name
 
 
 def test_peers_get_through_the_socket_check(tmp_path: Path) -> None:

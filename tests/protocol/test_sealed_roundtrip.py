@@ -113,7 +113,7 @@ def test_every_field_round_trips_through_the_header(obj):
     assert header.flags == FLAG_SEALED | (FLAG_SPECULATIVE if obj["contains_speculative"] else 0)
     assert header.digest_alg is obj["digest_alg"] and header.sig_alg is obj["sig_alg"]
     assert header.key_id == KEYRINGS[obj["sig_alg"]].active.key_id
-    assert header.format_version == 2
+    assert header.format_version == 3
     assert header.header_len % ALIGN == 0 and header.header_len >= FIXED_BYTES + 32
     assert len(blob) == header.header_len + header.payload_len
     specs = [spec for spec, _ in obj["tensors"]]
@@ -148,7 +148,7 @@ def test_describe_tells_the_same_story_as_the_header(obj):
     key, prov = obj["key"], obj["provenance"]
     assert json.loads(json.dumps(info)) == info
     assert info == {
-        "format_version": 2,
+        "format_version": 3,
         "kind": key.kind.name.lower(),
         "namespace": key.namespace.hex(),
         "layer": key.layer,
@@ -329,7 +329,7 @@ def test_documented_offsets_read_a_real_header(sig_alg):
     header = decode_header(blob)
     fields = {name: _read(blob, off, size, typ) for off, size, typ, name in _doc_table()}
     expected = {
-        "magic": MAGIC, "format_version": 2, "sig_alg": int(sig_alg), "digest_alg": 2,
+        "magic": MAGIC, "format_version": 3, "sig_alg": int(sig_alg), "digest_alg": 2,
         "header_len": header.header_len, "reserved0": 0, "payload_len": header.payload_len,
         "key_id": keyring.active.key_id, "kind": 1, "flags": FLAG_SEALED | FLAG_SPECULATIVE, "shard": 3,
         "layer": 5, "namespace": NS.digest, "prefix_hash": key.prefix_hash, "token_start": 16,

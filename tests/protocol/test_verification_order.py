@@ -150,11 +150,21 @@ def test_key_past_its_not_after_is_unknown_key():
 # ---------------------------------------------------------------- 3. format
 
 
-def test_correctly_signed_format_3_is_unsupported_format():
+def test_correctly_signed_format_4_is_unsupported_format():
     blob, ref = make()
-    v3 = resign(blob, lambda h: h.__setitem__(slice(4, 6), (3).to_bytes(2, "little")))
-    rejects(UnsupportedFormat, v3, by_ref(ref))
-    rejects(UnsupportedFormat, v3, None)
+    v4 = resign(blob, lambda h: h.__setitem__(slice(4, 6), (4).to_bytes(2, "little")))
+    rejects(UnsupportedFormat, v4, by_ref(ref))
+    rejects(UnsupportedFormat, v4, None)
+
+
+def test_format_2_object_of_a_namespace_a_client_named_is_refused_with_its_reason():
+    """Format 2 sealed whatever namespace the client named (a tenant could name another's);
+    a correctly signed one is refused, saying why, never read as an owned namespace."""
+    blob, ref = make()
+    v2 = resign(blob, lambda h: h.__setitem__(slice(4, 6), (2).to_bytes(2, "little")))
+    for expect in (by_ref(ref), None):
+        with pytest.raises(UnsupportedFormat, match="any tenant could claim"):
+            open_sealed(v2, expect, KEYRING)
 
 
 def test_format_1_object_with_keyed_digests_is_refused_never_misread():

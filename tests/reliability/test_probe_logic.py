@@ -97,6 +97,7 @@ async def test_the_corruption_map_and_damage_match_what_the_disk_tier_refuses(tm
         await store(tier, meta, blob)
         stored[meta.object_id] = blob
     await tier.close()
+    KEYRING.save(tmp_path / "disk" / "keyring.json")  # where a daemon keeps it: the probe reads it there
     objects, commits = probe_corruption._records(tmp_path / "disk")
     assert set(objects) == set(stored) and len(commits) >= 1
     rng = random.Random(3)

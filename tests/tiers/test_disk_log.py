@@ -21,6 +21,7 @@ from statetier.tiers.disk import DiskTier
 from statetier.tiers.disk.index import Delete, DiskIndex, IndexEntry, Location, Mark, Put
 from statetier.tiers.disk.log import decode_ops, encode_ops, encoded_len
 from statetier.tiers.disk.body import RecordBody
+from statetier.tiers.disk.records import RecordCodec
 from statetier.tiers.disk.segments import RECORD_HEADER_BYTES, SegmentFile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling disk_crash_writer.py
@@ -152,8 +153,13 @@ def segment_holding(tmp_path: Path, object_id: bytes) -> Path:
     return segment
 
 
+def segment_file(segment: Path, keyring=KEYRING) -> SegmentFile:
+    """The segment file at ``segment``, its records authenticated under ``keyring``."""
+    return SegmentFile(segment.parent, int(segment.stem.split("-")[1]), RecordCodec(keyring))
+
+
 def records_of(segment: Path) -> list[tuple[int, object]]:
-    file = SegmentFile(segment.parent, int(segment.stem.split("-")[1]))
+    file = segment_file(segment)
     try:
         return list(file.walk())
     finally:
@@ -186,7 +192,7 @@ async def stored_after_a_checkpoint(open_disk, tmp_path, count: int, run: int = 
     return batch, segment_holding(tmp_path, batch[0][0].object_id)
 
 
-@pytest.mark.parametrize("field_offset", [0, 8, 20, 33, 60])  # magic, length, object_id, generation, checksum
+@pytest.mark.parametrize("field_offset", [0, 8, 20, 33, 42, 60])  # magic, length, object_id, generation, key id, MAC
 async def test_a_flipped_bit_in_one_record_header_loses_only_that_object(open_disk, tmp_path, field_offset):
     batch, segment = await stored_after_a_checkpoint(open_disk, tmp_path, 8)
     victim = segment.read_bytes().index(batch[2][0].object_id) - 16
@@ -224,7 +230,7 @@ async def test_a_record_after_the_last_commit_record_is_a_torn_tail_never_adopte
     batch, segment = await stored_after_a_checkpoint(open_disk, tmp_path, 4)
     extra_meta, extra_blob = make_object(object_id_for(4, 9, 0), 3000)
     size = segment.stat().st_size
-    file = SegmentFile(segment.parent, int(segment.stem.split("-")[1]))
+    file = segment_file(segment)
     try:  # a reservation a kill left without its header, then a store no COMMIT record names
         RecordBody(KEYRING, None).write_record(file, size + 4096, extra_meta.object_id, extra_meta.size,
                                                [memoryview(extra_blob)])
@@ -245,9 +251,11 @@ async def test_a_compaction_copy_no_commit_names_is_never_adopted(open_disk, tmp
     commits = [offset for offset, header in records if header.is_commit]
     flip_bit(segment, commits[3] + RECORD_HEADER_BYTES + 2)  # the COMMIT naming batch[3]
     (offset, header), = [(o, h) for o, h in records if h.is_object and h.object_id == batch[3][0].object_id]
-    with open(segment, "r+b") as handle:  # its record, as a compaction copy would have written it
-        handle.seek(offset)
-        handle.write(header.moved().pack())
+    file = segment_file(segment)
+    try:  # its record, as a compaction copy would have written it
+        file.write_at(offset, [file.header_bytes(header.moved(), offset)])
+    finally:
+        file.close()
 
     reopened = await open_disk(segment_bytes=1 << 20)
 

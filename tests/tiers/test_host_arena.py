@@ -1,10 +1,12 @@
-"""The host tier's arena as other processes see it: the memory a same-host client maps.
+"""The host tier's arena as other processes see it.
 
-Another process maps the arena through the fd and reads a leased object's bytes at its
+Another process given the fd maps the arena and reads a leased object's bytes at its
 offset and fills a store in place (``complete_store`` with no ``write``); the memfd is
-sealed against shrinking; the ``/dev/shm`` fallback is unlinked at once; pinning is off
-without CUDA and refused when demanded; ``close`` releases the arena while a view a caller
-still holds keeps the mapping alive.
+sealed against shrinking; the default arena leaves nothing in ``/dev/shm``; the
+``/dev/shm`` fallback is unlinked at once; a named arena (``shm_dir``) is 0600 and locked
+while its daemon lives, and the file a SIGKILLed daemon left is removed by the next start
+(a live daemon's is not); pinning is off without CUDA and refused when demanded; ``close``
+releases the arena while a view a caller still holds keeps the mapping alive.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -59,6 +63,65 @@ async def test_the_arena_cannot_be_shrunk_through_the_shared_fd(tier: HostTier) 
     assert tier.is_memfd
     with pytest.raises(PermissionError):
         os.ftruncate(tier.arena_fd, 0)
+
+
+async def test_the_default_arena_is_a_memfd_and_leaves_nothing_in_dev_shm() -> None:
+    before = set(os.listdir("/dev/shm"))
+    async with HostTier(HostTierOptions(1 * MIB, pin_memory=False)) as tier:
+        assert tier.is_memfd
+        assert os.readlink(f"/proc/self/fd/{tier.arena_fd}").startswith("/memfd:statetier-host")
+        assert set(os.listdir("/dev/shm")) == before
+    assert set(os.listdir("/dev/shm")) == before
+
+
+_NAMED_ARENA_DAEMON = """
+import asyncio, sys
+from statetier.tiers.memory.host import HostTier, HostTierOptions
+
+async def main(directory):
+    tier = HostTier(HostTierOptions(1 << 20, shm_dir=directory, pin_memory=False))
+    await tier.start()
+    print(tier.shared_memory()[0], flush=True)
+    await asyncio.sleep(3600)  # until killed
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def start_named_arena_process(directory: Path) -> tuple[subprocess.Popen, Path]:
+    """A process holding a named arena in ``directory`` (as a daemon with ``host.shm_dir``
+    does); returns it and the arena's path once the arena exists."""
+    proc = subprocess.Popen([sys.executable, "-c", _NAMED_ARENA_DAEMON, str(directory)], stdout=subprocess.PIPE,
+                            text=True)
+    return proc, Path(proc.stdout.readline().strip())
+
+
+async def test_a_named_arena_is_private_to_the_daemon_and_removed_at_close(tmp_path: Path) -> None:
+    async with HostTier(HostTierOptions(1 * MIB, shm_dir=tmp_path, pin_memory=False)) as tier:
+        path = Path(tier.shared_memory()[0])
+        assert path.parent == tmp_path and not tier.is_memfd
+        info = path.stat()
+        assert stat.S_IMODE(info.st_mode) == 0o600 and info.st_uid == os.geteuid()
+    assert list(tmp_path.iterdir()) == []
+
+
+async def test_the_arena_a_sigkilled_daemon_left_is_removed_at_the_next_start_and_a_live_ones_kept(tmp_path: Path) -> None:
+    dead, dead_arena = start_named_arena_process(tmp_path)
+    live, live_arena = start_named_arena_process(tmp_path)
+    try:
+        dead.send_signal(signal.SIGKILL)
+        dead.wait()
+        assert dead_arena.exists()  # SIGKILL runs no cleanup: the file stays behind...
+        other = tmp_path / "not-an-arena.txt"
+        other.write_text("left alone")
+        async with HostTier(HostTierOptions(1 * MIB, shm_dir=tmp_path, pin_memory=False)) as tier:
+            mine = Path(tier.shared_memory()[0])
+            # ...until the next daemon starts there: the dead one's goes, the live one's and
+            # a file that is no arena stay
+            assert sorted(tmp_path.iterdir()) == sorted([mine, live_arena, other])
+    finally:
+        live.kill()
+        live.wait()
 
 
 def test_the_dev_shm_fallback_is_unlinked_at_once() -> None:

@@ -3,6 +3,8 @@
 ``RecordBody(keyring, cipher)`` — blocking methods the tier runs in its executor:
 
 - ``body_len(size)`` — bytes the body of a ``size``-byte sealed object takes on disk.
+- ``records`` — the ``RecordCodec`` (``tiers.disk.records``) authenticating record headers
+  under the keyring: the segment files of the tier are opened with it.
 - ``header_for(object_id, size)`` — the record header such an object gets (it depends on
   nothing else, so the tier knows it when it reserves the record).
 - ``write_record(file, offset, object_id, size, views)`` — the record header and the body,
@@ -25,30 +27,33 @@ from statetier.protocol.keyring import Keyring
 from statetier.protocol.classify import open_intact
 from ..crypto import ENVELOPE_BYTES, TAG_BYTES, AtRestCipher
 from .index import Location
-from .segments import FLAG_ENVELOPE, RECORD_HEADER_BYTES, RecordHeader, SegmentFile
+from .records import FLAG_ENVELOPE, RECORD_HEADER_BYTES, RecordCodec, RecordHeader
+from .segments import SegmentFile
 
 
 class RecordBody:
     def __init__(self, keyring: Keyring, cipher: AtRestCipher | None) -> None:
         self.keyring = keyring
         self.cipher = cipher
+        self.records = RecordCodec(keyring)
 
     def body_len(self, size: int) -> int:
         return size + (ENVELOPE_BYTES + TAG_BYTES if self.cipher else 0)
 
-    def header_for(self, object_id: bytes, size: int) -> bytes:
+    def header_for(self, object_id: bytes, size: int) -> RecordHeader:
         flags = FLAG_ENVELOPE if self.cipher is not None else 0
-        return RecordHeader(object_id, 1, self.body_len(size), flags).pack()
+        return RecordHeader(object_id, 1, self.body_len(size), flags)
 
     def write_record(self, file: SegmentFile, offset: int, object_id: bytes, size: int,
                      views: list[memoryview]) -> None:
+        header = file.header_bytes(self.header_for(object_id, size), offset)
         if self.cipher is None:
-            file.write_at(offset, [self.header_for(object_id, size), *views])
+            file.write_at(offset, [header, *views])
             return
         envelope = self.cipher.seal_envelope(views[0] if len(views) == 1 else b"".join(views))
         if len(envelope) != self.body_len(size):
             raise InvalidRequest("the written object's size differs from its metadata")
-        file.write_at(offset, [self.header_for(object_id, size), envelope])
+        file.write_at(offset, [header, envelope])
 
     def append(self, file: SegmentFile, offset: int, written: int, views: list[memoryview]) -> None:
         file.write_at(offset + RECORD_HEADER_BYTES + written, views)

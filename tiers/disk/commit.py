@@ -1,10 +1,13 @@
 """Group commit for the disk tier: index ops made durable in batches.
 
-- ``GroupCommit(flush)`` — ``submit(op, sync=segment, record=..., on_result=...)`` queues
-  one index op, naming the segment whose record the op points at and, for a store whose
-  bytes were buffered, the ``RecordWrite`` that puts them there. While a batch is in
-  flight new ops queue up and go together in the next one, so concurrent stores share one
-  fdatasync (``flush`` is ``CommitLog.flush``, ``tiers.disk.log``). ``on_result`` runs
+- ``GroupCommit(flush)`` — ``submit(op, sync=segment, record=..., mark=..., on_result=...)``
+  queues one index op, naming the segment whose record the op points at and, for a store
+  whose bytes were buffered, the ``RecordWrite`` that puts them there; for a delete, the
+  ``mark`` (blocking) that rewrites its object's record header as DELETED, run right after
+  the COMMIT record is written and before the fdatasync (so a kill between the two leaves
+  an unacknowledged delete undone, never a delete done without its COMMIT record). While a
+  batch is in flight new ops queue up and go together in the next one, so concurrent stores
+  share one fdatasync (``flush`` is ``CommitLog.flush``, ``tiers.disk.log``). ``on_result`` runs
   for every op, in submit order, as soon as its batch is done, whether or not its
   submitter is still waiting (a cancelled ``complete_store`` still publishes): memory
   follows the log. ``drain()`` waits until the queue is empty (the tier's ``close``);
@@ -42,6 +45,7 @@ class PendingOp:
     record: RecordWrite | None
     on_result: Callable[[object], None] | None
     future: asyncio.Future[object] = field(repr=False)
+    mark: Callable[[], object] | None = None  # a delete's DELETED mark, after the COMMIT record
 
 
 class GroupCommit:
@@ -60,13 +64,14 @@ class GroupCommit:
         return len(self._queue)
 
     def submit(self, op: IndexOp, *, sync: SegmentState | None = None, record: RecordWrite | None = None,
+               mark: Callable[[], object] | None = None,
                on_result: Callable[[object], None] | None = None) -> asyncio.Future[object]:
         """Queue ``op``; the future resolves to its result (or raises its error)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[object] = loop.create_future()
         # a submitter that went away must not leave "exception never retrieved" behind
         future.add_done_callback(lambda f: f.cancelled() or f.exception())
-        self._queue.append(PendingOp(op, sync, record, on_result, future))
+        self._queue.append(PendingOp(op, sync, record, on_result, future, mark))
         self._submitted += 1
         if self._task is None:
             self._task = loop.create_task(self._run())

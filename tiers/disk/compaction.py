@@ -34,7 +34,8 @@ from statetier.protocol.errors import CorruptPayload, RejectedState
 from .commit import GroupCommit
 from .index import Location, Move
 from .space import SegmentSpace, SegmentState
-from .segments import RecordHeader, SegmentFile
+from .records import RecordHeader
+from .segments import SegmentFile
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +122,7 @@ class Compactor:
                     header: RecordHeader) -> _Copied | None:
         if self._space.location(object_id) != old:
             return None  # deleted (or dropped) while the headers were read
-        target, offset = self._space.reserve(old.record_len, header.moved().pack())
+        target, offset = self._space.reserve(old.record_len, header.moved())
         try:
             await self._call(segment.file.copy_record_to, target.file, old.offset, offset, header,
                              pins=(segment, target))

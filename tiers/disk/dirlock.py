@@ -31,7 +31,7 @@ class DirectoryLock:
         """Blocking (a few syscalls; the tier runs it in its executor)."""
         if self._fd is not None:
             raise RuntimeError(f"{self.path} is already held")
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -141,7 +141,7 @@ class DiskIndex:
     @classmethod
     def open(cls, path: Path, map_size: int, sync: bool = True) -> "DiskIndex":
         env = lmdb.open(str(path), subdir=True, map_size=map_size, max_dbs=4, sync=sync,
-                        metasync=sync, readahead=False, meminit=False)
+                        metasync=sync, readahead=False, meminit=False, mode=0o600)
         return cls(env)
 
     def close(self) -> None:

@@ -13,7 +13,8 @@ that finds the index behind replays the COMMIT records it lacks (``tiers.disk.re
   the batch is made durable by a synchronous checkpoint instead, so deletes still work.
 - ``write_batch(plan)`` — blocking: writes the buffered object records of the batch, fills
   every header still missing below the COMMIT record (so a restart can walk the segment
-  header to header up to it), writes the COMMIT record and fdatasyncs each segment once.
+  header to header up to it), writes the COMMIT record, then the DELETED marks of the
+  batch's deletes (``GroupCommit``'s ``mark``), and fdatasyncs each segment once.
 - ``encode_ops`` / ``decode_ops`` — the COMMIT body: u32 op count, then per op u8 kind
   (1 put, 2 delete), the 16-byte object_id and, for a put, u16 length + the packed
   ``IndexEntry``; zero padding to the reserved length.
@@ -40,9 +41,8 @@ from .commit import PendingOp, RecordWrite
 from .index import Delete, IndexEntry, IndexOp, Put
 from .jobs import chained
 from .space import SegmentSpace, SegmentState
-from .segments import (
-    RECORD_HEADER_BYTES, RecordHeader, SegmentFile, commit_header, is_commit_body_intact, void_header,
-)
+from .records import RECORD_HEADER_BYTES, RecordHeader
+from .segments import SegmentFile
 
 _COUNT = struct.Struct("<I")
 _PUT, _DELETE = 1, 2
@@ -132,7 +132,7 @@ def scan_log(file: SegmentFile, after_seq: int) -> SegmentLog:
             body = file.read_at(offset + RECORD_HEADER_BYTES, header.body_len)
         except StatetierError:
             break  # the file ends inside it: a torn tail
-        ops = _intact_ops(header, body)
+        ops = _intact_ops(file, header, body)
         if ops is None:
             if header.generation > after_seq:
                 found.damage_at.append(offset)
@@ -151,8 +151,8 @@ def read_commits(file: SegmentFile, after_seq: int) -> tuple[list[tuple[int, lis
     return found.commits, found.highest
 
 
-def _intact_ops(header: RecordHeader, body: bytes | bytearray | memoryview) -> list[IndexOp] | None:
-    if not is_commit_body_intact(header, body):
+def _intact_ops(file: SegmentFile, header: RecordHeader, body: bytes | bytearray | memoryview) -> list[IndexOp] | None:
+    if not file.is_commit_body_intact(header, body):
         return None
     try:
         return decode_ops(body)
@@ -173,6 +173,7 @@ class BatchPlan:
     fills: list[tuple[int, bytes]]  # (offset, header) in the commit segment
     syncs: list[SegmentFile]
     fsync: bool
+    marks: list[Callable[[], object]] = field(default_factory=list)  # after the COMMIT record
 
 
 @dataclass(slots=True)
@@ -182,6 +183,7 @@ class BatchOutcome:
     commit_written: bool = False
     log_error: BaseException | None = None
     sync_error: BaseException | None = None
+    marks_failed: int = 0
 
 
 def write_batch(plan: BatchPlan) -> BatchOutcome:
@@ -203,10 +205,17 @@ def write_batch(plan: BatchPlan) -> BatchOutcome:
                 plan.commit_file.write_at(offset, [header])
         out.filled = True
         body = encode_ops(logged, plan.commit_len - RECORD_HEADER_BYTES)
-        plan.commit_file.write_at(plan.commit_offset, [commit_header(plan.seq, body), body])
+        header = plan.commit_file.commit_header(plan.seq, body, plan.commit_offset)
+        plan.commit_file.write_at(plan.commit_offset, [header, body])
         out.commit_written = True
     except Exception as exc:
         out.log_error = exc
+    if out.commit_written:
+        for mark in plan.marks:
+            try:
+                mark()
+            except OSError:  # the delete stands by its COMMIT record; only its mark is missing
+                out.marks_failed += 1
     if plan.fsync:
         for segment in plan.syncs:
             try:
@@ -231,6 +240,7 @@ class CommitLog:
         self.inflight_segment: int | None = None  # where the COMMIT record in flight lies
         self.commit_bytes = 0
         self.fallbacks = 0
+        self.marks_failed = 0
 
     async def flush(self, batch: list[PendingOp]) -> list[object]:
         resolved = [self._resolve(pending.op) for pending in batch]
@@ -239,10 +249,13 @@ class CommitLog:
         segment, offset = self._space.reserve_log(commit_len)
         self.commit_bytes += commit_len
         fills = sorted((o, h) for o, h in segment.unheaded.items() if o < offset)
-        syncs = {id(p.sync): p.sync for p in batch if p.sync is not None}
+        # a delete's segment compaction removed since: no record left there to mark or sync
+        kept = [p for p in batch if p.sync is None or self._space.holds(p.sync)]
+        syncs = {id(p.sync): p.sync for p in kept if p.sync is not None}
         syncs[id(segment)] = segment
+        marks = [p.mark for p in kept if p.mark is not None]
         plan = BatchPlan(seq, segment.file, offset, commit_len, [(op, p.record) for op, p in zip(resolved, batch)],
-                         fills, [s.file for s in syncs.values()], self._fsync)
+                         fills, [s.file for s in syncs.values()], self._fsync, marks)
         self.inflight_segment = segment.number
         try:
             outcome = await self._call(write_batch, plan, pins=tuple(syncs.values()))
@@ -253,6 +266,7 @@ class CommitLog:
             self.inflight_segment = None
             segment.unpin()
         self._note_headers(batch, segment, offset, commit_len, fills, outcome)
+        self.marks_failed += outcome.marks_failed
         return await self._settle(resolved, seq, outcome)
 
     def _note_headers(self, batch: list[PendingOp], segment: SegmentState, offset: int, commit_len: int,
@@ -264,7 +278,7 @@ class CommitLog:
             for fill_offset, _ in fills:
                 segment.unheaded.pop(fill_offset, None)
         if not outcome.commit_written:
-            segment.unheaded[offset] = void_header(commit_len)
+            segment.unheaded[offset] = segment.file.void_header(commit_len, offset)
 
     async def _settle(self, resolved: list[IndexOp | None], seq: int, outcome: BatchOutcome) -> list[object]:
         if outcome.sync_error is not None:

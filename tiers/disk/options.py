@@ -14,7 +14,7 @@ from pathlib import Path
 
 from statetier.protocol.errors import ConfigError
 
-from .segments import RECORD_HEADER_BYTES
+from .records import RECORD_HEADER_BYTES
 
 # One eviction reads its victims into memory (to hand them to the tier below): it takes at
 # most this many bytes per call, not the whole band down to the low watermark — 15 % of a

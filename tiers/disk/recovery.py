@@ -2,19 +2,32 @@
 
 ``recover(index, segment_dir, body) -> Recovered`` blocks; the tier runs it in its executor.
 
+0. A start with a keyring that cannot check the records (a segment's first record is under
+   a key it lacks) is refused, ``ConfigError``, before anything is read or changed. A
+   segment file of record format 1 (written before records were authenticated,
+   ``tiers.disk.records``) is set aside, not read: moved into ``segments/format-1/`` and
+   named in a warning; the index entries pointing into it are dropped in step 1 (counted).
+   Its objects were sealed before namespaces were bound to tenants, so no load would
+   accept them anyway (``protocol.sealed_format.RETIRED_FORMATS``).
 1. Every index entry whose segment file is missing or too short, or whose record header
-   (magic, object_id, generation, length, checksum) is not intact at its offset, is
-   dropped. A checkpointed entry always points at a durable record, so such an entry
-   means damage after the fact; it must never be served.
+   (authentic for its place, object_id, generation, length) is not intact at its offset,
+   is dropped (and counted): a checkpointed entry always points at a durable record, so
+   such an entry means damage after the fact; it must never be served. An entry whose
+   record a delete marked DELETED goes too (a delete, not counted as damage).
 2. The log is replayed: each segment from the checkpoint's ``scan_from`` on is walked
    header to header, and every intact COMMIT record newer than its ``last_seq`` is applied
-   in sequence order (``tiers.disk.log``). For each object only its last op counts: a
-   delete removes it (a deleted object never comes back); a put is taken only once its
-   record reads back verified (``open_sealed``: signature and digest) — if it does not,
-   the op before it counts instead. A record signed under a key id this keyring lacks
-   (``UnknownKey``: the daemon restarted with another keyring) is kept: that is no damage,
-   and loads refuse it without removing it. A COMMIT record is acknowledged only after it and the
-   records it names are durable, so a put that fails here was never acknowledged.
+   in sequence order (``tiers.disk.log``). Records are authenticated (keyed MACs bound to
+   their place), so a record nobody holding the keyring wrote — a forged delete, say — is
+   damage the walk passes over. For each object only its last op counts: a delete removes
+   it (a deleted object never comes back); a put is taken only once its record reads back
+   verified (``open_sealed``: signature and digest) — if it does not, the op before it
+   counts instead, unless the record was marked DELETED: a delete rewrites its object's
+   header in the same fdatasync as its own COMMIT record, so a deleted object stays
+   deleted even when damage takes that COMMIT record. An object signed under a key id this
+   keyring lacks (``UnknownKey``: the daemon restarted with another keyring) is kept: that
+   is no damage, and loads refuse it without removing it. A COMMIT record is acknowledged
+   only after it and the records it names are durable, so a put that fails here was never
+   acknowledged.
    The walk resynchronises past a damaged header at the next intact one, so one flipped
    bit costs only what it touched: the COMMIT records after it still count, and in a
    segment with such damage (or with a COMMIT record that does not read back) the intact
@@ -30,25 +43,32 @@
 ``Recovered``: the surviving entries in created-at order (the LRU order to rebuild), the
 sizes of the kept segments, how many entries were dropped, objects re-indexed from the
 log (adopted ones included), log puts that did not verify, segments deleted, the first free
-segment number, the new checkpoint's ``Mark`` and how many orphan records were adopted.
+segment number, the new checkpoint's ``Mark``, how many orphan records were adopted and
+how many format-1 segments were set aside.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from statetier.protocol.errors import StatetierError, UnknownKey
+from statetier.protocol.errors import ConfigError, StatetierError, UnknownKey
 from statetier.protocol.sealed import open_sealed
 from .body import RecordBody
 from ..base import ObjectMeta
 from .index import Delete, DiskIndex, IndexEntry, IndexOp, Location, Mark, Put
 from .log import SegmentLog, scan_log
-from .segments import SegmentFile, list_segments
+from .records import RecordHeader
+from .segments import SegmentFile, list_segments, sync_directory
 
 # per object, its logged ops with where each lies in the log: ((commit seq, position), op)
 History = dict[bytes, list[tuple[tuple[int, int], IndexOp]]]
+
+log = logging.getLogger("statetier.tiers.disk")
+LEGACY_DIR = "format-1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,21 +82,28 @@ class Recovered:
     next_segment: int
     mark: Mark
     adopted: int = 0
+    legacy_segments: int = 0
 
 
 def recover(index: DiskIndex, segment_dir: Path, body: RecordBody) -> Recovered:
     checkpoint = index.mark()
+    legacy = _set_legacy_aside(segment_dir, body)
+    _refuse_records_of_another_keyring(segment_dir, body)
     sizes = list_segments(segment_dir)
     entries, unreadable = index.scan()
-    files = {number: SegmentFile(segment_dir, number) for number in sizes}
+    files = {number: SegmentFile(segment_dir, number, body.records) for number in sizes}
     state: dict[bytes, IndexEntry] = {}
     dropped = list(unreadable)
     try:
+        marked: list[bytes] = []  # deleted: the delete's mark is there, its COMMIT record may not be
         for entry in entries:
-            if _is_intact(entry, sizes, files):
-                state[entry.meta.object_id] = entry
-            else:
+            header = _header_at(entry, sizes, files)
+            if header is None:
                 dropped.append(entry.meta.object_id)
+            elif header.is_deleted:
+                marked.append(entry.meta.object_id)
+            else:
+                state[entry.meta.object_id] = entry
         last_seq, history = checkpoint.last_seq, defaultdict(list)
         logs = {number: scan_log(files[number], checkpoint.last_seq)
                 for number in sorted(n for n in sizes if n >= checkpoint.scan_from)}
@@ -87,12 +114,13 @@ def recover(index: DiskIndex, segment_dir: Path, body: RecordBody) -> Recovered:
                     object_id = op.entry.meta.object_id if isinstance(op, Put) else op.object_id
                     history[object_id].append(((seq, position), op))
         changes, unverified = _replay(state, history, sizes, files, body)
+        changes = [Delete(object_id) for object_id in marked] + changes
         adopted = _adopt_orphans(state, history, logs, files, body)
         changes += adopted
     finally:
         for file in files.values():
             file.close()
-    seen = set(sizes) | {entry.location.segment for entry in entries} | {checkpoint.scan_from - 1}
+    seen = set(sizes) | set(legacy) | {entry.location.segment for entry in entries} | {checkpoint.scan_from - 1}
     next_segment = max(seen, default=0) + 1
     mark = Mark(last_seq, next_segment)
     index.checkpoint([Delete(object_id) for object_id in dropped] + changes, mark)
@@ -108,7 +136,46 @@ def recover(index: DiskIndex, segment_dir: Path, body: RecordBody) -> Recovered:
         deleted += 1
     kept.sort(key=lambda e: (e.meta.created_at_ns, e.location.segment, e.location.offset))
     return Recovered(kept, {n: sizes[n] for n in live}, len(dropped), len(changes), unverified, deleted,
-                     next_segment, mark, len(adopted))
+                     next_segment, mark, len(adopted), len(legacy))
+
+
+def _refuse_records_of_another_keyring(segment_dir: Path, body: RecordBody) -> None:
+    """``ConfigError`` (nothing read, nothing changed) when a segment's records are under a key
+    this keyring cannot check: the daemon was started with another keyring, and reading its
+    records as damage would throw the store away."""
+    for number in sorted(list_segments(segment_dir)):
+        file = SegmentFile(segment_dir, number, body.records)
+        try:
+            key_id = file.unknown_first_key()
+        finally:
+            file.close()
+        if key_id is not None:
+            raise ConfigError(f"the disk tier's records in {segment_dir} are authenticated under key {key_id.hex()}, "
+                              "which this keyring does not hold (or holds past its grace): start with the keyring "
+                              "that wrote them (keys.keyring_file), or move the directory aside")
+
+
+def _set_legacy_aside(segment_dir: Path, body: RecordBody) -> list[int]:
+    """Move the segment files of record format 1 into ``segments/format-1/``; their numbers."""
+    moved: list[int] = []
+    for number in sorted(list_segments(segment_dir)):
+        file = SegmentFile(segment_dir, number, body.records)
+        try:
+            if not file.is_legacy():
+                continue
+        finally:
+            file.close()
+        aside = segment_dir / LEGACY_DIR
+        aside.mkdir(mode=0o700, exist_ok=True)
+        os.rename(file.path, aside / file.path.name)
+        moved.append(number)
+    if moved:
+        sync_directory(segment_dir)
+        log.warning("%d segment file(s) of record format 1 (written before statetier authenticated its disk "
+                    "records) are not recovered: moved to %s. Their objects were sealed before namespaces were "
+                    "bound to tenants and would be refused anyway; delete that directory once you no longer "
+                    "want them.", len(moved), segment_dir / LEGACY_DIR)
+    return moved
 
 
 def _replay(state: dict[bytes, IndexEntry], history: History, sizes: dict[int, int],
@@ -124,7 +191,11 @@ def _replay(state: dict[bytes, IndexEntry], history: History, sizes: dict[int, i
                 final = None
                 break
             assert isinstance(op, Put)  # a COMMIT record holds puts and deletes (log.decode_ops)
-            if _reads_back(op.entry, sizes, files, body):
+            found = _record_state(op.entry, sizes, files, body)
+            if found == "deleted":  # its delete's COMMIT record is lost, its mark is not
+                final = None
+                break
+            if found == "live":
                 final = op.entry
                 break
             unverified += 1
@@ -172,26 +243,32 @@ def _adopt_orphans(state: dict[bytes, IndexEntry], history: History, logs: dict[
     return adopted
 
 
-def _reads_back(entry: IndexEntry, sizes: dict[int, int], files: dict[int, SegmentFile], body: RecordBody) -> bool:
-    loc = entry.location
-    if not _is_intact(entry, sizes, files):
-        return False
+def _record_state(entry: IndexEntry, sizes: dict[int, int], files: dict[int, SegmentFile],
+                  body: RecordBody) -> str:
+    """``"live"`` (the record reads back verified), ``"deleted"`` (a delete marked it) or
+    ``"damaged"``."""
+    header = _header_at(entry, sizes, files)
+    if header is None:
+        return "damaged"
+    if header.is_deleted:
+        return "deleted"
     try:
-        body.read_verified(files[loc.segment], loc, entry.meta.object_id)
+        body.read_verified(files[entry.location.segment], entry.location, entry.meta.object_id)
     except UnknownKey:
-        return True  # intact and committed, signed under a key this keyring lacks: kept, refused on load
+        return "live"  # intact and committed, signed under a key this keyring lacks: kept, refused on load
     except (StatetierError, OSError):
-        return False
-    return True
+        return "damaged"
+    return "live"
 
 
-def _is_intact(entry: IndexEntry, sizes: dict[int, int], files: dict[int, SegmentFile]) -> bool:
+def _header_at(entry: IndexEntry, sizes: dict[int, int], files: dict[int, SegmentFile]) -> RecordHeader | None:
+    """The authentic record header at ``entry``'s location, if it is that record's."""
     loc = entry.location
     size = sizes.get(loc.segment)
     if size is None or loc.offset + loc.record_len > size:
-        return False
+        return None
     try:
         header = files[loc.segment].read_record_header(loc.offset, entry.meta.object_id, loc.generation)
     except StatetierError:
-        return False
-    return header.record_len == loc.record_len
+        return None
+    return header if header.record_len == loc.record_len else None

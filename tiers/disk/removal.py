@@ -5,6 +5,11 @@
   next commit) and ``drop_corrupt`` serve the other parts and compaction; ``settle`` forgets
   the objects deleted under a lease whose last lease ended.
 
+``delete`` removes an object for good: its record header is marked DELETED
+(``SegmentFile.mark_deleted``) right after the COMMIT record of the delete and in the same
+fdatasync (``GroupCommit.submit``'s ``mark``), so no damage to that COMMIT record brings the
+object back at the next start (``tiers.disk.recovery``).
+
 A delete under a lease hides the object (``Ledger.hide``) and marks it lingering in its
 segment, so compaction keeps the file while a reader may still be in it. ``evict`` removes
 LRU objects down to the low watermark, but past what brings usage under the high one at most
@@ -14,6 +19,8 @@ LRU objects down to the low watermark, but past what brings usage under the high
 from __future__ import annotations
 
 import asyncio
+import functools
+from typing import Callable
 
 from statetier.protocol.classify import is_damage
 from statetier.protocol.errors import RejectedState
@@ -21,6 +28,7 @@ from statetier.protocol.errors import RejectedState
 from ..base import EvictedObject, ObjectMeta
 from ..ledger import Ledger
 from .index import Delete, Location
+from .space import SegmentState
 from .volume import DiskVolume
 
 
@@ -32,15 +40,22 @@ class DiskRemoval:
         self._volume = volume
 
     async def delete(self, object_id: bytes) -> bool:
-        self._volume.require_started()
-        done = self.remove_nowait(object_id)
+        space = self._volume.state.space
+        location = space.location(object_id) if object_id in self._ledger.index else None
+        if location is None:
+            return False
+        segment = space.segment_of(location)
+        mark = functools.partial(segment.file.mark_deleted, location.offset, object_id, location.generation)
+        done = self.remove_nowait(object_id, sync=segment, mark=mark)
         if done is None:
             return False
         await asyncio.shield(done)
         return True
 
-    def remove_nowait(self, object_id: bytes) -> asyncio.Future[object] | None:
-        """Make an object invisible now; its index entry goes in the next commit."""
+    def remove_nowait(self, object_id: bytes, *, sync: SegmentState | None = None,
+                      mark: Callable[[], object] | None = None) -> asyncio.Future[object] | None:
+        """Make an object invisible now; its index entry goes in the next commit (``mark`` run
+        with it, ``sync`` fdatasync'd with it: ``GroupCommit.submit``)."""
         meta = self._ledger.index.remove(object_id)
         volume = self._volume.current
         if meta is None or volume is None:
@@ -49,7 +64,7 @@ class DiskRemoval:
         if location is not None and self._ledger.leases.is_leased(object_id):
             self._ledger.hide(meta, location)
             volume.space.segment_of(location).lingering.add(object_id)
-        return volume.commit.submit(Delete(object_id))
+        return volume.commit.submit(Delete(object_id), sync=sync, mark=mark)
 
     def drop_corrupt(self, object_id: bytes) -> None:
         self._ledger.corrupt_dropped += 1

@@ -1,38 +1,19 @@
-"""Segment files of the disk tier: the record format and blocking I/O on one file.
+"""Segment files of the disk tier: blocking I/O on one file of records.
 
 ``segments/seg-00000001.dat`` … hold records back to back, each at the offset the tier
-reserved for it, so a segment can be walked from its start, header to header. A record,
-little-endian::
+reserved for it, so a segment can be walked from its start, header to header. The record
+header (its layout, and the keyed MACs that bind it to its place) is
+``tiers.disk.records``.
 
-    offset size  field
-    0      4     magic b"STRC"
-    4      1     record format version (1)
-    5      1     flags: bit 0 = the body is an AtRestCipher envelope; bit 1 = a COMMIT
-                 record; bit 2 = a VOID record (a reservation never used, skip it)
-    6      2     reserved, zero
-    8      8     body length in bytes (u64); the record is 64 + body length bytes
-    16     16    object_id (the state_id); zero in COMMIT and VOID records
-    32     8     object records: generation (u64), 1 when stored, +1 per compaction copy;
-                 COMMIT records: the group commit's sequence number
-    40     8     COMMIT records: xxh3-64 of the body; zero otherwise
-    48     8     reserved, zero
-    56     8     checksum: xxh3-64 (u64) of bytes [0, 56) of this record header
-    64     …     body: the sealed blob (header + payload), or its at-rest envelope; in a
-                 COMMIT record the index ops of one group commit (``tiers.disk.log``)
-
-The checksum guards the record header only; an object body is verified on every read by
-its own signature and payload digest (``open_sealed``), or by the AES-GCM tag first.
-An object record's header depends only on its reservation, so writing it twice (by the
-writer and by a commit that fills the headers below it) writes the same bytes.
-
-- ``RecordHeader``  — ``pack()`` / ``unpack_checked(raw, object_id, generation)`` /
-                      ``try_unpack(raw)``; ``commit_header`` / ``void_header``.
-- ``SegmentFile``   — one file: lazy open (creating it makes its directory entry durable),
-                      ``write_at`` (pwritev), ``sync`` (fdatasync), ``read_record``,
-                      ``read_record_header``, ``read_at``, ``walk`` (header to header from
-                      the start, resynchronising past a damaged header), ``copy_record_to``,
-                      ``unlink``. Every method blocks: the
-                      tier calls them in its executor.
+- ``SegmentFile(directory, number, codec)`` — one file: lazy open (creating it makes its
+  directory entry durable, mode 0600), ``header_bytes`` / ``commit_header`` / ``void_header``
+  (packed and authenticated for an offset in this file), ``is_commit_body_intact``,
+  ``write_at`` (pwritev), ``sync`` (fdatasync), ``read_record``, ``read_record_into``,
+  ``read_record_header``, ``read_at``, ``walk`` (header to header from the start,
+  resynchronising past a damaged header), ``copy_record_to``, ``mark_deleted`` (a delete's
+  mark over an object's header), ``is_legacy`` (a segment of record format 1),
+  ``unknown_first_key``, ``unlink``.
+  Every method blocks: the tier calls them in its executor.
 - ``segment_path`` / ``list_segments`` — file names and discovery.
 """
 
@@ -40,106 +21,17 @@ from __future__ import annotations
 
 import os
 import re
-import struct
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-import xxhash
-
 from statetier.protocol.errors import CorruptPayload, TruncatedState
-
-RECORD_MAGIC = b"STRC"
-RECORD_VERSION = 1
-FLAG_ENVELOPE = 0x01
-FLAG_COMMIT = 0x02
-FLAG_VOID = 0x04
-_HEAD = struct.Struct("<4sBBHQ16sQQ8x")
-_CHECKSUM = struct.Struct("<Q")
-RECORD_HEADER_BYTES = _HEAD.size + _CHECKSUM.size
-assert RECORD_HEADER_BYTES == 64
+from .records import RECORD_HEADER_BYTES, RECORD_MAGIC, RecordCodec, RecordHeader, is_legacy_header
 
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 1024
 _COPY_CHUNK = 8 << 20
 _SCAN_CHUNK = 1 << 20
-_NO_OBJECT = bytes(16)
 _NAME = re.compile(r"^seg-(\d{8})\.dat$")
-
-
-@dataclass(frozen=True, slots=True)
-class RecordHeader:
-    object_id: bytes
-    generation: int
-    body_len: int
-    flags: int = 0
-    body_checksum: int = 0  # COMMIT records only
-
-    @property
-    def record_len(self) -> int:
-        return RECORD_HEADER_BYTES + self.body_len
-
-    @property
-    def is_envelope(self) -> bool:
-        return bool(self.flags & FLAG_ENVELOPE)
-
-    @property
-    def is_commit(self) -> bool:
-        return bool(self.flags & FLAG_COMMIT)
-
-    @property
-    def is_object(self) -> bool:
-        return not self.flags & (FLAG_COMMIT | FLAG_VOID)
-
-    def moved(self) -> "RecordHeader":
-        """The header of this object record's next compaction copy."""
-        return RecordHeader(self.object_id, self.generation + 1, self.body_len, self.flags)
-
-    def pack(self) -> bytes:
-        head = _HEAD.pack(RECORD_MAGIC, RECORD_VERSION, self.flags, 0, self.body_len,
-                          self.object_id, self.generation, self.body_checksum)
-        return head + _CHECKSUM.pack(xxhash.xxh3_64_intdigest(head))
-
-    @classmethod
-    def try_unpack(cls, raw: bytes | bytearray | memoryview) -> "RecordHeader | None":
-        """The header in ``raw``, or None where there is none (zeros, a torn or foreign header)."""
-        view = memoryview(raw)
-        if view.nbytes < RECORD_HEADER_BYTES:
-            return None
-        magic, version, flags, _res, body_len, oid, gen, body_checksum = _HEAD.unpack_from(view, 0)
-        (checksum,) = _CHECKSUM.unpack_from(view, _HEAD.size)
-        if magic != RECORD_MAGIC or version != RECORD_VERSION:
-            return None
-        if checksum != xxhash.xxh3_64_intdigest(view[: _HEAD.size]):
-            return None
-        return cls(oid, gen, body_len, flags, body_checksum)
-
-    @classmethod
-    def unpack_checked(cls, raw: bytes | bytearray | memoryview, object_id: bytes, generation: int) -> "RecordHeader":
-        """Parse ``raw`` and insist it is the record of ``object_id`` at ``generation``."""
-        if memoryview(raw).nbytes < RECORD_HEADER_BYTES:
-            raise TruncatedState("segment ends inside a record header")
-        header = cls.try_unpack(raw)
-        if header is None:
-            raise CorruptPayload("no intact record header at the indexed offset")
-        if not header.is_object or header.object_id != object_id or header.generation != generation:
-            raise CorruptPayload(f"record at the indexed offset is {header.object_id.hex()} generation "
-                                 f"{header.generation}, expected {object_id.hex()} generation {generation}")
-        return header
-
-
-def commit_header(seq: int, body: bytes | memoryview) -> bytes:
-    """The header of a COMMIT record holding ``body``."""
-    return RecordHeader(_NO_OBJECT, seq, len(body), FLAG_COMMIT, xxhash.xxh3_64_intdigest(body)).pack()
-
-
-def void_header(record_len: int) -> bytes:
-    """The header that marks ``record_len`` reserved bytes as never used."""
-    return RecordHeader(_NO_OBJECT, 0, record_len - RECORD_HEADER_BYTES, FLAG_VOID).pack()
-
-
-def is_commit_body_intact(header: RecordHeader, body: bytes | bytearray | memoryview) -> bool:
-    return xxhash.xxh3_64_intdigest(body) == header.body_checksum
 
 
 def _past(views: list[memoryview], first: int, done: int) -> int:
@@ -178,17 +70,38 @@ def sync_directory(directory: Path) -> None:
 class SegmentFile:
     """One segment file. Writers use disjoint reserved ranges, so no lock guards the I/O."""
 
-    def __init__(self, directory: Path, number: int) -> None:
+    def __init__(self, directory: Path, number: int, codec: RecordCodec) -> None:
         self.number = number
         self.path = segment_path(directory, number)
+        self.codec = codec
         self._fd: int | None = None
         self._open_lock = threading.Lock()
+
+    # -------------------------------------------------------------- headers for this file
+
+    def header_bytes(self, header: RecordHeader, offset: int) -> bytes:
+        return self.codec.pack(header, self.number, offset)
+
+    def commit_header(self, seq: int, body: bytes | memoryview, offset: int) -> bytes:
+        return self.codec.commit_header(seq, body, self.number, offset)
+
+    def void_header(self, record_len: int, offset: int) -> bytes:
+        return self.codec.void_header(record_len, self.number, offset)
+
+    def is_commit_body_intact(self, header: RecordHeader, body: bytes | bytearray | memoryview) -> bool:
+        return self.codec.is_commit_body_intact(header, body)
+
+    def _checked(self, raw: bytes | bytearray | memoryview, offset: int, object_id: bytes,
+                 generation: int) -> RecordHeader:
+        return self.codec.unpack_checked(raw, self.number, offset, object_id, generation)
+
+    # -------------------------------------------------------------- I/O
 
     def _fd_for_write(self) -> int:
         with self._open_lock:
             if self._fd is None:
                 existed = self.path.exists()
-                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o640)
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
                 if not existed:
                     sync_directory(self.path.parent)
             return self._fd
@@ -214,8 +127,34 @@ class SegmentFile:
         os.fdatasync(self._fd_for_write())
 
     def read_record_header(self, offset: int, object_id: bytes, generation: int) -> RecordHeader:
+        """The authentic header of ``object_id``'s record at ``offset`` (``is_deleted`` when a
+        delete has marked it), or the damage."""
         raw = os.pread(self._fd_for_read(), RECORD_HEADER_BYTES, offset)
-        return RecordHeader.unpack_checked(raw, object_id, generation)
+        return self._checked(raw, offset, object_id, generation)
+
+    def mark_deleted(self, offset: int, object_id: bytes, generation: int) -> bool:
+        """Rewrite the header of ``object_id``'s record at ``offset`` as DELETED (a delete's
+        mark, made durable with its COMMIT record): recovery then never takes the record
+        back, whatever becomes of that COMMIT record. False when the header there is not the
+        intact one of that object (damage has already made it unreadable) or already marked."""
+        try:
+            header = self.read_record_header(offset, object_id, generation)
+        except (CorruptPayload, TruncatedState):
+            return False
+        if header.is_deleted:
+            return False
+        self.write_at(offset, [self.header_bytes(header.deleted(), offset)])
+        return True
+
+    def unknown_first_key(self) -> bytes | None:
+        """The key id of the file's first record when this keyring cannot check it (see
+        ``RecordCodec.unknown_key_of``), else None."""
+        return self.codec.unknown_key_of(os.pread(self._fd_for_read(), RECORD_HEADER_BYTES, 0))
+
+    def is_legacy(self) -> bool:
+        """Whether the file starts with a record of format 1 (written before records were
+        authenticated)."""
+        return is_legacy_header(os.pread(self._fd_for_read(), RECORD_HEADER_BYTES, 0))
 
     def read_at(self, offset: int, nbytes: int) -> bytearray:
         """Exactly ``nbytes`` from ``offset``, or TruncatedState."""
@@ -233,7 +172,7 @@ class SegmentFile:
         size = os.fstat(fd).st_size
         offset = 0
         while offset + RECORD_HEADER_BYTES <= size:
-            header = RecordHeader.try_unpack(os.pread(fd, RECORD_HEADER_BYTES, offset))
+            header = self.codec.try_unpack(os.pread(fd, RECORD_HEADER_BYTES, offset), self.number, offset)
             if header is None:
                 found = self._next_header(fd, offset + 1, size)
                 if found is None:
@@ -243,15 +182,15 @@ class SegmentFile:
             yield offset, header
             offset += header.record_len
 
-    @staticmethod
-    def _next_header(fd: int, start: int, size: int) -> tuple[int, "RecordHeader"] | None:
+    def _next_header(self, fd: int, start: int, size: int) -> tuple[int, RecordHeader] | None:
         """The first intact header at or after ``start``; every read moves forward."""
         position = start
         while position + RECORD_HEADER_BYTES <= size:
             chunk = os.pread(fd, _SCAN_CHUNK, position)
             at = chunk.find(RECORD_MAGIC)
             while at != -1 and at + RECORD_HEADER_BYTES <= len(chunk):
-                header = RecordHeader.try_unpack(memoryview(chunk)[at : at + RECORD_HEADER_BYTES])
+                header = self.codec.try_unpack(memoryview(chunk)[at : at + RECORD_HEADER_BYTES], self.number,
+                                               position + at)
                 if header is not None:
                     return position + at, header
                 at = chunk.find(RECORD_MAGIC, at + 1)
@@ -265,7 +204,7 @@ class SegmentFile:
         head = bytearray(RECORD_HEADER_BYTES)
         body = bytearray(record_len - RECORD_HEADER_BYTES)
         self._read_exactly(offset, [memoryview(head), memoryview(body)])
-        header = RecordHeader.unpack_checked(head, object_id, generation)
+        header = self._checked(head, offset, object_id, generation)
         if header.record_len != record_len:
             raise CorruptPayload(f"record holds {header.record_len} bytes, the index says {record_len}")
         return header, body
@@ -278,7 +217,7 @@ class SegmentFile:
             raise CorruptPayload(f"a {body.nbytes}-byte destination for a {record_len}-byte record")
         head = bytearray(RECORD_HEADER_BYTES)
         self._read_exactly(offset, [memoryview(head), body])
-        header = RecordHeader.unpack_checked(head, object_id, generation)
+        header = self._checked(head, offset, object_id, generation)
         if header.record_len != record_len:
             raise CorruptPayload(f"record holds {header.record_len} bytes, the index says {record_len}")
         return header
@@ -318,7 +257,7 @@ class SegmentFile:
             self._read_exactly(src_offset + RECORD_HEADER_BYTES + done, [view])
             target.write_at(dst_offset + RECORD_HEADER_BYTES + done, [memoryview(buffer)[:step]])
             done += step
-        target.write_at(dst_offset, [new.pack()])
+        target.write_at(dst_offset, [target.header_bytes(new, dst_offset)])
         return new
 
     def close(self) -> None:

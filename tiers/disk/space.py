@@ -9,11 +9,13 @@
   the file may go: nothing live, nothing pinned, no lingering id (after
   ``forget_unleased`` dropped those no lease holds any more).
 - ``SegmentSpace`` — the segments by number and the one ``active`` segment;
-  ``reserve(record_len, header)`` assigns an offset (and a pin) in the active segment,
+  ``reserve(record_len, header)`` assigns an offset (and a pin) in the active segment
+  (``header`` is a ``RecordHeader``, authenticated for that offset),
   sealing it and opening the next once it passes ``segment_bytes``; ``reserve_log`` does
   the same for a COMMIT record but never seals (it belongs beside the records it names);
   ``retire_active`` seals the active segment early; ``place`` / ``unplace`` /
-  ``location`` track each object's current record; ``compaction_candidates(ratio)``.
+  ``location`` track each object's current record; ``holds(segment)``;
+  ``compaction_candidates(ratio)``.
 
 Nothing here blocks or awaits: the tier calls it from the event loop, so a reservation
 or a placement is atomic with respect to other coroutines.
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from .index import Location
+from .records import RecordCodec, RecordHeader
 from .segments import SegmentFile
 
 
@@ -62,33 +65,34 @@ class SegmentState:
 
 
 class SegmentSpace:
-    def __init__(self, directory: Path, segment_bytes: int, first_active: int) -> None:
+    def __init__(self, directory: Path, segment_bytes: int, first_active: int, codec: RecordCodec) -> None:
         self.directory = directory
         self.segment_bytes = segment_bytes
+        self.codec = codec
         self.segments: dict[int, SegmentState] = {}
         self._locations: dict[bytes, Location] = {}
         self._next_number = first_active
         self.active = self._open_next()
 
     def _open_next(self) -> SegmentState:
-        state = SegmentState(SegmentFile(self.directory, self._next_number))
+        state = SegmentState(SegmentFile(self.directory, self._next_number, self.codec))
         self.segments[state.number] = state
         self._next_number += 1
         return state
 
     def adopt(self, number: int, size: int) -> SegmentState:
         """A sealed segment found on disk at start."""
-        state = SegmentState(SegmentFile(self.directory, number), size)
+        state = SegmentState(SegmentFile(self.directory, number, self.codec), size)
         self.segments[number] = state
         return state
 
-    def reserve(self, record_len: int, header: bytes) -> tuple[SegmentState, int]:
+    def reserve(self, record_len: int, header: RecordHeader) -> tuple[SegmentState, int]:
         """Room for one object record in the active segment, whose header will be
         ``header``; the caller owns one pin on the segment."""
         if self.active.tail and self.active.tail + record_len > self.segment_bytes:
             self.active = self._open_next()
         segment, offset = self.reserve_log(record_len)
-        segment.unheaded[offset] = header
+        segment.unheaded[offset] = segment.file.header_bytes(header, offset)
         return segment, offset
 
     def reserve_log(self, record_len: int) -> tuple[SegmentState, int]:
@@ -115,6 +119,10 @@ class SegmentSpace:
             segment.objects.discard(object_id)
             segment.live_bytes -= location.record_len
         return location
+
+    def holds(self, segment: SegmentState) -> bool:
+        """Whether ``segment`` is still one of the tier's (compaction has not forgotten it)."""
+        return self.segments.get(segment.number) is segment
 
     def location(self, object_id: bytes) -> Location | None:
         return self._locations.get(object_id)

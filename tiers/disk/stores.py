@@ -29,7 +29,7 @@ from ..ledger import Ledger
 from .commit import RecordWrite
 from .index import IndexEntry, Location, Put
 from .removal import DiskRemoval
-from .segments import RECORD_HEADER_BYTES
+from .records import RECORD_HEADER_BYTES
 from .space import SegmentState
 from .volume import DiskVolume
 

@@ -9,9 +9,9 @@ executor=None)`` implements ``Tier`` (lifecycle in ``tiers.base``), plus ``read_
 (``tiers.disk.loads``: leases, verified reads) and ``DiskRemoval`` (``tiers.disk.removal``:
 delete, dropped damage, eviction); ``Compactor`` (``tiers.disk.compaction``) for ``compact``.
 
-- Layout: ``directory/segments/seg-00000001.dat`` … (record format in ``tiers.disk.segments``)
+- Layout: ``directory/segments/seg-00000001.dat`` … (record format in ``tiers.disk.records``)
   and ``directory/index/`` (LMDB, ``tiers.disk.index``); in-memory placement in
-  ``tiers.disk.space``.
+  ``tiers.disk.space``. The directories are 0700 and the files 0600: only the daemon reads them.
 - Durability: the segments are the log (``tiers.disk.commit``, ``tiers.disk.log``); the LMDB
   index is a checkpoint of it, written in the background every ``checkpoint_ops`` ops or
   ``checkpoint_seconds`` (``tiers.disk.checkpoint``); a restart replays what it lacks.
@@ -152,11 +152,13 @@ class DiskTier(ComposedTier):
                 "index_ops_waiting": volume.commit.waiting if volume else 0,
                 "commit_record_bytes": volume.log.commit_bytes if volume else 0,
                 "log_fallbacks": volume.log.fallbacks if volume else 0,
+                "delete_marks_failed": volume.log.marks_failed if volume else 0,
                 "checkpoints": volume.checkpointer.runs if volume else 0,
                 "checkpoint_failures": volume.checkpointer.failures if volume else 0,
                 "ops_not_checkpointed": volume.checkpointer.waiting if volume else 0,
                 "recovery_replayed": found.replayed if found else 0,
                 "recovery_unverified": found.unverified if found else 0,
                 "recovery_adopted": found.adopted if found else 0,
+                "recovery_legacy_segments": found.legacy_segments if found else 0,
             },
         )

@@ -2,16 +2,18 @@
 
 - ``DiskVolume(options, body, executor)`` — opens and closes the directory for the tier.
   ``open(ledger, drop_corrupt)`` first locks the directory (``tiers.disk.dirlock``: one
-  open tier, hence one daemon, per directory), then creates ``segments/``, opens the
-  index, recovers (replays
-  the log past the last checkpoint, ``tiers.disk.recovery``), fills the ledger's index and
-  wires the group commit; ``close()`` drains the commits, writes a last checkpoint,
+  open tier, hence one daemon, per directory), then creates ``segments/`` and ``index/``,
+  opens the index, recovers (replays the log past the last checkpoint,
+  ``tiers.disk.recovery``), fills the ledger's index and wires the group commit; ``close()`` drains the commits, writes a last checkpoint,
   closes every file and lets the lock go. ``state`` is the ``OpenVolume`` while started (``RuntimeError``
   otherwise); ``current`` is the last one opened, for stats.
 - ``OpenVolume`` — what exists while started: ``jobs`` (the executor edge,
   ``tiers.disk.jobs``), ``index``, ``space`` (segments and placements), ``commit`` (the group
   commit), ``log``, ``checkpointer``, ``compactor``, and what recovery found (``recovered``).
   ``call(fn, *args, pins=…)`` runs blocking work in the executor.
+
+The directories are mode 0700 and the files 0600 (segments, index, lock), whatever the
+umask: a worker in the daemon's group, there to reach the socket, reads nothing here.
 
 The parts of ``DiskTier`` (``tiers.disk.stores``, ``loads``, ``removal``) each receive the
 tier's ``Ledger`` and this volume.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from statetier.protocol.errors import StatetierError
@@ -98,16 +101,16 @@ class DiskVolume:
         segment_dir, index_dir = options.directory / "segments", options.directory / "index"
         index: DiskIndex | None = None
         try:
-            await jobs.run(options.directory.mkdir, 0o750, True, True)
+            await jobs.run(_make_private_directories, options.directory)
             await jobs.run(self._lock.acquire)  # before anything in it is read or written
-            await jobs.run(segment_dir.mkdir, 0o750, True, True)
+            await jobs.run(_make_private_directories, segment_dir, index_dir)
             index = await jobs.run(DiskIndex.open, index_dir, _index_map_size(options.capacity_bytes), options.fsync)
             found: Recovered = await jobs.run(recover, index, segment_dir, self.body)
         except BaseException:
             await self._release([], index)
             raise
         assert index is not None
-        space = SegmentSpace(segment_dir, options.segment_bytes, found.next_segment)
+        space = SegmentSpace(segment_dir, options.segment_bytes, found.next_segment, self.body.records)
         for number, size in found.segment_sizes.items():
             space.adopt(number, size)
         for entry in found.entries:
@@ -166,6 +169,14 @@ class DiskVolume:
 def _index_map_size(capacity: int) -> int:
     # an entry is ~100 bytes and objects are hundreds of bytes at the very least
     return min(max(64 << 20, capacity // 16), 1 << 40)
+
+
+def _make_private_directories(*directories: Path) -> None:
+    """The tier's directories, readable by the daemon's uid only (mode 0700, whatever the
+    umask)."""
+    for directory in directories:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        directory.chmod(0o700)
 
 
 def _close_all(files: list[SegmentFile], index: DiskIndex | None) -> None:

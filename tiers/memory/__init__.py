@@ -1,6 +1,6 @@
 """The memory tiers: pinned host memory and device memory, one preallocated region each.
 
-``HostTier`` / ``HostTierOptions`` (``host.py``: a shared-memory arena only the daemon maps)
+``HostTier`` / ``HostTierOptions`` (``host.py``: a memfd arena only the daemon maps)
 and ``DeviceTier`` / ``DeviceTierOptions`` (``device.py``: one preallocated torch tensor,
 side-stream copies) are all the daemon touches. Both are an ``ExtentTier`` (``extent.py``)
 over their medium (``HostArena``, ``DevicePool``) and an ``ExtentAllocator``

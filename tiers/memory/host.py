@@ -1,32 +1,38 @@
-"""The host tier: one shared-memory arena, mapped by the daemon and by same-host clients.
+"""The host tier: one arena in memory only the daemon maps (same-host clients get windows of
+their own, ``daemon/server/windows.py``; none of them opens or maps the arena).
 
 - ``HostTier(HostTierOptions(capacity_bytes, shm_dir=None, pin_memory=None, …), executor=None)``
-  — an ``ExtentTier`` whose medium is a ``HostArena``: a named arena file in ``shm_dir``
-  (what the daemon uses: clients open it by path, e.g. a ``/dev/shm`` shared by the pod's
-  containers), or without ``shm_dir`` a ``memfd`` (or a ``/dev/shm`` file unlinked right
-  after open); sized with ``ftruncate`` and ``mmap``'d once at ``start()``.
-  ``shared_memory()`` → (path, size) for HELLO_OK; ``arena_offset(ticket_or_lease)`` →
-  where that object's bytes start.
-- ``arena_fd`` / ``arena_size`` / ``arena_view`` — what the daemon passes to a client on
-  the same host (``SCM_RIGHTS``) so it can map the arena itself. ``StoreTicket.location``
-  is the arena offset of a store in progress and ``Lease.location`` is
-  ``(offset, generation)``: a client fills ``ticket.view`` (or its own mapping at that
-  offset) in place and the daemon calls ``complete_store`` with no ``write()`` at all.
+  — an ``ExtentTier`` whose medium is a ``HostArena``: an anonymous ``memfd`` (the default:
+  nothing in any directory another process could open; a ``/dev/shm`` file unlinked right
+  after open where memfd is missing), or, with ``shm_dir``, a named arena file there: mode
+  0600, owned by the daemon, held under an exclusive ``flock`` while the daemon lives and
+  removed at ``close()``; arena files a dead daemon left in ``shm_dir`` (their lock free)
+  are removed at ``start()`` (``remove_dead_arenas``). Sized with ``ftruncate`` and
+  ``mmap``'d once at ``start()``. ``shared_memory()`` → (path, size);
+  ``arena_offset(ticket_or_lease)`` → where that object's bytes start.
+- ``arena_fd`` / ``arena_size`` / ``arena_view`` — the arena's descriptor and a writable
+  view of it, for the daemon's own copies (and tests); no client is given either.
+  ``StoreTicket.location`` is the arena offset of a store in progress and
+  ``Lease.location`` is ``(offset, generation)``: the daemon fills ``ticket.view`` in place
+  and calls ``complete_store`` with no ``write()`` at all.
 - ``read(lease)`` is a read-only view of the arena, no copy, valid until ``complete_load``.
 - ``compact()`` (from ``ExtentTier``) defragments the arena around leased objects.
 - Its bytes move with ``HostBytes`` (``tiers.memory.hostbytes``).
 
 With CUDA present (``pin_memory=None``) or asked for (``True``) the arena is registered as
 pinned memory (``cudaHostRegister``), so device copies from and to it are true DMA; torch
-is imported only then. The memfd is sealed against shrinking, so a client holding the fd
-cannot truncate the arena under the daemon (which would fault on the next access).
+is imported only then. The memfd is sealed against shrinking and growing, so nothing that
+ever holds its fd can truncate the arena under the daemon (which would fault on the next
+access).
 """
 
 from __future__ import annotations
 
 import fcntl
+import logging
 import mmap
 import os
+import re
 import secrets
 import sys
 from concurrent.futures import Executor
@@ -42,6 +48,10 @@ from .pins import PinnedJobs
 from .rawmemory import address_of, release_quietly
 
 _GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
+#: ``statetier-<tier name>-<pid>-<random>.arena``: the name of a named arena file.
+_ARENA_NAME = re.compile(r"^statetier-[A-Za-z0-9_.-]+-\d+-[0-9a-f]+\.arena$")
+
+log = logging.getLogger("statetier.tiers.host")
 
 
 def open_memfd(name: str) -> int:
@@ -58,10 +68,47 @@ def open_unlinked_shm(name: str, directory: str = "/dev/shm") -> int:
     return fd
 
 
+def remove_dead_arenas(directory: str) -> list[str]:
+    """Remove the named arena files in ``directory`` whose daemon is gone: files of this uid
+    named like an arena whose ``flock`` is free (a live daemon holds its own for as long as
+    it runs; the kernel drops it when the process dies, however it died). Returns the paths
+    removed."""
+    removed: list[str] = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        if not _ARENA_NAME.match(name):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue  # another user's, or gone already
+        try:
+            if os.fstat(fd).st_uid != os.geteuid():
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a live daemon's arena
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+    if removed:
+        log.warning("removed %d arena file(s) a dead daemon left in %s: %s", len(removed), directory,
+                    ", ".join(os.path.basename(p) for p in removed))
+    return removed
+
+
 @dataclass(frozen=True, slots=True)
 class HostTierOptions(ExtentTierOptions):
-    """``ExtentTierOptions`` and where the arena lives: ``shm_dir`` (a named file there) or
-    None (a memfd); ``pin_memory``: None registers it with CUDA when CUDA is there."""
+    """``ExtentTierOptions`` and where the arena lives: ``shm_dir`` (a named file there, mode
+    0600) or None (a memfd); ``pin_memory``: None registers it with CUDA when CUDA is there."""
 
     name: str = "host"
     pin_memory: bool | None = None
@@ -136,15 +183,24 @@ class HostArena:
             raise Unavailable(f"{self.name}: neither memfd nor /dev/shm is usable: {exc}") from exc
 
     def _open_named(self, label: str) -> int:
-        """A named file clients open by path (a shared ``/dev/shm`` in a pod, say); mode 0660
-        so the socket's group can map it; removed again at ``close()``."""
+        """The arena as a named file in ``shm_dir`` (when an operator wants to see it there):
+        mode 0600, so only the daemon's own uid can open it; locked (``flock``) while the
+        daemon lives, so the next start can tell a dead daemon's file from a live one's and
+        removes it (``remove_dead_arenas``); removed again at ``close()``."""
         assert self._shm_dir is not None
+        remove_dead_arenas(self._shm_dir)
         path = os.path.join(self._shm_dir, f"{label}-{os.getpid()}-{secrets.token_hex(6)}.arena")
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o660)
-            os.fchmod(fd, 0o660)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         except OSError as exc:
             raise Unavailable(f"{self.name}: cannot create the arena file in {self._shm_dir}: {exc}") from exc
+        try:
+            os.fchmod(fd, 0o600)  # whatever the umask
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            os.unlink(path)
+            raise Unavailable(f"{self.name}: cannot lock the arena file {path}: {exc}") from exc
         self._shm_path = path
         return fd
 
@@ -218,7 +274,7 @@ class HostTier(ExtentTier):
         self._arena = HostArena(config)
         super().__init__(config, self._arena, executor, offers_store_view=True)
 
-    # ------------------------------------------------------------------ what clients map
+    # ------------------------------------------------------------------ the arena, for the daemon
 
     @property
     def arena_fd(self) -> int:
@@ -237,8 +293,8 @@ class HostTier(ExtentTier):
         return self._arena.region[:]
 
     def shared_memory(self) -> tuple[str, int]:
-        """(path, size) that a same-host client opens and maps: the named arena file in
-        ``shm_dir``, or the daemon's memfd through ``/proc`` when no directory is set."""
+        """(path, size) of the arena: the named arena file in ``shm_dir``, or the daemon's
+        memfd through ``/proc`` (which only the daemon's own uid may open)."""
         self._region.require_open()
         return self._arena.shared_memory()
 

@@ -1,0 +1,96 @@
+"""End to end, real uids: the tenant that owns a namespace is the one its connection
+authenticated as, never the one a client writes into its spec — with the daemon up, after a
+restart, and on a second daemon sharing the Redis tier.
+
+Tenants are mapped from Unix peer uids (``tenants[].uids``); each worker is a process of
+its own uid (``tenant_worker.py``: imports, then setgroups/setgid/setuid, then connects).
+Tenant A puts a page, durable and published to Redis. Tenant B, whose spec names tenant
+"a" (every other field the same as A's), asks for it by key, by A's ref and by lookup:
+
+- daemon up: nothing (``not_found``; A's ref refused as another ``namespace``; 0 tokens);
+- after a restart, B asking first: still nothing, and A still finds its page (durable);
+- a second daemon on the same Redis and keyring, B asking first: nothing; A finds its page
+  there (from Redis).
+
+On the old design a namespace went to the first tenant that used it, in memory: after a
+restart (or on another daemon) B, asking first, was given A's namespace and read A's page.
+Needs root (to run workers as other uids); skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from statetier.launch.daemons import DaemonProcess
+from statetier.protocol.keyring import Keyring
+
+WORKER = Path(__file__).resolve().parent / "tenant_worker.py"
+UID_A, UID_B, GID_WORKERS = 61201, 61202, 61200
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs workers as other uids: needs root")
+
+
+def run_worker(job: str, uid: int, **fields) -> dict:
+    """One ``tenant_worker.py`` job as ``uid`` (group ``GID_WORKERS``); its JSON answer."""
+    spec = {"uid": uid, "gid": GID_WORKERS, "groups": [GID_WORKERS], **fields}
+    done = subprocess.run([sys.executable, str(WORKER), job, json.dumps(spec)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.fixture
+def place():
+    """A directory other uids may traverse (to reach the daemons' sockets), removed after."""
+    directory = Path(tempfile.mkdtemp(prefix="st-own-", dir="/tmp"))
+    directory.chmod(0o711)
+    keyring = directory / "keyring.json"
+    Keyring.generate().save(keyring)  # one keyring for both daemons: Redis objects verify on each
+    yield directory, keyring
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def daemon_in(directory: Path, keyring: Path, redis_url: str) -> DaemonProcess:
+    directory.mkdir(mode=0o711)
+    directory.chmod(0o711)
+    # no "default" tenant: a worker's uid alone says which tenant it is
+    config = {"tenants": [{"name": "a", "uids": [UID_A]}, {"name": "b", "uids": [UID_B]}],
+              "listen": {"socket_mode": 0o666}}
+    return DaemonProcess(config, redis_url=redis_url, keyring=keyring, directory=directory)
+
+
+NOTHING = {"by_key": "not_found", "by_ref": "namespace", "by_lookup": "tokens:0"}
+EVERYTHING = {"by_key": "bytes", "by_ref": "bytes", "by_lookup": "tokens:16"}
+
+
+def test_a_tenant_naming_another_in_its_spec_finds_nothing_of_its_up_after_a_restart_and_on_another_daemon(
+        place, fresh_redis):
+    directory, keyring = place
+    spec_of_a = {"model": "owned-ns", "tenant_in_spec": "a"}
+    first = daemon_in(directory / "first", keyring, fresh_redis.url)
+    second = daemon_in(directory / "second", keyring, fresh_redis.url)
+    try:
+        first.start()
+        put = run_worker("put", UID_A, url=first.url, seed=1, **spec_of_a)
+        ref_of_a = put["ref"]
+
+        assert run_worker("find", UID_B, url=first.url, ref=ref_of_a, **spec_of_a) == NOTHING
+
+        first.restart()
+        assert run_worker("find", UID_B, url=first.url, ref=ref_of_a, **spec_of_a) == NOTHING  # B first
+        assert run_worker("find", UID_A, url=first.url, ref=ref_of_a, **spec_of_a) == EVERYTHING
+
+        second.start()
+        assert run_worker("find", UID_B, url=second.url, ref=ref_of_a, **spec_of_a) == NOTHING  # B first
+        assert run_worker("find", UID_A, url=second.url, ref=ref_of_a, **spec_of_a) == EVERYTHING
+    finally:
+        first.close()
+        second.close()
