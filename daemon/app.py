@@ -187,8 +187,7 @@ def build(config: Config) -> App:
                     executor=executor, **roles)
     server = Server(engine, config, metrics)
     metrics.track(_tier_stats_reporting_redis(engine, metrics, roles["publish"]),
-                  lambda: {**server.stats(), "leases": engine.lease_count,
-                                  "reservations": engine.reservation_count})
+                  lambda: {**server.stats(), "leases": engine.lease_count})
     http = None
     if config.metrics.enabled:
         http = MetricsServer(metrics, config.metrics.host, config.metrics.port, ready=lambda: engine.ready)

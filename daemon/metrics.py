@@ -30,7 +30,7 @@ Counted by the daemon as things happen:
 
 Read at scrape time (``track``; absent until tracked). ``daemon_stats()`` keys:
 ``connections``, ``inflight_requests``, ``budget_bytes_in_use``, ``budget_bytes_limit``,
-``budget_waiters``, ``leases``, ``reservations``; a missing key leaves its gauge out.
+``budget_waiters``, ``leases``; a missing key leaves its gauge out.
 
     statetier_tier_used_bytes{tier}                 gauge      bytes of live objects
     statetier_tier_capacity_bytes{tier}             gauge      capacity
@@ -52,7 +52,6 @@ Read at scrape time (``track``; absent until tracked). ``daemon_stats()`` keys:
     statetier_budget_capacity_bytes                 gauge      the byte budget
     statetier_budget_waiters                        gauge      requests waiting for budget (Busy after a bounded wait)
     statetier_client_leases                         gauge      leases held by clients
-    statetier_reservations                          gauge      zero-copy puts reserved, not committed
     statetier_scrape_errors_total                   counter    scrapes where a stats callable raised
 """
 
@@ -115,7 +114,6 @@ _DAEMON_GAUGES = (
     ("statetier_budget_capacity_bytes", "The byte budget.", "budget_bytes_limit"),
     ("statetier_budget_waiters", "Requests waiting for byte budget.", "budget_waiters"),
     ("statetier_client_leases", "Leases held by clients.", "leases"),
-    ("statetier_reservations", "Zero-copy puts reserved and not yet committed.", "reservations"),
 )
 
 

@@ -1,7 +1,6 @@
 """Value objects passed between the server (wire side) and the engine (tier side).
 
 - ``PutRequest``     — what to seal: key, provenance, tensor specs, placement options
-- ``Reservation``    — a zero-copy put in progress: where in the host arena to write
 - ``PutResult``      — the ``StateRef`` of the sealed object, the tier it landed in, and
                        whether it was published to the cross-node tier and whether it was
                        on a durable tier when the put was acknowledged
@@ -17,7 +16,7 @@ from dataclasses import dataclass, field
 
 from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.identity import Namespace, Provenance, StateKey, StateRef
-from statetier.protocol.sealed import DigestAlg, PayloadLayout, SealedHeader
+from statetier.protocol.sealed import DigestAlg, SealedHeader
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,17 +30,6 @@ class PutRequest:
     speculative: bool = False
     digest_alg: DigestAlg = DigestAlg.BLAKE3
     durable: bool = False  # acknowledge only once a durable tier holds the object
-
-
-@dataclass(slots=True)
-class Reservation:
-    ticket_id: int
-    request: PutRequest
-    layout: PayloadLayout
-    payload_offset: int  # offset of the payload in the host arena
-    payload_view: memoryview  # the arena bytes the client fills
-    owner: object = None
-    state: object = None  # engine-private
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +57,6 @@ class LoadResult:
     payload: memoryview  # valid until the lease is released
     lease_id: int
     tier: str
-    arena_offset: int | None = None  # payload offset in the host arena, when served from it
     blob: memoryview | None = None  # the whole stored object, header then payload (valid like ``payload``)
 
 

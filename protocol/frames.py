@@ -59,9 +59,8 @@ class Op(enum.IntEnum):
     PONG = 4
     GOODBYE = 5
     PUT = 10
-    PUT_RESERVE = 11
-    PUT_COMMIT = 12
-    PUT_ABORT = 13
+    # 11-13 (PUT_RESERVE / PUT_COMMIT / PUT_ABORT) were the arena reservations of protocol 1:
+    # retired, refused as unknown opcodes, never to be reused
     PUT_BATCH = 14
     LOAD = 20
     RELEASE = 21

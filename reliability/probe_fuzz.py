@@ -5,7 +5,7 @@ Inputs, each one frame (or one blob of bytes) sent to the daemon:
 
 - request mutations on a live connection: a valid request of every op (PUT with its
   tensors, PUT_BATCH, LOAD by ref and by key, LOAD_BATCH, LOOKUP, DELETE, RELEASE, STATS,
-  INSPECT, the retired PUT_RESERVE/PUT_COMMIT/PUT_ABORT, PING) with 1–3 of: a field dropped, replaced by a value of another
+  INSPECT, PING) with 1–3 of: a field dropped, replaced by a value of another
   JSON type (huge, negative, long or non-text strings, nested lists and objects), an
   unknown field added, a tensor spec bent (dtype, rank, dims, names), the payload made
   longer or shorter than the specs, request id 0 or repeated; 32 pipelined per batch;
@@ -134,10 +134,7 @@ class Templates:
             (Op.RELEASE, {"leases": [rng.randrange(100)]}, b""),
             (Op.STATS, {}, b""),
             (Op.INSPECT, {"state_id": ref["state_id"]}, b""),
-            (Op.PUT_COMMIT, {"ticket": rng.randrange(10)}, b""),
-            (Op.PUT_ABORT, {"ticket": rng.randrange(10)}, b""),
             (Op.PING, {}, b""),
-            (Op.PUT_RESERVE, {"key": key_to_wire(key)}, b""),
             (Op.PUT_BATCH, {"items": [{"key": key_to_wire(key), "provenance": provenance_to_wire(Provenance("fz")),
                                        "tensors": specs_to_wire([TensorSpec("kv", "uint8", (size,))]),
                                        "data_len": size}]}, bytes(size)),

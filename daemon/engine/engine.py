@@ -6,15 +6,14 @@ executor=)`` — ``tiers`` fastest first (device, host, disk, redis; any may be 
 cross-node tier (Redis). It builds one ``daemon.engine.stack.Stack`` and composes the parts that
 hold the rules; the server calls, per request, and the engine forwards to:
 
-- ``put`` / ``put_shared`` / ``reserve`` → ``commit`` / ``abort``   ``daemon.engine.puts`` (sealing,
-  version claims, placement, publish, durable copies, reservations in the arena)
+- ``put`` / ``put_shared``       ``daemon.engine.puts`` (sealing, version claims, placement,
+  publish, durable copies)
 - ``expect_refs``, ``load``      ``daemon.engine.fencing`` (registry reads) and ``daemon.engine.loads``
   (copies fastest first, each judged and promoted by ``daemon.engine.serving``; spec checks)
 - ``lookup``, ``locate``         ``daemon.engine.lookup`` (the joint hit), ``daemon.engine.candidates``
-- ``release`` / ``release_owner`` ``daemon.engine.leases`` (a connection went away: its leases
-  and open reservations)
+- ``release`` / ``release_owner`` ``daemon.engine.leases`` (a connection went away: its leases)
 - ``delete``, ``drop_copy``      ``daemon.engine.deletion``; ``inspect``, ``verify_all``: ``daemon.engine.audit``
-- ``start`` / ``close``, ``stats``, ``lease_count``, ``reservation_count``, ``shared_memory``
+- ``start`` / ``close``, ``stats``, ``lease_count``
 
 ``EngineOptions`` (defined in ``daemon.engine.stack``) is exported here. Eviction and demotion
 are ``daemon.engine.placement``'s; tenant bytes follow every copy (``daemon.engine.tenancy``).
@@ -43,7 +42,7 @@ from .loads import Loads
 from .lookup import joint_hit
 from .placement import Placement
 from .puts import Puts
-from ..requests import LoadRequest, LoadResult, LookupRequest, LookupResult, PutRequest, PutResult, Reservation
+from ..requests import LoadRequest, LoadResult, LookupRequest, LookupResult, PutRequest, PutResult
 from .stack import EngineOptions, Stack
 from .tenancy import Tenancy
 
@@ -73,10 +72,9 @@ class Engine:
                                    ledger=self.tenancy)
         self.stack = Stack(self.tiers, keyring, registry, self.options, self.placement, self.tenancy, metrics,
                            arena, publish, executor)
-        ids = itertools.count(1)  # lease ids and reservation tickets: one counter, no id names two things
-        self._leases = Leases(ids)
+        self._leases = Leases(itertools.count(1))
         fences = Fences(self.stack)
-        self._puts = Puts(self.stack, fences, ids)
+        self._puts = Puts(self.stack, fences)
         self._loads = Loads(self.stack, fences, self._leases)
         self._fences = fences
         self._tasks: list[asyncio.Task] = []
@@ -104,7 +102,7 @@ class Engine:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-        for owner in self._leases.owners() | self._puts.owners():
+        for owner in self._leases.owners():
             await self.release_owner(owner)
         for tier in reversed(self.tiers):
             try:
@@ -118,18 +116,9 @@ class Engine:
     async def put(self, req: PutRequest, payload) -> PutResult:
         return await self._puts.put(req, payload)
 
-    async def reserve(self, req: PutRequest, owner) -> Reservation:
-        return await self._puts.reserve(req, owner)
-
-    async def put_shared(self, req: PutRequest, source, owner) -> PutResult:
+    async def put_shared(self, req: PutRequest, source) -> PutResult:
         """Seal a payload that lies in memory its client can still write: copied first."""
-        return await self._puts.put_shared(req, source, owner)
-
-    async def commit(self, ticket_id: int, owner, source=None) -> PutResult:
-        return await self._puts.commit(ticket_id, owner, source)
-
-    async def abort(self, ticket_id: int, owner) -> None:
-        await self._puts.abort(ticket_id, owner)
+        return await self._puts.put_shared(req, source)
 
     async def hash_off_loop(self, nbytes: int, fn, *args, **kwargs):
         return await self.stack.hash_off_loop(nbytes, fn, *args, **kwargs)
@@ -153,11 +142,6 @@ class Engine:
     def count_skip(self, reason: str) -> None:  # for daemon.engine.lookup, which locates many keys at once
         self.stack.count_skip(reason)
 
-    async def read_leased(self, lease_id: int, owner) -> memoryview:
-        """The verified bytes behind a lease (used by lookup callers that load by lease)."""
-        held = self._leases.held_by(lease_id, owner)
-        return await held.tier.read(held.lease)
-
     # ---------------------------------------------------------------- leases (``daemon.engine.leases``)
 
     async def release(self, lease_id: int, owner) -> bool:
@@ -167,7 +151,7 @@ class Engine:
         mine = self._leases.ids_of(owner)
         for lease_id in mine:
             await self.release(lease_id, owner)
-        return len(mine) + await self._puts.abort_owner(owner)
+        return len(mine)
 
     def hold_for_lookup(self, tier: Tier, lease: Lease, owner) -> int:
         return self._leases.hold(tier, lease, owner)[0]
@@ -208,23 +192,13 @@ class Engine:
     def lease_count(self) -> int:
         return len(self._leases)
 
-    @property
-    def reservation_count(self) -> int:
-        return len(self._puts)
-
     def stats(self) -> dict:
         tiers = self.tier_stats()
         return {
             "tiers": [dataclasses.asdict(s) for s in tiers],
             "leases": len(self._leases),
-            "reservations": len(self._puts),
             "objects": sum(s.objects for s in tiers),
             "write_behind_pending": self.placement.write_behind_pending,
             "dropped_on_demotion": self.placement.dropped,
             "tenants": self.tenancy.usage(),
         }
-
-    def shared_memory(self) -> tuple[str, int] | None:
-        if self.arena is None:
-            return None
-        return self.arena.shared_memory()

@@ -2,7 +2,7 @@
 
 - ``Held``                         — a tier, the tier's lease, the owner (a connection)
 - ``Leases(ids)``                  — the engine's table; ``ids`` the engine's one counter
-  (reservation tickets draw from it too, so no id names two things)
+  (one id names one lease, never reused)
   - ``hold(tier, lease, owner)`` → ``(lease_id, Held)``: a load's result or a lookup's
     object (``daemon.engine.loads``, ``daemon.engine.serving``, ``daemon.engine.lookup`` through
     ``Engine.hold_for_lookup``), kept until released

@@ -95,7 +95,7 @@ class Placement:
 
     async def store_in(self, tier: Tier, chunks: Sequence, meta: ObjectMeta) -> None:
         started = time.perf_counter()
-        ticket = await self._prepare_with_room(tier, meta)
+        ticket = await self.prepare_with_room(tier, meta)
         ok = False
         try:
             await tier.write(ticket, chunks)
@@ -111,7 +111,7 @@ class Placement:
         memory (a read straight into the host arena); the object stays only when ``fill``
         returns something other than None, which is returned."""
         started = time.perf_counter()
-        ticket = await self._prepare_with_room(tier, meta)
+        ticket = await self.prepare_with_room(tier, meta)
         kept = None
         try:
             kept = await fill(ticket.view)
@@ -160,7 +160,7 @@ class Placement:
         async with self._cycle_ended:
             await self._cycle_ended.wait_for(lambda: not any(c < cutoff for c in self._open_cycles))
 
-    async def _prepare_with_room(self, tier: Tier, meta: ObjectMeta):
+    async def prepare_with_room(self, tier: Tier, meta: ObjectMeta):
         # Tiers evict only when asked: above the high watermark (counting this object)
         # ``evict`` brings usage down to the low one and hands back what it removed.
         await self._evict_and_demote(tier, meta.size)

@@ -1,14 +1,10 @@
 """The put path: seal, claim a version, place, publish, make durable (DESIGN §3, §5).
 
-``Puts(stack, fences, ids)`` — one per engine; ``Engine`` forwards its put calls here:
+``Puts(stack, fences)`` — one per engine; ``Engine`` forwards its put calls here:
 
-- ``put(req, payload)``              seal inline bytes, place, (publish), return ``PutResult``
-- ``put_shared(req, source, owner)`` a payload its client can still write: copied first
-                                      (into an arena reservation, or a private buffer), then
-                                      digested there
-- ``reserve(req, owner)`` → ``commit(ticket_id, owner, source)`` / ``abort(ticket_id, owner)``
-                                      the same in two steps, through the host arena
-- ``abort_owner(owner)``, ``owners()``, ``len()`` — open reservations (a connection went away)
+- ``put(req, payload)``       seal inline bytes, place, (publish), return ``PutResult``
+- ``put_shared(req, source)`` a payload its client can still write: copied first (into an
+                              arena reservation, or a private buffer), then digested there
 
 A put is visible only once sealed and complete; its version is claimed from the registry
 first (``daemon.engine.fencing``); ``durable`` copies it into the durable tier before it returns;
@@ -18,7 +14,6 @@ said in the reply and counted).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 
@@ -28,7 +23,7 @@ from statetier.protocol.sealed import header_length, layout_payload, seal
 from statetier.tiers.base import ObjectMeta, Tier
 
 from .fencing import Fences
-from ..requests import PutRequest, PutResult, Reservation
+from ..requests import PutRequest, PutResult
 from .stack import Stack
 from ..trace import phase
 
@@ -36,27 +31,23 @@ log = logging.getLogger("statetier.engine")
 
 
 class Puts:
-    def __init__(self, stack: Stack, fences: Fences, ids) -> None:
+    def __init__(self, stack: Stack, fences: Fences) -> None:
         self.stack = stack
         self.fences = fences
-        self._ids = ids
-        self._reservations: dict[int, tuple[Reservation, object]] = {}
-
-    def __len__(self) -> int:
-        return len(self._reservations)
-
-    def owners(self) -> set:
-        return {o for _, o in self._reservations.values()}
 
     async def put(self, req: PutRequest, payload) -> PutResult:
-        started, stack = time.perf_counter(), self.stack
         self._check_put(req)
         view = memoryview(payload).cast("B")
-        layout = layout_payload(req.specs)
-        _check_length(view, layout)
+        _check_length(view, layout_payload(req.specs))
         provenance = self._stamp(req.provenance)
         state_id = new_state_id()
         version = await self.fences.claim(req, provenance, state_id)
+        return await self._seal_and_place(req, provenance, state_id, version, view)
+
+    async def _seal_and_place(self, req: PutRequest, provenance: Provenance, state_id: bytes, version: int,
+                              view: memoryview) -> PutResult:
+        started, stack = time.perf_counter(), self.stack
+        layout = layout_payload(req.specs)
         with phase("seal"):
             header = await stack.hash_off_loop(view.nbytes, seal, req.key, provenance, layout, view,
                                                keyring=stack.keyring, state_id=state_id, version=version,
@@ -66,82 +57,47 @@ class Puts:
         tier = await stack.placement.store([header, view], meta, first=first)
         return await self._finish_put(req, meta, tier, [header, view], started)
 
-    async def reserve(self, req: PutRequest, owner) -> Reservation:
-        arena = self.stack.arena
-        if arena is None:
-            raise Unavailable("zero-copy puts need the host tier, which is not configured")
-        self._check_put(req)
-        provenance = self._stamp(req.provenance)
-        layout = layout_payload(req.specs)
-        header_len = header_length(req.key, provenance, req.specs, self.stack.keyring.active.alg)
-        state_id = new_state_id()
-        version = await self.fences.claim(req, provenance, state_id)
-        meta = _meta(req, provenance, state_id, version, header_len, layout.payload_len)
-        ticket = await self.stack.placement._prepare_with_room(arena, meta)
-        ticket_id = next(self._ids)
-        reservation = Reservation(ticket_id, dataclasses.replace(req, provenance=provenance), layout,
-                                  arena.arena_offset(ticket) + header_len, ticket.view[header_len:],
-                                  owner, ticket)
-        self._reservations[ticket_id] = (reservation, owner)
-        return reservation
-
-    async def put_shared(self, req: PutRequest, source, owner) -> PutResult:
+    async def put_shared(self, req: PutRequest, source) -> PutResult:
         """Seal a payload that lies in memory its client can still write: copy it into the
         host arena (or a private buffer) first and digest that copy, so a change after the
         copy changes nothing stored."""
         stack = self.stack
+        self._check_put(req)
         view = memoryview(source).cast("B")
-        _check_length(view, layout_payload(req.specs))
+        layout = layout_payload(req.specs)
+        _check_length(view, layout)
+        provenance = self._stamp(req.provenance)
+        state_id = new_state_id()
+        version = await self.fences.claim(req, provenance, state_id)
         if stack.arena is not None:
-            header_len = header_length(req.key, self._stamp(req.provenance), req.specs, stack.keyring.active.alg)
-            size = header_len + view.nbytes
-            first = stack.tenancy.first_tier_within_quota(req.tenant, [t.name for t in stack.tiers], size)
+            header_len = header_length(req.key, provenance, req.specs, stack.keyring.active.alg)
+            meta = _meta(req, provenance, state_id, version, header_len, layout.payload_len)
+            first = stack.tenancy.first_tier_within_quota(req.tenant, [t.name for t in stack.tiers], meta.size)
             if stack.tiers[first] is stack.arena:
                 try:
-                    reservation = await self.reserve(req, owner)
+                    ticket = await stack.placement.prepare_with_room(stack.arena, meta)
                 except CapacityError:
                     pass  # no room in the arena: a private copy goes to the tiers below
                 else:
-                    return await self.commit(reservation.ticket_id, owner, view)
+                    return await self._seal_in_arena(req, provenance, layout, ticket, view)
         private = await stack.hash_off_loop(view.nbytes, bytes, view)
-        return await self.put(req, private)
+        return await self._seal_and_place(req, provenance, state_id, version, memoryview(private))
 
-    async def commit(self, ticket_id: int, owner, source=None) -> PutResult:
-        """Seal a reservation; with ``source``, copy it into the reservation first (in the
-        same executor job as the digest)."""
+    async def _seal_in_arena(self, req: PutRequest, provenance: Provenance, layout, ticket, source) -> PutResult:
+        """Copy ``source`` into its arena reservation and seal it there (one executor job)."""
         started, stack = time.perf_counter(), self.stack
-        reservation = self._take_reservation(ticket_id, owner)
-        ticket, req = reservation.state, reservation.request
-        ok = False
+        meta, ok = ticket.meta, False
         try:
-            meta = ticket.meta
-            with phase("copy_and_seal" if source is not None else "seal"):
+            with phase("copy_and_seal"):
                 header = await stack.hash_off_loop(
-                    reservation.layout.payload_len, _copy_then_seal, source, req.key, req.provenance,
-                    reservation.layout, reservation.payload_view, keyring=stack.keyring, state_id=meta.object_id,
+                    layout.payload_len, _copy_then_seal, source, req.key, provenance, layout,
+                    ticket.view[meta.header_len:], keyring=stack.keyring, state_id=meta.object_id,
                     version=meta.version, digest_alg=req.digest_alg, contains_speculative=req.speculative)
             ticket.view[: len(header)] = header
             ok = True
         finally:
             await stack.arena.complete_store(ticket, ok)
         return await self._finish_put(req, meta, stack.arena, None, started)
-
-    async def abort(self, ticket_id: int, owner) -> None:
-        reservation = self._take_reservation(ticket_id, owner)
-        await self.stack.arena.complete_store(reservation.state, False)
-
-    async def abort_owner(self, owner) -> int:
-        tickets = [tid for tid, (_, o) in self._reservations.items() if o == owner]
-        for ticket_id in tickets:
-            await self.abort(ticket_id, owner)
-        return len(tickets)
-
-    def _take_reservation(self, ticket_id: int, owner) -> Reservation:
-        entry = self._reservations.get(ticket_id)
-        if entry is None or entry[1] != owner:
-            raise InvalidRequest(f"no open reservation {ticket_id} on this connection")
-        del self._reservations[ticket_id]
-        return entry[0]
 
     async def _finish_put(self, req: PutRequest, meta: ObjectMeta, tier: Tier, chunks, started: float) -> PutResult:
         stack = self.stack
@@ -203,8 +159,7 @@ def _check_length(view: memoryview, layout) -> None:
 
 
 def _copy_then_seal(source, key, provenance, layout, payload, **options) -> bytes:
-    if source is not None:
-        payload[:] = source
+    payload[:] = source
     return seal(key, provenance, layout, payload, **options)
 
 

@@ -173,8 +173,4 @@ class CopyServer:
         return self.leases.hold(target, lease, wanted.owner)
 
     def _result(self, lease_id: int, held: Held, header, blob: memoryview) -> LoadResult:
-        offset = None
-        arena = self.stack.arena
-        if held.tier is arena:
-            offset = arena.arena_offset(held.lease) + header.header_len
-        return LoadResult(header, blob[header.header_len :], lease_id, held.tier.name, offset, blob)
+        return LoadResult(header, blob[header.header_len :], lease_id, held.tier.name, blob)

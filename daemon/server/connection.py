@@ -14,8 +14,8 @@
   and its lease released once the transport has let go of it).
 - GOODBYE from the client: no more requests are read, the ones received are answered,
   then the connection closes. EOF or a reset is a disconnect: in-flight tasks are
-  cancelled. Either way ``engine.release_owner(connection)`` then drops the leases and
-  reservations the connection still holds.
+  cancelled. Either way ``engine.release_owner(connection)`` then drops the leases the
+  connection still holds.
 - ``Server`` uses ``stop_accepting()``, ``request_tasks``, ``close(reason)``, ``abort()``
   and the ``closed`` future (resolved once the owner is released) to shut down.
 """

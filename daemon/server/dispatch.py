@@ -15,7 +15,6 @@ from .handlers import (
     handle_put,
     handle_release,
     handle_stats,
-    handle_superseded,
     handle_verify,
     traced,
 )
@@ -23,9 +22,6 @@ from .handlers import (
 HANDLERS: dict[Op, Handler] = {
     Op.PING: handle_ping,
     Op.PUT: traced(handle_put),
-    Op.PUT_RESERVE: handle_superseded,
-    Op.PUT_COMMIT: handle_superseded,
-    Op.PUT_ABORT: handle_superseded,
     Op.LOAD: traced(handle_load),
     Op.LOAD_BATCH: traced(handle_load_batch),
     Op.PUT_BATCH: traced(handle_put_batch),

@@ -1,7 +1,7 @@
 """Request handlers: one coroutine per opcode, from wire meta to an Engine call and back.
 
 - ``Session`` — what a handler may use: the engine, the connection's tenant, its owner
-  token for leases and reservations, the shared byte budget, the connection's
+  token for leases, the shared byte budget, the connection's
   shared-memory windows (``daemon/server/windows.py``; ``None`` without), and the daemon's stats.
 - ``Reply`` — a handler's answer: meta, data and, for an inline LOAD, a *borrowed*
   payload view plus ``done`` (release the lease) that the connection runs only after the
@@ -50,7 +50,7 @@ _DIGESTS = {"blake3": DigestAlg.BLAKE3, "xxh3-128": DigestAlg.XXH3_128}
 class Session:
     engine: object
     tenant: str
-    owner: object  # the Connection: leases and reservations are released with it
+    owner: object  # the Connection: its leases are released with it
     budget: ByteBudget
     windows: Windows | None  # shared-memory windows passed at HELLO (Unix socket, asked for)
     daemon_stats: Callable[[], dict]
@@ -149,7 +149,7 @@ async def handle_put(session: Session, frame: Frame) -> Reply:
         nbytes = layout_payload(request.specs).payload_len
         source = session.windows.put_view(window, nbytes)
         async with session.budget.hold(nbytes):
-            result = await session.engine.put_shared(request, source, session.owner)
+            result = await session.engine.put_shared(request, source)
     return Reply(_put_reply(result), kind=kind_of(request.key))
 
 
@@ -162,13 +162,8 @@ async def put_one(session: Session, meta: dict, payload) -> dict:
         if session.windows is None:
             raise InvalidRequest("a PUT from a window needs the shared-memory windows of HELLO_OK")
         source = session.windows.put_view(window, layout_payload(request.specs).payload_len)
-        result = await session.engine.put_shared(request, source, session.owner)
+        result = await session.engine.put_shared(request, source)
     return _put_reply(result)
-
-
-async def handle_superseded(session: Session, frame: Frame) -> Reply:
-    raise InvalidRequest(f"{frame.op.name} is gone: clients no longer map the daemon's arena; write the "
-                         "payload into the connection's put window and send PUT with 'window'")
 
 
 def load_request(tenant: str, meta: dict) -> LoadRequest:

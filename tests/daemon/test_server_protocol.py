@@ -136,14 +136,28 @@ async def test_peer_credentials_outside_allowed_uids_are_refused_before_hello() 
         assert metric(daemon.metrics, "statetier_auth_failures_total", reason="peer_credentials") == 1
 
 
-async def test_the_arena_is_never_offered_put_reserve_is_gone() -> None:
+async def test_the_arena_is_never_offered() -> None:
     async with running_daemon(arena=True) as daemon:
         client = await daemon.unix_client()
         shm = (await client.hello(shm=True)).meta["shm"]
         assert set(shm) == {"put_bytes", "load_bytes"}  # no path: nothing to open by name
-        meta, _ = put_meta()
-        error = await client.request(Op.PUT_RESERVE, meta)
-        assert error.is_error and error.meta["code"] == 410 and "put window" in error.meta["message"]
+
+
+@pytest.mark.parametrize("opcode", [11, 12, 13, 99], ids=["PUT_RESERVE", "PUT_COMMIT", "PUT_ABORT", "never_defined"])
+async def test_the_retired_reservation_ops_are_refused_as_unknown_opcodes(opcode: int) -> None:
+    async with running_daemon(arena=True) as daemon:
+        client = await daemon.unix_client()
+        await client.hello(shm=True)
+        # a well-formed frame header with the retired opcode (Frame can no longer name it)
+        meta = b'{"ticket":1}'
+        client.send_raw(struct.pack("<IBBHQI", 16 + len(meta), opcode, 0, 0, 7, len(meta)) + meta)
+        error = await client.recv()
+        assert error.is_error and error.request_id == 0 and error.meta["reason"] == "malformed_frame"
+        assert error.meta["message"] == f"unknown opcode {opcode}"
+        assert await client.recv() is None  # that connection only is closed
+        other = await daemon.unix_client()
+        await other.hello()
+        assert (await other.request(Op.PING, {})).op is Op.PONG
 
 
 async def test_shared_memory_windows_are_offered_on_the_unix_socket_only_when_asked() -> None:

@@ -56,7 +56,7 @@ def exported_metric_names() -> set[str]:
     extra = {"available": True, "leases_expired": 0, "lease_violations": 0}
     metrics.track(lambda: [TierStats("host", 0, 0, 1, 0, 0, extra=extra)],
                   lambda: {key: 0 for key in ("connections", "inflight_requests", "budget_bytes_in_use",
-                                               "budget_bytes_limit", "budget_waiters", "leases", "reservations")})
+                                               "budget_bytes_limit", "budget_waiters", "leases")})
     metrics.set_redis_available(True)
     for name in ("observe_op", "count_hit", "count_miss", "count_error", "count_auth_failure",
                  "count_eviction", "count_demotion", "count_promotion"):

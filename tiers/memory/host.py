@@ -4,8 +4,8 @@
   over a named arena file in ``shm_dir`` (what the daemon uses: clients open it by path,
   e.g. a ``/dev/shm`` shared by the pod's containers), or without ``shm_dir`` a ``memfd``
   (or a ``/dev/shm`` file unlinked right after open); sized with ``ftruncate`` and
-  ``mmap``'d once at ``start()``. ``shared_memory()`` → (path, size) for HELLO_OK;
-  ``arena_offset(ticket_or_lease)`` → where that object's bytes start.
+  ``mmap``'d once at ``start()``. ``arena_offset(ticket_or_lease)`` → where that object's
+  bytes start.
 - ``arena_fd`` / ``arena_size`` / ``arena_view`` — what the daemon passes to a client on
   the same host (``SCM_RIGHTS``) so it can map the arena itself. ``StoreTicket.location``
   is the arena offset of a store in progress and ``Lease.location`` is
@@ -90,13 +90,6 @@ class HostTier(HostMemoryBytes, ExtentTier):
         """A writable view of the whole arena (a fresh one each time: releasing it is harmless)."""
         self._require_open()
         return self._region[:]
-
-    def shared_memory(self) -> tuple[str, int]:
-        """(path, size) that a same-host client opens and maps: the named arena file in
-        ``shm_dir``, or the daemon's memfd through ``/proc`` when no directory is set."""
-        self._require_open()
-        path = self._shm_path or f"/proc/{os.getpid()}/fd/{self._fd}"
-        return path, self.capacity
 
     def arena_offset(self, handle) -> int:
         """Arena offset of a store ticket or a lease (where its object's bytes start)."""
