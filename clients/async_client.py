@@ -2,19 +2,26 @@
 
 ``AsyncClient(url, *, namespace, tenant, token, ssl, use_shm, producer_id)``; ``await
 connect()`` / ``await close()`` or ``async with``. One connection carries every call, many
-at once. Keys are built in the client's namespace (``kv_key`` / ``ssm_key``).
+at once. Keys are built in the client's namespace (``kv_key`` / ``ssm_key`` / ``group_key``).
 
 - ``put(key, tensors, *, request_id, step, publish, version, speculative, durable)`` →
   ``StoredRef`` (a ``StateRef`` plus ``tier`` and ``durable``);
   ``put_kv(layer, prefix_hash, token_start, token_end, tensors, ...)`` and
   ``put_ssm(layer, prefix_hash, tokens_absorbed, {"conv": t, "ssm": t}, ...)`` build the key.
+- Group objects (one object per block for every layer of a ``LayerGroup``):
+  ``group_key(group, prefix_hash, token_start, token_end, *, shard)``; ``put_group(key,
+  {layer: {name: tensor}}, ...)``; ``load_group(target, *, layers, into)`` →
+  ``{layer: {name: tensor}}``, the whole object or only the chosen layers' regions (the
+  daemon sends only those), into the caller's buffers when given.
 - ``load(ref_or_key, *, device, expect, into)`` → ``{name: tensor}``, fresh tensors or the
   caller's ``into`` filled in place; ``load_with_ref`` also returns the ``StateRef`` of
   what was loaded. Loads carry the client's own namespace; every tensor is verified
   against the signed header's digests where it lands.
-- ``lookup(attention_layers, ssm_layers, boundaries | token_ids=…, ...)`` → ``LookupResult``;
+- ``lookup(attention_layers, ssm_layers, boundaries | token_ids=…, groups=…, ...)`` →
+  ``LookupResult`` (per-layer objects and group objects alike);
   ``release(lease_ids)`` gives the leases back.
-- ``put_many(items)`` / ``load_many(targets, into=…)``: batch frames, one round trip per batch.
+- ``put_many(items)`` / ``load_many(targets, into=…)``: batch frames, one round trip per batch;
+  group objects too (a ``PutItem`` of regions; a group target's ``into`` per layer).
 - ``delete(ref)``, ``stats()``, ``inspect(state_id)``, ``verify()``, ``ping()``.
 
 Through the connection's own shared-memory windows on a Unix socket (``transfers.py``,
@@ -54,7 +61,16 @@ from .copies import into_specs
 from .shm import ClientWindows
 from .tensors import dtype_name
 from .transfers import Transfers
-from .values import LookupResult, PutItem, boundaries_from_tokens, boundaries_to_wire, named_tensors
+from .values import (
+    LayerGroup,
+    LookupResult,
+    PutItem,
+    boundaries_from_tokens,
+    boundaries_to_wire,
+    group_selection,
+    payload_pairs,
+    regrouped,
+)
 
 DEFAULT_CONCURRENCY = 16
 log = logging.getLogger("statetier.client")
@@ -152,6 +168,12 @@ class AsyncClient:
         """The key of ``layer``'s snapshot after ``tokens_absorbed`` tokens of ``prefix_hash``."""
         return StateKey(self._own_namespace(), Kind.SSM, layer, prefix_hash, 0, tokens_absorbed, shard)
 
+    def group_key(self, group: LayerGroup, prefix_hash: bytes, token_start: int, token_end: int, *,
+                  shard: int = 0) -> StateKey:
+        """The key of ``group``'s object: a KV group's block ``[token_start, token_end)`` of every
+        layer, an SSM group's snapshots of every layer after ``token_end`` tokens (``token_start`` 0)."""
+        return group.key(self._own_namespace(), prefix_hash, token_start, token_end, shard)
+
     # -- puts ---------------------------------------------------------------------------
 
     async def put(self, key: StateKey, tensors, *, request_id: str, step: int = 0, publish: bool = False,
@@ -168,8 +190,18 @@ class AsyncClient:
         meta, pairs = self._put_meta(key, tensors, request_id, step, publish, version, speculative, durable)
         return await self._transfers_now().put(meta, pairs, trace)
 
+    async def put_group(self, key: StateKey, regions: Mapping[int, Mapping[str, torch.Tensor]], *, request_id: str,
+                        step: int = 0, publish: bool = False, version: int | None = None, speculative: bool = False,
+                        durable: bool = False) -> StateRef:
+        """Seal a group object: ``regions`` holds ``{name: tensor}`` for every layer of ``key``'s
+        group and no other (``PlacementMismatch`` otherwise, before anything is sent)."""
+        if not key.group_layers:
+            raise InvalidRequest("put_group needs a group key (group_key)")
+        return await self.put(key, regions, request_id=request_id, step=step, publish=publish, version=version,
+                              speculative=speculative, durable=durable)
+
     def _put_meta(self, key, tensors, request_id, step, publish, version, speculative, durable=False):
-        pairs = named_tensors(tensors)
+        pairs = payload_pairs(key, tensors)
         provenance = Provenance(request_id, step, self.producer_id, time.time_ns())
         meta: dict[str, Any] = {"key": key_to_wire(key), "provenance": provenance_to_wire(provenance),
                                 "publish": bool(publish), "speculative": bool(speculative)}
@@ -251,7 +283,9 @@ class AsyncClient:
         that the daemon reads one frame's objects while this process copies and verifies the
         other's; the first failing target's error is raised, its position among ``targets``
         in ``detail["item"]`` (destinations of the frames from its own on are left
-        undefined). ``into``: one destination mapping per target (see ``load``).
+        undefined). ``into``: one destination mapping per target (see ``load``; for a group
+        target ``{layer: {name: tensor}}``, its layers the chosen ones, see ``load_group``).
+        A group target's result is ``{layer: {name: tensor}}``.
         ``concurrency`` (default: the client's) caps the frames in flight; 1 sends the
         frames one after the other, so nothing is asked after the first failure."""
         targets = list(targets)
@@ -261,10 +295,17 @@ class AsyncClient:
             raise InvalidRequest("give into or expect, not both: into states what it expects")
         transfers = self._transfers_now()
         intos = list(into) if into is not None else [None] * len(targets)
-        metas = []
-        for target, dest in zip(targets, intos):
+        metas, grouped = [], []
+        for n, (target, dest) in enumerate(zip(targets, intos)):
             meta = self._load_meta(target, False)
             del meta["ns"]
+            key = target.key if isinstance(target, StateRef) else target
+            if key.group_layers:
+                layers, dest = group_selection(key, None, dest)
+                intos[n] = dest
+                grouped.append(n)
+                if layers is not None:
+                    meta["layers"] = layers
             if dest is not None:
                 meta["tensors"] = specs_to_wire(into_specs(dest))
             elif expect is not None:
@@ -283,7 +324,28 @@ class AsyncClient:
 
         done = await in_order([functools.partial(one, batch, start) for batch, start in zip(batches, starts)],
                               max(1, depth))
-        return [loaded for batch in done for loaded in batch]
+        out: list = [loaded for batch in done for loaded in batch]
+        for n in grouped:
+            out[n] = regrouped(out[n])
+        return out
+
+    async def load_group(self, target: StateRef | StateKey, *, layers: Sequence[int] | None = None,
+                         into: Mapping[int, Mapping[str, torch.Tensor]] | None = None,
+                         device: torch.device | str | None = None, speculative: bool = False
+                         ) -> dict[int, dict[str, torch.Tensor]]:
+        """A group object's tensors as ``{layer: {name: tensor}}``: every layer, or only
+        ``layers`` (the daemon then sends only their regions); into ``into``'s tensors when
+        given (its layers are the chosen ones). A layer outside the group is
+        ``PlacementMismatch``; otherwise as ``load``."""
+        key = target.key if isinstance(target, StateRef) else target
+        layers, flat = group_selection(key, layers, into)
+        meta = self._load_meta(target, speculative)
+        if layers is not None:
+            meta["layers"] = layers
+        if flat is not None:
+            meta["tensors"] = specs_to_wire(into_specs(flat))
+        _, tensors = await self._transfers_now().load(meta, device if flat or device else "cpu", flat)
+        return regrouped(tensors)
 
     def _load_meta(self, target, speculative: bool) -> dict[str, Any]:
         meta: dict[str, Any] = {"ns": self._own_namespace().hex(), "speculative": bool(speculative)}
@@ -305,12 +367,15 @@ class AsyncClient:
 
     # -- lookup and leases --------------------------------------------------------------
 
-    async def lookup(self, attention_layers: Sequence[int], ssm_layers: Sequence[int],
+    async def lookup(self, attention_layers: Sequence[int] = (), ssm_layers: Sequence[int] = (),
                      boundaries: Sequence[tuple[int, bytes]] | None = None, *,
                      token_ids: Sequence[int] | None = None, block_size: int | None = None,
-                     kv_layout: str = "blocks", tp_size: int | None = None, lease: bool = True) -> LookupResult:
-        """The largest prefix that every listed layer can restore (DESIGN §4, joint hits),
-        on every TP shard: ``tp_size`` defaults to the ``NamespaceSpec``'s (1 without one).
+                     kv_layout: str = "blocks", tp_size: int | None = None, lease: bool = True,
+                     groups: Sequence[LayerGroup] = ()) -> LookupResult:
+        """The largest prefix that every listed layer and layer group can restore (DESIGN §4,
+        joint hits), on every TP shard: ``tp_size`` defaults to the ``NamespaceSpec``'s (1
+        without one). A KV group needs its group objects (one per block, or ``[0, N)`` with
+        ``kv_layout="prefix"``), an SSM group its group object at the boundary.
 
         Give ``boundaries`` as ascending ``(token_end, prefix_hash)`` pairs, or ``token_ids``
         (hashed per ``block_size``, by default the namespace's ``kv_block_size``). Leased
@@ -325,7 +390,7 @@ class AsyncClient:
             boundaries = boundaries_from_tokens(token_ids, size, self.spec.hash_seed if self.spec else 0)
         meta = {"ns": self._own_namespace().hex(), "attention_layers": [int(x) for x in attention_layers],
                 "ssm_layers": [int(x) for x in ssm_layers], "boundaries": boundaries_to_wire(boundaries),
-                "kv_layout": kv_layout, "lease": bool(lease),
+                "kv_layout": kv_layout, "lease": bool(lease), "groups": [g.to_wire() for g in groups],
                 "tp_size": int(tp_size if tp_size is not None else (self.spec.tp_size if self.spec else 1))}
         frame = await self._request(Op.LOOKUP, meta)
         objects = []

@@ -34,11 +34,12 @@ import torch
 
 from statetier.protocol.errors import CorruptPayload, MalformedFrame, StatetierError
 from statetier.protocol.frames import FLAG_ERROR, Frame, Op, raise_for_error
+from statetier.protocol.groups import chosen
 from statetier.protocol.messages import field, ref_from_wire, specs_to_wire
 from statetier.protocol.identity import StateRef
 from statetier.protocol.sealed import SealedHeader, layout_payload, parse_header
 
-from .copies import destinations, fill, inline_parts, land, land_all, target_of
+from .copies import destinations, fill, inline_parts, laid_out, land, land_all, target_of
 from .shm import ClientWindows
 from .tensors import spec_of
 from .values import StoredRef
@@ -184,9 +185,11 @@ class Transfers:
                 at, length = answer.get("at"), answer.get("len")
                 if not isinstance(at, int) or not isinstance(length, int) or at < 0 or at + length > data.nbytes:
                     raise MalformedFrame("LOAD_BATCH item lies outside the frame's data")
-                header, source = self._header_and_payload(Frame(Op.REPLY, 0, answer, data[at : at + length]))
-                jobs.append((header, source, destinations(header, into, target)))
-                nbytes += header.payload_len
+                layers = metas[index].get("layers")
+                header, source = self._header_and_payload(Frame(Op.REPLY, 0, answer, data[at : at + length]), layers)
+                parts = laid_out(header, layers)
+                jobs.append((header, source, parts, destinations(parts, into, target)))
+                nbytes += source.nbytes
                 on_gpu = on_gpu or target.type != "cpu"
             if failure is not None:
                 _raise_item_error(*failure)
@@ -194,7 +197,7 @@ class Transfers:
         finally:
             if regions:
                 self._give_back(regions)
-        out = [None if job is None else {t.spec.name: d for t, d in zip(job[0].tensors, job[2])} for job in jobs]
+        out = [None if job is None else {t.spec.name: d for (t, _), d in zip(job[2], job[3])} for job in jobs]
         for index in sorted(retry + failed):  # no room in the reply, or not intact where it landed
             again = {**metas[index], "ns": namespace_hex, **({"recheck": True} if index in failed else {})}
             try:
@@ -232,18 +235,22 @@ class Transfers:
         _record(trace, frame, request=started)
         region = frame.meta.get("region")
         try:
-            header, source = self._header_and_payload(frame)
-            dests = destinations(header, into, target)
+            layers = meta.get("layers")
+            header, source = self._header_and_payload(frame, layers)
+            parts = laid_out(header, layers)
+            dests = destinations(parts, into, target)
             on_gpu = target.type != "cpu"
-            await self._copy(lambda: land(header, source, dests, self._staging_for, trace),
-                             header.payload_len, on_gpu)
+            await self._copy(lambda: land(header, source, parts, dests, self._staging_for, trace),
+                             source.nbytes, on_gpu)
         finally:
             if isinstance(region, int):
                 # even for a cancelled caller; never awaited: the answer changes nothing
                 self._give_back([region])
-        return header.ref(), {t.spec.name: d for t, d in zip(header.tensors, dests)}
+        return header.ref(), {t.spec.name: d for (t, _), d in zip(parts, dests)}
 
-    def _header_and_payload(self, frame: Frame) -> tuple[SealedHeader, memoryview]:
+    def _header_and_payload(self, frame: Frame, layers=None) -> tuple[SealedHeader, memoryview]:
+        """The verified header and the payload received (a group object's chosen ``layers``'
+        regions only, when the load named them)."""
         data = memoryview(frame.data).cast("B")
         window = frame.meta.get("window")
         if window is None:
@@ -252,16 +259,17 @@ class Transfers:
             header_len = int.from_bytes(data[_HEADER_LEN], "little")
             header = self._parse(data[:header_len])
             payload = data[header_len:]
-            if payload.nbytes != header.payload_len:
+            if payload.nbytes != _received_bytes(header, layers):
                 raise MalformedFrame(f"LOAD reply carries {payload.nbytes} payload bytes; its header says "
-                                     f"{header.payload_len}")
+                                     f"{_received_bytes(header, layers)}")
             return header, payload
         if self.windows is None or not isinstance(window, int) or isinstance(window, bool):
             raise MalformedFrame("LOAD reply names a window region this client cannot read")
         header = self._parse(data)
-        if window < 0 or window + header.payload_len > self.windows.load_window.nbytes:
+        nbytes = _received_bytes(header, layers)
+        if window < 0 or window + nbytes > self.windows.load_window.nbytes:
             raise MalformedFrame("LOAD reply region lies outside the load window")
-        return header, self.windows.load_window[window : window + header.payload_len]
+        return header, self.windows.load_window[window : window + nbytes]
 
     def _parse(self, header_bytes: memoryview) -> SealedHeader:
         """The header the daemon verified; parsed once per distinct header (a hot object is
@@ -307,6 +315,11 @@ class Transfers:
 
 
 # ---------------------------------------------------------------- replies and cleanups
+
+
+def _received_bytes(header: SealedHeader, layers) -> int:
+    """The payload bytes a load receives: all, or the chosen layers' regions."""
+    return header.payload_len if layers is None else sum(t.region for t in chosen(header.tensors, layers))
 
 
 def _record(trace: dict | None, frame: Frame, *, request: float, client_copy: tuple | None = None) -> None:

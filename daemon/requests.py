@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from statetier.protocol.dtypes import TensorSpec
+from statetier.protocol.groups import LayerGroup
 from statetier.protocol.identity import Namespace, Provenance, StateKey, StateRef
 from statetier.protocol.sealed import DigestAlg, SealedHeader
 
@@ -49,6 +50,7 @@ class LoadRequest:
     tensors: tuple[TensorSpec, ...] | None = None
     allow_speculative: bool = False
     full_check: bool = False  # digest even copies in daemon-only memory (a client's recheck)
+    layers: tuple[int, ...] | None = None  # a group object's layers to send (None: all)
 
 
 @dataclass(slots=True)
@@ -67,6 +69,8 @@ class LookupRequest:
     ``kv_layout`` says how KV pages are cut: ``"blocks"`` (one page per span between
     consecutive boundaries) or ``"prefix"`` (one page per layer covering ``[0, end)``).
     ``shards``: the TP ranks that must all hold every object (``range(tp_size)`` on the wire).
+    ``groups``: layer groups whose group objects must hold too (KV: one per block or one
+    ``[0, end)``, as ``kv_layout`` says; SSM: one at the boundary), beside per-layer objects.
     """
 
     tenant: str
@@ -77,6 +81,7 @@ class LookupRequest:
     kv_layout: str = "blocks"
     shards: tuple[int, ...] = (0,)
     lease: bool = True
+    groups: tuple[LayerGroup, ...] = ()
 
 
 @dataclass(slots=True)

@@ -10,7 +10,8 @@ Each copy, fastest tier first, is served by ``daemon.engine.serving.CopyServer``
 ``protocol.classify``: a damaged copy is dropped (``daemon.engine.deletion.drop_copy``) and the
 next tried, never unverified bytes; an intact copy of another identity is refused with its
 §4 reason, left in place, and the next tried. The tensor specs a caller expects are checked
-apart, after: a mismatch is about the request, not damage. A load that finds its object in
+apart, after (of a group object, those of the layers asked for): a mismatch is about
+the request, not damage. A load that finds its object in
 no tier while moves are under way settles them and looks again.
 """
 
@@ -30,6 +31,7 @@ from statetier.protocol.errors import (
     StaleState,
     Unavailable,
 )
+from statetier.protocol.groups import chosen
 from statetier.protocol.identity import stream_id
 from statetier.protocol.sealed import Expectation
 from statetier.tiers.base import Tier
@@ -65,7 +67,8 @@ class Loads:
         stack.tenancy.check_namespace(req.tenant, req.namespace)
         if req.ref is not None:
             state_id, expectation = expected or await self.fences.expect_ref(req)
-            result = await self._load_object(Wanted(state_id, expectation, owner, req.tenant, req.full_check))
+            result = await self._load_object(Wanted(state_id, expectation, owner, req.tenant, req.full_check,
+                                                    req.layers))
         elif req.key is not None:
             result = await self._load_by_key(req, owner)
         else:
@@ -85,7 +88,7 @@ class Loads:
         for meta, _tier in candidates:
             expectation = await self.fences.expect_key(key, meta.stream_id, req)
             try:
-                wanted = Wanted(meta.object_id, expectation, owner, req.tenant, req.full_check)
+                wanted = Wanted(meta.object_id, expectation, owner, req.tenant, req.full_check, req.layers)
                 return await self._load_object(wanted, counted=False)
             except RejectedState as exc:
                 stack.count_skip(skip_reason(exc))
@@ -165,7 +168,7 @@ class Loads:
 
     async def _check_specs(self, result: LoadResult, wanted: Wanted) -> LoadResult:
         specs = wanted.expectation.tensors
-        found = tuple(t.spec for t in result.header.tensors)
+        found = tuple(t.spec for t in chosen(result.header.tensors, wanted.layers))
         if specs is None or found == tuple(specs):
             return result
         await self.leases.release(result.lease_id, wanted.owner)

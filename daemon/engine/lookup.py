@@ -6,6 +6,8 @@
 - every attention layer has KV pages covering ``[0, N)`` — one page per span between
   consecutive boundaries (``kv_layout="blocks"``) or one page ``[0, N)`` (``"prefix"``), and
 - every SSM layer has a snapshot with ``tokens_absorbed == N`` for the same prefix hash,
+- every layer group (``req.groups``) has its group objects the same way: a KV group one per
+  block (or ``[0, N)``), an SSM group one at N,
 
 or 0 — on every TP shard of ``req.shards`` (a request is restorable at N only when every
 shard of every layer is). A model with SSM layers never gets a KV-only answer, because the
@@ -25,6 +27,7 @@ from __future__ import annotations
 import asyncio
 
 from statetier.protocol.errors import InvalidRequest, StatetierError, Unavailable
+from statetier.protocol.groups import LayerGroup
 from statetier.protocol.identity import Kind, StateKey, StateRef
 from statetier.tiers.base import ObjectMeta, Tier
 
@@ -132,29 +135,42 @@ class _Needed:
 
     def _build(self, i: int) -> tuple[list, list]:
         req, (end, prefix) = self.req, self.bounds[i]
-        ssm = [StateKey(req.namespace, Kind.SSM, layer, prefix, 0, end, shard)
-               for layer in req.ssm_layers for shard in req.shards]
+        ssm = [key for placement in self._placements(Kind.SSM)
+               for key in _keys(req.namespace, Kind.SSM, placement, prefix, 0, end, req.shards)]
         if req.kv_layout == "prefix":
-            kv = [StateKey(req.namespace, Kind.KV, layer, prefix, 0, end, shard)
-                  for layer in req.attention_layers for shard in req.shards]
+            kv = [key for placement in self._placements(Kind.KV)
+                  for key in _keys(req.namespace, Kind.KV, placement, prefix, 0, end, req.shards)]
             return ssm, kv
         pages = [self._page(j) for j in range(i + 1)]
         return ssm, [page[k] for k in range(len(pages[0])) for page in pages]  # by layer, shard, block
+
+    def _placements(self, kind: Kind) -> list:
+        """The layers (per-layer objects) and groups (group objects) of ``kind`` asked for."""
+        layers = self.req.ssm_layers if kind is Kind.SSM else self.req.attention_layers
+        return [*layers, *(group for group in self.req.groups if group.kind is kind)]
 
     def _page(self, j: int) -> list[StateKey]:
         if j not in self._pages:
             req, (end, prefix) = self.req, self.bounds[j]
             start = self.bounds[j - 1][0] if j else 0
-            self._pages[j] = [StateKey(req.namespace, Kind.KV, layer, prefix, start, end, shard)
-                              for layer in req.attention_layers for shard in req.shards]
+            self._pages[j] = [key for placement in self._placements(Kind.KV)
+                              for key in _keys(req.namespace, Kind.KV, placement, prefix, start, end, req.shards)]
         return self._pages[j]
+
+
+def _keys(namespace, kind: Kind, placement: int | LayerGroup, prefix: bytes, start: int, end: int,
+          shards) -> list[StateKey]:
+    """The key of one layer's object, or of one group's group object, on every shard."""
+    if isinstance(placement, LayerGroup):
+        return [placement.key(namespace, prefix, start, end, shard) for shard in shards]
+    return [StateKey(namespace, kind, placement, prefix, start, end, shard) for shard in shards]
 
 
 async def joint_hit(engine, req: LookupRequest, owner) -> LookupResult:
     if req.kv_layout not in ("blocks", "prefix"):
         raise InvalidRequest("kv_layout must be 'blocks' or 'prefix'")
     bounds = _checked(req.boundaries)
-    if not bounds or not (req.attention_layers or req.ssm_layers):
+    if not bounds or not (req.attention_layers or req.ssm_layers or req.groups):
         return LookupResult(0)
     finder, needed = _Finder(engine), _Needed(req, bounds)
     if not all(tier.answers_in_memory for tier in engine.tiers):  # a batch costs what one key does

@@ -6,7 +6,8 @@
 - ``put_shared(req, source)`` a payload its client can still write: copied first (into an
                               arena reservation, or a private buffer), then digested there
 
-A put is visible only once sealed and complete; its version is claimed from the registry
+A group object's regions must cover exactly its group's layers (``PlacementMismatch``,
+counted). A put is visible only once sealed and complete; its version is claimed from the registry
 first (``daemon.engine.fencing``); ``durable`` copies it into the durable tier before it returns;
 ``publish`` writes it through to the cross-node tier, or is refused without one (tolerated:
 said in the reply and counted).
@@ -17,7 +18,8 @@ from __future__ import annotations
 import logging
 import time
 
-from statetier.protocol.errors import CapacityError, InvalidRequest, StatetierError, Unavailable
+from statetier.protocol.errors import CapacityError, InvalidRequest, PlacementMismatch, StatetierError, Unavailable
+from statetier.protocol.groups import check_regions
 from statetier.protocol.identity import Provenance, StateRef, new_state_id, stream_id
 from statetier.protocol.sealed import header_length, layout_payload, seal
 from statetier.tiers.base import ObjectMeta, Tier
@@ -147,6 +149,12 @@ class Puts:
                               "was stored or published")
         if req.key.kind.name == "SSM" and req.key.token_start != 0:
             raise InvalidRequest("an SSM snapshot must start at token 0")
+        if req.key.group_layers:
+            try:
+                check_regions(req.key, [spec.name for spec in req.specs])
+            except PlacementMismatch as exc:  # a region of a layer outside the group, or one missing
+                self.stack.count_rejection(exc)
+                raise
 
     def _stamp(self, prov: Provenance) -> Provenance:
         return Provenance(prov.request_id, prov.step, prov.producer_id or self.stack.options.producer_id,

@@ -44,6 +44,7 @@ class Wanted:
     owner: object
     tenant: str
     full_check: bool = False
+    layers: tuple[int, ...] | None = None  # a group object's layers the caller's specs describe
 
     @property
     def judged(self) -> Expectation:

@@ -18,7 +18,7 @@ from statetier.protocol.errors import InvalidRequest, StatetierError
 from statetier.protocol.frames import Frame, Op, error_frame
 from statetier.protocol.messages import field, key_from_wire
 
-from .handlers import Reply, Session, kind_of, load_request, place_in_window, put_one
+from .handlers import Reply, Session, chosen_regions, kind_of, load_request, place_in_window, put_one
 
 
 async def handle_put_batch(session: Session, frame: Frame) -> Reply:
@@ -88,7 +88,8 @@ async def handle_load_batch(session: Session, frame: Frame) -> Reply:
             result = await engine.load(request, owner, expected=found)
             try:
                 answer = {"tier": result.tier}
-                placed = await place_in_window(session, result.payload) if wants_shm else None
+                regions = chosen_regions(result, request.layers)
+                placed = await place_in_window(session, regions) if wants_shm else None
                 if placed is not None:
                     part = bytes(result.blob[: result.header.header_len])
                     answer.update(window=placed[1], region=placed[0])
@@ -96,7 +97,7 @@ async def handle_load_batch(session: Session, frame: Frame) -> Reply:
                     answers.append({"retry": True})  # no room left in this reply: load it alone
                     continue
                 else:
-                    part = bytes(result.blob)
+                    part = b"".join([result.blob[: result.header.header_len], *regions])
             finally:
                 await engine.release(result.lease_id, owner)
             answer.update({"at": cursor, "len": len(part)})

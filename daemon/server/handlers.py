@@ -28,6 +28,7 @@ from statetier.daemon.trace import TRACE, phase
 from statetier.daemon.server.windows import Windows
 from statetier.protocol.errors import InvalidRequest
 from statetier.protocol.frames import Frame, Op
+from statetier.protocol.groups import LayerGroup, check_layers, chosen
 from statetier.protocol.identity import Namespace
 from statetier.protocol.messages import (
     field,
@@ -172,15 +173,29 @@ def load_request(tenant: str, meta: dict) -> LoadRequest:
     if (ref_meta is None) == (key_meta is None):
         raise InvalidRequest("LOAD needs exactly one of 'ref' and 'key'")
     tensors = field(meta, "tensors", list, optional=True)
+    ref = ref_from_wire(ref_meta) if ref_meta is not None else None
+    key = key_from_wire(key_meta) if key_meta is not None else None
+    layers = _int_list(meta, "layers") if field(meta, "layers", list, optional=True) is not None else None
+    if layers is not None:
+        check_layers(ref.key if ref is not None else key, layers)
     return LoadRequest(
         tenant=tenant,
         namespace=_namespace(meta),
-        ref=ref_from_wire(ref_meta) if ref_meta is not None else None,
-        key=key_from_wire(key_meta) if key_meta is not None else None,
+        ref=ref,
+        key=key,
         tensors=specs_from_wire(tensors) if tensors is not None else None,
         allow_speculative=field(meta, "speculative", bool, default=False),
         full_check=field(meta, "recheck", bool, default=False),
+        layers=layers,
     )
+
+
+def chosen_regions(result, layers: tuple[int, ...] | None) -> list[memoryview]:
+    """The payload regions a load sends: all of them as one view, or a group object's chosen
+    layers' regions, in payload order (the client lays them out the same way)."""
+    if layers is None:
+        return [result.payload]
+    return [result.payload[t.offset : t.offset + t.region] for t in chosen(result.header.tensors, layers)]
 
 
 async def handle_load(session: Session, frame: Frame) -> Reply:
@@ -198,14 +213,20 @@ async def handle_load(session: Session, frame: Frame) -> Reply:
     try:
         kind = kind_of(result.header.key)
         meta = {"tier": result.tier}
+        regions = chosen_regions(result, request.layers)
         if wants_shm and session.windows is not None:
-            placed = await place_in_window(session, result.payload)
+            placed = await place_in_window(session, regions)
             if placed is not None:
                 header = bytes(result.blob[: result.header.header_len])
                 released = True
                 await engine.release(result.lease_id, owner)
                 meta.update(window=placed[1], region=placed[0])
                 return Reply(meta, header, kind=kind)
+        if request.layers is not None:  # a group object's chosen layers: header and regions, copied
+            data = b"".join([result.blob[: result.header.header_len], *regions])
+            released = True
+            await engine.release(result.lease_id, owner)
+            return Reply(meta, data, kind=kind)
         blob = memoryview(result.blob).cast("B")
 
         async def release() -> None:
@@ -219,27 +240,31 @@ async def handle_load(session: Session, frame: Frame) -> Reply:
         raise
 
 
-async def place_in_window(session: Session, payload: memoryview) -> tuple[int, int] | None:
-    """Copy ``payload`` into a fresh load-window region: (region id, offset), or None when
-    the window has no room (the reply then carries the payload inline)."""
-    placed = session.windows.place(payload.nbytes)
+async def place_in_window(session: Session, parts: list[memoryview]) -> tuple[int, int] | None:
+    """Copy ``parts`` back to back into a fresh load-window region: (region id, offset), or
+    None when the window has no room (the reply then carries the payload inline)."""
+    nbytes = sum(part.nbytes for part in parts)
+    placed = session.windows.place(nbytes)
     if placed is None:
         return None
     region_id, offset, dest = placed
     try:
         with phase("window_copy"):
-            if payload.nbytes <= INLINE_COPY_BYTES or session.engine.executor is None:
-                dest[:] = payload
+            if nbytes <= INLINE_COPY_BYTES or session.engine.executor is None:
+                _copy(dest, parts)
             else:
-                await asyncio.get_running_loop().run_in_executor(session.engine.executor, _copy, dest, payload)
+                await asyncio.get_running_loop().run_in_executor(session.engine.executor, _copy, dest, parts)
     except BaseException:
         session.windows.free(region_id)
         raise
     return region_id, offset
 
 
-def _copy(dest: memoryview, source: memoryview) -> None:
-    dest[:] = source
+def _copy(dest: memoryview, parts: list[memoryview]) -> None:
+    at = 0
+    for part in parts:
+        dest[at : at + part.nbytes] = part
+        at += part.nbytes
 
 
 async def handle_release(session: Session, frame: Frame) -> Reply:
@@ -287,6 +312,7 @@ async def handle_lookup(session: Session, frame: Frame) -> Reply:
         kv_layout=kv_layout,
         shards=tuple(range(_tp_size(meta))),
         lease=field(meta, "lease", bool, default=True),
+        groups=tuple(LayerGroup.from_wire(item) for item in field(meta, "groups", list, default=[])),
     )
     result = await session.engine.lookup(request, session.owner)
     objects = [{"ref": ref_to_wire(ref), "lease": lease} for ref, lease in result.objects]
