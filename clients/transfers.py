@@ -17,8 +17,9 @@
   copied to the device. The region goes back with the client's next request
   (``free_regions``), or in a ``RELEASE`` at the loop's next turn when none comes first.
 
-The copies themselves are ``copies.py``. Up to ``INLINE_COPY_BYTES`` of CPU copies run on the event loop (a thread hop would cost more);
-larger ones, and any touching a GPU, run on the client's single copy thread. A cancelled
+The copies themselves are ``copies.py``. CPU copies below ``protocol.thresholds.
+INLINE_WORK_BYTES`` run on the event loop (a thread hop would cost more); larger ones, and
+any touching a GPU, run on the client's single copy thread, one job per call. A cancelled
 caller still waits for its copy to end before the region is handed back.
 """
 
@@ -38,13 +39,13 @@ from statetier.protocol.groups import chosen
 from statetier.protocol.messages import field, ref_from_wire, specs_to_wire
 from statetier.protocol.identity import StateRef
 from statetier.protocol.sealed import SealedHeader, layout_payload, parse_header
+from statetier.protocol.thresholds import INLINE_WORK_BYTES, run_work
 
 from .copies import destinations, fill, inline_parts, laid_out, land, land_all, target_of
 from .shm import ClientWindows
 from .tensors import spec_of
 from .values import StoredRef
 
-INLINE_COPY_BYTES = 4 << 20  # a 2 MiB page: ~0.1 ms to copy; the hop cost 0.08+ ms and more when busy
 HEADER_CACHE = 1024
 _HEADER_LEN = slice(8, 12)  # header_len in the sealed object's prefix (docs/protocol.md §1.1)
 
@@ -299,19 +300,9 @@ class Transfers:
     # -- copies -------------------------------------------------------------------------
 
     async def _copy(self, copy: Callable[[], Any], nbytes: int, on_gpu: bool) -> Any:
-        if nbytes <= INLINE_COPY_BYTES and not on_gpu:
-            return copy()
-        future = asyncio.get_running_loop().run_in_executor(self._executor, copy)
-        try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
-            # the copy still touches the window region: it must end before the region is returned
-            while not future.done():
-                try:
-                    await asyncio.wait([future])
-                except asyncio.CancelledError:
-                    pass
-            raise
+        # a cancelled caller still waits for the copy: it touches the window region, which
+        # must not be given back before the copy ended
+        return await run_work(self._executor, max(nbytes, INLINE_WORK_BYTES) if on_gpu else nbytes, copy)
 
 
 # ---------------------------------------------------------------- replies and cleanups

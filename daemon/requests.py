@@ -1,6 +1,8 @@
 """Value objects passed between the server (wire side) and the engine (tier side).
 
 - ``PutRequest``     — what to seal: key, provenance, tensor specs, placement options
+- ``Incoming``       — one put of a batch: a ``PutRequest`` and its payload (bytes the daemon
+                       owns, or a put-window view its client can still write: ``shared``)
 - ``PutResult``      — the ``StateRef`` of the sealed object, the tier it landed in, and
                        whether it was published to the cross-node tier and whether it was
                        on a durable tier when the put was acknowledged
@@ -31,6 +33,15 @@ class PutRequest:
     speculative: bool = False
     digest_alg: DigestAlg = DigestAlg.BLAKE3
     durable: bool = False  # acknowledge only once a durable tier holds the object
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """One put of a batch: the request and its payload bytes."""
+
+    req: PutRequest
+    payload: memoryview
+    shared: bool = False  # the payload lies in memory its client can still write (the put window)
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,8 +76,10 @@ def seal(
     version: int,
     digest_alg: DigestAlg = DigestAlg.BLAKE3,
     contains_speculative: bool = False,
+    fingerprint: bytes | None = None,
 ) -> bytes:
-    """Digest ``payload`` (laid out by ``layout``) and return the signed header bytes."""
+    """Digest ``payload`` (laid out by ``layout``) and return the signed header bytes.
+    ``fingerprint``: the identity's fingerprint when the caller computed it already."""
     if not isinstance(state_id, (bytes, bytearray)) or len(state_id) != STATE_ID_BYTES:
         raise InvalidRequest(f"state_id must be {STATE_ID_BYTES} bytes")  # struct would pad it silently
     if not isinstance(version, int) or isinstance(version, bool) or not 0 <= version <= MAX_U64:
@@ -92,7 +94,7 @@ def seal(
     payload_digest = payload_digest_of(digest_alg, region_digests, layout.payload_len)
     flags = FLAG_SEALED | (FLAG_SPECULATIVE if contains_speculative else 0)
     return encode_header(key, provenance, layout, region_digests, payload_digest, signer,
-                          state_id, version, digest_alg, flags)
+                          state_id, version, digest_alg, flags, fingerprint)
 
 
 def seal_object(key: StateKey, provenance: Provenance, tensors: Sequence[tuple[TensorSpec, object]],

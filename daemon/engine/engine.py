@@ -6,12 +6,15 @@ executor=)`` — ``tiers`` fastest first (device, host, disk, redis; any may be 
 cross-node tier (Redis). It builds one ``daemon.engine.stack.Stack`` and composes the parts that
 hold the rules; the server calls, per request, and the engine forwards to:
 
-- ``put`` / ``put_shared``       ``daemon.engine.puts`` (sealing, version claims, placement,
-  publish, durable copies)
-- ``expect_refs``, ``load``      ``daemon.engine.fencing`` (registry reads) and ``daemon.engine.loads``
-  (copies fastest first, each judged and promoted by ``daemon.engine.serving``; spec checks)
+- ``put_batch`` (``put`` / ``put_shared``: a batch of one)   ``daemon.engine.puts`` (checks,
+  version claims, reservations, sealing in one job, placement) and ``daemon.engine.handoff``
+  (publish, durable copies, write-behind)
+- ``load_batch`` (``load``: a batch of one)   ``daemon.engine.fencing`` (one registry read
+  for the batch) and ``daemon.engine.loads`` (copies fastest first, each judged and promoted
+  by ``daemon.engine.serving``; spec checks)
 - ``lookup``, ``locate``         ``daemon.engine.lookup`` (the joint hit), ``daemon.engine.candidates``
-- ``release`` / ``release_owner`` ``daemon.engine.leases`` (a connection went away: its leases)
+- ``release`` / ``release_many`` / ``release_owner`` ``daemon.engine.leases`` (a connection
+  went away: its leases)
 - ``delete``, ``drop_copy``      ``daemon.engine.deletion``; ``inspect``, ``verify_all``: ``daemon.engine.audit``
 - ``start`` / ``close``, ``stats``, ``lease_count``
 
@@ -42,7 +45,7 @@ from .loads import Loads
 from .lookup import joint_hit
 from .placement import Placement
 from .puts import Puts
-from ..requests import LoadRequest, LoadResult, LookupRequest, LookupResult, PutRequest, PutResult
+from ..requests import Incoming, LoadRequest, LoadResult, LookupRequest, LookupResult, PutRequest, PutResult
 from .stack import EngineOptions, Stack
 from .tenancy import Tenancy
 
@@ -113,25 +116,33 @@ class Engine:
 
     # ---------------------------------------------------------------- puts (``daemon.engine.puts``)
 
+    async def put_batch(self, items: list[Incoming]) -> list[PutResult | StatetierError | None]:
+        """Many puts as one unit of work: an answer per item, None after a failure (not attempted)."""
+        return await self._puts.put_batch(items)
+
     async def put(self, req: PutRequest, payload) -> PutResult:
-        return await self._puts.put(req, payload)
+        return _one(await self._puts.put_batch([Incoming(req, memoryview(payload).cast("B"))]))
 
     async def put_shared(self, req: PutRequest, source) -> PutResult:
         """Seal a payload that lies in memory its client can still write: copied first."""
-        return await self._puts.put_shared(req, source)
+        return _one(await self._puts.put_batch([Incoming(req, memoryview(source).cast("B"), shared=True)]))
 
-    async def hash_off_loop(self, nbytes: int, fn, *args, **kwargs):
-        return await self.stack.hash_off_loop(nbytes, fn, *args, **kwargs)
+    async def run_work(self, nbytes: int, fn):
+        """``fn()`` on the loop or as one executor job (``protocol.thresholds``)."""
+        return await self.stack.run_work(nbytes, fn)
 
     # ---------------------------------------------------------------- loads (``daemon.engine.loads``)
 
-    async def load(self, req: LoadRequest, owner, *, expected: tuple[bytes, Expectation] | None = None) -> LoadResult:
-        """``expected``: what ``expect_refs`` found for this load by ref, read ahead."""
-        return await self._loads.load(req, owner, expected=expected)
+    async def load_batch(self, reqs: list[LoadRequest], owner) -> list[LoadResult | StatetierError | None]:
+        """Many loads as one unit of work: an answer per request, None after a failure."""
+        return await self._loads.load_batch(reqs, owner)
 
-    async def expect_refs(self, reqs: list[LoadRequest]) -> list[tuple[bytes, Expectation] | StatetierError | None]:
-        """The registry reads of many loads by ref, made concurrently (``daemon.engine.fencing``)."""
-        return await self._fences.expect_refs(reqs)
+    async def load(self, req: LoadRequest, owner) -> LoadResult:
+        return _one(await self._loads.load_batch([req], owner))
+
+    async def release_many(self, lease_ids: list[int], owner) -> int:
+        """Give back many leases at once; how many were still held."""
+        return await self._leases.release_many(lease_ids, owner)
 
     async def drop_copy(self, tier: Tier, state_id: bytes) -> None:
         await deletion.drop_copy(self.stack, tier, state_id)
@@ -202,3 +213,11 @@ class Engine:
             "dropped_on_demotion": self.placement.dropped,
             "tenants": self.tenancy.usage(),
         }
+
+
+def _one(answers: list):
+    """The answer of a batch of one: its result, or its error raised."""
+    (answer,) = answers
+    if isinstance(answer, BaseException):
+        raise answer
+    return answer

@@ -2,12 +2,13 @@
 
 ``Fences(stack)`` — one per engine, over ``stack.registry``:
 
-- ``claim(req, provenance, state_id)`` → the put's version (``daemon.engine.puts``); a stale put
-  raises ``StaleState``, counted as a refused object
-- ``expect_ref(req)`` → ``(state_id, Expectation)`` of a load by ref: its stream's newest
-  version and the stream its state_id was issued for, read together (``daemon.engine.loads``)
-- ``expect_refs(reqs)`` — the same for a batch, ``REGISTRY_READS_AT_ONCE`` loads at a time
-  (``Engine.expect_refs``; each answer is ``load``'s ``expected``, its error, or None)
+- ``claim_many(claims)`` → each put's ``Claimed`` version, its ``StaleState`` (counted as a
+  refused object) or None (not claimed: a stale claim before it ended the batch) — one
+  registry call for a whole batch (``daemon.engine.puts``); ``withdraw(claimed)`` undoes the
+  claims of puts that were not stored
+- ``expect_refs(reqs)`` → the ``Expectation`` of each load by ref of a batch (its stream's
+  newest version and the stream its state_id was issued for), from one registry call
+  (``daemon.engine.loads``)
 - ``expect_key(key, stream, req)`` → the ``Expectation`` of one candidate of a load by key
 
 The stream of each state_id claimed or read is remembered (``STREAMS_REMEMBERED`` of them:
@@ -16,22 +17,19 @@ the mapping never changes once claimed), so a load by ref mostly reads only the 
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections import OrderedDict
 
 from statetier.protocol.errors import StaleState, StatetierError
-from statetier.protocol.identity import Provenance, StateKey, stream_id
+from statetier.protocol.identity import StateKey, stream_id
 from statetier.protocol.sealed import Expectation
+from statetier.tiers.registry import Claim, Claimed
 
-from ..requests import LoadRequest, PutRequest
+from ..requests import LoadRequest
 from .stack import Stack
 
 #: state_id → the stream it was issued for, remembered for this many state_ids.
 STREAMS_REMEMBERED = 1 << 16
-#: Loads of one batch whose registry reads are in flight at once (two reads each; the
-#: Redis pool holds 64 connections).
-REGISTRY_READS_AT_ONCE = 16
 
 
 class Fences:
@@ -40,43 +38,47 @@ class Fences:
         self.registry = stack.registry
         self._issued: OrderedDict[bytes, bytes] = OrderedDict()  # state_id -> stream (``_stream_of``)
 
-    async def claim(self, req: PutRequest, provenance: Provenance, state_id: bytes) -> int:
-        """The put's version from the registry; a stale put is a refused object, counted."""
-        stream = stream_id(req.key, provenance.request_id)
-        try:
-            version = await self.registry.claim(stream, state_id, req.version)
-        except StaleState as exc:
-            self.stack.count_rejection(exc)
-            raise
-        self._remember_stream(state_id, stream)
-        return version
+    async def claim_many(self, claims: list[Claim]) -> list[Claimed | StaleState | None]:
+        """The versions of a batch of puts, in one registry call; a stale put is a refused
+        object, counted."""
+        answers = await self.registry.claim_many(claims)
+        for claim, answer in zip(claims, answers):
+            if isinstance(answer, StaleState):
+                self.stack.count_rejection(answer)
+            elif answer is not None:
+                self._remember_stream(claim.state_id, claim.stream_id)
+        return answers
 
-    async def expect_refs(self, reqs: list[LoadRequest]) -> list[tuple[bytes, Expectation] | StatetierError | None]:
-        """The registry reads of many loads by ref, made concurrently (``REGISTRY_READS_AT_ONCE``
-        loads at a time): a batch of loads waits for a few round trips, not two per object.
-        Each answer is ``load``'s ``expected``, the error reading it, or None (a load by key)."""
+    async def withdraw(self, claimed: list[tuple[Claim, Claimed]]) -> None:
+        if claimed:
+            await self.registry.withdraw(claimed)
+
+    async def expect_refs(self, reqs: list[LoadRequest]) -> list[Expectation | StatetierError | None]:
+        """What each load by ref of a batch expects, from one registry call (its streams'
+        heads, and the streams of the state_ids not remembered); None for a load by key, the
+        error for a registry that failed."""
+        by_ref = [(i, req) for i, req in enumerate(reqs) if req.ref is not None]
         out: list = [None] * len(reqs)
-
-        async def read(index: int) -> None:
-            try:
-                out[index] = await self.expect_ref(reqs[index])
-            except StatetierError as exc:
-                out[index] = exc
-
-        by_ref = [i for i, req in enumerate(reqs) if req.ref is not None]
-        for start in range(0, len(by_ref), REGISTRY_READS_AT_ONCE):
-            await asyncio.gather(*(read(i) for i in by_ref[start : start + REGISTRY_READS_AT_ONCE]))
+        if not by_ref:
+            return out
+        streams = [stream_id(_own_key(req), req.ref.request_id) for _, req in by_ref]
+        unknown = list({req.ref.state_id for _, req in by_ref if req.ref.state_id not in self._issued})
+        try:
+            heads, issued = await self.registry.read_many(streams, unknown)
+        except StatetierError as exc:
+            for i, _ in by_ref:
+                out[i] = exc
+            return out
+        for state_id, stream in zip(unknown, issued):
+            if stream is not None:
+                self._remember_stream(state_id, stream)
+        for (i, req), head in zip(by_ref, heads):
+            ref = req.ref
+            out[i] = Expectation.for_ref(
+                ref, req.namespace, newest_version=head.version if head else None,
+                state_id_stream=self._issued.get(ref.state_id), tensors=req.tensors,
+                allow_speculative=req.allow_speculative)
         return out
-
-    async def expect_ref(self, req: LoadRequest) -> tuple[bytes, Expectation]:
-        ref = req.ref
-        key = ref.key if ref.key.namespace == req.namespace else dataclasses.replace(ref.key, namespace=req.namespace)
-        # two independent registry reads (the second often remembered): one round trip's wait
-        head, issued_for = await asyncio.gather(self.registry.newest(stream_id(key, ref.request_id)),
-                                                self._stream_of(ref.state_id))
-        return ref.state_id, Expectation.for_ref(
-            ref, req.namespace, newest_version=head.version if head else None, state_id_stream=issued_for,
-            tensors=req.tensors, allow_speculative=req.allow_speculative)
 
     async def expect_key(self, key: StateKey, stream: bytes, req: LoadRequest) -> Expectation:
         head = await self.registry.newest(stream)
@@ -88,13 +90,9 @@ class Fences:
         if len(self._issued) > STREAMS_REMEMBERED:
             self._issued.popitem(last=False)
 
-    async def _stream_of(self, state_id: bytes) -> bytes | None:
-        """The stream ``state_id`` was issued for: remembered, or read from the registry."""
-        stream = self._issued.get(state_id)
-        if stream is not None:
-            self._issued.move_to_end(state_id)
-            return stream
-        stream = await self.registry.stream_of(state_id)
-        if stream is not None:
-            self._remember_stream(state_id, stream)
-        return stream
+
+
+def _own_key(req: LoadRequest) -> StateKey:
+    """The ref's key in the requester's own namespace (DESIGN §4)."""
+    key = req.ref.key
+    return key if key.namespace == req.namespace else dataclasses.replace(key, namespace=req.namespace)

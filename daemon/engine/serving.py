@@ -102,10 +102,11 @@ class CopyServer:
                 await tier.complete_load(lease)
 
     async def _classify(self, blob, wanted: Wanted, trusted: bool):
-        return await self.stack.hash_off_loop(0 if trusted else blob.nbytes, classify, blob, wanted.judged,
-                                              self.stack.keyring, stored_as=wanted.state_id,
-                                              verify_payload=not trusted,
-                                              verified=self._verified if trusted else None)
+        keyring, judged, verified = self.stack.keyring, wanted.judged, self._verified if trusted else None
+        return await self.stack.run_work(
+            0 if trusted else blob.nbytes,
+            lambda: classify(blob, judged, keyring, stored_as=wanted.state_id, verify_payload=not trusted,
+                             verified=verified))
 
     async def _load_into_arena(self, tier: Tier, lease: Lease, wanted: Wanted) -> LoadResult | None:
         """A promotion read straight into its arena reservation (the tier's ``read_into``) and

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from statetier.protocol.frames import Op
 
-from .batch_handlers import handle_load_batch, handle_put_batch
+from .load_handlers import handle_load, handle_load_batch
+from .put_handlers import handle_put, handle_put_batch
 from .handlers import (
     Handler,
     handle_delete,
     handle_inspect,
-    handle_load,
     handle_lookup,
     handle_ping,
-    handle_put,
     handle_release,
     handle_stats,
     handle_verify,

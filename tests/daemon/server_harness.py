@@ -1,6 +1,6 @@
 """A real daemon (Server + Engine over a real HostTier) and a raw-frame client for server tests.
 
-- ``running_daemon(listen=…, limits=…, tenants=…, arena=False)`` — async context manager:
+- ``running_daemon(listen=…, limits=…, tenants=…, arena=False, executor=None)`` — async context manager:
   starts an Engine and a Server on a Unix socket in a short temporary directory (plus TCP
   when ``listen["tcp"]`` is set) and shuts both down afterwards. Yields a ``Daemon``.
 - ``WireClient`` — frames encoded with ``protocol/frames.py`` over a real socket:
@@ -68,7 +68,8 @@ class Daemon:
 
 @asynccontextmanager
 async def running_daemon(*, listen: dict | None = None, limits: dict | None = None,
-                         tenants: tuple[TenantConfig, ...] | None = None, arena: bool = False):
+                         tenants: tuple[TenantConfig, ...] | None = None, arena: bool = False,
+                         executor=None):
     directory = Path(tempfile.mkdtemp(prefix="st-", dir="/tmp"))  # AF_UNIX paths are short
     extra = {} if tenants is None else {"tenants": tenants}
     config = Config(
@@ -79,7 +80,7 @@ async def running_daemon(*, listen: dict | None = None, limits: dict | None = No
     metrics = Metrics()
     host = HostTier(HOST_BYTES)
     engine = Engine([host], keyring=Keyring.generate(), registry=MemoryVersionRegistry(),
-                    metrics=metrics, arena=host if arena else None)
+                    metrics=metrics, arena=host if arena else None, executor=executor)
     await engine.start()
     server = Server(engine, config, metrics)
     try:

@@ -282,7 +282,7 @@ async def test_a_load_from_disk_lands_in_the_arena_and_a_damaged_record_is_dropp
 
 
 class StreamReadCountingRegistry(MemoryVersionRegistry):
-    """A real in-memory registry that counts its ``stream_of`` reads."""
+    """A real in-memory registry that counts the state_id → stream records it reads."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -291,6 +291,10 @@ class StreamReadCountingRegistry(MemoryVersionRegistry):
     async def stream_of(self, state_id: bytes) -> bytes | None:
         self.stream_reads += 1
         return await super().stream_of(state_id)
+
+    async def read_many(self, stream_ids, state_ids):
+        self.stream_reads += len(state_ids)
+        return await super().read_many(stream_ids, state_ids)
 
 
 async def test_a_load_by_ref_remembers_the_stream_its_state_was_issued_for(tmp_path):
