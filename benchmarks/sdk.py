@@ -272,6 +272,7 @@ async def measure_round_trips(client, echo: EchoClient, plan: SdkPlan, transport
 
     from statetier.protocol.frames import Frame, Op, encode_frame
     from statetier.protocol.identity import prefix_hash
+    from statetier.protocol.wire_meta import LookupMeta
 
     prefix = prefix_hash(list(range(BLOCK_TOKENS)))
     gen = torch.Generator().manual_seed(7)
@@ -288,8 +289,7 @@ async def measure_round_trips(client, echo: EchoClient, plan: SdkPlan, transport
             raise RuntimeError(f"the benchmark lookup found {found.tokens} tokens, not {BLOCK_TOKENS}")
         await client.release(found.lease_ids)
 
-    meta = {"ns": client.namespace.hex(), "attention_layers": [0], "ssm_layers": [1],
-            "boundaries": [[BLOCK_TOKENS, prefix.hex()]], "kv_layout": "blocks", "shard": 0, "lease": True}
+    meta = LookupMeta(client.namespace.digest, ((BLOCK_TOKENS, prefix),), (0,), (1,))
     sizes = {"lookup": _frame_bytes(encode_frame(Frame(Op.LOOKUP, 1, meta))),
              "ping": _frame_bytes(encode_frame(Frame(Op.PING, 1, {})))}
     rows = []

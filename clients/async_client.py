@@ -46,13 +46,19 @@ from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.errors import ClientClosedError, InvalidRequest
 from statetier.protocol.frames import Op
 from statetier.protocol.identity import Kind, Namespace, NamespaceSpec, Provenance, StateKey, StateRef
-from statetier.protocol.messages import (
-    field,
-    key_to_wire,
-    provenance_to_wire,
-    ref_from_wire,
-    ref_to_wire,
-    specs_to_wire,
+from statetier.protocol.messages import field, ref_to_wire
+from statetier.protocol.wire_meta import (
+    LoadMeta,
+    LookupMeta,
+    LookupReply,
+    PutMeta,
+    ReleaseMeta,
+    ReleaseReply,
+    ref_of,
+    wire_key,
+    wire_provenance,
+    wire_ref,
+    wire_specs,
 )
 
 from . import transport
@@ -61,12 +67,13 @@ from .copies import into_specs
 from .shm import ClientWindows
 from .tensors import dtype_name
 from .transfers import Transfers
+from .replies import decoded
 from .values import (
     LayerGroup,
     LookupResult,
     PutItem,
+    boundaries_checked,
     boundaries_from_tokens,
-    boundaries_to_wire,
     group_selection,
     payload_pairs,
     regrouped,
@@ -203,12 +210,8 @@ class AsyncClient:
     def _put_meta(self, key, tensors, request_id, step, publish, version, speculative, durable=False):
         pairs = payload_pairs(key, tensors)
         provenance = Provenance(request_id, step, self.producer_id, time.time_ns())
-        meta: dict[str, Any] = {"key": key_to_wire(key), "provenance": provenance_to_wire(provenance),
-                                "publish": bool(publish), "speculative": bool(speculative)}
-        if version is not None:
-            meta["version"] = version
-        if durable:
-            meta["durable"] = True
+        meta = PutMeta(wire_key(key), wire_provenance(provenance), (), bool(publish), bool(speculative), version,
+                       durable=bool(durable))
         return meta, pairs
 
     async def put_kv(self, layer: int, prefix_hash: bytes, token_start: int, token_end: int, tensors, *,
@@ -269,9 +272,9 @@ class AsyncClient:
         if into is not None and expect is not None:
             raise InvalidRequest("give into or expect, not both: into states what it expects")
         if expect is not None:
-            meta["tensors"] = specs_to_wire(_expected_specs(expect))
+            meta.tensors = wire_specs(_expected_specs(expect))
         if into is not None:
-            meta["tensors"] = specs_to_wire(into_specs(into))
+            meta.tensors = wire_specs(into_specs(into))
             return await self._transfers_now().load(meta, device, into, trace)
         return await self._transfers_now().load(meta, "cpu" if device is None else device, None, trace)
 
@@ -298,29 +301,29 @@ class AsyncClient:
         metas, grouped = [], []
         for n, (target, dest) in enumerate(zip(targets, intos)):
             meta = self._load_meta(target, False)
-            del meta["ns"]
+            meta.ns = None  # given once for the batch
             key = target.key if isinstance(target, StateRef) else target
             if key.group_layers:
                 layers, dest = group_selection(key, None, dest)
                 intos[n] = dest
                 grouped.append(n)
                 if layers is not None:
-                    meta["layers"] = layers
+                    meta.layers = tuple(layers)
             if dest is not None:
-                meta["tensors"] = specs_to_wire(into_specs(dest))
+                meta.tensors = wire_specs(into_specs(dest))
             elif expect is not None:
-                meta["tensors"] = specs_to_wire(_expected_specs(expect))
+                meta.tensors = wire_specs(_expected_specs(expect))
             metas.append(meta)
         pairs = list(zip(metas, intos))
         depth = min(LOAD_IN_FLIGHT, self.concurrency if concurrency is None else concurrency)
         per_frame = load_batch_items(len(pairs)) if depth > 1 else BATCH_ITEMS
         batches = batches_of(pairs, self._batch_bytes(), lambda _pair: 0, per_frame)
-        namespace_hex = self._own_namespace().hex()
+        namespace = self._own_namespace().digest
         starts = itertools.accumulate((len(batch) for batch in batches[:-1]), initial=0)
 
         async def one(batch: list, start: int) -> list[dict[str, torch.Tensor]]:
             with items_from(start):
-                return await transfers.load_batch([m for m, _ in batch], namespace_hex, device, [d for _, d in batch])
+                return await transfers.load_batch([m for m, _ in batch], namespace, device, [d for _, d in batch])
 
         done = await in_order([functools.partial(one, batch, start) for batch, start in zip(batches, starts)],
                               max(1, depth))
@@ -341,21 +344,18 @@ class AsyncClient:
         layers, flat = group_selection(key, layers, into)
         meta = self._load_meta(target, speculative)
         if layers is not None:
-            meta["layers"] = layers
+            meta.layers = tuple(layers)
         if flat is not None:
-            meta["tensors"] = specs_to_wire(into_specs(flat))
+            meta.tensors = wire_specs(into_specs(flat))
         _, tensors = await self._transfers_now().load(meta, device if flat or device else "cpu", flat)
         return regrouped(tensors)
 
-    def _load_meta(self, target, speculative: bool) -> dict[str, Any]:
-        meta: dict[str, Any] = {"ns": self._own_namespace().hex(), "speculative": bool(speculative)}
+    def _load_meta(self, target, speculative: bool) -> LoadMeta:
         if isinstance(target, StateRef):
-            meta["ref"] = ref_to_wire(target)
-        elif isinstance(target, StateKey):
-            meta["key"] = key_to_wire(target)
-        else:
-            raise InvalidRequest(f"load takes a StateRef or a StateKey, not {type(target).__name__}")
-        return meta
+            return LoadMeta(self._own_namespace().digest, ref=wire_ref(target), speculative=bool(speculative))
+        if isinstance(target, StateKey):
+            return LoadMeta(self._own_namespace().digest, key=wire_key(target), speculative=bool(speculative))
+        raise InvalidRequest(f"load takes a StateRef or a StateKey, not {type(target).__name__}")
 
     def _batch_bytes(self) -> int:
         """Payload bytes per batch frame: what one frame (and the put window) can carry."""
@@ -388,25 +388,19 @@ class AsyncClient:
             if not size:
                 raise InvalidRequest("lookup by token_ids needs block_size (or a NamespaceSpec)")
             boundaries = boundaries_from_tokens(token_ids, size, self.spec.hash_seed if self.spec else 0)
-        meta = {"ns": self._own_namespace().hex(), "attention_layers": [int(x) for x in attention_layers],
-                "ssm_layers": [int(x) for x in ssm_layers], "boundaries": boundaries_to_wire(boundaries),
-                "kv_layout": kv_layout, "lease": bool(lease), "groups": [g.to_wire() for g in groups],
-                "tp_size": int(tp_size if tp_size is not None else (self.spec.tp_size if self.spec else 1))}
-        frame = await self._request(Op.LOOKUP, meta)
-        objects = []
-        for item in field(frame.meta, "objects", list):
-            if not isinstance(item, dict):
-                raise InvalidRequest("LOOKUP objects must be {ref, lease} objects")
-            objects.append((ref_from_wire(field(item, "ref", dict)), field(item, "lease", int, optional=True)))
-        return LookupResult(field(frame.meta, "tokens", int), objects)
+        meta = LookupMeta(
+            self._own_namespace().digest, boundaries_checked(boundaries), tuple(int(x) for x in attention_layers),
+            tuple(int(x) for x in ssm_layers), tuple((g.kind.name.lower(), g.group_id, g.layers) for g in groups),
+            kv_layout, int(tp_size if tp_size is not None else (self.spec.tp_size if self.spec else 1)), bool(lease))
+        reply = decoded(LookupReply, await self._request(Op.LOOKUP, meta))
+        return LookupResult(reply.tokens, [(ref_of(ref), lease) for ref, lease in reply.objects])
 
     async def release(self, lease_ids: Iterable[int]) -> int:
         """Give leases back (from ``lookup``); returns how many the daemon still held."""
         leases = [int(x) for x in lease_ids]
         if not leases:
             return 0
-        frame = await self._request(Op.RELEASE, {"leases": leases})
-        return field(frame.meta, "released", int, default=0)
+        return decoded(ReleaseReply, await self._request(Op.RELEASE, ReleaseMeta(tuple(leases)))).released
 
     # -- administration -----------------------------------------------------------------
 
@@ -443,7 +437,7 @@ class AsyncClient:
         self._connection()
         return self._transfers
 
-    async def _request(self, op: Op, meta: dict):
+    async def _request(self, op: Op, meta):
         return await self._connection().request(op, meta)
 
     def _own_namespace(self) -> Namespace:

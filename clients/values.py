@@ -17,7 +17,7 @@
                        (``PlacementMismatch``); ``regrouped(tensors)`` — the way back;
                        ``group_selection(key, layers, into)`` — a group load's chosen layers
                        and flattened ``into``.
-- ``boundaries_to_wire`` / ``boundaries_from_tokens`` — LOOKUP's ``(token_end, prefix)`` list.
+- ``boundaries_checked`` / ``boundaries_from_tokens`` — LOOKUP's ``(token_end, prefix)`` pairs.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from statetier.protocol.errors import InvalidRequest
 from statetier.protocol.groups import LayerGroup, check_layers, check_regions, region_name, split_region_name
 from statetier.protocol.identity import PREFIX_HASH_BYTES, StateKey, StateRef, prefix_hashes
 
-__all__ = ["LayerGroup", "LookupResult", "PutItem", "StoredRef", "boundaries_from_tokens", "boundaries_to_wire",
+__all__ = ["LayerGroup", "LookupResult", "PutItem", "StoredRef", "boundaries_checked", "boundaries_from_tokens",
            "group_selection", "named_tensors", "payload_pairs", "regrouped"]
 
 
@@ -143,7 +143,8 @@ def regrouped(tensors: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
     return out
 
 
-def boundaries_to_wire(boundaries: Sequence[tuple[int, bytes]]) -> list[list]:
+def boundaries_checked(boundaries: Sequence[tuple[int, bytes]]) -> tuple[tuple[int, bytes], ...]:
+    """LOOKUP's boundaries: ascending token ends, each with its 32-byte prefix hash."""
     out, last = [], -1
     for item in boundaries:
         if not (isinstance(item, (tuple, list)) and len(item) == 2):
@@ -153,9 +154,9 @@ def boundaries_to_wire(boundaries: Sequence[tuple[int, bytes]]) -> list[list]:
             raise InvalidRequest("boundary token ends must be ascending integers")
         if not isinstance(prefix, (bytes, bytearray)) or len(prefix) != PREFIX_HASH_BYTES:
             raise InvalidRequest(f"a boundary prefix hash must be {PREFIX_HASH_BYTES} bytes")
-        out.append([end, bytes(prefix).hex()])
+        out.append((end, bytes(prefix)))
         last = end
-    return out
+    return tuple(out)
 
 
 def boundaries_from_tokens(token_ids: Sequence[int], block_size: int, seed: int = 0) -> list[tuple[int, bytes]]:

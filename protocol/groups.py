@@ -8,8 +8,7 @@ layer by layer in the group's order (docs/protocol.md §2.3).
 
 - ``LayerGroup(kind, group_id, layers)`` — a group of layers stored together;
   ``key(namespace, prefix_hash, token_start, token_end, shard)`` → its ``StateKey``;
-  ``of_key(key)`` → the group a key names (``None`` for a per-layer key);
-  ``to_wire`` / ``from_wire`` (LOOKUP's ``groups``).
+  ``of_key(key)`` → the group a key names (``None`` for a per-layer key).
 - ``region_name(layer, name)`` / ``split_region_name(text)`` — a layer's tensor name in a
   group object's payload, and back.
 - ``check_regions(key, names)`` — a put's tensor names cover exactly ``key``'s group layers
@@ -60,15 +59,6 @@ class LayerGroup:
     def of_key(cls, key: StateKey) -> "LayerGroup | None":
         return cls(key.kind, key.layer, key.group_layers) if key.group_layers else None
 
-    def to_wire(self) -> list:
-        return [self.kind.name.lower(), self.group_id, list(self.layers)]
-
-    @classmethod
-    def from_wire(cls, item) -> "LayerGroup":
-        if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)
-                and isinstance(item[2], list)):
-            raise InvalidRequest("each group must be [kind, group_id, [layers…]]")
-        return cls(Kind.parse(item[0]), item[1], tuple(item[2]))
 
 
 def region_name(layer: int, name: str) -> str:

@@ -268,11 +268,6 @@ class Connection(asyncio.BufferedProtocol):
             if self._ctx.metrics is not None:
                 self._ctx.metrics.observe_op("daemon", "none", "ping", 0, 0.0)
         else:
-            freed = frame.meta.get("free_regions")
-            if freed and self._windows is not None:  # load-window regions given back in passing
-                for region in freed if isinstance(freed, list) else ():
-                    if isinstance(region, int):
-                        self._windows.free(region)
             self._pending.append(frame)
             self._start_pending()
 

@@ -6,10 +6,13 @@
 - ``Reply`` — a handler's answer: meta, data and, for an inline LOAD, a *borrowed*
   payload view plus ``done`` (release the lease) that the connection runs only after the
   transport has given the view back (``RequestRunner``: the writer's ``wait_flushed``).
-- ``handle_*`` — the coroutines of the other opcodes (ping, release, lookup, delete, and the
-  admin ops); ``traced`` wraps one with phase timings. Puts are in ``put_handlers.py``,
-  loads in ``load_handlers.py``, the ``Op`` → handler table in ``dispatch.py``. Meta is
-  decoded with ``protocol/messages.py`` into ``daemon/requests.py`` values; bad meta raises
+- ``hot(cls, handler)`` — a hot op's handler (PUT, PUT_BATCH, LOAD, LOAD_BATCH, LOOKUP,
+  RELEASE): its binary meta decoded into the ``protocol.wire_meta`` Struct ``cls``, regions
+  given back in passing freed, phase timings when asked; the handler gets ``(session,
+  meta, data)`` and answers a Struct.
+- ``handle_*`` — the coroutines of LOOKUP and RELEASE (hot), PING, and the admin ops (JSON
+  meta, decoded with ``protocol/messages.py``). Puts are in ``put_handlers.py``, loads in
+  ``load_handlers.py``, the ``Op`` → handler table in ``dispatch.py``. Bad meta raises
   ``InvalidRequest`` naming the field.
 
 Handlers never write to the socket; the connection sends the ``Reply`` or the error.
@@ -28,8 +31,9 @@ from statetier.daemon.server.windows import Windows
 from statetier.protocol.errors import InvalidRequest
 from statetier.protocol.frames import Frame, Op
 from statetier.protocol.groups import LayerGroup
-from statetier.protocol.identity import Namespace
-from statetier.protocol.messages import field, ref_from_wire, ref_to_wire
+from statetier.protocol.identity import Kind, Namespace
+from statetier.protocol.messages import field, ref_from_wire
+from statetier.protocol.wire_meta import LookupMeta, LookupReply, ReleaseMeta, ReleaseReply, decode, wire_ref
 
 
 @dataclass(slots=True)
@@ -60,94 +64,68 @@ class Reply:
 
 
 Handler = Callable[[Session, Frame], Awaitable[Reply]]
+HotHandler = Callable[[Session, object, memoryview], Awaitable[Reply]]  # (session, typed meta, data)
 
 
 def kind_of(key) -> str:
     return key.kind.name.lower()
 
 
-def namespace_of(meta: dict) -> Namespace:
-    return Namespace.from_hex(field(meta, "ns", str))
-
-
-def int_list(meta: dict, name: str) -> tuple[int, ...]:
-    items = field(meta, name, list, default=[])
-    if not all(isinstance(i, int) and not isinstance(i, bool) for i in items):
-        raise InvalidRequest(f"field {name!r} must be a list of integers")
-    return tuple(items)
-
-
 async def handle_ping(session: Session, frame: Frame) -> Reply:
     return Reply({}, op=Op.PONG)
 
 
-def traced(handler: Handler) -> Handler:
-    """Run ``handler`` with phase timings when the request asks (``"trace": true``); the
-    reply then says, in µs, how long the daemon worked on it and in which phases."""
+def hot(cls: type, handler: HotHandler) -> Handler:
+    """A hot op's handler (``wire_meta.REQUESTS``): its meta decoded into ``cls`` (binary
+    only: ``InvalidRequest`` for a JSON meta), the load-window regions it gives back in
+    passing freed, and phase timings when it asks (``trace``): the reply then says, in µs,
+    how long the daemon worked on it and in which phases."""
     async def run(session: Session, frame: Frame) -> Reply:
-        if frame.meta.get("trace") is not True:
-            return await handler(session, frame)
+        if not frame.is_binary:
+            raise InvalidRequest(f"{frame.op.name} meta must be MessagePack (protocol 3)")
+        meta = decode(cls, frame.meta)
+        if meta.free_regions and session.windows is not None:
+            for region in meta.free_regions:
+                session.windows.free(region)
+        if not meta.trace:
+            return await handler(session, meta, frame.data)
         timings: dict = {}
         token = TRACE.set(timings)
         started = time.perf_counter()
         try:
-            reply = await handler(session, frame)
+            reply = await handler(session, meta, frame.data)
         finally:
             TRACE.reset(token)
         timings["daemon"] = (time.perf_counter() - started) * 1e6
-        reply.meta["trace"] = timings
+        reply.meta.trace = timings
         return reply
     return run
 
 
-async def handle_release(session: Session, frame: Frame) -> Reply:
+async def handle_release(session: Session, meta: ReleaseMeta, data) -> Reply:
     """Leases (from LOOKUP) and load-window regions (``regions``) given back."""
-    released = await session.engine.release_many(list(int_list(frame.meta, "leases")), session.owner)
-    regions = int_list(frame.meta, "regions")
-    if regions and session.windows is not None:
-        released += sum(session.windows.free(region) for region in regions)
-    return Reply({"released": released})
+    released = await session.engine.release_many(list(meta.leases), session.owner)
+    if meta.regions and session.windows is not None:
+        released += sum(session.windows.free(region) for region in meta.regions)
+    return Reply(ReleaseReply(released))
 
 
-def _boundaries(meta: dict) -> tuple[tuple[int, bytes], ...]:
-    out = []
-    for item in field(meta, "boundaries", list):
-        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], int)
-                and not isinstance(item[0], bool) and isinstance(item[1], str)):
-            raise InvalidRequest("each boundary must be [token_end, prefix_hash_hex]")
-        try:
-            out.append((item[0], bytes.fromhex(item[1])))
-        except ValueError:
-            raise InvalidRequest("a boundary's prefix hash must be hex") from None
-    return tuple(out)
-
-
-def _tp_size(meta: dict) -> int:
-    tp_size = field(meta, "tp_size", int, default=1)
-    if not 1 <= tp_size <= 4096:
-        raise InvalidRequest("field 'tp_size' must be between 1 and 4096")
-    return tp_size
-
-
-async def handle_lookup(session: Session, frame: Frame) -> Reply:
-    meta = frame.meta
-    kv_layout = field(meta, "kv_layout", str, default="blocks")
-    if kv_layout not in ("blocks", "prefix"):
+async def handle_lookup(session: Session, meta: LookupMeta, data) -> Reply:
+    if meta.kv_layout not in ("blocks", "prefix"):
         raise InvalidRequest("field 'kv_layout' must be 'blocks' or 'prefix'")
     request = LookupRequest(
         tenant=session.tenant,
-        namespace=namespace_of(meta),
-        attention_layers=int_list(meta, "attention_layers"),
-        ssm_layers=int_list(meta, "ssm_layers"),
-        boundaries=_boundaries(meta),
-        kv_layout=kv_layout,
-        shards=tuple(range(_tp_size(meta))),
-        lease=field(meta, "lease", bool, default=True),
-        groups=tuple(LayerGroup.from_wire(item) for item in field(meta, "groups", list, default=[])),
+        namespace=Namespace(meta.ns),
+        attention_layers=meta.attention_layers,
+        ssm_layers=meta.ssm_layers,
+        boundaries=meta.boundaries,
+        kv_layout=meta.kv_layout,
+        shards=tuple(range(meta.tp_size)),
+        lease=meta.lease,
+        groups=tuple(LayerGroup(Kind.parse(kind), group_id, layers) for kind, group_id, layers in meta.groups),
     )
     result = await session.engine.lookup(request, session.owner)
-    objects = [{"ref": ref_to_wire(ref), "lease": lease} for ref, lease in result.objects]
-    return Reply({"tokens": result.tokens, "objects": objects})
+    return Reply(LookupReply(result.tokens, tuple((wire_ref(ref), lease) for ref, lease in result.objects)))
 
 
 async def handle_delete(session: Session, frame: Frame) -> Reply:

@@ -1,13 +1,13 @@
-"""PUT and PUT_BATCH: wire meta to one ``Engine.put_batch`` call and back (DESIGN §7).
+"""PUT and PUT_BATCH: typed meta to one ``Engine.put_batch`` call and back (DESIGN §7).
 
-- ``handle_put`` — one put, a batch of one: inline (``data`` is the payload) or from the
-  connection's put window (``window``: its offset).
-- ``handle_put_batch`` — ``items`` are PUT metas, each from the put window (``window``) or
-  inline (``data_len`` bytes of ``data``, in item order). The items are decoded once, up to
-  the first that does not decode, and put as one batch (``daemon.engine.puts``); each is
-  answered ``{ref, tier, published, durable}``, ``{error: {code, message, reason}}``, or
-  ``{skipped: true}`` after the first failure (not attempted, as a caller raising the
-  first error would have cancelled them).
+- ``handle_put(session, meta, data)`` — one put (``wire_meta.PutMeta``), a batch of one:
+  inline (``data`` is the payload) or from the connection's put window (``window``).
+- ``handle_put_batch(session, meta, data)`` — ``PutBatchMeta.items``, each from the put
+  window or inline (``data_len`` bytes of ``data``, in item order). The items are turned
+  into requests once, up to the first that is not one, and put as one batch
+  (``daemon.engine.puts``); each is answered with a ``PutAnswer``: its ref, tier,
+  published, durable; its ``error``; or ``skipped`` after the first failure (not
+  attempted, as a caller raising the first error would have cancelled them).
 
 The inline bytes are held under the byte budget while the batch runs.
 """
@@ -16,91 +16,88 @@ from __future__ import annotations
 
 from statetier.daemon.requests import Incoming, PutRequest, PutResult
 from statetier.protocol.errors import InvalidRequest, StatetierError
-from statetier.protocol.frames import Frame, Op, error_frame
-from statetier.protocol.messages import field, key_from_wire, provenance_from_wire, ref_to_wire, specs_from_wire
 from statetier.protocol.sealed import DigestAlg, layout_payload
+from statetier.protocol.wire_meta import (
+    ErrorInfo,
+    PutAnswer,
+    PutBatchMeta,
+    PutBatchReply,
+    PutMeta,
+    key_of,
+    provenance_of,
+    specs_of,
+    wire_ref,
+)
 
 from .handlers import Reply, Session, kind_of
 
 _DIGESTS = {"blake3": DigestAlg.BLAKE3, "xxh3-128": DigestAlg.XXH3_128}
 
 
-async def handle_put(session: Session, frame: Frame) -> Reply:
-    inline = "window" not in frame.meta
-    item = incoming(session, frame.meta, memoryview(frame.data).cast("B") if inline else None)
+async def handle_put(session: Session, meta: PutMeta, data: memoryview) -> Reply:
+    item = incoming(session, meta, memoryview(data).cast("B") if meta.window is None else None)
     async with session.budget.hold(item.payload.nbytes):
         (answer,) = await session.engine.put_batch([item])
     if isinstance(answer, StatetierError):
         raise answer
-    return Reply(put_reply(answer), kind=kind_of(item.req.key))
+    return Reply(put_answer(answer), kind=kind_of(item.req.key))
 
 
-async def handle_put_batch(session: Session, frame: Frame) -> Reply:
-    items = field(frame.meta, "items", list)
-    data = memoryview(frame.data).cast("B")
+async def handle_put_batch(session: Session, meta: PutBatchMeta, data: memoryview) -> Reply:
+    data = memoryview(data).cast("B")
     batch: list[Incoming] = []
     refused: StatetierError | None = None
     cursor = 0
-    for meta in items:
+    for item in meta.items:
         try:
-            if not isinstance(meta, dict):
-                raise InvalidRequest("each PUT_BATCH item must be an object")
-            length = field(meta, "data_len", int, optional=True)
             payload = None
-            if length is not None:
-                if length < 0 or cursor + length > data.nbytes:
+            if item.data_len is not None:
+                if cursor + item.data_len > data.nbytes:
                     raise InvalidRequest("PUT_BATCH item data_len runs past the frame's data")
-                payload, cursor = data[cursor : cursor + length], cursor + length
-            batch.append(incoming(session, meta, payload))
+                payload, cursor = data[cursor : cursor + item.data_len], cursor + item.data_len
+            batch.append(incoming(session, item, payload))
         except StatetierError as exc:
             refused = exc
             break
     async with session.budget.hold(data.nbytes):
         results = await session.engine.put_batch(batch)
-    answers: list[dict] = [_answer(result) for result in results]
+    answers = [_answer(result) for result in results]
     if refused is not None:
-        answers.append({"error": error_frame(0, refused).meta})
-    answers += [{"skipped": True}] * (len(items) - len(answers))
+        answers.append(PutAnswer(error=ErrorInfo.of(refused)))
+    answers += [PutAnswer(skipped=True)] * (len(meta.items) - len(answers))
     counted = [(kind_of(item.req.key), "put") for item, result in zip(batch, results) if isinstance(result, PutResult)]
-    return Reply({"items": answers}, items=counted)
+    return Reply(PutBatchReply(tuple(answers)), items=counted)
 
 
-def incoming(session: Session, meta: dict, payload: memoryview | None) -> Incoming:
-    """One PUT meta as the engine's ``Incoming``: inline ``payload``, or its put-window range."""
+def incoming(session: Session, meta: PutMeta, payload: memoryview | None) -> Incoming:
+    """One put as the engine's ``Incoming``: inline ``payload``, or its put-window range."""
     request = put_request(session.tenant, meta)
     if payload is not None:
         return Incoming(request, payload)
-    window = field(meta, "window", int)
+    if meta.window is None:
+        raise InvalidRequest("a PUT_BATCH item is from the put window (window) or inline (data_len)")
     if session.windows is None:
         raise InvalidRequest("a PUT from a window needs the shared-memory windows of HELLO_OK")
-    return Incoming(request, session.windows.put_view(window, layout_payload(request.specs).payload_len), shared=True)
+    nbytes = layout_payload(request.specs).payload_len
+    return Incoming(request, session.windows.put_view(meta.window, nbytes), shared=True)
 
 
-def put_request(tenant: str, meta: dict) -> PutRequest:
-    digest = field(meta, "digest", str, default="blake3")
-    if digest not in _DIGESTS:
+def put_request(tenant: str, meta: PutMeta) -> PutRequest:
+    digest = _DIGESTS.get(meta.digest)
+    if digest is None:
         raise InvalidRequest(f"field 'digest' must be one of {sorted(_DIGESTS)}")
-    return PutRequest(
-        tenant=tenant,
-        key=key_from_wire(field(meta, "key", dict)),
-        provenance=provenance_from_wire(field(meta, "provenance", dict)),
-        specs=specs_from_wire(field(meta, "tensors", list)),
-        publish=field(meta, "publish", bool, default=False),
-        version=field(meta, "version", int, optional=True),
-        speculative=field(meta, "speculative", bool, default=False),
-        digest_alg=_DIGESTS[digest],
-        durable=field(meta, "durable", bool, default=False),
-    )
+    return PutRequest(tenant=tenant, key=key_of(meta.key), provenance=provenance_of(meta.provenance),
+                      specs=specs_of(meta.tensors), publish=meta.publish, version=meta.version,
+                      speculative=meta.speculative, digest_alg=digest, durable=meta.durable)
 
 
-def put_reply(result: PutResult) -> dict:
-    return {"ref": ref_to_wire(result.ref), "tier": result.tier, "published": result.published,
-            "durable": result.durable}
+def put_answer(result: PutResult) -> PutAnswer:
+    return PutAnswer(wire_ref(result.ref), result.tier, result.published, result.durable)
 
 
-def _answer(result: PutResult | StatetierError | None) -> dict:
+def _answer(result: PutResult | StatetierError | None) -> PutAnswer:
     if isinstance(result, PutResult):
-        return put_reply(result)
+        return put_answer(result)
     if isinstance(result, StatetierError):
-        return {"error": error_frame(0, result).meta}
-    return {"skipped": True}
+        return PutAnswer(error=ErrorInfo.of(result))
+    return PutAnswer(skipped=True)

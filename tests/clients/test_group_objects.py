@@ -21,7 +21,7 @@ from statetier.launch import DaemonProcess
 from statetier.protocol.errors import InvalidRequest, NotFound, PlacementMismatch
 from statetier.protocol.frames import Op
 from statetier.protocol.identity import Kind, NamespaceSpec, prefix_hashes
-from statetier.protocol.messages import key_to_wire, provenance_to_wire, specs_to_wire
+from statetier.protocol.wire_meta import PutMeta, wire_key, wire_provenance, wire_specs
 from statetier.protocol.identity import Provenance
 from statetier.protocol.dtypes import TensorSpec
 
@@ -150,8 +150,8 @@ async def test_a_group_object_missing_a_layer_or_holding_another_is_refused(daem
         # The daemon refuses the same without the SDK's check (a raw PUT), counted by its reason.
         regions = kv_regions(6, ATTENTION.layers[:-1])
         pairs = [(f"{layer}.{name}", t) for layer, r in regions.items() for name, t in r.items()]
-        meta = {"key": key_to_wire(key), "provenance": provenance_to_wire(Provenance("raw")),
-                "tensors": specs_to_wire([TensorSpec(n, "bfloat16", tuple(t.shape)) for n, t in pairs])}
+        meta = PutMeta(wire_key(key), wire_provenance(Provenance("raw")),
+                       wire_specs([TensorSpec(n, "bfloat16", tuple(t.shape)) for n, t in pairs]))
         data = b"".join(t.view(torch.uint8).numpy().tobytes() for _, t in pairs)
         with pytest.raises(PlacementMismatch, match=r"misses layers \[28\]"):
             await client._connection().request(Op.PUT, meta, data)

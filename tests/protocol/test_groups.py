@@ -42,13 +42,6 @@ def test_a_group_refuses_layers_it_cannot_hold(layers):
         LayerGroup(Kind.KV, 0, layers)
 
 
-def test_a_group_travels_as_a_three_item_list():
-    assert ATTENTION.to_wire() == ["kv", 0, [3, 9, 15]]
-    assert LayerGroup.from_wire(["ssm", 1, [0, 1, 2, 4]]) == MAMBA
-    with pytest.raises(InvalidRequest):
-        LayerGroup.from_wire({"kind": "kv"})
-
-
 def test_region_names_carry_the_layer():
     assert region_name(15, "k") == "15.k"
     assert split_region_name("15.recurrent_states.0") == (15, "recurrent_states.0")
