@@ -9,7 +9,7 @@
 - ``land(header, source, parts, dests, staging, trace)`` — each received tensor (``parts``)
   copied into its destination and **verified there** against the signed header's digests
   (``CorruptPayload(landed=True)`` when the bytes changed on the way); a device destination
-  is verified in ``staging`` (a private host buffer) first. ``land_all(jobs, staging)``
+  is verified in ``staging`` (a private host buffer) first. ``land_all(jobs, staging, trace)``
   lands a batch and returns the indexes that were not intact, to be asked again.
 - ``copy_and_digest(dest, source, hasher, trace)`` — the fused copy + digest, in
   cache-sized chunks (``COPY_CHUNK``); with ``trace`` it also times both.
@@ -95,7 +95,7 @@ def land(header: SealedHeader, source: memoryview, parts: Sequence[tuple[TensorD
     check_payload_digest(header, [digests.get(id(t), t.digest) for t in header.tensors])
 
 
-def land_all(jobs: list, staging: Callable[[int], torch.Tensor]) -> list[int]:
+def land_all(jobs: list, staging: Callable[[int], torch.Tensor], trace: dict | None = None) -> list[int]:
     """``land`` every job (``None`` skipped); the indexes whose bytes were not intact where
     they landed (the caller asks for those again, with ``recheck``)."""
     failed = []
@@ -103,7 +103,7 @@ def land_all(jobs: list, staging: Callable[[int], torch.Tensor]) -> list[int]:
         if job is None:
             continue
         try:
-            land(*job, staging)
+            land(*job, staging, trace)
         except CorruptPayload as exc:
             if not exc.detail.get("landed"):
                 raise
