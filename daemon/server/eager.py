@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+from asyncio.tasks import _enter_task, _leave_task  # what 3.12's eager tasks use
 from collections.abc import Coroutine
 from typing import Any
-
-from asyncio.tasks import _enter_task, _leave_task  # what 3.12's eager tasks use
 
 
 def start_eagerly(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any]) -> asyncio.Task | None:
