@@ -5,6 +5,19 @@
 - ``Client``       — the same calls, blocking, on a private loop thread (``sync_client.py``)
 - ``PutItem``, ``LookupResult``, ``StoredRef`` — batch input, lookup answer, what a put
                      returns (``values.py``)
+- ``LayerGroup``   — layers stored together as group objects: one object per block for
+                     every layer of the group (KV), or per boundary (SSM)::
+
+                         attention = LayerGroup(Kind.KV, 0, (0, 8, 16, 24))
+                         key = client.group_key(attention, prefix_hash, 0, 256)
+                         await client.put_group(key, {0: {"k": k0, "v": v0}, 8: {...}, ...},
+                                                request_id="r1")
+                         tensors = await client.load_group(key)            # {layer: {name: t}}
+                         await client.load_group(key, into={8: {"k": k8, "v": v8}})  # one layer
+                         hit = await client.lookup(groups=[attention, mamba], token_ids=prompt)
+
+                     ``PutItem`` and ``load_many`` take group objects too; per-layer objects
+                     keep working beside them (docs/protocol.md §2.3).
 - ``connect``, ``Connection`` — the raw frame connection (``transport.py``)
 
 Underneath: ``transfers.py`` (the put/load exchanges), ``copies.py`` (payload copies,
@@ -31,13 +44,14 @@ if TYPE_CHECKING:
     from .async_client import AsyncClient
     from .sync_client import Client
     from .transport import Connection, connect
-    from .values import LookupResult, PutItem, StoredRef
+    from .values import LayerGroup, LookupResult, PutItem, StoredRef
 
 _EXPORTS = {
     "AsyncClient": "async_client",
     "Client": "sync_client",
     "Connection": "transport",
     "connect": "transport",
+    "LayerGroup": "values",
     "LookupResult": "values",
     "PutItem": "values",
     "StoredRef": "values",

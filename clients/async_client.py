@@ -2,19 +2,26 @@
 
 ``AsyncClient(url, *, namespace, tenant, token, ssl, use_shm, producer_id)``; ``await
 connect()`` / ``await close()`` or ``async with``. One connection carries every call, many
-at once. Keys are built in the client's namespace (``kv_key`` / ``ssm_key``).
+at once. Keys are built in the client's namespace (``kv_key`` / ``ssm_key`` / ``group_key``).
 
 - ``put(key, tensors, *, request_id, step, publish, version, speculative, durable)`` →
   ``StoredRef`` (a ``StateRef`` plus ``tier`` and ``durable``);
   ``put_kv(layer, prefix_hash, token_start, token_end, tensors, ...)`` and
   ``put_ssm(layer, prefix_hash, tokens_absorbed, {"conv": t, "ssm": t}, ...)`` build the key.
+- Group objects (one object per block for every layer of a ``LayerGroup``):
+  ``group_key(group, prefix_hash, token_start, token_end, *, shard)``; ``put_group(key,
+  {layer: {name: tensor}}, ...)``; ``load_group(target, *, layers, into)`` →
+  ``{layer: {name: tensor}}``, the whole object or only the chosen layers' regions (the
+  daemon sends only those), into the caller's buffers when given.
 - ``load(ref_or_key, *, device, expect, into)`` → ``{name: tensor}``, fresh tensors or the
   caller's ``into`` filled in place; ``load_with_ref`` also returns the ``StateRef`` of
   what was loaded. Loads carry the client's own namespace; every tensor is verified
   against the signed header's digests where it lands.
-- ``lookup(attention_layers, ssm_layers, boundaries | token_ids=…, ...)`` → ``LookupResult``;
+- ``lookup(attention_layers, ssm_layers, boundaries | token_ids=…, groups=…, ...)`` →
+  ``LookupResult`` (per-layer objects and group objects alike);
   ``release(lease_ids)`` gives the leases back.
-- ``put_many(items)`` / ``load_many(targets, into=…)``: batch frames, one round trip per batch.
+- ``put_many(items)`` / ``load_many(targets, into=…)``: batch frames, one round trip per batch;
+  group objects too (a ``PutItem`` of regions; a group target's ``into`` per layer).
 - ``delete(ref)``, ``purge(namespace | tenant=)``, ``list_objects(all_tenants=)``, ``stats()``,
   ``inspect(state_id)``, ``verify(progress=)``, ``ping()``.
 
@@ -40,13 +47,19 @@ from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.errors import ClientClosedError, InvalidRequest
 from statetier.protocol.frames import Op
 from statetier.protocol.identity import Kind, Namespace, NamespaceSpec, Provenance, StateKey, StateRef
-from statetier.protocol.messages import (
-    field,
-    key_to_wire,
-    provenance_to_wire,
-    ref_from_wire,
-    ref_to_wire,
-    specs_to_wire,
+from statetier.protocol.messages import field, ref_to_wire
+from statetier.protocol.wire_meta import (
+    LoadMeta,
+    LookupMeta,
+    LookupReply,
+    PutMeta,
+    ReleaseMeta,
+    ReleaseReply,
+    ref_of,
+    wire_key,
+    wire_provenance,
+    wire_ref,
+    wire_specs,
 )
 
 from . import admin, transport
@@ -55,7 +68,17 @@ from .copies import into_specs
 from .shm import ClientWindows
 from .tensors import dtype_name
 from .transfers import Transfers
-from .values import LookupResult, PutItem, boundaries_from_tokens, lookup_meta, named_tensors
+from .replies import decoded
+from .values import (
+    LayerGroup,
+    LookupResult,
+    PutItem,
+    boundaries_from_tokens,
+    group_selection,
+    lookup_meta,
+    payload_pairs,
+    regrouped,
+)
 
 DEFAULT_CONCURRENCY = 16
 log = logging.getLogger("statetier.client")
@@ -153,6 +176,12 @@ class AsyncClient:
         """The key of ``layer``'s snapshot after ``tokens_absorbed`` tokens of ``prefix_hash``."""
         return StateKey(self._own_namespace(), Kind.SSM, layer, prefix_hash, 0, tokens_absorbed, shard)
 
+    def group_key(self, group: LayerGroup, prefix_hash: bytes, token_start: int, token_end: int, *,
+                  shard: int = 0) -> StateKey:
+        """The key of ``group``'s object: a KV group's block ``[token_start, token_end)`` of every
+        layer, an SSM group's snapshots of every layer after ``token_end`` tokens (``token_start`` 0)."""
+        return group.key(self._own_namespace(), prefix_hash, token_start, token_end, shard)
+
     # -- puts ---------------------------------------------------------------------------
 
     async def put(self, key: StateKey, tensors, *, request_id: str, step: int = 0, publish: bool = False,
@@ -169,15 +198,21 @@ class AsyncClient:
         meta, pairs = self._put_meta(key, tensors, request_id, step, publish, version, speculative, durable)
         return await self._transfers_now().put(meta, pairs, trace)
 
+    async def put_group(self, key: StateKey, regions: Mapping[int, Mapping[str, torch.Tensor]], *, request_id: str,
+                        step: int = 0, publish: bool = False, version: int | None = None, speculative: bool = False,
+                        durable: bool = False) -> StateRef:
+        """Seal a group object: ``regions`` holds ``{name: tensor}`` for every layer of ``key``'s
+        group and no other (``PlacementMismatch`` otherwise, before anything is sent)."""
+        if not key.group_layers:
+            raise InvalidRequest("put_group needs a group key (group_key)")
+        return await self.put(key, regions, request_id=request_id, step=step, publish=publish, version=version,
+                              speculative=speculative, durable=durable)
+
     def _put_meta(self, key, tensors, request_id, step, publish, version, speculative, durable=False):
-        pairs = named_tensors(tensors)
+        pairs = payload_pairs(key, tensors)
         provenance = Provenance(request_id, step, self.producer_id, time.time_ns())
-        meta: dict[str, Any] = {"key": key_to_wire(key), "provenance": provenance_to_wire(provenance),
-                                "publish": bool(publish), "speculative": bool(speculative)}
-        if version is not None:
-            meta["version"] = version
-        if durable:
-            meta["durable"] = True
+        meta = PutMeta(wire_key(key), wire_provenance(provenance), (), bool(publish), bool(speculative), version,
+                       durable=bool(durable))
         return meta, pairs
 
     async def put_kv(self, layer: int, prefix_hash: bytes, token_start: int, token_end: int, tensors, *,
@@ -194,11 +229,13 @@ class AsyncClient:
         return await self.put(key, tensors, request_id=request_id, step=step, publish=publish,
                               version=version, speculative=speculative, durable=durable)
 
-    async def put_many(self, items: Iterable[PutItem], *, concurrency: int | None = None) -> list[StateRef]:
+    async def put_many(self, items: Iterable[PutItem], *, concurrency: int | None = None,
+                       trace: dict | None = None) -> list[StateRef]:
         """Put every item; the refs come back in the items' order. Items travel in
         ``PUT_BATCH`` frames (one round trip per batch of up to ``batches.BATCH_ITEMS``); the first
         failing item's error is raised, its position among ``items`` in ``detail["item"]``
-        (the items before it are stored). ``concurrency`` is accepted for compatibility."""
+        (the items before it are stored). ``concurrency`` is accepted for compatibility.
+        ``trace``: as for ``put``, summed over the call's frames (``items``: how many)."""
         transfers = self._transfers_now()
         prepared = [self._put_meta(item.key, item.tensors, item.request_id, item.step, item.publish,
                                    item.version, item.speculative, item.durable)
@@ -206,7 +243,9 @@ class AsyncClient:
         refs: list[StateRef] = []
         for batch in batches_of(prepared, self._batch_bytes(), lambda entry: pairs_bytes(entry[1])):
             with items_from(len(refs)):
-                refs.extend(await transfers.put_batch(batch))
+                refs.extend(await transfers.put_batch(batch, trace))
+        if trace is not None:
+            trace["items"] = len(refs)
         return refs
 
     # -- loads --------------------------------------------------------------------------
@@ -238,21 +277,24 @@ class AsyncClient:
         if into is not None and expect is not None:
             raise InvalidRequest("give into or expect, not both: into states what it expects")
         if expect is not None:
-            meta["tensors"] = specs_to_wire(_expected_specs(expect))
+            meta.tensors = wire_specs(_expected_specs(expect))
         if into is not None:
-            meta["tensors"] = specs_to_wire(into_specs(into))
+            meta.tensors = wire_specs(into_specs(into))
             return await self._transfers_now().load(meta, device, into, trace)
         return await self._transfers_now().load(meta, "cpu" if device is None else device, None, trace)
 
     async def load_many(self, targets: Iterable[StateRef | StateKey], *, device: torch.device | str | None = None,
                         expect: Expect | None = None, into: Sequence[Mapping[str, torch.Tensor]] | None = None,
-                        concurrency: int | None = None) -> list[dict[str, torch.Tensor]]:
+                        concurrency: int | None = None, trace: dict | None = None) -> list[dict[str, torch.Tensor]]:
         """Load every target; results come back in the targets' order. Targets travel in
         ``LOAD_BATCH`` frames, about ``batches.LOAD_PIPELINE`` of them with two in flight, so
         that the daemon reads one frame's objects while this process copies and verifies the
         other's; the first failing target's error is raised, its position among ``targets``
         in ``detail["item"]`` (destinations of the frames from its own on are left
-        undefined). ``into``: one destination mapping per target (see ``load``).
+        undefined). ``into``: one destination mapping per target (see ``load``; for a group
+        target ``{layer: {name: tensor}}``, its layers the chosen ones, see ``load_group``).
+        A group target's result is ``{layer: {name: tensor}}``. ``trace``: as for ``load``,
+        summed over the call's frames (``items``: how many).
         ``concurrency`` (default: the client's) caps the frames in flight; 1 sends the
         frames one after the other, so nothing is asked after the first failure."""
         targets = list(targets)
@@ -262,39 +304,67 @@ class AsyncClient:
             raise InvalidRequest("give into or expect, not both: into states what it expects")
         transfers = self._transfers_now()
         intos = list(into) if into is not None else [None] * len(targets)
-        metas = []
-        for target, dest in zip(targets, intos):
+        metas, grouped = [], []
+        for n, (target, dest) in enumerate(zip(targets, intos)):
             meta = self._load_meta(target, False)
-            del meta["ns"]
+            meta.ns = None  # given once for the batch
+            key = target.key if isinstance(target, StateRef) else target
+            if key.group_layers:
+                layers, dest = group_selection(key, None, dest)
+                intos[n] = dest
+                grouped.append(n)
+                if layers is not None:
+                    meta.layers = tuple(layers)
             if dest is not None:
-                meta["tensors"] = specs_to_wire(into_specs(dest))
+                meta.tensors = wire_specs(into_specs(dest))
             elif expect is not None:
-                meta["tensors"] = specs_to_wire(_expected_specs(expect))
+                meta.tensors = wire_specs(_expected_specs(expect))
             metas.append(meta)
         pairs = list(zip(metas, intos))
         depth = min(LOAD_IN_FLIGHT, self.concurrency if concurrency is None else concurrency)
         per_frame = load_batch_items(len(pairs)) if depth > 1 else BATCH_ITEMS
         batches = batches_of(pairs, self._batch_bytes(), lambda _pair: 0, per_frame)
-        namespace_hex = self._own_namespace().hex()
+        namespace = self._own_namespace().digest
         starts = itertools.accumulate((len(batch) for batch in batches[:-1]), initial=0)
 
         async def one(batch: list, start: int) -> list[dict[str, torch.Tensor]]:
             with items_from(start):
-                return await transfers.load_batch([m for m, _ in batch], namespace_hex, device, [d for _, d in batch])
+                return await transfers.load_batch([m for m, _ in batch], namespace, device, [d for _, d in batch],
+                                                  trace)
 
         done = await in_order([functools.partial(one, batch, start) for batch, start in zip(batches, starts)],
                               max(1, depth))
-        return [loaded for batch in done for loaded in batch]
+        out: list = [loaded for batch in done for loaded in batch]
+        for n in grouped:
+            out[n] = regrouped(out[n])
+        if trace is not None:
+            trace["items"] = len(out)
+        return out
 
-    def _load_meta(self, target, speculative: bool) -> dict[str, Any]:
-        meta: dict[str, Any] = {"ns": self._own_namespace().hex(), "speculative": bool(speculative)}
+    async def load_group(self, target: StateRef | StateKey, *, layers: Sequence[int] | None = None,
+                         into: Mapping[int, Mapping[str, torch.Tensor]] | None = None,
+                         device: torch.device | str | None = None, speculative: bool = False
+                         ) -> dict[int, dict[str, torch.Tensor]]:
+        """A group object's tensors as ``{layer: {name: tensor}}``: every layer, or only
+        ``layers`` (the daemon then sends only their regions); into ``into``'s tensors when
+        given (its layers are the chosen ones). A layer outside the group is
+        ``PlacementMismatch``; otherwise as ``load``."""
+        key = target.key if isinstance(target, StateRef) else target
+        layers, flat = group_selection(key, layers, into)
+        meta = self._load_meta(target, speculative)
+        if layers is not None:
+            meta.layers = tuple(layers)
+        if flat is not None:
+            meta.tensors = wire_specs(into_specs(flat))
+        _, tensors = await self._transfers_now().load(meta, device if flat or device else "cpu", flat)
+        return regrouped(tensors)
+
+    def _load_meta(self, target, speculative: bool) -> LoadMeta:
         if isinstance(target, StateRef):
-            meta["ref"] = ref_to_wire(target)
-        elif isinstance(target, StateKey):
-            meta["key"] = key_to_wire(target)
-        else:
-            raise InvalidRequest(f"load takes a StateRef or a StateKey, not {type(target).__name__}")
-        return meta
+            return LoadMeta(self._own_namespace().digest, ref=wire_ref(target), speculative=bool(speculative))
+        if isinstance(target, StateKey):
+            return LoadMeta(self._own_namespace().digest, key=wire_key(target), speculative=bool(speculative))
+        raise InvalidRequest(f"load takes a StateRef or a StateKey, not {type(target).__name__}")
 
     def _batch_bytes(self) -> int:
         """Payload bytes per batch frame: what one frame (and the put window) can carry."""
@@ -306,12 +376,15 @@ class AsyncClient:
 
     # -- lookup and leases --------------------------------------------------------------
 
-    async def lookup(self, attention_layers: Sequence[int], ssm_layers: Sequence[int],
+    async def lookup(self, attention_layers: Sequence[int] = (), ssm_layers: Sequence[int] = (),
                      boundaries: Sequence[tuple[int, bytes]] | None = None, *,
                      token_ids: Sequence[int] | None = None, block_size: int | None = None,
-                     kv_layout: str = "blocks", tp_size: int | None = None, lease: bool = True) -> LookupResult:
-        """The largest prefix that every listed layer can restore (DESIGN §4, joint hits),
-        on every TP shard: ``tp_size`` defaults to the ``NamespaceSpec``'s (1 without one).
+                     kv_layout: str = "blocks", tp_size: int | None = None, lease: bool = True,
+                     groups: Sequence[LayerGroup] = ()) -> LookupResult:
+        """The largest prefix that every listed layer and layer group can restore (DESIGN §4,
+        joint hits), on every TP shard: ``tp_size`` defaults to the ``NamespaceSpec``'s (1
+        without one). A KV group needs its group objects (one per block, or ``[0, N)`` with
+        ``kv_layout="prefix"``), an SSM group its group object at the boundary.
 
         Give ``boundaries`` as ascending ``(token_end, prefix_hash)`` pairs, or ``token_ids``
         (hashed per ``block_size``, by default the namespace's ``kv_block_size``). Leased
@@ -324,23 +397,18 @@ class AsyncClient:
             if not size:
                 raise InvalidRequest("lookup by token_ids needs block_size (or a NamespaceSpec)")
             boundaries = boundaries_from_tokens(token_ids, size, self.spec.hash_seed if self.spec else 0)
-        meta = lookup_meta(self._own_namespace().hex(), attention_layers, ssm_layers, boundaries, kv_layout=kv_layout,
-                           lease=lease, tp_size=tp_size if tp_size is not None else (self.spec.tp_size if self.spec else 1))
-        frame = await self._request(Op.LOOKUP, meta)
-        objects = []
-        for item in field(frame.meta, "objects", list):
-            if not isinstance(item, dict):
-                raise InvalidRequest("LOOKUP objects must be {ref, lease} objects")
-            objects.append((ref_from_wire(field(item, "ref", dict)), field(item, "lease", int, optional=True)))
-        return LookupResult(field(frame.meta, "tokens", int), objects)
+        meta = lookup_meta(self._own_namespace().digest, attention_layers, ssm_layers, boundaries, kv_layout=kv_layout,
+                           lease=lease, tp_size=tp_size if tp_size is not None else (self.spec.tp_size if self.spec else 1),
+                           groups=groups)
+        reply = decoded(LookupReply, await self._request(Op.LOOKUP, meta))
+        return LookupResult(reply.tokens, [(ref_of(ref), lease) for ref, lease in reply.objects])
 
     async def release(self, lease_ids: Iterable[int]) -> int:
         """Give leases back (from ``lookup``); returns how many the daemon still held."""
         leases = [int(x) for x in lease_ids]
         if not leases:
             return 0
-        frame = await self._request(Op.RELEASE, {"leases": leases})
-        return field(frame.meta, "released", int, default=0)
+        return decoded(ReleaseReply, await self._request(Op.RELEASE, ReleaseMeta(tuple(leases)))).released
 
     # -- administration -----------------------------------------------------------------
 
@@ -400,7 +468,7 @@ class AsyncClient:
         self._connection()
         return self._transfers
 
-    async def _request(self, op: Op, meta: dict):
+    async def _request(self, op: Op, meta):
         return await self._connection().request(op, meta)
 
     def _own_namespace(self) -> Namespace:

@@ -3,14 +3,18 @@
 - ``fill(region, layout, tensors)`` — a put's tensors copied into a window region at the
   payload layout's offsets, padding zeroed; ``inline_parts(pairs, layout)`` — the same
   payload as the tensors' own buffers and zero padding, to be written back to back.
-- ``land(header, source, dests, staging, trace)`` — each tensor of a loaded payload copied
-  into its destination and **verified there** against the signed header's digests
+- ``laid_out(header, layers)`` — each tensor a load received and where its region starts in
+  the payload received: all at their own offsets, or a group object's chosen layers'
+  regions back to back (what the daemon sends for ``layers``).
+- ``land(header, source, parts, dests, staging, trace)`` — each received tensor (``parts``)
+  copied into its destination and **verified there** against the signed header's digests
   (``CorruptPayload(landed=True)`` when the bytes changed on the way); a device destination
-  is verified in ``staging`` (a private host buffer) first. ``land_all(jobs, staging)``
+  is verified in ``staging`` (a private host buffer) first. ``land_all(jobs, staging, trace)``
   lands a batch and returns the indexes that were not intact, to be asked again.
 - ``copy_and_digest(dest, source, hasher, trace)`` — the fused copy + digest, in
-  cache-sized chunks (``COPY_CHUNK``); with ``trace`` it also times both.
-- ``target_of(into, device)``, ``destinations(header, into, device)``, ``into_specs(into)``
+  chunks of ``protocol.digests.hash_chunk`` (cache-sized; larger for a region hashed on
+  several threads, ``thresholds.PARALLEL_HASH_BYTES``); with ``trace`` it also times both.
+- ``target_of(into, device)``, ``destinations(parts, into, device)``, ``into_specs(into)``
   — where a load lands: the caller's ``into`` tensors (checked: contiguous, one device,
   the object's names, dtypes and shapes) or fresh ones.
 
@@ -26,11 +30,11 @@ from typing import Callable, Mapping, Sequence
 import torch
 
 from statetier.protocol.errors import CorruptPayload, InvalidRequest
-from statetier.protocol.sealed import SealedHeader, check_payload_digest, region_hasher
+from statetier.protocol.groups import chosen
+from statetier.protocol.sealed import SealedHeader, TensorDescriptor, check_payload_digest, hash_chunk, region_hasher
 
 from .tensors import byte_view, empty_for, spec_of, tensor_bytes, tensor_to_spec_and_view, torch_dtype
 
-COPY_CHUNK = 256 << 10  # copy then digest this much at a time, while it is still in cache
 _ZEROS = memoryview(bytes(64))  # alignment padding is below 64 bytes
 
 
@@ -50,24 +54,35 @@ def fill(region: memoryview, layout, tensors: Sequence[torch.Tensor]) -> None:
         cursor = offset + nbytes
 
 
-def land(header: SealedHeader, source: memoryview, dests: Sequence[torch.Tensor],
-         staging: Callable[[int], torch.Tensor], trace: dict | None = None) -> None:
-    """Copy each tensor of ``source`` (laid out as ``header`` says) into its destination and
-    verify it there; a device destination is verified in ``staging`` first.
+def laid_out(header: SealedHeader, layers: Sequence[int] | None) -> list[tuple[TensorDescriptor, int]]:
+    """``(descriptor, offset in the received payload)`` of each tensor a load received."""
+    if layers is None:
+        return [(t, t.offset) for t in header.tensors]
+    parts, at = [], 0
+    for t in chosen(header.tensors, layers):
+        parts.append((t, at))
+        at += t.region
+    return parts
+
+
+def land(header: SealedHeader, source: memoryview, parts: Sequence[tuple[TensorDescriptor, int]],
+         dests: Sequence[torch.Tensor], staging: Callable[[int], torch.Tensor], trace: dict | None = None) -> None:
+    """Copy each received tensor (``parts``: descriptor and offset in ``source``) into its
+    destination and verify it there; a device destination is verified in ``staging`` first.
 
     The digest is computed over the destination's bytes (and a private copy of the
     padding), so what is verified is what the caller gets, whatever happens to ``source``
-    meanwhile.
+    meanwhile. Regions not received count with the digests the verified header binds.
     """
-    digests = []
-    for t, dest in zip(header.tensors, dests):
-        hasher = region_hasher(header.digest_alg)
-        src = source[t.offset : t.offset + t.nbytes]
+    digests: dict[int, bytes] = {}  # by id() of the descriptor: zero-size tensors share offsets
+    for (t, at), dest in zip(parts, dests):
+        hasher = region_hasher(header.digest_alg, t.nbytes)
+        src = source[at : at + t.nbytes]
         on_device = dest.device.type != "cpu"
         if t.nbytes:
             stage = staging(t.nbytes)[: t.nbytes] if on_device else dest  # contiguous: checked or fresh
             copy_and_digest(byte_view(stage), src, hasher, trace)
-        padding = bytes(source[t.offset + t.nbytes : t.offset + t.region])
+        padding = bytes(source[at + t.nbytes : at + t.region])
         if padding:
             hasher.update(padding)
         digest = hasher.digest()
@@ -76,11 +91,11 @@ def land(header: SealedHeader, source: memoryview, dests: Sequence[torch.Tensor]
                                  "signed header", landed=True)
         if on_device and t.nbytes:
             tensor_bytes(dest).copy_(stage)  # synchronous: the staging buffer is reused
-        digests.append(digest)
-    check_payload_digest(header, digests)
+        digests[id(t)] = digest
+    check_payload_digest(header, [digests.get(id(t), t.digest) for t in header.tensors])
 
 
-def land_all(jobs: list, staging: Callable[[int], torch.Tensor]) -> list[int]:
+def land_all(jobs: list, staging: Callable[[int], torch.Tensor], trace: dict | None = None) -> list[int]:
     """``land`` every job (``None`` skipped); the indexes whose bytes were not intact where
     they landed (the caller asks for those again, with ``recheck``)."""
     failed = []
@@ -88,7 +103,7 @@ def land_all(jobs: list, staging: Callable[[int], torch.Tensor]) -> list[int]:
         if job is None:
             continue
         try:
-            land(*job, staging)
+            land(*job, staging, trace)
         except CorruptPayload as exc:
             if not exc.detail.get("landed"):
                 raise
@@ -100,16 +115,18 @@ def copy_and_digest(dest: memoryview, source: memoryview, hasher, trace: dict | 
     nbytes = source.nbytes
     if trace is not None:
         return _copy_and_digest_timed(dest, source, hasher, trace)
-    for start in range(0, nbytes, COPY_CHUNK):
-        end = min(nbytes, start + COPY_CHUNK)
+    chunk = hash_chunk(nbytes)
+    for start in range(0, nbytes, chunk):
+        end = min(nbytes, start + chunk)
         dest[start:end] = source[start:end]
         hasher.update(dest[start:end])
 
 
 def _copy_and_digest_timed(dest: memoryview, source: memoryview, hasher, trace: dict) -> None:
     clock, copying, hashing = time.perf_counter, 0.0, 0.0
-    for start in range(0, source.nbytes, COPY_CHUNK):
-        end = min(source.nbytes, start + COPY_CHUNK)
+    chunk = hash_chunk(source.nbytes)
+    for start in range(0, source.nbytes, chunk):
+        end = min(source.nbytes, start + chunk)
         t0 = clock()
         dest[start:end] = source[start:end]
         t1 = clock()
@@ -146,14 +163,16 @@ def into_specs(into: Mapping[str, torch.Tensor]):
     return [spec_of(name, tensor) for name, tensor in into.items()]
 
 
-def destinations(header: SealedHeader, into, device: torch.device) -> list[torch.Tensor]:
+def destinations(parts: Sequence[tuple[TensorDescriptor, int]], into, device: torch.device) -> list[torch.Tensor]:
+    """Where each received tensor lands: ``into``'s tensor of its name, or a fresh one."""
+    tensors = [t for t, _ in parts]
     if into is None:
-        return [empty_for(t.spec, device) for t in header.tensors]
-    names = [t.spec.name for t in header.tensors]
+        return [empty_for(t.spec, device) for t in tensors]
+    names = [t.spec.name for t in tensors]
     if sorted(names) != sorted(into):
         raise CorruptPayload(f"the object holds tensors {names}, not {sorted(into)}")
     dests = []
-    for t in header.tensors:
+    for t in tensors:
         dest = into[t.spec.name]
         if dest.dtype != torch_dtype(t.spec.dtype) or tuple(dest.shape) != tuple(t.spec.shape):
             raise CorruptPayload(f"tensor {t.spec.name!r} is {t.spec.dtype}{list(t.spec.shape)}; into holds "

@@ -130,11 +130,16 @@ class Client:
     def ssm_key(self, *args: Any, **kwargs: Any):
         return self._client.ssm_key(*args, **kwargs)
 
+    def group_key(self, *args: Any, **kwargs: Any):
+        return self._client.group_key(*args, **kwargs)
+
     put = _blocking("put")
     put_kv = _blocking("put_kv")
     put_ssm = _blocking("put_ssm")
+    put_group = _blocking("put_group")
     put_many = _blocking("put_many")
     load = _blocking("load")
+    load_group = _blocking("load_group")
     load_with_ref = _blocking("load_with_ref")
     load_many = _blocking("load_many")
     lookup = _blocking("lookup")

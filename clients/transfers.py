@@ -3,12 +3,17 @@
 - ``Transfers(conn, windows, executor)`` — built by ``AsyncClient.connect``; ``windows`` is
   the connection's mapped shared-memory windows (``shm.ClientWindows``) or ``None`` (TCP,
   or a process that could not map them).
-- ``await put(meta, pairs)`` → ``StateRef``. With windows: copy the tensors into a region
+Metas are the typed ``protocol.wire_meta`` Structs (the daemon's replies are read by
+``replies.py``).
+
+- ``await put(meta, pairs)`` → ``StateRef`` (``meta``: a ``PutMeta`` without its tensors). With windows: copy the tensors into a region
   of the put window, one ``PUT`` naming it (one round trip); the region is reused once the
   daemon answered (it copies before it digests). Without, or when the window is full: one
   inline ``PUT`` whose data are the tensors' own buffers and the zero padding of
   ``layout_payload``, written back to back (no join).
-- ``await load(meta, device, into)`` → ``(StateRef, {name: tensor})``. The reply carries the
+- ``await put_batch(items)`` — many puts, one ``PUT_BATCH`` frame.
+- ``await load(meta, device, into)`` → ``(StateRef, {name: tensor})`` (``meta``: a ``LoadMeta``);
+  ``await load_batch(metas, namespace, device, intos)`` — many, one ``LOAD_BATCH`` frame. The reply carries the
   signed header (checked by the daemon) and the payload: in a region of the read-only
   load window, or inline. Each tensor is copied into its destination — ``into``'s tensors,
   or fresh ones — and **verified there** against the header's digests before it is
@@ -17,8 +22,9 @@
   copied to the device. The region goes back with the client's next request
   (``free_regions``), or in a ``RELEASE`` at the loop's next turn when none comes first.
 
-The copies themselves are ``copies.py``. Up to ``INLINE_COPY_BYTES`` of CPU copies run on the event loop (a thread hop would cost more);
-larger ones, and any touching a GPU, run on the client's single copy thread. A cancelled
+The copies themselves are ``copies.py``. CPU copies below ``protocol.thresholds.
+INLINE_WORK_BYTES`` run on the event loop (a thread hop would cost more); larger ones, and
+any touching a GPU, run on the client's single copy thread, one job per call. A cancelled
 caller still waits for its copy to end before the region is handed back.
 """
 
@@ -31,20 +37,32 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from statetier.protocol.cancellation import wait_out_cancellation
 from statetier.protocol.errors import CorruptPayload, MalformedFrame, StatetierError
-from statetier.protocol.frames import FLAG_ERROR, Frame, Op, raise_for_error
-from statetier.protocol.messages import field, ref_from_wire, specs_to_wire
+from statetier.protocol.frames import Frame, Op
+from statetier.protocol.groups import chosen
 from statetier.protocol.identity import StateRef
 from statetier.protocol.lru import BoundedLru
 from statetier.protocol.sealed import SealedHeader, layout_payload, parse_header
+from statetier.protocol.thresholds import INLINE_WORK_BYTES, run_work
+from statetier.protocol.wire_meta import (
+    LoadAnswer,
+    LoadBatchMeta,
+    LoadBatchReply,
+    LoadMeta,
+    PutAnswer,
+    PutBatchMeta,
+    PutBatchReply,
+    PutMeta,
+    ReleaseMeta,
+    decode_reply,
+    wire_specs,
+)
 
-from .copies import destinations, fill, inline_parts, land, land_all, target_of
+from .copies import destinations, fill, inline_parts, laid_out, land, land_all, target_of
+from .replies import batch_answers, decoded, once, raise_item_error, record, stored_ref
 from .shm import ClientWindows
 from .tensors import spec_of
-from .values import StoredRef
 
-INLINE_COPY_BYTES = 4 << 20  # a 2 MiB page: ~0.1 ms to copy; the hop cost 0.08+ ms and more when busy
 HEADER_CACHE = 1024
 _HEADER_LEN = slice(8, 12)  # header_len in the sealed object's prefix (docs/protocol.md §1.1)
 
@@ -73,85 +91,90 @@ class Transfers:
         self._flush_scheduled = False
         if self._to_free:
             regions, self._to_free = self._to_free, []
-            self.conn.send_nowait(Op.RELEASE, {"regions": regions})
+            self.conn.send_nowait(Op.RELEASE, ReleaseMeta(regions=tuple(regions)))
 
-    def _with_free(self, meta: dict) -> dict:
+    def _with_free(self, meta):
         if self._to_free:
-            meta["free_regions"], self._to_free = self._to_free, []
+            meta.free_regions, self._to_free = tuple(self._to_free), []
         return meta
 
     # -- put ----------------------------------------------------------------------------
 
-    async def put(self, meta: dict, pairs: Sequence[tuple[str, torch.Tensor]], trace: dict | None = None
+    async def put(self, meta: PutMeta, pairs: Sequence[tuple[str, torch.Tensor]], trace: dict | None = None
                   ) -> StateRef:
         specs = [spec_of(name, tensor) for name, tensor in pairs]
         layout = layout_payload(specs)
-        meta = {**meta, "tensors": specs_to_wire(specs)}
-        if trace is not None:
-            meta["trace"] = True
+        meta.tensors = wire_specs(specs)
+        meta.trace = trace is not None
         if self.windows is not None and layout.payload_len:
             offset = self.windows.allocate(layout.payload_len)
             if offset is not None:
                 return await self._put_from_window(meta, layout, [t for _, t in pairs], offset, trace)
         started = time.perf_counter()
-        frame = await self.conn.request(Op.PUT, meta, inline_parts(pairs, layout))
-        _record(trace, frame, request=started)
-        return _ref_of(frame)
+        answer = decoded(PutAnswer, await self.conn.request(Op.PUT, meta, inline_parts(pairs, layout)))
+        record(trace, answer, request=started)
+        return stored_ref(answer)
 
-    async def _put_from_window(self, meta: dict, layout, tensors, offset: int, trace: dict | None) -> StateRef:
+    async def _put_from_window(self, meta: PutMeta, layout, tensors, offset: int, trace: dict | None) -> StateRef:
         region = self.windows.put_window[offset : offset + layout.payload_len]
         on_gpu = any(t.device.type != "cpu" for t in tensors)
-        free = _once(lambda: self._free_put([offset]))
+        free = once(lambda: self._free_put([offset]))
         sent = False
         try:
             started = time.perf_counter()
             await self._copy(lambda: fill(region, layout, tensors), layout.payload_len, on_gpu)
             copied = time.perf_counter()
             sent = True  # from here the daemon may read the region until it answers
-            frame = await self.conn.request(Op.PUT, self._with_free({**meta, "window": offset}),
-                                            on_orphan=lambda _frame: free(), on_unsent=free)
+            meta.window = offset
+            frame = await self.conn.request(Op.PUT, self._with_free(meta), on_orphan=lambda _frame: free(),
+                                            on_unsent=free)
         except BaseException as exc:
             if not sent or not isinstance(exc, asyncio.CancelledError):
                 free()  # answered (an error), never sent, or the copy failed
             raise
         free()
-        _record(trace, frame, request=copied, client_copy=(started, copied))
-        return _ref_of(frame)
+        answer = decoded(PutAnswer, frame)
+        record(trace, answer, request=copied, client_copy=(started, copied))
+        return stored_ref(answer)
 
-    async def put_batch(self, items: Sequence[tuple[dict, Sequence[tuple[str, torch.Tensor]]]]) -> list[StateRef]:
+    async def put_batch(self, items: Sequence[tuple[PutMeta, Sequence[tuple[str, torch.Tensor]]]],
+                        trace: dict | None = None) -> list[StateRef]:
         """Many puts, one ``PUT_BATCH`` frame (one round trip): each payload from a put
         window region, or inline when the window is full. Raises the first item's error."""
-        entries, regions, inline, on_gpu, nbytes = [], [], [], False, 0
-        free = _once(lambda: self._free_put([o for o, _, _ in regions]))
+        regions, inline, on_gpu, nbytes = [], [], False, 0
+        free = once(lambda: self._free_put([o for o, _, _ in regions]))
         sent = False
         try:
             for meta, pairs in items:
                 specs = [spec_of(name, tensor) for name, tensor in pairs]
                 layout = layout_payload(specs)
-                entry = {**meta, "tensors": specs_to_wire(specs)}
+                meta.tensors = wire_specs(specs)
                 offset = self.windows.allocate(layout.payload_len) if self.windows and layout.payload_len else None
                 if offset is None:
-                    entry["data_len"] = layout.payload_len
+                    meta.data_len = layout.payload_len
                     inline.extend(inline_parts(pairs, layout))
                 else:
                     regions.append((offset, layout, [t for _, t in pairs]))
-                    entry["window"] = offset
+                    meta.window = offset
                     on_gpu = on_gpu or any(t.device.type != "cpu" for _, t in pairs)
                     nbytes += layout.payload_len
-                entries.append(entry)
+            started = time.perf_counter()
             if regions:
                 await self._copy(lambda: [fill(self.windows.put_window[o : o + lay.payload_len], lay, ts)
                                           for o, lay, ts in regions], nbytes, on_gpu)
+            copied = time.perf_counter()
             sent = True  # from here the daemon may read the regions until it answers
-            frame = await self.conn.request(Op.PUT_BATCH, self._with_free({"items": entries}), inline,
-                                            on_orphan=lambda _frame: free(), on_unsent=free)
+            batch = self._with_free(PutBatchMeta(tuple(meta for meta, _ in items), trace=trace is not None))
+            frame = await self.conn.request(Op.PUT_BATCH, batch, inline, on_orphan=lambda _frame: free(),
+                                            on_unsent=free)
         except BaseException as exc:
             if not sent or not isinstance(exc, asyncio.CancelledError):
                 free()  # else on_orphan / on_unsent frees them
             raise
         free()
-        answers = _batch_answers(frame, len(entries))
-        return [_ref_of(Frame(Op.REPLY, 0, answer)) for answer in answers]
+        reply = decoded(PutBatchReply, frame)
+        record(trace, reply, request=copied, client_copy=(started, copied))
+        return [stored_ref(answer) for answer in batch_answers(reply.items, len(items))]
 
     def _free_put(self, offsets: Sequence[int]) -> None:
         for offset in offsets:
@@ -159,59 +182,84 @@ class Transfers:
 
     # -- load ---------------------------------------------------------------------------
 
-    async def load_batch(self, metas: Sequence[dict], namespace_hex: str, device,
-                         intos: Sequence[Mapping[str, torch.Tensor] | None]) -> list[dict[str, torch.Tensor]]:
-        """Many loads, one ``LOAD_BATCH`` frame: every payload copied into its destination and
-        verified there; the window regions go back in one ``RELEASE``. Raises the first
-        item's error (after every region was given back)."""
-        targets = [target_of(into, device) for into in intos]
-        meta = self._with_free({"ns": namespace_hex, "shm": self.windows is not None, "items": list(metas)})
-        frame = await self.conn.request(Op.LOAD_BATCH, meta, on_orphan=self._release_batch_orphan)
-        answers = frame.meta.get("items")
-        regions = [a["region"] for a in answers or [] if isinstance(a, dict) and isinstance(a.get("region"), int)]
+    async def load_batch(self, metas: Sequence[LoadMeta], namespace: bytes, device,
+                         intos: Sequence[Mapping[str, torch.Tensor] | None], trace: dict | None = None
+                         ) -> list[dict[str, torch.Tensor]]:
+        """Many loads in ``LOAD_BATCH`` frames: every payload copied into its destination and
+        verified there. What the load window had no room for is asked again, in the next
+        frame, once this one's regions went back with it: a batch larger than the window
+        streams through it in window-sized steps. Raises the first item's error (after every
+        region was given back), its position among ``metas`` in ``detail["item"]``."""
+        out: list = [None] * len(metas)
+        todo = list(range(len(metas)))
+        while todo:
+            retry, failed = await self._load_step(todo, metas, namespace, device, intos, out, trace)
+            alone = [retry.pop(0)] if retry and len(retry) == len(todo) else []  # nothing fit: others hold the window
+            for index in sorted(failed + alone):  # not intact where it landed (asked with recheck), or alone
+                again = _copy_meta(metas[index], ns=namespace, recheck=metas[index].recheck or index in failed)
+                try:
+                    _, out[index] = await self.load(again, device, intos[index])
+                except StatetierError as exc:
+                    exc.detail["item"] = index
+                    raise
+            todo = retry
+        return out
+
+    async def _load_step(self, todo: list[int], metas, namespace: bytes, device, intos, out: list,
+                         trace: dict | None) -> tuple[list[int], list[int]]:
+        """One ``LOAD_BATCH`` of the items ``todo``: each landed item's tensors into ``out``;
+        (the items to ask again, the items not intact where they landed)."""
+        targets = [target_of(intos[i], device) for i in todo]
+        batch = self._with_free(LoadBatchMeta(namespace, tuple(metas[i] for i in todo), shm=self.windows is not None,
+                                              trace=trace is not None))
+        started = time.perf_counter()
+        frame = await self.conn.request(Op.LOAD_BATCH, batch, on_orphan=self._release_batch_orphan)
+        reply = decoded(LoadBatchReply, frame)
+        record(trace, reply, request=started)
+        answers = reply.items
+        regions = [a.region for a in answers if a.region is not None]
         try:
-            answers = _batch_answers(frame, len(metas), raise_first=False)
+            batch_answers(answers, len(todo), raise_first=False)
             data = memoryview(frame.data).cast("B")
             jobs, nbytes, on_gpu, failure, retry = [], 0, False, None, []
-            for index, (answer, into, target) in enumerate(zip(answers, intos, targets)):
-                if "error" in answer or "skipped" in answer:
-                    failure = failure or ((index, answer["error"]) if "error" in answer else None)
+            for index, answer, target in zip(todo, answers, targets):
+                if answer.error is not None or answer.skipped:
+                    failure = failure or ((index, answer.error) if answer.error is not None else None)
                     jobs.append(None)
                     continue
-                if answer.get("retry") is True:
+                if answer.retry:
                     retry.append(index)
                     jobs.append(None)
                     continue
-                at, length = answer.get("at"), answer.get("len")
-                if not isinstance(at, int) or not isinstance(length, int) or at < 0 or at + length > data.nbytes:
+                if answer.at + answer.len > data.nbytes:
                     raise MalformedFrame("LOAD_BATCH item lies outside the frame's data")
-                header, source = self._header_and_payload(Frame(Op.REPLY, 0, answer, data[at : at + length]))
-                jobs.append((header, source, destinations(header, into, target)))
-                nbytes += header.payload_len
+                layers = metas[index].layers
+                header, source = self._header_and_payload(answer, data[answer.at : answer.at + answer.len], layers)
+                parts = laid_out(header, layers)
+                jobs.append((header, source, parts, destinations(parts, intos[index], target)))
+                nbytes += source.nbytes
                 on_gpu = on_gpu or target.type != "cpu"
             if failure is not None:
-                _raise_item_error(*failure)
-            failed = await self._copy(lambda: land_all(jobs, self._staging_for), nbytes, on_gpu)
+                raise_item_error(*failure)
+            landed = await self._copy(lambda: land_all(jobs, self._staging_for, trace), nbytes, on_gpu)
+            failed = [todo[n] for n in landed]
         finally:
             if regions:
                 self._give_back(regions)
-        out = [None if job is None else {t.spec.name: d for t, d in zip(job[0].tensors, job[2])} for job in jobs]
-        for index in sorted(retry + failed):  # no room in the reply, or not intact where it landed
-            again = {**metas[index], "ns": namespace_hex, **({"recheck": True} if index in failed else {})}
-            try:
-                _, out[index] = await self.load(again, device, intos[index])
-            except StatetierError as exc:
-                exc.detail["item"] = index
-                raise
-        return out
+        for index, job in zip(todo, jobs):
+            if job is not None and index not in failed:
+                out[index] = {t.spec.name: d for (t, _), d in zip(job[2], job[3])}
+        return retry, failed
 
     def _release_batch_orphan(self, frame: Frame) -> None:
-        items = frame.meta.get("items")
-        regions = [a["region"] for a in items or [] if isinstance(a, dict) and isinstance(a.get("region"), int)]
+        try:
+            regions = tuple(a.region for a in decoded(LoadBatchReply, frame).items if a.region is not None)
+        except StatetierError:
+            return  # an error answer: no region was taken
         if regions:
-            self.conn.send_nowait(Op.RELEASE, {"regions": regions})
+            self.conn.send_nowait(Op.RELEASE, ReleaseMeta(regions=regions))
 
-    async def load(self, meta: dict, device, into: Mapping[str, torch.Tensor] | None = None,
+    async def load(self, meta: LoadMeta, device, into: Mapping[str, torch.Tensor] | None = None,
                    trace: dict | None = None) -> tuple[StateRef, dict[str, torch.Tensor]]:
         """One LOAD, verified where it lands; when that check fails, asked once more with
         ``recheck`` (the daemon then digests every copy it serves, drops a damaged one and
@@ -219,50 +267,52 @@ class Transfers:
         try:
             return await self._load_once(meta, device, into, trace)
         except CorruptPayload as exc:
-            if meta.get("recheck") or not exc.detail.get("landed"):
+            if meta.recheck or not exc.detail.get("landed"):
                 raise
-        return await self._load_once({**meta, "recheck": True}, device, into, trace)
+        return await self._load_once(_copy_meta(meta, recheck=True), device, into, trace)
 
-    async def _load_once(self, meta: dict, device, into, trace) -> tuple[StateRef, dict[str, torch.Tensor]]:
+    async def _load_once(self, meta: LoadMeta, device, into, trace) -> tuple[StateRef, dict[str, torch.Tensor]]:
         target = target_of(into, device)
-        meta = self._with_free({**meta, "shm": self.windows is not None})
-        if trace is not None:
-            meta["trace"] = True
+        meta.shm = self.windows is not None
+        meta.trace = trace is not None
         started = time.perf_counter()
-        frame = await self.conn.request(Op.LOAD, meta, on_orphan=self._release_orphan)
-        _record(trace, frame, request=started)
-        region = frame.meta.get("region")
+        frame = await self.conn.request(Op.LOAD, self._with_free(meta), on_orphan=self._release_orphan)
+        answer = decoded(LoadAnswer, frame)
+        record(trace, answer, request=started)
         try:
-            header, source = self._header_and_payload(frame)
-            dests = destinations(header, into, target)
+            header, source = self._header_and_payload(answer, memoryview(frame.data).cast("B"), meta.layers)
+            parts = laid_out(header, meta.layers)
+            dests = destinations(parts, into, target)
             on_gpu = target.type != "cpu"
-            await self._copy(lambda: land(header, source, dests, self._staging_for, trace),
-                             header.payload_len, on_gpu)
+            await self._copy(lambda: land(header, source, parts, dests, self._staging_for, trace),
+                             source.nbytes, on_gpu)
         finally:
-            if isinstance(region, int):
+            if answer.region is not None:
                 # even for a cancelled caller; never awaited: the answer changes nothing
-                self._give_back([region])
-        return header.ref(), {t.spec.name: d for t, d in zip(header.tensors, dests)}
+                self._give_back([answer.region])
+        return header.ref(), {t.spec.name: d for (t, _), d in zip(parts, dests)}
 
-    def _header_and_payload(self, frame: Frame) -> tuple[SealedHeader, memoryview]:
-        data = memoryview(frame.data).cast("B")
-        window = frame.meta.get("window")
-        if window is None:
+    def _header_and_payload(self, answer: LoadAnswer, data: memoryview, layers=None) -> tuple[SealedHeader, memoryview]:
+        """The verified header and the payload received (a group object's chosen ``layers``'
+        regions only, when the load named them): after the header in ``data``, or in the
+        load window at ``answer.window``."""
+        if answer.window is None:
             if data.nbytes < _HEADER_LEN.stop:
                 raise MalformedFrame("LOAD reply carries no sealed object")
             header_len = int.from_bytes(data[_HEADER_LEN], "little")
             header = self._parse(data[:header_len])
             payload = data[header_len:]
-            if payload.nbytes != header.payload_len:
+            if payload.nbytes != _received_bytes(header, layers):
                 raise MalformedFrame(f"LOAD reply carries {payload.nbytes} payload bytes; its header says "
-                                     f"{header.payload_len}")
+                                     f"{_received_bytes(header, layers)}")
             return header, payload
-        if self.windows is None or not isinstance(window, int) or isinstance(window, bool):
+        if self.windows is None:
             raise MalformedFrame("LOAD reply names a window region this client cannot read")
         header = self._parse(data)
-        if window < 0 or window + header.payload_len > self.windows.load_window.nbytes:
+        nbytes = _received_bytes(header, layers)
+        if answer.window + nbytes > self.windows.load_window.nbytes:
             raise MalformedFrame("LOAD reply region lies outside the load window")
-        return header, self.windows.load_window[window : window + header.payload_len]
+        return header, self.windows.load_window[answer.window : answer.window + nbytes]
 
     def _parse(self, header_bytes: memoryview) -> SealedHeader:
         """The header the daemon verified; parsed once per distinct header (a hot object is
@@ -283,71 +333,27 @@ class Transfers:
         return self._staging
 
     def _release_orphan(self, frame: Frame) -> None:
-        region = frame.meta.get("region")
-        if isinstance(region, int):
-            self.conn.send_nowait(Op.RELEASE, {"regions": [region]})
+        if not frame.is_binary:
+            return  # an error answer: no region was taken
+        region = decode_reply(LoadAnswer, frame.meta).region
+        if region is not None:
+            self.conn.send_nowait(Op.RELEASE, ReleaseMeta(regions=(region,)))
 
     # -- copies -------------------------------------------------------------------------
 
     async def _copy(self, copy: Callable[[], Any], nbytes: int, on_gpu: bool) -> Any:
-        if nbytes <= INLINE_COPY_BYTES and not on_gpu:
-            return copy()
-        # the copy touches a window region: it must end before the region is returned
-        return await wait_out_cancellation(asyncio.get_running_loop().run_in_executor(self._executor, copy))
+        # a cancelled caller still waits for the copy: it touches the window region, which
+        # must not be given back before the copy ended
+        return await run_work(self._executor, max(nbytes, INLINE_WORK_BYTES) if on_gpu else nbytes, copy)
 
 
-# ---------------------------------------------------------------- replies and cleanups
+def _received_bytes(header: SealedHeader, layers) -> int:
+    """The payload bytes a load receives: all, or the chosen layers' regions."""
+    return header.payload_len if layers is None else sum(t.region for t in chosen(header.tensors, layers))
 
 
-def _record(trace: dict | None, frame: Frame, *, request: float, client_copy: tuple | None = None) -> None:
-    """Fill ``trace`` (µs): the client's copy, the round trip, and the daemon's own phases."""
-    if trace is None:
-        return
-    trace["round_trip"] = (time.perf_counter() - request) * 1e6
-    if client_copy is not None:
-        trace["client_copy"] = (client_copy[1] - client_copy[0]) * 1e6
-    daemon = frame.meta.get("trace")
-    if isinstance(daemon, dict):
-        trace.update({f"daemon_{name}": value for name, value in daemon.items() if isinstance(value, (int, float))})
-
-
-def _once(fn: Callable[[], None]) -> Callable[[], None]:
-    """``fn`` run at most once, whichever of several cleanup paths gets there first."""
-    done = False
-
-    def call() -> None:
-        nonlocal done
-        if not done:
-            done = True
-            fn()
-    return call
-
-
-def _batch_answers(frame: Frame, expected: int, *, raise_first: bool = True) -> list[dict]:
-    answers = frame.meta.get("items")
-    if not isinstance(answers, list) or len(answers) != expected or not all(isinstance(a, dict) for a in answers):
-        raise MalformedFrame(f"a batch reply must answer each of its {expected} items")
-    if raise_first:
-        for index, answer in enumerate(answers):
-            if "error" in answer:
-                _raise_item_error(index, answer["error"])
-            if "skipped" in answer:
-                raise MalformedFrame("a batch reply skipped an item without a failure before it")
-    return answers
-
-
-def _raise_item_error(index: int, error: dict) -> None:
-    """Raise a batch item's error, its position in the batch in ``detail["item"]``."""
-    try:
-        raise_for_error(Frame(Op.ERROR, 0, error, flags=FLAG_ERROR))
-    except StatetierError as exc:
-        exc.detail["item"] = index
-        raise
-
-
-def _ref_of(frame: Frame) -> StoredRef:
-    ref = ref_from_wire(field(frame.meta, "ref", dict))
-    return StoredRef(ref.key, ref.request_id, ref.step, ref.state_id, ref.version, ref.fingerprint,
-                     tier=field(frame.meta, "tier", str, default=""),
-                     published=field(frame.meta, "published", bool, default=False),
-                     durable=field(frame.meta, "durable", bool, default=False))
+def _copy_meta(meta: LoadMeta, **changes) -> LoadMeta:
+    """A fresh ``LoadMeta`` like ``meta`` (a meta is filled in once it is sent)."""
+    fields = {name: getattr(meta, name) for name in meta.__struct_fields__}
+    fields.update(changes, free_regions=(), trace=False)
+    return LoadMeta(**fields)

@@ -1,6 +1,9 @@
 """Client-side values: what batch calls take and what lookups return. No torch import.
 
-- ``PutItem``        — one object of ``AsyncClient.put_many``: key, tensors, provenance, options.
+- ``PutItem``        — one object of ``AsyncClient.put_many``: key, tensors (a group object's
+                       regions ``{layer: {name: tensor}}`` when the key names a group),
+                       provenance, options.
+- ``LayerGroup``     — layers stored together in group objects (``protocol.groups``).
 - ``StoredRef``      — what a put returns: a ``StateRef`` (equal to, and hashed like, the
                        plain ref) that also says the ``tier`` it landed in, whether it was
                        ``published`` and whether it was ``durable`` (on a durable tier)
@@ -9,8 +12,14 @@
                        them; ``lease_ids`` lists the leases to ``release`` when done.
 - ``named_tensors(tensors)`` — a dict or a sequence of ``(name, tensor)`` pairs as an ordered
                        list of pairs (the payload order), refusing duplicate names.
-- ``boundaries_to_wire`` / ``boundaries_from_tokens`` — LOOKUP's ``(token_end, prefix)`` list;
-  ``lookup_meta(...)`` — a LOOKUP request's meta (the SDK's ``lookup`` and ``statetier lookup``).
+- ``payload_pairs(key, tensors)`` — the same for any key: a group key's regions flattened in
+                       the group's layer order (``"<layer>.<name>"``), every layer and no other
+                       (``PlacementMismatch``); ``regrouped(tensors)`` — the way back;
+                       ``group_selection(key, layers, into)`` — a group load's chosen layers
+                       and flattened ``into``.
+- ``boundaries_checked`` / ``boundaries_from_tokens`` — LOOKUP's ``(token_end, prefix)`` pairs;
+  ``lookup_meta(...)`` — a LOOKUP request's ``LookupMeta`` (the SDK's ``lookup`` and
+  ``statetier lookup``).
 """
 
 from __future__ import annotations
@@ -19,12 +28,18 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from statetier.protocol.errors import InvalidRequest
+from statetier.protocol.groups import LayerGroup, check_layers, check_regions, region_name, split_region_name
 from statetier.protocol.identity import PREFIX_HASH_BYTES, StateKey, StateRef, prefix_hashes
+from statetier.protocol.wire_meta import LookupMeta
+
+__all__ = ["LayerGroup", "LookupResult", "PutItem", "StoredRef", "boundaries_checked", "boundaries_from_tokens",
+           "group_selection", "lookup_meta", "named_tensors", "payload_pairs", "regrouped"]
 
 
 @dataclass(frozen=True, slots=True)
 class PutItem:
-    """One put of a batch. ``tensors``: ``{name: tensor}`` or ``[(name, tensor), ...]``."""
+    """One put of a batch. ``tensors``: ``{name: tensor}`` or ``[(name, tensor), ...]``; for a
+    group key (``LayerGroup.key``), the regions ``{layer: {name: tensor}}`` of every layer."""
 
     key: StateKey
     tensors: Any
@@ -87,7 +102,52 @@ def named_tensors(tensors: Mapping[str, Any] | Sequence[tuple[str, Any]]) -> lis
     return pairs
 
 
-def boundaries_to_wire(boundaries: Sequence[tuple[int, bytes]]) -> list[list]:
+def payload_pairs(key: StateKey, tensors) -> list[tuple[str, Any]]:
+    """The ``(name, tensor)`` pairs of a put under ``key``, in payload order; a group key's
+    regions flattened layer by layer in the group's order."""
+    if not key.group_layers:
+        return named_tensors(tensors)
+    if not isinstance(tensors, Mapping) or not all(isinstance(r, Mapping) for r in tensors.values()):
+        raise InvalidRequest("a group object's tensors are {layer: {name: tensor}}")
+    check_regions(key, [region_name(layer, name) for layer, regions in tensors.items() for name in regions])
+    return named_tensors([(region_name(layer, name), tensor)
+                          for layer in key.group_layers for name, tensor in tensors[layer].items()])
+
+
+def group_selection(key: StateKey, layers: Sequence[int] | None, into: Mapping | None
+                    ) -> tuple[list[int] | None, dict[str, Any] | None]:
+    """A group load's chosen layers to name on the wire (None: the whole object) and its
+    ``into`` (``{layer: {name: tensor}}``) flattened to the payload's names, in group order.
+    Without ``layers``, ``into``'s layers are the chosen ones."""
+    if not key.group_layers:
+        raise InvalidRequest("a group load needs the ref or key of a group object")
+    if into is not None:
+        if not isinstance(into, Mapping) or not all(isinstance(r, Mapping) for r in into.values()):
+            raise InvalidRequest("a group load's into is {layer: {name: tensor}}")
+        if layers is not None and sorted(layers) != sorted(into):
+            raise InvalidRequest("a group load's into must hold exactly the chosen layers")
+        layers = list(into)
+    if layers is not None:
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):
+            raise InvalidRequest("layers must be integers")
+        check_layers(key, list(layers))
+    flat = None if into is None else {region_name(layer, name): tensor for layer in key.group_layers
+                                      if layer in into for name, tensor in into[layer].items()}
+    whole = layers is None or set(layers) == set(key.group_layers)
+    return (None if whole else [x for x in key.group_layers if x in set(layers)]), flat
+
+
+def regrouped(tensors: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
+    """A group object's loaded ``{"<layer>.<name>": tensor}`` as ``{layer: {name: tensor}}``."""
+    out: dict[int, dict[str, Any]] = {}
+    for full, tensor in tensors.items():
+        layer, name = split_region_name(full)
+        out.setdefault(layer, {})[name] = tensor
+    return out
+
+
+def boundaries_checked(boundaries: Sequence[tuple[int, bytes]]) -> tuple[tuple[int, bytes], ...]:
+    """LOOKUP's boundaries: ascending token ends, each with its 32-byte prefix hash."""
     out, last = [], -1
     for item in boundaries:
         if not (isinstance(item, (tuple, list)) and len(item) == 2):
@@ -97,9 +157,9 @@ def boundaries_to_wire(boundaries: Sequence[tuple[int, bytes]]) -> list[list]:
             raise InvalidRequest("boundary token ends must be ascending integers")
         if not isinstance(prefix, (bytes, bytearray)) or len(prefix) != PREFIX_HASH_BYTES:
             raise InvalidRequest(f"a boundary prefix hash must be {PREFIX_HASH_BYTES} bytes")
-        out.append([end, bytes(prefix).hex()])
+        out.append((end, bytes(prefix)))
         last = end
-    return out
+    return tuple(out)
 
 
 def boundaries_from_tokens(token_ids: Sequence[int], block_size: int, seed: int = 0) -> list[tuple[int, bytes]]:
@@ -108,8 +168,9 @@ def boundaries_from_tokens(token_ids: Sequence[int], block_size: int, seed: int 
     return [((i + 1) * block_size, h) for i, h in enumerate(hashes)]
 
 
-def lookup_meta(namespace_hex: str, attention_layers: Sequence[int], ssm_layers: Sequence[int],
-                boundaries: Sequence[tuple[int, bytes]], *, kv_layout: str, lease: bool, tp_size: int) -> dict:
-    return {"ns": namespace_hex, "attention_layers": [int(x) for x in attention_layers],
-            "ssm_layers": [int(x) for x in ssm_layers], "boundaries": boundaries_to_wire(boundaries),
-            "kv_layout": kv_layout, "lease": bool(lease), "tp_size": int(tp_size)}
+def lookup_meta(namespace: bytes, attention_layers: Sequence[int], ssm_layers: Sequence[int],
+                boundaries: Sequence[tuple[int, bytes]], *, kv_layout: str, lease: bool, tp_size: int,
+                groups: Sequence[LayerGroup] = ()) -> LookupMeta:
+    return LookupMeta(namespace, boundaries_checked(boundaries), tuple(int(x) for x in attention_layers),
+                      tuple(int(x) for x in ssm_layers), tuple((g.kind.name.lower(), g.group_id, g.layers) for g in groups),
+                      kv_layout, int(tp_size), bool(lease))

@@ -211,7 +211,7 @@ def build(config: Config) -> App:
                     executor=executor, **roles)
     server = Server(engine, config, metrics)
     metrics.track(_tier_stats_reporting_redis(engine, metrics, roles["publish"]),
-                  lambda: {**server.stats(), "leases": engine.lease_count, "reservations": engine.reservation_count,
+                  lambda: {**server.stats(), "leases": engine.lease_count,
                            "write_behind_pending": engine.placement.write_behind_pending,
                            "write_behind_limit": config.limits.write_behind_queue,
                            "tenants": _tenant_accounts(engine.tenancy.usage(), quotas)})

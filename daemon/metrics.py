@@ -73,6 +73,9 @@ def rejection_reasons() -> list[str]:
     return sorted(found)
 
 
+_PING = ("daemon", "none", "ping")  # the labels of an answered PING
+
+
 class Metrics:
     """The daemon's metrics; methods are cheap and never raise on valid label values."""
 
@@ -135,6 +138,10 @@ class Metrics:
         self._hit_children: dict[tuple[str, str], Counter] = {}
 
     def observe_op(self, tier: str, kind: str, op: str, nbytes: int, seconds: float) -> None:
+        self.observe_ops(tier, kind, op, 1, nbytes, seconds)
+
+    def observe_ops(self, tier: str, kind: str, op: str, count: int, nbytes: int, seconds: float) -> None:
+        """``count`` operations of one batch, ``nbytes`` in all, each taking ``seconds``."""
         # every request lands here: labels() costs µs per call, so each label set's children
         # are looked up once (label values are bounded, and so is this cache)
         children = self._op_children.get((tier, kind, op))
@@ -143,9 +150,19 @@ class Metrics:
                 self._operations.labels(tier, kind, op), self._bytes.labels(tier, kind, op),
                 self._op_seconds.labels(tier, kind, op))
         operations, moved, latency = children
-        operations.inc()
+        operations.inc(count)
         moved.inc(nbytes)
-        latency.observe(seconds)
+        for _ in range(count):
+            latency.observe(seconds)
+
+    def count_ping(self) -> None:
+        """A PING answered from the connection's callback: counted, not timed (it takes no time
+        the daemon could report)."""
+        child = self._op_children.get(_PING)
+        if child is None:
+            self.observe_ops(*_PING, 1, 0, 0.0)
+        else:
+            child[0].inc()
 
     def count_hit(self, tier: str, kind: str) -> None:
         child = self._hit_children.get((tier, kind))

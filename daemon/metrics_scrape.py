@@ -9,7 +9,7 @@
   expired, lease violations, checkpoint failures, dead segment bytes, and what the last start
   dropped or could not verify (``recovery_dropped``, ``recovery_unverified``);
 - daemon-wide gauges (``DAEMON_GAUGES``, from ``daemon_stats()`` keys): connections,
-  requests, byte budget, client leases, reservations, the write-behind backlog and its bound;
+  requests, byte budget, client leases, the write-behind backlog and its bound;
 - per tenant and tier (``daemon_stats()["tenants"]``: ``{tenant: {tier: {"used", "quota"}}}``):
   ``statetier_tenant_used_bytes`` and ``statetier_tenant_quota_bytes`` (where a quota is set);
 - ``statetier_redis_up`` once ``redis_up`` is set, and ``statetier_scrape_errors_total``.
@@ -68,7 +68,6 @@ DAEMON_GAUGES = (
     ("statetier_budget_capacity_bytes", "The byte budget.", "budget_bytes_limit"),
     ("statetier_budget_waiters", "Requests waiting for byte budget.", "budget_waiters"),
     ("statetier_client_leases", "Leases held by clients.", "leases"),
-    ("statetier_reservations", "Zero-copy puts reserved and not yet committed.", "reservations"),
     ("statetier_write_behind_pending", "Copies queued for write-behind to the durable tier.", "write_behind_pending"),
     ("statetier_write_behind_capacity", "Copies the write-behind queue holds before puts wait "
      "(limits.write_behind_queue).", "write_behind_limit"),

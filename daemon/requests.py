@@ -1,7 +1,8 @@
 """Value objects passed between the server (wire side) and the engine (tier side).
 
 - ``PutRequest``     — what to seal: key, provenance, tensor specs, placement options
-- ``Reservation``    — a zero-copy put in progress: where in the host arena to write
+- ``Incoming``       — one put of a batch: a ``PutRequest`` and its payload (bytes the daemon
+                       owns, or a put-window view its client can still write: ``shared``)
 - ``PutResult``      — the ``StateRef`` of the sealed object, the tier it landed in, and
                        whether it was published to the cross-node tier and whether it was
                        on a durable tier when the put was acknowledged
@@ -16,8 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from statetier.protocol.dtypes import TensorSpec
+from statetier.protocol.groups import LayerGroup
 from statetier.protocol.identity import Namespace, Provenance, StateKey, StateRef
-from statetier.protocol.sealed import DigestAlg, PayloadLayout, SealedHeader
+from statetier.protocol.sealed import DigestAlg, SealedHeader
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,15 +35,13 @@ class PutRequest:
     durable: bool = False  # acknowledge only once a durable tier holds the object
 
 
-@dataclass(slots=True)
-class Reservation:
-    ticket_id: int
-    request: PutRequest
-    layout: PayloadLayout
-    payload_offset: int  # offset of the payload in the host arena
-    payload_view: memoryview  # the arena bytes the client fills
-    owner: object = None
-    state: object = None  # engine-private
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """One put of a batch: the request and its payload bytes."""
+
+    req: PutRequest
+    payload: memoryview
+    shared: bool = False  # the payload lies in memory its client can still write (the put window)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +61,7 @@ class LoadRequest:
     tensors: tuple[TensorSpec, ...] | None = None
     allow_speculative: bool = False
     full_check: bool = False  # digest even copies in daemon-only memory (a client's recheck)
+    layers: tuple[int, ...] | None = None  # a group object's layers to send (None: all)
 
 
 @dataclass(slots=True)
@@ -69,7 +70,6 @@ class LoadResult:
     payload: memoryview  # valid until the lease is released
     lease_id: int
     tier: str
-    arena_offset: int | None = None  # payload offset in the host arena, when served from it
     blob: memoryview | None = None  # the whole stored object, header then payload (valid like ``payload``)
 
 
@@ -80,6 +80,8 @@ class LookupRequest:
     ``kv_layout`` says how KV pages are cut: ``"blocks"`` (one page per span between
     consecutive boundaries) or ``"prefix"`` (one page per layer covering ``[0, end)``).
     ``shards``: the TP ranks that must all hold every object (``range(tp_size)`` on the wire).
+    ``groups``: layer groups whose group objects must hold too (KV: one per block or one
+    ``[0, end)``, as ``kv_layout`` says; SSM: one at the boundary), beside per-layer objects.
     """
 
     tenant: str
@@ -90,6 +92,7 @@ class LookupRequest:
     kv_layout: str = "blocks"
     shards: tuple[int, ...] = (0,)
     lease: bool = True
+    groups: tuple[LayerGroup, ...] = ()
 
 
 @dataclass(slots=True)

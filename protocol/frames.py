@@ -2,11 +2,16 @@
 
 Layout, opcodes, handshake and limits are documented byte by byte in ``docs/frames.md``.
 
-- ``Op`` — the opcodes; ``Frame`` — one decoded frame (op, request_id, meta dict, data).
+- ``Op`` — the opcodes; ``Frame`` — one decoded frame (op, request_id, meta, data). Its
+  meta is a JSON object (a dict), or with ``FLAG_BINARY`` the raw MessagePack bytes of a
+  typed Struct, which the receiver decodes with ``protocol.wire_meta`` (it knows the op,
+  and for a reply the request's). A frame without meta bytes has the meta ``{}``.
 - ``encode_frame(frame)`` → ``[header+meta, data]`` for ``transport.writelines`` (the
-  payload is never copied); ``encode_frame_bytes(frame)`` joins them. Both raise
-  ``FrameTooLarge`` past ``max_frame_size`` (``frame_too_large(size, limit)``: the message
-  names ``limits.max_frame_bytes`` and ``host.window_bytes``) and ``MalformedFrame`` for an
+  payload is never copied); a msgspec ``Struct`` meta is encoded as MessagePack and the
+  frame flagged ``FLAG_BINARY`` (a frame flagged so may also carry its meta's bytes as
+  they are). ``encode_frame_bytes(frame)`` joins them. Both raise ``FrameTooLarge`` past
+  ``max_frame_size`` (``frame_too_large(size, limit)``: the message names
+  ``limits.max_frame_bytes`` and ``host.window_bytes``) and ``MalformedFrame`` for an
   unencodable frame.
 - ``FrameDecoder`` — one per connection. ``feed(data)``, or ``get_buffer(sizehint)`` +
   ``buffer_updated(nbytes)`` from an asyncio ``BufferedProtocol``, return the frames
@@ -26,6 +31,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import msgspec
+
 from statetier.protocol.errors import (
     FrameTooLarge,
     MalformedFrame,
@@ -35,10 +42,12 @@ from statetier.protocol.errors import (
     error_from_code,
 )
 
-PROTOCOL_VERSIONS: tuple[int, ...] = (2,)
+# 3: the hot ops' meta is MessagePack (protocol.wire_meta); 2 carried it as JSON
+PROTOCOL_VERSIONS: tuple[int, ...] = (3,)
 
 FLAG_ERROR = 0x01
-_KNOWN_FLAGS = FLAG_ERROR
+FLAG_BINARY = 0x02  # the meta is MessagePack (a typed Struct of protocol.wire_meta), not JSON
+_KNOWN_FLAGS = FLAG_ERROR | FLAG_BINARY
 
 _HEADER = struct.Struct("<IBBHQI")  # length, opcode, flags, reserved, request_id, meta_len
 HEADER_SIZE = _HEADER.size  # 20
@@ -61,9 +70,8 @@ class Op(enum.IntEnum):
     PONG = 4
     GOODBYE = 5
     PUT = 10
-    PUT_RESERVE = 11
-    PUT_COMMIT = 12
-    PUT_ABORT = 13
+    # 11-13 (PUT_RESERVE / PUT_COMMIT / PUT_ABORT) were the arena reservations of protocol 1:
+    # retired, refused as unknown opcodes, never to be reused
     PUT_BATCH = 14
     LOAD = 20
     RELEASE = 21
@@ -84,17 +92,23 @@ _OPS = {op.value: op for op in Op}
 
 @dataclass(frozen=True, slots=True)
 class Frame:
-    """One frame. ``data`` is ``bytes``, or a memoryview for a large received frame."""
+    """One frame. ``data`` is ``bytes``, or a memoryview for a large received frame.
+    ``meta``: a dict (JSON), a ``msgspec.Struct`` to send, or the MessagePack bytes received
+    (``is_binary``)."""
 
     op: Op
     request_id: int
-    meta: dict
+    meta: Any
     data: bytes | memoryview = b""
     flags: int = 0
 
     @property
     def is_error(self) -> bool:
         return bool(self.flags & FLAG_ERROR)
+
+    @property
+    def is_binary(self) -> bool:
+        return bool(self.flags & FLAG_BINARY)
 
 
 # -- encoding ---------------------------------------------------------------------------
@@ -112,14 +126,15 @@ def frame_too_large(size: int, limit: int, *, announced: bool = False) -> FrameT
 
 def encode_frame(frame: Frame, max_frame_size: int = DEFAULT_MAX_FRAME) -> list[bytes | memoryview]:
     """Return ``[header + meta]`` or ``[header + meta, data]``; ``data`` is not copied."""
-    op = _check_header_fields(frame.op, frame.flags, frame.request_id)
-    meta = _encode_meta(frame.meta)
+    flags = frame.flags | FLAG_BINARY if isinstance(frame.meta, msgspec.Struct) else frame.flags
+    op = _check_header_fields(frame.op, flags, frame.request_id)
+    meta = _encode_meta(frame.meta, flags)
     data = _as_byte_buffer(frame.data)
     nbytes = len(data)
     length = _MIN_LENGTH + len(meta) + nbytes
     if _PREFIX_SIZE + length > max_frame_size or length > _MAX_LENGTH:
         raise frame_too_large(_PREFIX_SIZE + length, max_frame_size)
-    head = _HEADER.pack(length, op, frame.flags, 0, frame.request_id, len(meta)) + meta
+    head = _HEADER.pack(length, op, flags, 0, frame.request_id, len(meta)) + meta
     return [head, data] if nbytes else [head]
 
 
@@ -142,7 +157,13 @@ def _check_header_fields(op: int, flags: int, request_id: int) -> Op:
     return checked
 
 
-def _encode_meta(meta: Any) -> bytes:
+def _encode_meta(meta: Any, flags: int) -> bytes:
+    if isinstance(meta, msgspec.Struct):
+        return _BINARY_ENCODER.encode(meta)
+    if flags & FLAG_BINARY and isinstance(meta, (bytes, bytearray, memoryview)):
+        return bytes(meta)  # already MessagePack (a frame received, or one built by hand)
+    if not meta and isinstance(meta, dict):
+        return b""  # no meta at all: a PING, a PONG
     if not isinstance(meta, dict) or not all(isinstance(key, str) for key in meta):
         raise MalformedFrame("frame meta must be a dict with str keys")
     try:
@@ -298,20 +319,24 @@ class FrameDecoder:
     def _finish_large(self) -> Frame:
         header, body = self._header, memoryview(self._body)
         self._header, self._body, self._body_filled = None, None, 0
-        meta = _decode_meta(bytes(body[: header.meta_len]))
+        meta = _decode_meta(bytes(body[: header.meta_len]), header.flags)
         return Frame(header.op, header.request_id, meta, body[header.meta_len :], header.flags)
 
     def _finish_small(self) -> Frame:
         header, self._header = self._header, None
         meta_at = self._start + HEADER_SIZE
         data_at = meta_at + header.meta_len
-        meta = _decode_meta(bytes(self._view[meta_at:data_at]))
+        meta = _decode_meta(bytes(self._view[meta_at:data_at]), header.flags)
         data = bytes(self._view[data_at : self._start + header.total])
         self._consume(header.total)
         return Frame(header.op, header.request_id, meta, data, header.flags)
 
 
-def _decode_meta(raw: bytes) -> dict:
+def _decode_meta(raw: bytes, flags: int) -> Any:
+    if flags & FLAG_BINARY:
+        return raw  # decoded by its receiver, who knows its type (protocol.wire_meta)
+    if not raw:
+        return {}
     try:
         meta = _META_DECODER.decode(raw.decode("utf-8"))
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
@@ -355,6 +380,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
 
 # Built once: json.dumps/json.loads with options construct a new encoder/decoder per call.
 _META_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+_BINARY_ENCODER = msgspec.msgpack.Encoder()
 _META_DECODER = json.JSONDecoder(parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
 
 

@@ -10,6 +10,7 @@ daemon and the clients cannot disagree:
 - ``specs_to_wire`` / ``specs_from_wire``             — ``TensorSpec`` lists
 - ``header_to_wire`` / ``header_from_wire``           — what a load tells the client
 - ``field(meta, name, type)``                         — typed access, ``InvalidRequest`` otherwise
+- ``build_value(what, factory, *args)``               — an identity value, ``InvalidRequest`` otherwise
 
 Bytes travel as lowercase hex. Malformed input raises ``InvalidRequest`` naming the field.
 The requests per opcode are documented in docs/frames.md ("Requests").
@@ -51,7 +52,8 @@ def _hex(meta: dict, name: str, size: int | None = None) -> bytes:
     return raw
 
 
-def _build(what: str, factory, *args):
+def build_value(what: str, factory, *args):
+    """``factory(*args)``, a ``TypeError``/``ValueError`` turned into ``InvalidRequest``."""
     try:
         return factory(*args)
     except StatetierError:
@@ -79,7 +81,7 @@ def key_from_wire(meta: dict) -> StateKey:
     if not isinstance(meta, dict):
         raise InvalidRequest("key must be an object")
     group = field(meta, "group", list, default=[])
-    return _build(
+    return build_value(
         "key", StateKey,
         Namespace(_hex(meta, "ns", 32)),
         Kind.parse(field(meta, "kind", str)),
@@ -100,7 +102,7 @@ def provenance_to_wire(prov: Provenance) -> dict:
 def provenance_from_wire(meta: dict) -> Provenance:
     if not isinstance(meta, dict):
         raise InvalidRequest("provenance must be an object")
-    return _build(
+    return build_value(
         "provenance", Provenance,
         field(meta, "request_id", str),
         field(meta, "step", int, default=0),
@@ -117,7 +119,7 @@ def ref_to_wire(ref: StateRef) -> dict:
 def ref_from_wire(meta: dict) -> StateRef:
     if not isinstance(meta, dict):
         raise InvalidRequest("ref must be an object")
-    return _build(
+    return build_value(
         "ref", StateRef,
         key_from_wire(field(meta, "key", dict)),
         field(meta, "request_id", str),
@@ -141,7 +143,7 @@ def specs_from_wire(items) -> tuple[TensorSpec, ...]:
                 and isinstance(item[1], str) and isinstance(item[2], list)
                 and all(isinstance(d, int) and not isinstance(d, bool) for d in item[2])):
             raise InvalidRequest("each tensor must be [name, dtype, [dims…]]")
-        out.append(_build("tensor spec", TensorSpec, item[0], item[1], tuple(item[2])))
+        out.append(build_value("tensor spec", TensorSpec, item[0], item[1], tuple(item[2])))
     return tuple(out)
 
 

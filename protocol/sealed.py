@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from .digests import DigestAlg, digest_region, payload_digest_of, region_hasher
+from .digests import DigestAlg, digest_region, hash_chunk, payload_digest_of, region_hasher
 from .dtypes import TensorSpec
 from .errors import BadSignature, CorruptPayload, InvalidRequest, TruncatedState, UnknownKey, UnsupportedFormat
 from .expectation import Expectation, check_identity
@@ -80,8 +80,10 @@ def seal(
     version: int,
     digest_alg: DigestAlg = DigestAlg.BLAKE3,
     contains_speculative: bool = False,
+    fingerprint: bytes | None = None,
 ) -> bytes:
-    """Digest ``payload`` (laid out by ``layout``) and return the signed header bytes."""
+    """Digest ``payload`` (laid out by ``layout``) and return the signed header bytes.
+    ``fingerprint``: the identity's fingerprint when the caller computed it already."""
     if not isinstance(state_id, (bytes, bytearray)) or len(state_id) != STATE_ID_BYTES:
         raise InvalidRequest(f"state_id must be {STATE_ID_BYTES} bytes")  # struct would pad it silently
     if not isinstance(version, int) or isinstance(version, bool) or not 0 <= version <= MAX_U64:
@@ -96,7 +98,7 @@ def seal(
     payload_digest = payload_digest_of(digest_alg, region_digests, layout.payload_len)
     flags = FLAG_SEALED | (FLAG_SPECULATIVE if contains_speculative else 0)
     return encode_header(key, provenance, layout, region_digests, payload_digest, signer,
-                          state_id, version, digest_alg, flags)
+                          state_id, version, digest_alg, flags, fingerprint)
 
 
 def seal_object(key: StateKey, provenance: Provenance, tensors: Sequence[tuple[TensorSpec, object]],
@@ -269,6 +271,7 @@ def parse_header(header_bytes) -> SealedHeader:
 __all__ = [
     "ALIGN", "DigestAlg", "Expectation", "FORMAT_VERSION", "MAGIC", "Opened", "PREFIX_BYTES", "PayloadLayout",
     "SealedHeader", "TensorDescriptor", "VerifiedHeaders", "check_payload", "check_payload_digest", "decode_header",
-    "header_length", "layout_payload", "open_sealed", "parse_header", "payload_digest_of", "region_hasher", "seal",
+    "hash_chunk", "header_length", "layout_payload", "open_sealed", "parse_header", "payload_digest_of",
+    "region_hasher", "seal",
     "seal_object", "verify_payload_only",
 ]

@@ -159,8 +159,9 @@ class SealedHeader:
 
 
 def encode_header(key, provenance, layout, region_digests, payload_digest, signer: SigningKey,
-                  state_id, version, digest_alg, flags) -> bytes:
-    """The signed header of ``layout``'s payload, given its region and payload digests."""
+                  state_id, version, digest_alg, flags, fingerprint_bytes: bytes | None = None) -> bytes:
+    """The signed header of ``layout``'s payload, given its region and payload digests
+    (and the identity's fingerprint, computed here unless given)."""
     request_id = provenance.request_id.encode()
     producer = provenance.producer_id.encode()
     parts = [
@@ -168,7 +169,7 @@ def encode_header(key, provenance, layout, region_digests, payload_digest, signe
         _BODY.pack(
             int(key.kind), flags, key.shard, key.layer, key.namespace.digest, key.prefix_hash,
             key.token_start, key.token_end, provenance.step, provenance.created_at_ns, state_id,
-            version, fingerprint(key, provenance.request_id, provenance.step), payload_digest,
+            version, fingerprint_bytes or fingerprint(key, provenance.request_id, provenance.step), payload_digest,
             len(key.group_layers), len(layout.specs), len(request_id), len(producer), 0,
         ),
         struct.pack(f"<{len(key.group_layers)}I", *key.group_layers),

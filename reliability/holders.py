@@ -29,14 +29,16 @@ async def _hold(url: str, refs: list[dict], model: str, ready_fd: int) -> None:
     from statetier.clients.transport import connect
     from statetier.protocol.frames import Op
     from statetier.protocol.identity import NamespaceSpec
+    from statetier.protocol.messages import ref_from_wire
+    from statetier.protocol.wire_meta import LoadMeta, LookupMeta, wire_ref
 
-    namespace = NamespaceSpec(model_id=model).namespace()
+    namespace = NamespaceSpec(model_id=model).namespace().digest
     conn = await connect(url, shm=True)
     for ref in refs:  # each payload copied into our load window: a region we never give back
-        await conn.request(Op.LOAD, {"ns": namespace.hex(), "ref": ref, "shm": True})
-    await conn.request(Op.LOOKUP, {"ns": namespace.hex(), "attention_layers": [ref["key"]["layer"] for ref in refs],
-                                   "ssm_layers": [], "boundaries": [[16, refs[0]["key"]["prefix"]]],
-                                   "kv_layout": "prefix", "lease": True})  # leases we never release
+        await conn.request(Op.LOAD, LoadMeta(namespace, ref=wire_ref(ref_from_wire(ref)), shm=True))
+    layers = tuple(ref["key"]["layer"] for ref in refs)  # leases we never release:
+    await conn.request(Op.LOOKUP, LookupMeta(namespace, ((16, bytes.fromhex(refs[0]["key"]["prefix"])),), layers,
+                                             kv_layout="prefix", lease=True))
     os.write(ready_fd, f"{os.getpid()}\n".encode())
     await asyncio.sleep(HOLD_SECONDS)
 

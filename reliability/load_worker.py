@@ -15,7 +15,6 @@ import sys
 import time
 
 from statetier.protocol.errors import StatetierError
-from statetier.protocol.frames import Op
 from wire import Wire
 
 SIZES = (4 << 10, 16 << 10, 64 << 10, 256 << 10)
@@ -54,9 +53,7 @@ async def main(url: str, index: int, seconds: float, out: str) -> None:
             elif pick < 0.9:
                 seed, size, ref = rng.choice(mine)
                 op = "lookup"
-                await wire.request(Op.LOOKUP, {"ns": wire.namespace.hex(), "attention_layers": [index % 8],
-                                               "ssm_layers": [], "boundaries": [[16, ref["key"]["prefix"]]],
-                                               "kv_layout": "prefix", "lease": False})
+                await wire.lookup([index % 8], bytes.fromhex(ref["key"]["prefix"]), lease=False)
             else:
                 seed, size, ref = mine.pop(rng.randrange(len(mine)))
                 op = "delete"

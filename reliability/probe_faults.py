@@ -24,7 +24,6 @@ from pathlib import Path
 from harness import (Budget, DaemonProcess, ProbeResult, Promise, RedisCluster, RedisServer, internal_errors, key_prefix,
                     note_failures, passed, payload, percentile)
 from statetier.protocol.errors import StatetierError, Unavailable
-from statetier.protocol.frames import Op
 from wire import Wire
 
 PROBE = "faults"
@@ -232,9 +231,7 @@ async def _arena_full(result: ProbeResult) -> None:
                 refusal = exc
                 break
             layers.append(layer)
-            await holder.request(Op.LOOKUP, {"ns": holder.namespace.hex(), "attention_layers": [layer],
-                                             "ssm_layers": [], "boundaries": [[16, prefix.hex()]],
-                                             "kv_layout": "prefix", "lease": True})  # held: not evictable
+            await holder.lookup([layer], prefix, lease=True)  # held: not evictable
         result.faults += 1
         result.add(f"arena_full_put_typed_{getattr(refusal, 'reason', 'none')}")
         if refusal is None:

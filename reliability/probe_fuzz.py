@@ -5,11 +5,12 @@ Inputs, each one frame (or one blob of bytes) sent to the daemon:
 
 - request mutations on a live connection: a valid request of every op (PUT with its
   tensors, PUT_BATCH, LOAD by ref and by key, LOAD_BATCH, LOOKUP, DELETE, RELEASE, STATS,
-  INSPECT, LIST, PURGE (of a namespace or tenant with nothing stored), the retired
-  PUT_RESERVE/PUT_COMMIT/PUT_ABORT, PING) with 1–3 of: a field dropped, replaced by a value of another
-  JSON type (huge, negative, long or non-text strings, nested lists and objects), an
-  unknown field added, a tensor spec bent (dtype, rank, dims, names), the payload made
-  longer or shorter than the specs, request id 0 or repeated; 32 pipelined per batch;
+  INSPECT, LIST, PURGE (of a namespace or tenant with nothing stored), PING) with 1–3 of: a
+  field dropped, replaced by a value of another type (huge, negative, long or non-text
+  strings, bytes of every length, nested arrays and maps), an element added, a tensor spec
+  bent (dtype, rank, dims, names), the payload made longer or shorter than the specs,
+  request id 0 or repeated; the hot ops' binary metas mutated as MessagePack arrays, the
+  admin ops' as JSON; 32 pipelined per batch;
 - frame mutations (last in a batch, or instead of HELLO): length prefix, opcode, flags,
   reserved field, meta_len, bytes flipped in header or meta, meta that is not JSON, a frame
   cut short, an oversized length;
@@ -35,12 +36,35 @@ import random
 import struct
 import time
 
+import msgspec
+
 from harness import Budget, DaemonProcess, ProbeResult, Promise, internal_errors, key_prefix, passed, payload
 from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.errors import StatetierError
-from statetier.protocol.frames import PROTOCOL_VERSIONS, Frame, FrameDecoder, Op, encode_frame_bytes, hello_frame
-from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey
-from statetier.protocol.messages import key_to_wire, provenance_to_wire, specs_to_wire
+from statetier.protocol.frames import (
+    FLAG_BINARY,
+    PROTOCOL_VERSIONS,
+    Frame,
+    FrameDecoder,
+    Op,
+    encode_frame_bytes,
+    hello_frame,
+)
+from statetier.protocol.identity import Kind, NamespaceSpec, StateKey
+from statetier.protocol.messages import ref_from_wire
+from statetier.protocol.wire_meta import (
+    LoadBatchMeta,
+    LoadMeta,
+    LookupMeta,
+    Origin,
+    PutBatchMeta,
+    PutMeta,
+    ReleaseMeta,
+    encode,
+    wire_key,
+    wire_ref,
+    wire_specs,
+)
 from wire import Wire
 
 PROBE = "fuzz"
@@ -93,24 +117,49 @@ def _paths(meta, prefix=()):
             yield from _paths(value, prefix + (index,))
 
 
-def _mutate_meta(meta: dict, rng: random.Random) -> dict:
-    meta = json.loads(json.dumps(meta))
+def _bend(value, rng: random.Random) -> None:
+    """1–3 places of ``value`` (nested maps and arrays) bent in place: an entry dropped, one
+    added, or one replaced by a value of another type (bytes of another length too)."""
     for _ in range(rng.randint(1, 3)):
-        path = rng.choice(list(_paths(meta))[1:] or [()])
+        path = rng.choice(list(_paths(value))[1:] or [()])
         if not path:
-            meta[rng.choice(["extra", "zz", "ref", "key"])] = _odd_value(rng)
+            if isinstance(value, dict):
+                value[rng.choice(["extra", "zz", "ref", "key"])] = _odd_value(rng)
             continue
-        parent = meta
+        parent = value
         for step in path[:-1]:
             parent = parent[step]
-        action = rng.randrange(3)
-        if action == 0 and isinstance(parent, dict):
+        action = rng.randrange(4)
+        if action == 0:
             del parent[path[-1]]
-        elif action == 1 and isinstance(parent, dict):
-            parent["unknown_" + str(rng.randrange(9))] = _odd_value(rng)
+        elif action == 1:
+            if isinstance(parent, dict):
+                parent["unknown_" + str(rng.randrange(9))] = _odd_value(rng)
+            else:
+                parent.append(_odd_value(rng))
+        elif action == 2:
+            parent[path[-1]] = rng.randbytes(rng.choice([0, 1, 15, 16, 31, 32, 33, 200]))
         else:
             parent[path[-1]] = _odd_value(rng)
-    return meta
+
+
+def _mutate_meta(meta: dict, rng: random.Random) -> dict:
+    """A JSON meta (an admin op's, HELLO) with 1–3 places bent (bytes as hex: JSON has none)."""
+    meta = json.loads(json.dumps(meta))
+    _bend(meta, rng)
+    return json.loads(json.dumps(meta, default=bytes.hex))
+
+
+def _mutate_binary(meta, rng: random.Random) -> bytes:
+    """A hot op's typed meta as its MessagePack array with 1–3 places bent; the bytes to
+    send as the frame's meta (``FLAG_BINARY``). A value MessagePack cannot carry (a lone
+    surrogate, an integer past u64) leaves the meta unbent."""
+    value = msgspec.to_builtins(meta, builtin_types=(bytes,))
+    _bend(value, rng)
+    try:
+        return msgspec.msgpack.encode(value)
+    except (msgspec.EncodeError, OverflowError, UnicodeEncodeError, TypeError):
+        return encode(meta)
 
 
 ADMIN_SHARE = 0.01
@@ -122,30 +171,26 @@ class Templates:
     def __init__(self, refs: list[dict]) -> None:
         self.refs = refs
 
-    def request(self, rng: random.Random) -> tuple[Op, dict, bytes]:
+    def request(self, rng: random.Random) -> tuple[Op, object, bytes, int]:
+        """(op, meta, data, flags): a hot op's meta as MessagePack bytes (``FLAG_BINARY``),
+        an admin op's as a JSON dict."""
         size = rng.choice([1, 16, 1000, 4096])
-        key = StateKey(NS, Kind.KV, rng.randrange(4), key_prefix(PROBE, rng.randrange(1 << 30)), 0, 16)
-        ref = rng.choice(self.refs)
+        key = wire_key(StateKey(NS, Kind.KV, rng.randrange(4), key_prefix(PROBE, rng.randrange(1 << 30)), 0, 16))
+        ref_dict = rng.choice(self.refs)
+        ref = wire_ref(ref_from_wire(ref_dict))
+        spec = wire_specs([TensorSpec("kv", "uint8", (size,))])
         choices = [
-            (Op.PUT, {"key": key_to_wire(key), "provenance": provenance_to_wire(Provenance("fz")),
-                      "tensors": specs_to_wire([TensorSpec("kv", "uint8", (size,))]), "publish": False},
-             bytes(size + rng.choice([0, 0, 0, -1, 1, 64]) if size > 1 else size)),
-            (Op.LOAD, {"ns": NS.hex(), "ref": ref, "shm": False}, b""),
-            (Op.LOAD, {"ns": NS.hex(), "key": ref["key"]}, b""),
-            (Op.LOOKUP, {"ns": NS.hex(), "attention_layers": [0, 1], "ssm_layers": [],
-                         "boundaries": [[16, ref["key"]["prefix"]]], "kv_layout": "prefix", "lease": False}, b""),
-            (Op.DELETE, {"ref": ref}, b""),
-            (Op.RELEASE, {"leases": [rng.randrange(100)]}, b""),
+            (Op.PUT, PutMeta(key, Origin("fz"), spec), bytes(size + rng.choice([0, 0, 0, -1, 1, 64]) if size > 1 else size)),
+            (Op.LOAD, LoadMeta(NS.digest, ref=ref), b""),
+            (Op.LOAD, LoadMeta(NS.digest, key=ref.key), b""),
+            (Op.LOOKUP, LookupMeta(NS.digest, ((16, ref.key.prefix),), (0, 1), kv_layout="prefix", lease=False), b""),
+            (Op.DELETE, {"ref": ref_dict}, b""),
+            (Op.RELEASE, ReleaseMeta((rng.randrange(100),)), b""),
             (Op.STATS, {}, b""),
-            (Op.INSPECT, {"state_id": ref["state_id"]}, b""),
-            (Op.PUT_COMMIT, {"ticket": rng.randrange(10)}, b""),
-            (Op.PUT_ABORT, {"ticket": rng.randrange(10)}, b""),
+            (Op.INSPECT, {"state_id": ref_dict["state_id"]}, b""),
             (Op.PING, {}, b""),
-            (Op.PUT_RESERVE, {"key": key_to_wire(key)}, b""),
-            (Op.PUT_BATCH, {"items": [{"key": key_to_wire(key), "provenance": provenance_to_wire(Provenance("fz")),
-                                       "tensors": specs_to_wire([TensorSpec("kv", "uint8", (size,))]),
-                                       "data_len": size}]}, bytes(size)),
-            (Op.LOAD_BATCH, {"ns": NS.hex(), "shm": False, "items": [{"ref": ref}, {"key": ref["key"]}]}, b""),
+            (Op.PUT_BATCH, PutBatchMeta((PutMeta(key, Origin("fz"), spec, data_len=size),)), bytes(size)),
+            (Op.LOAD_BATCH, LoadBatchMeta(NS.digest, (LoadMeta(ref=ref), LoadMeta(key=ref.key))), b""),
         ]
         if rng.random() < ADMIN_SHARE:  # each walks every stored object: a few, not a twelfth of the inputs
             choices = [(Op.LIST, {"all": rng.random() < 0.5}, b""),
@@ -153,11 +198,13 @@ class Templates:
                        (Op.PURGE, {"ns": rng.randbytes(32).hex()}, b""),
                        (Op.PURGE, {"tenant": "fz-nobody"}, b"")]
         op, meta, data = rng.choice(choices)
-        if op is Op.DELETE and rng.random() < 0.9:
-            meta = _mutate_meta(meta, rng)  # a valid delete would empty the store: mostly bent
-        elif rng.random() < 0.85:
-            meta = _mutate_meta(meta, rng)
-        return op, meta, data
+        if isinstance(meta, dict):
+            if op is Op.DELETE and rng.random() < 0.9:
+                meta = _mutate_meta(meta, rng)  # a valid delete would empty the store: mostly bent
+            elif rng.random() < 0.85:
+                meta = _mutate_meta(meta, rng)
+            return op, meta, data, 0
+        return op, _mutate_binary(meta, rng) if rng.random() < 0.85 else encode(meta), data, FLAG_BINARY
 
 
 def _frame_mutation(rng: random.Random, valid: bytes) -> bytes:
@@ -227,10 +274,10 @@ async def _fuzzer(url_path: str, templates: Templates, rng: random.Random, deadl
             await _read_replies(reader, 1, time.monotonic() + REPLY_TIMEOUT)
             frames, sent = [], 0
             for index in range(BATCH):
-                op, meta, data = templates.request(rng)
+                op, meta, data, flags = templates.request(rng)
                 request_id = rng.choice([index + 1] * 30 + [0, 1, 2**64 - 1])
                 try:
-                    frames.append(encode_frame_bytes(Frame(op, request_id, meta, data)))
+                    frames.append(encode_frame_bytes(Frame(op, request_id, meta, data, flags)))
                 except StatetierError:
                     continue
             mutated = rng.random() < 0.3

@@ -29,6 +29,8 @@ from pathlib import Path
 
 from harness import Budget, DaemonProcess, ProbeResult, Promise, internal_errors, key_prefix, payload, percentile
 from statetier.protocol.frames import PROTOCOL_VERSIONS, Frame, Op, encode_frame_bytes, hello_frame
+from statetier.protocol.messages import ref_from_wire
+from statetier.protocol.wire_meta import LoadMeta, wire_ref
 from wire import Wire
 
 PROBE = "load"
@@ -78,7 +80,8 @@ def _stall(path: str, refs: list[dict], namespace_hex: str) -> socket.socket:
     sock.connect(path)
     frames = [encode_frame_bytes(hello_frame(PROTOCOL_VERSIONS, tenant="default", client="stalled"))]
     for i in range(64):
-        frames.append(encode_frame_bytes(Frame(Op.LOAD, i + 1, {"ns": namespace_hex, "ref": refs[i % len(refs)]})))
+        meta = LoadMeta(bytes.fromhex(namespace_hex), ref=wire_ref(ref_from_wire(refs[i % len(refs)])))
+        frames.append(encode_frame_bytes(Frame(Op.LOAD, i + 1, meta)))
     sock.sendall(b"".join(frames))
     return sock
 

@@ -3,10 +3,12 @@
 ``Wire.open(url, model=…, tenant=…, token=…, ssl=…, shm=False)``; every object is one uint8
 tensor ``"kv"`` of a KV key ``(layer, prefix, [0, 16))`` in the namespace of ``model``:
 
-- ``key(layer, prefix)``; ``put(key, data, request_id=…, durable=…, publish=…)`` → the
-  reply meta (``ref``, ``tier``, ``published``, ``durable``); ``load(ref=…|key=…)`` → the
-  payload bytes (inline: the reply holds the signed header, then the payload; the probes
-  compare the bytes with what their put sent); ``delete(ref)``; ``stats()``;
+- ``key(layer, prefix)``; ``put(key, data, request_id=…, durable=…, publish=…)`` → a dict
+  of the reply (``ref`` as its JSON form, which the probes keep and pass between
+  processes; ``tier``, ``published``, ``durable``); ``load(ref=…|key=…)`` → the payload bytes
+  (inline: the reply holds the signed header, then the payload; the probes compare the
+  bytes with what their put sent); ``lookup(layers, prefix, lease=…)`` → the tokens of a
+  joint hit over those layers' ``[0, 16)`` objects; ``delete(ref)``; ``stats()``;
   ``request(op, meta, data)`` for anything else.
 
 Worker processes (load, crash) import only this and ``statetier.protocol``: 64 of them cost
@@ -19,8 +21,21 @@ from statetier.clients.transport import connect
 from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.frames import Op
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey
-from statetier.protocol.messages import key_to_wire, provenance_to_wire, specs_to_wire
+from statetier.protocol.messages import ref_from_wire, ref_to_wire
 from statetier.protocol.sealed import decode_header, layout_payload
+from statetier.protocol.wire_meta import (
+    LoadMeta,
+    LookupMeta,
+    LookupReply,
+    PutAnswer,
+    PutMeta,
+    decode_reply,
+    ref_of,
+    wire_key,
+    wire_provenance,
+    wire_ref,
+    wire_specs,
+)
 
 TOKENS = 16
 
@@ -39,28 +54,30 @@ class Wire:
     def key(self, layer: int, prefix: bytes) -> StateKey:
         return StateKey(self.namespace, Kind.KV, layer, prefix, 0, TOKENS)
 
-    def put_meta(self, key: StateKey, size: int, request_id: str, *, durable: bool = False,
-                 publish: bool = False) -> dict:
-        return {"key": key_to_wire(key), "provenance": provenance_to_wire(Provenance(request_id)),
-                "tensors": specs_to_wire([TensorSpec("kv", "uint8", (size,))]),
-                "publish": publish, "durable": durable}
-
     async def put(self, key: StateKey, data: bytes, *, request_id: str, durable: bool = False,
                   publish: bool = False) -> dict:
-        meta = self.put_meta(key, len(data), request_id, durable=durable, publish=publish)
-        padding = layout_payload([TensorSpec("kv", "uint8", (len(data),))]).payload_len - len(data)
+        spec = TensorSpec("kv", "uint8", (len(data),))
+        meta = PutMeta(wire_key(key), wire_provenance(Provenance(request_id)), wire_specs([spec]), publish=publish,
+                       durable=durable)
+        padding = layout_payload([spec]).payload_len - len(data)
         reply = await self.conn.request(Op.PUT, meta, [data, bytes(padding)] if padding else data)
-        return reply.meta
+        answer = decode_reply(PutAnswer, reply.meta)
+        return {"ref": ref_to_wire(ref_of(answer.ref)), "tier": answer.tier, "published": answer.published,
+                "durable": answer.durable}
 
     async def load(self, *, ref: dict | None = None, key: StateKey | None = None) -> bytes:
-        meta = {"ns": self.namespace.hex(), "shm": False}
-        meta.update({"ref": ref} if ref is not None else {"key": key_to_wire(key)})
+        meta = LoadMeta(self.namespace.digest, ref=wire_ref(ref_from_wire(ref)) if ref is not None else None,
+                        key=wire_key(key) if key is not None else None)
         reply = await self.conn.request(Op.LOAD, meta)
         data = memoryview(reply.data)
         header = decode_header(data)  # inline: the signed header, then the payload
         (tensor,) = header.tensors
         start = header.header_len + tensor.offset
         return bytes(data[start : start + tensor.nbytes])
+
+    async def lookup(self, layers: list[int], prefix: bytes, *, lease: bool) -> int:
+        meta = LookupMeta(self.namespace.digest, ((TOKENS, prefix),), tuple(layers), kv_layout="prefix", lease=lease)
+        return decode_reply(LookupReply, (await self.conn.request(Op.LOOKUP, meta)).meta).tokens
 
     async def delete(self, ref: dict) -> int:
         return (await self.conn.request(Op.DELETE, {"ref": ref})).meta["deleted"]

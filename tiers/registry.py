@@ -5,8 +5,12 @@ registry; a put whose version is not newer than the registry's is refused (``Sta
 so a late write-behind or a second connector path never overwrites newer state. The
 registry also records, per state_id, the stream it was issued for (``MisroutedState``).
 
-- ``VersionRegistry``       — the interface (``claim``, ``newest``, ``newest_many``,
-  ``stream_of``).
+- ``VersionRegistry``       — the interface (``claim``, ``claim_many``, ``withdraw``,
+  ``newest``, ``newest_many``, ``stream_of``, ``read_many``).
+- ``Claim`` — one claim of a batch (stream, state_id, version or None, and ``past``: the
+  newest version its claimer saw, which a next version must exceed even when the registry's
+  head is behind it, rolled back); ``Claimed`` — its version and the head it superseded
+  (what ``withdraw`` puts back).
 - ``MemoryVersionRegistry`` — one process; bounded (oldest streams forgotten past a limit).
 - ``RedisVersionRegistry``  — in ``tiers.redis.registry``: across nodes, atomic in Redis.
 """
@@ -26,6 +30,20 @@ class StreamHead:
     state_id: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class Claim:
+    stream_id: bytes
+    state_id: bytes
+    version: int | None = None  # None: the next one
+    past: int | None = None  # a version the claimer saw: one taken as the next one is above it too
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    version: int
+    previous: StreamHead | None  # the head this claim superseded (None: the stream was new)
+
+
 class VersionRegistry(abc.ABC):
     #: True when answers come from this process's memory (no I/O): see ``Tier.answers_in_memory``.
     answers_in_memory: bool = False
@@ -39,11 +57,30 @@ class VersionRegistry(abc.ABC):
         """
 
     @abc.abstractmethod
+    async def claim_many(self, claims: list[Claim]) -> list[Claimed | StaleState | None]:
+        """The claims of a batch, in order, in one call (one round trip behind the network).
+        A claim without a version takes the next one, and one above its ``past``. The first
+        stale claim ends the batch: its answer is the ``StaleState``; the claims after it are
+        not made (``None``). Claims of one stream are made in the given order."""
+
+    @abc.abstractmethod
+    async def withdraw(self, claims: list[tuple[Claim, Claimed]]) -> None:
+        """Undo claims whose objects were never stored (a batch that failed after claiming):
+        a stream whose head is still the claim's state_id gets its previous head back. One call."""
+
+    @abc.abstractmethod
     async def newest(self, stream_id: bytes) -> StreamHead | None: ...
 
     async def newest_many(self, stream_ids: list[bytes]) -> list[StreamHead | None]:
         """``newest`` of each stream, in order (a registry behind the network: one round trip)."""
         return [await self.newest(stream) for stream in stream_ids]
+
+    async def read_many(self, stream_ids: list[bytes], state_ids: list[bytes]
+                        ) -> tuple[list[StreamHead | None], list[bytes | None]]:
+        """``newest`` of each stream and ``stream_of`` of each state_id, in one call (what a
+        batch of loads by ref asks; one round trip behind the network)."""
+        return ([await self.newest(stream) for stream in stream_ids],
+                [await self.stream_of(state_id) for state_id in state_ids])
 
     @abc.abstractmethod
     async def stream_of(self, state_id: bytes) -> bytes | None: ...
@@ -61,18 +98,52 @@ class MemoryVersionRegistry(VersionRegistry):
         self._streams: BoundedLru[bytes, bytes] = BoundedLru(max_streams)
 
     async def claim(self, stream_id: bytes, state_id: bytes, version: int | None = None) -> int:
-        head = self._heads.peek(stream_id)
-        newest = head.version if head else 0
+        claimed = self._claim(Claim(stream_id, state_id, version))
+        if isinstance(claimed, StaleState):
+            raise claimed
+        return claimed.version
+
+    async def claim_many(self, claims: list[Claim]) -> list[Claimed | StaleState | None]:
+        out: list[Claimed | StaleState | None] = []
+        for claim in claims:
+            if out and not isinstance(out[-1], Claimed):
+                out.append(None)
+                continue
+            out.append(self._claim(claim))
+        return out
+
+    async def withdraw(self, claims: list[tuple[Claim, Claimed]]) -> None:
+        for claim, claimed in reversed(claims):  # the latest first: each restores what it superseded
+            head = self._heads.peek(claim.stream_id)
+            if head is None or head.state_id != claim.state_id:
+                continue
+            if claimed.previous is None:
+                self._heads.discard(claim.stream_id)
+            else:
+                self._heads.put(claim.stream_id, claimed.previous)
+            self._streams.discard(claim.state_id)
+
+    def _claim(self, claim: Claim) -> Claimed | StaleState:
+        previous = self._heads.peek(claim.stream_id)
+        newest = previous.version if previous else 0
+        version = claim.version
         if version is None:
-            version = newest + 1
+            version = max(newest, claim.past or 0) + 1
         elif version <= newest:
-            raise StaleState(f"version {version} is not newer than the registry's {newest}")
-        self._heads.put(stream_id, StreamHead(version, state_id))
-        self._streams.put(state_id, stream_id)
-        return version
+            return StaleState(f"version {version} is not newer than the registry's {newest}", newest_version=newest)
+        self._heads.put(claim.stream_id, StreamHead(version, claim.state_id))
+        self._streams.put(claim.state_id, claim.stream_id)
+        return Claimed(version, previous)
 
     async def newest(self, stream_id: bytes) -> StreamHead | None:
         return self._heads.peek(stream_id)
 
     async def stream_of(self, state_id: bytes) -> bytes | None:
         return self._streams.peek(state_id)
+
+    async def newest_many(self, stream_ids: list[bytes]) -> list[StreamHead | None]:
+        return [self._heads.peek(stream) for stream in stream_ids]
+
+    async def read_many(self, stream_ids: list[bytes], state_ids: list[bytes]
+                        ) -> tuple[list[StreamHead | None], list[bytes | None]]:
+        return [self._heads.peek(s) for s in stream_ids], [self._streams.peek(s) for s in state_ids]

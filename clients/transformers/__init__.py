@@ -9,10 +9,10 @@ must be built with ``namespace=namespace_for(model)`` (config + weights fingerpr
     if lookup_restorable(client, model, prompt) == len(prompt):  # joint hit, all layers
         cache = restore_cache(client, model, SavedState.from_json(handoff), prompt)
 
-- ``adapter.py`` — ``SavedState``; ``save_cache``, ``restore_cache``, ``lookup_state``,
-  ``lookup_restorable`` (+ ``_async``); the pure steps they are made of (``check_client``,
-  ``boundaries_for``, ``state_key``, ``put_items``, ``saved_from_refs``, ``saved_from_lookup``,
-  ``expected_refs``, ``fill_cache``).
+- ``adapter.py`` — ``SavedState`` (a KV and an SSM group object); ``save_cache``,
+  ``restore_cache``, ``lookup_state``, ``lookup_restorable`` (+ ``_async``); the pure steps
+  they are made of (``check_client``, ``groups_of``, ``boundaries_for``, ``state_key``,
+  ``put_items``, ``saved_from_refs``, ``saved_from_lookup``, ``expected_refs``, ``fill_cache``).
 - ``cache.py`` — a ``DynamicCache``'s layers read and written as records: ``cache_plan``
   (``CachePlan``, ``LayerPlan``), ``kv_tensors``, ``ssm_tensors``, ``apply_kv``, ``apply_ssm``,
   ``new_cache``, ``forward_from``; per-architecture ``Quirks`` (``quirks_for``, ``QUIRKS``).
@@ -27,6 +27,7 @@ from .adapter import (
     check_client,
     expected_refs,
     fill_cache,
+    groups_of,
     lookup_restorable,
     lookup_restorable_async,
     lookup_state,
@@ -59,7 +60,7 @@ from .identity import config_digest, namespace_for, weights_fingerprint
 __all__ = [
     "QUIRKS", "CachePlan", "LayerPlan", "Quirks", "SavedState",
     "apply_kv", "apply_ssm", "boundaries_for", "cache_plan", "check_client", "config_digest", "expected_refs",
-    "fill_cache", "forward_from", "kv_tensors", "lookup_restorable", "lookup_restorable_async", "lookup_state",
+    "fill_cache", "forward_from", "groups_of", "kv_tensors", "lookup_restorable", "lookup_restorable_async", "lookup_state",
     "lookup_state_async", "namespace_for", "new_cache", "put_items", "quirks_for", "restore_cache", "restore_cache_async",
     "save_cache", "save_cache_async", "saved_from_lookup", "saved_from_refs", "ssm_tensors", "state_key",
     "weights_fingerprint",

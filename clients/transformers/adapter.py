@@ -1,21 +1,25 @@
 """Save, look up and restore a Hugging Face hybrid cache through a statetier client.
 
-- ``SavedState`` — refs by layer (``kv``, ``ssm``), ``tokens`` absorbed, prefix hash, request
-  id and step; ``to_json`` / ``from_json`` for the handoff.
-- ``save_cache`` / ``save_cache_async`` — one KV record per attention layer covering
-  ``[0, N)`` and one SSM snapshot per SSM layer (conv + recurrent states) at ``N =
-  len(token_ids)``, in one batch; ``publish`` writes through to Redis.
+A request's cache is stored as (at most) two group objects (``protocol.groups``): one KV
+object holding every attention layer's keys and values over ``[0, N)``, one SSM object
+holding every SSM layer's conv and recurrent states after N tokens (``groups_of``).
+
+- ``SavedState`` — the refs of the ``kv`` and ``ssm`` group objects, ``tokens`` absorbed,
+  prefix hash, request id and step; ``to_json`` / ``from_json`` for the handoff.
+- ``save_cache`` / ``save_cache_async`` — both group objects at ``N = len(token_ids)``, in
+  one batch; ``publish`` writes through to Redis.
 - ``restore_cache`` / ``restore_cache_async`` — a fresh ``DynamicCache`` that absorbed exactly
-  ``token_ids``, from a ``SavedState`` or a ``LookupResult``. Every planned layer must be
+  ``token_ids``, from a ``SavedState`` or a ``LookupResult``. Both planned groups must be
   named (else ``NotFound``, before any load); each load states the expected key (this
-  model's namespace, layer, prefix hash of ``token_ids``, span ``[0, N)``) so the daemon
-  refuses any other object with its typed reason. All layers or an error, never a part.
-- ``lookup_state`` / ``lookup_restorable`` (+ ``_async``) — the daemon's joint hit with
-  ``kv_layout="prefix"``: the largest restorable boundary among the block ends,
-  ``len(token_ids)`` and any ``candidates``.
+  model's namespace, group and layers, prefix hash of ``token_ids``, span ``[0, N)``) so
+  the daemon refuses any other object with its typed reason (another layer set:
+  ``PlacementMismatch``). All layers or an error, never a part.
+- ``lookup_state`` / ``lookup_restorable`` (+ ``_async``) — the daemon's joint hit over both
+  groups with ``kv_layout="prefix"``: the largest restorable boundary among the block
+  ends, ``len(token_ids)`` and any ``candidates``.
 - The pure steps those calls are made of, for engines and the fault suite:
-  ``check_client``, ``boundaries_for``, ``state_key``, ``put_items``, ``saved_from_refs``,
-  ``saved_from_lookup``, ``expected_refs``, ``fill_cache``.
+  ``check_client``, ``groups_of``, ``boundaries_for``, ``state_key``, ``put_items``,
+  ``saved_from_refs``, ``saved_from_lookup``, ``expected_refs``, ``fill_cache``.
 
 The client must be built with ``namespace=namespace_for(model)`` (``identity.py``); the
 cache's layers are read and written by ``cache.py``.
@@ -24,21 +28,23 @@ cache's layers are read and written by ``cache.py``.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 from statetier.protocol.errors import InvalidRequest, NotFound
+from statetier.protocol.groups import LayerGroup
 from statetier.protocol.identity import Kind, Namespace, NamespaceSpec, StateKey, StateRef, prefix_hash, prefix_hashes
 from statetier.protocol.messages import ref_from_wire, ref_to_wire
 
 from ..values import LookupResult, PutItem
-from .cache import CachePlan, LayerPlan, apply_kv, apply_ssm, cache_plan, device_of, kv_tensors, new_cache, ssm_tensors
+from .cache import CachePlan, apply_kv, apply_ssm, cache_plan, device_of, kv_tensors, new_cache, ssm_tensors
 from .identity import config_digest, namespace_for
 
 
 @dataclass(frozen=True)
 class SavedState:
-    """What a save produced: one ref per attention layer (``kv``) and per SSM layer (``ssm``).
+    """What a save produced: the ref of the KV group object (``kv``) and of the SSM group
+    object (``ssm``); ``None`` for a kind the model (or a partial state) lacks.
 
     ``request_id``/``step`` are ``None`` for a state assembled from a lookup, whose objects
     may come from several requests sharing the prefix.
@@ -46,19 +52,19 @@ class SavedState:
 
     tokens: int
     prefix_hash: bytes
-    kv: dict[int, StateRef] = field(default_factory=dict)
-    ssm: dict[int, StateRef] = field(default_factory=dict)
+    kv: StateRef | None = None
+    ssm: StateRef | None = None
     request_id: str | None = None
     step: int | None = None
 
     def refs(self) -> list[StateRef]:
-        return [*self.kv.values(), *self.ssm.values()]
+        return [ref for ref in (self.kv, self.ssm) if ref is not None]
 
     def to_json(self) -> str:
         return json.dumps({
             "tokens": self.tokens, "prefix_hash": self.prefix_hash.hex(), "request_id": self.request_id,
-            "step": self.step, "kv": {str(k): ref_to_wire(r) for k, r in self.kv.items()},
-            "ssm": {str(k): ref_to_wire(r) for k, r in self.ssm.items()},
+            "step": self.step, "kv": ref_to_wire(self.kv) if self.kv else None,
+            "ssm": ref_to_wire(self.ssm) if self.ssm else None,
         }, sort_keys=True)
 
     @classmethod
@@ -66,8 +72,8 @@ class SavedState:
         try:
             raw = json.loads(text)
             return cls(int(raw["tokens"]), bytes.fromhex(raw["prefix_hash"]),
-                       {int(k): ref_from_wire(v) for k, v in raw["kv"].items()},
-                       {int(k): ref_from_wire(v) for k, v in raw["ssm"].items()},
+                       ref_from_wire(raw["kv"]) if raw["kv"] is not None else None,
+                       ref_from_wire(raw["ssm"]) if raw["ssm"] is not None else None,
                        raw.get("request_id"), raw.get("step"))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InvalidRequest(f"not a saved state: {exc}") from exc
@@ -88,14 +94,20 @@ def check_client(client, model) -> tuple[NamespaceSpec, Namespace]:
     return spec, client.namespace
 
 
-def state_key(namespace: Namespace, kind: Kind, layer: int, prefix: bytes, tokens: int) -> StateKey:
-    """A KV record spans ``[0, tokens)``; an SSM snapshot absorbed ``tokens`` tokens."""
-    return StateKey(namespace, kind, layer, prefix, 0, tokens)
+def groups_of(plan: CachePlan) -> dict[Kind, LayerGroup]:
+    """The model's layer groups: every attention layer (KV), every SSM layer (SSM); group id 0."""
+    layers = {Kind.KV: plan.attention_layers, Kind.SSM: plan.ssm_layers}
+    return {kind: LayerGroup(kind, 0, tuple(found)) for kind, found in layers.items() if found}
+
+
+def state_key(namespace: Namespace, group: LayerGroup, prefix: bytes, tokens: int) -> StateKey:
+    """A KV group object spans ``[0, tokens)``; an SSM group object absorbed ``tokens`` tokens."""
+    return group.key(namespace, prefix, 0, tokens)
 
 
 def put_items(namespace: Namespace, spec: NamespaceSpec, plan: CachePlan, cache, token_ids: Sequence[int], *,
               request_id: str, step: int = 0, publish: bool = False) -> list[PutItem]:
-    """The puts of one request's cache at ``len(token_ids)``: KV layers first, then SSM layers."""
+    """The puts of one request's cache at ``len(token_ids)``: the KV group object, then the SSM one."""
     tokens = len(token_ids)
     if tokens == 0:
         raise InvalidRequest("a saved state absorbed at least one token")
@@ -103,28 +115,26 @@ def put_items(namespace: Namespace, spec: NamespaceSpec, plan: CachePlan, cache,
         raise InvalidRequest(f"the cache has {len(cache.layers)} layers; the model {len(plan.layers)}")
     prefix = prefix_hash(list(token_ids), block_size=spec.kv_block_size, seed=spec.hash_seed)
     items = []
-    for layer in plan.attention_layers:
-        tensors = kv_tensors(layer, cache.layers[layer], tokens)
-        items.append(PutItem(state_key(namespace, Kind.KV, layer, prefix, tokens), tensors, request_id, step, publish))
-    for layer in plan.ssm_layers:
-        tensors = ssm_tensors(layer, cache.layers[layer])
-        items.append(PutItem(state_key(namespace, Kind.SSM, layer, prefix, tokens), tensors, request_id, step, publish))
+    for kind, group in groups_of(plan).items():
+        if kind is Kind.KV:
+            regions = {layer: kv_tensors(layer, cache.layers[layer], tokens) for layer in group.layers}
+        else:
+            regions = {layer: ssm_tensors(layer, cache.layers[layer]) for layer in group.layers}
+        items.append(PutItem(state_key(namespace, group, prefix, tokens), regions, request_id, step, publish))
     return items
 
 
 def saved_from_refs(refs: Sequence[StateRef], *, request_id: str | None = None, step: int | None = None) -> SavedState:
-    """Group refs by kind and layer (one per layer); ``tokens``/``prefix_hash`` from the first."""
+    """The refs by kind (one group object each); ``tokens``/``prefix_hash`` from the first."""
     if not refs:
         raise NotFound("no state")
     first = refs[0].key
-    kv: dict[int, StateRef] = {}
-    ssm: dict[int, StateRef] = {}
+    found: dict[Kind, StateRef] = {}
     for ref in refs:
-        slot = kv if ref.key.kind is Kind.KV else ssm
-        if ref.key.layer in slot:
-            raise InvalidRequest(f"two {ref.key.kind.name} objects for layer {ref.key.layer}")
-        slot[ref.key.layer] = ref
-    return SavedState(first.token_end, first.prefix_hash, kv, ssm, request_id, step)
+        if ref.key.kind in found:
+            raise InvalidRequest(f"two {ref.key.kind.name} objects for one state")
+        found[ref.key.kind] = ref
+    return SavedState(first.token_end, first.prefix_hash, found.get(Kind.KV), found.get(Kind.SSM), request_id, step)
 
 
 def saved_from_lookup(result: LookupResult) -> SavedState:
@@ -134,43 +144,45 @@ def saved_from_lookup(result: LookupResult) -> SavedState:
 
 
 def expected_refs(namespace: Namespace, spec: NamespaceSpec, plan: CachePlan, source: SavedState,
-                  token_ids: Sequence[int]) -> list[tuple[LayerPlan, StateRef]]:
-    """What each load must find: this model's key at ``len(token_ids)``, the handed state_id/version.
+                  token_ids: Sequence[int]) -> list[StateRef]:
+    """What each load must find: this model's group key at ``len(token_ids)``, the handed
+    state_id/version.
 
-    Raises ``NotFound`` naming the missing layers when ``source`` does not cover every
-    planned layer (a partial hit), and ``InvalidRequest`` when it names layers the model lacks.
+    Raises ``NotFound`` naming the missing layers when ``source`` lacks a planned group (a
+    partial hit), and ``InvalidRequest`` when it names a kind of state the model lacks.
     """
-    missing_kv = sorted(set(plan.attention_layers) - set(source.kv))
-    missing_ssm = sorted(set(plan.ssm_layers) - set(source.ssm))
-    if missing_kv or missing_ssm:
-        raise NotFound(f"partial state refused: KV missing for layers {missing_kv}, SSM for layers {missing_ssm}")
-    extra = sorted((set(source.kv) - set(plan.attention_layers)) | (set(source.ssm) - set(plan.ssm_layers)))
+    groups = groups_of(plan)
+    handed = {Kind.KV: source.kv, Kind.SSM: source.ssm}
+    missing = {kind: list(group.layers) for kind, group in groups.items() if handed[kind] is None}
+    if missing:
+        raise NotFound(f"partial state refused: KV missing for layers {missing.get(Kind.KV, [])}, "
+                       f"SSM for layers {missing.get(Kind.SSM, [])}")
+    extra = [kind.name for kind, ref in handed.items() if ref is not None and kind not in groups]
     if extra:
-        raise InvalidRequest(f"state names layers {extra}, which hold no such state in this model")
+        raise InvalidRequest(f"state holds {' and '.join(extra)} objects, which this model has no layer for")
     tokens = len(token_ids)
     prefix = prefix_hash(list(token_ids), block_size=spec.kv_block_size, seed=spec.hash_seed)
     out = []
-    for kind, refs in ((Kind.KV, source.kv), (Kind.SSM, source.ssm)):
-        for layer in sorted(refs):
-            ref = refs[layer]
-            request_id = source.request_id if source.request_id is not None else ref.request_id
-            step = source.step if source.step is not None else ref.step
-            key = state_key(namespace, kind, layer, prefix, tokens)
-            out.append((plan.layer(layer), StateRef(key, request_id, step, ref.state_id, ref.version)))
+    for kind, group in groups.items():
+        ref = handed[kind]
+        request_id = source.request_id if source.request_id is not None else ref.request_id
+        step = source.step if source.step is not None else ref.step
+        out.append(StateRef(state_key(namespace, group, prefix, tokens), request_id, step, ref.state_id, ref.version))
     return out
 
 
-def fill_cache(model, plan: CachePlan, tokens: int, loaded: Sequence[tuple[LayerPlan, Kind, dict]]):
-    """A fresh ``DynamicCache`` for ``model`` holding the loaded tensors (moved to its device)."""
+def fill_cache(model, plan: CachePlan, tokens: int, loaded: Sequence[tuple[Kind, dict]]):
+    """A fresh ``DynamicCache`` for ``model`` holding the loaded group objects' tensors
+    (``{layer: {name: tensor}}`` per kind), moved to its device."""
     device = device_of(model)
     cache = new_cache(model.config)
-    for layer_plan, kind, tensors in loaded:
-        tensors = {name: t.to(device) for name, t in tensors.items()}
-        layer = cache.layers[layer_plan.index]
-        if kind is Kind.KV:
-            apply_kv(layer_plan, layer, tensors, tokens)
-        else:
-            apply_ssm(layer_plan, layer, tensors)
+    for kind, layers in loaded:
+        for index, tensors in layers.items():
+            tensors = {name: t.to(device) for name, t in tensors.items()}
+            if kind is Kind.KV:
+                apply_kv(plan.layer(index), cache.layers[index], tensors, tokens)
+            else:
+                apply_ssm(plan.layer(index), cache.layers[index], tensors)
     return cache
 
 
@@ -200,8 +212,8 @@ def _restore_plan(client, model, source, token_ids):
     return plan, expected_refs(namespace, spec, plan, saved, token_ids)
 
 
-def _loaded(expected, tensors) -> list[tuple[LayerPlan, Kind, dict]]:
-    return [(layer_plan, ref.key.kind, t) for (layer_plan, ref), t in zip(expected, tensors)]
+def _loaded(expected: list[StateRef], tensors: list[dict]) -> list[tuple[Kind, dict]]:
+    return [(ref.key.kind, layers) for ref, layers in zip(expected, tensors)]
 
 
 # -- blocking (Client) ---------------------------------------------------------------------
@@ -223,7 +235,7 @@ def restore_cache(client, model, source: SavedState | LookupResult, token_ids: S
     """
     try:
         plan, expected = _restore_plan(client, model, source, token_ids)
-        tensors = client.load_many([ref for _, ref in expected])
+        tensors = client.load_many(expected)
         return fill_cache(model, plan, len(token_ids), _loaded(expected, tensors))
     finally:
         if isinstance(source, LookupResult) and source.lease_ids:
@@ -232,14 +244,14 @@ def restore_cache(client, model, source: SavedState | LookupResult, token_ids: S
 
 def lookup_state(client, model, token_ids: Sequence[int], *, candidates: Sequence[int] = (),
                  lease: bool = True) -> LookupResult:
-    """The joint hit over every KV and SSM layer of ``model`` (``kv_layout="prefix"``).
+    """The joint hit over ``model``'s KV and SSM groups (``kv_layout="prefix"``).
 
     The answer's objects stay leased until ``client.release(result.lease_ids)`` (or a
     ``restore_cache`` of the result) when ``lease`` is true.
     """
     spec, _ = check_client(client, model)
-    plan = cache_plan(model.config)
-    return client.lookup(plan.attention_layers, plan.ssm_layers, boundaries_for(spec, token_ids, candidates),
+    groups = list(groups_of(cache_plan(model.config)).values())
+    return client.lookup(boundaries=boundaries_for(spec, token_ids, candidates), groups=groups,
                          kv_layout="prefix", lease=lease)
 
 
@@ -262,7 +274,7 @@ async def save_cache_async(client, model, cache, token_ids: Sequence[int], *, re
 async def restore_cache_async(client, model, source: SavedState | LookupResult, token_ids: Sequence[int]):
     try:
         plan, expected = _restore_plan(client, model, source, token_ids)
-        tensors = await client.load_many([ref for _, ref in expected])
+        tensors = await client.load_many(expected)
         return fill_cache(model, plan, len(token_ids), _loaded(expected, tensors))
     finally:
         if isinstance(source, LookupResult) and source.lease_ids:
@@ -272,8 +284,8 @@ async def restore_cache_async(client, model, source: SavedState | LookupResult, 
 async def lookup_state_async(client, model, token_ids: Sequence[int], *, candidates: Sequence[int] = (),
                              lease: bool = True) -> LookupResult:
     spec, _ = check_client(client, model)
-    plan = cache_plan(model.config)
-    return await client.lookup(plan.attention_layers, plan.ssm_layers, boundaries_for(spec, token_ids, candidates),
+    groups = list(groups_of(cache_plan(model.config)).values())
+    return await client.lookup(boundaries=boundaries_for(spec, token_ids, candidates), groups=groups,
                                kv_layout="prefix", lease=lease)
 
 

@@ -27,6 +27,7 @@ from statetier.clients.values import lookup_meta
 from statetier.protocol.errors import InvalidRequest
 from statetier.protocol.frames import Op
 from statetier.protocol.identity import NamespaceSpec, prefix_hash, prefix_hashes
+from statetier.protocol.wire_meta import LookupMeta, LookupReply, decode_reply
 
 from .admin import over_connection
 from .formatting import table
@@ -41,14 +42,17 @@ def run_lookup(args: argparse.Namespace) -> int:
         boundaries.append((len(tokens), prefix_hash(tokens, block_size=plan["block_size"], seed=plan["hash_seed"])))
 
     async def ask_all(conn) -> dict:
-        def meta(attention: list[int], ssm: list[int]) -> dict:
-            return lookup_meta(plan["namespace"], attention, ssm, boundaries, kv_layout=plan["kv_layout"],
-                               lease=False, tp_size=plan["tp_size"])
+        def meta(attention: list[int], ssm: list[int]) -> LookupMeta:
+            return lookup_meta(bytes.fromhex(plan["namespace"]), attention, ssm, boundaries,
+                               kv_layout=plan["kv_layout"], lease=False, tp_size=plan["tp_size"])
+
+        async def tokens_of(m: LookupMeta) -> int:
+            return decode_reply(LookupReply, (await conn.request(Op.LOOKUP, m)).meta).tokens
 
         layers = [("attention", layer, meta([layer], [])) for layer in plan["attention_layers"]]
         layers += [("ssm", layer, meta([], [layer])) for layer in plan["ssm_layers"]]
-        found = [(kind, layer, (await conn.request(Op.LOOKUP, m)).meta["tokens"]) for kind, layer, m in layers]
-        joint = (await conn.request(Op.LOOKUP, meta(plan["attention_layers"], plan["ssm_layers"]))).meta["tokens"]
+        found = [(kind, layer, await tokens_of(m)) for kind, layer, m in layers]
+        joint = await tokens_of(meta(plan["attention_layers"], plan["ssm_layers"]))
         return {"namespace": plan["namespace"], "tokens": len(tokens), "block_size": plan["block_size"],
                 "kv_layout": plan["kv_layout"], "tp_size": plan["tp_size"], "joint_hit": joint,
                 "layers": [{"layer": layer, "kind": kind, "tokens": n} for kind, layer, n in found]}

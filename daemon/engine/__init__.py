@@ -4,7 +4,7 @@
 composed from the parts below, each of which works against a ``Stack`` (``stack.py``: the
 tiers, the arena, the registry, placement, tenancy, keyring, options, metrics).
 
-- ``puts`` — seal, claim a version, place, publish, make durable; zero-copy reservations.
+- ``puts`` — seal, claim a version, place, publish, make durable.
 - ``fencing`` — the version registry's claims and what a load expects of a stream.
 - ``loads`` — a load by ref or by key: copies fastest first, each judged by ``serving``.
 - ``serving`` — one leased copy: classify, promote (or read straight into the arena), hold.

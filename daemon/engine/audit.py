@@ -73,7 +73,7 @@ async def _verify_one(engine, tier: Tier, meta: ObjectMeta, tenant: str | None, 
         return
     try:
         blob = await tier.read(lease)
-        header = (await engine.hash_off_loop(blob.nbytes, open_intact, blob, engine.keyring)).header
+        header = (await engine.run_work(blob.nbytes, lambda: open_intact(blob, engine.keyring))).header
     except UnknownKey as exc:
         await tier.complete_load(lease)
         if tenant is None or (meta.namespace and engine.tenancy.may_see(tenant, Namespace(meta.namespace))):

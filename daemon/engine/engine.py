@@ -2,26 +2,29 @@
 
 ``Engine(tiers, keyring=, registry=, metrics=, options=, arena=, publish=, write_behind_to=,
 executor=)`` — ``tiers`` fastest first (device, host, disk, redis; any may be absent);
-``arena`` the host tier whose shared memory same-host clients map; ``publish`` the
+``arena`` the host tier that puts are sealed into (its reservations); ``publish`` the
 cross-node tier (Redis). It builds one ``daemon.engine.stack.Stack`` and composes the parts that
 hold the rules; the server calls, per request, and the engine forwards to:
 
-- ``put`` / ``put_shared`` / ``reserve`` → ``commit`` / ``abort``   ``daemon.engine.puts`` (sealing,
-  version claims, placement, publish, durable copies, reservations in the arena)
-- ``expect_refs``, ``load``      ``daemon.engine.fencing`` (registry reads) and ``daemon.engine.loads``
-  (copies fastest first, each judged and promoted by ``daemon.engine.serving``; spec checks)
+- ``put_batch`` (``put`` / ``put_shared``: a batch of one)   ``daemon.engine.puts`` (checks,
+  version claims, reservations, sealing in one job, placement) and ``daemon.engine.handoff``
+  (publish, durable copies, write-behind)
+- ``load_batch`` (``load``: a batch of one)   ``daemon.engine.fencing`` (one registry read
+  for the batch) and ``daemon.engine.loads`` (copies fastest first, each judged and promoted
+  by ``daemon.engine.serving``; spec checks)
 - ``lookup``, ``locate``         ``daemon.engine.lookup`` (the joint hit), ``daemon.engine.candidates``
-- ``release`` / ``release_owner`` ``daemon.engine.leases`` (a connection went away: its leases
-  and open reservations)
+- ``release`` / ``release_many`` / ``release_owner`` ``daemon.engine.leases`` (a connection
+  went away: its leases)
 - ``delete``, ``drop_copy``      ``daemon.engine.deletion``; ``inspect``, ``verify_all``: ``daemon.engine.audit``
 - ``list_objects``, ``purge``    ``daemon.engine.catalog`` (what is stored per tenant and namespace;
   removing a namespace's or a tenant's objects from every tier)
-- ``start`` / ``close``, ``stats``, ``lease_count``, ``reservation_count``, ``shared_memory``
+- ``start`` / ``close``, ``stats``, ``lease_count``
 
 ``EngineOptions`` (defined in ``daemon.engine.stack``) is exported here. Eviction and demotion
 are ``daemon.engine.placement``'s; tenant bytes follow every copy (``daemon.engine.tenancy``).
-Every request is taken into its tenant's own namespaces first (``own_put``, ``own_load``,
-``own_lookup``, ``owned_ref``: ``daemon.engine.tenancy``): the refs it returns carry them.
+Every request is taken into its tenant's own namespaces first, a batch item by item
+(``own_incoming``, ``own_load``, ``own_lookup``, ``owned_ref``: ``daemon.engine.tenancy``):
+the refs it returns carry them.
 """
 
 from __future__ import annotations
@@ -36,7 +39,6 @@ from concurrent.futures import Executor
 from statetier.protocol.errors import InvalidRequest, StatetierError
 from statetier.protocol.identity import Namespace, StateKey, StateRef
 from statetier.protocol.keyring import Keyring
-from statetier.protocol.sealed import Expectation
 from statetier.tiers.base import Lease, ObjectMeta, Tier
 from statetier.tiers.registry import VersionRegistry
 
@@ -47,9 +49,9 @@ from .loads import Loads
 from .lookup import joint_hit
 from .placement import Placement
 from .puts import Puts
-from ..requests import LoadRequest, LoadResult, LookupRequest, LookupResult, PutRequest, PutResult, Reservation
+from ..requests import Incoming, LoadRequest, LoadResult, LookupRequest, LookupResult, PutRequest, PutResult
 from .stack import EngineOptions, Stack
-from .tenancy import Tenancy, own_load, own_lookup, own_put, owned_namespace, owned_ref
+from .tenancy import Tenancy, own_incoming, own_load, own_lookup, owned_namespace, owned_ref
 
 __all__ = ["Engine", "EngineOptions"]
 
@@ -77,10 +79,9 @@ class Engine:
                                    ledger=self.tenancy)
         self.stack = Stack(self.tiers, keyring, registry, self.options, self.placement, self.tenancy, metrics,
                            arena, publish, executor)
-        ids = itertools.count(1)  # lease ids and reservation tickets: one counter, no id names two things
-        self._leases = Leases(ids)
+        self._leases = Leases(itertools.count(1))
         fences = Fences(self.stack)
-        self._puts = Puts(self.stack, fences, ids)
+        self._puts = Puts(self.stack, fences)
         self._loads = Loads(self.stack, fences, self._leases)
         self._fences = fences
         self._tasks: list[asyncio.Task] = []
@@ -108,7 +109,7 @@ class Engine:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-        for owner in self._leases.owners() | self._puts.owners():
+        for owner in self._leases.owners():
             await self.release_owner(owner)
         for tier in reversed(self.tiers):
             try:
@@ -119,34 +120,33 @@ class Engine:
 
     # ---------------------------------------------------------------- puts (``daemon.engine.puts``)
 
+    async def put_batch(self, items: list[Incoming]) -> list[PutResult | StatetierError | None]:
+        """Many puts as one unit of work: an answer per item, None after a failure (not attempted)."""
+        return await self._puts.put_batch([own_incoming(item) for item in items])
+
     async def put(self, req: PutRequest, payload) -> PutResult:
-        return await self._puts.put(own_put(req), payload)
+        return _one(await self.put_batch([Incoming(req, memoryview(payload).cast("B"))]))
 
-    async def reserve(self, req: PutRequest, owner) -> Reservation:
-        return await self._puts.reserve(own_put(req), owner)
-
-    async def put_shared(self, req: PutRequest, source, owner) -> PutResult:
+    async def put_shared(self, req: PutRequest, source) -> PutResult:
         """Seal a payload that lies in memory its client can still write: copied first."""
-        return await self._puts.put_shared(own_put(req), source, owner)
+        return _one(await self.put_batch([Incoming(req, memoryview(source).cast("B"), shared=True)]))
 
-    async def commit(self, ticket_id: int, owner, source=None) -> PutResult:
-        return await self._puts.commit(ticket_id, owner, source)
-
-    async def abort(self, ticket_id: int, owner) -> None:
-        await self._puts.abort(ticket_id, owner)
-
-    async def hash_off_loop(self, nbytes: int, fn, *args, **kwargs):
-        return await self.stack.hash_off_loop(nbytes, fn, *args, **kwargs)
+    async def run_work(self, nbytes: int, fn):
+        """``fn()`` on the loop or as one executor job (``protocol.thresholds``)."""
+        return await self.stack.run_work(nbytes, fn)
 
     # ---------------------------------------------------------------- loads (``daemon.engine.loads``)
 
-    async def load(self, req: LoadRequest, owner, *, expected: tuple[bytes, Expectation] | None = None) -> LoadResult:
-        """``expected``: what ``expect_refs`` found for this load by ref, read ahead."""
-        return await self._loads.load(own_load(req), owner, expected=expected)
+    async def load_batch(self, reqs: list[LoadRequest], owner) -> list[LoadResult | StatetierError | None]:
+        """Many loads as one unit of work: an answer per request, None after a failure."""
+        return await self._loads.load_batch([own_load(req) for req in reqs], owner)
 
-    async def expect_refs(self, reqs: list[LoadRequest]) -> list[tuple[bytes, Expectation] | StatetierError | None]:
-        """The registry reads of many loads by ref, made concurrently (``daemon.engine.fencing``)."""
-        return await self._fences.expect_refs([own_load(req) for req in reqs])
+    async def load(self, req: LoadRequest, owner) -> LoadResult:
+        return _one(await self.load_batch([req], owner))
+
+    async def release_many(self, lease_ids: list[int], owner) -> int:
+        """Give back many leases at once; how many were still held."""
+        return await self._leases.release_many(lease_ids, owner)
 
     async def drop_copy(self, tier: Tier, state_id: bytes) -> None:
         await deletion.drop_copy(self.stack, tier, state_id)
@@ -157,11 +157,6 @@ class Engine:
     def count_skip(self, reason: str) -> None:  # for daemon.engine.lookup, which locates many keys at once
         self.stack.count_skip(reason)
 
-    async def read_leased(self, lease_id: int, owner) -> memoryview:
-        """The verified bytes behind a lease (used by lookup callers that load by lease)."""
-        held = self._leases.held_by(lease_id, owner)
-        return await held.tier.read(held.lease)
-
     # ---------------------------------------------------------------- leases (``daemon.engine.leases``)
 
     async def release(self, lease_id: int, owner) -> bool:
@@ -171,7 +166,7 @@ class Engine:
         mine = self._leases.ids_of(owner)
         for lease_id in mine:
             await self.release(lease_id, owner)
-        return len(mine) + await self._puts.abort_owner(owner)
+        return len(mine)
 
     def hold_for_lookup(self, tier: Tier, lease: Lease, owner) -> int:
         return self._leases.hold(tier, lease, owner)[0]
@@ -226,16 +221,11 @@ class Engine:
     def lease_count(self) -> int:
         return len(self._leases)
 
-    @property
-    def reservation_count(self) -> int:
-        return len(self._puts)
-
     def stats(self) -> dict:
         tiers = self.tier_stats()
         return {
             "tiers": [dataclasses.asdict(s) for s in tiers],
             "leases": len(self._leases),
-            "reservations": len(self._puts),
             "objects": sum(s.objects for s in tiers),
             "write_behind_pending": self.placement.write_behind_pending,
             "dropped_on_demotion": self.placement.dropped,
@@ -243,7 +233,10 @@ class Engine:
             "tenants": self.tenancy.usage(),
         }
 
-    def shared_memory(self) -> tuple[str, int] | None:
-        if self.arena is None:
-            return None
-        return self.arena.shared_memory()
+
+def _one(answers: list):
+    """The answer of a batch of one: its result, or its error raised."""
+    (answer,) = answers
+    if isinstance(answer, BaseException):
+        raise answer
+    return answer

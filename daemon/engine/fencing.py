@@ -2,12 +2,15 @@
 
 ``Fences(stack)`` — one per engine, over ``stack.registry``:
 
-- ``claim(req, provenance, state_id)`` → the put's version (``daemon.engine.puts``); a stale put
-  raises ``StaleState``, counted as a refused object
-- ``expect_ref(req)`` → ``(state_id, Expectation)`` of a load by ref: its stream's newest
-  version and the stream its state_id was issued for, read together (``daemon.engine.loads``)
-- ``expect_refs(reqs)`` — the same for a batch, ``REGISTRY_READS_AT_ONCE`` loads at a time
-  (``Engine.expect_refs``; each answer is ``load``'s ``expected``, its error, or None)
+- ``new_claim(stream, state_id, version)`` → a put's ``Claim``, carrying the newest version
+  seen here of its stream (``Claim.past``)
+- ``claim_many(claims)`` → each put's ``Claimed`` version, its ``StaleState`` (counted as a
+  refused object) or None (not claimed: a stale claim before it ended the batch) — one
+  registry call for a whole batch (``daemon.engine.puts``); ``withdraw(claimed)`` undoes the
+  claims of puts that were not stored
+- ``expect_refs(reqs)`` → the ``Expectation`` of each load by ref of a batch (its stream's
+  newest version and the stream its state_id was issued for), from one registry call
+  (``daemon.engine.loads``)
 - ``expect_key(key, stream, req)`` → the ``Expectation`` of one candidate of a load by key
 
 The stream of each state_id claimed or read is remembered (``STREAMS_REMEMBERED`` of them:
@@ -17,30 +20,27 @@ So is the newest version this daemon has seen of each stream (claimed or read, a
 streams): versions only grow, so a registry head below it means the registry was rolled back
 (a Redis writer replaying an old head) or lost the head (its TTL ran out). Loads then expect
 the remembered version, so an older one is refused as ``StaleState`` on this daemon; a claim
-then asks for a version above it, which writes the head forward again. ``rollbacks_seen``
-counts the heads found behind (``Engine.stats``: ``registry_heads_behind``). A daemon that
-never saw the newer version has only the registry to go by.
+carries it (``Claim.past``), so a claim without a version gets one above it from the registry
+in the same call, which writes the head forward again. ``rollbacks_seen`` counts the heads found
+behind (``Engine.stats``: ``registry_heads_behind``). A withdrawn claim gives back what it
+made remembered. A daemon that never saw the newer version has only the registry to go by.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 
 from statetier.protocol.errors import StaleState, StatetierError
-from statetier.protocol.identity import Provenance, StateKey, stream_id
+from statetier.protocol.identity import StateKey, stream_id
 from statetier.protocol.lru import BoundedLru
 from statetier.protocol.sealed import Expectation
-from statetier.tiers.registry import StreamHead
+from statetier.tiers.registry import Claim, Claimed, StreamHead
 
-from ..requests import LoadRequest, PutRequest
+from ..requests import LoadRequest
 from .stack import Stack
 
 #: state_id → the stream it was issued for, remembered for this many state_ids.
 STREAMS_REMEMBERED = 1 << 16
-#: Loads of one batch whose registry reads are in flight at once (two reads each; the
-#: Redis pool holds 64 connections).
-REGISTRY_READS_AT_ONCE = 16
 
 
 class Fences:
@@ -51,48 +51,66 @@ class Fences:
         self._newest: BoundedLru[bytes, int] = BoundedLru(STREAMS_REMEMBERED)  # stream -> newest version seen
         self.rollbacks_seen = 0
 
-    async def claim(self, req: PutRequest, provenance: Provenance, state_id: bytes) -> int:
-        """The put's version from the registry; a stale put is a refused object, counted."""
-        stream = stream_id(req.key, provenance.request_id)
-        try:
-            version = await self.registry.claim(stream, state_id, req.version)
-            seen = self._newest.get(stream)
-            if req.version is None and seen is not None and version <= seen:  # the head went back
-                self.rollbacks_seen += 1
-                version = await self.registry.claim(stream, state_id, seen + 1)
-        except StaleState as exc:
-            self.stack.count_rejection(exc)
-            raise
-        self._remember_stream(state_id, stream)
-        self._remember_version(stream, version)
-        return version
+    def new_claim(self, stream: bytes, state_id: bytes, version: int | None) -> Claim:
+        """A put's claim (``version`` None: the next one), past the newest version seen here."""
+        return Claim(stream, state_id, version, self._newest.peek(stream))
 
-    async def expect_refs(self, reqs: list[LoadRequest]) -> list[tuple[bytes, Expectation] | StatetierError | None]:
-        """The registry reads of many loads by ref, made concurrently (``REGISTRY_READS_AT_ONCE``
-        loads at a time): a batch of loads waits for a few round trips, not two per object.
-        Each answer is ``load``'s ``expected``, the error reading it, or None (a load by key)."""
+    async def claim_many(self, claims: list[Claim]) -> list[Claimed | StaleState | None]:
+        """The versions of a batch of puts (``new_claim``'s), in one registry call; a stale put
+        is a refused object, counted."""
+        answers = await self.registry.claim_many(claims)
+        for claim, answer in zip(claims, answers):
+            if isinstance(answer, StaleState):
+                self.stack.count_rejection(answer)
+            elif answer is not None:
+                if claim.version is None and claim.past is not None and (
+                        answer.previous is None or answer.previous.version < claim.past):
+                    self.rollbacks_seen += 1  # the head was behind: this claim wrote it forward
+                self._remember_stream(claim.state_id, claim.stream_id)
+                self._remember_version(claim.stream_id, answer.version)
+        return answers
+
+    async def withdraw(self, claimed: list[tuple[Claim, Claimed]]) -> None:
+        """Undo the claims of puts never stored: the registry's heads and the versions they
+        made remembered here (the newest seen is what it was before, or the head put back)."""
+        if not claimed:
+            return
+        await self.registry.withdraw(claimed)
+        for claim, answer in reversed(claimed):
+            if self._newest.peek(claim.stream_id) != answer.version:
+                continue
+            before = [v for v in (claim.past, answer.previous and answer.previous.version) if v]
+            if before:
+                self._newest.put(claim.stream_id, max(before))
+            else:
+                self._newest.discard(claim.stream_id)
+
+    async def expect_refs(self, reqs: list[LoadRequest]) -> list[Expectation | StatetierError | None]:
+        """What each load by ref of a batch expects, from one registry call (its streams'
+        heads, and the streams of the state_ids not remembered); None for a load by key, the
+        error for a registry that failed. A head behind the version seen here expects that."""
+        by_ref = [(i, req) for i, req in enumerate(reqs) if req.ref is not None]
         out: list = [None] * len(reqs)
-
-        async def read(index: int) -> None:
-            try:
-                out[index] = await self.expect_ref(reqs[index])
-            except StatetierError as exc:
-                out[index] = exc
-
-        by_ref = [i for i, req in enumerate(reqs) if req.ref is not None]
-        for start in range(0, len(by_ref), REGISTRY_READS_AT_ONCE):
-            await asyncio.gather(*(read(i) for i in by_ref[start : start + REGISTRY_READS_AT_ONCE]))
+        if not by_ref:
+            return out
+        streams = [stream_id(_requesters_key(req), req.ref.request_id) for _, req in by_ref]
+        unknown = list({req.ref.state_id for _, req in by_ref if req.ref.state_id not in self._issued})
+        try:
+            heads, issued = await self.registry.read_many(streams, unknown)
+        except StatetierError as exc:
+            for i, _ in by_ref:
+                out[i] = exc
+            return out
+        for state_id, stream in zip(unknown, issued):
+            if stream is not None:
+                self._remember_stream(state_id, stream)
+        for (i, req), head, stream in zip(by_ref, heads, streams):
+            ref = req.ref
+            out[i] = Expectation.for_ref(
+                ref, req.namespace, newest_version=self._newest_of(stream, head),
+                state_id_stream=self._issued.get(ref.state_id), tensors=req.tensors,
+                allow_speculative=req.allow_speculative, stream=stream)
         return out
-
-    async def expect_ref(self, req: LoadRequest) -> tuple[bytes, Expectation]:
-        ref = req.ref
-        key = ref.key if ref.key.namespace == req.namespace else dataclasses.replace(ref.key, namespace=req.namespace)
-        # two independent registry reads (the second often remembered): one round trip's wait
-        stream = stream_id(key, ref.request_id)
-        head, issued_for = await asyncio.gather(self.registry.newest(stream), self._stream_of(ref.state_id))
-        return ref.state_id, Expectation.for_ref(
-            ref, req.namespace, newest_version=self._newest_of(stream, head), state_id_stream=issued_for,
-            tensors=req.tensors, allow_speculative=req.allow_speculative)
 
     async def expect_key(self, key: StateKey, stream: bytes, req: LoadRequest) -> Expectation:
         head = await self.registry.newest(stream)
@@ -117,12 +135,8 @@ class Fences:
     def _remember_stream(self, state_id: bytes, stream: bytes) -> None:
         self._issued.put(state_id, stream)
 
-    async def _stream_of(self, state_id: bytes) -> bytes | None:
-        """The stream ``state_id`` was issued for: remembered, or read from the registry."""
-        stream = self._issued.get(state_id)
-        if stream is not None:
-            return stream
-        stream = await self.registry.stream_of(state_id)
-        if stream is not None:
-            self._remember_stream(state_id, stream)
-        return stream
+
+def _requesters_key(req: LoadRequest) -> StateKey:
+    """The ref's key in the requester's own namespace (DESIGN §4)."""
+    key = req.ref.key
+    return key if key.namespace == req.namespace else dataclasses.replace(key, namespace=req.namespace)

@@ -2,11 +2,12 @@
 
 - ``Held``                         — a tier, the tier's lease, the owner (a connection)
 - ``Leases(ids)``                  — the engine's table; ``ids`` the engine's one counter
-  (reservation tickets draw from it too, so no id names two things)
+  (one id names one lease, never reused)
   - ``hold(tier, lease, owner)`` → ``(lease_id, Held)``: a load's result or a lookup's
     object (``daemon.engine.loads``, ``daemon.engine.serving``, ``daemon.engine.lookup`` through
     ``Engine.hold_for_lookup``), kept until released
-  - ``release(lease_id, owner)`` → bool; ``ids_of(owner)``, ``owners()``, ``len()``
+  - ``release(lease_id, owner)`` → bool; ``release_many(lease_ids, owner)`` → how many;
+    ``ids_of(owner)``, ``owners()``, ``len()``
   - ``held_by(lease_id, owner)`` → ``Held``, or ``LeaseError`` for another owner's id
 
 Releasing completes the tier lease (``Tier.complete_load``): the object may move again.
@@ -50,6 +51,17 @@ class Leases:
         del self._held[lease_id]
         await held.tier.complete_load(held.lease)
         return True
+
+    async def release_many(self, lease_ids: list[int], owner) -> int:
+        held = []
+        for lease_id in lease_ids:
+            found = self._held.get(lease_id)
+            if found is not None and found.owner == owner:
+                del self._held[lease_id]
+                held.append(found)
+        for found in held:
+            await found.tier.complete_load(found.lease)
+        return len(held)
 
     def ids_of(self, owner) -> list[int]:
         return [lid for lid, held in self._held.items() if held.owner == owner]

@@ -1,17 +1,21 @@
 """The load path: find, verify in DESIGN §4 order, serve the first copy that passes.
 
-``Loads(stack, fences, leases)`` — one per engine; ``Engine.load`` forwards here:
+``Loads(stack, fences, leases)`` — one per engine; ``Engine.load_batch`` forwards here:
 
-- ``load(req, owner, expected=None)`` → ``LoadResult``, leased to ``owner`` until released:
-  by ref (``expected``: what ``Fences.expect_refs`` read ahead) or by key (the best valid
-  candidate of ``daemon.engine.candidates.locate``, newest first, each refusal skipped and counted)
+- ``load_batch(reqs, owner)`` → per request, in order, a ``LoadResult`` leased to ``owner``
+  until released, its ``StatetierError``, or None (not attempted: a load before it failed).
+  What the loads by ref expect is read from the registry in one call
+  (``Fences.expect_refs``); each load is then served by ref or by key (the best valid
+  candidate of ``daemon.engine.candidates.locate``, newest first, each refusal skipped and
+  counted); one metric update for the batch. A single load is a batch of one.
 
 Each copy, fastest tier first, is served by ``daemon.engine.serving.CopyServer`` and judged by
 ``protocol.classify`` (a hit is counted, for the tier that held the copy, only once a copy is
 handed over: never for a refusal, of the copy or of the caller's tensor specs): a damaged copy is dropped (``daemon.engine.deletion.drop_copy``) and the
 next tried, never unverified bytes; an intact copy of another identity is refused with its
 §4 reason, left in place, and the next tried. The tensor specs a caller expects are checked
-apart, after: a mismatch is about the request, not damage. A load that finds its object in
+apart, after (of a group object, those of the layers asked for): a mismatch is about
+the request, not damage. A load that finds its object in
 no tier while moves are under way settles them and looks again.
 """
 
@@ -29,8 +33,10 @@ from statetier.protocol.errors import (
     NotFound,
     RejectedState,
     StaleState,
+    StatetierError,
     Unavailable,
 )
+from statetier.protocol.groups import chosen
 from statetier.protocol.identity import stream_id
 from statetier.protocol.sealed import Expectation
 from statetier.tiers.base import Tier
@@ -60,21 +66,41 @@ class Loads:
         self.leases = leases
         self.copies = CopyServer(stack, leases)
 
-    async def load(self, req: LoadRequest, owner, *, expected: tuple[bytes, Expectation] | None = None) -> LoadResult:
-        """``expected``: what ``expect_refs`` found for this load by ref, read ahead."""
+    async def load_batch(self, reqs: list[LoadRequest], owner) -> list[LoadResult | StatetierError | None]:
         started, stack = time.perf_counter(), self.stack
-        stack.tenancy.check_namespace(req.tenant, req.namespace)
-        if req.ref is not None:
-            state_id, expectation = expected or await self.fences.expect_ref(req)
-            result = await self._load_object(Wanted(state_id, expectation, owner, req.tenant, req.full_check))
-        elif req.key is not None:
-            result = await self._load_by_key(req, owner)
-        else:
-            raise InvalidRequest("a load names a ref or a key")
+        out: list[LoadResult | StatetierError | None] = [None] * len(reqs)
+        expected = await self.fences.expect_refs(reqs)
+        for index, (req, expectation) in enumerate(zip(reqs, expected)):
+            try:
+                stack.tenancy.check_namespace(req.tenant, req.namespace)
+                if isinstance(expectation, StatetierError):
+                    raise expectation
+                if expectation is not None:
+                    out[index] = await self._load_object(Wanted(req.ref.state_id, expectation, owner, req.tenant,
+                                                                req.full_check, req.layers))
+                elif req.key is not None:
+                    out[index] = await self._load_by_key(req, owner)
+                else:
+                    raise InvalidRequest("a load names a ref or a key")
+            except StatetierError as exc:
+                out[index] = exc
+                break
         if stack.metrics is not None:
-            stack.metrics.observe_op(result.tier, result.header.key.kind.name.lower(), "load",
-                                     result.payload.nbytes, time.perf_counter() - started)
-        return result
+            self._observe([r for r in out if isinstance(r, LoadResult)], started)
+        return out
+
+    def _observe(self, results: list[LoadResult], started: float) -> None:
+        """One metric update for a batch's loads (per tier and kind)."""
+        if not results:
+            return
+        seconds = (time.perf_counter() - started) / len(results)
+        groups: dict[tuple[str, str], list[int]] = {}
+        for result in results:
+            group = groups.setdefault((result.tier, result.header.key.kind.name.lower()), [0, 0])
+            group[0] += 1
+            group[1] += result.payload.nbytes
+        for (tier, kind), (count, nbytes) in groups.items():
+            self.stack.metrics.observe_ops(tier, kind, "load", count, nbytes, seconds)
 
     async def _load_by_key(self, req: LoadRequest, owner) -> LoadResult:
         """The best valid candidate under the key: newest first, each one refused skipped and
@@ -86,7 +112,7 @@ class Loads:
         for meta, _tier in candidates:
             expectation = await self.fences.expect_key(key, meta.stream_id, req)
             try:
-                wanted = Wanted(meta.object_id, expectation, owner, req.tenant, req.full_check)
+                wanted = Wanted(meta.object_id, expectation, owner, req.tenant, req.full_check, req.layers)
                 return await self._load_object(wanted, counted=False)
             except RejectedState as exc:
                 stack.count_skip(skip_reason(exc))
@@ -169,7 +195,7 @@ class Loads:
 
     async def _check_specs(self, result: LoadResult, wanted: Wanted) -> LoadResult:
         specs = wanted.expectation.tensors
-        found = tuple(t.spec for t in result.header.tensors)
+        found = tuple(t.spec for t in chosen(result.header.tensors, wanted.layers))
         if specs is None or found == tuple(specs):
             return result
         await self.leases.release(result.lease_id, wanted.owner)

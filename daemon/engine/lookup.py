@@ -6,6 +6,8 @@
 - every attention layer has KV pages covering ``[0, N)`` — one page per span between
   consecutive boundaries (``kv_layout="blocks"``) or one page ``[0, N)`` (``"prefix"``), and
 - every SSM layer has a snapshot with ``tokens_absorbed == N`` for the same prefix hash,
+- every layer group (``req.groups``) has its group objects the same way: a KV group one per
+  block (or ``[0, N)``), an SSM group one at N,
 
 or 0 — on every TP shard of ``req.shards`` (a request is restorable at N only when every
 shard of every layer is). A model with SSM layers never gets a KV-only answer, because the
@@ -17,7 +19,8 @@ Round trips: when a tier answers over the network (Redis), the keys of every bou
 located at once (``Tier.find_by_keys``: on one Redis server two round trips in all, the
 stream heads riding along), and a Redis lease reuses the manifest that lookup fetched, so
 a whole request costs the same round trips whatever its layers, shards and boundaries.
-Tiers that answer from memory are asked boundary by boundary, snapshots first.
+Tiers that answer from memory are asked boundary by boundary, largest first: each
+boundary's snapshots and pages in one batch.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from __future__ import annotations
 import asyncio
 
 from statetier.protocol.errors import InvalidRequest, StatetierError, Unavailable
-from statetier.protocol.identity import Kind, StateKey, StateRef
+from statetier.protocol.groups import LayerGroup
+from statetier.protocol.identity import Kind, StateKey, StateRef, fingerprint
 from statetier.tiers.base import ObjectMeta, Tier
 
 from .candidates import newest_first, servable
@@ -132,40 +136,57 @@ class _Needed:
 
     def _build(self, i: int) -> tuple[list, list]:
         req, (end, prefix) = self.req, self.bounds[i]
-        ssm = [StateKey(req.namespace, Kind.SSM, layer, prefix, 0, end, shard)
-               for layer in req.ssm_layers for shard in req.shards]
+        ssm = [key for placement in self._placements(Kind.SSM)
+               for key in _keys(req.namespace, Kind.SSM, placement, prefix, 0, end, req.shards)]
         if req.kv_layout == "prefix":
-            kv = [StateKey(req.namespace, Kind.KV, layer, prefix, 0, end, shard)
-                  for layer in req.attention_layers for shard in req.shards]
+            kv = [key for placement in self._placements(Kind.KV)
+                  for key in _keys(req.namespace, Kind.KV, placement, prefix, 0, end, req.shards)]
             return ssm, kv
         pages = [self._page(j) for j in range(i + 1)]
         return ssm, [page[k] for k in range(len(pages[0])) for page in pages]  # by layer, shard, block
+
+    def _placements(self, kind: Kind) -> list:
+        """The layers (per-layer objects) and groups (group objects) of ``kind`` asked for."""
+        layers = self.req.ssm_layers if kind is Kind.SSM else self.req.attention_layers
+        return [*layers, *(group for group in self.req.groups if group.kind is kind)]
 
     def _page(self, j: int) -> list[StateKey]:
         if j not in self._pages:
             req, (end, prefix) = self.req, self.bounds[j]
             start = self.bounds[j - 1][0] if j else 0
-            self._pages[j] = [StateKey(req.namespace, Kind.KV, layer, prefix, start, end, shard)
-                              for layer in req.attention_layers for shard in req.shards]
+            self._pages[j] = [key for placement in self._placements(Kind.KV)
+                              for key in _keys(req.namespace, Kind.KV, placement, prefix, start, end, req.shards)]
         return self._pages[j]
+
+
+def _keys(namespace, kind: Kind, placement: int | LayerGroup, prefix: bytes, start: int, end: int,
+          shards) -> list[StateKey]:
+    """The key of one layer's object, or of one group's group object, on every shard (the
+    request's values were checked when it was decoded and by ``_checked``)."""
+    if isinstance(placement, LayerGroup):
+        return [StateKey.from_checked(namespace, kind, placement.group_id, prefix, start, end, shard, placement.layers)
+                for shard in shards]
+    return [StateKey.from_checked(namespace, kind, placement, prefix, start, end, shard) for shard in shards]
 
 
 async def joint_hit(engine, req: LookupRequest, owner) -> LookupResult:
     if req.kv_layout not in ("blocks", "prefix"):
         raise InvalidRequest("kv_layout must be 'blocks' or 'prefix'")
     bounds = _checked(req.boundaries)
-    if not bounds or not (req.attention_layers or req.ssm_layers):
+    if not bounds or not (req.attention_layers or req.ssm_layers or req.groups):
         return LookupResult(0)
     finder, needed = _Finder(engine), _Needed(req, bounds)
     if not all(tier.answers_in_memory for tier in engine.tiers):  # a batch costs what one key does
         await finder.prefetch(needed.everything())
     for i in reversed(range(len(bounds))):
         ssm_keys, kv_keys = needed.at(i)
-        ssm = await finder.all_found(ssm_keys)  # snapshots first: they fail fastest
-        kv = await finder.all_found(kv_keys) if ssm is not None else None
-        if kv is None:
+        keys = ssm_keys + kv_keys
+        # one locate for the boundary's snapshots and pages (a block's page, located once, is
+        # known to every lower boundary that needs it)
+        found = await finder.all_found(keys)
+        if found is None:
             continue
-        picks = [(key, *found) for key, found in zip(ssm_keys + kv_keys, ssm + kv)]
+        picks = [(key, *pick) for key, pick in zip(keys, found)]
         result = await _lease_all(engine, req, owner, bounds[i][0], picks)
         if result is not None:
             return result
@@ -193,7 +214,8 @@ async def _leases(engine, owner, picks) -> list:
 
 async def _lease_all(engine, req: LookupRequest, owner, tokens: int, picks) -> LookupResult | None:
     """Lease every object of the answer, or none (an object vanished: try a lower boundary)."""
-    refs = [StateRef(key, meta.request_id, meta.step, meta.object_id, meta.version) for key, meta, _ in picks]
+    refs = [StateRef.from_checked(key, meta.request_id, meta.step, meta.object_id, meta.version,
+                                  fingerprint(key, meta.request_id, meta.step)) for key, meta, _ in picks]
     if not req.lease:
         return LookupResult(tokens, [(ref, None) for ref in refs])
     leases = await _leases(engine, owner, picks)

@@ -8,6 +8,8 @@
   a victim a lower tier already holds (a write-behind copied it) is dropped without its
   bytes being copied out (``Tier.evict_sparing_copies``).
   Returns the tier used.
+- ``prepare_all(tier, metas)`` — room for a batch of puts in one tier (one eviction for
+  all of them): the store tickets of those that fit, in order.
 - ``store_in(tier, chunks, meta)`` — into one given tier (publish, promotion);
   ``store_filled(tier, meta, fill)`` the same with the bytes put in place by ``fill`` (a
   promotion read straight into the arena).
@@ -95,7 +97,7 @@ class Placement:
 
     async def store_in(self, tier: Tier, chunks: Sequence, meta: ObjectMeta) -> None:
         started = time.perf_counter()
-        ticket = await self._prepare_with_room(tier, meta)
+        ticket = await self.prepare_with_room(tier, meta)
         ok = False
         try:
             await tier.write(ticket, chunks)
@@ -111,7 +113,7 @@ class Placement:
         memory (a read straight into the host arena); the object stays only when ``fill``
         returns something other than None, which is returned."""
         started = time.perf_counter()
-        ticket = await self._prepare_with_room(tier, meta)
+        ticket = await self.prepare_with_room(tier, meta)
         kept = None
         try:
             kept = await fill(ticket.view)
@@ -160,7 +162,27 @@ class Placement:
         async with self._cycle_ended:
             await self._cycle_ended.wait_for(lambda: not any(c < cutoff for c in self._open_cycles))
 
-    async def _prepare_with_room(self, tier: Tier, meta: ObjectMeta):
+    async def prepare_all(self, tier: Tier, metas: list[ObjectMeta]) -> list:
+        """Room for a batch in ``tier``: ``prepare_with_room`` of each meta in order, with one
+        eviction for all their bytes (and one more when they do not fit). The tickets of the
+        leading metas that got room: fewer than ``metas`` when the tier ran out."""
+        await self._evict_and_demote(tier, sum(meta.size for meta in metas))
+        tickets: list = []
+        evicted_again = False
+        for n, meta in enumerate(metas):
+            try:
+                tickets.append(await tier.prepare_store(meta))
+            except CapacityError:
+                if evicted_again or not await self._evict_and_demote(tier, sum(m.size for m in metas[n:])):
+                    break
+                evicted_again = True
+                try:
+                    tickets.append(await tier.prepare_store(meta))
+                except CapacityError:
+                    break
+        return tickets
+
+    async def prepare_with_room(self, tier: Tier, meta: ObjectMeta):
         # Tiers evict only when asked: above the high watermark (counting this object)
         # ``evict`` brings usage down to the low one and hands back what it removed.
         await self._evict_and_demote(tier, meta.size)

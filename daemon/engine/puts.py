@@ -1,217 +1,259 @@
-"""The put path: seal, claim a version, place, publish, make durable (DESIGN §3, §5).
+"""The put path, a batch at a time: check, claim, reserve, seal, place (DESIGN §3, §5, §7).
 
-``Puts(stack, fences, ids)`` — one per engine; ``Engine`` forwards its put calls here:
+``Puts(stack, fences)`` — one per engine; ``Engine.put_batch`` forwards here:
 
-- ``put(req, payload)``              seal inline bytes, place, (publish), return ``PutResult``
-- ``put_shared(req, source, owner)`` a payload its client can still write: copied first
-                                      (into an arena reservation, or a private buffer), then
-                                      digested there
-- ``reserve(req, owner)`` → ``commit(ticket_id, owner, source)`` / ``abort(ticket_id, owner)``
-                                      the same in two steps, through the host arena
-- ``abort_owner(owner)``, ``owners()``, ``len()`` — open reservations (a connection went away)
+- ``put_batch(items)`` → one answer per ``Incoming`` (a request and its payload: bytes the
+  daemon owns, or a put-window view its client can still write), in order: a ``PutResult``,
+  the item's ``StatetierError``, or None — not attempted, because an item before it failed
+  (as a caller raising the first error would have cancelled the rest).
 
-A put is visible only once sealed and complete; its version is claimed from the registry
-first (``daemon.engine.fencing``); ``durable`` copies it into the durable tier before it returns;
-``publish`` writes it through to the cross-node tier, or is refused without one (tolerated:
-said in the reply and counted).
+A batch is the unit of work; a single put is a batch of one through the same code:
+
+1. each item checked (namespace, publish, group regions, payload length) and stamped
+   (producer, time, state_id, fingerprint);
+2. every version claimed in one registry call (``Fences.claim_many``);
+3. room reserved for each in the first tier within its tenant's quota, in order: the host
+   arena (the ticket's view) when that is the tier and it has room, else nothing yet;
+4. every copy and digest in one job (``protocol.thresholds.run_work``: on the loop below
+   ``INLINE_WORK_BYTES``, else one executor job): an item with a reservation is copied
+   into it and sealed there; one in memory its client can write is copied into a private
+   buffer first (so a change after the copy changes nothing stored); a frame's own bytes
+   are sealed in place;
+5. reservations completed (visible) in order, the other items stored through
+   ``Placement.store``; then ``daemon.engine.handoff`` charges tenants, schedules
+   write-behind or makes publish and durable copies, with one metric update per batch.
+
+An item that fails stops the batch there; the claims of items that were not stored are
+withdrawn (one registry call). A group object's regions must cover exactly its group's
+layers (``PlacementMismatch``, counted). A put is visible only once sealed and complete.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 import time
+from dataclasses import dataclass
 
-from statetier.protocol.errors import CapacityError, InvalidRequest, StatetierError, Unavailable
-from statetier.protocol.identity import Provenance, StateRef, new_state_id, stream_id
-from statetier.protocol.sealed import header_length, layout_payload, seal
-from statetier.tiers.base import ObjectMeta, Tier
+from statetier.protocol.errors import InvalidRequest, PlacementMismatch, StatetierError, Unavailable
+from statetier.protocol.groups import check_regions
+from statetier.protocol.identity import Kind, Provenance, fingerprint, new_state_id, stream_id
+from statetier.protocol.sealed import PayloadLayout, header_length, layout_payload, seal
+from statetier.protocol.thresholds import run_work
+from statetier.tiers.base import ObjectMeta, StoreTicket, Tier
+from statetier.tiers.registry import Claim, Claimed
 
 from .fencing import Fences
-from ..requests import PutRequest, PutResult, Reservation
+from .handoff import Handoff, Stored
+from ..requests import Incoming, PutRequest, PutResult
 from .stack import Stack
 from ..trace import phase
 
-log = logging.getLogger("statetier.engine")
+
+@dataclass(slots=True)
+class _Work:
+    index: int  # the item's place in the batch
+    req: PutRequest
+    source: memoryview
+    shared: bool
+    provenance: Provenance
+    layout: PayloadLayout
+    claim: Claim
+    fingerprint: bytes
+    header_len: int
+    claimed: Claimed | None = None
+    meta: ObjectMeta | None = None
+    first: int = 0  # the first tier within the tenant's quota
+    ticket: StoreTicket | None = None  # a reservation in the host arena
+    header: bytes = b""
 
 
 class Puts:
-    def __init__(self, stack: Stack, fences: Fences, ids) -> None:
+    def __init__(self, stack: Stack, fences: Fences) -> None:
         self.stack = stack
         self.fences = fences
-        self._ids = ids
-        self._reservations: dict[int, tuple[Reservation, object]] = {}
+        self.handoff = Handoff(stack)
+        self._tier_names = [tier.name for tier in stack.tiers]
 
-    def __len__(self) -> int:
-        return len(self._reservations)
-
-    def owners(self) -> set:
-        return {o for _, o in self._reservations.values()}
-
-    async def put(self, req: PutRequest, payload) -> PutResult:
-        started, stack = time.perf_counter(), self.stack
-        self._check_put(req)
-        view = memoryview(payload).cast("B")
-        layout = layout_payload(req.specs)
-        _check_length(view, layout)
-        provenance = self._stamp(req.provenance)
-        state_id = new_state_id()
-        version = await self.fences.claim(req, provenance, state_id)
-        with phase("seal"):
-            header = await stack.hash_off_loop(view.nbytes, seal, req.key, provenance, layout, view,
-                                               keyring=stack.keyring, state_id=state_id, version=version,
-                                               digest_alg=req.digest_alg, contains_speculative=req.speculative)
-        meta = _meta(req, provenance, state_id, version, len(header), layout.payload_len)
-        first = stack.tenancy.first_tier_within_quota(req.tenant, [t.name for t in stack.tiers], meta.size)
-        tier = await stack.placement.store([header, view], meta, first=first)
-        return await self._finish_put(req, meta, tier, [header, view], started)
-
-    async def reserve(self, req: PutRequest, owner) -> Reservation:
-        arena = self.stack.arena
-        if arena is None:
-            raise Unavailable("zero-copy puts need the host tier, which is not configured")
-        self._check_put(req)
-        provenance = self._stamp(req.provenance)
-        layout = layout_payload(req.specs)
-        header_len = header_length(req.key, provenance, req.specs, self.stack.keyring.active.alg)
-        state_id = new_state_id()
-        version = await self.fences.claim(req, provenance, state_id)
-        meta = _meta(req, provenance, state_id, version, header_len, layout.payload_len)
-        ticket = await self.stack.placement._prepare_with_room(arena, meta)
-        ticket_id = next(self._ids)
-        reservation = Reservation(ticket_id, dataclasses.replace(req, provenance=provenance), layout,
-                                  arena.arena_offset(ticket) + header_len, ticket.view[header_len:],
-                                  owner, ticket)
-        self._reservations[ticket_id] = (reservation, owner)
-        return reservation
-
-    async def put_shared(self, req: PutRequest, source, owner) -> PutResult:
-        """Seal a payload that lies in memory its client can still write: copy it into the
-        host arena (or a private buffer) first and digest that copy, so a change after the
-        copy changes nothing stored."""
-        stack = self.stack
-        view = memoryview(source).cast("B")
-        _check_length(view, layout_payload(req.specs))
-        if stack.arena is not None:
-            header_len = header_length(req.key, self._stamp(req.provenance), req.specs, stack.keyring.active.alg)
-            size = header_len + view.nbytes
-            first = stack.tenancy.first_tier_within_quota(req.tenant, [t.name for t in stack.tiers], size)
-            if stack.tiers[first] is stack.arena:
-                try:
-                    reservation = await self.reserve(req, owner)
-                except CapacityError:
-                    pass  # no room in the arena: a private copy goes to the tiers below
-                else:
-                    return await self.commit(reservation.ticket_id, owner, view)
-        private = await stack.hash_off_loop(view.nbytes, bytes, view)
-        return await self.put(req, private)
-
-    async def commit(self, ticket_id: int, owner, source=None) -> PutResult:
-        """Seal a reservation; with ``source``, copy it into the reservation first (in the
-        same executor job as the digest)."""
-        started, stack = time.perf_counter(), self.stack
-        reservation = self._take_reservation(ticket_id, owner)
-        ticket, req = reservation.state, reservation.request
-        ok = False
+    async def put_batch(self, items: list[Incoming]) -> list[PutResult | StatetierError | None]:
+        started = time.perf_counter()
+        answers: list[PutResult | StatetierError | None] = [None] * len(items)
+        claimed = await self._claimed(self._checked(items, answers), answers)
+        stored: list[Stored] = []
         try:
-            meta = ticket.meta
-            with phase("copy_and_seal" if source is not None else "seal"):
-                header = await stack.hash_off_loop(
-                    reservation.layout.payload_len, _copy_then_seal, source, req.key, req.provenance,
-                    reservation.layout, reservation.payload_view, keyring=stack.keyring, state_id=meta.object_id,
-                    version=meta.version, digest_alg=req.digest_alg, contains_speculative=req.speculative)
-            ticket.view[: len(header)] = header
-            ok = True
+            work = await self._reserved(claimed, answers)
+            await self._seal(work, answers)
+            stored = await self._placed(work, answers)
         finally:
-            await stack.arena.complete_store(ticket, ok)
-        return await self._finish_put(req, meta, stack.arena, None, started)
+            if len(stored) < len(claimed):  # claimed, never stored: the registry forgets them
+                placed = {s.index for s in stored}
+                await self.fences.withdraw([(w.claim, w.claimed) for w in claimed if w.index not in placed])
+        await self.handoff.finish(stored, answers, started)
+        return answers
 
-    async def abort(self, ticket_id: int, owner) -> None:
-        reservation = self._take_reservation(ticket_id, owner)
-        await self.stack.arena.complete_store(reservation.state, False)
+    # -- 1. check and stamp ---------------------------------------------------------------
 
-    async def abort_owner(self, owner) -> int:
-        tickets = [tid for tid, (_, o) in self._reservations.items() if o == owner]
-        for ticket_id in tickets:
-            await self.abort(ticket_id, owner)
-        return len(tickets)
-
-    def _take_reservation(self, ticket_id: int, owner) -> Reservation:
-        entry = self._reservations.get(ticket_id)
-        if entry is None or entry[1] != owner:
-            raise InvalidRequest(f"no open reservation {ticket_id} on this connection")
-        del self._reservations[ticket_id]
-        return entry[0]
-
-    async def _finish_put(self, req: PutRequest, meta: ObjectMeta, tier: Tier, chunks, started: float) -> PutResult:
-        stack = self.stack
-        publish_tier, placement, metrics = stack.publish, stack.placement, stack.metrics
-        stack.tenancy.charge(req.tenant, tier.name, meta.object_id, meta.size)
-        durable = tier.is_durable or (req.durable and await self._store_durably(meta, tier, chunks))
-        if req.publish and publish_tier is not None and tier is not publish_tier:
-            if chunks is None:  # zero-copy put: the object lives only in the arena
-                await placement.copy_between(meta.object_id, tier, publish_tier)
-            else:
-                await placement.store_in(publish_tier, chunks, meta)
-                stack.tenancy.copied(tier.name, publish_tier.name, meta.object_id)
-        else:
-            placement.schedule_copy_down(meta.object_id, tier)
-        published = req.publish and publish_tier is not None
-        if req.publish and not published:  # tolerated (``tolerate_unpublished``): said and counted
-            log.warning("put of %s asked to publish; no cross-node tier: stored locally only", meta.object_id.hex())
-            if metrics is not None:
-                metrics.count_unpublished()
-        if metrics is not None:
-            metrics.observe_op(tier.name, meta.kind.name.lower(), "put", meta.size, time.perf_counter() - started)
-        ref = StateRef(req.key, meta.request_id, meta.step, meta.object_id, meta.version)
-        return PutResult(ref, tier.name, published, durable)
-
-    async def _store_durably(self, meta: ObjectMeta, tier: Tier, chunks) -> bool:
-        """A put asked to be durable: copy it into the durable tier now, not write-behind.
-        False (the reply says so) when there is none or it cannot take the object."""
-        stack = self.stack
-        target = next((t for t in stack.tiers if t.is_durable), None)
-        if target is None:
-            return False
-        try:
-            if chunks is None:  # zero-copy put: the object lives only in the arena
-                await stack.placement.copy_between(meta.object_id, tier, target)
-            elif stack.tenancy.may_copy(tier.name, target.name, meta.object_id, meta.size):
-                await stack.placement.store_in(target, chunks, meta)
-                stack.tenancy.copied(tier.name, target.name, meta.object_id)
-        except StatetierError as exc:
-            log.debug("durable copy of %s into %s failed: %s", meta.object_id.hex(), target.name, exc)
-            return False
-        return await target.contains(meta.object_id)
+    def _checked(self, items: list[Incoming], answers: list) -> list[_Work]:
+        work = []
+        alg = self.stack.keyring.active.alg
+        for index, item in enumerate(items):
+            try:
+                req = item.req
+                self._check_put(req)
+                layout = layout_payload(req.specs)
+                if item.payload.nbytes != layout.payload_len:
+                    raise InvalidRequest(f"payload is {item.payload.nbytes} bytes; the tensors need "
+                                         f"{layout.payload_len}")
+                provenance = self._stamp(req.provenance)
+                claim = self.fences.new_claim(stream_id(req.key, provenance.request_id), new_state_id(), req.version)
+                work.append(_Work(index, req, item.payload, item.shared, provenance, layout, claim,
+                                  fingerprint(req.key, provenance.request_id, provenance.step),
+                                  header_length(req.key, provenance, req.specs, alg)))
+            except StatetierError as exc:
+                answers[index] = exc
+                break
+        return work
 
     def _check_put(self, req: PutRequest) -> None:
-        self.stack.tenancy.check_namespace(req.tenant, req.key.namespace)
-        if req.publish and self.stack.publish is None and not self.stack.options.tolerate_unpublished:
+        stack = self.stack
+        stack.tenancy.check_namespace(req.tenant, req.key.namespace)
+        if req.publish and stack.publish is None and not stack.options.tolerate_unpublished:
             raise Unavailable("publish requested but this daemon has no cross-node tier (Redis): nothing "
                               "was stored or published")
-        if req.key.kind.name == "SSM" and req.key.token_start != 0:
+        if req.key.kind is Kind.SSM and req.key.token_start != 0:
             raise InvalidRequest("an SSM snapshot must start at token 0")
+        if req.key.group_layers:
+            try:
+                check_regions(req.key, [spec.name for spec in req.specs])
+            except PlacementMismatch as exc:  # a region of a layer outside the group, or one missing
+                stack.count_rejection(exc)
+                raise
 
     def _stamp(self, prov: Provenance) -> Provenance:
+        if prov.producer_id and prov.created_at_ns:
+            return prov
         return Provenance(prov.request_id, prov.step, prov.producer_id or self.stack.options.producer_id,
                           prov.created_at_ns or time.time_ns())
 
+    # -- 2. claim ---------------------------------------------------------------------------
 
-def _check_length(view: memoryview, layout) -> None:
-    if view.nbytes != layout.payload_len:
-        raise InvalidRequest(f"payload is {view.nbytes} bytes; the tensors need {layout.payload_len}")
+    async def _claimed(self, work: list[_Work], answers: list) -> list[_Work]:
+        if not work:
+            return work
+        kept = []
+        for w, claimed in zip(work, await self.fences.claim_many([w.claim for w in work])):
+            if not isinstance(claimed, Claimed):
+                if claimed is not None:
+                    answers[w.index] = claimed  # stale: the batch ends here (the claims after it are not made)
+                break
+            w.claimed = claimed
+            w.meta = _meta(w, claimed.version)
+            kept.append(w)
+        return kept
+
+    # -- 3. reserve -------------------------------------------------------------------------
+
+    async def _reserved(self, work: list[_Work], answers: list) -> list[_Work]:
+        """Each item's first tier within quota, and an arena reservation (one eviction for
+        the batch) for those whose first tier is the arena, while it has room: the others are
+        sealed apart and placed from their first tier on. The items up to the first that fails."""
+        stack = self.stack
+        arena = stack.arena
+        pending: dict[str, int] = {}  # bytes of the batch not charged yet, per tenant (any tier)
+        for n, w in enumerate(work):
+            try:
+                tenant = w.req.tenant
+                w.first = stack.tenancy.first_tier_within_quota(
+                    tenant, self._tier_names, w.meta.size + pending.get(tenant, 0))
+                pending[tenant] = pending.get(tenant, 0) + w.meta.size
+            except StatetierError as exc:
+                answers[w.index] = exc
+                work = work[: n + 1]  # w's claim is withdrawn with the others not stored
+                break
+        if arena is not None:
+            wanted = [w for w in work if answers[w.index] is None and stack.tiers[w.first] is arena]
+            for w, ticket in zip(wanted, await stack.placement.prepare_all(arena, [w.meta for w in wanted])):
+                w.ticket = ticket
+        return work
+
+    # -- 4. copy and seal -------------------------------------------------------------------
+
+    async def _seal(self, work: list[_Work], answers: list) -> None:
+        """Every copy and digest of the batch in one job; on failure every reservation is
+        given back and the first item answers the error."""
+        todo = [w for w in work if answers[w.index] is None]
+        if not todo:
+            return
+        keyring = self.stack.keyring
+        nbytes = sum(w.layout.payload_len for w in todo)
+        try:
+            with phase("copy_and_seal"):
+                await run_work(self.stack.executor, nbytes, lambda: _seal_all(todo, keyring))
+        except BaseException as exc:
+            for w in todo:
+                if w.ticket is not None:
+                    await self.stack.arena.complete_store(w.ticket, False)
+                    w.ticket = None
+            if isinstance(exc, StatetierError):
+                answers[todo[0].index] = exc
+                todo.clear()
+                return
+            raise
+
+    # -- 5. make visible --------------------------------------------------------------------
+
+    async def _placed(self, work: list[_Work], answers: list) -> list[Stored]:
+        """Reservations completed, the other items stored, in order; after the first failure
+        the reservations left are given back."""
+        stack = self.stack
+        stored: list[Stored] = []
+        failed = False
+        for w in work:
+            if answers[w.index] is not None or failed:
+                failed = True
+                if w.ticket is not None:
+                    await stack.arena.complete_store(w.ticket, False)
+                continue
+            try:
+                if w.ticket is not None:
+                    ticket, w.ticket = w.ticket, None
+                    await stack.arena.complete_store(ticket, True)
+                    tier: Tier = stack.arena
+                    chunks = None
+                else:
+                    chunks = [w.header, w.source]
+                    tier = await stack.placement.store(chunks, w.meta, first=w.first)
+            except StatetierError as exc:
+                answers[w.index] = exc
+                failed = True
+                continue
+            stored.append(Stored(w.index, w.req, w.meta, tier, chunks, w.fingerprint))
+        return stored
 
 
-def _copy_then_seal(source, key, provenance, layout, payload, **options) -> bytes:
-    if source is not None:
-        payload[:] = source
-    return seal(key, provenance, layout, payload, **options)
+def _seal_all(work: list[_Work], keyring) -> None:
+    """Seal each item: into its arena reservation (copied there first), from a private copy
+    of client-writable bytes, or in place."""
+    for w in work:
+        req, meta = w.req, w.meta
+        if w.ticket is not None:
+            payload = w.ticket.view[meta.header_len :]
+            payload[:] = w.source
+        elif w.shared:
+            payload = w.source = memoryview(bytes(w.source))
+        else:
+            payload = w.source
+        w.header = seal(req.key, w.provenance, w.layout, payload, keyring=keyring, state_id=meta.object_id,
+                        version=meta.version, digest_alg=req.digest_alg, contains_speculative=req.speculative,
+                        fingerprint=w.fingerprint)
+        if len(w.header) != meta.header_len:
+            raise InvalidRequest(f"sealed a {len(w.header)}-byte header, {meta.header_len} were reserved")
+        if w.ticket is not None:
+            w.ticket.view[: meta.header_len] = w.header
 
 
-def _meta(req: PutRequest, provenance: Provenance, state_id: bytes, version: int, header_len: int,
-          payload_len: int) -> ObjectMeta:
+def _meta(w: _Work, version: int) -> ObjectMeta:
+    req, provenance = w.req, w.provenance
     return ObjectMeta(
-        object_id=state_id, key_digest=req.key.digest(), stream_id=stream_id(req.key, provenance.request_id),
-        version=version, kind=req.key.kind, size=header_len + payload_len, header_len=header_len,
+        object_id=w.claim.state_id, key_digest=req.key.digest(), stream_id=w.claim.stream_id, version=version,
+        kind=req.key.kind, size=w.header_len + w.layout.payload_len, header_len=w.header_len,
         created_at_ns=provenance.created_at_ns, request_id=provenance.request_id, step=provenance.step,
         speculative=req.speculative, namespace=req.key.namespace.digest, tenant=req.tenant)

@@ -44,6 +44,7 @@ class Wanted:
     owner: object
     tenant: str
     full_check: bool = False
+    layers: tuple[int, ...] | None = None  # a group object's layers the caller's specs describe
 
     @property
     def judged(self) -> Expectation:
@@ -100,10 +101,11 @@ class CopyServer:
                 await tier.complete_load(lease)
 
     async def _classify(self, blob, wanted: Wanted, trusted: bool):
-        return await self.stack.hash_off_loop(0 if trusted else blob.nbytes, classify, blob, wanted.judged,
-                                              self.stack.keyring, stored_as=wanted.state_id,
-                                              verify_payload=not trusted,
-                                              verified=self._verified if trusted else None)
+        keyring, judged, verified = self.stack.keyring, wanted.judged, self._verified if trusted else None
+        return await self.stack.run_work(
+            0 if trusted else blob.nbytes,
+            lambda: classify(blob, judged, keyring, stored_as=wanted.state_id, verify_payload=not trusted,
+                             verified=verified))
 
     async def _load_into_arena(self, tier: Tier, lease: Lease, wanted: Wanted) -> LoadResult | None:
         """A promotion read straight into its arena reservation (the tier's ``read_into``) and
@@ -171,8 +173,4 @@ class CopyServer:
         return self.leases.hold(target, lease, wanted.owner)
 
     def _result(self, lease_id: int, held: Held, header, blob: memoryview) -> LoadResult:
-        offset = None
-        arena = self.stack.arena
-        if held.tier is arena:
-            offset = arena.arena_offset(held.lease) + header.header_len
-        return LoadResult(header, blob[header.header_len :], lease_id, held.tier.name, offset, blob)
+        return LoadResult(header, blob[header.header_len :], lease_id, held.tier.name, blob)

@@ -7,8 +7,9 @@
                        ``daemon.engine.candidates``, ``daemon.engine.deletion``): the tiers fastest first,
                        the host arena, the cross-node tier, the version registry,
                        ``Placement``, ``Tenancy``, keyring, options and metrics (or None);
-                       ``hash_off_loop`` runs a digest inline below ``INLINE_HASH_BYTES``,
-                       else in the executor; ``count_rejection`` / ``count_skip`` /
+                       ``run_work(nbytes, fn)`` runs copies and digests on the loop below
+                       ``protocol.thresholds.INLINE_WORK_BYTES``, else as one executor
+                       job; ``count_rejection`` / ``count_skip`` /
                        ``count_miss`` count a refusal, a skipped candidate, a miss (when
                        there are metrics).
 
@@ -17,21 +18,21 @@ A frozen value: the parts share what it names, and nothing else.
 
 from __future__ import annotations
 
-import asyncio
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from typing import Callable, TypeVar
 
 from statetier.protocol.errors import StatetierError
 from statetier.protocol.identity import StateKey
 from statetier.protocol.keyring import Keyring
+from statetier.protocol.thresholds import run_work
 from statetier.tiers.base import Tier
 from statetier.tiers.registry import VersionRegistry
 
 from .placement import Placement
 from .tenancy import Tenancy
 
-#: Below this many bytes hashing inline beats a hop to the executor.
-INLINE_HASH_BYTES = 256 * 1024
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,11 +60,8 @@ class Stack:
     publish: Tier | None = None
     executor: Executor | None = None
 
-    async def hash_off_loop(self, nbytes: int, fn, *args, **kwargs):
-        if nbytes < INLINE_HASH_BYTES or self.executor is None:
-            return fn(*args, **kwargs)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, lambda: fn(*args, **kwargs))
+    async def run_work(self, nbytes: int, fn: Callable[[], T]) -> T:
+        return await run_work(self.executor, nbytes, fn)
 
     def count_rejection(self, exc: StatetierError) -> None:
         if self.metrics is not None:

@@ -3,8 +3,8 @@
 Ownership comes from the authenticated connection, never from a client's spec: every
 namespace a request names is replaced by the one its tenant owns
 (``protocol.ownership.owned_namespace``) before the engine looks at it —
-``own_put(req)``, ``own_load(req)``, ``own_lookup(req)``, ``owned_ref(tenant, ref)``, at the
-engine's entry points. A tenant's requests therefore only ever reach namespaces carrying
+``own_incoming(item)`` (a put of a batch), ``own_load(req)``, ``own_lookup(req)``,
+``owned_ref(tenant, ref)``, at the engine's entry points. A tenant's requests therefore only ever reach namespaces carrying
 its own tag, on every daemon and after every restart; nothing is remembered.
 
 ``Tenancy(quotas)`` — ``quotas`` maps tenant → {tier name → bytes}.
@@ -35,14 +35,15 @@ from statetier.protocol.errors import Forbidden, QuotaExceeded
 from statetier.protocol.identity import NAMESPACE_BYTES, Namespace
 from statetier.protocol.ownership import TAG_BYTES, is_owned_by, owned_key, owned_namespace, owned_ref, tenant_tag
 
-from ..requests import LoadRequest, LookupRequest, PutRequest
+from ..requests import Incoming, LoadRequest, LookupRequest
 
-__all__ = ["Tenancy", "own_load", "own_lookup", "own_put", "owned_namespace", "owned_ref"]
+__all__ = ["Tenancy", "own_incoming", "own_load", "own_lookup", "owned_namespace", "owned_ref"]
 
 
-def own_put(req: PutRequest) -> PutRequest:
+def own_incoming(item: Incoming) -> Incoming:
+    req = item.req
     key = owned_key(req.tenant, req.key)
-    return req if key is req.key else dataclasses.replace(req, key=key)
+    return item if key is req.key else Incoming(dataclasses.replace(req, key=key), item.payload, item.shared)
 
 
 def own_load(req: LoadRequest) -> LoadRequest:

@@ -5,8 +5,9 @@ composition root starts. Per connection:
 
 - ``connection`` — lifecycle, requests in flight, flow control; ``handshake`` — HELLO,
   admission, the windows' descriptors; ``request_task`` — one request run to its answer.
-- ``handlers`` — one coroutine per opcode, wire meta to an ``Engine`` call and back;
-  ``batch_handlers`` — PUT_BATCH and LOAD_BATCH; ``dispatch`` — the opcode → handler table.
+- ``put_handlers`` / ``load_handlers`` — PUT and PUT_BATCH, LOAD and LOAD_BATCH, each one
+  ``Engine`` batch call; ``handlers`` — the other opcodes; ``dispatch`` — the opcode →
+  handler table.
 - ``windows`` — the connection's two shared-memory windows (the same-host zero-copy path).
 - ``frame_writer`` — flow-controlled frame writes; ``auth`` — peer credentials, tenants,
   TLS; ``budget`` — the daemon-wide byte budget (backpressure).

@@ -1,38 +1,36 @@
-"""Which coroutine answers which opcode: ``HANDLERS`` (``Op`` → handler), for ``request_task``."""
+"""Which coroutine answers which opcode: ``HANDLERS`` (``Op`` → handler), for ``request_task``.
+
+The hot ops' handlers take their typed binary meta (``handlers.hot`` decodes it with
+``protocol.wire_meta.REQUESTS``); the admin ops' take the frame and its JSON meta.
+"""
 
 from __future__ import annotations
 
 from statetier.protocol.frames import Op
+from statetier.protocol.wire_meta import REQUESTS
 
-from .batch_handlers import handle_load_batch, handle_put_batch
 from .handlers import (
     Handler,
     handle_delete,
     handle_inspect,
-    handle_load,
     handle_list,
     handle_lookup,
     handle_ping,
     handle_purge,
-    handle_put,
     handle_release,
     handle_stats,
-    handle_superseded,
     handle_verify,
-    traced,
+    hot,
 )
+from .load_handlers import handle_load, handle_load_batch
+from .put_handlers import handle_put, handle_put_batch
+
+_HOT = {Op.PUT: handle_put, Op.PUT_BATCH: handle_put_batch, Op.LOAD: handle_load, Op.LOAD_BATCH: handle_load_batch,
+        Op.LOOKUP: handle_lookup, Op.RELEASE: handle_release}
 
 HANDLERS: dict[Op, Handler] = {
+    **{op: hot(REQUESTS[op], handler) for op, handler in _HOT.items()},
     Op.PING: handle_ping,
-    Op.PUT: traced(handle_put),
-    Op.PUT_RESERVE: handle_superseded,
-    Op.PUT_COMMIT: handle_superseded,
-    Op.PUT_ABORT: handle_superseded,
-    Op.LOAD: traced(handle_load),
-    Op.LOAD_BATCH: traced(handle_load_batch),
-    Op.PUT_BATCH: traced(handle_put_batch),
-    Op.RELEASE: handle_release,
-    Op.LOOKUP: traced(handle_lookup),
     Op.DELETE: handle_delete,
     Op.STATS: handle_stats,
     Op.INSPECT: handle_inspect,

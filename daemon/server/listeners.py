@@ -1,15 +1,14 @@
 """The daemon's listeners: a Unix socket (always) and TCP, optionally with TLS (DESIGN §7).
 
-``Server(engine, config, metrics=None)`` — three awaited phases, as the app drives them:
+``Server(engine, config, metrics=None)`` — two awaited phases around the app's serving:
 
 - ``await start()``         listen. A stale socket file is removed only when nothing
                             answers on it (a live daemon there is a ``ConfigError``); the
                             socket gets ``listen.socket_mode`` before it accepts anyone.
-- ``await serve_until(stop_event)``  return when ``stop_event`` is set.
 - ``await shutdown(grace)`` stop accepting, let in-flight requests finish within ``grace``
                             seconds (default ``limits.shutdown_grace_seconds``), cancel the
                             rest, say GOODBYE and close every connection (each one's leases
-                            and reservations released through ``engine.release_owner``),
+                            released through ``engine.release_owner``),
                             remove the socket file. Idempotent.
 
 ``stats()`` → ``{"connections", "inflight_requests", "connections_reading_paused", "window_regions",
@@ -70,9 +69,6 @@ class Server:
         except BaseException:
             await self._close_listeners()
             raise
-
-    async def serve_until(self, stop_event: asyncio.Event) -> None:
-        await stop_event.wait()
 
     async def shutdown(self, grace: float | None = None) -> None:
         if self._shut_down:

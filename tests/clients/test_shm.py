@@ -15,7 +15,7 @@ import torch
 
 from statetier.clients.shm import ClientWindows, _FreeList
 from statetier.clients.tensors import spec_of, tensor_bytes
-from statetier.clients.copies import fill, land
+from statetier.clients.copies import fill, laid_out, land
 from statetier.clients.handshake import WindowFds
 from statetier.daemon.server.windows import Windows
 from statetier.protocol.errors import CorruptPayload, InvalidRequest
@@ -60,7 +60,8 @@ def test_a_put_window_fill_is_what_the_daemon_reads_and_lands_back_exactly(windo
     region_id, load_offset, dest = daemon.place(layout.payload_len)
     dest[:] = seen
     dests = [torch.empty(t.spec.shape, dtype=o.dtype) for t, o in zip(header.tensors, originals)]
-    land(header, client.load_window[load_offset : load_offset + layout.payload_len], dests, None)
+    land(header, client.load_window[load_offset : load_offset + layout.payload_len], laid_out(header, None), dests,
+         None)
     for got, want in zip(dests, originals):
         assert torch.equal(tensor_bytes(got), tensor_bytes(want.contiguous()))
     assert daemon.free(region_id) and not daemon.free(region_id)
@@ -86,12 +87,13 @@ def test_a_byte_changed_before_landing_is_corrupt_payload_and_into_is_filled_in_
     dest[:] = tensor_bytes(page).numpy().tobytes()
     into = torch.zeros(64, 64)
     address = into.data_ptr()
-    land(header, client.load_window[offset : offset + layout.payload_len], [into], None)
+    land(header, client.load_window[offset : offset + layout.payload_len], laid_out(header, None), [into], None)
     assert torch.equal(into, page) and into.data_ptr() == address
 
     dest[100] ^= 0x01  # a writer of the window changes one byte after the daemon's check
     with pytest.raises(CorruptPayload, match="'k'"):
-        land(header, client.load_window[offset : offset + layout.payload_len], [torch.zeros(64, 64)], None)
+        land(header, client.load_window[offset : offset + layout.payload_len], laid_out(header, None),
+             [torch.zeros(64, 64)], None)
 
 
 def test_put_view_outside_the_window_is_refused(windows) -> None:
@@ -124,10 +126,11 @@ def test_a_device_destination_is_verified_in_a_private_staging_buffer(windows) -
     dest[:] = raw
     staging = torch.empty(len(raw), dtype=torch.uint8, pin_memory=True)
     into = torch.zeros(128, 128, device="cuda")
-    land(header, client.load_window[offset : offset + len(raw)], [into], lambda n: staging)
+    land(header, client.load_window[offset : offset + len(raw)], laid_out(header, None), [into], lambda n: staging)
     assert torch.equal(into.cpu(), page)
     dest[5] ^= 1
     untouched = torch.full((128, 128), 3.0, device="cuda")
     with pytest.raises(CorruptPayload):
-        land(header, client.load_window[offset : offset + len(raw)], [untouched], lambda n: staging)
+        land(header, client.load_window[offset : offset + len(raw)], laid_out(header, None), [untouched],
+             lambda n: staging)
     assert bool((untouched == 3.0).all())  # nothing unverified reached the device

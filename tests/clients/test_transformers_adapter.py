@@ -1,11 +1,12 @@
 """The transformers adapter against a real daemon (``statetier serve`` as a subprocess).
 
 Tiny random-weight models (examples/tiny_hybrids.py) of every family transformers ships.
-The story: a cache saved after prefill and restored into a fresh ``DynamicCache`` gives
-the very same next-token logits (``torch.equal``); a state missing any layer is refused
-before anything is loaded; a restore for other tokens is refused by the daemon; the joint
-hit reports a boundary only when every layer has its object there; namespaces separate
-other weights, layouts and dtypes.
+The story: a cache saved after prefill (one KV and one SSM group object) and restored into
+a fresh ``DynamicCache`` gives the very same next-token logits (``torch.equal``); a state
+missing a group is refused before anything is loaded; a group object of another layer set,
+or a restore for other tokens, is refused by the daemon; the joint hit reports a boundary
+only when every group has its object there; namespaces separate other weights, layouts
+and dtypes.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from statetier.clients import AsyncClient, Client  # noqa: E402
+from statetier.clients import AsyncClient, Client, LayerGroup  # noqa: E402
 from statetier.launch import DaemonProcess  # noqa: E402
 from statetier.clients.transformers import (  # noqa: E402
     SavedState,
@@ -32,9 +33,11 @@ from statetier.clients.transformers import (  # noqa: E402
     restore_cache_async,
     save_cache,
     save_cache_async,
+    ssm_tensors,
     weights_fingerprint,
 )
-from statetier.protocol.errors import InvalidRequest, NotFound, PositionMismatch  # noqa: E402
+from statetier.protocol.errors import InvalidRequest, NotFound, PlacementMismatch, PositionMismatch  # noqa: E402
+from statetier.protocol.identity import Kind  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "examples"))
@@ -85,7 +88,9 @@ def test_restored_cache_gives_the_same_next_token_logits(daemon_url, arch):
     tokens = prompt(seed=1, length=PROMPT_LEN)
     model, cache, first, saved = saved_request(daemon_url, arch, f"rt-{arch}", tokens)
     plan = cache_plan(model.config)
-    assert sorted(saved.kv) == plan.attention_layers and sorted(saved.ssm) == plan.ssm_layers
+    # one group object per kind: every attention layer's KV, every SSM layer's snapshot
+    assert (saved.kv.key.group_layers if saved.kv else ()) == tuple(plan.attention_layers)
+    assert (saved.ssm.key.group_layers if saved.ssm else ()) == tuple(plan.ssm_layers)
     assert saved.tokens == PROMPT_LEN and all(ref.key.token_end == PROMPT_LEN for ref in saved.refs())
 
     with Client(daemon_url, namespace=namespace_for(model)) as client:
@@ -116,7 +121,7 @@ def test_restore_from_a_lookup_releases_its_leases(daemon_url):
     model, cache, first, _ = saved_request(daemon_url, "bamba", "lookup-1", tokens)
     with Client(daemon_url, namespace=namespace_for(model)) as client:
         hit = lookup_state(client, model, tokens)
-        assert hit.tokens == PROMPT_LEN and len(hit.lease_ids) == len(hit.refs) == 4
+        assert hit.tokens == PROMPT_LEN and len(hit.lease_ids) == len(hit.refs) == 2  # a KV and an SSM group
         restored = restore_cache(client, model, hit, tokens)
         assert client.stats()["leases"] == 0
     assert torch.equal(forward_from(model, restored, [first], PROMPT_LEN),
@@ -127,18 +132,29 @@ def test_restore_from_a_lookup_releases_its_leases(daemon_url):
 
 
 @pytest.mark.parametrize("missing", ["ssm", "kv"])
-def test_a_state_missing_one_layer_is_refused_before_any_load(daemon_url, missing):
+def test_a_state_missing_one_group_is_refused_before_any_load(daemon_url, missing):
     tokens = prompt(seed=4, length=PROMPT_LEN)
     model, _, _, saved = saved_request(daemon_url, "jamba", f"partial-{missing}", tokens)
-    layers = dict(getattr(saved, missing))
-    dropped = sorted(layers)[0]
-    del layers[dropped]
-    partial = dataclasses.replace(saved, **{missing: layers})
+    layers = list(getattr(saved, missing).key.group_layers)
+    partial = dataclasses.replace(saved, **{missing: None})
     with Client(daemon_url, namespace=namespace_for(model)) as client:
         for ref in saved.refs():  # nothing loadable remains: a restore that tried would fail differently
             client.delete(ref)
-        with pytest.raises(NotFound, match=rf"partial state refused: .*{missing.upper()} .*\[{dropped}\]"):
+        with pytest.raises(NotFound, match=rf"partial state refused: .*{missing.upper()} .*{layers}"):
             restore_cache(client, model, partial, tokens)
+
+
+def test_a_group_object_of_another_layer_set_is_refused_with_the_placement_reason(daemon_url):
+    tokens = prompt(seed=14, length=PROMPT_LEN)
+    model, cache, _, saved = saved_request(daemon_url, "jamba", "layer-set", tokens)
+    layers = saved.ssm.key.group_layers[1:]  # the same snapshots but one: another layer set
+    with Client(daemon_url, namespace=namespace_for(model)) as client:
+        other = client.put_group(client.group_key(LayerGroup(Kind.SSM, 0, layers), saved.prefix_hash, 0, PROMPT_LEN),
+                                 {layer: ssm_tensors(layer, cache.layers[layer]) for layer in layers},
+                                 request_id="layer-set")
+        handed = dataclasses.replace(saved, ssm=dataclasses.replace(saved.ssm, state_id=other.state_id))
+        with pytest.raises(PlacementMismatch):
+            restore_cache(client, model, handed, tokens)
 
 
 def test_a_restore_for_other_tokens_is_refused_by_the_daemon(daemon_url):
@@ -160,7 +176,7 @@ def test_the_joint_hit_needs_every_layer(daemon_url):
         assert lookup_restorable(client, model, [*tokens, 5, 6, 7], candidates=[PROMPT_LEN]) == PROMPT_LEN
         assert lookup_restorable(client, model, [*tokens, 5, 6, 7]) == 0  # 20 is no block end
         assert lookup_restorable(client, model, prompt(seed=7, length=PROMPT_LEN)) == 0
-        assert client.delete(saved.ssm[sorted(saved.ssm)[-1]]) >= 1
+        assert client.delete(saved.ssm) >= 1
         assert lookup_restorable(client, model, tokens) == 0  # KV pages alone are no hit
 
 

@@ -90,7 +90,7 @@ class FramePeer:
                 self._send(writer, error_frame(0, Unauthorized("bad token")))
                 writer.transport.close()
             elif self.answer_hello:
-                self._send(writer, hello_ok_frame(self.hello.pop("version", 2), **self.hello))
+                self._send(writer, hello_ok_frame(self.hello.pop("version", 3), **self.hello))
         elif frame.op is Op.PING:
             self._send(writer, Frame(Op.PONG, rid, {}))
         elif frame.op is Op.PONG:
@@ -176,10 +176,10 @@ async def test_handshake_sends_hello_and_keeps_hello_ok(peer) -> None:
     try:
         hello = server.received[0]
         assert hello.op is Op.HELLO and hello.request_id == 0
-        assert hello.meta["versions"] == [2]
+        assert hello.meta["versions"] == [3]
         assert hello.meta["tenant"] == "acme" and hello.meta["token"] == "s3cret"
         assert hello.meta["shm"] is True and hello.meta["client"].startswith("statetier-python")
-        assert conn.hello["version"] == 2 and conn.hello["max_inflight"] == 8
+        assert conn.hello["version"] == 3 and conn.hello["max_inflight"] == 8
         assert conn.shm is None and conn.max_frame == 64 << 20
         pong = await conn.request(Op.PING, {})
         assert pong.op is Op.PONG

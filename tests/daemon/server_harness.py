@@ -1,11 +1,12 @@
 """A real daemon (Server + Engine over a real HostTier) and a raw-frame client for server tests.
 
-- ``running_daemon(listen=…, limits=…, tenants=…, arena=False)`` — async context manager:
+- ``running_daemon(listen=…, limits=…, tenants=…, arena=False, executor=None)`` — async context manager:
   starts an Engine and a Server on a Unix socket in a short temporary directory (plus TCP
   when ``listen["tcp"]`` is set) and shuts both down afterwards. Yields a ``Daemon``.
 - ``WireClient`` — frames encoded with ``protocol/frames.py`` over a real socket:
   ``send``, ``recv`` (``None`` at EOF), ``hello``, ``request``.
-- ``put_meta(...)`` — the meta of a valid PUT, and its payload length.
+- ``put_meta(...)`` — the ``PutMeta`` of a valid PUT, and its payload length; ``load_meta``
+  — a LOAD by ref or key; ``answer(frame, cls)`` — a hot op's binary reply, decoded.
 - ``metric(metrics, name, **labels)`` — one sample of a scrape.
 - ``eventually(predicate)`` — waits (bounded) until a server-side effect is visible.
 """
@@ -20,6 +21,7 @@ from collections import deque
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -32,12 +34,22 @@ from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.frames import Frame, FrameDecoder, Op, encode_frame, hello_frame
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey
 from statetier.protocol.keyring import Keyring
-from statetier.protocol.messages import key_to_wire, provenance_to_wire, specs_to_wire
 from statetier.protocol.sealed import layout_payload
+from statetier.protocol.wire_meta import (
+    Key,
+    LoadMeta,
+    PutMeta,
+    Ref,
+    decode_reply,
+    wire_key,
+    wire_provenance,
+    wire_specs,
+)
 from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.registry import MemoryVersionRegistry
 
 NS = NamespaceSpec(model_id="server-tests").namespace()
+S = TypeVar("S")
 HOST_BYTES = 96 * 1024 * 1024
 
 
@@ -68,7 +80,8 @@ class Daemon:
 
 @asynccontextmanager
 async def running_daemon(*, listen: dict | None = None, limits: dict | None = None,
-                         tenants: tuple[TenantConfig, ...] | None = None, arena: bool = False):
+                         tenants: tuple[TenantConfig, ...] | None = None, arena: bool = False,
+                         executor=None):
     directory = Path(tempfile.mkdtemp(prefix="st-", dir="/tmp"))  # AF_UNIX paths are short
     extra = {} if tenants is None else {"tenants": tenants}
     config = Config(
@@ -79,7 +92,7 @@ async def running_daemon(*, listen: dict | None = None, limits: dict | None = No
     metrics = Metrics()
     host = HostTier(HostTierOptions(HOST_BYTES))
     engine = Engine([host], keyring=Keyring.generate(), registry=MemoryVersionRegistry(),
-                    metrics=metrics, arena=host if arena else None)
+                    metrics=metrics, arena=host if arena else None, executor=executor)
     await engine.start()
     server = Server(engine, config, metrics)
     try:
@@ -139,16 +152,22 @@ class WireClient:
             pass
 
 
-def put_meta(layer: int = 0, shape: tuple[int, ...] = (16, 64), request_id: str = "req") -> tuple[dict, int]:
+def put_meta(layer: int = 0, shape: tuple[int, ...] = (16, 64), request_id: str = "req") -> tuple[PutMeta, int]:
     key = StateKey(NS, Kind.KV, layer, bytes(32), 0, 16)
     specs = (TensorSpec("k", "float16", shape),)
-    meta = {
-        "key": key_to_wire(key),
-        "provenance": provenance_to_wire(Provenance(f"{request_id}-{layer}")),
-        "tensors": specs_to_wire(specs),
-        "publish": False,
-    }
+    meta = PutMeta(wire_key(key), wire_provenance(Provenance(f"{request_id}-{layer}")), wire_specs(specs))
     return meta, layout_payload(specs).payload_len
+
+
+def load_meta(*, ref: Ref | None = None, key: Key | None = None, ns: bytes = NS.digest) -> LoadMeta:
+    """A LOAD by ``ref`` or ``key`` (as a reply carried them), in namespace ``ns``."""
+    return LoadMeta(ns, ref=ref, key=key)
+
+
+def answer(frame: Frame, cls: type[S]) -> S:
+    """A hot op's reply meta, decoded (its REPLY must be binary)."""
+    assert frame.op is Op.REPLY and frame.is_binary, frame.meta
+    return decode_reply(cls, frame.meta)
 
 
 def metric(metrics: Metrics, name: str, **labels: str) -> float:

@@ -28,7 +28,7 @@ from statetier.clients import AsyncClient  # noqa: E402
 from statetier.protocol.errors import StatetierError, Unavailable  # noqa: E402
 from statetier.protocol.frames import Frame, FrameDecoder, Op, encode_frame_bytes, hello_frame  # noqa: E402
 from statetier.protocol.identity import StateRef  # noqa: E402
-from statetier.protocol.messages import ref_to_wire  # noqa: E402
+from statetier.protocol.wire_meta import LoadMeta, wire_ref  # noqa: E402
 
 GRACE_SECONDS = 3
 BIG_TOKENS = 8192  # a (2, 8, 8192, 128) bf16 page: 32 MiB, more than both socket buffers hold
@@ -44,14 +44,14 @@ class StuckReader:
     @classmethod
     async def load(cls, daemon: DaemonProcess, ref: StateRef) -> "StuckReader":
         reader, writer = await asyncio.open_unix_connection(str(daemon.socket_path))
-        writer.write(encode_frame_bytes(hello_frame((2,), tenant="default", client="stuck")))
+        writer.write(encode_frame_bytes(hello_frame(tenant="default", client="stuck")))
         decoder, frames = FrameDecoder(1 << 20), []
         while not frames:
             data = await asyncio.wait_for(reader.read(4096), 10)
             assert data, "the daemon closed the connection during HELLO"
             frames = decoder.feed(data)
         assert frames[0].op is Op.HELLO_OK
-        meta = {"ns": SPEC.namespace().hex(), "ref": ref_to_wire(ref), "shm": False}
+        meta = LoadMeta(SPEC.namespace().digest, ref=wire_ref(ref))
         writer.write(encode_frame_bytes(Frame(Op.LOAD, 1, meta)))
         await writer.drain()
         return cls(reader, writer)

@@ -92,7 +92,7 @@ async def test_a_put_is_loaded_back_verified_from_the_host_arena(engine):
     assert put.tier == "host"
     result = await engine.load(LoadRequest("default", NS, ref=put.ref), owner="c1")
     assert bytes(result.payload) == data
-    assert result.tier == "host" and result.arena_offset is not None
+    assert result.tier == "host"
     assert result.header.provenance.producer_id == "test"
     await engine.release(result.lease_id, "c1")
     assert engine.lease_count == 0
@@ -204,27 +204,23 @@ async def test_a_tenant_naming_another_tenants_namespace_reaches_only_its_own(en
     await engine.release(mine.lease_id, "c1")
 
 
-async def test_the_zero_copy_put_is_sealed_in_place(engine):
+async def test_a_shared_put_is_copied_into_the_arena_and_sealed_there(engine):
     req, data = ssm_put(layer=7)
-    reservation = await engine.reserve(req, owner="c1")
-    reservation.payload_view[:] = data
-    put = await engine.commit(reservation.ticket_id, owner="c1")
+    source = bytearray(data)  # memory its client can still write
+    put = await engine.put_shared(req, source)
+    source[:] = bytes(len(source))  # changed after the put: nothing stored changes
     result = await engine.load(LoadRequest("default", NS, ref=put.ref), owner="c1")
-    assert bytes(result.payload) == data
+    assert put.tier == "host" and bytes(result.payload) == data
     await engine.release(result.lease_id, "c1")
-    aborted = await engine.reserve(ssm_put(layer=8)[0], owner="c1")
-    await engine.abort(aborted.ticket_id, owner="c1")
-    assert engine.reservation_count == 0
     assert engine.arena.stats().objects == 1
 
 
-async def test_a_connection_that_goes_away_releases_its_leases_and_reservations(engine):
+async def test_a_connection_that_goes_away_releases_its_leases(engine):
     put = await engine.put(*ssm_put())
     await engine.load(LoadRequest("default", NS, ref=put.ref), owner="gone")
-    await engine.reserve(ssm_put(layer=5)[0], owner="gone")
-    assert (engine.lease_count, engine.reservation_count) == (1, 1)
-    assert await engine.release_owner("gone") == 2
-    assert (engine.lease_count, engine.reservation_count) == (0, 0)
+    assert engine.lease_count == 1
+    assert await engine.release_owner("gone") == 1
+    assert engine.lease_count == 0
     assert await engine.placement.flush_write_behind(10)  # its copy to disk holds a lease meanwhile
     assert engine.arena.stats().leases == 0
 
@@ -286,7 +282,6 @@ async def test_a_load_from_disk_lands_in_the_arena_and_a_damaged_record_is_dropp
 
     result = await engine.load(LoadRequest("default", NS, ref=good.ref), owner="c1")
     assert bytes(result.payload) == payload_for(1) and result.tier == "host"  # read into its reservation
-    assert result.arena_offset is not None
     await engine.release(result.lease_id, "c1")
     with pytest.raises(CorruptPayload):
         await engine.load(LoadRequest("default", NS, ref=bad.ref), owner="c1")
@@ -296,7 +291,7 @@ async def test_a_load_from_disk_lands_in_the_arena_and_a_damaged_record_is_dropp
 
 
 class StreamReadCountingRegistry(MemoryVersionRegistry):
-    """A real in-memory registry that counts its ``stream_of`` reads."""
+    """A real in-memory registry that counts the state_id → stream records it reads."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -305,6 +300,10 @@ class StreamReadCountingRegistry(MemoryVersionRegistry):
     async def stream_of(self, state_id: bytes) -> bytes | None:
         self.stream_reads += 1
         return await super().stream_of(state_id)
+
+    async def read_many(self, stream_ids, state_ids):
+        self.stream_reads += len(state_ids)
+        return await super().read_many(stream_ids, state_ids)
 
 
 async def test_a_load_by_ref_remembers_the_stream_its_state_was_issued_for(tmp_path):

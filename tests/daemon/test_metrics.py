@@ -117,7 +117,7 @@ def test_tier_gauges_are_read_at_scrape_time() -> None:
     ]
     daemon = {"connections": 2, "inflight_requests": 5, "budget_bytes_in_use": 65536, "budget_bytes_limit": 1 << 30,
               "budget_waiters": 3,
-              "leases": 1, "reservations": 0, "not_a_gauge": "text"}
+              "leases": 1, "not_a_gauge": "text"}
     metrics.track(lambda: list(tiers), lambda: dict(daemon))
 
     s = scrape(metrics)
@@ -138,7 +138,7 @@ def test_tier_gauges_are_read_at_scrape_time() -> None:
     assert value(s, "statetier_budget_capacity_bytes") == 1 << 30
     assert value(s, "statetier_budget_waiters") == 3
     assert value(s, "statetier_client_leases") == 1
-    assert value(s, "statetier_reservations") == 0
+    assert value(s, "statetier_reservations") is None  # zero-copy reservations are gone (issue 21)
 
     # The tiers change; the next scrape shows it without anyone calling Metrics.
     tiers[0] = TierStats(tier="host", objects=1, bytes_used=1000, capacity=10000, leases=0, inflight=0, evictions=6)

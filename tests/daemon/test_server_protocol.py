@@ -19,14 +19,30 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling server_harness.py
 
-from server_harness import WireClient, eventually, metric, put_meta, running_daemon
+from server_harness import NS, WireClient, answer, eventually, load_meta, metric, put_meta, running_daemon
 from statetier.daemon.config import TenantConfig
 from statetier.daemon.server import Server
 from statetier.protocol.errors import ConfigError
 from statetier.daemon.server.frame_writer import ConnectionClosed, FrameWriter
-from statetier.protocol.frames import HEADER_SIZE, Frame, FrameDecoder, Op
+from statetier.protocol.frames import FLAG_BINARY, HEADER_SIZE, Frame, FrameDecoder, Op
 from statetier.protocol.messages import ref_to_wire
 from statetier.protocol.sealed import decode_header
+from statetier.protocol.wire_meta import (
+    LoadAnswer,
+    LoadBatchMeta,
+    LoadBatchReply,
+    LoadMeta,
+    LookupMeta,
+    LookupReply,
+    PutAnswer,
+    PutBatchMeta,
+    PutBatchReply,
+    ReleaseMeta,
+    ReleaseReply,
+    encode,
+    ref_of,
+    wire_ref,
+)
 from statetier.tiers.memory import HostTier
 
 STRANGER_UID = os.getuid() + 12345
@@ -45,10 +61,10 @@ async def connected(daemon, **hello) -> WireClient:
 async def test_hello_ok_names_version_limits_and_tenant() -> None:
     async with running_daemon(limits={"max_inflight_per_connection": 7}) as daemon:
         client = await daemon.unix_client()
-        reply = await client.hello(versions=[2, 99], client="tests")
+        reply = await client.hello(versions=[2, 3, 99], client="tests")
         assert reply.op is Op.HELLO_OK and reply.request_id == 0
         assert reply.meta == {
-            "version": 2,
+            "version": 3,
             "max_frame": daemon.config.limits.max_frame_bytes,
             "tenant": "default",
             "max_inflight": 7,
@@ -102,16 +118,26 @@ async def test_a_hello_token_with_a_lone_surrogate_is_a_typed_refusal_not_an_int
         await healthy.close()
 
 
-async def test_a_lone_surrogate_in_any_request_field_closes_the_connection_with_a_typed_error() -> None:
+async def test_a_binary_meta_string_that_is_not_utf8_is_an_invalid_request_and_the_connection_goes_on() -> None:
     async with running_daemon() as daemon:
         client = await connected(daemon)
         meta, nbytes = put_meta()
-        meta["provenance"]["request_id"] = "\udc80"
-        client.send(Frame(Op.PUT, 5, meta, bytes(nbytes)))
+        raw = encode(meta).replace(b"req-0", b"\xed\xb2\x80-0")  # a lone surrogate as UTF-8 bytes
+        head = struct.pack("<IBBHQI", 16 + len(raw) + nbytes, int(Op.PUT), FLAG_BINARY, 0, 5, len(raw))
+        client.send_raw(head + raw + bytes(nbytes))
         error = await client.recv()
-        assert error.is_error and error.meta["reason"] == "malformed_frame"
-        assert await client.recv() is None
+        assert error.is_error and error.request_id == 5 and error.meta["reason"] == "invalid_request"
+        assert "utf-8" in error.meta["message"].lower()
+        assert (await client.request(Op.PING)).op is Op.PONG
         assert metric(daemon.metrics, "statetier_errors_total", reason="internal") == 0
+
+
+async def test_a_hot_op_with_a_json_meta_is_refused_by_name() -> None:
+    async with running_daemon() as daemon:
+        client = await connected(daemon)
+        error = await client.request(Op.LOOKUP, {"ns": NS.hex()})
+        assert error.is_error and error.meta["message"] == "LOOKUP meta must be MessagePack (protocol 3)"
+        assert (await client.request(Op.PING)).op is Op.PONG
 
 
 async def test_a_refused_tenant_name_is_logged_bounded_and_escaped(caplog) -> None:
@@ -136,14 +162,28 @@ async def test_peer_credentials_outside_allowed_uids_are_refused_before_hello() 
         assert metric(daemon.metrics, "statetier_auth_failures_total", reason="peer_credentials") == 1
 
 
-async def test_the_arena_is_never_offered_put_reserve_is_gone() -> None:
+async def test_the_arena_is_never_offered() -> None:
     async with running_daemon(arena=True) as daemon:
         client = await daemon.unix_client()
         shm = (await client.hello(shm=True)).meta["shm"]
         assert set(shm) == {"put_bytes", "load_bytes"}  # no path: nothing to open by name
-        meta, _ = put_meta()
-        error = await client.request(Op.PUT_RESERVE, meta)
-        assert error.is_error and error.meta["code"] == 410 and "put window" in error.meta["message"]
+
+
+@pytest.mark.parametrize("opcode", [11, 12, 13, 99], ids=["PUT_RESERVE", "PUT_COMMIT", "PUT_ABORT", "never_defined"])
+async def test_the_retired_reservation_ops_are_refused_as_unknown_opcodes(opcode: int) -> None:
+    async with running_daemon(arena=True) as daemon:
+        client = await daemon.unix_client()
+        await client.hello(shm=True)
+        # a well-formed frame header with the retired opcode (Frame can no longer name it)
+        meta = b'{"ticket":1}'
+        client.send_raw(struct.pack("<IBBHQI", 16 + len(meta), opcode, 0, 0, 7, len(meta)) + meta)
+        error = await client.recv()
+        assert error.is_error and error.request_id == 0 and error.meta["reason"] == "malformed_frame"
+        assert error.meta["message"] == f"unknown opcode {opcode}"
+        assert await client.recv() is None  # that connection only is closed
+        other = await daemon.unix_client()
+        await other.hello()
+        assert (await other.request(Op.PING, {})).op is Op.PONG
 
 
 async def test_shared_memory_windows_are_offered_on_the_unix_socket_only_when_asked() -> None:
@@ -236,9 +276,11 @@ async def test_request_id_zero_is_reserved() -> None:
 async def test_bad_request_meta_is_answered_and_the_connection_survives() -> None:
     async with running_daemon() as daemon:
         client = await connected(daemon)
-        error = await client.request(Op.PUT, {"key": "not an object"})
-        assert error.is_error and error.meta["code"] == 410 and "'key'" in error.meta["message"]
-        error = await client.request(Op.LOAD, {"ns": "zz"})
+        meta, nbytes = put_meta()
+        meta.key.ns = b"short"
+        error = await client.request(Op.PUT, meta, bytes(nbytes))
+        assert error.is_error and error.meta["code"] == 410 and "$[0][0]" in error.meta["message"]  # key.ns
+        error = await client.request(Op.LOAD, LoadMeta(b"zz"))
         assert error.is_error and error.meta["code"] == 410
         assert (await client.request(Op.PING)).op is Op.PONG
         assert metric(daemon.metrics, "statetier_errors_total", reason="invalid_request") == 2
@@ -261,7 +303,7 @@ async def test_many_requests_in_flight_on_one_connection_are_answered_by_id() ->
             frame = await client.recv()
             replies[frame.request_id] = frame
         assert sorted(replies) == [1, 2, 3, 4, 5, 6, 7, 8, 100]
-        assert all(replies[i].op is Op.REPLY and replies[i].meta["tier"] == "host" for i in range(1, 9))
+        assert all(answer(replies[i], PutAnswer).tier == "host" for i in range(1, 9))
 
 
 async def test_inline_put_then_load_returns_the_same_bytes_and_releases_the_lease() -> None:
@@ -269,13 +311,11 @@ async def test_inline_put_then_load_returns_the_same_bytes_and_releases_the_leas
         client = await connected(daemon)
         meta, size = put_meta(shape=(512, 1024))  # 1 MiB: a large frame both ways
         payload = os.urandom(size)
-        put = await client.request(Op.PUT, meta, payload)
-        assert put.op is Op.REPLY, put.meta
-        loaded = await client.request(Op.LOAD, {"ns": meta["key"]["ns"], "ref": put.meta["ref"]})
-        assert loaded.op is Op.REPLY, loaded.meta
-        assert loaded.meta == {"tier": "host"}
+        ref = answer(await client.request(Op.PUT, meta, payload), PutAnswer).ref
+        loaded = await client.request(Op.LOAD, load_meta(ref=ref))
+        assert answer(loaded, LoadAnswer) == LoadAnswer("host", 0, len(loaded.data))
         header = decode_header(loaded.data)  # the whole sealed object: signed header, payload
-        assert ref_to_wire(header.ref()) == put.meta["ref"]
+        assert wire_ref(header.ref()) == ref
         assert bytes(loaded.data[header.header_len :]) == payload
         await eventually(lambda: daemon.leases() == 0)
         assert metric(daemon.metrics, "statetier_operations_total", tier="daemon", kind="kv", op="load") == 1
@@ -287,29 +327,30 @@ async def test_a_batch_of_puts_and_a_batch_of_loads_are_one_frame_each_answered_
         metas, payloads = [], []
         for layer in range(3):
             meta, size = put_meta(layer=layer)
-            metas.append({**meta, "data_len": size})
+            meta.data_len = size
+            metas.append(meta)
             payloads.append(os.urandom(size))
         bad, size = put_meta(layer=9)
-        metas.insert(1, {**bad, "data_len": 5})  # a payload shorter than its tensors
+        bad.data_len = 5  # a payload shorter than its tensors
+        metas.insert(1, bad)
         payloads.insert(1, b"short")
-        put = await client.request(Op.PUT_BATCH, {"items": metas}, b"".join(payloads))
-        answers = put.meta["items"]
-        assert [("ref" in a, a.get("error", {}).get("code")) for a in answers] == [
+        put = await client.request(Op.PUT_BATCH, PutBatchMeta(tuple(metas)), b"".join(payloads))
+        answers = answer(put, PutBatchReply).items
+        assert [(a.ref is not None, a.error.code if a.error else None) for a in answers] == [
             (True, None), (False, 410), (False, None), (False, None)]
-        assert answers[2:] == [{"skipped": True}] * 2  # a batch stops at its first failure
+        assert answers[2:] == (PutAnswer(skipped=True),) * 2  # a batch stops at its first failure
         metas = [metas[0], metas[2], metas[3]]
         payloads = [payloads[0], payloads[2], payloads[3]]
-        answers = (await client.request(Op.PUT_BATCH, {"items": metas[1:]}, b"".join(payloads[1:]))).meta["items"]
-        answers = [{"ref": None}, *answers]
-        answers[0] = {"ref": (await client.request(Op.PUT, metas[0] | {"data_len": None}, payloads[0])).meta["ref"]}
-
-        refs = [answers[0]["ref"], answers[1]["ref"], dict(answers[2]["ref"], state_id="00" * 16)]
-        loaded = await client.request(Op.LOAD_BATCH, {"ns": metas[0]["key"]["ns"],
-                                                      "items": [{"ref": ref} for ref in refs]})
-        first, second, missing = loaded.meta["items"]
-        assert missing["error"]["code"] == 200  # NotFound, that item only
-        for answer, want in ((first, payloads[0]), (second, payloads[1])):
-            blob = loaded.data[answer["at"] : answer["at"] + answer["len"]]
+        later = await client.request(Op.PUT_BATCH, PutBatchMeta(tuple(metas[1:])), b"".join(payloads[1:]))
+        metas[0].data_len = None
+        refs = [answer(await client.request(Op.PUT, metas[0], payloads[0]), PutAnswer).ref,
+                *(a.ref for a in answer(later, PutBatchReply).items)]
+        refs[2].state_id = bytes(16)
+        loaded = await client.request(Op.LOAD_BATCH, LoadBatchMeta(NS.digest, tuple(LoadMeta(ref=ref) for ref in refs)))
+        first, second, missing = answer(loaded, LoadBatchReply).items
+        assert missing.error.code == 200  # NotFound, that item only
+        for item, want in ((first, payloads[0]), (second, payloads[1])):
+            blob = loaded.data[item.at : item.at + item.len]
             header = decode_header(blob)
             assert bytes(blob[header.header_len :]) == want
         assert daemon.leases() == 0  # an inline batch copies, then releases at once
@@ -319,9 +360,9 @@ async def test_an_error_from_the_engine_is_an_error_frame_with_the_request_id() 
     async with running_daemon() as daemon:
         client = await connected(daemon)
         meta, size = put_meta()
-        put = await client.request(Op.PUT, meta, os.urandom(size))
-        ref = dict(put.meta["ref"], state_id="00" * 16)
-        missing = await client.request(Op.LOAD, {"ns": meta["key"]["ns"], "ref": ref})
+        ref = answer(await client.request(Op.PUT, meta, os.urandom(size)), PutAnswer).ref
+        ref.state_id = bytes(16)
+        missing = await client.request(Op.LOAD, load_meta(ref=ref))
         assert missing.is_error and missing.meta["code"] == 200
         short = await client.request(Op.PUT, put_meta(layer=3)[0], b"too short")
         assert short.is_error and short.meta["code"] in (410, 101)
@@ -344,29 +385,23 @@ async def test_lookup_release_inspect_verify_delete_over_the_wire() -> None:
         refs = []
         for layer in (0, 1):
             meta, size = put_meta(layer)
-            put = await client.request(Op.PUT, meta, os.urandom(size))
-            assert put.op is Op.REPLY, put.meta
-            refs.append(put.meta["ref"])
-        ns = refs[0]["key"]["ns"]
-        lookup = await client.request(Op.LOOKUP, {
-            "ns": ns, "attention_layers": [0, 1], "ssm_layers": [],
-            "boundaries": [[16, "00" * 32]], "kv_layout": "blocks", "shard": 0, "lease": True,
-        })
-        assert lookup.op is Op.REPLY, lookup.meta
-        assert lookup.meta["tokens"] == 16
-        assert sorted(o["ref"]["state_id"] for o in lookup.meta["objects"]) == sorted(r["state_id"] for r in refs)
-        leases = [o["lease"] for o in lookup.meta["objects"]]
+            refs.append(answer(await client.request(Op.PUT, meta, os.urandom(size)), PutAnswer).ref)
+        lookup = answer(await client.request(Op.LOOKUP, LookupMeta(NS.digest, ((16, bytes(32)),), (0, 1))),
+                        LookupReply)
+        assert lookup.tokens == 16
+        assert sorted(ref.state_id for ref, _ in lookup.objects) == sorted(r.state_id for r in refs)
+        leases = [lease for _, lease in lookup.objects]
         assert daemon.leases() == 2
-        released = await client.request(Op.RELEASE, {"leases": leases + [999_999]})
-        assert released.meta == {"released": 2} and daemon.leases() == 0
+        released = await client.request(Op.RELEASE, ReleaseMeta(tuple(leases) + (999_999,)))
+        assert answer(released, ReleaseReply).released == 2 and daemon.leases() == 0
 
-        inspected = await client.request(Op.INSPECT, {"state_id": refs[0]["state_id"]})
+        inspected = await client.request(Op.INSPECT, {"state_id": refs[0].state_id.hex()})
         assert inspected.meta["tiers"] == ["host"] and inspected.meta["header"]["layer"] == 0
         verified = await client.request(Op.VERIFY)
         assert verified.meta == {"checked": 2, "dropped": 0, "misfiled": 0, "unknown_key": 0, "by_reason": {}}
-        deleted = await client.request(Op.DELETE, {"ref": refs[1]})
+        deleted = await client.request(Op.DELETE, {"ref": ref_to_wire(ref_of(refs[1]))})
         assert deleted.meta == {"deleted": 1}
-        gone = await client.request(Op.LOAD, {"ns": ns, "ref": refs[1]})
+        gone = await client.request(Op.LOAD, load_meta(ref=refs[1]))
         assert gone.is_error and gone.meta["code"] == 200
 
 
@@ -422,8 +457,8 @@ async def scenario_a_slow_reader_keeps_the_lease_until_the_transport_let_go() ->
         client = await connected(daemon)
         meta, size = put_meta(shape=(8192, 1024))  # 16 MiB: far more than the socket buffers
         payload = os.urandom(size)
-        put = await client.request(Op.PUT, meta, payload)
-        client.send(Frame(Op.LOAD, 9, {"ns": meta["key"]["ns"], "ref": put.meta["ref"]}))
+        put = answer(await client.request(Op.PUT, meta, payload), PutAnswer)
+        client.send(Frame(Op.LOAD, 9, load_meta(ref=put.ref)))
         head = await client.reader.readexactly(HEADER_SIZE)  # the reply has been written...
         # ...but most of it still sits in the daemon's transport: the lease must hold.
         assert daemon.leases() == 1
@@ -450,11 +485,11 @@ async def test_a_client_gone_mid_request_cancels_it_and_releases_its_leases() ->
     async with running_daemon(limits={"byte_budget": 4 << 20, "busy_wait_seconds": 60}) as daemon:
         client = await connected(daemon)
         meta, size = put_meta(shape=(1024, 1024))
-        put = await client.request(Op.PUT, meta, os.urandom(size))
+        put = answer(await client.request(Op.PUT, meta, os.urandom(size)), PutAnswer)
         budget = daemon.server.budget
         await budget.acquire(budget.limit)
         # The load takes its lease, then waits for budget to send the payload.
-        client.send(Frame(Op.LOAD, 5, {"ns": meta["key"]["ns"], "ref": put.meta["ref"]}))
+        client.send(Frame(Op.LOAD, 5, load_meta(ref=put.ref)))
         await eventually(lambda: daemon.leases() == 1 and budget.waiting == 1)
         await client.close()
         await eventually(lambda: daemon.server.stats()["connections"] == 0)
@@ -465,12 +500,9 @@ async def test_leases_a_client_never_released_go_when_it_disconnects() -> None:
     async with running_daemon() as daemon:
         client = await connected(daemon)
         meta, size = put_meta()
-        put = await client.request(Op.PUT, meta, os.urandom(size))
-        lookup = await client.request(Op.LOOKUP, {
-            "ns": meta["key"]["ns"], "attention_layers": [0], "ssm_layers": [],
-            "boundaries": [[16, "00" * 32]], "lease": True,
-        })
-        assert [o["ref"] for o in lookup.meta["objects"]] == [put.meta["ref"]]
+        put = answer(await client.request(Op.PUT, meta, os.urandom(size)), PutAnswer)
+        lookup = answer(await client.request(Op.LOOKUP, LookupMeta(NS.digest, ((16, bytes(32)),), (0,))), LookupReply)
+        assert [ref for ref, _ in lookup.objects] == [put.ref]
         assert daemon.leases() == 1
         await client.close()
         await eventually(lambda: daemon.server.stats()["connections"] == 0)

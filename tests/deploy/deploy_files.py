@@ -56,8 +56,7 @@ def exported_metric_names() -> set[str]:
     extra = {"available": True, "leases_expired": 0, "lease_violations": 0, "checkpoint_failures": 0,
              "dead_bytes": 0, "recovery_dropped": 0, "recovery_unverified": 0}
     daemon = {key: 0 for key in ("connections", "inflight_requests", "budget_bytes_in_use", "budget_bytes_limit",
-                                 "budget_waiters", "leases", "reservations", "write_behind_pending",
-                                 "write_behind_limit")}
+                                 "budget_waiters", "leases", "write_behind_pending", "write_behind_limit")}
     daemon["tenants"] = {"default": {"host": {"used": 0, "quota": 1}}}
     metrics.track(lambda: [TierStats("host", 0, 0, 1, 0, 0, extra=extra)], lambda: daemon)
     metrics.set_redis_available(True)

@@ -3,14 +3,16 @@
 - ``ARCHS`` — the five architectures of issue 5; ``PROMPT_LEN`` (N), ``NEW_TOKENS``, ``K_EARLIER``.
 - ``scenario(arch)`` → ``Scenario`` (cached): the tiny model (seed 0), its ``CachePlan``, the
   prompt P and another prompt Q of the same length, the greedy token after P, the reference
-  (single-process generation) and ``target`` / ``neighbour``: the first two SSM layers,
-  whose snapshots the mix-ups swap (same shapes). ``other_weights(arch)`` — seed 1.
+  (single-process generation) and ``target`` / ``neighbour``: the first two SSM layers (the
+  damage faults flip ``target``'s bytes; the plain-Redis contrast swaps their snapshots,
+  same shapes). ``other_weights(arch)`` — seed 1.
 - ``prefilled(model, tokens)`` — the cache after ``tokens`` and the token after them (cached;
   never decode on it, decoding mutates a cache).
 - ``ForwardCounter(model)`` — counts the model's forwards inside a ``with`` block: a refused
   restore must leave it at 0 (no token was decoded from the bad state).
-- ``flip_site(snapshot)`` → ``(tensor name, byte index, mask)``: the one bit both suites flip,
-  the exponent's high bit of the largest value below 2 in ``recurrent_states.0`` (×2¹²⁸).
+- ``flip_site(snapshot, layer=None)`` → ``(tensor name, byte index, mask)``: the one bit both
+  suites flip, the exponent's high bit of the largest value below 2 in ``recurrent_states.0``
+  (×2¹²⁸); with ``layer`` the name is that layer's region of a group object.
 - Stored bytes: ``is_in_redis`` / ``redis_blob`` / ``write_redis_blob`` / ``flip_redis_bit``
   (the Redis tier's manifest and chunk keys, tiers/redis/layout.py); ``flip_disk_bit`` (a
   segment record, tiers/disk/segments.py); ``forged_blob`` — an object re-sealed by a writer
@@ -40,6 +42,7 @@ for _extra in (REPO / "examples", REPO / "tests" / "daemon"):
 
 from daemon_procs import arena_copy  # noqa: E402
 from statetier.clients.transformers import CachePlan, cache_plan  # noqa: E402
+from statetier.protocol.groups import region_name  # noqa: E402
 from statetier.protocol.keyring import Keyring  # noqa: E402
 from statetier.protocol.sealed import decode_header, layout_payload, seal  # noqa: E402
 from statetier.tiers.redis.layout import Manifest, RedisKeys  # noqa: E402
@@ -116,7 +119,7 @@ class ForwardCounter:
 # -- the flipped bit -----------------------------------------------------------------------
 
 
-def flip_site(snapshot: dict[str, torch.Tensor]) -> tuple[str, int, int]:
+def flip_site(snapshot: dict[str, torch.Tensor], layer: int | None = None) -> tuple[str, int, int]:
     """The byte (of ``recurrent_states.0``) and mask of the flipped bit.
 
     Many single-bit flips leave six greedy tokens of these tiny models unchanged (a sign bit,
@@ -128,7 +131,8 @@ def flip_site(snapshot: dict[str, torch.Tensor]) -> tuple[str, int, int]:
     assert snapshot[RECURRENT].dtype == torch.float32
     below_two = torch.where(values.abs() < 2, values.abs(), torch.zeros_like(values))
     element = int(below_two.argmax())
-    return RECURRENT, element * 4 + 3, 0x40  # little-endian float32: byte 3 holds sign + exponent
+    name = RECURRENT if layer is None else region_name(layer, RECURRENT)
+    return name, element * 4 + 3, 0x40  # little-endian float32: byte 3 holds sign + exponent
 
 
 # -- stored bytes --------------------------------------------------------------------------
@@ -166,9 +170,9 @@ def payload_offset(blob: bytes, tensor: str) -> int:
     return header.header_len + descriptor.offset
 
 
-def flip_redis_bit(redis, state_id: bytes, snapshot: dict[str, torch.Tensor]) -> None:
+def flip_redis_bit(redis, state_id: bytes, snapshot: dict[str, torch.Tensor], layer: int | None = None) -> None:
     """SETRANGE one byte of the stored payload: the bit of ``flip_site``."""
-    name, byte, mask = flip_site(snapshot)
+    name, byte, mask = flip_site(snapshot, layer)
     at = payload_offset(redis_blob(redis, state_id), name) + byte
     old = redis.getrange(KEYS.chunk(state_id, 0), at, at)
     redis.setrange(KEYS.chunk(state_id, 0), at, bytes([old[0] ^ mask]))
@@ -179,9 +183,10 @@ _RECORD_ID_AT = 16  # tiers/disk/segments.py: the object_id in a record header
 RECORD_HEADER_BYTES = 64
 
 
-def flip_disk_bit(disk_dir: Path, state_id: bytes, snapshot: dict[str, torch.Tensor]) -> Path:
+def flip_disk_bit(disk_dir: Path, state_id: bytes, snapshot: dict[str, torch.Tensor],
+                  layer: int | None = None) -> Path:
     """Flip the ``flip_site`` bit of the record of ``state_id`` in its segment file."""
-    name, byte, mask = flip_site(snapshot)
+    name, byte, mask = flip_site(snapshot, layer)
     for segment in sorted((disk_dir / "segments").glob("seg-*.dat")):
         data = segment.read_bytes()
         at = data.find(state_id)

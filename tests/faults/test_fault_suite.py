@@ -3,16 +3,17 @@
 The pipeline: two ``statetier serve`` processes (prefill node, decode node) sharing one
 ``redis-server`` and one keyring; a tiny random-weight hybrid model per architecture
 (Jamba, Bamba, Zamba2, Qwen3-Next, Mamba2). The prefill side saves its cache with
-``save_cache(…, publish=True)`` and hands ``SavedState.to_json()`` over; the decode side
-restores it on its own daemon (``restore_cache``, one load at a time so the counts are
-exact) and greedy-decodes. The genuine handoff decodes the reference tokens.
+``save_cache(…, publish=True)`` (a KV and an SSM group object) and hands
+``SavedState.to_json()`` over; the decode side restores it on its own daemon
+(``restore_cache``, one load at a time so the counts are exact) and greedy-decodes. The
+genuine handoff decodes the reference tokens. The mix-ups swap the SSM group object's ref.
 
 Each fault then asserts three things: the restore raises exactly the error class DESIGN §4
 gives (``type(exc) is X``); the decode daemon's ``statetier_rejections_total{reason}`` moved
 by exactly one and no other reason or miss moved (for the joint-hit miss: the lookup
 answered 0 and no load ran); and the decode model ran no forward. The faults, in issue order:
 another request's snapshot; a snapshot k tokens early or one token off either way; the
-neighbouring layer's snapshot; KV without SSM state; an older version after a newer one;
+same snapshots stored as another layer group; KV without SSM state; an older version after a newer one;
 a state_id of another transfer; a flipped bit in Redis and on disk; a header re-signed
 without the key; a decoder whose model has other weights; and (issue 12) another object's
 intact bytes written under this object's key, in Redis (with and without its manifest) and
@@ -31,9 +32,9 @@ import pytest
 from fault_harness import (ARCHS, K_EARLIER, NEW_TOKENS, PROMPT_LEN, Counters, ForwardCounter, changes, flip_disk_bit,
                            flip_redis_bit, forged_blob, is_in_redis, other_weights, overwrite_in_arena, prefilled,
                            redis_blob, scenario, write_redis_blob, write_under_another_key)
-from statetier.clients import Client
-from statetier.clients.transformers import (SavedState, lookup_state, namespace_for, put_items, restore_cache,
-                                            save_cache, ssm_tensors)
+from statetier.clients import Client, LayerGroup
+from statetier.clients.transformers import (SavedState, groups_of, lookup_state, namespace_for, put_items,
+                                            restore_cache, save_cache, ssm_tensors)
 from statetier.protocol.errors import (BadSignature, CorruptPayload, FingerprintMismatch, MisroutedState,
                                        NamespaceMismatch, NotFound, PlacementMismatch, PositionMismatch, StaleState,
                                        StatetierError)
@@ -67,9 +68,22 @@ def decode_side(nodes, model, handoff: SavedState, tokens: list[int], first: int
     return greedy_decode(model, cache, first, len(tokens), NEW_TOKENS)
 
 
-def with_ssm(saved: SavedState, layer: int, ref) -> SavedState:
-    """The handoff with ``layer``'s SSM ref replaced (what a mixed-up connector delivers)."""
-    return dataclasses.replace(saved, ssm={**saved.ssm, layer: ref})
+def with_ssm(saved: SavedState, ref) -> SavedState:
+    """The handoff with its SSM group object's ref replaced (what a mixed-up connector delivers)."""
+    return dataclasses.replace(saved, ssm=ref)
+
+
+def publish_as_other_group(nodes, sc, request_id: str):
+    """The very snapshots of the prompt published as group 1 of the same layers (the adapter
+    stores group 0): another group's object, of the same size when ``request_id`` has the
+    same length as the genuine one's."""
+    cache, _ = prefilled(sc.model, sc.prompt)
+    layers = groups_of(sc.plan)[Kind.SSM].layers
+    with Client(nodes.prefill.url, namespace=namespace_for(sc.model)) as client:
+        prefix = prefix_hash(sc.prompt, block_size=client.spec.kv_block_size)
+        key = client.group_key(LayerGroup(Kind.SSM, 1, layers), prefix, 0, len(sc.prompt))
+        return client.put_group(key, {layer: ssm_tensors(layer, cache.layers[layer]) for layer in layers},
+                                request_id=request_id, publish=True)
 
 
 def assert_refused(nodes, model, handoff: SavedState, tokens: list[int], first: int, error: type) -> None:
@@ -119,8 +133,8 @@ def test_the_genuine_handoff_decodes_the_reference_tokens(pd_nodes, handoffs, ar
     tokens = decode_side(pd_nodes, sc.model, handoffs.get(arch, "main"), sc.prompt, sc.first)
     assert tokens == sc.reference
     moved = changes(before, Counters.of(pd_nodes.decode))
-    objects = len(sc.plan.attention_layers) + len(sc.plan.ssm_layers)
-    assert moved == {"loads": objects, "hits": objects}  # every layer verified, nothing refused
+    objects = len(groups_of(sc.plan))  # one group object per kind, every layer in it
+    assert moved == {"loads": objects, "hits": objects}  # every object verified, nothing refused
 
 
 # -- 1. another request's snapshot ---------------------------------------------------------
@@ -132,9 +146,9 @@ def test_the_genuine_handoff_decodes_the_reference_tokens(pd_nodes, handoffs, ar
 ])
 def test_another_requests_snapshot_is_refused(pd_nodes, handoffs, arch, source, error):
     sc = scenario(arch)
-    theirs = handoffs.get(arch, source).ssm[sc.target]
-    assert theirs.key.token_end == PROMPT_LEN  # same layer, same length: the same shapes
-    bad = with_ssm(handoffs.get(arch, "main"), sc.target, theirs)
+    theirs = handoffs.get(arch, source).ssm
+    assert theirs.key.token_end == PROMPT_LEN  # same layers, same length: the same shapes
+    bad = with_ssm(handoffs.get(arch, "main"), theirs)
     assert_refused(pd_nodes, sc.model, bad, sc.prompt, sc.first, error)
 
 
@@ -144,19 +158,20 @@ def test_another_requests_snapshot_is_refused(pd_nodes, handoffs, arch, source, 
 @pytest.mark.parametrize("source", [f"earlier_{K_EARLIER}", "earlier_1", "later_1"])
 def test_a_snapshot_from_another_position_is_refused(pd_nodes, handoffs, arch, source):
     sc = scenario(arch)
-    off = handoffs.get(arch, source).ssm[sc.target]
+    off = handoffs.get(arch, source).ssm
     assert off.key.token_end != PROMPT_LEN
-    bad = with_ssm(handoffs.get(arch, "main"), sc.target, off)
+    bad = with_ssm(handoffs.get(arch, "main"), off)
     assert_refused(pd_nodes, sc.model, bad, sc.prompt, sc.first, PositionMismatch)
 
 
-# -- 3. the neighbouring layer's snapshot --------------------------------------------------
+# -- 3. the same snapshots stored as another layer group -----------------------------------
 
 
-def test_the_neighbouring_layers_snapshot_is_refused(pd_nodes, handoffs, arch):
+def test_another_groups_object_is_refused(pd_nodes, handoffs, arch):
     sc = scenario(arch)
     main = handoffs.get(arch, "main")
-    bad = with_ssm(main, sc.target, main.ssm[sc.neighbour])  # SSM layers of one model: same shapes
+    other = publish_as_other_group(pd_nodes, sc, f"{RUN}-{arch}-main")  # group 1, same bytes
+    bad = with_ssm(main, other)
     assert_refused(pd_nodes, sc.model, bad, sc.prompt, sc.first, PlacementMismatch)
 
 
@@ -171,8 +186,8 @@ def _kv_only(nodes, sc, tokens: list[int], request_id: str) -> SavedState:
         items = [item for item in put_items(client.namespace, spec, sc.plan, cache, tokens,
                                             request_id=request_id, publish=True) if item.key.kind is Kind.KV]
         refs = client.put_many(items) if items else []  # Mamba2 has no attention layer
-    kv = {ref.key.layer: ref for ref in refs}
-    return SavedState(len(tokens), prefix_hash(tokens, block_size=spec.kv_block_size), kv, {}, request_id, 0)
+    kv = refs[0] if refs else None
+    return SavedState(len(tokens), prefix_hash(tokens, block_size=spec.kv_block_size), kv, None, request_id, 0)
 
 
 @pytest.mark.parametrize("missing", ["one", "all"])
@@ -186,8 +201,8 @@ def test_kv_pages_without_ssm_snapshots_are_no_hit(pd_nodes, arch, missing):
         deleted = 0
         for daemon in (pd_nodes.prefill, pd_nodes.decode):  # every copy: host, disk, Redis
             with Client(daemon.url, namespace=namespace_for(sc.model)) as client:
-                deleted += client.delete(handoff.ssm[sc.target])
-        assert deleted >= 1 and not is_in_redis(pd_nodes.redis, handoff.ssm[sc.target].state_id)
+                deleted += client.delete(handoff.ssm)
+        assert deleted >= 1 and not is_in_redis(pd_nodes.redis, handoff.ssm.state_id)
     else:
         handoff = _kv_only(pd_nodes, sc, tokens, request_id)
 
@@ -198,7 +213,7 @@ def test_kv_pages_without_ssm_snapshots_are_no_hit(pd_nodes, arch, missing):
         assert hit.tokens == 0 and hit.refs == []  # never a KV-only hit
         with pytest.raises(StatetierError) as from_lookup:
             restore_cache(client, sc.model, hit, tokens)
-        if missing == "all":  # the handed refs name no SSM layer: refused before any load
+        if missing == "all":  # the handed refs name no SSM group: refused before any load
             with pytest.raises(StatetierError) as from_refs:
                 restore_cache(client, sc.model, SavedState.from_json(handoff.to_json()), tokens)
             assert type(from_refs.value) is NotFound and "partial state refused" in str(from_refs.value)
@@ -230,8 +245,9 @@ def test_an_older_version_after_a_newer_one_is_stale(pd_nodes, arch):
     before = Counters.of(pd_nodes.decode)
     with Client(pd_nodes.decode.url, namespace=namespace_for(sc.model)) as client, \
             pytest.raises(StatetierError) as replay:
-        client.put(first.ssm[sc.target].key, ssm_tensors(sc.target, old_cache.layers[sc.target]),
-                   request_id=request_id, version=1, publish=True)
+        client.put_group(first.ssm.key, {layer: ssm_tensors(layer, old_cache.layers[layer])
+                                         for layer in first.ssm.key.group_layers},
+                         request_id=request_id, version=1, publish=True)
     assert type(replay.value) is StaleState
     assert changes(before, Counters.of(pd_nodes.decode), "rejected:", "miss:") == {"rejected:stale": 1}
 
@@ -256,12 +272,11 @@ def test_a_state_id_of_another_transfer_is_refused(pd_nodes, handoffs, arch, tra
     sc = scenario(arch)
     if transfer == "another_request":
         handoff = handoffs.get(arch, "main")
-        theirs = handoffs.get(arch, "same_prompt").ssm[sc.target]
-        bad = with_ssm(handoff, sc.target, dataclasses.replace(handoff.ssm[sc.target], state_id=theirs.state_id))
+        theirs = handoffs.get(arch, "same_prompt").ssm
+        bad = with_ssm(handoff, dataclasses.replace(handoff.ssm, state_id=theirs.state_id))
     else:
         first, second = _two_attempts(pd_nodes, sc, f"{RUN}-{arch}-attempts")
-        mine = first.ssm[sc.target]
-        bad = with_ssm(second, sc.target, dataclasses.replace(second.ssm[sc.target], version=mine.version))
+        bad = with_ssm(second, dataclasses.replace(second.ssm, version=first.ssm.version))
     assert_refused(pd_nodes, sc.model, bad, sc.prompt, sc.first, error)
 
 
@@ -272,8 +287,8 @@ def test_a_flipped_bit_in_redis_is_corrupt(pd_nodes, arch):
     sc = scenario(arch)
     handoff = publish(pd_nodes, sc.model, sc.prompt, f"{RUN}-{arch}-redis-bit")
     cache, _ = prefilled(sc.model, sc.prompt)
-    damaged = handoff.ssm[sc.target].state_id
-    flip_redis_bit(pd_nodes.redis, damaged, ssm_tensors(sc.target, cache.layers[sc.target]))
+    damaged = handoff.ssm.state_id
+    flip_redis_bit(pd_nodes.redis, damaged, ssm_tensors(sc.target, cache.layers[sc.target]), sc.target)
     assert_refused(pd_nodes, sc.model, handoff, sc.prompt, sc.first, CorruptPayload)
     assert not is_in_redis(pd_nodes.redis, damaged)  # a copy failing an integrity check is removed
 
@@ -302,8 +317,8 @@ def test_a_flipped_bit_on_disk_is_corrupt(pd_nodes, on_decode_disk, arch):
     sc = scenario(arch)
     handoff = on_decode_disk[arch]
     cache, _ = prefilled(sc.model, sc.prompt)
-    flip_disk_bit(pd_nodes.decode.disk_dir, handoff.ssm[sc.target].state_id,
-                  ssm_tensors(sc.target, cache.layers[sc.target]))
+    flip_disk_bit(pd_nodes.decode.disk_dir, handoff.ssm.state_id,
+                  ssm_tensors(sc.target, cache.layers[sc.target]), sc.target)
     assert_refused(pd_nodes, sc.model, handoff, sc.prompt, sc.first, CorruptPayload)
 
 
@@ -317,9 +332,9 @@ def test_a_header_rewritten_without_the_key_is_a_bad_signature(pd_nodes, arch):
     # The forger knows the key id (every header carries it), not the secret.
     key_id = pd_nodes.keyring.active.key_id
     forger = Keyring([SigningKey.from_secret(key_id, os.urandom(32))], key_id)
-    target = handoff.ssm[sc.target].state_id
+    target = handoff.ssm.state_id
     genuine = redis_blob(pd_nodes.redis, target)
-    forged = forged_blob(genuine, redis_blob(pd_nodes.redis, other.ssm[sc.target].state_id), forger)
+    forged = forged_blob(genuine, redis_blob(pd_nodes.redis, other.ssm.state_id), forger)
     assert forged != genuine and len(forged) == len(genuine)
     # Under the forger's own key it is a perfect match for the handed ref: only the signature tells.
     expected = decode_header(genuine).ref()
@@ -344,7 +359,7 @@ def test_a_decoder_with_other_weights_is_refused(pd_nodes, handoffs, arch):
 
 @pytest.mark.parametrize("with_manifest", [False, True], ids=["chunk-only", "manifest-too"])
 @pytest.mark.parametrize("source, error", [
-    ("neighbour", PlacementMismatch),  # the neighbouring layer's snapshot
+    ("other_group", PlacementMismatch),  # the same snapshots stored as another layer group
     ("other_prompt", PositionMismatch),  # another request's, over other tokens
     ("same_prompt", FingerprintMismatch),  # another request's, over the same tokens
     ("earlier_1", PositionMismatch),  # this request's, one token early
@@ -352,9 +367,11 @@ def test_a_decoder_with_other_weights_is_refused(pd_nodes, handoffs, arch):
 def test_another_objects_bytes_under_this_key_in_redis_get_the_identity_reason(pd_nodes, handoffs, arch, source,
                                                                               error, with_manifest):
     sc = scenario(arch)
-    handoff = publish(pd_nodes, sc.model, sc.prompt, f"{RUN}-{arch}-wrong-key-{source}-{int(with_manifest)}")
-    target = handoff.ssm[sc.target].state_id
-    theirs = (handoff.ssm[sc.neighbour] if source == "neighbour" else handoffs.get(arch, source).ssm[sc.target])
+    request_id = f"{RUN}-{arch}-wrong-key-{source}-{int(with_manifest)}"
+    handoff = publish(pd_nodes, sc.model, sc.prompt, request_id)
+    target = handoff.ssm.state_id
+    theirs = (publish_as_other_group(pd_nodes, sc, request_id) if source == "other_group"
+              else handoffs.get(arch, source).ssm)
     write_under_another_key(pd_nodes.redis, target, theirs.state_id, with_manifest=with_manifest)
     assert_refused(pd_nodes, sc.model, handoff, sc.prompt, sc.first, error)  # that reason alone: no corrupt_payload
     assert is_in_redis(pd_nodes.redis, target)  # no damage: left in place
@@ -365,15 +382,16 @@ def test_another_objects_bytes_under_this_key_in_redis_get_the_identity_reason(p
 
 def test_another_objects_bytes_in_the_arena_leave_the_genuine_copy_served(pd_nodes, arch):
     sc = scenario(arch)
-    handoff = publish(pd_nodes, sc.model, sc.prompt, f"{RUN}-{arch}-wrong-key-arena")
-    target, neighbour = handoff.ssm[sc.target], handoff.ssm[sc.neighbour]
+    request_id = f"{RUN}-{arch}-wrong-key-arena"
+    handoff = publish(pd_nodes, sc.model, sc.prompt, request_id)
+    target, other = handoff.ssm, publish_as_other_group(pd_nodes, sc, request_id)
     with Client(pd_nodes.prefill.url, namespace=namespace_for(sc.model)) as client:
-        overwrite_in_arena(pd_nodes.prefill, target, redis_blob(pd_nodes.redis, neighbour.state_id))
+        overwrite_in_arena(pd_nodes.prefill, target, redis_blob(pd_nodes.redis, other.state_id))
         before = Counters.of(pd_nodes.prefill)
         with ForwardCounter(sc.model):
             cache = restore_cache(client, sc.model, SavedState.from_json(handoff.to_json()), sc.prompt)
-        # the arena copy is refused as the neighbour's; the published copy in Redis is served
+        # the arena copy is refused as the other group's; the published copy in Redis is served
         assert changes(before, Counters.of(pd_nodes.prefill), "rejected:", "miss:") == {"rejected:placement": 1}
         assert greedy_decode(sc.model, cache, sc.first, len(sc.prompt), NEW_TOKENS) == sc.reference
         described = client.inspect(target.state_id)
-    assert described["tiers"][0] == "host" and described["header"]["layer"] == sc.neighbour  # left for forensics
+    assert described["tiers"][0] == "host" and described["header"]["layer"] == 1  # group 1: left for forensics

@@ -26,6 +26,8 @@ from disk_crash_writer import KEYRING, load, make_object, object_id_for, store  
 from harness import ProbeResult  # noqa: E402
 from statetier.protocol.errors import NotFound, ProtocolError, RejectedState  # noqa: E402
 from statetier.protocol.frames import PROTOCOL_VERSIONS, Frame, FrameDecoder, Op, encode_frame_bytes, hello_frame  # noqa: E402
+from statetier.protocol.identity import Kind, StateKey, StateRef  # noqa: E402
+from statetier.protocol.messages import ref_to_wire  # noqa: E402
 from statetier.tiers.disk import DiskTier, DiskTierOptions  # noqa: E402
 
 
@@ -69,14 +71,14 @@ def _decode_all(raw: bytes) -> None:
 
 def test_every_fuzz_input_is_frames_or_a_protocol_error_for_the_decoder():
     rng = random.Random(5)
-    refs = [{"key": {"prefix": "00" * 32}, "state_id": "11" * 16}]
-    templates = probe_fuzz.Templates(refs)
+    ref = StateRef(StateKey(probe_fuzz.NS, Kind.KV, 0, bytes(32), 0, 16), "r", 0, bytes.fromhex("11" * 16), 1)
+    templates = probe_fuzz.Templates([ref_to_wire(ref)])
     hello = encode_frame_bytes(hello_frame(PROTOCOL_VERSIONS, tenant="default"))
     outcomes = {"frames": 0, "protocol_error": 0}
     for _ in range(2000):
-        op, meta, data = templates.request(rng)
+        op, meta, data, flags = templates.request(rng)
         try:
-            frame = encode_frame_bytes(Frame(op, 1, meta, data))
+            frame = encode_frame_bytes(Frame(op, 1, meta, data, flags))
         except ProtocolError:
             continue
         for raw in (frame, probe_fuzz._frame_mutation(rng, frame), probe_fuzz._frame_mutation(rng, hello)):

@@ -8,22 +8,32 @@ cancelled before or inside any await of a store or a load leaves nothing behind
 fail with the documented errors; a leased object deleted stays readable through its lease;
 capacity counts reservations; eviction returns the exact LRU sequence with its bytes; and
 a tier reports what it holds: another object's intact bytes stored under an id read back
-as they are, neither refused nor dropped (judging them is the engine's, issue 12).
+as they are, neither refused nor dropped (judging them is the engine's, issue 12); a group
+object (issue 21) comes back with its group key and every layer's regions.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
+from statetier.protocol.classify import open_intact
+from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.errors import CapacityError, InvalidRequest, LeaseError
+from statetier.protocol.groups import LayerGroup, region_name, split_region_name
+from statetier.protocol.identity import Kind, Provenance, new_state_id
+from statetier.protocol.sealed import decode_header, seal_object
+from statetier.tiers.base import ObjectMeta
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling contract_fixtures.py
 from contract_fixtures import (  # noqa: F401  (fixtures are used by name)
     CAPACITY,
+    KEYRING,
+    NAMESPACE,
     assert_full_capacity_fits,
     assert_invisible,
     assert_quiet,
@@ -302,4 +312,26 @@ async def test_stats_count_objects_bytes_leases_and_stores_in_flight(tier):
     await assert_quiet(tier, 3, total)
     for meta, _ in stored:
         assert await tier.delete(meta.object_id)
+    await assert_quiet(tier, 0, 0)
+
+
+async def test_a_group_object_round_trips_with_every_layers_region(tier):
+    group = LayerGroup(Kind.KV, 2, (5, 11, 17))
+    key = group.key(NAMESPACE, os.urandom(32), 256, 512, shard=1)
+    regions = {layer: {name: os.urandom(8 * 1024) for name in ("k", "v")} for layer in group.layers}
+    blob = seal_object(key, Provenance("contract-group", 3, "contract", 1),
+                       [(TensorSpec(region_name(layer, name), "uint8", (len(data),)), data)
+                        for layer in group.layers for name, data in regions[layer].items()],
+                       keyring=KEYRING, state_id=new_state_id(), version=1)
+    meta = ObjectMeta.from_header(decode_header(blob))
+    await store(tier, meta, blob)
+
+    assert await tier.find_by_key(key.digest()) == [meta]
+    opened = open_intact(await load(tier, meta.object_id), KEYRING)
+    assert opened.header.key == key and LayerGroup.of_key(opened.header.key) == group
+    assert [t.spec.name for t in opened.header.tensors] == ["5.k", "5.v", "11.k", "11.v", "17.k", "17.v"]
+    for t in opened.header.tensors:
+        layer, name = split_region_name(t.spec.name)
+        assert bytes(opened.payload[t.offset : t.offset + t.nbytes]) == regions[layer][name]
+    assert await tier.delete(meta.object_id)
     await assert_quiet(tier, 0, 0)

@@ -75,17 +75,22 @@ async def test_the_default_arena_is_a_memfd_and_leaves_nothing_in_dev_shm() -> N
 
 
 _NAMED_ARENA_DAEMON = """
-import asyncio, sys
+import asyncio, os, sys
 from statetier.tiers.memory.host import HostTier, HostTierOptions
 
 async def main(directory):
     tier = HostTier(HostTierOptions(1 << 20, shm_dir=directory, pin_memory=False))
     await tier.start()
-    print(tier.shared_memory()[0], flush=True)
+    print(os.readlink(f"/proc/self/fd/{tier.arena_fd}"), flush=True)
     await asyncio.sleep(3600)  # until killed
 
 asyncio.run(main(sys.argv[1]))
 """
+
+
+def arena_path(tier: HostTier) -> Path:
+    """The file behind the tier's arena descriptor (a named arena's path in ``shm_dir``)."""
+    return Path(os.readlink(f"/proc/self/fd/{tier.arena_fd}"))
 
 
 def start_named_arena_process(directory: Path) -> tuple[subprocess.Popen, Path]:
@@ -98,7 +103,7 @@ def start_named_arena_process(directory: Path) -> tuple[subprocess.Popen, Path]:
 
 async def test_a_named_arena_is_private_to_the_daemon_and_removed_at_close(tmp_path: Path) -> None:
     async with HostTier(HostTierOptions(1 * MIB, shm_dir=tmp_path, pin_memory=False)) as tier:
-        path = Path(tier.shared_memory()[0])
+        path = arena_path(tier)
         assert path.parent == tmp_path and not tier.is_memfd
         info = path.stat()
         assert stat.S_IMODE(info.st_mode) == 0o600 and info.st_uid == os.geteuid()
@@ -115,7 +120,7 @@ async def test_the_arena_a_sigkilled_daemon_left_is_removed_at_the_next_start_an
         other = tmp_path / "not-an-arena.txt"
         other.write_text("left alone")
         async with HostTier(HostTierOptions(1 * MIB, shm_dir=tmp_path, pin_memory=False)) as tier:
-            mine = Path(tier.shared_memory()[0])
+            mine = arena_path(tier)
             # ...until the next daemon starts there: the dead one's goes, the live one's and
             # a file that is no arena stay
             assert sorted(tmp_path.iterdir()) == sorted([mine, live_arena, other])

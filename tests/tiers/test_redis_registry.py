@@ -3,7 +3,9 @@
 Two registries on two separate clients stand for two nodes. They must agree on the newest
 version of a stream, never hand out one version twice however their claims interleave,
 refuse a version that is not newer (naming the newest), and remember which stream each
-state_id was claimed for.
+state_id was claimed for. A batch's claims go in one round trip, in order per stream; a
+stale one ends the batch (what followed it is withdrawn), and a withdrawal restores the
+previous head only while the withdrawn claim is still the head.
 """
 
 from __future__ import annotations
@@ -13,13 +15,15 @@ import itertools
 import os
 
 import pytest
+import redis.asyncio.connection
+from redis.asyncio import RedisCluster
 
 from statetier.protocol.errors import InvalidRequest, StaleState
 from statetier.protocol.identity import new_state_id
 from statetier.protocol.keyring import dev_keyring
 from statetier.tiers.redis import RedisTier, RedisTierOptions
 from statetier.tiers.redis.registry import RedisVersionRegistry
-from statetier.tiers.registry import StreamHead
+from statetier.tiers.registry import Claim, StreamHead
 
 _prefixes = itertools.count()
 
@@ -106,3 +110,55 @@ async def test_a_registry_shares_the_client_of_a_started_tier(url) -> None:
         assert 0 < await tier.client.ttl(f"{prefix}:s:{{{sid.hex()}}}") <= 60
         await registry.close()  # not its client: the tier's stays open
         assert await tier.client.ping()
+
+
+# -- a batch's claims in one call (issue 21) ------------------------------------------------
+
+
+async def test_a_batch_of_claims_is_one_round_trip_in_order_per_stream(url, monkeypatch) -> None:
+    prefix = f"r{os.getpid()}x{next(_prefixes)}"
+    registry = RedisVersionRegistry(url, key_prefix=prefix)
+    try:
+        await registry.newest(stream())  # connected, scripts registered
+        sends = []
+        send = redis.asyncio.connection.AbstractConnection.send_packed_command
+
+        async def counted(connection, *args, **kwargs):
+            sends.append(connection)
+            return await send(connection, *args, **kwargs)
+
+        monkeypatch.setattr(redis.asyncio.connection.AbstractConnection, "send_packed_command", counted)
+        shared, others = stream(), [stream() for _ in range(62)]
+        claims = [Claim(shared, new_state_id()), *(Claim(s, new_state_id()) for s in others),
+                  Claim(shared, new_state_id())]
+        answers = await registry.claim_many(claims)
+        assert [a.version for a in answers] == [1] + [1] * 62 + [2]  # one stream's claims in their order
+        assert answers[0].previous is None and answers[-1].previous == StreamHead(1, claims[0].state_id)
+        if not isinstance(registry._client, RedisCluster):  # (a cluster: one pipeline, sent per master)
+            assert len(sends) == 1  # 64 claims and their state_id records: one round trip
+        assert await registry.newest(shared) == StreamHead(2, claims[-1].state_id)
+        assert await registry.stream_of(claims[5].state_id) == others[4]
+    finally:
+        await registry.close()
+
+
+async def test_a_stale_claim_ends_the_batch_and_what_follows_it_is_withdrawn(two_nodes) -> None:
+    node_a, node_b = two_nodes
+    streams = [stream() for _ in range(3)]
+    first = await node_a.claim_many([Claim(s, new_state_id()) for s in streams])
+    batch = [Claim(streams[0], new_state_id(), 5), Claim(streams[1], new_state_id(), 1),
+             Claim(streams[2], new_state_id(), 5)]
+    answers = await node_b.claim_many(batch)
+    assert answers[0].version == 5 and isinstance(answers[1], StaleState) and answers[2] is None
+    assert (await node_a.newest(streams[2])).version == 1  # the third claim was made, then withdrawn
+
+    await node_a.withdraw([(batch[0], answers[0])])  # a stored-nothing batch gives its claim back
+    assert (await node_b.newest(streams[0])).version == 1
+    late = Claim(streams[0], new_state_id())
+    taken = await node_b.claim_many([late])
+    await node_a.withdraw([(batch[0], answers[0])])  # no longer the head: left alone
+    assert await node_b.newest(streams[0]) == StreamHead(taken[0].version, late.state_id)
+    fresh = Claim(stream(), new_state_id())
+    (claimed,) = await node_a.claim_many([fresh])
+    await node_a.withdraw([(fresh, claimed)])
+    assert await node_b.newest(fresh.stream_id) is None  # a new stream withdrawn is no stream

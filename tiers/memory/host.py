@@ -8,8 +8,8 @@ their own, ``daemon/server/windows.py``; none of them opens or maps the arena).
   0600, owned by the daemon, held under an exclusive ``flock`` while the daemon lives and
   removed at ``close()``; arena files a dead daemon left in ``shm_dir`` (their lock free)
   are removed at ``start()`` (``remove_dead_arenas``). Sized with ``ftruncate`` and
-  ``mmap``'d once at ``start()``. ``shared_memory()`` → (path, size);
-  ``arena_offset(ticket_or_lease)`` → where that object's bytes start.
+  ``mmap``'d once at ``start()``. ``arena_offset(ticket_or_lease)`` → where that object's
+  bytes start.
 - ``arena_fd`` / ``arena_size`` / ``arena_view`` — the arena's descriptor and a writable
   view of it, for the daemon's own copies (and tests); no client is given either.
   ``StoreTicket.location`` is the arena offset of a store in progress and
@@ -135,9 +135,6 @@ class HostArena:
     @property
     def is_pinned(self) -> bool:
         return self._cudart is not None
-
-    def shared_memory(self) -> tuple[str, int]:
-        return self._shm_path or f"/proc/{os.getpid()}/fd/{self.fd}", self.capacity
 
     def movers(self, jobs: PinnedJobs, inline_copy_bytes: int) -> HostBytes:
         assert self.region is not None, "movers of an arena that is not open"
@@ -291,12 +288,6 @@ class HostTier(ExtentTier):
         self._region.require_open()
         assert self._arena.region is not None
         return self._arena.region[:]
-
-    def shared_memory(self) -> tuple[str, int]:
-        """(path, size) of the arena: the named arena file in ``shm_dir``, or the daemon's
-        memfd through ``/proc`` (which only the daemon's own uid may open)."""
-        self._region.require_open()
-        return self._arena.shared_memory()
 
     def arena_offset(self, handle: StoreTicket | Lease) -> int:
         """Arena offset of a store ticket or a lease (where its object's bytes start)."""

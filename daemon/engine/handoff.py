@@ -1,0 +1,126 @@
+"""After a batch of puts became visible: tenants, write-behind, publish, durable copies, metrics.
+
+``Handoff(stack)`` — one per engine (``daemon.engine.puts``). ``finish(stored, answers,
+started)`` answers each ``Stored`` item of a batch with its ``PutResult``:
+
+- its tenant is charged for the bytes in the tier that took it;
+- ``durable``: it is copied into the durable tier before the answer (the answer says False
+  when there is none or it could not take the object); ``publish``: it is written through
+  to the cross-node tier, or — tolerated without one — stored locally, said and counted;
+  otherwise a write-behind copy is scheduled (no wait);
+- one metric update for the whole batch (``observe_ops``, per tier, kind and op: ``put``,
+  and ``store`` for what went into its arena reservation).
+
+A publish that fails answers that item with its error; the object stays stored locally,
+and the other items are answered as they fared.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+from statetier.protocol.errors import StatetierError
+from statetier.protocol.identity import StateRef
+from statetier.tiers.base import ObjectMeta, Tier
+
+from ..requests import PutRequest, PutResult
+from .stack import Stack
+
+log = logging.getLogger("statetier.engine")
+
+
+@dataclass(slots=True)
+class Stored:
+    """One put of a batch, sealed and visible in ``tier``. ``chunks``: its bytes (header,
+    payload) when they are at hand; None when they live only in the arena."""
+
+    index: int
+    req: PutRequest
+    meta: ObjectMeta
+    tier: Tier
+    chunks: list | None
+    fingerprint: bytes
+
+
+class Handoff:
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+
+    async def finish(self, stored: list[Stored], answers: list, started: float) -> None:
+        stack = self.stack
+        for item in stored:
+            meta = item.meta
+            stack.tenancy.charge(item.req.tenant, item.tier.name, meta.object_id, meta.size)
+            try:
+                answers[item.index] = await self._answer(item)
+            except StatetierError as exc:
+                answers[item.index] = exc
+        if stack.metrics is not None and stored:
+            self._observe(stored, (time.perf_counter() - started) / len(stored))
+
+    def _observe(self, stored: list[Stored], seconds: float) -> None:
+        """One metric update for the batch: its puts per tier and kind, and the stores into
+        the arena that were its own reservations (``Placement.store`` counts the others)."""
+        counts: Counter = Counter()
+        sizes: Counter = Counter()
+        for item in stored:
+            for op in ("put", "store") if item.chunks is None else ("put",):
+                group = (item.tier.name, item.meta.kind.name.lower(), op)
+                counts[group] += 1
+                sizes[group] += item.meta.size
+        for (tier, kind, op), count in counts.items():
+            self.stack.metrics.observe_ops(tier, kind, op, count, sizes[(tier, kind, op)], seconds)
+
+    async def _answer(self, item: Stored) -> PutResult:
+        req, meta, tier = item.req, item.meta, item.tier
+        ref = StateRef(req.key, meta.request_id, meta.step, meta.object_id, meta.version, item.fingerprint)
+        if not (req.publish or req.durable):
+            self.stack.placement.schedule_copy_down(meta.object_id, tier)
+            return PutResult(ref, tier.name, False, tier.is_durable)
+        durable = tier.is_durable or (req.durable and await self._store_durably(item))
+        published = await self._publish(item) if req.publish else False
+        if not req.publish:
+            self.stack.placement.schedule_copy_down(meta.object_id, tier)
+        return PutResult(ref, tier.name, published, durable)
+
+    async def _publish(self, item: Stored) -> bool:
+        """Written through to the cross-node tier; without one (tolerated) False, counted."""
+        stack, meta, tier = self.stack, item.meta, item.tier
+        target = stack.publish
+        if target is None:
+            log.warning("put of %s asked to publish; no cross-node tier: stored locally only", meta.object_id.hex())
+            if stack.metrics is not None:
+                stack.metrics.count_unpublished()
+            stack.placement.schedule_copy_down(meta.object_id, tier)
+            return False
+        if tier is target:
+            stack.placement.schedule_copy_down(meta.object_id, tier)
+        else:
+            await self._copy(item, target)
+        return True
+
+    async def _store_durably(self, item: Stored) -> bool:
+        """A copy in the durable tier now, not write-behind; False (the answer says so)
+        when there is none or it cannot take the object."""
+        stack, meta = self.stack, item.meta
+        target = next((t for t in stack.tiers if t.is_durable), None)
+        if target is None:
+            return False
+        try:
+            if item.chunks is None or stack.tenancy.may_copy(item.tier.name, target.name, meta.object_id, meta.size):
+                await self._copy(item, target)
+        except StatetierError as exc:
+            log.debug("durable copy of %s into %s failed: %s", meta.object_id.hex(), target.name, exc)
+            return False
+        return await target.contains(meta.object_id)
+
+    async def _copy(self, item: Stored, target: Tier) -> None:
+        stack, meta = self.stack, item.meta
+        if item.chunks is None:  # it lives only in the arena: copied out under a lease
+            await stack.placement.copy_between(meta.object_id, item.tier, target)
+        else:
+            await stack.placement.store_in(target, item.chunks, meta)
+            stack.tenancy.copied(item.tier.name, target.name, meta.object_id)
