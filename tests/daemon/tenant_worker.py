@@ -12,6 +12,15 @@ connects. It prints one JSON line. Jobs (``JSON`` holds ``url``, ``uid``, ``gid`
   connection open that long (printing ``{"holding": true}`` first).
 - ``find`` — ``model``, ``tenant_in_spec``, ``ref`` (another worker's, wire form): load by
   key, load by that ref, and a lookup, each reported as ``"bytes"`` or the error's reason.
+- ``put_groups`` — ``model``, ``tenant_in_spec``, ``seed``: one request's state in group
+  objects (``GROUP_BLOCKS`` KV group objects, one SSM group object), durable, in one
+  ``put_many``; prints their refs (wire form).
+- ``find_groups`` — ``model``, ``tenant_in_spec``, ``refs`` (another worker's ``put_groups``
+  refs), ``seeds``: the objects' keys loaded as one ``load_many`` (one frame in flight:
+  ``load_batch_frames`` counts its frames, more than one when it streamed through the load
+  window) and one chosen layer by key, each reported as ``"seed:N"`` (the bytes of seed N of
+  ``seeds``), ``"other"`` or the error's reason; the refs as one ``load_many`` and one
+  chosen layer by ref, and a lookup over the groups, as ``find`` reports them.
 - ``scan`` — ``probe`` (hex), ``roots``, ``pids``: every file under ``roots`` and in
   ``/dev/shm`` it can open, every descriptor in ``/proc/<pid>/fd`` and every mapping in
   ``/proc/<pid>/mem`` of ``pids`` it can read, searched for the probe; prints what it
@@ -35,13 +44,20 @@ import torch
 
 import statetier.clients.copies  # noqa: F401 - loaded before setuid: nothing below may import late
 import statetier.clients.shm  # noqa: F401
-from statetier.clients import AsyncClient
+from statetier.clients import AsyncClient, LayerGroup, PutItem
 from statetier.protocol.errors import StatetierError
-from statetier.protocol.identity import NamespaceSpec, prefix_hashes
+from statetier.protocol.frames import Op
+from statetier.protocol.identity import Kind, NamespaceSpec, prefix_hashes
 from statetier.protocol.messages import ref_from_wire, ref_to_wire
 
 BLOCK = 16
 TOKENS = list(range(1000, 1000 + BLOCK))
+
+
+GROUP_BLOCKS = 4
+GROUP_TOKENS = list(range(2000, 2000 + GROUP_BLOCKS * BLOCK))
+ATTENTION = LayerGroup(Kind.KV, 0, (0, 1))
+MAMBA = LayerGroup(Kind.SSM, 1, (2, 3))
 
 
 def spec_of(job: dict) -> NamespaceSpec:
@@ -93,6 +109,74 @@ async def find(job: dict) -> None:
             "by_key": await outcome(client.load(key)),
             "by_ref": await outcome(client.load(ref_from_wire(job["ref"]))),
             "by_lookup": await outcome(client.lookup([0], [], token_ids=TOKENS, lease=False)),
+        }), flush=True)
+
+
+def group_items(client: AsyncClient, seed: int) -> list[PutItem]:
+    """A KV group object (512 KiB: two layers' ``k`` and ``v``) per block and the SSM group
+    object (256 KiB) at the last boundary, their bytes drawn from ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    chain = prefix_hashes(GROUP_TOKENS, BLOCK)
+
+    def regions(group: LayerGroup, rows: int) -> dict[int, dict[str, torch.Tensor]]:
+        return {layer: {name: torch.randint(-2**15, 2**15 - 1, (rows, 512), generator=gen, dtype=torch.int16)
+                        for name in ("k", "v")} for layer in group.layers}
+
+    items = [PutItem(client.group_key(ATTENTION, chain[b], b * BLOCK, (b + 1) * BLOCK), regions(ATTENTION, 128),
+                     request_id=f"groups-{seed}", durable=True) for b in range(GROUP_BLOCKS)]
+    items.append(PutItem(client.group_key(MAMBA, chain[-1], 0, GROUP_BLOCKS * BLOCK), regions(MAMBA, 64),
+                         request_id=f"groups-{seed}", durable=True))
+    return items
+
+
+async def put_groups(job: dict) -> None:
+    async with AsyncClient(job["url"], namespace=spec_of(job)) as client:
+        refs = await client.put_many(group_items(client, job["seed"]))
+        print(json.dumps({"refs": [ref_to_wire(ref) for ref in refs]}), flush=True)
+
+
+def same(got: dict, want: dict) -> bool:
+    return sorted(got) == sorted(want) and all(
+        list(got[layer]) == list(want[layer]) and all(torch.equal(got[layer][n], t) for n, t in want[layer].items())
+        for layer in want)
+
+
+async def matched(call, wanted: dict[int, list[dict]]) -> str:
+    """``"seed:N"`` when what ``call`` loaded is seed N's objects, ``"other"``, or the reason."""
+    try:
+        got = await call
+    except StatetierError as exc:
+        return exc.reason
+    got = got if isinstance(got, list) else [got]
+    return next((f"seed:{seed}" for seed, want in wanted.items()
+                 if len(got) == len(want) and all(same(g, w) for g, w in zip(got, want))), "other")
+
+
+async def find_groups(job: dict) -> None:
+    async with AsyncClient(job["url"], namespace=spec_of(job)) as client:
+        wanted = {seed: [item.tensors for item in group_items(client, seed)] for seed in job["seeds"]}
+        keys = [item.key for item in group_items(client, 0)]
+        refs = [ref_from_wire(ref) for ref in job["refs"]]
+        conn, frames = client._connection(), []
+        send = conn.request
+
+        async def counted(op, meta, *args, **kwargs):
+            frames.append(op)
+            return await send(op, meta, *args, **kwargs)
+
+        conn.request = counted
+        by_key = await matched(client.load_many(keys, concurrency=1), wanted)
+        load_batch_frames = frames.count(Op.LOAD_BATCH)
+        print(json.dumps({
+            "uses_shm": client.uses_shm,
+            "batch_by_key": by_key,
+            "load_batch_frames": load_batch_frames,
+            "layer_by_key": await matched(client.load_group(keys[-1], layers=[3]),
+                                          {seed: [{3: want[-1][3]}] for seed, want in wanted.items()}),
+            "batch_by_ref": await outcome(client.load_many(refs)),
+            "layer_by_ref": await outcome(client.load_group(refs[1], layers=[1])),
+            "by_lookup": await outcome(client.lookup(groups=[ATTENTION, MAMBA], token_ids=GROUP_TOKENS,
+                                                     lease=False)),
         }), flush=True)
 
 
@@ -164,7 +248,7 @@ def main() -> None:
     if name == "scan":
         scan(job)
     else:
-        asyncio.run({"put": put, "find": find}[name](job))
+        asyncio.run({"put": put, "find": find, "put_groups": put_groups, "find_groups": find_groups}[name](job))
 
 
 if __name__ == "__main__":

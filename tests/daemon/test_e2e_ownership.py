@@ -14,6 +14,13 @@ Tenant A puts a page, durable and published to Redis. Tenant B, whose spec names
 
 On the old design a namespace went to the first tenant that used it, in memory: after a
 restart (or on another daemon) B, asking first, was given A's namespace and read A's page.
+
+The same through issue 21's entry points: A puts a request's state in group objects as one
+batch; B, naming A in its spec, finds nothing of it by a batch of keys (streamed through a
+small load window), by a batch of A's refs, by one chosen layer (by key and by ref) or by a
+lookup over the groups; once B puts its own under the same keys, each finds only its own,
+and after a restart too.
+
 Needs root (to run workers as other uids); skipped otherwise.
 """
 
@@ -58,12 +65,12 @@ def place():
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def daemon_in(directory: Path, keyring: Path, redis_url: str) -> DaemonProcess:
+def daemon_in(directory: Path, keyring: Path, redis_url: str | None, **host) -> DaemonProcess:
     directory.mkdir(mode=0o711)
     directory.chmod(0o711)
     # no "default" tenant: a worker's uid alone says which tenant it is
     config = {"tenants": [{"name": "a", "uids": [UID_A]}, {"name": "b", "uids": [UID_B]}],
-              "listen": {"socket_mode": 0o666}}
+              "listen": {"socket_mode": 0o666}, **({"host": host} if host else {})}
     return DaemonProcess(config, redis_url=redis_url, keyring=keyring, directory=directory)
 
 
@@ -94,3 +101,39 @@ def test_a_tenant_naming_another_in_its_spec_finds_nothing_of_its_up_after_a_res
     finally:
         first.close()
         second.close()
+
+
+GROUPS_OF_NOBODY = {"uses_shm": True, "batch_by_key": "not_found", "load_batch_frames": 1,
+                    "layer_by_key": "not_found", "batch_by_ref": "namespace", "layer_by_ref": "namespace",
+                    "by_lookup": "tokens:0"}
+
+
+def groups_of(seed: int, refs: str) -> dict:
+    """What ``find_groups`` reports when the finder's own state is seed ``seed``'s, its batch
+    by key streamed through the window in two frames, and the refs asked for are ``refs``."""
+    return {"uses_shm": True, "batch_by_key": f"seed:{seed}", "load_batch_frames": 2, "layer_by_key": f"seed:{seed}",
+            "batch_by_ref": refs, "layer_by_ref": refs, "by_lookup": "tokens:64"}
+
+
+def test_batches_group_objects_and_window_streaming_reach_only_the_tenants_own_namespace(place):
+    directory, keyring = place
+    spec_of_a = {"model": "owned-groups", "tenant_in_spec": "a"}
+    daemon = daemon_in(directory / "groups", keyring, None, window_bytes="2MiB")  # 2.25 MiB of state: two steps
+    try:
+        daemon.start()
+        refs_of_a = run_worker("put_groups", UID_A, url=daemon.url, seed=1, **spec_of_a)["refs"]
+        assert len(refs_of_a) == 5
+
+        def find(uid: int) -> dict:
+            return run_worker("find_groups", uid, url=daemon.url, refs=refs_of_a, seeds=[1, 2], **spec_of_a)
+
+        assert find(UID_B) == GROUPS_OF_NOBODY
+        run_worker("put_groups", UID_B, url=daemon.url, seed=2, **spec_of_a)  # the same keys, B's own
+        assert find(UID_B) == groups_of(2, refs="namespace")
+        assert find(UID_A) == groups_of(1, refs="bytes")
+
+        daemon.restart()  # durable: B asks first, still only its own
+        assert find(UID_B) == groups_of(2, refs="namespace")
+        assert find(UID_A) == groups_of(1, refs="bytes")
+    finally:
+        daemon.close()

@@ -5,7 +5,9 @@ version of a stream, never hand out one version twice however their claims inter
 refuse a version that is not newer (naming the newest), and remember which stream each
 state_id was claimed for. A batch's claims go in one round trip, in order per stream; a
 stale one ends the batch (what followed it is withdrawn), and a withdrawal restores the
-previous head only while the withdrawn claim is still the head.
+previous head only while the withdrawn claim is still the head. A claim without a version
+goes past the version its claimer saw (``Claim.past``) when the head is behind it or gone,
+here and in the in-memory registry alike.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from statetier.protocol.identity import new_state_id
 from statetier.protocol.keyring import dev_keyring
 from statetier.tiers.redis import RedisTier, RedisTierOptions
 from statetier.tiers.redis.registry import RedisVersionRegistry
-from statetier.tiers.registry import Claim, StreamHead
+from statetier.tiers.registry import Claim, MemoryVersionRegistry, StreamHead
 
 _prefixes = itertools.count()
 
@@ -162,3 +164,37 @@ async def test_a_stale_claim_ends_the_batch_and_what_follows_it_is_withdrawn(two
     (claimed,) = await node_a.claim_many([fresh])
     await node_a.withdraw([(fresh, claimed)])
     assert await node_b.newest(fresh.stream_id) is None  # a new stream withdrawn is no stream
+
+
+# -- a claim past the version its claimer saw (a head rolled back or lost) ----------------
+
+
+@pytest.fixture(params=["memory", "single", "cluster"])
+async def any_registry(request):
+    if request.param == "memory":
+        yield MemoryVersionRegistry()
+        return
+    url = request.getfixturevalue("redis_server" if request.param == "single" else "redis_cluster").url
+    registry = RedisVersionRegistry(url, key_prefix=f"r{os.getpid()}x{next(_prefixes)}")
+    yield registry
+    await registry.close()
+
+
+async def test_a_claim_without_a_version_goes_past_what_its_claimer_saw_whatever_the_head(any_registry) -> None:
+    registry = any_registry
+    behind, lost, ahead = stream(), stream(), stream()
+    await registry.claim_many([Claim(behind, new_state_id()), Claim(ahead, new_state_id(), 9)])
+    claims = [Claim(behind, new_state_id(), past=7),  # the head (1) is behind what was seen: 8
+              Claim(lost, new_state_id(), past=7),  # no head at all (expired, forgotten): 8
+              Claim(ahead, new_state_id(), past=7),  # the head (9) is ahead: simply the next, 10
+              Claim(behind, new_state_id(), past=7),  # the batch's own claim is the head now: 9
+              Claim(behind, new_state_id(), 20, past=30)]  # a given version is taken as given
+    answers = await registry.claim_many(claims)
+    assert [a.version for a in answers] == [8, 8, 10, 9, 20]
+    assert [a.previous and a.previous.version for a in answers] == [1, None, 9, 8, 9]
+    assert await registry.newest(behind) == StreamHead(20, claims[-1].state_id)
+
+    await registry.withdraw([(claims[0], answers[0])])  # not the head any more: left alone
+    assert (await registry.newest(behind)).version == 20
+    await registry.withdraw([(claims[1], answers[1])])
+    assert await registry.newest(lost) is None
