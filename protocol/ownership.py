@@ -23,7 +23,6 @@ daemon (tenant names are cluster-wide identities: give one tenant the same name 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 
@@ -47,6 +46,11 @@ def is_owned_by(namespace: Namespace, tenant: str) -> bool:
 def owned_namespace(tenant: str, namespace: Namespace) -> Namespace:
     if is_owned_by(namespace, tenant):
         return namespace
+    return _derived_namespace(tenant, namespace)
+
+
+@functools.lru_cache(maxsize=4096)  # a batch's items, a worker's requests: mostly one namespace
+def _derived_namespace(tenant: str, namespace: Namespace) -> Namespace:
     raw = tenant.encode("utf-8", "surrogatepass")
     body = _OWNED + len(raw).to_bytes(4, "little") + raw + namespace.digest
     head = hashlib.blake2b(body, digest_size=NAMESPACE_BYTES - TAG_BYTES).digest()
@@ -55,7 +59,10 @@ def owned_namespace(tenant: str, namespace: Namespace) -> Namespace:
 
 def owned_key(tenant: str, key: StateKey) -> StateKey:
     namespace = owned_namespace(tenant, key.namespace)
-    return key if namespace == key.namespace else dataclasses.replace(key, namespace=namespace)
+    if namespace is key.namespace:
+        return key
+    return StateKey.from_checked(namespace, key.kind, key.layer, key.prefix_hash, key.token_start, key.token_end,
+                                 key.shard, key.group_layers)  # only the namespace changes: the rest was checked
 
 
 def owned_ref(tenant: str, ref: StateRef) -> StateRef:
