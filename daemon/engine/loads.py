@@ -77,7 +77,8 @@ class Loads:
                     raise expectation
                 if expectation is not None:
                     out[index] = await self._load_object(Wanted(req.ref.state_id, expectation, owner, req.tenant,
-                                                                req.full_check, req.layers))
+                                                                req.full_check, req.layers,
+                                                                stack.placement.delete_mark))
                 elif req.key is not None:
                     out[index] = await self._load_by_key(req, owner)
                 else:
@@ -107,12 +108,13 @@ class Loads:
         counted by ``skip_reason``; the first refusal is the answer when none is valid."""
         stack = self.stack
         key = req.key if req.key.namespace == req.namespace else dataclasses.replace(req.key, namespace=req.namespace)
+        mark = stack.placement.delete_mark  # before any candidate is located or leased
         candidates = await locate(stack, key, allow_speculative=req.allow_speculative)
         refused: RejectedState | None = None
         for meta, _tier in candidates:
             expectation = await self.fences.expect_key(key, meta.stream_id, req)
             try:
-                wanted = Wanted(meta.object_id, expectation, owner, req.tenant, req.full_check, req.layers)
+                wanted = Wanted(meta.object_id, expectation, owner, req.tenant, req.full_check, req.layers, mark)
                 return await self._load_object(wanted, counted=False)
             except RejectedState as exc:
                 stack.count_skip(skip_reason(exc))

@@ -25,7 +25,9 @@ tombstone up for the length of a delete: no cycle starts a copy of a tombstoned 
 ``settle_moves()`` waits for every cycle begun before it, so a delete that sweeps the tiers,
 settles, and sweeps again leaves no copy behind, whatever eviction was doing meanwhile;
 ``has_moves`` says whether any cycle is open (a load that found nothing settles then looks
-again: its object may be between two tiers).
+again: its object may be between two tiers). A load may hold a lease on a copy that a delete
+removed meanwhile: ``delete_mark`` (taken when it begins) and ``deleted_since(object_id,
+mark)`` say whether a delete of that object ended since, so it does not promote it back.
 
 Tenant bytes follow the copies: ``ledger`` (``daemon.engine.tenancy.Tenancy``) hears of every
 copy (``copied``), move (``moved``) and drop (``dropped``), and refuses a copy past the
@@ -43,9 +45,14 @@ import time
 from typing import AsyncIterator, Sequence
 
 from statetier.protocol.errors import CapacityError, InvalidRequest, NotFound, StatetierError
+from statetier.protocol.lru import BoundedLru
 from statetier.tiers.base import EvictedObject, ObjectMeta, Tier
 
 log = logging.getLogger("statetier.placement")
+
+#: Ended deletes remembered by object id (``deleted_since``); a load that began before more
+#: than this many ended takes its object for deleted.
+DELETES_REMEMBERED = 1 << 16
 
 
 class _NoLedger:
@@ -72,6 +79,8 @@ class Placement:
         self._open_cycles: set[int] = set()
         self._cycle_ended = asyncio.Condition()
         self._tombstones: dict[bytes, int] = {}
+        self._deletes_ended = 0
+        self._ended_at: BoundedLru[bytes, int] = BoundedLru(DELETES_REMEMBERED)  # object id -> its delete's end
         self._eviction_locks: dict[int, asyncio.Lock] = {}
         self._queue: asyncio.Queue[tuple[bytes, Tier]] = asyncio.Queue(maxsize=max(1, write_behind_limit))
         self._write_behind_from = set(id(t) for t in write_behind_from)
@@ -148,9 +157,24 @@ class Placement:
             left = self._tombstones.pop(object_id) - 1
             if left:
                 self._tombstones[object_id] = left
+            self._deletes_ended += 1
+            self._ended_at.put(object_id, self._deletes_ended)
 
     def is_deleting(self, object_id: bytes) -> bool:
         return object_id in self._tombstones
+
+    @property
+    def delete_mark(self) -> int:
+        """How many deletes have ended: taken when a load begins, asked with ``deleted_since``."""
+        return self._deletes_ended
+
+    def deleted_since(self, object_id: bytes, mark: int) -> bool:
+        """Whether a delete of ``object_id`` ended after ``delete_mark`` was ``mark`` (True too
+        when so many deletes ended since that this one may have been forgotten)."""
+        ended = self._ended_at.peek(object_id)
+        if ended is not None:
+            return ended > mark
+        return self._deletes_ended - mark > DELETES_REMEMBERED
 
     @property
     def has_moves(self) -> bool:

@@ -1,14 +1,17 @@
 """Serving one leased copy: classify it, promote it when it came from below, hold it.
 
 - ``Wanted``                      — what one load asks of every copy it tries: the state_id,
-                                    the ``Expectation``, the owner, the tenant, ``full_check``;
+                                    the ``Expectation``, the owner, the tenant, ``full_check``,
+                                    the deletes ended before it began (``delete_mark``);
                                     copies are classified against ``judged`` (the tensor specs
                                     are checked apart, by ``daemon.engine.loads``)
 - ``CopyServer(stack, leases)``   — ``serve(tier, index, lease, wanted)`` → ``LoadResult``,
                                     called by ``daemon.engine.loads`` for each copy, fastest first;
                                     it owns ``lease``. A copy from below is promoted: from a
                                     tier that ``reads_in_place`` (the disk) straight into an
-                                    arena reservation, else by storing the bytes read. Damage
+                                    arena reservation, else by storing the bytes read; never
+                                    while a delete runs, nor once the copy it came from was
+                                    deleted (its lease still serves the load its bytes). Damage
                                     and refusals raise as ``protocol.classify`` found them.
 
 A copy in daemon-only memory (host, device) is not digested again unless ``full_check``:
@@ -45,6 +48,7 @@ class Wanted:
     tenant: str
     full_check: bool = False
     layers: tuple[int, ...] | None = None  # a group object's layers the caller's specs describe
+    delete_mark: int = 0  # ``Placement.delete_mark`` when the load began, before any copy was leased
 
     @property
     def judged(self) -> Expectation:
@@ -129,7 +133,7 @@ class CopyServer:
             return opened if ObjectMeta.from_header(opened.header) == meta else None
 
         async with stack.placement.cycle():
-            if stack.placement.is_deleting(meta.object_id) or await target.contains(meta.object_id) \
+            if not await _may_promote(stack, meta.object_id, wanted, target) \
                     or stack.tenancy.would_exceed(wanted.tenant, target.name, meta.size):
                 return None
             try:
@@ -156,11 +160,10 @@ class CopyServer:
         oid = meta.object_id
         try:
             async with stack.placement.cycle():
-                if stack.placement.is_deleting(oid):
-                    return None
                 # a copy already above was not the one served (it was refused, or is not yet
                 # judged): serve what was verified, never an unjudged copy in its place
-                if await target.contains(oid) or stack.tenancy.would_exceed(wanted.tenant, target.name, meta.size):
+                if not await _may_promote(stack, oid, wanted, target) \
+                        or stack.tenancy.would_exceed(wanted.tenant, target.name, meta.size):
                     return None
                 await stack.placement.store_in(target, [blob], meta)
                 stack.tenancy.charge(wanted.tenant, target.name, oid, meta.size)
@@ -174,3 +177,14 @@ class CopyServer:
 
     def _result(self, lease_id: int, held: Held, header, blob: memoryview) -> LoadResult:
         return LoadResult(header, blob[header.header_len :], lease_id, held.tier.name, blob)
+
+
+async def _may_promote(stack: Stack, object_id: bytes, wanted: Wanted, target: Tier) -> bool:
+    """Whether a copy of ``object_id`` this load leased may be promoted into ``target`` (inside
+    a placement cycle): not while a delete of it runs, nor when one ended since the load
+    began — its lease still serves the load the bytes, but a promotion would bring the
+    deleted (purged) object back — and not over a copy already there."""
+    placement = stack.placement
+    if placement.is_deleting(object_id) or placement.deleted_since(object_id, wanted.delete_mark):
+        return False
+    return not await target.contains(object_id)

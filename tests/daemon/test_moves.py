@@ -2,7 +2,8 @@
 
 Stories: a delete racing a demotion-by-eviction, at every interleaving the event loop
 offers, never leaves a copy that a load or a lookup could reach once the delete has
-returned (host arena above disk, and above Redis). After puts, write-behind copies,
+returned (host arena above disk, and above Redis); a load that read the only copy before a
+delete serves its bytes but does not promote them back once the delete is done. After puts, write-behind copies,
 published copies, demotions, promotions and deletes, each tenant's usage in each tier
 equals the bytes of its objects there (and a tenant with a host quota can put again once
 its bytes were demoted).
@@ -203,3 +204,42 @@ async def test_write_behind_copies_count_against_the_tenants_disk_quota(tmp_path
         assert engine.placement.write_behind_skipped == 2
     finally:
         await engine.close()
+
+
+async def test_a_load_that_read_a_lower_copy_before_a_delete_never_promotes_it_back(redis_server):
+    # the load leases and reads the only copy (in Redis); a delete runs to its end meanwhile
+    # (the lease keeps the bytes readable); the load then serves its bytes, but promoting them
+    # into the arena would bring the deleted object back (seen as a purge that left an object)
+    keyring, prefix = Keyring.generate(), f"moves-{uuid.uuid4().hex[:10]}"
+    cross = RedisTier(RedisTierOptions(redis_server.url, key_prefix=prefix), keyring=keyring)
+    host = HostTier(HostTierOptions(8 * OBJECT_EXTENT, pin_memory=False))
+    engine = Engine([host, cross], keyring=keyring, registry=MemoryVersionRegistry(),
+                    options=EngineOptions(producer_id="moves"), arena=host, publish=cross)
+    await engine.start()
+    try:
+        ref = (await put(engine, "alice", 1, publish=True)).ref
+        await host.delete(ref.state_id)  # the Redis copy is the only one, as on another node
+        read, reading, opened = cross.read, asyncio.Event(), asyncio.Event()
+
+        async def read_at_the_gate(lease):
+            blob = await read(lease)
+            reading.set()
+            await opened.wait()
+            return blob
+
+        cross.read = read_at_the_gate
+        loading = asyncio.create_task(engine.load(LoadRequest("alice", NAMESPACES["alice"], ref=ref), owner="c"))
+        await reading.wait()
+        assert await engine.delete("alice", ref) == 1
+        opened.set()
+        served = await loading
+        assert bytes(served.payload) == data(1)  # a load in flight finishes with the bytes it was given
+        assert served.tier == "redis"
+        await engine.release(served.lease_id, "c")
+        assert await reachable(engine, "alice", ref) == []
+    finally:
+        await engine.close()
+        with redis.Redis.from_url(redis_server.url) as raw:
+            for pattern in (f"{prefix}:*", f"{{{prefix}}}:*"):
+                for name in list(raw.scan_iter(match=pattern, count=500)):
+                    raw.delete(name)
