@@ -58,7 +58,12 @@ async def lower(request, tmp_path):
     server = request.getfixturevalue("redis_server")
     prefix = f"moves-{uuid.uuid4().hex[:10]}"
     yield keyring, RedisTier(RedisTierOptions(server.url, key_prefix=prefix), keyring=keyring), prefix
-    with redis.Redis.from_url(server.url) as raw:
+    erase_prefix(server.url, prefix)
+
+
+def erase_prefix(url: str, prefix: str) -> None:
+    """Every key a Redis tier with ``prefix`` wrote on the server behind ``url``."""
+    with redis.Redis.from_url(url) as raw:
         for pattern in (f"{prefix}:*", f"{{{prefix}}}:*"):
             for name in list(raw.scan_iter(match=pattern, count=500)):
                 raw.delete(name)
@@ -164,10 +169,7 @@ async def test_each_tenants_usage_per_tier_is_the_bytes_of_its_objects_there(tmp
         assert set(used["alice"]) == {"host", "disk", "redis"}  # every kind of copy happened
     finally:
         await engine.close()
-        with redis.Redis.from_url(redis_server.url) as raw:
-            for pattern in (f"{prefix}:*", f"{{{prefix}}}:*"):
-                for name in list(raw.scan_iter(match=pattern, count=500)):
-                    raw.delete(name)
+        erase_prefix(redis_server.url, prefix)
 
 
 async def test_a_tenant_with_a_host_quota_can_put_again_once_its_bytes_were_demoted(tmp_path):
@@ -239,7 +241,4 @@ async def test_a_load_that_read_a_lower_copy_before_a_delete_never_promotes_it_b
         assert await reachable(engine, "alice", ref) == []
     finally:
         await engine.close()
-        with redis.Redis.from_url(redis_server.url) as raw:
-            for pattern in (f"{prefix}:*", f"{{{prefix}}}:*"):
-                for name in list(raw.scan_iter(match=pattern, count=500)):
-                    raw.delete(name)
+        erase_prefix(redis_server.url, prefix)
