@@ -46,6 +46,7 @@ from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.errors import ClientClosedError, InvalidRequest
 from statetier.protocol.frames import Op
 from statetier.protocol.identity import Kind, Namespace, NamespaceSpec, Provenance, StateKey, StateRef
+from statetier.protocol.kv_events import BlockTag
 from statetier.protocol.messages import field, ref_to_wire
 from statetier.protocol.wire_meta import (
     LoadMeta,
@@ -185,7 +186,7 @@ class AsyncClient:
 
     async def put(self, key: StateKey, tensors, *, request_id: str, step: int = 0, publish: bool = False,
                   version: int | None = None, speculative: bool = False, trace: dict | None = None,
-                  durable: bool = False) -> StateRef:
+                  durable: bool = False, tag: BlockTag | None = None) -> StateRef:
         """Seal ``tensors`` (``{name: tensor}`` or ``[(name, tensor)]``, in payload order) under ``key``.
 
         Returns a ``StoredRef`` (a ``StateRef`` that also says ``tier``, ``published`` and
@@ -193,8 +194,10 @@ class AsyncClient:
         holds the object; ``ref.durable`` says whether it does (docs/operations.md, durability).
         ``trace``: a dict to fill with this call's measured phases in µs (``client_copy``,
         ``round_trip``, and the daemon's ``daemon_*``), as ``statetier bench`` prints them.
+        ``tag``: the engine's name for this block (``protocol.kv_events.BlockTag``), which the
+        daemon's KV events carry instead of the key's prefix hash (docs/integration.md).
         """
-        meta, pairs = self._put_meta(key, tensors, request_id, step, publish, version, speculative, durable)
+        meta, pairs = self._put_meta(key, tensors, request_id, step, publish, version, speculative, durable, tag)
         return await self._transfers_now().put(meta, pairs, trace)
 
     async def put_group(self, key: StateKey, regions: Mapping[int, Mapping[str, torch.Tensor]], *, request_id: str,
@@ -207,11 +210,11 @@ class AsyncClient:
         return await self.put(key, regions, request_id=request_id, step=step, publish=publish, version=version,
                               speculative=speculative, durable=durable)
 
-    def _put_meta(self, key, tensors, request_id, step, publish, version, speculative, durable=False):
+    def _put_meta(self, key, tensors, request_id, step, publish, version, speculative, durable=False, tag=None):
         pairs = payload_pairs(key, tensors)
         provenance = Provenance(request_id, step, self.producer_id, time.time_ns())
         meta = PutMeta(wire_key(key), wire_provenance(provenance), (), bool(publish), bool(speculative), version,
-                       durable=bool(durable))
+                       durable=bool(durable), tag=tag)
         return meta, pairs
 
     async def put_kv(self, layer: int, prefix_hash: bytes, token_start: int, token_end: int, tensors, *,
@@ -235,7 +238,7 @@ class AsyncClient:
         (the items before it are stored). ``concurrency`` is accepted for compatibility."""
         transfers = self._transfers_now()
         prepared = [self._put_meta(item.key, item.tensors, item.request_id, item.step, item.publish,
-                                   item.version, item.speculative, item.durable)
+                                   item.version, item.speculative, item.durable, item.tag)
                     for item in items]
         refs: list[StateRef] = []
         for batch in batches_of(prepared, self._batch_bytes(), lambda entry: pairs_bytes(entry[1])):

@@ -1,7 +1,8 @@
 """The daemon's configuration: one frozen pydantic model tree.
 
 - ``Config`` — sections ``host``, ``device``, ``disk``, ``redis`` (tiers), ``listen``,
-  ``tenants``, ``limits``, ``keys``, ``metrics``, plus ``log_level`` and ``producer_id``;
+  ``tenants``, ``limits``, ``keys``, ``metrics``, ``events`` (``daemon.config_events``), plus
+  ``log_level`` and ``producer_id``;
   the questions the daemon asks of it (``keyring_path``, ``tenant_for_uid``,
   ``is_unix_peer_allowed``…). Every section is frozen, ``extra="forbid"``, every field
   described; validators reject a bad value or combination with the field's name.
@@ -26,6 +27,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
+from statetier.daemon.config_events import EventsConfig
 from statetier.daemon.config_values import GiB, KiB, MiB, Bytes, Seconds, parse_mode, parse_size, split_host_port
 from statetier.protocol.errors import ConfigError
 
@@ -224,6 +226,7 @@ class Config(_Section):
     limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Frames, budgets, deadlines.")
     keys: KeysConfig = Field(default_factory=KeysConfig, description="Signing and at-rest key files.")
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Prometheus HTTP endpoint.")
+    events: EventsConfig = Field(default_factory=EventsConfig, description="KV event streams for routers.")
     log_level: Literal["debug", "info", "warning", "error", "critical"] = Field("info", description="Logging level.")
     producer_id: str = Field("", max_length=255, description='Producer id sealed into provenance; "" = hostname:pid at start.')
 
@@ -246,6 +249,14 @@ class Config(_Section):
                     raise ValueError(f"uid {uid} is mapped to both {uids[uid]!r} and {tenant.name!r}")
                 uids[uid] = tenant.name
         return tenants
+
+    @field_validator("events")
+    @classmethod
+    def _one_stream_per_tenant(cls, events: EventsConfig, info) -> EventsConfig:
+        tenants = info.data.get("tenants")
+        if events.enabled and tenants is not None:
+            events.streams([t.name for t in tenants])
+        return events
 
     def keyring_path(self) -> Path:
         return self.keys.keyring_file or self.disk.directory / "keyring.json"

@@ -53,6 +53,15 @@ Read at scrape time (``track``; absent until tracked). ``daemon_stats()`` keys:
     statetier_budget_waiters                        gauge      requests waiting for budget (Busy after a bounded wait)
     statetier_client_leases                         gauge      leases held by clients
     statetier_scrape_errors_total                   counter    scrapes where a stats callable raised
+
+Read at scrape time from the KV event publisher (``track_events``; absent until tracked):
+
+    statetier_events_published_total               counter    events handed to the streams' sockets
+    statetier_events_dropped_total{reason}          counter    events dropped rather than waited for:
+                                                               ``hwm`` (a subscriber at its high-water
+                                                               mark; replayable), ``backlog`` (the
+                                                               publisher thread behind; lost)
+    statetier_event_subscribers                     gauge      subscriptions open on the streams
 """
 
 from __future__ import annotations
@@ -228,6 +237,10 @@ class Metrics:
     def set_redis_available(self, up: bool) -> None:
         self._scrape_view.redis_up = bool(up)
 
+    def track_events(self, event_stats: Callable[[], dict]) -> None:
+        """Read the KV event publisher's ``stats()`` at every scrape (``daemon.events``)."""
+        self._scrape_view.event_stats = event_stats
+
     def track(self, tier_stats: Callable[[], list[TierStats]], daemon_stats: Callable[[], dict]) -> None:
         """Read ``tier_stats()`` and ``daemon_stats()`` at every scrape (replaces earlier ones)."""
         self._scrape_view.tier_stats = tier_stats
@@ -245,6 +258,7 @@ class _ScrapeTimeCollector(Collector):
     def __init__(self) -> None:
         self.tier_stats: Callable[[], list[TierStats]] | None = None
         self.daemon_stats: Callable[[], dict] | None = None
+        self.event_stats: Callable[[], dict] | None = None
         self.redis_up: bool | None = None
         self.scrape_errors = 0
 
@@ -254,6 +268,7 @@ class _ScrapeTimeCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         yield from self._tier_families()
         yield from self._daemon_gauges()
+        yield from self._event_families()
         if self.redis_up is not None:
             yield GaugeMetricFamily("statetier_redis_up", "1 when the Redis tier answered, else 0.", value=int(self.redis_up))
         yield CounterMetricFamily(
@@ -286,6 +301,20 @@ class _ScrapeTimeCollector(Collector):
             value = stats.get(key)
             if _is_number(value):
                 yield GaugeMetricFamily(name, doc, value=value)
+
+    def _event_families(self) -> Iterator[Metric]:
+        stats = self._try_read(self.event_stats, "event_stats", dict)
+        if stats is None:
+            return
+        yield CounterMetricFamily("statetier_events_published_total", "KV events sent to subscribers.",
+                                  value=stats["published"])
+        dropped = CounterMetricFamily("statetier_events_dropped_total", "KV events dropped instead of waiting.",
+                                      labels=["reason"])
+        for reason, count in sorted(stats["dropped"].items()):
+            dropped.add_metric([reason], count)
+        yield dropped
+        yield GaugeMetricFamily("statetier_event_subscribers", "Subscriptions open on the KV event streams.",
+                                value=stats["subscriptions"])
 
     def _try_read(self, source: Callable | None, which: str, into: type):
         """``into(source())``; None without a source, or when it raised: a scrape error,
