@@ -48,8 +48,8 @@ class EventsConfig(BaseModel):
     buffer: int = Field(10_000, gt=0, description="Batches of events each stream keeps for replay (the oldest leave "
                         "first); also the bound of batches waiting for the publisher thread.")
     buffer_bytes: Bytes = Field(64 * MiB, description="Bytes of encoded batches each stream keeps for replay at most.")
-    hwm: int = Field(10_000, gt=0, description="Messages queued for one subscriber before batches are dropped "
-                     "(counted in statetier_events_dropped_total; a subscriber replays the gap).")
+    hwm: int = Field(10_000, gt=0, description="Messages queued for one subscriber before it misses batches "
+                     "(counted in statetier_event_overflows_total; it replays the gap; the others get them).")
     media: dict[str, str] = Field(
         default_factory=lambda: {"device": "GPU", "host": "CPU", "disk": "DISK", "redis": "REDIS"},
         description="Tier → the medium name its events carry.")

@@ -57,10 +57,11 @@ Read at scrape time (``track``; absent until tracked). ``daemon_stats()`` keys:
 Read at scrape time from the KV event publisher (``track_events``; absent until tracked):
 
     statetier_events_published_total               counter    events handed to the streams' sockets
-    statetier_events_dropped_total{reason}          counter    events dropped rather than waited for:
-                                                               ``hwm`` (a subscriber at its high-water
-                                                               mark; replayable), ``backlog`` (the
-                                                               publisher thread behind; lost)
+    statetier_events_dropped_total                  counter    events the publisher thread could not take
+                                                               (never sent, not in the replay ring)
+    statetier_event_overflows_total                 counter    a subscriber reached its high-water mark:
+                                                               it misses batches until it reads again
+                                                               (the others get them; it replays the gap)
     statetier_event_subscribers                     gauge      subscriptions open on the streams
 """
 
@@ -308,11 +309,11 @@ class _ScrapeTimeCollector(Collector):
             return
         yield CounterMetricFamily("statetier_events_published_total", "KV events sent to subscribers.",
                                   value=stats["published"])
-        dropped = CounterMetricFamily("statetier_events_dropped_total", "KV events dropped instead of waiting.",
-                                      labels=["reason"])
-        for reason, count in sorted(stats["dropped"].items()):
-            dropped.add_metric([reason], count)
-        yield dropped
+        yield CounterMetricFamily("statetier_events_dropped_total", "KV events the publisher could not take.",
+                                  value=stats["dropped"])
+        yield CounterMetricFamily("statetier_event_overflows_total",
+                                  "Times a subscriber reached its high-water mark and began missing batches.",
+                                  value=stats["overflows"])
         yield GaugeMetricFamily("statetier_event_subscribers", "Subscriptions open on the KV event streams.",
                                 value=stats["subscriptions"])
 

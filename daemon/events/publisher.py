@@ -10,9 +10,10 @@ from ``[events]`` (``daemon.config_events``), one stream per tenant:
   on the loop, never waits: the event joins its stream's pending batch for its topic (an
   event equal to the one before it is one event), and the pending batches go to the thread
   once per loop iteration, at most ``MAX_BATCH_EVENTS`` events a batch. A batch the thread
-  cannot take (``buffer`` batches waiting) is dropped and counted (``dropped_backlog``): a
+  cannot take (``buffer`` batches waiting) is dropped and its events counted (``dropped``): a
   put never waits for a subscriber, nor for the publisher thread.
-- ``stats()`` → ``published``, ``dropped`` (by reason: ``backlog``, ``hwm``), ``subscriptions``;
+- ``stats()`` → ``published``, ``dropped``, ``overflows`` (a subscriber reached its high-water
+  mark: ``daemon.events.streams``), ``subscriptions``;
   ``close()`` sends what is pending, stops the thread and closes the sockets.
 """
 
@@ -51,7 +52,7 @@ class EventPublisher:
         self._flush_scheduled = False
         self._wake: zmq.Socket | None = None
         self._thread: threading.Thread | None = None
-        self.dropped_backlog = 0
+        self.dropped = 0
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -106,7 +107,7 @@ class EventPublisher:
         try:
             self._queue.put_nowait((index, topic, self._clock(), events))
         except queue.Full:
-            self.dropped_backlog += len(events)
+            self.dropped += len(events)
 
     def _poke(self) -> None:
         try:
@@ -116,8 +117,8 @@ class EventPublisher:
 
     def stats(self) -> dict:
         counts = self._streams.counts
-        return {"published": counts.published, "subscriptions": self._streams.subscriptions,
-                "dropped": {"backlog": self.dropped_backlog, "hwm": counts.dropped_hwm}}
+        return {"published": counts.published, "dropped": self.dropped, "overflows": counts.overflows,
+                "subscriptions": self._streams.subscriptions}
 
     def close(self, timeout: float = 5.0) -> None:
         if self._thread is None:

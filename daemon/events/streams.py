@@ -3,11 +3,13 @@
 ``Streams(specs, *, encoding, buffer, buffer_bytes, hwm, context)`` — one ``Stream`` per
 ``daemon.config_events.StreamSpec``:
 
-- an XPUB socket bound at ``spec.endpoint`` (vLLM's PUB, plus what a PUB hides): sends are
-  non-blocking and ``XPUB_NODROP``, so a batch that would wait for a subscriber at its
-  high-water mark is dropped and counted (``dropped_hwm``) instead — it stays in the ring, and
-  the subscriber sees the gap in ``seq`` and replays it; the subscribe and unsubscribe
-  messages it reads (``XPUB_VERBOSER``) count ``subscriptions``;
+- an XPUB socket bound at ``spec.endpoint`` (vLLM's PUB, plus what a PUB hides). Sends never
+  wait. Each is first tried with ``XPUB_NODROP``, which refuses it whole when a subscriber has
+  just reached its high-water mark: that is counted (``overflows``) and the batch is sent again
+  lossy, as a PUB sends, to every subscriber with room. The full subscriber misses it and every
+  batch after it until it reads again (ZMQ sets its pipe aside, so those are not seen here: it
+  sees the gap in ``seq`` and replays it from the ring); no other subscriber is held up.
+  The subscribe and unsubscribe messages it reads (``XPUB_VERBOSER``) count ``subscriptions``;
 - a ROUTER socket at ``spec.replay_endpoint`` (optional) answering vLLM's replay requests
   (``protocol.kv_events``) from the ring: the last ``buffer`` batches, ``buffer_bytes`` at most;
 - ``seq``: one counter per stream, one step per batch.
@@ -50,7 +52,7 @@ class Counts:
     """Read by the loop side at scrape time; written by the publisher thread only."""
 
     published: int = 0  # events handed to the socket
-    dropped_hwm: int = 0  # events of batches a full subscriber refused (in the ring)
+    overflows: int = 0  # a subscriber reached its high-water mark: it misses batches until it reads again
     batches: int = 0
 
 
@@ -120,11 +122,17 @@ class Streams:
         stream.seq += 1
         self._keep(stream, seq, topic_bytes, payload)
         self.counts.batches += 1
+        message = (topic_bytes, seq_bytes(seq), payload)
         try:
-            stream.pub.send_multipart((topic_bytes, seq_bytes(seq), payload), flags=zmq.NOBLOCK)
-            self.counts.published += len(events)
+            stream.pub.send_multipart(message, flags=zmq.NOBLOCK)  # refused whole if any subscriber is full
         except zmq.Again:
-            self.counts.dropped_hwm += len(events)
+            self.counts.overflows += 1
+            stream.pub.setsockopt(zmq.XPUB_NODROP, 0)  # then to every subscriber with room, as a PUB does
+            try:
+                stream.pub.send_multipart(message, flags=zmq.NOBLOCK)
+            finally:
+                stream.pub.setsockopt(zmq.XPUB_NODROP, 1)
+        self.counts.published += len(events)
 
     def _keep(self, stream: Stream, seq: int, topic: bytes, payload: bytes) -> None:
         stream.ring.append((seq, topic, payload))

@@ -10,9 +10,9 @@ A real ZMQ SUB socket decodes each tenant's stream with the Structs of vLLM's pu
 - tenant B's stream, on its own socket, carries B's events and none of A's (and when B's put
   evicts A's page from the shared arena, that is on A's stream, not B's);
 - the replay socket answers the batches from a sequence number on, as vLLM's does;
-- a subscriber that never reads: every put is answered, the batches it could not take are
-  dropped and counted (``statetier_events_dropped_total{reason="hwm"}``), and a subscriber
-  that sees the gap in the sequence numbers replays it from the ring.
+- a subscriber that never reads: every put is answered, another subscriber gets every batch,
+  its overflow is counted (``statetier_event_overflows_total``) and, once it reads again, it
+  sees the gap in the sequence numbers and replays it from the ring.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import zmq
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling helpers
@@ -170,3 +171,55 @@ def _until(subscriber: Subscriber, seen: list, done, timeout: float = 20.0) -> l
     while not done(per_medium(seen + new)):
         new += subscriber.take(1, timeout)
     return new
+
+
+@pytest.fixture(scope="module")
+def crowded(request):
+    """A daemon whose stream lets one message wait per subscriber, with no disk tier (so every
+    put is exactly one event) and the replay ring large enough for the whole test."""
+    config = {"disk": {"enabled": False},
+              "events": {"enabled": True, "endpoint": "ipc://ev", "replay_endpoint": "ipc://replay", "hwm": 1}}
+    return daemon_fixture(request, name="crowded", config=config)
+
+
+PUTS = 300
+BIG_TAG_TOKENS = 16384  # ~48 KB per event: the sockets' kernel buffers fill after a few
+
+
+async def test_a_subscriber_that_never_reads_slows_no_put_nor_other_subscribers_and_replays_what_it_missed(crowded):
+    url = f"ipc://{crowded.directory}/ev"
+    stuck = Subscriber(url)
+    stuck.socket.setsockopt(zmq.RCVHWM, 1)
+    reader = Subscriber(url)
+    try:
+        await subscribed(crowded, 2)
+        before = await asyncio.to_thread(crowded.scrape)
+        spec = NamespaceSpec(model_id="events-crowded", kv_block_size=16)
+        tokens = tuple(range(BIG_TAG_TOKENS))
+        read: list = []
+        async with AsyncClient(crowded.url, namespace=spec) as client:
+            for n in range(PUTS):  # the reader keeps up (one message behind at most); ``stuck`` reads nothing
+                key = client.kv_key(0, n.to_bytes(32, "big"), 0, 16)
+                await client.put(key, {"kv": torch.zeros(16, 8)}, request_id=f"r{n}",
+                                 tag=BlockTag(n, n - 1 if n else None, tokens))
+                read += await asyncio.to_thread(reader.take, 1)
+        after = await asyncio.to_thread(crowded.scrape)
+        assert after.delta(before, "statetier_events_published_total") == PUTS
+        assert after.delta(before, "statetier_events_dropped_total") == 0
+        assert after.delta(before, "statetier_event_overflows_total") == 1  # the stuck one, once: it never read
+
+        # the reader got every batch, in order: the stuck subscriber held up no one
+        assert [event.block_hashes for _, _, batch in read for event in batch.events] == [[n] for n in range(PUTS)]
+        seqs = [seq for _, seq, _ in read]
+        assert seqs == list(range(seqs[0], seqs[0] + PUTS))
+
+        # the stuck one got the first few (what its pipe and the socket buffers held), then a gap
+        got = {seq: batch for _, seq, batch in stuck.drain(quiet=0.5)}
+        assert 0 < len(got) < PUTS / 2
+        assert sorted(got) == seqs[: len(got)]
+        for _, seq, batch in stuck.replay(f"ipc://{crowded.directory}/replay", seqs[len(got)]):
+            got.setdefault(seq, batch)
+        assert [got[seq].events[0].block_hashes for seq in seqs] == [[n] for n in range(PUTS)]
+    finally:
+        stuck.close()
+        reader.close()
