@@ -42,6 +42,7 @@ from statetier.protocol.errors import (
 )
 from statetier.protocol.frames import (
     DEFAULT_MAX_FRAME,
+    FLAG_ERROR,
     PROTOCOL_VERSIONS,
     Frame,
     FrameDecoder,
@@ -147,7 +148,8 @@ class Connection(asyncio.BufferedProtocol):
                 try:
                     self._write(self._encode(op, request_id, meta, data))
                     written = True
-                    await self._drain()
+                    if self._is_paused:
+                        await self._drain()
                     frame = await future
                 except asyncio.CancelledError:
                     if on_orphan is not None and written:
@@ -159,7 +161,8 @@ class Connection(asyncio.BufferedProtocol):
             if not written and on_unsent is not None:
                 on_unsent()
             raise
-        raise_for_error(frame)
+        if frame.flags & FLAG_ERROR:
+            raise_for_error(frame)
         return frame
 
     def request_and_forget(self, op: Op, meta: dict) -> None:
@@ -270,7 +273,10 @@ class Connection(asyncio.BufferedProtocol):
 
     def _write(self, buffers: list) -> None:
         self._raise_if_unusable()
-        self._transport.writelines(buffers)
+        if len(buffers) == 1:
+            self._transport.write(buffers[0])  # one buffer: no list for the transport to walk
+        else:
+            self._transport.writelines(buffers)
 
     async def _drain(self) -> None:
         if not self._is_paused:

@@ -127,6 +127,9 @@ _DAEMON_GAUGES = (
 )
 
 
+_PING = ("daemon", "none", "ping")  # the labels of an answered PING
+
+
 class Metrics:
     """The daemon's metrics; methods are cheap and never raise on valid label values."""
 
@@ -194,6 +197,15 @@ class Metrics:
         moved.inc(nbytes)
         for _ in range(count):
             latency.observe(seconds)
+
+    def count_ping(self) -> None:
+        """A PING answered from the connection's callback: counted, not timed (it takes no time
+        the daemon could report)."""
+        child = self._op_children.get(_PING)
+        if child is None:
+            self.observe_ops(*_PING, 1, 0, 0.0)
+        else:
+            child[0].inc()
 
     def count_hit(self, tier: str, kind: str) -> None:
         child = self._hit_children.get((tier, kind))

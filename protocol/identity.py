@@ -9,6 +9,8 @@
 - ``Provenance``      — request id, step, producer id, created-at.
 - ``StateRef``        — StateKey + request id + step + state_id + version + fingerprint:
                         what a put returns and what travels from prefill to decode.
+  ``StateKey.from_checked`` / ``StateRef.from_checked`` build them from fields already
+  checked (the wire decoder's bounds, the daemon's own values): only cross-field checks.
 - ``fingerprint()``, ``stream_id()`` — the digests DESIGN §2 defines.
 - ``prefix_hashes()`` / ``prefix_hash()`` — the block-chained hash of token ids.
 - ``new_state_id()``  — a random 128-bit id.
@@ -46,6 +48,11 @@ class Kind(enum.IntEnum):
     SSM = 2
 
     @classmethod
+    def of_code(cls, code: int) -> "Kind":
+        """The kind of a wire code already checked to be 1 or 2 (a dict lookup, not ``Kind(code)``)."""
+        return _KINDS[code]
+
+    @classmethod
     def parse(cls, value: "Kind | str | int") -> "Kind":
         if isinstance(value, str):
             try:
@@ -56,6 +63,9 @@ class Kind(enum.IntEnum):
             return cls(value)
         except ValueError:
             raise InvalidRequest(f"unknown kind {quote_untrusted(value)}") from None
+
+
+_KINDS = {1: Kind.KV, 2: Kind.SSM}
 
 
 def _text(value: str, name: str) -> bytes:
@@ -172,6 +182,23 @@ class StateKey:
         for layer in self.group_layers:
             _check_uint(layer, MAX_U32, "group_layers[]")
 
+    @classmethod
+    def from_checked(cls, namespace: Namespace, kind: "Kind", layer: int, prefix_hash: bytes, token_start: int,
+                     token_end: int, shard: int = 0, group_layers: tuple[int, ...] = ()) -> "StateKey":
+        """A key of fields whose types and ranges were checked already (``protocol.wire_meta``'s
+        decoder, or values the daemon derived itself): only the checks across fields run."""
+        if token_end < token_start:
+            raise InvalidRequest("token_end must not be below token_start")
+        if kind is Kind.SSM and token_start != 0:
+            raise InvalidRequest("an SSM snapshot spans [0, tokens_absorbed): token_start must be 0")
+        if len(group_layers) > 0xFFFF:
+            raise InvalidRequest("too many group layers")
+        key = object.__new__(cls)
+        for name, value in zip(_KEY_FIELDS, (namespace, kind, layer, prefix_hash, token_start, token_end, shard,
+                                             group_layers)):
+            object.__setattr__(key, name, value)
+        return key
+
     @property
     def tokens_absorbed(self) -> int:
         return self.token_end
@@ -197,6 +224,9 @@ class StateKey:
     def digest(self) -> bytes:
         """A 16-byte address of the key (what tiers index objects by)."""
         return hashlib.blake2b(b"statetier/key/1" + self.encode(), digest_size=16).digest()
+
+
+_KEY_FIELDS = ("namespace", "kind", "layer", "prefix_hash", "token_start", "token_end", "shard", "group_layers")
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,9 +289,23 @@ class StateRef:
             object.__setattr__(self, "fingerprint", fingerprint(self.key, self.request_id, self.step))
         _check_bytes(self.fingerprint, FINGERPRINT_BYTES, "fingerprint")
 
+    @classmethod
+    def from_checked(cls, key: StateKey, request_id: str, step: int, state_id: bytes, version: int,
+                     fingerprint: bytes) -> "StateRef":
+        """A ref of fields checked already (as ``StateKey.from_checked``); the fingerprint is
+        taken as given (a load recomputes it from its expectation, DESIGN §4 step 7)."""
+        _text(request_id, "request_id")
+        ref = object.__new__(cls)
+        for name, value in zip(_REF_FIELDS, (key, request_id, step, state_id, version, fingerprint)):
+            object.__setattr__(ref, name, value)
+        return ref
+
     @property
     def stream_id(self) -> bytes:
         return stream_id(self.key, self.request_id)
+
+
+_REF_FIELDS = ("key", "request_id", "step", "state_id", "version", "fingerprint")
 
 
 def new_state_id() -> bytes:

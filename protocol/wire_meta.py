@@ -263,7 +263,9 @@ def _decoder(cls: type) -> msgspec.msgpack.Decoder:
 
 
 def key_of(w: Key) -> StateKey:
-    return build_value("key", StateKey, Namespace(w.ns), Kind(w.kind), w.layer, w.prefix, w.start, w.end, w.shard, w.group)
+    """The key a decoded ``Key`` names (its fields' types and bounds were checked by the decoder)."""
+    return StateKey.from_checked(Namespace(w.ns), Kind.of_code(w.kind), w.layer, w.prefix, w.start, w.end, w.shard,
+                                 w.group)
 
 
 def wire_key(key: StateKey) -> Key:
@@ -272,7 +274,7 @@ def wire_key(key: StateKey) -> Key:
 
 
 def ref_of(w: Ref) -> StateRef:
-    return build_value("ref", StateRef, key_of(w.key), w.request_id, w.step, w.state_id, w.version, w.fingerprint)
+    return StateRef.from_checked(key_of(w.key), w.request_id, w.step, w.state_id, w.version, w.fingerprint)
 
 
 def wire_ref(ref: StateRef) -> Ref:

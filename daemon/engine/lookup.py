@@ -28,7 +28,7 @@ import asyncio
 
 from statetier.protocol.errors import InvalidRequest, StatetierError, Unavailable
 from statetier.protocol.groups import LayerGroup
-from statetier.protocol.identity import Kind, StateKey, StateRef
+from statetier.protocol.identity import Kind, StateKey, StateRef, fingerprint
 from statetier.tiers.base import ObjectMeta, Tier
 
 from .candidates import newest_first, servable
@@ -160,10 +160,12 @@ class _Needed:
 
 def _keys(namespace, kind: Kind, placement: int | LayerGroup, prefix: bytes, start: int, end: int,
           shards) -> list[StateKey]:
-    """The key of one layer's object, or of one group's group object, on every shard."""
+    """The key of one layer's object, or of one group's group object, on every shard (the
+    request's values were checked when it was decoded and by ``_checked``)."""
     if isinstance(placement, LayerGroup):
-        return [placement.key(namespace, prefix, start, end, shard) for shard in shards]
-    return [StateKey(namespace, kind, placement, prefix, start, end, shard) for shard in shards]
+        return [StateKey.from_checked(namespace, kind, placement.group_id, prefix, start, end, shard, placement.layers)
+                for shard in shards]
+    return [StateKey.from_checked(namespace, kind, placement, prefix, start, end, shard) for shard in shards]
 
 
 async def joint_hit(engine, req: LookupRequest, owner) -> LookupResult:
@@ -209,7 +211,8 @@ async def _leases(engine, owner, picks) -> list:
 
 async def _lease_all(engine, req: LookupRequest, owner, tokens: int, picks) -> LookupResult | None:
     """Lease every object of the answer, or none (an object vanished: try a lower boundary)."""
-    refs = [StateRef(key, meta.request_id, meta.step, meta.object_id, meta.version) for key, meta, _ in picks]
+    refs = [StateRef.from_checked(key, meta.request_id, meta.step, meta.object_id, meta.version,
+                                  fingerprint(key, meta.request_id, meta.step)) for key, meta, _ in picks]
     if not req.lease:
         return LookupResult(tokens, [(ref, None) for ref in refs])
     leases = await _leases(engine, owner, picks)

@@ -4,11 +4,13 @@
 - ``Connection(ctx)`` — an ``asyncio.BufferedProtocol``. Bytes are received straight into
   the ``FrameDecoder``'s buffers. Peer credentials are checked when the connection is
   made (Unix socket); the first frame must be HELLO (``handshake.admit``); then every
-  request frame runs as its own task (``request_task.RequestRunner``: one answer per
-  request id) — except PING, answered at once from the callback. A malformed frame, a
+  request frame is run at once, in the callback that received it
+  (``request_task.RequestRunner``: one answer per request id; ``eager.start_eagerly``): a
+  request that never waits is answered there, with no task and no loop turn; one that
+  waits carries on as a task. PING is answered from the callback directly. A malformed frame, a
   refused HELLO or a silent client gets an ERROR frame with request id 0 and closes this
   connection only.
-- Backpressure: at most ``max_inflight`` request tasks run; while that many run (or
+- Backpressure: at most ``max_inflight`` requests wait; while that many do (or
   received frames wait for a slot) the transport stops reading. Writes go through a
   ``FrameWriter`` (flow control; an inline LOAD's leased payload is sent without a copy
   and its lease released once the transport has let go of it).
@@ -35,6 +37,7 @@ from statetier.daemon.server.frame_writer import FrameWriter
 from statetier.daemon.server.handlers import Session
 from statetier.daemon.server.handshake import HANDSHAKE_TIMEOUT_SECONDS, admit, send_with_fds
 from statetier.daemon.server.request_task import RequestRunner, count_error
+from statetier.daemon.server.eager import start_eagerly
 from statetier.daemon.server.windows import Windows
 from statetier.protocol.errors import Forbidden, InternalError, ProtocolError, StatetierError, Unauthorized, bounded_text
 from statetier.protocol.frames import Frame, FrameDecoder, Op, error_frame, hello_ok_frame
@@ -78,6 +81,7 @@ class Connection(asyncio.BufferedProtocol):
         self._hello_timer: asyncio.TimerHandle | None = None
         self._linger: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._running = 0  # a request being run in the callback that received it (``start_eagerly``)
         self._pending: deque[Frame] = deque()
         self._accepting = True  # False after GOODBYE, a connection error or shutdown
         self._draining = False  # GOODBYE: close once every received request is answered
@@ -97,7 +101,8 @@ class Connection(asyncio.BufferedProtocol):
 
     @property
     def inflight(self) -> int:
-        return len(self._tasks)
+        """Requests being answered: those that wait (tasks), and the one running in a callback."""
+        return len(self._tasks) + self._running
 
     @property
     def is_reading_paused(self) -> bool:
@@ -266,7 +271,7 @@ class Connection(asyncio.BufferedProtocol):
             # answered at once, with no task: a ping measures the path, not the scheduler
             self._writer.send_nowait(Frame(Op.PONG, frame.request_id, {}))
             if self._ctx.metrics is not None:
-                self._ctx.metrics.observe_op("daemon", "none", "ping", 0, 0.0)
+                self._ctx.metrics.count_ping()
         else:
             self._pending.append(frame)
             self._start_pending()
@@ -274,9 +279,16 @@ class Connection(asyncio.BufferedProtocol):
     def _start_pending(self) -> None:
         loop = asyncio.get_running_loop()
         while self._pending and len(self._tasks) < self._ctx.max_inflight:
-            task = loop.create_task(self._answers.run(self._pending.popleft()))
-            self._tasks.add(task)
-            task.add_done_callback(self._on_task_done)
+            # run at once: a request that never waits is answered in this callback, with no
+            # task and no loop turn; one that waits carries on as a task (``eager.py``)
+            self._running += 1
+            try:
+                task = start_eagerly(loop, self._answers.run(self._pending.popleft()))
+            finally:
+                self._running -= 1
+            if task is not None:
+                self._tasks.add(task)
+                task.add_done_callback(self._on_task_done)
         self._update_reading()
 
     def _update_reading(self) -> None:

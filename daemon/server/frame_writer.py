@@ -77,7 +77,11 @@ class FrameWriter:
 
     def send_nowait(self, frame: Frame) -> None:
         if not self._is_closed_for_writing():
-            self._transport.writelines(self._encode(frame))
+            chunks = self._encode(frame)
+            if len(chunks) == 1:
+                self._transport.write(chunks[0])
+            else:
+                self._transport.writelines(chunks)
 
     def write_eof(self) -> None:
         if not self._is_closed_for_writing():
