@@ -64,11 +64,10 @@ class EventPublisher:
         woken = self._context.socket(zmq.PAIR)
         woken.setsockopt(zmq.LINGER, 0)
         woken.connect(address)
+        for n, spec in enumerate(self.specs):  # before the thread takes the sockets over
+            self._streams.send(n, spec.topic.replace("{namespace}", ""), self._clock(), [AllBlocksCleared()])
         self._thread = threading.Thread(target=self._run, args=(woken,), name="statetier-events", daemon=True)
         self._thread.start()
-        for n, spec in enumerate(self.specs):
-            self._hand_over(n, spec.topic.replace("{namespace}", ""), [AllBlocksCleared()])
-        self._poke()
 
     def _run(self, woken: zmq.Socket) -> None:
         try:

@@ -14,7 +14,8 @@
   (``protocol.kv_events``) from the ring: the last ``buffer`` batches, ``buffer_bytes`` at most;
 - ``seq``: one counter per stream, one step per batch.
 
-``bind()`` on the caller's thread (an address in use is a ``ConfigError`` at start), then
+``bind()`` on the caller's thread (an address in use, an ipc path another process listens
+on, is a ``ConfigError`` at start), then
 ``run(queue, wake)`` on the publisher thread until it takes ``None`` from ``queue``: it waits
 on every socket and on ``wake`` (an inproc PAIR the loop side pokes after each put), encodes
 each ``(stream index, topic, ts, events)`` batch and sends it. Nothing here runs on the event loop.
@@ -23,7 +24,10 @@ each ``(stream index, topic, ts, events)`` batch and sends it. Nothing here runs
 from __future__ import annotations
 
 import logging
+import os
 import queue
+import socket
+import stat
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -67,6 +71,9 @@ class Streams:
         self.counts = Counts()
 
     def bind(self) -> None:
+        for spec in self.specs:
+            for address in (spec.endpoint, spec.replay_endpoint):
+                _refuse_live_ipc(address, spec.tenant)
         try:
             for spec in self.specs:
                 pub = self.context.socket(zmq.XPUB)
@@ -184,3 +191,23 @@ def _drain(socket: zmq.Socket) -> None:
             socket.recv(zmq.NOBLOCK)
         except zmq.Again:
             return
+
+
+def _refuse_live_ipc(address: str | None, tenant: str) -> None:
+    """ZMQ binds an ipc path by replacing whatever file is there: refuse one another process
+    listens on (another daemon's stream would be taken over), or a file that is not a socket."""
+    if address is None or not address.startswith("ipc://") or address.startswith("ipc://@"):
+        return
+    path = address[len("ipc://"):]
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(info.st_mode):
+        raise ConfigError(f"events: {address} (tenant {tenant!r}) exists and is not a socket")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+        except OSError:
+            return  # nobody listens: a stale file ZMQ replaces
+    raise ConfigError(f"events: cannot bind {address} for tenant {tenant!r}: another process listens on it")
