@@ -8,6 +8,9 @@
   whose ``__getattr__`` serves them: vLLM loads the connector and pickles the metadata by name.
 - ``layout_from_vllm(kv_cache_config)`` → ``EngineLayout``; ``namespace_from_vllm(vllm_config,
   layout, cfg)`` → ``NamespaceSpec`` (model, config digest, dtypes, layout, TP size, tenant).
+- ``connector_events(cfg, spec, kv_cache_config, layout)`` → the subscription behind
+  ``take_events()`` (``events.py``: the daemon's KV events of the saved blocks, under vLLM's
+  hashes, into vLLM's own event stream), or None without ``events_endpoint``.
 
 Loads are asynchronous in vLLM's sense (the request waits in ``WAITING_FOR_REMOTE_KVS``
 for one step): that is the only way vLLM accepts a refused load of a hybrid model.
@@ -84,6 +87,16 @@ def namespace_from_vllm(vllm_config, layout: EngineLayout, cfg: ConnectorConfig)
                           engine_tag=f"vllm-{major_minor}/{current_platform.device_type}")
 
 
+def connector_events(cfg: ConnectorConfig, spec, kv_cache_config, layout: EngineLayout):
+    """The daemon's KV events for ``take_events()`` (``events.py``), when ``events_endpoint`` is set."""
+    if not cfg.events_endpoint:
+        return None
+    from .events import ConnectorEvents
+
+    hash_block_size = getattr(kv_cache_config, "hash_block_size", None) or layout.block_size
+    return ConnectorEvents(cfg.events_endpoint, cfg.events_topic, spec.namespace(), cfg.tenant, hash_block_size)
+
+
 def _build_classes() -> dict[str, type]:
     base = importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.base")
     from .jobs import StepMeta
@@ -111,7 +124,8 @@ def _build_classes() -> dict[str, type]:
             if role == base.KVConnectorRole.SCHEDULER:
                 self._scheduler = SchedulerSide(cfg, self._layout, spec,
                                                 tp_size=vllm_config.parallel_config.tensor_parallel_size,
-                                                loads=transfer.is_kv_consumer, saves=transfer.is_kv_producer)
+                                                loads=transfer.is_kv_consumer, saves=transfer.is_kv_producer,
+                                                events=connector_events(cfg, spec, kv_cache_config, self._layout))
             else:
                 from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
@@ -147,6 +161,11 @@ def _build_classes() -> dict[str, type]:
 
         def request_finished(self, request, block_ids):
             return False, self._scheduler.request_finished(request)
+
+        def take_events(self):
+            from .events import as_vllm_events
+
+            return as_vllm_events(self._scheduler.take_events())
 
         def request_finished_all_groups(self, request, block_ids):
             return False, self._scheduler.request_finished(request)

@@ -17,6 +17,9 @@ calls, in vLLM's order:
   layer's state when the step ends on a block end of the prompt (``tokens_absorbed`` = that end).
 - ``loads_finished(request_ids)`` — the workers are done with these loads: leases released.
 - ``request_finished(request)`` → handoff ``kv_transfer_params`` (producers) or ``None``.
+- ``take_events()`` → the daemon's KV events of the blocks this side saved, named by vLLM's
+  block hashes (``events``: a ``events.ConnectorEvents`` when ``events_endpoint`` is set; the
+  saves of each step are remembered for it).
 - ``close()``.
 
 ``request``: anything with ``request_id``, ``prompt_token_ids``, ``kv_transfer_params``
@@ -66,7 +69,7 @@ class _Tracked:
 
 class SchedulerSide:
     def __init__(self, cfg: ConnectorConfig, layout: EngineLayout, spec: NamespaceSpec, *, tp_size: int = 1,
-                 loads: bool = True, saves: bool = True, client=None) -> None:
+                 loads: bool = True, saves: bool = True, client=None, events=None) -> None:
         self.cfg, self.layout, self.spec = cfg, layout, spec
         self.namespace = spec.namespace()
         self.tp_size = tp_size
@@ -77,6 +80,7 @@ class SchedulerSide:
         self._leases: dict[str, list[int]] = {}
         self._tracked: dict[str, _Tracked] = {}
         self._pending: list[LoadJob] = []
+        self.events = events  # ``events.ConnectorEvents``, or None
 
     # -- admission ------------------------------------------------------------------------
 
@@ -198,6 +202,8 @@ class SchedulerSide:
                 job = self._saves_of(tracked, step)
                 if job is not None:
                     saves.append(job)
+                    if self.events is not None:
+                        self.events.remember(step.request, [item.key for item in job.items], self.layout.block_size)
         return StepMeta(loads, tuple(saves))
 
     def _saves_of(self, tracked: _Tracked, step: ScheduledStep) -> SaveJob | None:
@@ -279,6 +285,12 @@ class SchedulerSide:
             except StatetierError as exc:  # the daemon drops them with the connection anyway
                 log.warning("statetier: releasing leases failed: %s", exc)
 
+    def take_events(self) -> list:
+        """The daemon's events of this namespace's saved blocks since the last call (``events.py``)."""
+        return self.events.take() if self.events is not None else []
+
     def close(self) -> None:
+        if self.events is not None:
+            self.events.close()
         if self._client is not None:
             self._client.close()
