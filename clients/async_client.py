@@ -231,11 +231,13 @@ class AsyncClient:
         return await self.put(key, tensors, request_id=request_id, step=step, publish=publish,
                               version=version, speculative=speculative, durable=durable)
 
-    async def put_many(self, items: Iterable[PutItem], *, concurrency: int | None = None) -> list[StateRef]:
+    async def put_many(self, items: Iterable[PutItem], *, concurrency: int | None = None,
+                       trace: dict | None = None) -> list[StateRef]:
         """Put every item; the refs come back in the items' order. Items travel in
         ``PUT_BATCH`` frames (one round trip per batch of up to ``batches.BATCH_ITEMS``); the first
         failing item's error is raised, its position among ``items`` in ``detail["item"]``
-        (the items before it are stored). ``concurrency`` is accepted for compatibility."""
+        (the items before it are stored). ``concurrency`` is accepted for compatibility.
+        ``trace``: as for ``put``, summed over the call's frames (``items``: how many)."""
         transfers = self._transfers_now()
         prepared = [self._put_meta(item.key, item.tensors, item.request_id, item.step, item.publish,
                                    item.version, item.speculative, item.durable, item.tag)
@@ -243,7 +245,9 @@ class AsyncClient:
         refs: list[StateRef] = []
         for batch in batches_of(prepared, self._batch_bytes(), lambda entry: pairs_bytes(entry[1])):
             with items_from(len(refs)):
-                refs.extend(await transfers.put_batch(batch))
+                refs.extend(await transfers.put_batch(batch, trace))
+        if trace is not None:
+            trace["items"] = len(refs)
         return refs
 
     # -- loads --------------------------------------------------------------------------
@@ -283,7 +287,7 @@ class AsyncClient:
 
     async def load_many(self, targets: Iterable[StateRef | StateKey], *, device: torch.device | str | None = None,
                         expect: Expect | None = None, into: Sequence[Mapping[str, torch.Tensor]] | None = None,
-                        concurrency: int | None = None) -> list[dict[str, torch.Tensor]]:
+                        concurrency: int | None = None, trace: dict | None = None) -> list[dict[str, torch.Tensor]]:
         """Load every target; results come back in the targets' order. Targets travel in
         ``LOAD_BATCH`` frames, about ``batches.LOAD_PIPELINE`` of them with two in flight, so
         that the daemon reads one frame's objects while this process copies and verifies the
@@ -291,7 +295,8 @@ class AsyncClient:
         in ``detail["item"]`` (destinations of the frames from its own on are left
         undefined). ``into``: one destination mapping per target (see ``load``; for a group
         target ``{layer: {name: tensor}}``, its layers the chosen ones, see ``load_group``).
-        A group target's result is ``{layer: {name: tensor}}``.
+        A group target's result is ``{layer: {name: tensor}}``. ``trace``: as for ``load``,
+        summed over the call's frames (``items``: how many).
         ``concurrency`` (default: the client's) caps the frames in flight; 1 sends the
         frames one after the other, so nothing is asked after the first failure."""
         targets = list(targets)
@@ -326,13 +331,16 @@ class AsyncClient:
 
         async def one(batch: list, start: int) -> list[dict[str, torch.Tensor]]:
             with items_from(start):
-                return await transfers.load_batch([m for m, _ in batch], namespace, device, [d for _, d in batch])
+                return await transfers.load_batch([m for m, _ in batch], namespace, device, [d for _, d in batch],
+                                                  trace)
 
         done = await in_order([functools.partial(one, batch, start) for batch, start in zip(batches, starts)],
                               max(1, depth))
         out: list = [loaded for batch in done for loaded in batch]
         for n in grouped:
             out[n] = regrouped(out[n])
+        if trace is not None:
+            trace["items"] = len(out)
         return out
 
     async def load_group(self, target: StateRef | StateKey, *, layers: Sequence[int] | None = None,

@@ -9,10 +9,11 @@
 - ``land(header, source, parts, dests, staging, trace)`` — each received tensor (``parts``)
   copied into its destination and **verified there** against the signed header's digests
   (``CorruptPayload(landed=True)`` when the bytes changed on the way); a device destination
-  is verified in ``staging`` (a private host buffer) first. ``land_all(jobs, staging)``
+  is verified in ``staging`` (a private host buffer) first. ``land_all(jobs, staging, trace)``
   lands a batch and returns the indexes that were not intact, to be asked again.
 - ``copy_and_digest(dest, source, hasher, trace)`` — the fused copy + digest, in
-  cache-sized chunks (``COPY_CHUNK``); with ``trace`` it also times both.
+  chunks of ``protocol.digests.hash_chunk`` (cache-sized; larger for a region hashed on
+  several threads, ``thresholds.PARALLEL_HASH_BYTES``); with ``trace`` it also times both.
 - ``target_of(into, device)``, ``destinations(parts, into, device)``, ``into_specs(into)``
   — where a load lands: the caller's ``into`` tensors (checked: contiguous, one device,
   the object's names, dtypes and shapes) or fresh ones.
@@ -30,11 +31,10 @@ import torch
 
 from statetier.protocol.errors import CorruptPayload, InvalidRequest
 from statetier.protocol.groups import chosen
-from statetier.protocol.sealed import SealedHeader, TensorDescriptor, check_payload_digest, region_hasher
+from statetier.protocol.sealed import SealedHeader, TensorDescriptor, check_payload_digest, hash_chunk, region_hasher
 
 from .tensors import byte_view, empty_for, spec_of, tensor_bytes, tensor_to_spec_and_view, torch_dtype
 
-COPY_CHUNK = 256 << 10  # copy then digest this much at a time, while it is still in cache
 _ZEROS = memoryview(bytes(64))  # alignment padding is below 64 bytes
 
 
@@ -76,7 +76,7 @@ def land(header: SealedHeader, source: memoryview, parts: Sequence[tuple[TensorD
     """
     digests: dict[int, bytes] = {}  # by id() of the descriptor: zero-size tensors share offsets
     for (t, at), dest in zip(parts, dests):
-        hasher = region_hasher(header.digest_alg)
+        hasher = region_hasher(header.digest_alg, t.nbytes)
         src = source[at : at + t.nbytes]
         on_device = dest.device.type != "cpu"
         if t.nbytes:
@@ -95,7 +95,7 @@ def land(header: SealedHeader, source: memoryview, parts: Sequence[tuple[TensorD
     check_payload_digest(header, [digests.get(id(t), t.digest) for t in header.tensors])
 
 
-def land_all(jobs: list, staging: Callable[[int], torch.Tensor]) -> list[int]:
+def land_all(jobs: list, staging: Callable[[int], torch.Tensor], trace: dict | None = None) -> list[int]:
     """``land`` every job (``None`` skipped); the indexes whose bytes were not intact where
     they landed (the caller asks for those again, with ``recheck``)."""
     failed = []
@@ -103,7 +103,7 @@ def land_all(jobs: list, staging: Callable[[int], torch.Tensor]) -> list[int]:
         if job is None:
             continue
         try:
-            land(*job, staging)
+            land(*job, staging, trace)
         except CorruptPayload as exc:
             if not exc.detail.get("landed"):
                 raise
@@ -115,16 +115,18 @@ def copy_and_digest(dest: memoryview, source: memoryview, hasher, trace: dict | 
     nbytes = source.nbytes
     if trace is not None:
         return _copy_and_digest_timed(dest, source, hasher, trace)
-    for start in range(0, nbytes, COPY_CHUNK):
-        end = min(nbytes, start + COPY_CHUNK)
+    chunk = hash_chunk(nbytes)
+    for start in range(0, nbytes, chunk):
+        end = min(nbytes, start + chunk)
         dest[start:end] = source[start:end]
         hasher.update(dest[start:end])
 
 
 def _copy_and_digest_timed(dest: memoryview, source: memoryview, hasher, trace: dict) -> None:
     clock, copying, hashing = time.perf_counter, 0.0, 0.0
-    for start in range(0, source.nbytes, COPY_CHUNK):
-        end = min(source.nbytes, start + COPY_CHUNK)
+    chunk = hash_chunk(source.nbytes)
+    for start in range(0, source.nbytes, chunk):
+        end = min(source.nbytes, start + chunk)
         t0 = clock()
         dest[start:end] = source[start:end]
         t1 = clock()

@@ -6,8 +6,8 @@
   item (``MalformedFrame`` otherwise); with ``raise_first`` the first item error is raised
   (``raise_item_error``: its position in ``detail["item"]``), and a skip without a failure
   before it is ``MalformedFrame``.
-- ``record(trace, answer, request=, client_copy=)`` — a call's phase timings in µs: its
-  round trip, the client's copy, and the daemon's own phases (``daemon_*``).
+- ``record(trace, answer, request=, client_copy=)`` — a frame's phase timings in µs added
+  to a call's: its round trip, the client's copy, and the daemon's own phases (``daemon_*``).
 - ``once(fn)`` — ``fn`` at most once, whichever cleanup path gets there first.
 """
 
@@ -59,14 +59,17 @@ def raise_item_error(index: int, error: ErrorInfo) -> None:
 
 
 def record(trace: dict | None, answer, *, request: float, client_copy: tuple | None = None) -> None:
-    """Fill ``trace`` (µs): the client's copy, the round trip, and the daemon's own phases."""
+    """Add to ``trace`` (µs): the client's copy, the round trip, and the daemon's own phases
+    (summed over the frames of a call that sends several)."""
     if trace is None:
         return
-    trace["round_trip"] = (time.perf_counter() - request) * 1e6
+    phases = {"round_trip": (time.perf_counter() - request) * 1e6}
     if client_copy is not None:
-        trace["client_copy"] = (client_copy[1] - client_copy[0]) * 1e6
+        phases["client_copy"] = (client_copy[1] - client_copy[0]) * 1e6
     if answer.trace:
-        trace.update({f"daemon_{name}": value for name, value in answer.trace.items()})
+        phases.update({f"daemon_{name}": value for name, value in answer.trace.items()})
+    for name, value in phases.items():
+        trace[name] = trace.get(name, 0.0) + value
 
 
 def once(fn: Callable[[], None]) -> Callable[[], None]:

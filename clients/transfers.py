@@ -137,7 +137,8 @@ class Transfers:
         record(trace, answer, request=copied, client_copy=(started, copied))
         return stored_ref(answer)
 
-    async def put_batch(self, items: Sequence[tuple[PutMeta, Sequence[tuple[str, torch.Tensor]]]]) -> list[StateRef]:
+    async def put_batch(self, items: Sequence[tuple[PutMeta, Sequence[tuple[str, torch.Tensor]]]],
+                        trace: dict | None = None) -> list[StateRef]:
         """Many puts, one ``PUT_BATCH`` frame (one round trip): each payload from a put
         window region, or inline when the window is full. Raises the first item's error."""
         regions, inline, on_gpu, nbytes = [], [], False, 0
@@ -157,11 +158,13 @@ class Transfers:
                     meta.window = offset
                     on_gpu = on_gpu or any(t.device.type != "cpu" for _, t in pairs)
                     nbytes += layout.payload_len
+            started = time.perf_counter()
             if regions:
                 await self._copy(lambda: [fill(self.windows.put_window[o : o + lay.payload_len], lay, ts)
                                           for o, lay, ts in regions], nbytes, on_gpu)
+            copied = time.perf_counter()
             sent = True  # from here the daemon may read the regions until it answers
-            batch = self._with_free(PutBatchMeta(tuple(meta for meta, _ in items)))
+            batch = self._with_free(PutBatchMeta(tuple(meta for meta, _ in items), trace=trace is not None))
             frame = await self.conn.request(Op.PUT_BATCH, batch, inline, on_orphan=lambda _frame: free(),
                                             on_unsent=free)
         except BaseException as exc:
@@ -169,7 +172,9 @@ class Transfers:
                 free()  # else on_orphan / on_unsent frees them
             raise
         free()
-        return [stored_ref(answer) for answer in batch_answers(decoded(PutBatchReply, frame).items, len(items))]
+        reply = decoded(PutBatchReply, frame)
+        record(trace, reply, request=copied, client_copy=(started, copied))
+        return [stored_ref(answer) for answer in batch_answers(reply.items, len(items))]
 
     def _free_put(self, offsets: Sequence[int]) -> None:
         for offset in offsets:
@@ -178,20 +183,46 @@ class Transfers:
     # -- load ---------------------------------------------------------------------------
 
     async def load_batch(self, metas: Sequence[LoadMeta], namespace: bytes, device,
-                         intos: Sequence[Mapping[str, torch.Tensor] | None]) -> list[dict[str, torch.Tensor]]:
-        """Many loads, one ``LOAD_BATCH`` frame: every payload copied into its destination and
-        verified there; the window regions go back in one ``RELEASE``. Raises the first
-        item's error (after every region was given back)."""
-        targets = [target_of(into, device) for into in intos]
-        batch = self._with_free(LoadBatchMeta(namespace, tuple(metas), shm=self.windows is not None))
+                         intos: Sequence[Mapping[str, torch.Tensor] | None], trace: dict | None = None
+                         ) -> list[dict[str, torch.Tensor]]:
+        """Many loads in ``LOAD_BATCH`` frames: every payload copied into its destination and
+        verified there. What the load window had no room for is asked again, in the next
+        frame, once this one's regions went back with it: a batch larger than the window
+        streams through it in window-sized steps. Raises the first item's error (after every
+        region was given back), its position among ``metas`` in ``detail["item"]``."""
+        out: list = [None] * len(metas)
+        todo = list(range(len(metas)))
+        while todo:
+            retry, failed = await self._load_step(todo, metas, namespace, device, intos, out, trace)
+            alone = [retry.pop(0)] if retry and len(retry) == len(todo) else []  # nothing fit: others hold the window
+            for index in sorted(failed + alone):  # not intact where it landed (asked with recheck), or alone
+                again = _copy_meta(metas[index], ns=namespace, recheck=metas[index].recheck or index in failed)
+                try:
+                    _, out[index] = await self.load(again, device, intos[index])
+                except StatetierError as exc:
+                    exc.detail["item"] = index
+                    raise
+            todo = retry
+        return out
+
+    async def _load_step(self, todo: list[int], metas, namespace: bytes, device, intos, out: list,
+                         trace: dict | None) -> tuple[list[int], list[int]]:
+        """One ``LOAD_BATCH`` of the items ``todo``: each landed item's tensors into ``out``;
+        (the items to ask again, the items not intact where they landed)."""
+        targets = [target_of(intos[i], device) for i in todo]
+        batch = self._with_free(LoadBatchMeta(namespace, tuple(metas[i] for i in todo), shm=self.windows is not None,
+                                              trace=trace is not None))
+        started = time.perf_counter()
         frame = await self.conn.request(Op.LOAD_BATCH, batch, on_orphan=self._release_batch_orphan)
-        answers = decoded(LoadBatchReply, frame).items
+        reply = decoded(LoadBatchReply, frame)
+        record(trace, reply, request=started)
+        answers = reply.items
         regions = [a.region for a in answers if a.region is not None]
         try:
-            batch_answers(answers, len(metas), raise_first=False)
+            batch_answers(answers, len(todo), raise_first=False)
             data = memoryview(frame.data).cast("B")
             jobs, nbytes, on_gpu, failure, retry = [], 0, False, None, []
-            for index, (answer, into, target) in enumerate(zip(answers, intos, targets)):
+            for index, answer, target in zip(todo, answers, targets):
                 if answer.error is not None or answer.skipped:
                     failure = failure or ((index, answer.error) if answer.error is not None else None)
                     jobs.append(None)
@@ -205,24 +236,20 @@ class Transfers:
                 layers = metas[index].layers
                 header, source = self._header_and_payload(answer, data[answer.at : answer.at + answer.len], layers)
                 parts = laid_out(header, layers)
-                jobs.append((header, source, parts, destinations(parts, into, target)))
+                jobs.append((header, source, parts, destinations(parts, intos[index], target)))
                 nbytes += source.nbytes
                 on_gpu = on_gpu or target.type != "cpu"
             if failure is not None:
                 raise_item_error(*failure)
-            failed = await self._copy(lambda: land_all(jobs, self._staging_for), nbytes, on_gpu)
+            landed = await self._copy(lambda: land_all(jobs, self._staging_for, trace), nbytes, on_gpu)
+            failed = [todo[n] for n in landed]
         finally:
             if regions:
                 self._give_back(regions)
-        out = [None if job is None else {t.spec.name: d for (t, _), d in zip(job[2], job[3])} for job in jobs]
-        for index in sorted(retry + failed):  # no room in the reply, or not intact where it landed
-            again = _copy_meta(metas[index], ns=namespace, recheck=metas[index].recheck or index in failed)
-            try:
-                _, out[index] = await self.load(again, device, intos[index])
-            except StatetierError as exc:
-                exc.detail["item"] = index
-                raise
-        return out
+        for index, job in zip(todo, jobs):
+            if job is not None and index not in failed:
+                out[index] = {t.spec.name: d for (t, _), d in zip(job[2], job[3])}
+        return retry, failed
 
     def _release_batch_orphan(self, frame: Frame) -> None:
         try:

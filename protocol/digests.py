@@ -3,9 +3,13 @@
 - ``DigestAlg`` — ``BLAKE3`` (plain, unkeyed BLAKE3-256: anyone can recompute it) or
   ``XXH3_128`` (a corruption check only, for trusted media); ``label`` for logs.
 - ``digest_region(alg, data)`` — the 32-byte digest of one region (a tensor plus its
-  alignment padding).
-- ``region_hasher(alg)`` — the same digest computed incrementally (``update``, ``digest``),
-  for a client that verifies bytes as they are copied into place.
+  alignment padding). BLAKE3 of a region of ``thresholds.PARALLEL_HASH_BYTES`` or more runs
+  on several threads (``max_threads=blake3.AUTO``): the daemon seals, and checks what no
+  client will, at more than one core's speed.
+- ``region_hasher(alg, nbytes)`` — the same digest computed incrementally (``update``,
+  ``digest``), for a client that verifies bytes as they are copied into place; several
+  threads for a region of ``nbytes`` past the same size (its updates should then be of
+  ``hash_chunk(nbytes)`` bytes or more, so that the threads have work to share).
 - ``payload_digest_of(alg, region_digests, payload_len)`` — the payload digest over the
   region digests (docs/protocol.md §2.2), so one pass over the bytes seals or verifies all.
 
@@ -21,6 +25,14 @@ from typing import Sequence
 
 import blake3
 
+from .thresholds import PARALLEL_HASH_BYTES
+
+_AUTO = blake3.blake3.AUTO
+#: Bytes copied, then hashed, at a time while they are still in cache (one thread), and when
+#: the region is large enough for several threads to share each piece.
+COPY_CHUNK = 256 << 10
+PARALLEL_CHUNK = 4 << 20
+
 
 class DigestAlg(enum.IntEnum):
     BLAKE3 = 1  # plain (unkeyed) BLAKE3-256: anyone can recompute it, nobody needs a key
@@ -34,16 +46,25 @@ class DigestAlg(enum.IntEnum):
 
 def digest_region(alg: DigestAlg, data) -> bytes:
     if alg is DigestAlg.BLAKE3:
-        return blake3.blake3(data).digest()
+        return blake3.blake3(data, max_threads=_threads(memoryview(data).nbytes)).digest()
     import xxhash
 
     return xxhash.xxh3_128_digest(data) + bytes(16)
 
 
-def region_hasher(alg: DigestAlg):
-    """An incremental hasher of one region (``update(bytes)``, ``digest()``) for ``alg``."""
+def _threads(nbytes: int) -> int:
+    return _AUTO if nbytes >= PARALLEL_HASH_BYTES else 1
+
+
+def hash_chunk(nbytes: int) -> int:
+    """How many bytes of a region of ``nbytes`` to copy, then hash, at a time."""
+    return PARALLEL_CHUNK if nbytes >= PARALLEL_HASH_BYTES else COPY_CHUNK
+
+
+def region_hasher(alg: DigestAlg, nbytes: int = 0):
+    """An incremental hasher of one region of ``nbytes`` (``update(bytes)``, ``digest()``)."""
     if alg is DigestAlg.BLAKE3:
-        return blake3.blake3()
+        return blake3.blake3(max_threads=_threads(nbytes))
     import xxhash
 
     return _Xxh3Region(xxhash.xxh3_128())

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from .digests import DigestAlg, digest_region, payload_digest_of, region_hasher
+from .digests import DigestAlg, digest_region, hash_chunk, payload_digest_of, region_hasher
 from .dtypes import TensorSpec
 from .errors import BadSignature, CorruptPayload, InvalidRequest, TruncatedState, UnsupportedFormat
 from .expectation import Expectation, check_identity
@@ -250,6 +250,7 @@ def parse_header(header_bytes) -> SealedHeader:
 __all__ = [
     "ALIGN", "DigestAlg", "Expectation", "FORMAT_VERSION", "MAGIC", "Opened", "PREFIX_BYTES", "PayloadLayout",
     "SealedHeader", "TensorDescriptor", "VerifiedHeaders", "check_payload", "check_payload_digest", "decode_header",
-    "header_length", "layout_payload", "open_sealed", "parse_header", "payload_digest_of", "region_hasher", "seal",
+    "hash_chunk", "header_length", "layout_payload", "open_sealed", "parse_header", "payload_digest_of",
+    "region_hasher", "seal",
     "seal_object", "verify_payload_only",
 ]

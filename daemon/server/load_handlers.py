@@ -11,8 +11,9 @@
   every lease given back at once. Each item is answered with a ``LoadAnswer``: ``tier``,
   ``at``, ``len`` (``data[at:at+len]`` is its header, or header and payload inline) plus
   ``window`` and ``region`` when its payload went to the window; ``retry`` when neither the
-  window nor this reply had room for it (the client loads it alone); its ``error``; or
-  ``skipped`` after the first failure.
+  window (full for now: the client asks again once it gave its regions back, so a batch
+  larger than the window streams through it in window-sized steps) nor this reply had
+  room for it; its ``error``; or ``skipped`` after the first failure.
 - ``load_request(tenant, meta, namespace)`` — one ``LoadMeta`` as a ``LoadRequest``;
   ``chosen_regions`` — the payload regions a load sends (a group object's chosen ``layers``).
 
@@ -118,8 +119,11 @@ async def _copied(session: Session, loaded: list[tuple[LoadRequest, LoadResult]]
             regions_taken.append(region_id)
             windowed.append((dest, regions))
             parts = [header]
-        elif room is not None and cursor + header.nbytes + nbytes > room:
-            answers.append(LoadAnswer(retry=True))  # no room left in this reply: load it alone
+        elif room is not None and (cursor + header.nbytes + nbytes > room
+                                   or (wants_shm and nbytes <= session.windows.load_bytes)):
+            # the window is full for now (the client asks again once it gave regions back:
+            # a batch larger than the window streams through it), or this reply is
+            answers.append(LoadAnswer(retry=True))
             continue
         else:
             parts = [header, *regions]

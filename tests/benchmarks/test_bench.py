@@ -29,7 +29,8 @@ MACHINE_FIELDS = ("cpu_model", "cpus", "cpus_usable", "memory_bytes", "kernel", 
 def planned_sdk_rows() -> set[tuple]:
     rows = {(path, op, size, batch) for size, batches in QUICK.batches.items() for batch in batches
             for path in ("shm", "inline") for op in ("put", "load", "load_into")}
-    return rows | {("unix", "lookup", None, 1), ("unix", "ping", None, 1), ("unix", "lookup48x16", None, 1)}
+    return rows | {("unix", "lookup", None, 1), ("unix", "ping", None, 1), ("unix", "lookup48x16", None, 1),
+                   ("unix", "lookup_jamba_groups", None, 1)}
 
 
 def check_row(row: dict) -> None:
@@ -75,13 +76,16 @@ def test_quick_bench_writes_one_json_object_with_every_suite(tmp_path: Path) -> 
     assert all(row["target"] == TARGETS.get((row["op"], row["size_bytes"], row["batch"]), THROUGHPUT_TARGET)
                for row in throughput)
     assert {row["op"]: row["target"] for row in by_suite["sdk"] if row["metric"] == "latency"} == {
-        "lookup": pytest.approx(1 / 3), "ping": pytest.approx(1 / 3), "lookup48x16": 1.0}
-    # one put and one load of each size, on the shared-memory path, broken down by measured phase
-    traced = {(row["op"], row["size_bytes"]) for row in throughput if row.get("phases_us")}
-    assert traced == {(op, size) for size in QUICK.batches for op in ("put", "load", "load_into")}
+        "lookup": pytest.approx(1 / 3), "ping": pytest.approx(1 / 1.5), "lookup48x16": 1.0, "lookup_jamba_groups": 1.0}
+    # every put and load of the shared-memory path, broken down by measured phase; a batch's
+    # phase line also says the daemon's time per object
+    traced = {(row["op"], row["size_bytes"], row["batch"]) for row in throughput if row.get("phases_us")}
+    assert traced == {(op, size, batch) for size, batches in QUICK.batches.items() for batch in batches
+                      for op in ("put", "load", "load_into")}
     for row in throughput:
         if row.get("phases_us"):
             assert {"round_trip", "daemon", "frames", "client_copy"} <= set(row["phases_us"]), row
+            assert ("daemon_per_item" in row["phases_us"]) == (row["batch"] > 1), row
             assert len(row["load_average"]) == 3
 
 
