@@ -13,11 +13,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from statetier.daemon.config_values import MiB, Bytes
+from statetier.protocol.kv_events import Encoding
 
 _TIERS = ("device", "host", "disk", "redis")
 _ZMQ_SCHEMES = ("tcp://", "ipc://", "inproc://")
@@ -53,7 +53,7 @@ class EventsConfig(BaseModel):
     media: dict[str, str] = Field(
         default_factory=lambda: {"device": "GPU", "host": "CPU", "disk": "DISK", "redis": "REDIS"},
         description="Tier → the medium name its events carry.")
-    encoding: Literal["map", "array"] = Field("map", description='Events as tagged maps ("map", as vLLM 0.32 writes '
+    encoding: Encoding = Field("map", description='Events as tagged maps ("map", as vLLM 0.32 writes '
                                               'them) or tagged arrays ("array", vLLM\'s earlier releases).')
 
     @field_validator("endpoint", "replay_endpoint")

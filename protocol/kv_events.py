@@ -6,9 +6,9 @@ messages ``(topic, seq, payload)``, ``seq`` an 8-byte big-endian counter per str
 ``BlockStored`` (block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
 lora_name), ``BlockRemoved`` (block_hashes, medium) and ``AllBlocksCleared``, as
 ``vllm/distributed/kv_events.py`` (vLLM 0.32) defines them. Two encodings of an event are in
-use: a map tagged by ``"type"`` (``ENCODINGS[0]``, "map": vLLM 0.32) and the older tagged array
-``["BlockStored", block_hashes, parent, token_ids, block_size, lora_id, medium]`` ("array":
-vLLM's example subscriber and the releases before). The batch is an array in both.
+use (``Encoding``): ``"map"``, a map tagged by its ``"type"`` (vLLM 0.32), and ``"array"``, the
+tagged array ``["BlockStored", block_hashes, parent, token_ids, block_size, lora_id, medium]``
+(vLLM's example subscriber and the releases before). The batch is an array in both.
 
 - ``BlockTag`` — what a client attaches to a put so that the events of its object name the
   engine's own block: ``hash`` (the engine's block hash, bytes or a u64), ``parent`` (the
@@ -35,7 +35,6 @@ from .errors import InvalidRequest
 
 MAX_TAG_HASH_BYTES = 64
 MAX_TAG_TOKENS = 16384
-ENCODINGS = ("map", "array")
 Encoding = Literal["map", "array"]
 REPLAY_END = (-1).to_bytes(8, "big", signed=True)
 
