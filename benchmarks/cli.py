@@ -1,6 +1,6 @@
 """``statetier bench``: every benchmark of one run, as ratios to raw limits of the same run.
 
-- ``main(argv) -> int`` — what ``statetier bench`` calls (``daemon/cli.py``, a lazy import):
+- ``main(argv) -> int`` — what ``statetier bench`` calls (``daemon/cli/serve.py``, a lazy import):
   options ``--url``, ``--quick``, ``--json FILE``, ``--dir DIR`` (temp files) and suite
   names to run only those (``seal``, ``tiers``, ``sdk``, ``workloads``; default all but
   ``workloads``): ``statetier bench --quick sdk``.
@@ -140,7 +140,7 @@ def print_summary(rows: list[dict], suites: dict) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from statetier.daemon.config_loading import DEFAULT_CLIENT_URL
+    from statetier.daemon.client_env import DEFAULT_CLIENT_URL
 
     parser = argparse.ArgumentParser(prog="statetier bench", description=__doc__.splitlines()[0])
     parser.add_argument("--url", default=None,

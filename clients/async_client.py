@@ -22,7 +22,8 @@ at once. Keys are built in the client's namespace (``kv_key`` / ``ssm_key`` / ``
   ``release(lease_ids)`` gives the leases back.
 - ``put_many(items)`` / ``load_many(targets, into=…)``: batch frames, one round trip per batch;
   group objects too (a ``PutItem`` of regions; a group target's ``into`` per layer).
-- ``delete(ref)``, ``stats()``, ``inspect(state_id)``, ``verify()``, ``ping()``.
+- ``delete(ref)``, ``purge(namespace | tenant=)``, ``list_objects(all_tenants=)``, ``stats()``,
+  ``inspect(state_id)``, ``verify(progress=)``, ``ping()``.
 
 Through the connection's own shared-memory windows on a Unix socket (``transfers.py``,
 ``shm.py``), inline bytes otherwise (TCP, or a process that cannot map them); batch calls
@@ -38,7 +39,7 @@ import logging
 import ssl as _ssl
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 
@@ -62,7 +63,7 @@ from statetier.protocol.wire_meta import (
     wire_specs,
 )
 
-from . import transport
+from . import admin, transport
 from .batches import BATCH_ITEMS, LOAD_IN_FLIGHT, batches_of, in_order, items_from, load_batch_items, pairs_bytes
 from .copies import into_specs
 from .shm import ClientWindows
@@ -73,9 +74,9 @@ from .values import (
     LayerGroup,
     LookupResult,
     PutItem,
-    boundaries_checked,
     boundaries_from_tokens,
     group_selection,
+    lookup_meta,
     payload_pairs,
     regrouped,
 )
@@ -399,10 +400,9 @@ class AsyncClient:
             if not size:
                 raise InvalidRequest("lookup by token_ids needs block_size (or a NamespaceSpec)")
             boundaries = boundaries_from_tokens(token_ids, size, self.spec.hash_seed if self.spec else 0)
-        meta = LookupMeta(
-            self._own_namespace().digest, boundaries_checked(boundaries), tuple(int(x) for x in attention_layers),
-            tuple(int(x) for x in ssm_layers), tuple((g.kind.name.lower(), g.group_id, g.layers) for g in groups),
-            kv_layout, int(tp_size if tp_size is not None else (self.spec.tp_size if self.spec else 1)), bool(lease))
+        meta = lookup_meta(self._own_namespace().digest, attention_layers, ssm_layers, boundaries, kv_layout=kv_layout,
+                           lease=lease, tp_size=tp_size if tp_size is not None else (self.spec.tp_size if self.spec else 1),
+                           groups=groups)
         reply = decoded(LookupReply, await self._request(Op.LOOKUP, meta))
         return LookupResult(reply.tokens, [(ref_of(ref), lease) for ref, lease in reply.objects])
 
@@ -420,14 +420,37 @@ class AsyncClient:
         return field(frame.meta, "deleted", int, default=0)
 
     async def stats(self) -> dict:
-        return dict((await self._request(Op.STATS, {})).meta)
+        return await admin.stats(self._connection())
 
     async def inspect(self, state_id: bytes | str) -> dict:
-        text = state_id.hex() if isinstance(state_id, (bytes, bytearray)) else str(state_id)
-        return dict((await self._request(Op.INSPECT, {"state_id": text})).meta)
+        return await admin.inspect(self._connection(), state_id)
 
-    async def verify(self) -> dict:
-        return dict((await self._request(Op.VERIFY, {})).meta)
+    async def verify(self, progress: Callable[[int, int], object] | None = None, *,
+                     poll_seconds: float = 0.25) -> dict:
+        """Re-check every stored object (of this tenant); the report. ``progress(done, total)``
+        is called as the daemon goes, every ``poll_seconds``, and once more at the end."""
+        return await admin.verify(self._connection(), progress, poll_seconds=poll_seconds)
+
+    async def list_objects(self, *, all_tenants: bool = False) -> dict:
+        """What is stored, one row per (tenant, namespace): objects, bytes, copies per tier,
+        objects per kind, oldest and newest ``created_at_ns`` (``statetier ls``). This
+        connection's tenant's rows; every tenant's with ``all_tenants`` (an operator only)."""
+        return await admin.list_objects(self._connection(), all_tenants=all_tenants)
+
+    async def purge(self, namespace: Namespace | NamespaceSpec | None = None, *, tenant: str | None = None) -> dict:
+        """Remove every object of ``namespace`` (default: this client's own) from every tier,
+        Redis included — or, with ``tenant``, of every namespace of that tenant (this
+        connection's own, or any for an operator). Loads in flight finish; counts come back:
+        ``objects``, ``bytes``, ``copies``, ``by_tier``, ``namespaces``, ``unavailable``."""
+        if tenant is not None:
+            if namespace is not None:
+                raise InvalidRequest("purge takes a namespace or a tenant, not both")
+            return await admin.purge(self._connection(), tenant=tenant)
+        if namespace is None:
+            namespace = self._own_namespace()
+        elif isinstance(namespace, NamespaceSpec):
+            namespace = namespace.namespace()
+        return await admin.purge(self._connection(), namespace.hex())
 
     async def ping(self) -> float:
         """One round trip to the daemon; returns its duration in seconds."""

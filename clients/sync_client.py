@@ -148,4 +148,6 @@ class Client:
     stats = _blocking("stats")
     inspect = _blocking("inspect")
     verify = _blocking("verify")
+    list_objects = _blocking("list_objects")
+    purge = _blocking("purge")
     ping = _blocking("ping")

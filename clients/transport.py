@@ -33,7 +33,6 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from statetier.protocol.errors import (
     ClientClosedError,
-    FrameTooLarge,
     InvalidRequest,
     MalformedFrame,
     ProtocolError,
@@ -48,6 +47,7 @@ from statetier.protocol.frames import (
     FrameDecoder,
     Op,
     encode_frame,
+    frame_too_large,
     hello_frame,
     raise_for_error,
 )
@@ -266,8 +266,7 @@ class Connection(asyncio.BufferedProtocol):
         head = encode_frame(Frame(op, request_id, meta), self.max_frame)[0]
         nbytes = sum(p.nbytes for p in parts)
         if len(head) + nbytes > self.max_frame:
-            raise FrameTooLarge(f"frame of {len(head) + nbytes} bytes exceeds the limit of {self.max_frame}",
-                                size=len(head) + nbytes, limit=self.max_frame)
+            raise frame_too_large(len(head) + nbytes, self.max_frame)
         (length,) = _LENGTH.unpack_from(head)
         return [_LENGTH.pack(length + nbytes) + head[_LENGTH.size:], *parts]
 

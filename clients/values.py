@@ -17,7 +17,9 @@
                        (``PlacementMismatch``); ``regrouped(tensors)`` — the way back;
                        ``group_selection(key, layers, into)`` — a group load's chosen layers
                        and flattened ``into``.
-- ``boundaries_checked`` / ``boundaries_from_tokens`` — LOOKUP's ``(token_end, prefix)`` pairs.
+- ``boundaries_checked`` / ``boundaries_from_tokens`` — LOOKUP's ``(token_end, prefix)`` pairs;
+  ``lookup_meta(...)`` — a LOOKUP request's ``LookupMeta`` (the SDK's ``lookup`` and
+  ``statetier lookup``).
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ from statetier.protocol.errors import InvalidRequest
 from statetier.protocol.groups import LayerGroup, check_layers, check_regions, region_name, split_region_name
 from statetier.protocol.identity import PREFIX_HASH_BYTES, StateKey, StateRef, prefix_hashes
 from statetier.protocol.kv_events import BlockTag
+from statetier.protocol.wire_meta import LookupMeta
 
-__all__ = ["BlockTag", "LayerGroup", "LookupResult", "PutItem", "StoredRef", "boundaries_checked", "boundaries_from_tokens",
-           "group_selection", "named_tensors", "payload_pairs", "regrouped"]
+__all__ = ["BlockTag", "LayerGroup", "LookupResult", "PutItem", "StoredRef", "boundaries_checked",
+           "boundaries_from_tokens", "group_selection", "lookup_meta", "named_tensors", "payload_pairs", "regrouped"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,3 +168,11 @@ def boundaries_from_tokens(token_ids: Sequence[int], block_size: int, seed: int 
     """Every full-block boundary of ``token_ids`` with its chained prefix hash."""
     hashes = prefix_hashes(token_ids, block_size, seed=seed)
     return [((i + 1) * block_size, h) for i, h in enumerate(hashes)]
+
+
+def lookup_meta(namespace: bytes, attention_layers: Sequence[int], ssm_layers: Sequence[int],
+                boundaries: Sequence[tuple[int, bytes]], *, kv_layout: str, lease: bool, tp_size: int,
+                groups: Sequence[LayerGroup] = ()) -> LookupMeta:
+    return LookupMeta(namespace, boundaries_checked(boundaries), tuple(int(x) for x in attention_layers),
+                      tuple(int(x) for x in ssm_layers), tuple((g.kind.name.lower(), g.group_id, g.layers) for g in groups),
+                      kv_layout, int(tp_size), bool(lease))

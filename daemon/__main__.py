@@ -1,4 +1,4 @@
-"""``python -m statetier.daemon`` — the ``statetier`` command line (``daemon/cli.py``)."""
+"""``python -m statetier.daemon`` — the ``statetier`` command line (``daemon/cli/``)."""
 
 from statetier.daemon.cli import main
 

@@ -11,8 +11,9 @@
                               SIGTERM/SIGINT stops gracefully, a second exits at once).
 
 Keys: the signing keyring is read from ``keys.keyring_file`` (default
-``<disk dir>/keyring.json``), generated with mode 0600 on first start; the at-rest key
-likewise when a tier encrypts.
+``<disk dir>/keyring.json``), generated with mode 0600 on first start — with a warning, or
+a refusal (``keys.new_keyring_with_redis``), when a Redis tier is configured: daemons that
+share Redis must share one keyring. The at-rest key likewise when a tier encrypts.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class App:
             if self.http is not None:
                 await self.http.start()
         except BaseException:
+            await self.server.shutdown(0)  # removes the socket file it bound, if it got that far
             await self.engine.close()
             if self.events is not None:
                 self.events.close()
@@ -105,17 +107,38 @@ class App:
         if self.http is not None:
             lines.append(f"  metrics: http://{self.config.metrics.host}:{self.http.port}/metrics")
         for stats in self.engine.tier_stats():
-            lines.append(f"  tier {stats.tier}: capacity {stats.capacity} bytes, {stats.objects} objects")
+            sized = ""
+            if stats.tier == "host" and self.config.host.capacity_bytes is None:
+                sized = (f" (25% of this machine's available memory, allocated now; host.capacity_bytes or "
+                         f"--host-capacity sets it)")
+            lines.append(f"  tier {stats.tier}: capacity {stats.capacity} bytes ({_gib(stats.capacity)}), "
+                         f"{stats.objects} objects{sized}")
         return "\n".join(lines)
 
 
-def load_or_create_keyring(path: Path) -> Keyring:
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / (1 << 30):.1f} GiB" if nbytes >= 1 << 30 else f"{nbytes / (1 << 20):.0f} MiB"
+
+
+def load_or_create_keyring(config: Config) -> Keyring:
+    path = config.keyring_path()
     if path.exists():
         return Keyring.load(path)
+    shared = config.redis.url is not None
+    if shared and config.keys.new_keyring_with_redis == "refuse":
+        raise ConfigError(f"keys.keyring_file: {path} does not exist and redis.url is set: daemons that share "
+                          f"Redis must share one keyring (statetier keygen --out FILE, then keys.keyring_file = FILE "
+                          f"on every one of them); keys.new_keyring_with_redis = \"refuse\" forbids generating one here")
     path.parent.mkdir(parents=True, exist_ok=True)
     keyring = Keyring.generate()
     keyring.save(path)
-    log.info("generated a new signing keyring at %s", path)
+    if shared:
+        log.warning("generated a new signing keyring at %s while a Redis tier is configured: daemons that share "
+                    "Redis must share one keyring (keys.keyring_file); objects sealed by daemons with another "
+                    "keyring are refused here as unknown_key (and left in Redis), and theirs are refused there. "
+                    "Set keys.new_keyring_with_redis = \"refuse\" to stop instead", path)
+    else:
+        log.info("generated a new signing keyring at %s", path)
     return keyring
 
 
@@ -179,7 +202,7 @@ def build_tiers(config: Config, keyring: Keyring, executor) -> tuple[list[Tier],
 
 
 def build(config: Config) -> App:
-    keyring = load_or_create_keyring(config.keyring_path())
+    keyring = load_or_create_keyring(config)
     executor = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)), thread_name_prefix="statetier-io")
     tiers, roles = build_tiers(config, keyring, executor)
     metrics = Metrics()
@@ -204,11 +227,24 @@ def build(config: Config) -> App:
                     executor=executor, announcements=announcements, **roles)
     server = Server(engine, config, metrics)
     metrics.track(_tier_stats_reporting_redis(engine, metrics, roles["publish"]),
-                  lambda: {**server.stats(), "leases": engine.lease_count})
+                  lambda: {**server.stats(), "leases": engine.lease_count,
+                           "write_behind_pending": engine.placement.write_behind_pending,
+                           "write_behind_limit": config.limits.write_behind_queue,
+                           "tenants": _tenant_accounts(engine.tenancy.usage(), quotas)})
     http = None
     if config.metrics.enabled:
         http = MetricsServer(metrics, config.metrics.host, config.metrics.port, ready=lambda: engine.ready)
     return App(config, engine, server, metrics, http, executor, events)
+
+
+def _tenant_accounts(usage: dict[str, dict[str, int]], quotas: dict[str, dict[str, int]]) -> dict:
+    """``{tenant: {tier: {"used": bytes, "quota": bytes or None}}}`` for the scrape."""
+    accounts: dict[str, dict[str, dict]] = {}
+    for tenant in set(usage) | set(quotas):
+        for tier in set(usage.get(tenant, {})) | set(quotas.get(tenant, {})):
+            accounts.setdefault(tenant, {})[tier] = {"used": usage.get(tenant, {}).get(tier, 0),
+                                                     "quota": quotas.get(tenant, {}).get(tier)}
+    return accounts
 
 
 def _tier_stats_reporting_redis(engine: Engine, metrics: Metrics, redis_tier: Tier | None):

@@ -28,7 +28,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from statetier.daemon.config_events import EventsConfig
-from statetier.daemon.config_values import GiB, KiB, MiB, Bytes, Seconds, parse_mode, parse_size, split_host_port
+from statetier.daemon.config_values import GiB, KiB, MiB, Bytes, FileMode, Seconds, parse_size, split_host_port
 from statetier.protocol.errors import ConfigError
 
 TIER_NAMES = ("device", "host", "disk", "redis")
@@ -114,13 +114,17 @@ class RedisTierConfig(_Section):
 
 class ListenConfig(_Section):
     socket_path: Path = Field(Path("./statetier.sock"), description="Unix socket the daemon listens on.")
-    socket_mode: Annotated[int, BeforeValidator(parse_mode)] = Field(
-        0o660, ge=0, le=0o7777, description="File mode of the socket (octal in TOML: 0o660; strings read as octal)."
+    socket_mode: FileMode = Field(
+        0o660, description='File mode of the socket (octal: 0o660 in TOML, "660" or 660 in the environment and --set).'
     )
     allowed_uids: tuple[int, ...] = Field(
         (), description="Peer uids allowed on the socket; empty = the daemon's own uid and root."
     )
     allowed_gids: tuple[int, ...] = Field((), description="Peer gids allowed on the socket.")
+    operator_uids: tuple[int, ...] = Field(
+        (), description="Unix peer uids that may list and purge every tenant's state (statetier ls --all, "
+        "statetier purge --of-tenant); empty = the daemon's own uid and root. Others list and purge their own tenant's."
+    )
     tcp: str | None = Field(None, description='"host:port" ("[::1]:7000" for IPv6) to listen on TCP too; None = Unix only.')
     tls_cert: Path | None = Field(None, description="PEM certificate for TCP (with tls_key).")
     tls_key: Path | None = Field(None, validate_default=True, description="PEM private key for TCP (with tls_cert).")
@@ -205,6 +209,10 @@ class KeysConfig(_Section):
     at_rest_key_file: Path | None = Field(
         None, description="AES-256 key for tiers with encrypt=true; None = <disk dir>/at-rest.key, generated at first start (0600)."
     )
+    new_keyring_with_redis: Literal["warn", "refuse"] = Field(
+        "warn", description='A cross-node tier (redis.url) and no keyring file yet: "warn" generates one and logs '
+        "that daemons sharing Redis must share keys.keyring_file (each other's objects are refused as unknown_key "
+        'otherwise); "refuse" stops the daemon instead, before anything is written.')
 
 
 class MetricsConfig(_Section):

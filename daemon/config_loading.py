@@ -5,12 +5,12 @@
   ← overrides (dotted keys, ``"disk.directory"``). Raises ``ConfigError`` naming the
   field path and where the bad value came from (which file, variable or override).
 - ``parse_env_value`` / ``parse_setting(dotted, raw)`` — how an environment string (or a
-  ``--set KEY=VALUE``) becomes a value: JSON when it parses; text fields keep the raw string.
-- ``client_url_from_env(env)`` — the CLI's default daemon URL (``$STATETIER_URL``, else
-  ``DEFAULT_CLIENT_URL``).
+  ``--set KEY=VALUE``) becomes a value: JSON when it parses; text fields, and file modes
+  (``"660"`` is octal, never the decimal 660), keep the raw string.
 
-With ``daemon.config`` (the model), the only reader of the environment. Called by
-``statetier serve`` and ``--set`` in ``daemon/cli.py``.
+With ``daemon.config`` (the model), the only reader of the daemon's environment (the client
+commands' ``$STATETIER_URL``/``$STATETIER_TOKEN``: ``daemon.client_env``). Called by
+``statetier serve`` and ``--set`` in ``daemon/cli/serve.py``.
 """
 
 from __future__ import annotations
@@ -27,17 +27,11 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ValidationError
 
 from statetier.daemon.config import Config
+from statetier.daemon.config_values import parse_mode
 from statetier.protocol.errors import ConfigError
 
 ENV_PREFIX = "STATETIER_"
 ENV_CONFIG_FILE = "STATETIER_CONFIG"
-ENV_CLIENT_URL = "STATETIER_URL"
-DEFAULT_CLIENT_URL = "unix://./statetier.sock"
-
-
-def client_url_from_env(env: Mapping[str, str] | None = None) -> str:
-    env = os.environ if env is None else env
-    return env.get(ENV_CLIENT_URL) or DEFAULT_CLIENT_URL
 
 
 def load_config(
@@ -68,15 +62,19 @@ def load_config(
 
 def parse_setting(dotted: str, raw: str) -> object:
     """A text value for the field at ``dotted`` ("disk.fsync"), read as the environment is."""
-    return parse_env_value(raw, _annotation_at(tuple(part for part in dotted.split(".") if part)))
+    keys = tuple(part for part in dotted.split(".") if part)
+    return parse_env_value(raw, _annotation_at(keys), is_mode=_is_mode_at(keys))
 
 
-def parse_env_value(raw: str, annotation: object = None) -> object:
+def parse_env_value(raw: str, annotation: object = None, *, is_mode: bool = False) -> object:
     """JSON when it parses (numbers, booleans, lists, objects), else the raw string.
 
     Text fields (``str``/``Path``) keep the raw string, so ``STATETIER_PRODUCER_ID=42``
-    stays ``"42"``; ``null`` still clears an optional field.
+    stays ``"42"``; ``null`` still clears an optional field. A file mode (``is_mode``)
+    keeps it too: ``660`` is read as octal, not as JSON's decimal.
     """
+    if is_mode:
+        return raw
     kinds = _leaf_types(annotation)
     if kinds and kinds <= {str, Path, type(None)}:
         return None if raw == "null" and type(None) in kinds else raw
@@ -107,7 +105,7 @@ def _env_entries(env: Mapping[str, str]):
             continue
         if any(not part for part in keys):
             raise ConfigError(f"environment {name}: empty name segment")
-        yield name, keys, parse_env_value(env[name], _annotation_at(keys))
+        yield name, keys, parse_env_value(env[name], _annotation_at(keys), is_mode=_is_mode_at(keys))
 
 
 def _annotation_at(keys: tuple[str, ...]) -> object:
@@ -120,6 +118,19 @@ def _annotation_at(keys: tuple[str, ...]) -> object:
         annotation = fields[key].annotation
         model = next((t for t in _leaf_types(annotation) if isinstance(t, type) and issubclass(t, BaseModel)), None)
     return annotation
+
+
+def _is_mode_at(keys: tuple[str, ...]) -> bool:
+    model: object = Config
+    for key in keys[:-1]:
+        fields = getattr(model, "model_fields", None)
+        if not fields or key not in fields:
+            return False
+        model = next((t for t in _leaf_types(fields[key].annotation)
+                      if isinstance(t, type) and issubclass(t, BaseModel)), None)
+    fields = getattr(model, "model_fields", None) or {}
+    info = fields.get(keys[-1]) if keys else None
+    return info is not None and any(getattr(m, "func", None) is parse_mode for m in info.metadata)
 
 
 def _leaf_types(annotation: object) -> set:

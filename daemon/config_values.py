@@ -3,7 +3,10 @@
 - ``parse_size(value)``: ``"64MiB"`` → 67108864 (binary K/KiB…, decimal KB/MB…); other
   values pass through for pydantic to judge. ``KiB``, ``MiB``, ``GiB``, ``TiB``.
 - ``Bytes``: a positive int field that also accepts a size string; ``Seconds``: a positive float.
-- ``parse_mode(value)``: ``"660"`` / ``"0o660"`` → 0o660 (file modes are octal).
+- ``parse_mode(value)``: ``"660"`` / ``"0o660"`` → 0o660 (file modes are octal); an int
+  above 0o777 (TOML's ``660`` is decimal, 0o1224) is refused, naming the octal spelling.
+  ``FileMode``: such a field; the environment and ``--set`` pass it as text
+  (``daemon.config_loading``), and it is written back in octal (``"0o660"``).
 - ``split_host_port(text)``: ``"127.0.0.1:7000"`` / ``"[::1]:7000"`` → (host, port).
 
 Used by the section models of ``daemon.config``, by ``daemon.server.listeners`` (the TCP address)
@@ -15,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, PlainSerializer
 
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 
@@ -44,10 +47,21 @@ Seconds = Annotated[float, Field(gt=0)]
 def parse_mode(value: object) -> object:
     if isinstance(value, str):  # "660", "0660", "0o660": file modes are octal
         text = value.strip().lower().removeprefix("0o")
-        if not re.fullmatch(r"[0-7]{1,4}", text):
-            raise ValueError(f"not an octal file mode: {value!r}")
+        if not re.fullmatch(r"[0-7]{1,3}", text.lstrip("0") or "0"):
+            raise ValueError(f"not an octal file mode (0 to 777): {value!r}")
         return int(text, 8)
+    if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value <= 0o777:
+        spelled = f"; if you meant octal {value}, write 0o{value} (TOML) or \"{value}\" (text)" \
+            if re.fullmatch(r"[0-7]{1,3}", str(value)) else ""
+        raise ValueError(f"{value} is not a file mode (0 to 0o777){spelled}")
     return value
+
+
+def octal_mode(value: int) -> str:
+    return f"0o{value:o}"
+
+
+FileMode = Annotated[int, BeforeValidator(parse_mode), PlainSerializer(octal_mode, return_type=str)]
 
 
 def split_host_port(text: str) -> tuple[str, int]:

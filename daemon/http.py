@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from statetier.protocol.errors import ConfigError
 
 from .metrics import Metrics
 
@@ -68,7 +71,17 @@ class MetricsServer:
     async def start(self) -> None:
         if self._server is not None:
             raise RuntimeError("MetricsServer already started")
-        self._server = await asyncio.start_server(self._serve, self.host, self.requested_port, limit=MAX_HEAD_BYTES)
+        try:
+            self._server = await asyncio.start_server(self._serve, self.host, self.requested_port,
+                                                      limit=MAX_HEAD_BYTES)
+        except OSError as exc:
+            where = f"{self.host}:{self.requested_port}"
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigError(f"metrics.port: {where} is in use (another daemon? `ss -ltnp 'sport = "
+                                  f":{self.requested_port}'` names it): stop it, or give this daemon another "
+                                  f"port (metrics.port, --metrics-port; 0 picks a free one), or metrics.enabled "
+                                  f"= false (--no-metrics)") from exc
+            raise ConfigError(f"metrics.host/metrics.port: cannot listen on {where}: {exc}") from exc
 
     async def close(self) -> None:
         server, self._server = self._server, None

@@ -7,7 +7,12 @@ this one path, so the first failing check names the fault on every tier alike.
 
 - ``DAMAGE``            — the rejections that mean the stored bytes themselves are damaged
                           (checks 1–3 and 9). Only these remove a copy and count as damage.
-- ``is_damage(exc)``    — ``exc`` is one of ``DAMAGE``.
+                          ``UnknownKey`` (a ``BadSignature`` whose key id this keyring does
+                          not hold or no longer verifies) is not damage: another keyring, or
+                          a rotation rolled out too fast, says nothing about the bytes, and
+                          the copy may be the one every other node can read. It is refused
+                          and left in place, like an identity refusal.
+- ``is_damage(exc)``    — ``exc`` is one of ``DAMAGE`` and not ``UnknownKey``.
 - ``open_intact(blob, keyring)`` → ``Opened``: what a tier (or ``statetier verify``) may check
                           without an expectation: checks 1–3 and 9, i.e. damage only.
 - ``classify(blob, expect, keyring, *, stored_as, verify_payload=True)`` → ``Opened``, or
@@ -21,7 +26,7 @@ this one path, so the first failing check names the fault on every tier alike.
                           region leaves that one's tail behind) are not judged: the object
                           is what its own header frames, and fewer bytes are ``truncated``.
 - ``skip_reason(exc)``  — the bounded label a candidate skipped for ``exc`` is counted under:
-                          ``speculative``, ``stale``, ``damaged`` or ``misfiled``.
+                          ``speculative``, ``stale``, ``damaged``, ``unknown_key`` or ``misfiled``.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from .errors import (
     RejectedState,
     StaleState,
     TruncatedState,
+    UnknownKey,
     UnsupportedFormat,
 )
 from .keyring import Keyring
@@ -45,14 +51,14 @@ from .sealed import Opened, VerifiedHeaders, open_sealed
 from .sealed_format import MAGIC, decode_header
 
 DAMAGE = (TruncatedState, MalformedState, BadSignature, UnsupportedFormat, CorruptPayload)
-SKIP_REASONS = ("speculative", "stale", "damaged", "misfiled")
+SKIP_REASONS = ("speculative", "stale", "damaged", "unknown_key", "misfiled")
 # The lengths every sealed object declares in its prefix (docs/protocol.md §1): header_len
 # (u32 at byte 8) and payload_len (u64 at byte 16), after the 4-byte magic.
 _DECLARED = struct.Struct("<8xI4xQ")
 
 
 def is_damage(exc: BaseException) -> bool:
-    return isinstance(exc, DAMAGE)
+    return isinstance(exc, DAMAGE) and not isinstance(exc, UnknownKey)
 
 
 def classify(blob, expect: Expectation, keyring: Keyring, *, stored_as: bytes,
@@ -76,6 +82,8 @@ def open_intact(blob, keyring: Keyring, *, verify_payload: bool = True) -> Opene
 
 
 def skip_reason(exc: RejectedState) -> str:
+    if isinstance(exc, UnknownKey):
+        return "unknown_key"
     if is_damage(exc):
         return "damaged"
     if isinstance(exc, PositionMismatch) and exc.detail.get("speculative"):

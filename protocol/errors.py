@@ -7,7 +7,8 @@ Every class has a stable wire ``code`` (u16, sent in error frames) and a ``reaso
     ├── RejectedState                   (a stored object refused on load or put; DESIGN §4)
     │   ├── TruncatedState              100    truncated         1. framing: lengths
     │   ├── MalformedState              101    malformed         1. framing: magic, layout
-    │   ├── BadSignature                102    bad_signature     2. signature / unknown key id
+    │   ├── BadSignature                102    bad_signature     2. signature
+    │   │   └── UnknownKey              111    unknown_key       2. key id not in this keyring
     │   ├── UnsupportedFormat           103    unsupported_format 3. format version
     │   ├── NamespaceMismatch           104    namespace         4. namespace
     │   ├── PlacementMismatch           105    placement         5. kind, layer, shard
@@ -86,6 +87,14 @@ class MalformedState(RejectedState):
 class BadSignature(RejectedState):
     code = 102
     reason = "bad_signature"
+
+
+class UnknownKey(BadSignature):
+    """Signed under a key id this keyring does not hold (or no longer verifies): a
+    configuration or rotation problem, not damaged bytes. The object is left where it is."""
+
+    code = 111
+    reason = "unknown_key"
 
 
 class UnsupportedFormat(RejectedState):

@@ -27,7 +27,8 @@ class Expectation:
 
     ``key`` carries the *requester's* namespace. ``newest_version`` and ``state_id_stream``
     come from the version registry: the newest version known for the stream, and the stream
-    that the expected ``state_id`` was issued for.
+    that the expected ``state_id`` was issued for. ``stream``: the expected stream
+    (``stream_id(key, request_id)``) when the caller computed it already.
     """
 
     key: StateKey
@@ -40,11 +41,14 @@ class Expectation:
     state_id_stream: bytes | None = None
     tensors: tuple[TensorSpec, ...] | None = None
     allow_speculative: bool = False
+    stream: bytes | None = None
 
     @classmethod
     def for_ref(cls, ref: StateRef, namespace: Namespace, **extra) -> "Expectation":
-        key = StateKey(namespace, ref.key.kind, ref.key.layer, ref.key.prefix_hash,
-                       ref.key.token_start, ref.key.token_end, ref.key.shard, ref.key.group_layers)
+        old = ref.key  # checked when the ref was made: only the namespace is the requester's
+        key = old if old.namespace == namespace else StateKey.from_checked(
+            namespace, old.kind, old.layer, old.prefix_hash, old.token_start, old.token_end, old.shard,
+            old.group_layers)
         return cls(key, ref.request_id, ref.step, ref.state_id, ref.version, ref.fingerprint, **extra)
 
     @classmethod
@@ -91,7 +95,8 @@ def _check_fingerprint(header: SealedHeader, expect: Expectation) -> None:
 
 def _check_version(header: SealedHeader, expect: Expectation) -> None:
     if expect.state_id is not None:
-        if expect.state_id_stream is not None and expect.state_id_stream != stream_id(expect.key, expect.request_id or ""):
+        if expect.state_id_stream is not None and expect.state_id_stream != (
+                expect.stream or stream_id(expect.key, expect.request_id or "")):
             raise MisroutedState(f"state_id {expect.state_id.hex()} was issued for another stream")
         if header.state_id != expect.state_id:
             if expect.version is not None and header.version < expect.version:

@@ -9,8 +9,10 @@ Layout, opcodes, handshake and limits are documented byte by byte in ``docs/fram
 - ``encode_frame(frame)`` → ``[header+meta, data]`` for ``transport.writelines`` (the
   payload is never copied); a msgspec ``Struct`` meta is encoded as MessagePack and the
   frame flagged ``FLAG_BINARY`` (a frame flagged so may also carry its meta's bytes as
-  they are). ``encode_frame_bytes(frame)`` joins them. Both raise
-  ``FrameTooLarge`` past ``max_frame_size`` and ``MalformedFrame`` for an unencodable frame.
+  they are). ``encode_frame_bytes(frame)`` joins them. Both raise ``FrameTooLarge`` past
+  ``max_frame_size`` (``frame_too_large(size, limit)``: the message names
+  ``limits.max_frame_bytes`` and ``host.window_bytes``) and ``MalformedFrame`` for an
+  unencodable frame.
 - ``FrameDecoder`` — one per connection. ``feed(data)``, or ``get_buffer(sizehint)`` +
   ``buffer_updated(nbytes)`` from an asyncio ``BufferedProtocol``, return the frames
   completed so far. A frame larger than 64 KiB is received straight into its own buffer and
@@ -79,6 +81,8 @@ class Op(enum.IntEnum):
     STATS = 30
     INSPECT = 31
     VERIFY = 32
+    LIST = 33
+    PURGE = 34
     REPLY = 40
     ERROR = 41
 
@@ -110,6 +114,16 @@ class Frame:
 # -- encoding ---------------------------------------------------------------------------
 
 
+def frame_too_large(size: int, limit: int, *, announced: bool = False) -> FrameTooLarge:
+    """The refusal of a frame over ``limit``, naming the settings an operator can change."""
+    return FrameTooLarge(
+        f"frame of {size} bytes {'announced' if announced else 'to send'}, over the limit of {limit} bytes "
+        f"(the daemon's limits.max_frame_bytes). An object travels inline, in one frame, when it does not "
+        f"fit the connection's shared-memory window (host.window_bytes) or there is none (TCP): raise "
+        f"limits.max_frame_bytes (or host.window_bytes), or store smaller objects (a long page split into blocks)",
+        size=size, limit=limit)
+
+
 def encode_frame(frame: Frame, max_frame_size: int = DEFAULT_MAX_FRAME) -> list[bytes | memoryview]:
     """Return ``[header + meta]`` or ``[header + meta, data]``; ``data`` is not copied."""
     flags = frame.flags | FLAG_BINARY if isinstance(frame.meta, msgspec.Struct) else frame.flags
@@ -119,11 +133,7 @@ def encode_frame(frame: Frame, max_frame_size: int = DEFAULT_MAX_FRAME) -> list[
     nbytes = len(data)
     length = _MIN_LENGTH + len(meta) + nbytes
     if _PREFIX_SIZE + length > max_frame_size or length > _MAX_LENGTH:
-        raise FrameTooLarge(
-            f"frame of {_PREFIX_SIZE + length} bytes exceeds the limit of {max_frame_size}",
-            size=_PREFIX_SIZE + length,
-            limit=max_frame_size,
-        )
+        raise frame_too_large(_PREFIX_SIZE + length, max_frame_size)
     head = _HEADER.pack(length, op, flags, 0, frame.request_id, len(meta)) + meta
     return [head, data] if nbytes else [head]
 
@@ -283,12 +293,7 @@ class FrameDecoder:
     def _check_length(self) -> None:
         (length,) = struct.unpack_from("<I", self._scratch, self._start)
         if _PREFIX_SIZE + length > self.max_frame_size:
-            raise FrameTooLarge(
-                f"frame of {_PREFIX_SIZE + length} bytes announced, "
-                f"the limit is {self.max_frame_size}",
-                size=_PREFIX_SIZE + length,
-                limit=self.max_frame_size,
-            )
+            raise frame_too_large(_PREFIX_SIZE + length, self.max_frame_size, announced=True)
         if length < _MIN_LENGTH:
             raise MalformedFrame(f"frame length {length} is shorter than the header")
 

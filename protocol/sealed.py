@@ -7,7 +7,9 @@ Sealing and opening live here; this is the module users import the format from.
 - ``seal_object(...)``       — convenience: header and payload joined into one ``bytes``.
 - ``open_sealed(blob, expect, keyring)`` — verifies in the order of DESIGN §4 and returns
                                an ``Opened`` (header + a zero-copy payload view), or raises
-                               the first failing check's ``RejectedState`` subclass.
+                               the first failing check's ``RejectedState`` subclass (a key
+                               id the keyring cannot verify with: ``UnknownKey``, made by
+                               ``unknown_key(key_id)``).
 - ``VerifiedHeaders``        — a bounded cache of headers already verified and parsed.
 - ``check_payload`` / ``check_payload_digest`` / ``verify_payload_only`` — payload checks
                                of a header already verified; ``parse_header`` — a header
@@ -28,7 +30,7 @@ from typing import Sequence
 
 from .digests import DigestAlg, digest_region, hash_chunk, payload_digest_of, region_hasher
 from .dtypes import TensorSpec
-from .errors import BadSignature, CorruptPayload, InvalidRequest, TruncatedState, UnsupportedFormat
+from .errors import BadSignature, CorruptPayload, InvalidRequest, TruncatedState, UnknownKey, UnsupportedFormat
 from .expectation import Expectation, check_identity
 from .identity import MAX_U64, STATE_ID_BYTES, Provenance, StateKey
 from .keyring import Keyring
@@ -112,11 +114,18 @@ def seal_object(key: StateKey, provenance: Provenance, tensors: Sequence[tuple[T
     return header + payload
 
 
+def unknown_key(key_id: bytes) -> UnknownKey:
+    """The refusal of an object signed under a key id this keyring cannot verify with."""
+    return UnknownKey(f"unknown or retired key id {key_id.hex()}: this daemon's keyring does not hold it; "
+                      f"daemons that share a tier (Redis) must share one keys.keyring_file (statetier keygen), "
+                      f"and a rotation must keep the old key until its grace ends. The object is left in place")
+
+
 def _check_signature(view: memoryview, prefix: tuple, keyring: Keyring) -> None:
     _magic, _fmt, sig_code, _dig, header_len, _res, _plen, key_id = prefix
     key = keyring.get_for_verify(key_id)
     if key is None:
-        raise BadSignature(f"unknown or retired key id {key_id.hex()}")
+        raise unknown_key(key_id)
     if sig_code != int(key.alg):
         raise BadSignature(f"signature algorithm {sig_code} does not match key {key_id.hex()}")
     sig_len = key.alg.signature_bytes
@@ -168,7 +177,7 @@ def open_sealed(blob, expect: Expectation | None, keyring: Keyring, *, verify_pa
         header_bytes = bytes(view[: prefix[4]])
         header = verified.get(header_bytes)
         if header is not None and keyring.get_for_verify(header.key_id) is None:
-            raise BadSignature(f"unknown or retired key id {header.key_id.hex()}")  # 2, since cached
+            raise unknown_key(header.key_id)  # 2, since cached
     if header is None:
         _check_signature(view, prefix, keyring)  # 2
         if prefix[1] not in SUPPORTED_FORMATS:  # 3

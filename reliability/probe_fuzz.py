@@ -5,11 +5,12 @@ Inputs, each one frame (or one blob of bytes) sent to the daemon:
 
 - request mutations on a live connection: a valid request of every op (PUT with its
   tensors, PUT_BATCH, LOAD by ref and by key, LOAD_BATCH, LOOKUP, DELETE, RELEASE, STATS,
-  INSPECT, PING) with 1–3 of: a field dropped, replaced by a value of another type (huge,
-  negative, long or non-text strings, bytes of every length, nested arrays and maps), an
-  element added, a tensor spec bent (dtype, rank, dims, names), the payload made longer
-  or shorter than the specs, request id 0 or repeated; the hot ops' binary metas mutated
-  as MessagePack arrays, the admin ops' as JSON; 32 pipelined per batch;
+  INSPECT, LIST, PURGE (of a namespace or tenant with nothing stored), PING) with 1–3 of: a
+  field dropped, replaced by a value of another type (huge, negative, long or non-text
+  strings, bytes of every length, nested arrays and maps), an element added, a tensor spec
+  bent (dtype, rank, dims, names), the payload made longer or shorter than the specs,
+  request id 0 or repeated; the hot ops' binary metas mutated as MessagePack arrays, the
+  admin ops' as JSON; 32 pipelined per batch;
 - frame mutations (last in a batch, or instead of HELLO): length prefix, opcode, flags,
   reserved field, meta_len, bytes flipped in header or meta, meta that is not JSON, a frame
   cut short, an oversized length;
@@ -161,6 +162,9 @@ def _mutate_binary(meta, rng: random.Random) -> bytes:
         return encode(meta)
 
 
+ADMIN_SHARE = 0.01
+
+
 class Templates:
     """Valid requests of every op, with refs of objects that exist."""
 
@@ -188,6 +192,11 @@ class Templates:
             (Op.PUT_BATCH, PutBatchMeta((PutMeta(key, Origin("fz"), spec, data_len=size),)), bytes(size)),
             (Op.LOAD_BATCH, LoadBatchMeta(NS.digest, (LoadMeta(ref=ref), LoadMeta(key=ref.key))), b""),
         ]
+        if rng.random() < ADMIN_SHARE:  # each walks every stored object: a few, not a twelfth of the inputs
+            choices = [(Op.LIST, {"all": rng.random() < 0.5}, b""),
+                       # purges that, unbent, remove nothing the well-behaved client stored
+                       (Op.PURGE, {"ns": rng.randbytes(32).hex()}, b""),
+                       (Op.PURGE, {"tenant": "fz-nobody"}, b"")]
         op, meta, data = rng.choice(choices)
         if isinstance(meta, dict):
             if op is Op.DELETE and rng.random() < 0.9:

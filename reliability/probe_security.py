@@ -205,7 +205,7 @@ async def _redis_forgery(rounds: int, result: ProbeResult, rng: random.Random) -
             after = daemon.scrape()
             result.notes.setdefault("counted_by_daemon", {})["rejections"] = {
                 reason: int(after.delta(before, "statetier_rejections_total", reason=reason))
-                for reason in ("bad_signature", "corrupt_payload", "stale", "misrouted", "fingerprint", "truncated",
+                for reason in ("bad_signature", "unknown_key", "corrupt_payload", "stale", "misrouted", "fingerprint", "truncated",
                                "malformed") if after.delta(before, "statetier_rejections_total", reason=reason)}
             counted = sum(result.notes["counted_by_daemon"]["rejections"].values())
             if counted < rounds * len(attacks):

@@ -77,6 +77,10 @@ class ObjectMeta:
     request_id: str = ""  # with the key the caller looked up, enough to rebuild the StateRef
     step: int = 0
     speculative: bool = False  # the snapshot holds speculative tokens: never served by key or lookup
+    # What ``statetier ls`` and ``purge`` select by, recorded where the object was put; not
+    # part of the identity a tier compares (the key digest already binds the namespace):
+    namespace: bytes = field(default=b"", compare=False)  # the key's namespace digest (b"": not recorded)
+    tenant: str = field(default="", compare=False)  # the tenant whose put stored it ("": not recorded)
 
     @classmethod
     def from_header(cls, header: SealedHeader) -> "ObjectMeta":
@@ -92,6 +96,7 @@ class ObjectMeta:
             request_id=header.provenance.request_id,
             step=header.provenance.step,
             speculative=header.contains_speculative,
+            namespace=header.key.namespace.digest,
         )
 
 

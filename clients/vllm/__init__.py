@@ -17,6 +17,9 @@ Load it out of tree (docs/integration.md has the whole command)::
   sends its workers each step.
 - ``layout.py`` — ``ConnectorConfig`` (``kv_connector_extra_config``), ``EngineLayout`` (the
   KV cache groups as plain values), ``namespace_spec``.
+- ``weights.py`` — ``weights_identity`` / ``resolve_fingerprint``: which weights are served
+  (safetensors headers, sizes and samples of a local directory, or the hub commit), mixed
+  into the namespace; no identity is refused unless ``allow_unidentified_weights``.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@
   (``worker.py``). Both classes are named under the package (``statetier.clients.vllm``),
   whose ``__getattr__`` serves them: vLLM loads the connector and pickles the metadata by name.
 - ``layout_from_vllm(kv_cache_config)`` → ``EngineLayout``; ``namespace_from_vllm(vllm_config,
-  layout, cfg)`` → ``NamespaceSpec`` (model, config digest, dtypes, layout, TP size, tenant).
+  layout, cfg)`` → ``NamespaceSpec`` (model, config digest, weights identity — ``weights.py``:
+  ``model_fingerprint``, else derived from the weight files or the hub commit, else refused —,
+  dtypes, layout, TP size, tenant).
 - ``connector_events(cfg, spec, kv_cache_config, layout)`` → the subscription behind
   ``take_events()`` (``events.py``: the daemon's KV events of the saved blocks, under vLLM's
   hashes, into vLLM's own event stream), or None without ``events_endpoint``.
@@ -21,6 +23,7 @@ the same request a second load. Mamba state requires ``mamba_cache_mode="none"``
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 from typing import TYPE_CHECKING
@@ -78,9 +81,12 @@ def namespace_from_vllm(vllm_config, layout: EngineLayout, cfg: ConnectorConfig)
 
     from ..transformers.identity import config_digest
     from ..tensors import dtype_name
+    from .weights import resolve_fingerprint
 
     model = vllm_config.model_config
     major_minor = ".".join(str(vllm_version).split(".")[:2])
+    weights = resolve_fingerprint(cfg, str(model.model), str(model.revision or ""))
+    cfg = dataclasses.replace(cfg, model_fingerprint=weights)
     return namespace_spec(cfg, layout, model=str(model.model), revision=str(model.revision or ""),
                           config_digest=config_digest(model.hf_config), weight_dtype=dtype_name(model.dtype),
                           tp_size=vllm_config.parallel_config.tensor_parallel_size,

@@ -2,7 +2,8 @@
 
 - ``ConnectorConfig.from_extra(extra)`` — ``kv_connector_extra_config``: ``url`` (required:
   ``unix:///path/statetier.sock`` or ``tcp://host:port``), ``tenant``, ``token``, ``model_id``,
-  ``model_fingerprint``, ``publish``, ``audit_path``, ``timeout``. Unknown keys are refused.
+  ``model_fingerprint`` (else derived: ``weights.py``), ``allow_unidentified_weights``,
+  ``publish``, ``audit_path``, ``timeout``. Unknown keys are refused.
 - ``StateSpec`` / ``CacheGroup`` / ``EngineLayout`` — the engine's KV cache groups as plain
   values: an attention group (``Kind.KV``: block size, layers) or a Mamba group (``Kind.SSM``:
   one state slot per request, typed states ``conv``, ``recurrent``, …). The vLLM adapter
@@ -37,7 +38,8 @@ class ConnectorConfig:
     tenant: str = "default"
     token: str | None = None
     model_id: str = ""            # default: vLLM's model (a path or a hub id)
-    model_fingerprint: str = ""   # e.g. a hub commit or a digest of the weight files
+    model_fingerprint: str = ""   # e.g. a hub commit or a digest of the weight files; "" = derived (weights.py)
+    allow_unidentified_weights: bool = False  # run when no weights identity can be derived
     publish: bool = False         # write saves through to Redis (another node's consumer)
     audit_path: str = ""          # JSON lines: a digest of every page saved or loaded
     timeout: float = 30.0
@@ -58,8 +60,9 @@ class ConnectorConfig:
                 raise InvalidRequest(f"kv_connector_extra_config: {name!r} must be a string")
         if raw.get("token") is not None and not isinstance(raw["token"], str):
             raise InvalidRequest("kv_connector_extra_config: 'token' must be a string")
-        if "publish" in raw and not isinstance(raw["publish"], bool):
-            raise InvalidRequest("kv_connector_extra_config: 'publish' must be true or false")
+        for name in ("publish", "allow_unidentified_weights"):
+            if name in raw and not isinstance(raw[name], bool):
+                raise InvalidRequest(f"kv_connector_extra_config: {name!r} must be true or false")
         if "timeout" in raw and (not isinstance(raw["timeout"], (int, float)) or raw["timeout"] <= 0):
             raise InvalidRequest("kv_connector_extra_config: 'timeout' must be a positive number of seconds")
         return cls(**raw)

@@ -5,8 +5,10 @@
   header's namespace belongs to another tenant (the first tenant to use a namespace owns
   it, ``daemon.engine.tenancy``).
 - ``verify_all(engine, tenant=None, progress=None)`` → ``{"checked", "dropped", "misfiled",
-  "by_reason"}``: every object of every tier re-checked; damage dropped and counted by
-  reason; an intact object under another object's id reported as ``misfiled`` and left.
+  "unknown_key", "by_reason"}``: every object of every tier re-checked; damage dropped and
+  counted by reason; an intact object under another object's id reported as ``misfiled``
+  and left; one signed under a key id this keyring lacks reported as ``unknown_key`` and
+  left (another keyring's object is no damage).
 
 Called by ``Engine.inspect`` / ``Engine.verify_all`` (the INSPECT and VERIFY handlers).
 """
@@ -14,7 +16,8 @@ Called by ``Engine.inspect`` / ``Engine.verify_all`` (the INSPECT and VERIFY han
 from __future__ import annotations
 
 from statetier.protocol.classify import open_intact
-from statetier.protocol.errors import NotFound, RejectedState, Unavailable
+from statetier.protocol.errors import NotFound, RejectedState, UnknownKey, Unavailable
+from statetier.protocol.identity import Namespace
 from statetier.protocol.sealed import decode_header
 from statetier.tiers.base import ObjectMeta, Tier
 
@@ -48,7 +51,7 @@ async def verify_all(engine, tenant: str | None = None, progress=None) -> dict:
     report (and leave in place, see ``daemon.engine.serving.CopyServer.serve``) intact objects
     stored under another object's id as ``misfiled``. With ``tenant``, intact objects of other tenants'
     namespaces are passed over unreported; damage is dropped whoever it was."""
-    report = {"checked": 0, "dropped": 0, "misfiled": 0, "by_reason": {}}
+    report = {"checked": 0, "dropped": 0, "misfiled": 0, "unknown_key": 0, "by_reason": {}}
     metas = []
     for tier in engine.tiers:
         try:
@@ -71,6 +74,13 @@ async def _verify_one(engine, tier: Tier, meta: ObjectMeta, tenant: str | None, 
     try:
         blob = await tier.read(lease)
         header = (await engine.run_work(blob.nbytes, lambda: open_intact(blob, engine.keyring))).header
+    except UnknownKey as exc:
+        await tier.complete_load(lease)
+        if tenant is None or (meta.namespace and engine.tenancy.may_see(tenant, Namespace(meta.namespace))):
+            report["checked"] += 1
+            report["unknown_key"] += 1
+            engine.count_rejection(exc)
+        return
     except RejectedState as exc:
         report["checked"] += 1
         report["dropped"] += 1

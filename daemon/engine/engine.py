@@ -17,6 +17,8 @@ hold the rules; the server calls, per request, and the engine forwards to:
 - ``release`` / ``release_many`` / ``release_owner`` ``daemon.engine.leases`` (a connection
   went away: its leases)
 - ``delete``, ``drop_copy``      ``daemon.engine.deletion``; ``inspect``, ``verify_all``: ``daemon.engine.audit``
+- ``list_objects``, ``purge``    ``daemon.engine.catalog`` (what is stored per tenant and namespace;
+  removing a namespace's or a tenant's objects from every tier)
 - ``start`` / ``close``, ``stats``, ``lease_count``
 
 ``EngineOptions`` (defined in ``daemon.engine.stack``) is exported here. Eviction and demotion
@@ -33,13 +35,13 @@ import time
 from concurrent.futures import Executor
 
 from statetier.protocol.errors import InvalidRequest, StatetierError
-from statetier.protocol.identity import StateKey, StateRef
+from statetier.protocol.identity import Namespace, StateKey, StateRef
 from statetier.protocol.keyring import Keyring
 from statetier.protocol.sealed import Expectation
 from statetier.tiers.base import Lease, ObjectMeta, Tier
 from statetier.tiers.registry import VersionRegistry
 
-from . import audit, candidates, deletion
+from . import audit, candidates, catalog, deletion
 from .announcements import Announcements
 from .fencing import Fences
 from .leases import Leases
@@ -178,7 +180,8 @@ class Engine:
         self.tenancy.check_namespace(req.tenant, req.namespace)
         result = await joint_hit(self, req, owner)
         if self.metrics is not None:
-            self.metrics.observe_lookup(result.tokens, time.perf_counter() - started)
+            requested = req.boundaries[-1][0] if req.boundaries else 0
+            self.metrics.observe_lookup(result.tokens, time.perf_counter() - started, requested)
         return result
 
     async def locate(self, key: StateKey, *, allow_speculative: bool = False) -> list[tuple[ObjectMeta, Tier]]:
@@ -191,6 +194,14 @@ class Engine:
         """Remove every copy of ``ref``'s object; none is reachable once this returns
         (``daemon.engine.deletion``: swept, moves settled, swept again)."""
         return await deletion.delete(self.stack, tenant, ref)
+
+    async def list_objects(self, tenant: str, *, everyone: bool = False) -> dict:
+        return await catalog.listing(self.stack, tenant, everyone=everyone)
+
+    async def purge(self, tenant: str, *, namespace: Namespace | None = None, of_tenant: str | None = None,
+                    is_operator: bool = False) -> dict:
+        return await catalog.purge(self.stack, tenant, namespace=namespace, of_tenant=of_tenant,
+                                   is_operator=is_operator)
 
     async def inspect(self, tenant: str, state_id: bytes) -> dict:
         return await audit.inspect(self, tenant, state_id)

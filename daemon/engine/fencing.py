@@ -72,12 +72,12 @@ class Fences:
         for state_id, stream in zip(unknown, issued):
             if stream is not None:
                 self._remember_stream(state_id, stream)
-        for (i, req), head in zip(by_ref, heads):
+        for (i, req), head, stream in zip(by_ref, heads, streams):
             ref = req.ref
             out[i] = Expectation.for_ref(
                 ref, req.namespace, newest_version=head.version if head else None,
                 state_id_stream=self._issued.get(ref.state_id), tensors=req.tensors,
-                allow_speculative=req.allow_speculative)
+                allow_speculative=req.allow_speculative, stream=stream)
         return out
 
     async def expect_key(self, key: StateKey, stream: bytes, req: LoadRequest) -> Expectation:

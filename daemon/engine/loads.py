@@ -10,7 +10,8 @@
   counted); one metric update for the batch. A single load is a batch of one.
 
 Each copy, fastest tier first, is served by ``daemon.engine.serving.CopyServer`` and judged by
-``protocol.classify``: a damaged copy is dropped (``daemon.engine.deletion.drop_copy``) and the
+``protocol.classify`` (a hit is counted, for the tier that held the copy, only once a copy is
+handed over: never for a refusal, of the copy or of the caller's tensor specs): a damaged copy is dropped (``daemon.engine.deletion.drop_copy``) and the
 next tried, never unverified bytes; an intact copy of another identity is refused with its
 §4 reason, left in place, and the next tried. The tensor specs a caller expects are checked
 apart, after (of a group object, those of the layers asked for): a mismatch is about
@@ -140,7 +141,10 @@ class Loads:
                 continue
             if passed.refused is not None:  # a copy above was another object: served from below, said
                 self._count_refusal(passed.refused, counted)
-            return await self._check_specs(result, wanted)
+            result = await self._check_specs(result, wanted)
+            if stack.metrics is not None:  # a hit only now: the bytes are the caller's
+                stack.metrics.count_hit(tier.name, wanted.expectation.key.kind.name.lower())
+            return result
         if passed.refused is not None:
             self._count_refusal(passed.refused, counted)
             raise passed.refused

@@ -19,7 +19,8 @@ Round trips: when a tier answers over the network (Redis), the keys of every bou
 located at once (``Tier.find_by_keys``: on one Redis server two round trips in all, the
 stream heads riding along), and a Redis lease reuses the manifest that lookup fetched, so
 a whole request costs the same round trips whatever its layers, shards and boundaries.
-Tiers that answer from memory are asked boundary by boundary, snapshots first.
+Tiers that answer from memory are asked boundary by boundary, largest first: each
+boundary's snapshots and pages in one batch.
 """
 
 from __future__ import annotations
@@ -179,11 +180,13 @@ async def joint_hit(engine, req: LookupRequest, owner) -> LookupResult:
         await finder.prefetch(needed.everything())
     for i in reversed(range(len(bounds))):
         ssm_keys, kv_keys = needed.at(i)
-        ssm = await finder.all_found(ssm_keys)  # snapshots first: they fail fastest
-        kv = await finder.all_found(kv_keys) if ssm is not None else None
-        if kv is None:
+        keys = ssm_keys + kv_keys
+        # one locate for the boundary's snapshots and pages (a block's page, located once, is
+        # known to every lower boundary that needs it)
+        found = await finder.all_found(keys)
+        if found is None:
             continue
-        picks = [(key, *found) for key, found in zip(ssm_keys + kv_keys, ssm + kv)]
+        picks = [(key, *pick) for key, pick in zip(keys, found)]
         result = await _lease_all(engine, req, owner, bounds[i][0], picks)
         if result is not None:
             return result

@@ -206,9 +206,8 @@ class Placement:
         return bool(evicted)
 
     async def demote(self, source: Tier, evicted: list[EvictedObject]) -> None:
-        """Move what ``source`` evicted to the next tier down that takes it (inside a cycle)."""
-        if self.metrics is not None:
-            self.metrics.count_eviction(source.name, len(evicted))
+        """Move what ``source`` evicted to the next tier down that takes it (inside a cycle).
+        (The tier counts its evictions itself: ``statetier_evictions_total``.)"""
         lower = self.below(source)
         for item in evicted:
             oid = item.meta.object_id

@@ -256,4 +256,4 @@ def _meta(w: _Work, version: int) -> ObjectMeta:
         object_id=w.claim.state_id, key_digest=req.key.digest(), stream_id=w.claim.stream_id, version=version,
         kind=req.key.kind, size=w.header_len + w.layout.payload_len, header_len=w.header_len,
         created_at_ns=provenance.created_at_ns, request_id=provenance.request_id, step=provenance.step,
-        speculative=req.speculative)
+        speculative=req.speculative, namespace=req.key.namespace.digest, tenant=req.tenant)

@@ -85,11 +85,10 @@ class CopyServer:
             trusted = (tier.verifies_on_read or tier.holds_verified_bytes) and not wanted.full_check
             with phase("open" if trusted else "open_and_hash"):
                 opened = await self._classify(blob, wanted, trusted)
-            if stack.metrics is not None:
-                stack.metrics.count_hit(tier.name, wanted.expectation.key.kind.name.lower())
             if promote:
                 # the verified header says what this is, not the tier's index entry
-                promoted = await self._promote(blob, ObjectMeta.from_header(opened.header), tier, wanted)
+                meta = dataclasses.replace(ObjectMeta.from_header(opened.header), tenant=lease.meta.tenant)
+                promoted = await self._promote(blob, meta, tier, wanted)
                 if promoted is not None:
                     lease_id, held = promoted
                     view = memoryview(await held.tier.read(held.lease)).cast("B")
@@ -144,7 +143,6 @@ class CopyServer:
             stack.tenancy.charge(wanted.tenant, target.name, meta.object_id, meta.size)
             held_lease = await target.prepare_load(meta.object_id, owner=wanted.owner, ttl=stack.options.lease_ttl)
         if stack.metrics is not None:
-            stack.metrics.count_hit(tier.name, wanted.expectation.key.kind.name.lower())
             stack.metrics.count_promotion(tier.name, target.name)
         lease_id, held = self.leases.hold(target, held_lease, wanted.owner)
         view = memoryview(await target.read(held_lease)).cast("B")

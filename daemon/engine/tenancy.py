@@ -5,7 +5,8 @@
 - ``check_namespace(tenant, namespace)`` binds a namespace to the first tenant that uses
   it and refuses every other tenant (``Forbidden``). A namespace digest already mixes in
   the tenant salt, so two tenants only collide when one deliberately names the other's.
-  ``may_see(tenant, namespace)`` asks the same without binding.
+  ``may_see(tenant, namespace)`` asks the same without binding; ``owner_of(digest)`` → the
+  tenant a namespace is bound to, or None.
 - ``first_tier_within_quota(tenant, tiers, nbytes)`` — where a put may start; raises
   ``QuotaExceeded`` when no tier has quota left for the tenant.
 - ``charge(tenant, tier, state_id, nbytes)`` / ``refund(tier, state_id)`` keep per-tier
@@ -47,6 +48,9 @@ class Tenancy:
         """``check_namespace`` as a question, binding nothing: False only for another
         tenant's namespace."""
         return self._namespace_owner.get(namespace.digest, tenant) == tenant
+
+    def owner_of(self, namespace_digest: bytes) -> str | None:
+        return self._namespace_owner.get(namespace_digest)
 
     def first_tier_within_quota(self, tenant: str, tier_names: list[str], nbytes: int) -> int:
         for index, tier in enumerate(tier_names):

@@ -2,6 +2,8 @@
 
 - ``PeerCredentials`` / ``peer_credentials(sock)`` — pid, uid, gid of a Unix-socket peer
   (``SO_PEERCRED``), read once when the connection is made.
+- ``is_operator(creds, listen)`` — the peer's uid is in ``listen.operator_uids`` (empty = the
+  daemon's own uid and root): it may list and purge every tenant's state.
 - ``check_peer(creds, listen, tenant_uids=())`` — ``Forbidden`` unless the peer's uid is
   allowed (``listen.allowed_uids``; empty = the daemon's own uid and root), is listed by a
   tenant (``tenant_uids``: ``TenantDirectory.uids``), or its gid is in
@@ -62,6 +64,13 @@ def peer_credentials(sock) -> PeerCredentials:
 def allowed_uids(listen) -> frozenset[int]:
     configured = frozenset(listen.allowed_uids or ())
     return configured or frozenset({os.getuid(), 0})
+
+
+def is_operator(creds: PeerCredentials, listen) -> bool:
+    """A Unix peer that may list and purge every tenant's state: ``listen.operator_uids``
+    (empty = the daemon's own uid and root)."""
+    configured = frozenset(getattr(listen, "operator_uids", ()) or ())
+    return creds.uid in (configured or frozenset({os.getuid(), 0}))
 
 
 def check_peer(creds: PeerCredentials, listen, tenant_uids=()) -> None:

@@ -31,7 +31,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from statetier.daemon.server.auth import PeerCredentials, TenantDirectory, check_peer, peer_credentials
+from statetier.daemon.server.auth import (PeerCredentials, TenantDirectory, check_peer, is_operator,
+                                           peer_credentials)
 from statetier.daemon.server.budget import ByteBudget
 from statetier.daemon.server.frame_writer import FrameWriter
 from statetier.daemon.server.handlers import Session
@@ -215,7 +216,7 @@ class Connection(asyncio.BufferedProtocol):
         self._windows = windows
         self._session = Session(
             self._ctx.engine, tenant, self, self._ctx.budget, windows, self._ctx.daemon_stats,
-            self._ctx.max_frame,
+            self._ctx.max_frame, is_operator=self._peer is not None and is_operator(self._peer, self._ctx.listen),
         )
         self._answers = RequestRunner(self._session, self._writer, self._ctx.budget, self._ctx.metrics)
         ok = hello_ok_frame(

@@ -13,8 +13,10 @@ from .handlers import (
     Handler,
     handle_delete,
     handle_inspect,
+    handle_list,
     handle_lookup,
     handle_ping,
+    handle_purge,
     handle_release,
     handle_stats,
     handle_verify,
@@ -33,4 +35,6 @@ HANDLERS: dict[Op, Handler] = {
     Op.STATS: handle_stats,
     Op.INSPECT: handle_inspect,
     Op.VERIFY: handle_verify,
+    Op.LIST: handle_list,
+    Op.PURGE: handle_purge,
 }

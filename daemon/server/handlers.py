@@ -28,7 +28,7 @@ from statetier.daemon.server.budget import ByteBudget
 from statetier.daemon.requests import LookupRequest
 from statetier.daemon.trace import TRACE
 from statetier.daemon.server.windows import Windows
-from statetier.protocol.errors import InvalidRequest
+from statetier.protocol.errors import Forbidden, InvalidRequest
 from statetier.protocol.frames import Frame, Op
 from statetier.protocol.groups import LayerGroup
 from statetier.protocol.identity import Kind, Namespace
@@ -45,6 +45,8 @@ class Session:
     windows: Windows | None  # shared-memory windows passed at HELLO (Unix socket, asked for)
     daemon_stats: Callable[[], dict]
     max_frame: int = 65 << 20  # the largest reply frame this connection sends
+    is_operator: bool = False  # a Unix peer in listen.operator_uids: LIST and PURGE across tenants
+    verify_progress: tuple[int, int] | None = None  # (done, total) while this connection's VERIFY runs
 
     @property
     def shm(self) -> bool:
@@ -137,6 +139,8 @@ async def handle_delete(session: Session, frame: Frame) -> Reply:
 async def handle_stats(session: Session, frame: Frame) -> Reply:
     stats = dict(session.engine.stats())
     stats["daemon"] = session.daemon_stats()
+    if session.verify_progress is not None:
+        stats["verify_progress"] = dict(zip(("done", "total"), session.verify_progress))
     return Reply(stats)
 
 
@@ -150,4 +154,34 @@ async def handle_inspect(session: Session, frame: Frame) -> Reply:
 
 
 async def handle_verify(session: Session, frame: Frame) -> Reply:
-    return Reply(await session.engine.verify_all(session.tenant))
+    """The report; meanwhile this connection's STATS replies carry ``verify_progress``."""
+
+    def progress(done: int, total: int) -> None:
+        session.verify_progress = (done, total)
+
+    session.verify_progress = (0, 0)
+    try:
+        return Reply(await session.engine.verify_all(session.tenant, progress))
+    finally:
+        session.verify_progress = None
+
+
+async def handle_list(session: Session, frame: Frame) -> Reply:
+    """``{"all": bool}``: every tenant's namespaces, for an operator; else the connection's own."""
+    everyone = bool(frame.meta.get("all", False))
+    if everyone and not session.is_operator:
+        raise Forbidden("only an operator (listen.operator_uids) lists every tenant's state")
+    return Reply(await session.engine.list_objects(session.tenant, everyone=everyone))
+
+
+async def handle_purge(session: Session, frame: Frame) -> Reply:
+    """``{"ns": hex}`` (one namespace) or ``{"tenant": name}`` (every namespace of a tenant)."""
+    namespace, of_tenant = frame.meta.get("ns"), frame.meta.get("tenant")
+    if (namespace is None) == (of_tenant is None):
+        raise InvalidRequest("PURGE names exactly one of 'ns' and 'tenant'")
+    if namespace is not None:
+        namespace = Namespace.from_hex(field(frame.meta, "ns", str))
+    else:
+        of_tenant = field(frame.meta, "tenant", str)
+    return Reply(await session.engine.purge(session.tenant, namespace=namespace, of_tenant=of_tenant,
+                                            is_operator=session.is_operator))

@@ -21,6 +21,7 @@ where it listens once started. Per-connection behaviour lives in ``connection.py
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import socket
@@ -152,7 +153,9 @@ class Server:
                 host, port, ssl=ssl_context, backlog=_BACKLOG, reuse_address=True,
             )
         except OSError as exc:
-            raise ConfigError(f"cannot listen on listen.tcp {address!r}: {exc}") from exc
+            fix = (": another process holds that port; stop it, or set listen.tcp to a free port"
+                   if exc.errno == errno.EADDRINUSE else "")
+            raise ConfigError(f"cannot listen on listen.tcp {address!r}: {exc}{fix}") from exc
         self._listeners.append(listener)
         bound = listener.sockets[0].getsockname()
         self.tcp_address = (bound[0], bound[1])
@@ -221,7 +224,8 @@ async def _remove_stale_socket(path: str) -> None:
         raise ConfigError(f"cannot probe listen.socket_path {path!r}: {exc}") from exc
     writer.close()
     await writer.wait_closed()
-    raise ConfigError(f"another process is listening on listen.socket_path {path!r}")
+    raise ConfigError(f"another process is listening on listen.socket_path {path!r}: stop it, or give this "
+                      f"daemon its own socket (listen.socket_path, --socket)")
 
 
 def _socket_mode(mode) -> int:

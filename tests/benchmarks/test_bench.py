@@ -19,7 +19,7 @@ import pytest
 from statetier.benchmarks.cli import main, parse_args, run_module_suite
 from statetier.benchmarks.rows import RESULT_FIELDS, seal_rows, tier_rows
 from statetier.benchmarks.sdk import QUICK, TARGETS, THROUGHPUT_TARGET
-from statetier.daemon.config_loading import DEFAULT_CLIENT_URL
+from statetier.daemon.client_env import DEFAULT_CLIENT_URL
 
 REPO = Path(__file__).resolve().parents[2]
 MACHINE_FIELDS = ("cpu_model", "cpus", "cpus_usable", "memory_bytes", "kernel", "platform", "python", "torch",

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from statetier.daemon.cli import config_overrides, build_parser, format_stats, main
+from statetier.daemon.cli import build_parser, main
+from statetier.daemon.cli.formatting import format_stats
+from statetier.daemon.cli.serve import config_overrides
 from statetier.protocol.keyring import Keyring, SigAlg
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from statetier.daemon.config import Config, HostTierConfig
-from statetier.daemon.config_loading import client_url_from_env, load_config, parse_setting
+from statetier.daemon.client_env import client_url_from_env
+from statetier.daemon.config_loading import load_config, parse_setting
 from statetier.daemon.config_values import GiB, MiB
 from statetier.protocol.errors import ConfigError
 
@@ -225,3 +226,20 @@ def test_tenant_resolution(toml_file: Path) -> None:
 def test_client_url_from_env() -> None:
     assert client_url_from_env({}) == "unix://./statetier.sock"
     assert client_url_from_env({"STATETIER_URL": "tcp://10.0.0.1:7000"}) == "tcp://10.0.0.1:7000"
+
+
+def test_a_file_mode_given_as_660_is_octal_everywhere_and_printed_in_octal(tmp_path: Path) -> None:
+    """Regression: ``--set listen.socket_mode=660`` and ``STATETIER_LISTEN__SOCKET_MODE=660`` were
+    read as JSON's decimal 660, a socket of mode 0o1224, and ``statetier config`` printed 432."""
+    assert load_config(env={"STATETIER_LISTEN__SOCKET_MODE": "660"}).listen.socket_mode == 0o660
+    assert parse_setting("listen.socket_mode", "660") == "660"
+    assert load_config(overrides={"listen.socket_mode": parse_setting("listen.socket_mode", "660")}).listen.socket_mode == 0o660
+    toml = tmp_path / "decimal.toml"
+    toml.write_text("[listen]\nsocket_mode = 660\n")
+    with pytest.raises(ConfigError) as refused:
+        load_config(toml, env={})
+    assert refused.value.message == (f"listen.socket_mode: 660 is not a file mode (0 to 0o777); if you meant octal 660, "
+                                     f"write 0o660 (TOML) or \"660\" (text) (from config file {toml})")
+    with pytest.raises(ConfigError, match="not an octal file mode"):
+        load_config(env={"STATETIER_LISTEN__SOCKET_MODE": "4777"})
+    assert '"socket_mode": "0o640"' in load_config(env={"STATETIER_LISTEN__SOCKET_MODE": "640"}).model_dump_json(indent=1)

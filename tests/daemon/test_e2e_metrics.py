@@ -11,6 +11,10 @@ The daemon here serves only this module, so every counter delta is the test's ow
   ``statetier_misses_total{kind}``; refusals ``statetier_rejections_total{reason}`` (a
   superseded ref → ``stale``, a forged fingerprint → ``fingerprint``) and every failed
   request ``statetier_errors_total{reason}``; lookups ``statetier_lookup_hit_tokens``.
+- A consumer whose every load is refused (the tensors it expects are not the stored ones)
+  counts no hit: the refusals, and 0 in ``statetier_hits_total`` (issue 27 item 9; they
+  used to count as hits, a 100% hit rate for a consumer that received nothing). Lookups
+  count the tokens asked for beside those restored (the token hit ratio).
 - Gauges read at scrape time equal STATS: tier used bytes, capacity, objects, leases;
   connections. ``/healthz`` and ``/readyz`` answer 200, an unknown path 404.
 """
@@ -28,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling daemon_p
 
 from daemon_procs import daemon_fixture, eventually, jamba_namespace, kv_page, snapshot  # noqa: E402
 from statetier.clients import AsyncClient  # noqa: E402
-from statetier.protocol.errors import FingerprintMismatch, NotFound, StaleState  # noqa: E402
+from statetier.protocol.errors import CorruptPayload, FingerprintMismatch, NotFound, StaleState  # noqa: E402
+from statetier.protocol.identity import prefix_hash  # noqa: E402
 
 KV_PUTS, SSM_PUTS = 5, 3
 
@@ -113,6 +118,26 @@ async def test_counters_move_by_exactly_what_the_clients_did(daemon) -> None:
     assert d("statetier_lookup_hit_tokens_count") == 2
     assert d("statetier_lookup_hit_tokens_sum") == 64
     assert d("statetier_auth_failures_total", reason="token") == 0
+
+
+async def test_a_refused_load_is_no_hit_and_lookups_count_requested_and_restored_tokens(daemon) -> None:
+    spec = jamba_namespace("metrics-refused", block=16)
+    tokens = list(range(64))
+    async with AsyncClient(daemon.url, namespace=spec) as client:
+        refs = [await client.put_kv(layer, prefix_hash(tokens[:32], block_size=16), 0, 32, kv_page(layer, 32),
+                                    request_id="refused") for layer in range(3)]
+        before = daemon.scrape()
+        for ref in refs:  # a consumer that expects pages of another shape: every load refused
+            with pytest.raises(CorruptPayload):
+                await client.load(ref, expect={"kv": ("bfloat16", (2, 8, 64, 128))})
+        after = daemon.scrape()
+        assert after.delta(before, "statetier_rejections_total", reason="corrupt_payload") == 3
+        assert sum(after.matching("statetier_hits_total").values()) == sum(before.matching("statetier_hits_total").values())
+        found = await client.lookup([0, 1, 2], [], token_ids=tokens, kv_layout="prefix", lease=False)
+        assert found.tokens == 32
+    counted = daemon.scrape()
+    assert counted.delta(after, "statetier_lookup_requested_tokens_total") == 64
+    assert counted.delta(after, "statetier_lookup_restored_tokens_total") == 32
 
 
 async def test_gauges_equal_what_stats_reports(daemon) -> None:

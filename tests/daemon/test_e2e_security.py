@@ -9,11 +9,13 @@
 - The Unix socket with ``listen.allowed_uids = [65534]``: this process's uid is refused
   (``Forbidden``, counted as ``reason="peer_credentials"``); a uid that a tenant lists is
   admitted, as that tenant (``Config.is_unix_peer_allowed``).
-- Redis written by someone without the signing key: an object sealed under another
-  keyring (or under the daemon's key id with a guessed secret), laid out in Redis the way
-  the tier lays it out (``tiers/redis/layout.py``), is refused with ``BadSignature`` by ref
-  and by key, counted in ``statetier_rejections_total{reason="bad_signature"}``, and
-  removed from Redis.
+- Redis written by someone without the signing key: an object sealed under the daemon's key
+  id with a guessed secret, laid out in Redis the way the tier lays it out
+  (``tiers/redis/layout.py``), is refused with ``BadSignature`` by ref and by key, counted
+  in ``statetier_rejections_total{reason="bad_signature"}``, and removed from Redis; one
+  sealed under another keyring's key id is refused too (``UnknownKey``, a ``BadSignature``,
+  counted as ``reason="unknown_key"``) but left in Redis: a daemon configured with another
+  keyring must not delete what the daemons holding that keyring can read.
 - After every refusal the daemon keeps serving (a genuine client round-trips).
 """
 
@@ -38,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling daemon_p
 from daemon_procs import assert_same_tensors, daemon_fixture, jamba_namespace, kv_page, snapshot  # noqa: E402
 from statetier.clients import AsyncClient  # noqa: E402
 from statetier.daemon.server.auth import token_sha256  # noqa: E402
-from statetier.protocol.errors import BadSignature, Forbidden, Unauthorized, Unavailable  # noqa: E402
+from statetier.protocol.errors import BadSignature, Forbidden, Unauthorized, Unavailable, UnknownKey  # noqa: E402
 from statetier.clients.tensors import tensor_to_spec_and_view  # noqa: E402
 from statetier.protocol.identity import Provenance, StateKey, StateRef, new_state_id  # noqa: E402
 from statetier.protocol.keyring import Keyring, SigningKey  # noqa: E402
@@ -242,14 +244,16 @@ async def test_an_object_written_into_redis_without_the_key_is_refused(redis_dae
             by_ref = forge_into_redis(redis_client, client.ssm_key(1, bytes(32), 64), snapshot(2), signer)
             by_key = forge_into_redis(redis_client, client.ssm_key(2, bytes(32), 64), snapshot(3), signer)
             before = redis_daemon.scrape()
-            with pytest.raises(BadSignature):
+            refusal, reason = (UnknownKey, "unknown_key") if forger == "another-keyring" else (BadSignature, "bad_signature")
+            with pytest.raises(refusal):
                 await client.load(by_ref)
-            with pytest.raises(BadSignature):
+            with pytest.raises(refusal):
                 await client.load(by_key.key)  # planted for prefix reuse: found by key, then refused
             after = redis_daemon.scrape()
-            assert after.delta(before, "statetier_rejections_total", reason="bad_signature") == 2
+            assert after.delta(before, "statetier_rejections_total", reason=reason) == 2
+            left = 2 if forger == "another-keyring" else 0
             for forged in (by_ref, by_key):
-                assert redis_client.exists(keys.manifest(forged.state_id), keys.chunk(forged.state_id, 0)) == 0
+                assert redis_client.exists(keys.manifest(forged.state_id), keys.chunk(forged.state_id, 0)) == left
 
         assert_same_tensors(await client.load(genuine), snapshot(1))
     assert await round_trip(redis_daemon.url, f"sec-after-{forger}") == "default"

@@ -44,12 +44,12 @@ def test_operations_bytes_and_latency() -> None:
     assert value(s, "statetier_operations_total", tier="disk", kind="ssm", op="load") == 1
     assert value(s, "statetier_bytes_total", tier="disk", kind="ssm", op="load") == 777
     assert value(s, "statetier_operations_total", tier="disk", kind="kv", op="load") is None
-    assert value(s, "statetier_operation_seconds_count", tier="host", op="put") == 2
-    assert value(s, "statetier_operation_seconds_sum", tier="host", op="put") == pytest.approx(0.0032)
-    assert value(s, "statetier_operation_seconds_bucket", tier="host", op="put", le="0.00025") == 1
-    assert value(s, "statetier_operation_seconds_bucket", tier="host", op="put", le="0.005") == 2
-    assert value(s, "statetier_operation_seconds_bucket", tier="disk", op="load", le="0.25") == 0
-    assert value(s, "statetier_operation_seconds_bucket", tier="disk", op="load", le="0.5") == 1
+    assert value(s, "statetier_operation_seconds_count", tier="host", kind="kv", op="put") == 2
+    assert value(s, "statetier_operation_seconds_sum", tier="host", kind="kv", op="put") == pytest.approx(0.0032)
+    assert value(s, "statetier_operation_seconds_bucket", tier="host", kind="kv", op="put", le="0.00025") == 1
+    assert value(s, "statetier_operation_seconds_bucket", tier="host", kind="kv", op="put", le="0.005") == 2
+    assert value(s, "statetier_operation_seconds_bucket", tier="disk", kind="ssm", op="load", le="0.25") == 0
+    assert value(s, "statetier_operation_seconds_bucket", tier="disk", kind="ssm", op="load", le="0.5") == 1
 
 
 def test_counters_move_by_exactly_what_was_counted() -> None:
@@ -61,8 +61,7 @@ def test_counters_move_by_exactly_what_was_counted() -> None:
     metrics.count_rejection("bad_signature")
     metrics.count_rejection("stale")
     metrics.count_rejection("stale")
-    metrics.count_eviction("host", 5)
-    metrics.count_eviction("host")
+    metrics.count_purged("redis", 5)
     metrics.count_demotion("host", "disk", 3)
     metrics.count_promotion("disk", "host")
     metrics.count_busy()
@@ -75,7 +74,9 @@ def test_counters_move_by_exactly_what_was_counted() -> None:
     assert value(s, "statetier_misses_total", kind="kv") == 1
     assert value(s, "statetier_rejections_total", reason="bad_signature") == 1
     assert value(s, "statetier_rejections_total", reason="stale") == 2
-    assert value(s, "statetier_evicted_objects_total", tier="host") == 6
+    assert value(s, "statetier_purged_objects_total", tier="redis") == 5
+    assert value(s, "statetier_misses_total", kind="ssm") == 0  # at 0 from the start, beside kv's 1
+    assert not any(name == "statetier_evicted_objects_total" for name, _ in s)  # one eviction counter: the tiers'
     assert value(s, "statetier_demotions_total", src="host", dst="disk") == 3
     assert value(s, "statetier_promotions_total", src="disk", dst="host") == 1
     assert value(s, "statetier_busy_total") == 2
@@ -173,9 +174,50 @@ def test_metric_names_end_in_units() -> None:
     metrics.set_redis_available(True)
     families = list(text_string_to_metric_families(generate_latest(metrics.registry).decode()))
     names = {family.name for family in families}
-    assert all(name.startswith("statetier_") for name in names)
+    assert all(name.startswith(("statetier_", "process_")) for name in names)
+    assert {"process_cpu_seconds", "process_resident_memory_bytes", "process_start_time_seconds"} <= names
     for family in families:
         if family.type == "counter":
             assert all(sample.name.endswith(("_total", "_created")) for sample in family.samples), family.name
         if family.type == "histogram":
             assert family.name.endswith(("_seconds", "_tokens")), family.name
+
+
+def test_lookups_count_requested_and_restored_tokens() -> None:
+    metrics = Metrics()
+    metrics.observe_lookup(1024, 0.001, requested=4096)
+    metrics.observe_lookup(0, 0.001, requested=512)
+    s = scrape(metrics)
+    assert value(s, "statetier_lookup_requested_tokens_total") == 4608
+    assert value(s, "statetier_lookup_restored_tokens_total") == 1024
+
+
+def test_build_info_names_the_release_the_format_and_the_protocols() -> None:
+    from statetier import __version__
+    from statetier.protocol.frames import PROTOCOL_VERSIONS
+    from statetier.protocol.sealed_format import FORMAT_VERSION
+
+    s = scrape(Metrics())
+    assert value(s, "statetier_build_info", version=__version__, format=str(FORMAT_VERSION),
+                 protocols=",".join(map(str, PROTOCOL_VERSIONS))) == 1
+
+
+def test_what_stats_already_knew_is_exported_at_scrape_time() -> None:
+    metrics = Metrics()
+    disk = TierStats(tier="disk", objects=1, bytes_used=10, capacity=100, leases=0, inflight=0,
+                     extra={"recovery_dropped": 3, "recovery_unverified": 2, "checkpoint_failures": 1,
+                            "dead_bytes": 4096})
+    daemon = {"write_behind_pending": 7, "write_behind_limit": 256,
+              "tenants": {"a": {"host": {"used": 100, "quota": 1000}, "disk": {"used": 5, "quota": None}}}}
+    metrics.track(lambda: [TierStats("host", 0, 0, 1, 0, 0), disk], lambda: dict(daemon))
+    s = scrape(metrics)
+    assert value(s, "statetier_recovery_dropped_objects", tier="disk") == 3
+    assert value(s, "statetier_recovery_unverified_objects", tier="disk") == 2
+    assert value(s, "statetier_checkpoint_failures_total", tier="disk") == 1
+    assert value(s, "statetier_segment_dead_bytes", tier="disk") == 4096
+    assert value(s, "statetier_recovery_dropped_objects", tier="host") is None  # the host tier has no recovery
+    assert value(s, "statetier_write_behind_pending") == 7 and value(s, "statetier_write_behind_capacity") == 256
+    assert value(s, "statetier_tenant_used_bytes", tenant="a", tier="host") == 100
+    assert value(s, "statetier_tenant_quota_bytes", tenant="a", tier="host") == 1000
+    assert value(s, "statetier_tenant_used_bytes", tenant="a", tier="disk") == 5
+    assert value(s, "statetier_tenant_quota_bytes", tenant="a", tier="disk") is None

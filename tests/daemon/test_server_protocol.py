@@ -398,7 +398,7 @@ async def test_lookup_release_inspect_verify_delete_over_the_wire() -> None:
         inspected = await client.request(Op.INSPECT, {"state_id": refs[0].state_id.hex()})
         assert inspected.meta["tiers"] == ["host"] and inspected.meta["header"]["layer"] == 0
         verified = await client.request(Op.VERIFY)
-        assert verified.meta == {"checked": 2, "dropped": 0, "misfiled": 0, "by_reason": {}}
+        assert verified.meta == {"checked": 2, "dropped": 0, "misfiled": 0, "unknown_key": 0, "by_reason": {}}
         deleted = await client.request(Op.DELETE, {"ref": ref_to_wire(ref_of(refs[1]))})
         assert deleted.meta == {"deleted": 1}
         gone = await client.request(Op.LOAD, load_meta(ref=refs[1]))

@@ -53,13 +53,15 @@ def containerfile_instructions(path: Path) -> list[tuple[str, str]]:
 
 def exported_metric_names() -> set[str]:
     metrics = Metrics()
-    extra = {"available": True, "leases_expired": 0, "lease_violations": 0}
-    metrics.track(lambda: [TierStats("host", 0, 0, 1, 0, 0, extra=extra)],
-                  lambda: {key: 0 for key in ("connections", "inflight_requests", "budget_bytes_in_use",
-                                               "budget_bytes_limit", "budget_waiters", "leases")})
+    extra = {"available": True, "leases_expired": 0, "lease_violations": 0, "checkpoint_failures": 0,
+             "dead_bytes": 0, "recovery_dropped": 0, "recovery_unverified": 0}
+    daemon = {key: 0 for key in ("connections", "inflight_requests", "budget_bytes_in_use", "budget_bytes_limit",
+                                 "budget_waiters", "leases", "write_behind_pending", "write_behind_limit")}
+    daemon["tenants"] = {"default": {"host": {"used": 0, "quota": 1}}}
+    metrics.track(lambda: [TierStats("host", 0, 0, 1, 0, 0, extra=extra)], lambda: daemon)
     metrics.set_redis_available(True)
     for name in ("observe_op", "count_hit", "count_miss", "count_error", "count_auth_failure",
-                 "count_eviction", "count_demotion", "count_promotion"):
+                 "count_purged", "count_demotion", "count_promotion"):
         _touch(metrics, name)
     metrics.observe_lookup(16, 0.001)
     names: set[str] = set()
@@ -72,7 +74,7 @@ def exported_metric_names() -> set[str]:
 def _touch(metrics: Metrics, method: str) -> None:
     """Give every labelled family one child so it shows up in the exposition."""
     args = {"observe_op": ("host", "kv", "put", 1, 0.001), "count_hit": ("host", "kv"), "count_miss": ("kv",),
-            "count_error": ("busy",), "count_auth_failure": ("unauthorized",), "count_eviction": ("host",),
+            "count_error": ("busy",), "count_auth_failure": ("unauthorized",), "count_purged": ("host", 1),
             "count_demotion": ("host", "disk"), "count_promotion": ("disk", "host")}[method]
     getattr(metrics, method)(*args)
 

@@ -22,7 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling deploy_f
 
 from deploy_files import DEPLOY, REPO, containerfile_instructions, load_yaml_documents, pod_specs  # noqa: E402
 
-from statetier.daemon.cli import build_parser, config_overrides  # noqa: E402
+from statetier.clients.vllm.layout import ConnectorConfig  # noqa: E402
+from statetier.daemon.cli import build_parser  # noqa: E402
+from statetier.daemon.cli.serve import config_overrides  # noqa: E402
 from statetier.daemon.config import Config  # noqa: E402
 from statetier.daemon.config_loading import load_config  # noqa: E402
 
@@ -111,7 +113,7 @@ def statetier_containers() -> list[tuple[str, dict, dict, list[dict]]]:
     for name, documents in manifests().items():
         for _, spec in pod_specs(documents):
             for container in spec["containers"]:
-                if "statetier" in container["image"]:
+                if container["name"] == "statetier":
                     found.append((name, spec, container, documents))
     return found
 
@@ -201,7 +203,7 @@ def test_secrets_carry_the_redis_url_and_the_keyring(tmp_path: Path) -> None:
 def test_socket_arena_and_disk_live_on_the_volumes_the_workers_share(tmp_path: Path) -> None:
     for name, spec, container, documents in statetier_containers():
         config = config_of(container, documents, spec, tmp_path)
-        workers = [(s, c) for _, s in pod_specs(documents) for c in s["containers"] if "statetier" not in c["image"]]
+        workers = [(s, c) for _, s in pod_specs(documents) for c in s["containers"] if c["name"] != "statetier"]
         assert workers, f"{name}: no worker to share the socket with"
         socket_mount = mount_of(container, config.listen.socket_path)
         arena_mount = mount_of(container, config.host.shm_dir)
@@ -231,13 +233,32 @@ def test_peers_get_through_the_socket_check(tmp_path: Path) -> None:
         context = {**spec.get("securityContext", {}), **container.get("securityContext", {})}
         assert context["runAsNonRoot"] is True and (context["runAsUser"], context["runAsGroup"]) == (uid, gid), name
         assert container["securityContext"]["readOnlyRootFilesystem"] is True
-        workers = [(s, c) for _, s in pod_specs(documents) for c in s["containers"] if "statetier" not in c["image"]]
+        workers = [(s, c) for _, s in pod_specs(documents) for c in s["containers"] if c["name"] != "statetier"]
         for worker_spec, worker_container in workers:
             worker = {**worker_spec.get("securityContext", {}), **worker_container.get("securityContext", {})}
             worker_uid, worker_gid = worker["runAsUser"], worker["runAsGroup"]
             assert config.is_unix_peer_allowed(worker_uid, worker_gid, own_uid=uid), name
             assert worker_gid == gid or gid in worker.get("supplementalGroups", []), \
                 f"{name}: the worker cannot open the 0660 socket and arena"
+
+
+def test_the_sidecar_worker_is_vllm_with_the_statetier_connector_on_the_daemons_socket(tmp_path: Path) -> None:
+    """Regression: the worker was the stock vLLM image with no --kv-transfer-config, so
+    nothing ever talked to the daemon beside it."""
+    (spec, container, documents) = next((s, c, d) for n, s, c, d in statetier_containers() if n == "sidecar.yaml")
+    config = config_of(container, documents, spec, tmp_path)
+    (worker,) = [c for c in spec["containers"] if c["name"] != "statetier"]
+    args = worker["args"]
+    transfer = json.loads(args[args.index("--kv-transfer-config") + 1])
+    assert (transfer["kv_connector"], transfer["kv_connector_module_path"]) == ("StatetierConnector",
+                                                                                 "statetier.clients.vllm")
+    extra = ConnectorConfig.from_extra(transfer["kv_connector_extra_config"])  # the keys the connector knows
+    assert extra.url == f"unix://{config.listen.socket_path}" and config.redis.url is not None
+    assert transfer["kv_load_failure_policy"] == "recompute"
+    assert args[args.index("--block-size") + 1] == args[args.index("--max-num-batched-tokens") + 1]
+    built = (DEPLOY / "Containerfile.vllm").read_text()
+    assert worker["image"].rsplit(":", 1)[0].endswith("/vllm-openai-st") and "ARG VLLM_IMAGE=vllm/vllm-openai:" in built
+    assert '"torch==${TORCH}"' in built  # the engine's torch is a constraint: never replaced
 
 
 def test_scrape_annotations_and_the_pod_monitor_find_the_metrics_port() -> None:

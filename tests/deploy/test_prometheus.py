@@ -181,10 +181,10 @@ def test_the_series_arrive_with_the_values_of_the_traffic(stack: Stack) -> None:
         (kind,): nbytes for kind, nbytes in stack.load_bytes.items()}
     assert prom.value(f'sum(statetier_operations_total{{{job},tier="daemon",op="load"}})') == 6
     assert prom.value(f'sum(statetier_hits_total{{{job}}})') == 6
-    assert prom.value(f'sum(statetier_misses_total{{{job}}})') is None  # no load missed
+    assert prom.value(f'sum(statetier_misses_total{{{job}}})') == 0  # no load missed; kv and ssm at 0
     rejections = prom.by_label(f'statetier_rejections_total{{{job}}}', "reason")
     assert rejections[("namespace",)] == 1 and sum(rejections.values()) == 1
-    assert len(rejections) == 11  # every reason exported, the other ten at 0
+    assert len(rejections) == 12  # every reason exported, the other eleven at 0
     assert prom.value(f'statetier_errors_total{{{job},reason="namespace"}}') == 1
     assert prom.by_label(f'statetier_tier_capacity_bytes{{{job}}}', "tier") == {
         ("host",): HOST_CAPACITY, ("disk",): DISK_CAPACITY}
@@ -192,6 +192,13 @@ def test_the_series_arrive_with_the_values_of_the_traffic(stack: Stack) -> None:
     wait_for(lambda: prom.value(f'statetier_tier_objects{{{job},tier="disk"}}') == 5, "write-behind to disk")
     assert prom.value(f'statetier_leases_expired_total{{{job},tier="host"}}') == 0
     assert prom.value(f'statetier_client_leases{{{job}}}') == 0
+    # what STATS knew, exported too (issue 27 item 10)
+    assert prom.value(f'sum(statetier_build_info{{{job}}})') == 1
+    assert prom.value(f'statetier_recovery_dropped_objects{{{job},tier="disk"}}') == 0
+    assert prom.value(f'statetier_checkpoint_failures_total{{{job},tier="disk"}}') == 0
+    assert prom.value(f'statetier_write_behind_capacity{{{job}}}') == 256
+    assert prom.value(f'process_resident_memory_bytes{{{job}}}') > 0
+    assert prom.value(f'statetier_lookup_requested_tokens_total{{{job}}}') == 0
     # The deploy job's relabelling: instance without the port; _created series dropped.
     assert {item["metric"]["instance"] for item in prom.query(f'up{{{job}}}')} == {"127.0.0.1"}
     assert prom.query('count({__name__=~"statetier_.*_created"})') == []

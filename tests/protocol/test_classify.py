@@ -13,6 +13,7 @@ import pytest
 from statetier.protocol.classify import DAMAGE, SKIP_REASONS, classify, is_damage, open_intact, skip_reason
 from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.errors import (
+    UnknownKey,
     BadSignature,
     CorruptPayload,
     FingerprintMismatch,
@@ -24,7 +25,7 @@ from statetier.protocol.errors import (
     TruncatedState,
 )
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, new_state_id, prefix_hash
-from statetier.protocol.keyring import Keyring
+from statetier.protocol.keyring import Keyring, SigningKey
 from statetier.protocol.sealed import Expectation, decode_header, seal_object
 
 KEYRING = Keyring.generate()
@@ -33,8 +34,8 @@ KEY = StateKey(NS, Kind.SSM, 4, prefix_hash(list(range(32))), 0, 32)
 TENSORS = [(TensorSpec("ssm", "float32", (8, 4)), bytes(range(128)))]
 
 
-def sealed(key=KEY, request_id="req", *, speculative=False, version=1, state_id=None) -> bytes:
-    return seal_object(key, Provenance(request_id, 1, "p", 1), TENSORS, keyring=KEYRING,
+def sealed(key=KEY, request_id="req", *, speculative=False, version=1, state_id=None, keyring=KEYRING) -> bytes:
+    return seal_object(key, Provenance(request_id, 1, "p", 1), TENSORS, keyring=keyring,
                        state_id=state_id or new_state_id(), version=version, contains_speculative=speculative)
 
 
@@ -83,8 +84,19 @@ def test_damage_is_damage_whatever_the_identity():
     blob[-1] ^= 1
     with pytest.raises(CorruptPayload):
         open_intact(bytes(blob), KEYRING)
-    with pytest.raises(BadSignature):
-        open_intact(sealed(), Keyring.generate())
+    forged = sealed(keyring=Keyring([SigningKey.from_secret(KEYRING.active.key_id, b"f" * 32)], KEYRING.active.key_id))
+    with pytest.raises(BadSignature) as forged_refusal:
+        open_intact(forged, KEYRING)
+    assert is_damage(forged_refusal.value)
+
+
+def test_a_key_id_this_keyring_lacks_is_not_damage():
+    """Another keyring's object (or a rotation rolled out too fast): refused, never dropped."""
+    with pytest.raises(UnknownKey) as refused:
+        open_intact(sealed(keyring=Keyring.generate()), KEYRING)
+    assert isinstance(refused.value, BadSignature) and not is_damage(refused.value)
+    assert "keys.keyring_file" in refused.value.message
+    assert skip_reason(refused.value) == "unknown_key"
 
 
 def test_each_refusal_has_one_bounded_skip_label():
@@ -95,4 +107,5 @@ def test_each_refusal_has_one_bounded_skip_label():
     assert skip_reason(PositionMismatch("other tokens")) == "misfiled"
     assert skip_reason(StaleState()) == "stale"
     assert all(skip_reason(cls()) == "damaged" for cls in DAMAGE)
-    assert set(SKIP_REASONS) == {"speculative", "stale", "damaged", "misfiled"}
+    assert skip_reason(UnknownKey()) == "unknown_key"
+    assert set(SKIP_REASONS) == {"speculative", "stale", "damaged", "unknown_key", "misfiled"}

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.errors import (
     BadSignature,
+    UnknownKey,
     ConfigError,
     CorruptPayload,
     MalformedState,
@@ -69,11 +70,14 @@ def refused(blob, expect, keyring) -> StatetierError:
 
 
 def header_error_for(offset: int) -> type:
-    """Which check a flipped header byte fails: framing for magic and lengths, else the signature."""
+    """Which check a flipped header byte fails: framing for magic and lengths, the key id
+    (another id, which this keyring does not hold), else the signature."""
     if offset < 4:
         return MalformedState
     if 8 <= offset < 12 or 16 <= offset < 24:
         return TruncatedState
+    if 24 <= offset < 32:
+        return UnknownKey
     return BadSignature
 
 
@@ -168,9 +172,9 @@ def test_truncation_of_an_object_without_payload_is_truncated_state():
 
 def test_blob_signed_by_an_unknown_key_is_refused():
     blob = sealed(keyring=Keyring.generate())
-    assert type(refused(blob, None, HMAC)) is BadSignature
+    assert type(refused(blob, None, HMAC)) is UnknownKey
     blob = sealed(keyring=Keyring.generate(SigAlg.ED25519))
-    assert type(refused(blob, None, ED25519.trust_store())) is BadSignature
+    assert type(refused(blob, None, ED25519.trust_store())) is UnknownKey
 
 
 @pytest.mark.parametrize("sig_alg", list(SigAlg), ids=lambda a: a.label)
@@ -179,7 +183,7 @@ def test_blob_signed_by_a_key_rotated_out_with_no_grace_is_refused(sig_alg):
     blob = sealed(keyring=keyring)
     keyring.rotate(grace_seconds=0)
     time.sleep(0.002)
-    assert type(refused(blob, None, keyring)) is BadSignature
+    assert type(refused(blob, None, keyring)) is UnknownKey
     assert open_sealed(sealed(keyring=keyring), None, keyring).header.key_id == keyring.active.key_id
 
 
@@ -187,7 +191,7 @@ def test_blob_signed_by_a_key_past_not_after_is_refused():
     signer = Keyring([SigningKey.from_secret(b"expired!", b"e" * 32)], b"expired!")
     blob = sealed(keyring=signer)
     verifier = Keyring([dataclasses.replace(signer.active, not_after_ns=time.time_ns() - 1)])
-    assert type(refused(blob, None, verifier)) is BadSignature
+    assert type(refused(blob, None, verifier)) is UnknownKey
 
 
 def test_ed25519_consumer_with_only_the_trust_store_verifies_but_cannot_sign():

@@ -20,7 +20,7 @@ import pytest
 from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.errors import (BadSignature, CorruptPayload, FingerprintMismatch, MalformedState,
                                        MisroutedState, NamespaceMismatch, PlacementMismatch, PositionMismatch,
-                                       StaleState, StatetierError, TruncatedState, UnsupportedFormat)
+                                       StaleState, StatetierError, TruncatedState, UnknownKey, UnsupportedFormat)
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, StateRef, prefix_hash, stream_id
 from statetier.protocol.keyring import Keyring, SigAlg, SigningKey
 from statetier.protocol.sealed import Expectation, Opened, VerifiedHeaders, decode_header, open_sealed, seal_object
@@ -117,34 +117,34 @@ def test_wrong_key_with_the_same_id_is_bad_signature():
     rejects(BadSignature, blob, by_ref(ref), impostor)
 
 
-def test_unknown_key_id_is_bad_signature():
+def test_unknown_key_id_is_unknown_key():
     blob, ref = make(keyring=Keyring.generate())
-    rejects(BadSignature, blob, by_ref(ref))
+    rejects(UnknownKey, blob, by_ref(ref))
 
 
-def test_retired_key_is_bad_signature():
+def test_retired_key_is_unknown_key():
     keyring = Keyring.generate()
     blob, ref = make(keyring=keyring)
     old = keyring.active.key_id
     keyring.rotate(grace_seconds=3600)
     assert isinstance(open_sealed(blob, by_ref(ref), keyring), Opened)
     keyring.retire(old)
-    rejects(BadSignature, blob, by_ref(ref), keyring)
+    rejects(UnknownKey, blob, by_ref(ref), keyring)
 
 
-def test_expired_key_is_bad_signature():
+def test_expired_key_is_unknown_key():
     keyring = Keyring.generate()
     blob, ref = make(keyring=keyring)
     keyring.rotate(grace_seconds=0)
     time.sleep(0.002)
-    rejects(BadSignature, blob, by_ref(ref), keyring)
+    rejects(UnknownKey, blob, by_ref(ref), keyring)
 
 
-def test_key_past_its_not_after_is_bad_signature():
+def test_key_past_its_not_after_is_unknown_key():
     key = dataclasses.replace(SigningKey.from_secret(b"k-past!!", b"p" * 32), not_after_ns=time.time_ns() - 1)
     signer = Keyring([dataclasses.replace(key, not_after_ns=None)], key.key_id)
     blob, ref = make(keyring=signer)
-    rejects(BadSignature, blob, by_ref(ref), Keyring([key]))
+    rejects(UnknownKey, blob, by_ref(ref), Keyring([key]))
 
 
 # ---------------------------------------------------------------- 3. format
@@ -414,5 +414,5 @@ def test_a_cached_header_is_checked_again_for_its_key_and_identity_and_other_byt
     old = keyring.active.key_id
     keyring.rotate(grace_seconds=3600)
     keyring.retire(old)
-    with pytest.raises(BadSignature):  # a retired key no longer verifies, cached or not
+    with pytest.raises(UnknownKey):  # a retired key no longer verifies, cached or not
         open_sealed(blob, by_ref(ref), keyring, verified=cache)

@@ -29,9 +29,10 @@ from statetier.protocol.errors import (
     InvalidRequest,
     LeaseError,
     NotFound,
+    UnknownKey,
 )
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, new_state_id
-from statetier.protocol.keyring import Keyring, dev_keyring
+from statetier.protocol.keyring import Keyring, SigningKey, dev_keyring
 from statetier.protocol.sealed import decode_header, seal_object
 from statetier.tiers.base import ObjectMeta
 from statetier.tiers.crypto import AtRestCipher
@@ -181,6 +182,19 @@ async def test_storing_an_object_twice_or_writing_the_wrong_size_is_invalid(back
 
 
 # -- leases -----------------------------------------------------------------------------
+
+
+async def test_closing_with_an_object_deleted_under_a_lease_erases_it_and_closes(backend, make_tier) -> None:
+    """Regression: ``close`` dropped its client before erasing what was deleted under a lease,
+    and the erase's accounting then raised ``RuntimeError`` (a daemon purging a namespace
+    during loads exited 1 at shutdown)."""
+    tier = await make_tier(backend.url, capacity_bytes=64 << 20)
+    meta, blob = make_object(5000)
+    await store(tier, meta, blob)
+    await tier.prepare_load(meta.object_id, owner="conn-1")
+    assert await tier.delete(meta.object_id) is True
+    await tier.close()
+    assert object_keys(backend.raw, tier.key_prefix, meta.object_id) == []
 
 
 async def test_leases_pin_reads_and_delete_under_a_lease_hides_at_once(backend, make_tier) -> None:
@@ -365,17 +379,38 @@ async def test_an_object_written_by_one_node_is_read_and_verified_by_another(bac
 # -- refusals -------------------------------------------------------------------------------
 
 
-async def test_an_object_sealed_under_a_foreign_key_is_refused_and_dropped(backend, make_tier) -> None:
+async def test_an_object_sealed_under_a_key_id_this_keyring_lacks_is_refused_and_left(backend, make_tier) -> None:
+    """Another keyring's object (a daemon configured with its own keyring) is no damage:
+    refused as ``UnknownKey`` on every read, never erased, not counted as corrupt."""
     tier = await make_tier(backend.url)
-    meta, forged = make_object(5000, keyring=Keyring.generate())
+    meta, foreign = make_object(5000, keyring=Keyring.generate())
+    keys = keys_of(tier)
+    backend.raw.set(keys.chunk(meta.object_id, 0), foreign)
+    backend.raw.set(keys.manifest(meta.object_id), Manifest(meta, len(foreign), 1, len(foreign), False).encode())
+
+    for _ in range(2):
+        lease = await tier.prepare_load(meta.object_id)
+        with pytest.raises(UnknownKey, match="keys.keyring_file"):
+            await tier.read(lease)
+        await tier.complete_load(lease)
+    assert await tier.contains(meta.object_id)
+    assert backend.raw.get(keys.chunk(meta.object_id, 0)) == foreign
+    assert tier.stats().extra["corrupt_dropped"] == 0
+
+
+async def test_an_object_forged_under_this_keyrings_key_id_is_refused_and_dropped(backend, make_tier) -> None:
+    tier = await make_tier(backend.url)
+    forger = Keyring([SigningKey.from_secret(KEYRING.active.key_id, os.urandom(32))], KEYRING.active.key_id)
+    meta, forged = make_object(5000, keyring=forger)
     keys = keys_of(tier)
     backend.raw.set(keys.chunk(meta.object_id, 0), forged)
     backend.raw.set(keys.manifest(meta.object_id), Manifest(meta, len(forged), 1, len(forged), False).encode())
 
     lease = await tier.prepare_load(meta.object_id)
-    with pytest.raises(BadSignature):
+    with pytest.raises(BadSignature) as refused:
         await tier.read(lease)
     await tier.complete_load(lease)
+    assert not isinstance(refused.value, UnknownKey)
     assert not await tier.contains(meta.object_id)
     assert object_keys(backend.raw, tier.key_prefix, meta.object_id) == []
     assert tier.stats().extra["corrupt_dropped"] == 1

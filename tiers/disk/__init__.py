@@ -9,6 +9,7 @@
 - ``body`` — a record's body: at-rest envelope, read and verified (``open_intact``).
 - ``space`` — segments, reservations and free space; ``jobs`` — the executor jobs.
 - ``commit``, ``log``, ``checkpoint`` — the group commit: fdatasync, then the index.
+- ``dirlock`` — the directory's lock: one open tier (one daemon) per directory.
 - ``recovery`` — the restart: replay the log tail, rebuild the LRU, drop what is torn.
 - ``compaction`` — move live records out of mostly dead segments (never leased ones).
 """

@@ -6,11 +6,14 @@ to which group commit (``last_seq``) it is complete and from which segment (``sc
 a restart must read the log to catch up. One environment (``index/``, synced) with four
 named databases:
 
-- ``objects``:  object_id (16 B) → entry, little-endian: format u8 (1), segment u32,
+- ``objects``:  object_id (16 B) → entry, little-endian: format u8 (2), segment u32,
   offset u64, record_len u64, generation u64, kind u8 (bit 7: a speculative snapshot),
   version u64, size u64,
   header_len u32, created_at_ns u64, step u64, key_digest_len u8, stream_id_len u8,
-  request_id_len u8, then the key_digest, stream_id and request_id (UTF-8) bytes.
+  request_id_len u8, namespace_len u8, tenant_len u8, then the key_digest, stream_id,
+  request_id (UTF-8), namespace and tenant (UTF-8) bytes. Format 1 (before namespace and
+  tenant were recorded) lacks the last two lengths and fields: it reads as an entry whose
+  namespace and tenant are unknown (b"", "").
 - ``by_key``:   key_digest_len u8 + key_digest + object_id → b"" (``find_by_key`` scans
   the prefix).
 - ``segments``: segment number (u32 big-endian, so keys sort) → live record bytes u64.
@@ -36,8 +39,9 @@ import lmdb
 from statetier.protocol.identity import Kind
 from ..base import ObjectMeta
 
-_ENTRY = struct.Struct("<BIQQQBQQIQQBBB")
-_ENTRY_FORMAT = 1
+_ENTRY_V1 = struct.Struct("<BIQQQBQQIQQBBB")
+_ENTRY = struct.Struct("<BIQQQBQQIQQBBBBB")
+_ENTRY_FORMAT = 2
 _SPECULATIVE = 0x80  # high bit of the kind byte: the object is a speculative snapshot
 _SEGMENT_KEY = struct.Struct(">I")
 _LIVE = struct.Struct("<Q")
@@ -70,27 +74,35 @@ class IndexEntry:
 
     def pack(self) -> bytes:
         loc, meta = self.location, self.meta
-        request_id = meta.request_id.encode()
+        request_id, tenant = meta.request_id.encode(), meta.tenant.encode()
         kind = int(meta.kind) | (_SPECULATIVE if meta.speculative else 0)
         return _ENTRY.pack(_ENTRY_FORMAT, loc.segment, loc.offset, loc.record_len, loc.generation,
                            kind, meta.version, meta.size, meta.header_len, meta.created_at_ns,
-                           meta.step, len(meta.key_digest), len(meta.stream_id), len(request_id)
-                           ) + meta.key_digest + meta.stream_id + request_id
+                           meta.step, len(meta.key_digest), len(meta.stream_id), len(request_id),
+                           len(meta.namespace), len(tenant)
+                           ) + meta.key_digest + meta.stream_id + request_id + meta.namespace + tenant
 
     @classmethod
     def unpack(cls, object_id: bytes, raw) -> "IndexEntry":
-        (fmt, segment, offset, record_len, generation, kind, version, size, header_len, created, step,
-         key_len, stream_len, request_len) = _ENTRY.unpack_from(raw, 0)
-        if fmt != _ENTRY_FORMAT:
-            raise ValueError(f"index entry format {fmt}")
         raw = bytes(raw)
-        if len(raw) != _ENTRY.size + key_len + stream_len + request_len:
+        fmt = raw[0] if raw else 0
+        if fmt == _ENTRY_FORMAT:
+            fixed, *fields = _ENTRY.size, *_ENTRY.unpack_from(raw, 0)
+        elif fmt == 1:
+            fixed, *fields = _ENTRY_V1.size, *_ENTRY_V1.unpack_from(raw, 0), 0, 0
+        else:
+            raise ValueError(f"index entry format {fmt}")
+        (_, segment, offset, record_len, generation, kind, version, size, header_len, created, step,
+         key_len, stream_len, request_len, namespace_len, tenant_len) = fields
+        if len(raw) != fixed + key_len + stream_len + request_len + namespace_len + tenant_len:
             raise ValueError("index entry length does not match its fields")
-        key_end = _ENTRY.size + key_len
+        key_end = fixed + key_len
         stream_end = key_end + stream_len
-        meta = ObjectMeta(bytes(object_id), raw[_ENTRY.size : key_end], raw[key_end:stream_end], version,
-                          Kind(kind & ~_SPECULATIVE), size, header_len, created, raw[stream_end:].decode(), step,
-                          bool(kind & _SPECULATIVE))
+        request_end = stream_end + request_len
+        namespace_end = request_end + namespace_len
+        meta = ObjectMeta(bytes(object_id), raw[fixed:key_end], raw[key_end:stream_end], version,
+                          Kind(kind & ~_SPECULATIVE), size, header_len, created, raw[stream_end:request_end].decode(),
+                          step, bool(kind & _SPECULATIVE), raw[request_end:namespace_end], raw[namespace_end:].decode())
         return cls(Location(segment, offset, record_len, generation), meta)
 
 

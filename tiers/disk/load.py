@@ -9,13 +9,16 @@
 (``tiers.disk.body``: the header's own lengths, signature, payload digest); ``read_into``
 does the same straight into a caller's buffer and returns only once no thread writes there
 any more. Damage drops the object for good (``stats().extra["corrupt_dropped"]``) and
-raises the rejection; an intact object of another identity is returned, for the engine.
+raises the rejection; a key id the keyring cannot verify with (``UnknownKey``: another
+keyring, not damage) raises and leaves the object; an intact object of another identity is
+returned, for the engine.
 """
 
 from __future__ import annotations
 
 import asyncio
 
+from statetier.protocol.classify import is_damage
 from statetier.protocol.errors import InternalError, NotFound, RejectedState
 from ..base import Lease
 from .index import Location
@@ -43,8 +46,9 @@ class DiskLoads:
         try:
             blob = await self._call(self._body.read_verified, segment.file, location, lease.object_id,
                                     pins=(segment,))
-        except RejectedState:
-            self._drop_corrupt(lease.object_id)
+        except RejectedState as exc:
+            if is_damage(exc):
+                self._drop_corrupt(lease.object_id)
             raise
         return memoryview(blob)
 
@@ -63,8 +67,9 @@ class DiskLoads:
                 except asyncio.CancelledError:
                     continue
             raise
-        except RejectedState:
-            self._drop_corrupt(lease.object_id)
+        except RejectedState as exc:
+            if is_damage(exc):
+                self._drop_corrupt(lease.object_id)
             raise
 
     async def complete_load(self, lease: Lease) -> None:

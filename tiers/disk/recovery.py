@@ -11,7 +11,9 @@
    in sequence order (``tiers.disk.log``). For each object only its last op counts: a
    delete removes it (a deleted object never comes back); a put is taken only once its
    record reads back verified (``open_sealed``: signature and digest) — if it does not,
-   the op before it counts instead. A COMMIT record is acknowledged only after it and the
+   the op before it counts instead. A record signed under a key id this keyring lacks
+   (``UnknownKey``: the daemon restarted with another keyring) is kept: that is no damage,
+   and loads refuse it without removing it. A COMMIT record is acknowledged only after it and the
    records it names are durable, so a put that fails here was never acknowledged.
    The walk resynchronises past a damaged header at the next intact one, so one flipped
    bit costs only what it touched: the COMMIT records after it still count, and in a
@@ -37,7 +39,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from statetier.protocol.errors import StatetierError
+from statetier.protocol.errors import StatetierError, UnknownKey
 from statetier.protocol.sealed import open_sealed
 from .body import RecordBody
 from ..base import ObjectMeta
@@ -172,6 +174,8 @@ def _reads_back(entry: IndexEntry, sizes: dict[int, int], files: dict[int, Segme
         return False
     try:
         body.read_verified(files[loc.segment], loc, entry.meta.object_id)
+    except UnknownKey:
+        return True  # intact and committed, signed under a key this keyring lacks: kept, refused on load
     except (StatetierError, OSError):
         return False
     return True

@@ -16,7 +16,8 @@ composed of ``DiskStores`` (``tiers.disk.store``: reserved ranges, the group com
   ``checkpoint_seconds`` (``tiers.disk.checkpoint``); a restart replays what it lacks.
   ``fsync=False`` skips every fdatasync and LMDB's sync: a killed process loses nothing, a
   power cut may.
-- ``start`` checks the index against the segments and replays the log past its last
+- ``start`` first locks the directory (``tiers.disk.dirlock``: one tier, hence one daemon,
+  per directory), then checks the index against the segments and replays the log past its last
   checkpoint (``tiers.disk.recovery``); ``compact`` rewrites sparse segments and never
   deletes a file a lease may still read (``tiers.disk.compaction``); ``close`` writes a
   last checkpoint.
@@ -42,6 +43,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import AsyncIterator
 
+from statetier.protocol.classify import is_damage
 from statetier.protocol.errors import ConfigError, RejectedState, StatetierError
 from statetier.protocol.keyring import Keyring
 from ..base import EvictedObject, LeaseTable, LruIndex, ObjectMeta, StoreTicket, Tier, TierStats
@@ -50,6 +52,7 @@ from .body import RecordBody
 from .checkpoint import Checkpointer
 from .commit import GroupCommit
 from .compaction import CompactionReport, Compactor
+from .dirlock import DirectoryLock
 from .index import Delete, DiskIndex, IndexEntry, IndexOp, Location, Move, Put
 from .jobs import DiskJobs
 from .load import DiskLoads
@@ -110,6 +113,7 @@ class DiskTier(DiskStores, DiskLoads, Tier):
         self._checkpointer: Checkpointer | None = None
         self._compactor: Compactor | None = None
         self._compact_lock: asyncio.Lock | None = None
+        self._dir_lock = DirectoryLock(self.directory)
         self._is_started = False
         self.evictions = self.compactions_run = 0
         self.corrupt_dropped = self.recovery_dropped = self.recovery_segments_deleted = 0
@@ -128,6 +132,8 @@ class DiskTier(DiskStores, DiskLoads, Tier):
         self._jobs = DiskJobs(self._executor)
         segment_dir, index_dir = self.directory / "segments", self.directory / "index"
         try:
+            await self._call(self.directory.mkdir, 0o750, True, True)
+            await self._call(self._dir_lock.acquire)  # before anything in it is read or written
             await self._call(segment_dir.mkdir, 0o750, True, True)
             self._index = await self._call(DiskIndex.open, index_dir, _index_map_size(self.capacity), self.fsync)
             found = await self._call(recover, self._index, segment_dir, self._body)
@@ -173,6 +179,7 @@ class DiskTier(DiskStores, DiskLoads, Tier):
             if self._executor_given is None:
                 self._executor.shutdown(wait=False)
             self._executor = None
+        self._dir_lock.release()
 
     def _require_started(self) -> None:
         if not self._is_started:
@@ -239,7 +246,7 @@ class DiskTier(DiskStores, DiskLoads, Tier):
         evicted = []
         for (meta, _), blob in zip(victims, blobs):
             if isinstance(blob, RejectedState):
-                self.corrupt_dropped += 1
+                self.corrupt_dropped += is_damage(blob)  # an unknown key id: evicted, not damage
             elif not isinstance(blob, BaseException):
                 evicted.append(EvictedObject(meta, blob))
         return evicted

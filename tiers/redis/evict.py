@@ -13,7 +13,7 @@ atomically (the accounting script's "remove"), so two nodes never both take one.
 
 from __future__ import annotations
 
-from statetier.protocol.errors import CorruptPayload, RejectedState, StatetierError
+from statetier.protocol.errors import CorruptPayload, RejectedState, StatetierError, UnknownKey
 from ..base import EvictedObject
 from .layout import Manifest
 
@@ -86,6 +86,8 @@ class Removal:
             return False
         try:
             blob = await self._fetch(client, manifest, "evict")
+        except UnknownKey:
+            return False  # another keyring's object: not this node's to judge, so not to drop
         except RejectedState:
             return None
         if blob is None:

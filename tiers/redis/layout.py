@@ -163,7 +163,7 @@ def stored_under(manifest: Manifest | None, oid: bytes) -> Manifest | None:
 
 
 _META_FIELDS = tuple(f.name for f in fields(ObjectMeta))
-_BYTES_FIELDS = frozenset({"object_id", "key_digest", "stream_id"})
+_BYTES_FIELDS = frozenset({"object_id", "key_digest", "stream_id", "namespace"})
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 

@@ -10,7 +10,8 @@
 A lease takes the manifest a ``find_by_keys`` fetched less than ``FOUND_FRESH_S`` ago, or
 fetches it with the first ``PREFETCH_BYTES`` of chunk 0 in one round trip. ``read`` fetches
 the rest in one round trip over up to ``FETCH_CONNECTIONS`` connections, reassembles,
-decrypts and checks integrity (``tiers.redis.verify``); a damaged object is deleted.
+decrypts and checks integrity (``tiers.redis.verify``); a damaged object is deleted, one
+signed under a key id this node's keyring lacks (``UnknownKey``) is refused and left.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 
+from statetier.protocol.classify import is_damage
 from statetier.protocol.errors import CorruptPayload, NotFound, RejectedState
 from ..base import Lease
 from . import connect
@@ -141,9 +143,10 @@ class LoadPath:
             if manifest.stored_size <= INLINE_BYTES:
                 return self._open(parts, manifest)
             return await self._run(self._open, parts, manifest)
-        except RejectedState:
-            self._corrupt_dropped += 1
-            await self._try_erase(client, oid, manifest, manifest.chunks)
+        except RejectedState as exc:
+            if is_damage(exc):  # an unknown key id is another keyring's object: left for the nodes holding it
+                self._corrupt_dropped += 1
+                await self._try_erase(client, oid, manifest, manifest.chunks)
             raise
 
     async def _get_chunks(self, client, oid: bytes, commands: list, touch: bool) -> list:

@@ -111,7 +111,7 @@ class RedisTier(StorePath, LoadPath, Lookup, Removal, Tier):
             raise
 
     async def close(self) -> None:
-        client, self._client = self._client, None
+        client = self._client
         if client is not None:
             for ticket in list(self._stores.values()):
                 self._stores.pop(ticket.ticket_id, None)
@@ -119,8 +119,9 @@ class RedisTier(StorePath, LoadPath, Lookup, Removal, Tier):
             self._storing.clear()
             self._reserved = 0
             for oid, manifest in list(self._doomed.items()):  # our leases end with us
-                await self._try_erase(client, oid, manifest, manifest.chunks)
+                await self._try_erase(client, oid, manifest, manifest.chunks)  # its accounting needs the client
             self._doomed.clear()
+            self._client = None
             await client.aclose()
         if self._owns_executor and self._executor is not None:
             self._executor.shutdown(wait=True)

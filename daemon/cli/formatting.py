@@ -1,0 +1,92 @@
+"""What the admin commands print: tables with readable sizes and times.
+
+- ``format_bytes(n)`` — ``"3.0 MiB"``; ``format_time(ns, now_ns=None)`` — ``"2026-12-02 16:54:04 UTC
+  (12 s ago)"`` from nanoseconds since the epoch.
+- ``format_stats(reply)`` — the STATS reply as a table of tiers, then the daemon-wide numbers.
+- ``format_listing(reply)`` — the LIST reply: one row per (tenant, namespace).
+- ``readable_inspect(reply)`` — the INSPECT reply with ``created_at`` beside ``created_at_ns``.
+- ``table(rows)`` — columns aligned, the first left, the others right.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{int(n)} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def format_time(ns: int | None, now_ns: int | None = None) -> str:
+    if not ns:
+        return "-"
+    moment = datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.timezone.utc)
+    age = ((now_ns if now_ns is not None else time.time_ns()) - ns) / 1e9
+    return f"{moment:%Y-%m-%d %H:%M:%S} UTC ({_duration(age)})"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 0:
+        return "in the future"
+    for size, unit in ((86400, "d"), (3600, "h"), (60, "min")):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit} ago"
+    return f"{seconds:.0f} s ago"
+
+
+def table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
+            for row in rows]
+
+
+def format_stats(stats: dict) -> str:
+    rows = [("tier", "objects", "used", "capacity", "use", "leases", "inflight", "evictions", "compactions")]
+    for tier in stats.get("tiers") or []:
+        used, capacity = int(tier.get("bytes_used", 0)), int(tier.get("capacity", 0))
+        rows.append((
+            str(tier.get("tier", "?")), str(tier.get("objects", 0)), format_bytes(used), format_bytes(capacity),
+            f"{100 * used / capacity:.1f}%" if capacity else "-", str(tier.get("leases", 0)),
+            str(tier.get("inflight", 0)), str(tier.get("evictions", 0)), str(tier.get("compactions_run", 0)),
+        ))
+    lines = table(rows)
+    for key in sorted(k for k in stats if k != "tiers"):
+        value = stats[key]
+        if isinstance(value, dict) and value:
+            lines.append(f"{key}:")
+            lines.extend(f"  {sub}: {_scalar(value[sub])}" for sub in sorted(value))
+        else:
+            lines.append(f"{key}: {_scalar(value)}")
+    return "\n".join(lines)
+
+
+def format_listing(reply: dict, now_ns: int | None = None) -> str:
+    rows = [("tenant", "namespace", "objects", "bytes", "tiers (copies)", "kinds", "oldest", "newest")]
+    for row in reply.get("namespaces") or []:
+        tiers = ", ".join(f"{name} {on['objects']}" for name, on in row.get("tiers", {}).items())
+        kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(row.get("kinds", {}).items()))
+        rows.append((row.get("tenant") or "?", row.get("namespace") or "(not recorded)", str(row.get("objects", 0)),
+                     format_bytes(row.get("bytes", 0)), tiers, kinds, format_time(row.get("oldest_ns"), now_ns),
+                     format_time(row.get("newest_ns"), now_ns)))
+    lines = table(rows) if len(rows) > 1 else ["nothing stored (for this tenant)"]
+    if reply.get("unavailable"):
+        lines.append(f"not listed: tiers {', '.join(reply['unavailable'])} did not answer")
+    return "\n".join(lines)
+
+
+def readable_inspect(reply: dict, now_ns: int | None = None) -> dict:
+    header = reply.get("header")
+    if isinstance(header, dict) and "created_at_ns" in header:
+        header = {**header, "created_at": format_time(header["created_at_ns"], now_ns)}
+        return {**reply, "header": header}
+    return reply
+
+
+def _scalar(value: object) -> str:
+    return json.dumps(value, sort_keys=True, default=str) if isinstance(value, (dict, list)) else str(value)

@@ -1,0 +1,162 @@
+"""What is stored, by tenant and namespace: ``statetier ls`` and ``statetier purge``.
+
+- ``walk(stack)`` → ``Walked``: every copy on every tier (``Tier.iter_objects``) with the
+  namespace and tenant it belongs to. Both come from the tier's metadata (``ObjectMeta``,
+  recorded at the put); a copy whose tier did not record its namespace (a disk entry written
+  before it did) has its header read through the tier; the tenant falls back to the namespace's
+  owner in ``Tenancy``. A tier that cannot be walked (Redis down) is named in ``unavailable``.
+- ``listing(stack, tenant, *, everyone)`` → ``{"namespaces": [...], "unavailable": [...]}``: one
+  row per (tenant, namespace): objects and bytes (each object once), per tier the copies and
+  their bytes, objects per kind, the oldest and newest ``created_at_ns``. A tenant sees its own
+  rows; ``everyone`` (an operator) sees all.
+- ``purge(stack, tenant, *, namespace=None, of_tenant=None, is_operator=False)`` → counts: every
+  copy on every tier of the objects of one namespace (which must be the asking tenant's, by
+  ``Tenancy`` and by the tenant each copy's put recorded, unless an operator asks), or of every namespace of ``of_tenant`` (the asking tenant itself, or any
+  tenant for an operator). ``Forbidden`` otherwise. The copies are removed as a delete removes
+  one (``daemon.engine.deletion``): under tombstones, so no move copies them meanwhile, swept,
+  moves settled, swept again. A tier deletes a leased copy only once its lease ends, so a load
+  in flight finishes with the bytes it was given; a load that starts later finds nothing.
+  What is put into the namespace while the purge runs stays.
+
+Called by ``Engine.list_objects`` / ``Engine.purge`` (the LIST and PURGE admin frames).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+from statetier.protocol.errors import Forbidden, InvalidRequest, StatetierError, Unavailable
+from statetier.protocol.identity import Namespace
+from statetier.protocol.sealed import decode_header
+from statetier.tiers.base import ObjectMeta, Tier
+
+from .stack import Stack
+
+
+@dataclass(frozen=True, slots=True)
+class Copy:
+    tier: Tier
+    meta: ObjectMeta
+    namespace: bytes  # b"": unknown
+    tenant: str  # "": unknown
+
+
+@dataclass(slots=True)
+class Walked:
+    copies: list[Copy] = field(default_factory=list)
+    unavailable: list[str] = field(default_factory=list)
+
+
+async def walk(stack: Stack) -> Walked:
+    walked = Walked()
+    for tier in stack.tiers:
+        try:
+            metas = [meta async for meta in tier.iter_objects()]
+        except Unavailable:
+            walked.unavailable.append(tier.name)
+            continue
+        for meta in metas:
+            namespace = meta.namespace or await _namespace_from_header(tier, meta)
+            tenant = meta.tenant or (stack.tenancy.owner_of(namespace) or "" if namespace else "")
+            walked.copies.append(Copy(tier, meta, namespace, tenant))
+    return walked
+
+
+async def _namespace_from_header(tier: Tier, meta: ObjectMeta) -> bytes:
+    try:
+        lease = await tier.prepare_load(meta.object_id, owner="catalog")
+    except StatetierError:
+        return b""
+    try:
+        return decode_header(await tier.read(lease)).key.namespace.digest
+    except StatetierError:
+        return b""
+    finally:
+        await tier.complete_load(lease)
+
+
+async def listing(stack: Stack, tenant: str, *, everyone: bool) -> dict:
+    walked = await walk(stack)
+    rows: dict[tuple[str, bytes], dict] = {}
+    seen: set[tuple[str, bytes, bytes]] = set()
+    for copy in walked.copies:
+        if not everyone and copy.tenant != tenant:
+            continue
+        row = rows.setdefault((copy.tenant, copy.namespace), {
+            "tenant": copy.tenant, "namespace": copy.namespace.hex(), "objects": 0, "bytes": 0, "tiers": {},
+            "kinds": {}, "oldest_ns": None, "newest_ns": None})
+        on_tier = row["tiers"].setdefault(copy.tier.name, {"objects": 0, "bytes": 0})
+        on_tier["objects"] += 1
+        on_tier["bytes"] += copy.meta.size
+        once = (copy.tenant, copy.namespace, copy.meta.object_id)
+        if once in seen:
+            continue
+        seen.add(once)
+        meta = copy.meta
+        row["objects"] += 1
+        row["bytes"] += meta.size
+        kind = meta.kind.name.lower()
+        row["kinds"][kind] = row["kinds"].get(kind, 0) + 1
+        created = meta.created_at_ns
+        row["oldest_ns"] = created if row["oldest_ns"] is None else min(row["oldest_ns"], created)
+        row["newest_ns"] = created if row["newest_ns"] is None else max(row["newest_ns"], created)
+    ordered = sorted(rows.values(), key=lambda r: (r["tenant"], -r["bytes"], r["namespace"]))
+    return {"namespaces": ordered, "unavailable": walked.unavailable}
+
+
+async def purge(stack: Stack, tenant: str, *, namespace: Namespace | None = None, of_tenant: str | None = None,
+                is_operator: bool = False) -> dict:
+    if (namespace is None) == (of_tenant is None):
+        raise InvalidRequest("a purge names a namespace or a tenant")
+    if namespace is not None:
+        if not is_operator and not stack.tenancy.may_see(tenant, namespace):  # asks; claims nothing
+            raise Forbidden(f"namespace {namespace.hex()[:16]}… belongs to another tenant")
+
+        def chosen(copy: Copy) -> bool:
+            return copy.namespace == namespace.digest
+    else:
+        if of_tenant != tenant and not is_operator:
+            raise Forbidden(f"only an operator may purge another tenant's state (this connection is tenant "
+                            f"{tenant!r})")
+
+        def chosen(copy: Copy) -> bool:
+            return copy.tenant == of_tenant
+    walked = await walk(stack)
+    picked = [copy for copy in walked.copies if chosen(copy)]
+    others = {copy.tenant for copy in picked if copy.tenant} - {tenant}
+    if others and not is_operator:  # recorded at the put: holds after a restart, and on other nodes' Redis copies
+        raise Forbidden("objects of that namespace belong to another tenant")
+    ids = list(dict.fromkeys(copy.meta.object_id for copy in picked))
+    removed = await _remove_all(stack, ids, walked.unavailable)
+    if stack.metrics is not None:
+        for tier_name, count in removed.items():
+            stack.metrics.count_purged(tier_name, count)
+    sizes = {copy.meta.object_id: copy.meta.size for copy in picked}
+    return {"objects": len(ids), "bytes": sum(sizes.values()), "copies": sum(removed.values()), "by_tier": removed,
+            "namespaces": len({copy.namespace for copy in picked}), "unavailable": walked.unavailable}
+
+
+async def _remove_all(stack: Stack, ids: list[bytes], unavailable: list[str]) -> dict[str, int]:
+    removed: dict[str, int] = {}
+    async with contextlib.AsyncExitStack() as tombstones:
+        for object_id in ids:
+            await tombstones.enter_async_context(stack.placement.deleting(object_id))
+        await _sweep(stack, ids, removed, unavailable)
+        await stack.placement.settle_moves()  # a move begun before may hold a copy between two tiers
+        await _sweep(stack, ids, removed, unavailable)
+    return removed
+
+
+async def _sweep(stack: Stack, ids: list[bytes], removed: dict[str, int], unavailable: list[str]) -> None:
+    for tier in stack.tiers:
+        if tier.name in unavailable:
+            continue
+        for object_id in ids:
+            try:
+                if await tier.delete(object_id):
+                    removed[tier.name] = removed.get(tier.name, 0) + 1
+            except Unavailable:
+                unavailable.append(tier.name)  # said in the reply: purge again once it is back
+                break
+            stack.tenancy.refund(tier.name, object_id)
