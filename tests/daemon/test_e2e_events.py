@@ -4,9 +4,10 @@ A real ZMQ SUB socket decodes each tenant's stream with the Structs of vLLM's pu
 (``kv_event_schema.py``, not the daemon's encoder):
 
 - tenant A's puts (one published), the write-behind copies, an eviction from the host arena
-  (a 1 MiB arena that holds three pages), a delete: per medium (``CPU``, ``DISK``, ``REDIS``)
-  exactly those events, in order, naming the blocks by the tags A's client attached; a
-  subscriber of A's namespace topic sees the same, and nothing of A's other namespace;
+  (a 1 MiB arena that holds three pages), a delete, and at the end a purge of the namespace:
+  per medium (``CPU``, ``DISK``, ``REDIS``) exactly those events, in order, naming the blocks
+  by the tags A's client attached; a subscriber of A's namespace topic sees the same, and
+  nothing of A's other namespace;
 - tenant B's stream, on its own socket, carries B's events and none of A's (and when B's put
   evicts A's page from the shared arena, that is on A's stream, not B's);
 - the replay socket answers the batches from a sequence number on, as vLLM's does;
@@ -101,7 +102,7 @@ def hashes(*ns: int) -> list[bytes]:
     return [bytes([n]) * 32 for n in ns]
 
 
-async def test_a_router_sees_puts_write_behind_eviction_and_delete_per_medium_and_no_other_tenants(daemon):
+async def test_a_router_sees_puts_write_behind_eviction_delete_and_purge_per_medium_and_no_other_tenants(daemon):
     a_all = Subscriber(stream(daemon, "a"))
     spec_a = NamespaceSpec(model_id="events-a", kv_block_size=TOKENS_PER_PAGE)
     a_topic = Subscriber(stream(daemon, "a"), topic=spec_a.namespace().hex().encode())
@@ -154,6 +155,18 @@ async def test_a_router_sees_puts_write_behind_eviction_and_delete_per_medium_an
         evicted = a_all.take(1) + a_all.drain()
         assert per_medium(evicted) == {"CPU": [("BlockRemoved", hashes(2)[0])]}
         seen += evicted
+
+        # A clears its namespace (a purge): every copy left goes, on every medium, and nothing else
+        async with AsyncClient(daemon.url, namespace=spec_a, tenant="a", token=TOKENS["a"]) as a:
+            purged = await a.purge()
+        assert purged["objects"] == 3 and purged["copies"] == 4
+        cleared = a_all.take(1) + a_all.drain()
+        assert {medium: sorted(events) for medium, events in per_medium(cleared).items()} == {
+            "CPU": [("BlockRemoved", hashes(4)[0])],
+            "DISK": sorted(("BlockRemoved", h) for h in hashes(1, 4)),
+            "REDIS": [("BlockRemoved", hashes(2)[0])]}  # in the purge's order within a medium
+        seen += cleared
+        assert b_all.drain() == []
 
         # the replay socket answers from a sequence number on: the start's AllBlocksCleared first
         replayed = a_all.replay(replay_socket(daemon, "a"), 0)
