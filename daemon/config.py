@@ -28,10 +28,10 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from statetier.daemon.config_events import EventsConfig
-from statetier.daemon.config_values import GiB, KiB, MiB, Bytes, FileMode, Seconds, parse_size, split_host_port
+from statetier.daemon.config_values import (
+    GiB, KiB, MiB, Bytes, FileMode, Seconds, known_tiers, parse_size, split_host_port)
 from statetier.protocol.errors import ConfigError
 
-TIER_NAMES = ("device", "host", "disk", "redis")
 HOST_AUTO_MIN, HOST_AUTO_MAX = 64 * MiB, 64 * GiB
 
 
@@ -179,10 +179,7 @@ class TenantConfig(_Section):
     @field_validator("quota_bytes")
     @classmethod
     def _known_tiers(cls, quotas: dict[str, int]) -> dict[str, int]:
-        unknown = sorted(set(quotas) - set(TIER_NAMES))
-        if unknown:
-            raise ValueError(f"unknown tier {unknown[0]!r}; tiers are {', '.join(TIER_NAMES)}")
-        return quotas
+        return known_tiers(quotas)
 
     def accepts_token(self, token: str) -> bool:
         if self.token_sha256 is None:

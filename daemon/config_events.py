@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from statetier.daemon.config_values import MiB, Bytes
+from statetier.daemon.config_values import MiB, Bytes, known_tiers
 from statetier.protocol.kv_events import Encoding
 
-_TIERS = ("device", "host", "disk", "redis")
+DEFAULT_MEDIA = {"device": "GPU", "host": "CPU", "disk": "DISK", "redis": "REDIS"}
 _ZMQ_SCHEMES = ("tcp://", "ipc://", "inproc://")
 
 
@@ -51,7 +51,7 @@ class EventsConfig(BaseModel):
     hwm: int = Field(10_000, gt=0, description="Messages queued for one subscriber before it misses batches "
                      "(counted in statetier_event_overflows_total; it replays the gap; the others get them).")
     media: dict[str, str] = Field(
-        default_factory=lambda: {"device": "GPU", "host": "CPU", "disk": "DISK", "redis": "REDIS"},
+        default_factory=lambda: dict(DEFAULT_MEDIA),
         description="Tier → the medium name its events carry.")
     encoding: Encoding = Field("map", description='Events as tagged maps ("map", as vLLM 0.32 writes '
                                               'them) or tagged arrays ("array", vLLM\'s earlier releases).')
@@ -74,10 +74,7 @@ class EventsConfig(BaseModel):
     @field_validator("media")
     @classmethod
     def _known_tiers(cls, media: dict[str, str]) -> dict[str, str]:
-        unknown = sorted(set(media) - set(_TIERS))
-        if unknown:
-            raise ValueError(f"unknown tier {unknown[0]!r}; tiers are {', '.join(_TIERS)}")
-        return {**{"device": "GPU", "host": "CPU", "disk": "DISK", "redis": "REDIS"}, **media}
+        return {**DEFAULT_MEDIA, **known_tiers(media)}
 
     def streams(self, tenants: list[str]) -> list[StreamSpec]:
         """One stream per tenant; ``ValueError`` naming the field when two share an address."""

@@ -106,7 +106,8 @@ class Streams:
         while True:
             ready = dict(poller.poll())
             if wake in ready:
-                _drain(wake)
+                for _ in _waiting(wake):
+                    pass
             for stream in self.streams:
                 if stream.pub in ready:
                     self._count_subscriptions(stream)
@@ -148,22 +149,14 @@ class Streams:
             stream.ring_bytes -= len(stream.ring.popleft()[2])
 
     def _count_subscriptions(self, stream: Stream) -> None:
-        while True:
-            try:
-                message = stream.pub.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        for (message,) in _waiting(stream.pub):
             if message[:1] == b"\x01":
                 stream.subscriptions += 1
             elif message[:1] == b"\x00":
                 stream.subscriptions = max(0, stream.subscriptions - 1)
 
     def _serve_replay(self, stream: Stream) -> None:
-        while True:
-            try:
-                frames = stream.replay.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        for frames in _waiting(stream.replay):
             if len(frames) != 3 or len(frames[2]) != 8:
                 log.warning("events: a replay request of %d frames ignored (want [identity, b'', seq])", len(frames))
                 continue
@@ -185,10 +178,11 @@ class Streams:
         self.streams.clear()
 
 
-def _drain(socket: zmq.Socket) -> None:
+def _waiting(sock: zmq.Socket):
+    """Every message ``sock`` has waiting (its frames), without blocking."""
     while True:
         try:
-            socket.recv(zmq.NOBLOCK)
+            yield sock.recv_multipart(zmq.NOBLOCK)
         except zmq.Again:
             return
 
