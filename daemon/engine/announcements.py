@@ -15,11 +15,13 @@ too, in the order the daemon made them.
 
 An object the daemon did not see put since it started (found on disk or in Redis after a
 restart) has no record: it is never announced, so its departure is not either, and a
-router's view stays what it was told. A record lives while any tier holds a charged copy.
+router's view stays what it was told. A record lives while any tier holds a charged copy; its
+tokens take 4 bytes each, at most the key's span of them (``daemon.engine.puts`` refuses more).
 """
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 
 from statetier.protocol.kv_events import BlockRemoved, BlockStored, Hash
@@ -27,13 +29,15 @@ from statetier.tiers.base import ObjectMeta
 
 from ..requests import PutRequest
 
+_NO_TOKENS = array("I")
+
 
 @dataclass(slots=True)
 class _Record:
     namespace: bytes
     hashes: tuple[Hash, ...]
     parent: Hash | None
-    tokens: tuple[int, ...]
+    tokens: array  # 4 bytes a token: a put's tag holds at most its key's span of them
     block_size: int
     tiers: int = 0  # tiers holding a charged copy
 
@@ -46,19 +50,19 @@ class Announcements:
 
     def record_put(self, req: PutRequest, meta: ObjectMeta) -> None:
         key, tag = req.key, req.tag
+        span = key.token_end - key.token_start
         if tag is None:
-            self._records[meta.object_id] = _Record(key.namespace.digest, (key.prefix_hash,), None, (),
-                                                    key.token_end - key.token_start)
+            self._records[meta.object_id] = _Record(key.namespace.digest, (key.prefix_hash,), None, _NO_TOKENS, span)
         else:
-            self._records[meta.object_id] = _Record(key.namespace.digest, (tag.hash,), tag.parent, tag.tokens,
-                                                    key.token_end - key.token_start)
+            self._records[meta.object_id] = _Record(key.namespace.digest, (tag.hash,), tag.parent,
+                                                    array("I", tag.tokens), span)
 
     def charged(self, tenant: str, tier: str, state_id: bytes) -> None:
         record = self._records.get(state_id)
         if record is None:
             return
         record.tiers += 1
-        self.sink.emit(tenant, record.namespace, BlockStored(record.hashes, record.parent, record.tokens,
+        self.sink.emit(tenant, record.namespace, BlockStored(record.hashes, record.parent, tuple(record.tokens),
                                                              record.block_size, self._medium(tier)))
 
     def refunded(self, tenant: str, tier: str, state_id: bytes) -> None:

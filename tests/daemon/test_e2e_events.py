@@ -32,6 +32,7 @@ from daemon_procs import daemon_fixture, eventually  # noqa: E402
 from kv_event_schema import AllBlocksCleared, BlockRemoved, BlockStored, Subscriber  # noqa: E402
 from statetier.clients import AsyncClient, BlockTag  # noqa: E402
 from statetier.daemon.server.auth import token_sha256  # noqa: E402
+from statetier.protocol.errors import InvalidRequest, NotFound  # noqa: E402
 from statetier.protocol.identity import NamespaceSpec  # noqa: E402
 
 TOKENS = {"a": "tenant-a-events-token", "b": "tenant-b-events-token"}
@@ -212,7 +213,7 @@ async def test_a_subscriber_that_never_reads_slows_no_put_nor_other_subscribers_
         read: list = []
         async with AsyncClient(crowded.url, namespace=spec) as client:
             for n in range(PUTS):  # the reader keeps up (one message behind at most); ``stuck`` reads nothing
-                key = client.kv_key(0, n.to_bytes(32, "big"), 0, 16)
+                key = client.kv_key(0, n.to_bytes(32, "big"), 0, BIG_TAG_TOKENS)
                 await client.put(key, {"kv": torch.zeros(16, 8)}, request_id=f"r{n}",
                                  tag=BlockTag(n, n - 1 if n else None, tokens))
                 read += await asyncio.to_thread(reader.take, 1)
@@ -235,4 +236,20 @@ async def test_a_subscriber_that_never_reads_slows_no_put_nor_other_subscribers_
         assert [got[seq].events[0].block_hashes for seq in seqs] == [[n] for n in range(PUTS)]
     finally:
         stuck.close()
+        reader.close()
+
+
+async def test_a_tag_naming_more_tokens_than_its_key_spans_is_refused_and_nothing_is_announced(crowded):
+    reader = Subscriber(f"ipc://{crowded.directory}/ev")
+    try:
+        await subscribed(crowded, 1)
+        spec = NamespaceSpec(model_id="events-refused", kv_block_size=16)
+        async with AsyncClient(crowded.url, namespace=spec) as client:
+            key = client.kv_key(0, bytes(32), 0, 16)
+            with pytest.raises(InvalidRequest, match="the tag names 17 tokens; the key spans 16"):
+                await client.put(key, {"kv": torch.zeros(16, 8)}, request_id="r", tag=BlockTag(1, None, tuple(range(17))))
+            with pytest.raises(NotFound):
+                await client.load(key)
+        assert reader.drain(0.5) == []
+    finally:
         reader.close()
