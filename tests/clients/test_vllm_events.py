@@ -10,7 +10,6 @@ same daemon, are not passed on. vLLM's own event classes are built from them whe
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import time
 from dataclasses import dataclass, field
@@ -25,8 +24,8 @@ from daemon_procs import daemon_fixture  # noqa: E402
 
 from statetier.clients import Client  # noqa: E402
 from statetier.clients.vllm.events import ConnectorEvents, as_vllm_events  # noqa: E402
-from statetier.clients.vllm.layout import CacheGroup, ConnectorConfig, EngineLayout, StateSpec, layer_id_of, \
-    namespace_spec  # noqa: E402
+from statetier.clients.vllm.layout import (  # noqa: E402
+    CacheGroup, ConnectorConfig, EngineLayout, StateSpec, layer_id_of, namespace_spec)
 from statetier.clients.vllm.scheduler import ScheduledStep, SchedulerSide  # noqa: E402
 from statetier.clients.vllm.worker import WorkerSide  # noqa: E402
 from statetier.protocol.identity import Kind, prefix_hashes  # noqa: E402

@@ -41,7 +41,7 @@ PAGE_SHAPE = (2, 8, TOKENS_PER_PAGE, 128)  # 256 KiB of bfloat16: the 1 MiB aren
 
 
 @pytest.fixture(scope="module")
-def daemon(request, tmp_path_factory):
+def daemon(request):
     from statetier.launch import RedisServer
 
     redis = RedisServer().start()

@@ -9,7 +9,9 @@ start with ``ConfigError``.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,10 +34,10 @@ def stored(n: int, medium: str = "CPU") -> BlockStored:
 
 
 @pytest.fixture
-def folder(tmp_path_factory):
-    import tempfile
-
-    return Path(tempfile.mkdtemp(prefix="st-ev-", dir="/tmp"))  # AF_UNIX paths are short
+def folder():
+    made = Path(tempfile.mkdtemp(prefix="st-ev-", dir="/tmp"))  # AF_UNIX paths are short
+    yield made
+    shutil.rmtree(made, ignore_errors=True)
 
 
 def publisher_for(folder: Path, tenants=("a", "b")) -> EventPublisher:
