@@ -6,8 +6,8 @@
   made (Unix socket); the first frame must be HELLO (``handshake.admit``); then every
   request frame is run at once, in the callback that received it
   (``request_task.RequestRunner``: one answer per request id; ``eager.start_eagerly``): a
-  request that never waits is answered there, with no task and no loop turn; one that
-  waits carries on as a task. PING is answered from the callback directly. A malformed frame, a
+  request that never waits is answered there, with no loop turn, and leaves nothing to
+  track; one that waits carries on as its task. PING is answered from the callback directly. A malformed frame, a
   refused HELLO or a silent client gets an ERROR frame with request id 0 and closes this
   connection only.
 - Backpressure: at most ``max_inflight`` requests wait; while that many do (or
@@ -281,7 +281,7 @@ class Connection(asyncio.BufferedProtocol):
         loop = asyncio.get_running_loop()
         while self._pending and len(self._tasks) < self._ctx.max_inflight:
             # run at once: a request that never waits is answered in this callback, with no
-            # task and no loop turn; one that waits carries on as a task (``eager.py``)
+            # loop turn; one that waits carries on as its task (``eager.py``)
             self._running += 1
             try:
                 task = start_eagerly(loop, self._answers.run(self._pending.popleft()))

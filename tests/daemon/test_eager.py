@@ -1,10 +1,13 @@
 """Requests run at once in the callback that received them (``daemon/server/eager.py``).
 
-A coroutine that never waits ends inside ``start_eagerly`` (no task: its answer is written
-before the callback returns); one that waits becomes a task that resumes it with what it
-waited for (a result, an error), and cancelling that task cancels what it waits for and
-unwinds the coroutine (its ``finally`` runs); each runs in a context of its own. Through a
-real server: a PING-free request answered from memory creates no task at all.
+A coroutine's first step runs inside ``start_eagerly``, already inside the task that will
+carry it (``current_task()`` is that task, so ``asyncio.timeout`` works from its first
+line); one that never waits has ended when ``start_eagerly`` returns (its answer written
+before the callback returns, nothing left to track); one that waits is carried on by that
+task with what it waited for (a result, an error), and cancelling the task, before or after
+its first turn, cancels what it waits for and unwinds the coroutine (its ``finally`` runs);
+each runs in a context of its own. Through a real server: a request answered from memory
+has ended in the callback that read it.
 """
 
 from __future__ import annotations
@@ -80,6 +83,65 @@ async def test_cancelling_the_task_cancels_what_it_waits_for_and_unwinds_the_cor
     assert waited.cancelled() and unwound == [True]
 
 
+async def test_a_timeout_entered_before_the_first_wait_runs_inside_the_task():
+    # regression: a Redis Cluster (re)connect enters asyncio.timeout before it first waits;
+    # run outside any task it raised "Timeout should be used inside a task" (chaos, faults)
+    loop = asyncio.get_running_loop()
+    never = loop.create_future()
+    seen = []
+
+    async def answer():
+        seen.append(asyncio.current_task())
+        try:
+            async with asyncio.timeout(0.01):
+                await never
+        except TimeoutError:
+            seen.append("timed out")
+        return "answered"
+
+    task = start_eagerly(loop, answer())
+    assert seen == [task]
+    assert await task == "answered"
+    assert seen == [task, "timed out"] and never.cancelled()
+
+
+async def test_a_coroutine_started_inside_another_task_leaves_that_task_current():
+    outer = asyncio.current_task()
+    inner = []
+
+    async def answer():
+        inner.append(asyncio.current_task())
+
+    assert start_eagerly(asyncio.get_running_loop(), answer()) is None
+    assert asyncio.current_task() is outer and inner and inner[0] is not outer
+
+
+async def test_an_error_in_the_first_step_reaches_the_caller_and_the_task_ends_quietly():
+    async def answer():
+        raise KeyError("at once")
+
+    with pytest.raises(KeyError):
+        start_eagerly(asyncio.get_running_loop(), answer())
+
+
+async def test_cancelling_before_the_first_turn_cancels_what_it_waits_for():
+    loop = asyncio.get_running_loop()
+    waited = loop.create_future()
+    unwound = []
+
+    async def answer():
+        try:
+            await waited
+        finally:
+            unwound.append(True)
+
+    task = start_eagerly(loop, answer())
+    task.cancel()  # before the loop gave the task a turn
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert waited.cancelled() and unwound == [True]
+
+
 async def test_a_request_answered_from_memory_runs_in_the_callback_with_no_task(monkeypatch):
     created = []
     async with running_daemon() as daemon:
@@ -87,12 +149,15 @@ async def test_a_request_answered_from_memory_runs_in_the_callback_with_no_task(
         original = loop.create_task
 
         def counting(coro, **kwargs):
-            created.append(getattr(coro, "__qualname__", repr(coro)))
-            return original(coro, **kwargs)
+            task = original(coro, **kwargs)
+            created.append(task)
+            return task
 
         client = await daemon.unix_client()
         assert (await client.hello()).op is Op.HELLO_OK
         monkeypatch.setattr(loop, "create_task", counting)
         stats = await client.request(Op.STATS)
         assert stats.op is Op.REPLY and stats.meta["daemon"]["inflight_requests"] == 1  # itself, running
-        assert created == []  # answered in the callback that read it
+        assert len(created) == 1 and created[0].get_coro().ended  # answered in the callback that read it
+        again = await client.request(Op.STATS)  # the first left nothing to track
+        assert again.meta["daemon"]["inflight_requests"] == 1
