@@ -6,6 +6,8 @@
 #   make chaos   the reliability and security probes (reliability/run.py) for CHAOS_MINUTES
 #                (20) minutes; prints the table and writes docs/reliability.md
 #   make chaos-short  the same probes for about two minutes (part of `make test`, so of CI)
+#   make typecheck  mypy --strict on tiers/ and the protocol helpers they share with the
+#                clients (config in pyproject.toml; not yet part of `make test`)
 #   make run     the daemon in the foreground (`statetier serve --host-capacity $(RUN_HOST_CAPACITY)
 #                $(RUN_ARGS)`: a 1 GiB host arena, allocated at start; a startup error is shown as is)
 #   make bench   `statetier bench` (seal, tiers, sdk: ratios to raw limits);
@@ -43,7 +45,7 @@ SGLANG      := sglang==0.5.23
 SGLANG_DEPS := orjson psutil pybase64 requests numpy triton packaging pillow starlette msgspec \
                typing_extensions pyzmq ipython aiohttp
 
-.PHONY: venv test chaos chaos-short run bench report clean distclean test-vllm test-sglang
+.PHONY: venv test typecheck chaos chaos-short run bench report clean distclean test-vllm test-sglang
 
 venv: $(STAMP)
 
@@ -59,6 +61,18 @@ test: $(STAMP)
 	-bash scripts/ensure_prometheus.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory chaos-short
+
+# mypy cannot see through the editable install's folder mapping (tiers/ is statetier.tiers):
+# it reads the package through links under build/typecheck instead.
+TYPECHECK_ROOT := build/typecheck/statetier
+
+typecheck: $(STAMP)
+	mkdir -p $(TYPECHECK_ROOT)
+	ln -sfn ../../../statetier/__init__.py $(TYPECHECK_ROOT)/__init__.py
+	for package in protocol tiers daemon clients launch benchmarks; do \
+		ln -sfn ../../../$$package $(TYPECHECK_ROOT)/$$package; \
+	done
+	$(PY) -m mypy
 
 chaos: $(STAMP)
 	VENV=$(VENV) bash scripts/ensure_redis.sh

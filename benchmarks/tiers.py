@@ -51,10 +51,10 @@ from statetier.protocol.keyring import Keyring
 from statetier.protocol.sealed import decode_header, layout_payload, open_sealed, seal
 from statetier.tiers.base import ObjectMeta, Tier
 from statetier.tiers.crypto import AtRestCipher
-from statetier.tiers.memory import DeviceTier
-from statetier.tiers.disk import DiskTier
-from statetier.tiers.memory import HostTier
-from statetier.tiers.redis import RedisTier
+from statetier.tiers.memory import DeviceTier, DeviceTierOptions
+from statetier.tiers.disk import DiskTier, DiskTierOptions
+from statetier.tiers.memory import HostTier, HostTierOptions
+from statetier.tiers.redis import RedisTier, RedisTierOptions
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # torch, on the cpu pool
 KiB, MiB = 1024, 1024 * 1024
@@ -270,7 +270,7 @@ class DiskRaws:
 
 
 async def measure_disk(name: str, directory: Path, cipher, plan: Plan) -> list[Row]:
-    tier = DiskTier(directory / name, 1 << 40, keyring=KEYRING, cipher=cipher)
+    tier = DiskTier(DiskTierOptions(directory / name, 1 << 40), keyring=KEYRING, cipher=cipher)
     await tier.start()
     rows = []
     try:
@@ -295,7 +295,7 @@ async def measure_disk(name: str, directory: Path, cipher, plan: Plan) -> list[R
 
 
 async def measure_redis(name: str, url: str, cipher, plan: Plan) -> list[Row]:
-    tier = RedisTier(url, keyring=KEYRING, key_prefix=f"bench-{name}-{os.getpid()}", cipher=cipher)
+    tier = RedisTier(RedisTierOptions(url, key_prefix=f"bench-{name}-{os.getpid()}"), keyring=KEYRING, cipher=cipher)
     client = redis.asyncio.Redis.from_url(url)
     await tier.start()
     rows = []
@@ -358,8 +358,8 @@ def print_table(rows: list[Row]) -> None:
 
 
 async def run(plan: Plan, directory: Path) -> list[Row]:
-    rows = await measure_memory("host", HostTier(160 * MiB, pin_memory=False), plan)
-    rows += await measure_memory("device-cpu", DeviceTier(160 * MiB, device="cpu"), plan)
+    rows = await measure_memory("host", HostTier(HostTierOptions(160 * MiB, pin_memory=False)), plan)
+    rows += await measure_memory("device-cpu", DeviceTier(DeviceTierOptions(160 * MiB, device="cpu")), plan)
     rows += await measure_disk("disk", directory, None, plan)
     rows += await measure_disk("disk+aesgcm", directory, AtRestCipher.generate(), plan)
     with RedisServer() as server:

@@ -18,9 +18,10 @@ No torch here: the copies live in ``copies.py``.
 
 from __future__ import annotations
 
-import bisect
 import mmap
 import threading
+
+from statetier.protocol.extents import ExtentAllocator
 
 ALIGN = 64
 
@@ -67,39 +68,17 @@ class ClientWindows:
 
 
 class _FreeList:
-    """First-fit over sorted free extents, coalescing on free; 64-byte aligned sizes.
-    Thread-safe (a blocking client's caller threads may put at once)."""
+    """``ExtentAllocator`` (64-byte granules: first fit, coalescing) behind a lock: a blocking
+    client's caller threads may put at once."""
 
     def __init__(self, capacity: int) -> None:
-        self._starts = [0]
-        self._sizes = {0: capacity}
-        self._used: dict[int, int] = {}
+        self._extents = ExtentAllocator(capacity, ALIGN)
         self._lock = threading.Lock()
 
     def allocate(self, nbytes: int) -> int | None:
-        size = max(ALIGN, -(-nbytes // ALIGN) * ALIGN)
         with self._lock:
-            for i, start in enumerate(self._starts):
-                have = self._sizes[start]
-                if have >= size:
-                    del self._sizes[start]
-                    if have > size:
-                        self._starts[i] = start + size
-                        self._sizes[start + size] = have - size
-                    else:
-                        del self._starts[i]
-                    self._used[start] = size
-                    return start
-        return None
+            return self._extents.allocate(max(nbytes, 1))
 
     def free(self, offset: int) -> None:
         with self._lock:
-            size = self._used.pop(offset)
-            i = bisect.bisect_left(self._starts, offset)
-            if i < len(self._starts) and offset + size == self._starts[i]:
-                size += self._sizes.pop(self._starts.pop(i))
-            if i > 0 and self._starts[i - 1] + self._sizes[self._starts[i - 1]] == offset:
-                self._sizes[self._starts[i - 1]] += size
-                return
-            self._starts.insert(i, offset)
-            self._sizes[offset] = size
+            self._extents.free(offset)

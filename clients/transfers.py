@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
 from concurrent.futures import Executor
 from typing import Any, Callable, Mapping, Sequence
 
@@ -42,6 +41,7 @@ from statetier.protocol.errors import CorruptPayload, MalformedFrame, StatetierE
 from statetier.protocol.frames import Frame, Op
 from statetier.protocol.groups import chosen
 from statetier.protocol.identity import StateRef
+from statetier.protocol.lru import BoundedLru
 from statetier.protocol.sealed import SealedHeader, layout_payload, parse_header
 from statetier.protocol.thresholds import INLINE_WORK_BYTES, run_work
 from statetier.protocol.wire_meta import (
@@ -74,7 +74,7 @@ class Transfers:
         self.conn = conn
         self.windows = windows
         self._executor = executor
-        self._headers: OrderedDict[bytes, SealedHeader] = OrderedDict()
+        self._headers: BoundedLru[bytes, SealedHeader] = BoundedLru(HEADER_CACHE)
         self._staging: torch.Tensor | None = None
         self._to_free: list[int] = []  # load-window regions done with, not yet given back
         self._flush_scheduled = False
@@ -321,9 +321,7 @@ class Transfers:
         header = self._headers.get(key)
         if header is None:
             header = parse_header(key)
-            self._headers[key] = header
-            if len(self._headers) > HEADER_CACHE:
-                self._headers.popitem(last=False)
+            self._headers.put(key, header)
         return header
 
     def _staging_for(self, nbytes: int) -> torch.Tensor:

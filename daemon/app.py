@@ -160,40 +160,41 @@ def load_or_create_cipher(path: Path) -> AtRestCipher:
 
 def build_tiers(config: Config, keyring: Keyring, executor) -> tuple[list[Tier], dict]:
     """Concrete tiers, fastest first, and the roles the engine needs (arena, publish, …)."""
-    from statetier.tiers.disk import DiskTier
-    from statetier.tiers.memory import DeviceTier, HostTier
+    from statetier.tiers.disk import DiskTier, DiskTierOptions
+    from statetier.tiers.memory import DeviceTier, DeviceTierOptions, HostTier, HostTierOptions
 
     limits = config.limits
     tiers: list[Tier] = []
     roles: dict = {"arena": None, "publish": None, "write_behind_to": None}
     if config.device.enabled:
-        tiers.append(DeviceTier(config.device.capacity_bytes, device=config.device.device,
-                                high_watermark=config.device.high_watermark, low_watermark=config.device.low_watermark,
-                                lease_ttl=limits.lease_ttl_seconds, executor=executor))
+        tiers.append(DeviceTier(DeviceTierOptions(
+            config.device.capacity_bytes, device=config.device.device, high_watermark=config.device.high_watermark,
+            low_watermark=config.device.low_watermark, lease_ttl=limits.lease_ttl_seconds), executor))
     if config.host.enabled:
-        host = HostTier(config.host.resolved_capacity(), shm_dir=config.host.shm_dir,
-                        high_watermark=config.host.high_watermark, low_watermark=config.host.low_watermark,
-                        lease_ttl=limits.lease_ttl_seconds, executor=executor)
+        host = HostTier(HostTierOptions(
+            config.host.resolved_capacity(), shm_dir=config.host.shm_dir, high_watermark=config.host.high_watermark,
+            low_watermark=config.host.low_watermark, lease_ttl=limits.lease_ttl_seconds), executor)
         tiers.append(host)
         roles["arena"] = host
     cipher = None
     if (config.disk.enabled and config.disk.encrypt) or (config.redis.url and config.redis.encrypt):
         cipher = load_or_create_cipher(config.at_rest_key_path())
     if config.disk.enabled:
-        disk = DiskTier(config.disk.directory, config.disk.capacity_bytes, keyring=keyring,
-                        segment_bytes=config.disk.segment_bytes, high_watermark=config.disk.high_watermark,
-                        low_watermark=config.disk.low_watermark, lease_ttl=limits.lease_ttl_seconds,
-                        fsync=config.disk.fsync, cipher=cipher if config.disk.encrypt else None, executor=executor)
+        disk = DiskTier(DiskTierOptions(
+            config.disk.directory, config.disk.capacity_bytes, segment_bytes=config.disk.segment_bytes,
+            high_watermark=config.disk.high_watermark, low_watermark=config.disk.low_watermark,
+            lease_ttl=limits.lease_ttl_seconds, fsync=config.disk.fsync),
+            keyring=keyring, cipher=cipher if config.disk.encrypt else None, executor=executor)
         tiers.append(disk)
         roles["write_behind_to"] = disk
     if config.redis.url:
-        from statetier.tiers.redis import RedisTier
+        from statetier.tiers.redis import RedisTier, RedisTierOptions
 
-        redis_tier = RedisTier(config.redis.url, keyring=keyring, cluster=config.redis.cluster,
-                               ttl_seconds=config.redis.ttl_seconds, capacity_bytes=config.redis.capacity_bytes,
-                               chunk_bytes=config.redis.chunk_bytes, lease_ttl=limits.lease_ttl_seconds,
-                               cipher=cipher if config.redis.encrypt else None,
-                               socket_timeout=config.redis.socket_timeout, executor=executor)
+        redis_tier = RedisTier(RedisTierOptions(
+            config.redis.url, cluster=config.redis.cluster, ttl_seconds=config.redis.ttl_seconds,
+            capacity_bytes=config.redis.capacity_bytes, chunk_bytes=config.redis.chunk_bytes,
+            lease_ttl=limits.lease_ttl_seconds, socket_timeout=config.redis.socket_timeout),
+            keyring=keyring, cipher=cipher if config.redis.encrypt else None, executor=executor)
         tiers.append(redis_tier)
         roles["publish"] = redis_tier
     if not tiers:

@@ -13,7 +13,7 @@ this one path, so the first failing check names the fault on every tier alike.
                           the copy may be the one every other node can read. It is refused
                           and left in place, like an identity refusal.
 - ``is_damage(exc)``    — ``exc`` is one of ``DAMAGE`` and not ``UnknownKey``.
-- ``open_intact(blob, keyring)`` → ``Opened``: what a tier (or ``statetier verify``) may check
+- ``open_intact(blob, keyring, verified=None)`` → ``Opened``: what a tier (or ``statetier verify``) may check
                           without an expectation: checks 1–3 and 9, i.e. damage only.
 - ``classify(blob, expect, keyring, *, stored_as, verify_payload=True)`` → ``Opened``, or
                           the first failing check's ``RejectedState``. ``stored_as`` is the id
@@ -75,10 +75,12 @@ def classify(blob, expect: Expectation, keyring: Keyring, *, stored_as: bytes,
         raise
 
 
-def open_intact(blob, keyring: Keyring, *, verify_payload: bool = True) -> Opened:
+def open_intact(blob, keyring: Keyring, *, verify_payload: bool = True,
+                verified: VerifiedHeaders | None = None) -> Opened:
     """The object ``blob`` frames, checked for damage only (no identity: that needs an
-    expectation, and is the reader's judgement)."""
-    return open_sealed(_as_declared(memoryview(blob).cast("B")), None, keyring, verify_payload=verify_payload)
+    expectation, and is the reader's judgement). ``verified``: as for ``classify``."""
+    return open_sealed(_as_declared(memoryview(blob).cast("B")), None, keyring, verify_payload=verify_payload,
+                       verified=verified)
 
 
 def skip_reason(exc: RejectedState) -> str:

@@ -10,7 +10,8 @@ Sealing and opening live here; this is the module users import the format from.
                                the first failing check's ``RejectedState`` subclass (a key
                                id the keyring cannot verify with: ``UnknownKey``, made by
                                ``unknown_key(key_id)``).
-- ``VerifiedHeaders``        — a bounded cache of headers already verified and parsed.
+- ``VerifiedHeaders``        — a bounded cache of headers already verified and parsed, each
+                               valid while the key it verified under is unchanged.
 - ``check_payload`` / ``check_payload_digest`` / ``verify_payload_only`` — payload checks
                                of a header already verified; ``parse_header`` — a header
                                sent without its payload.
@@ -33,7 +34,8 @@ from .dtypes import TensorSpec
 from .errors import BadSignature, CorruptPayload, InvalidRequest, TruncatedState, UnknownKey, UnsupportedFormat
 from .expectation import Expectation, check_identity
 from .identity import MAX_U64, STATE_ID_BYTES, Provenance, StateKey
-from .keyring import Keyring
+from .keyring import Keyring, SigningKey
+from .lru import BoundedLru
 from .sealed_format import (
     ALIGN,
     FLAG_SEALED,
@@ -135,31 +137,43 @@ def _check_signature(view: memoryview, prefix: tuple, keyring: Keyring) -> None:
         raise BadSignature(f"header signature does not verify under key {key_id.hex()}")
 
 
+@dataclass(frozen=True, slots=True)
+class _Verified:
+    header: SealedHeader
+    key: SigningKey  # the key object the signature verified under
+
+
 class VerifiedHeaders:
-    """Headers whose signature verified and which parsed, by their exact bytes (bounded LRU).
+    """Headers whose signature verified and which parsed, by their exact bytes (a ``BoundedLru``).
 
     A hot object is loaded again and again: its header is verified and parsed once. A hit
-    still asks the keyring whether the signing key may verify (a retired or expired key is
-    ``BadSignature`` as before); identity, version and payload checks run on every load.
+    counts only while the keyring hands out the very key object the signature verified
+    under: identical bytes under an unchanged key verify identically, so a hit skips only
+    work whose result is known. A key retired, expired or replaced since is a miss, and the
+    full check decides again (``BadSignature`` for a key no longer known). Identity, version
+    and payload checks run on every load. Used by the daemon's serving path and the Redis
+    tier's reads (on the loop and in executor threads alike).
     """
 
     def __init__(self, capacity: int = 4096) -> None:
         self.capacity = capacity
-        self._headers: dict[bytes, SealedHeader] = {}
+        self._headers: BoundedLru[bytes, _Verified] = BoundedLru(capacity)
 
     def __len__(self) -> int:
         return len(self._headers)
 
-    def get(self, header_bytes: bytes) -> SealedHeader | None:
-        header = self._headers.pop(header_bytes, None)
-        if header is not None:
-            self._headers[header_bytes] = header  # most recent last
-        return header
+    def get(self, header_bytes: bytes, keyring: Keyring) -> SealedHeader | None:
+        """The parsed header, if these exact bytes verified before under a key ``keyring``
+        still hands out unchanged."""
+        known = self._headers.get(header_bytes)
+        if known is None or keyring.get_for_verify(known.header.key_id) is not known.key:
+            return None
+        return known.header
 
-    def put(self, header_bytes: bytes, header: SealedHeader) -> None:
-        self._headers[header_bytes] = header
-        if len(self._headers) > self.capacity:
-            del self._headers[next(iter(self._headers))]
+    def put(self, header_bytes: bytes, header: SealedHeader, keyring: Keyring) -> None:
+        key = keyring.get_for_verify(header.key_id)
+        if key is not None:
+            self._headers.put(header_bytes, _Verified(header, key))
 
 
 def open_sealed(blob, expect: Expectation | None, keyring: Keyring, *, verify_payload: bool = True,
@@ -175,9 +189,7 @@ def open_sealed(blob, expect: Expectation | None, keyring: Keyring, *, verify_pa
     header = None
     if verified is not None:
         header_bytes = bytes(view[: prefix[4]])
-        header = verified.get(header_bytes)
-        if header is not None and keyring.get_for_verify(header.key_id) is None:
-            raise unknown_key(header.key_id)  # 2, since cached
+        header = verified.get(header_bytes, keyring)  # 2-3, verified before under the same key
     if header is None:
         _check_signature(view, prefix, keyring)  # 2
         if prefix[1] not in SUPPORTED_FORMATS:  # 3
@@ -186,7 +198,7 @@ def open_sealed(blob, expect: Expectation | None, keyring: Keyring, *, verify_pa
                                     + (f": {why}" if why else ""))
         header = parse_fields(view, prefix)
         if verified is not None:
-            verified.put(header_bytes, header)
+            verified.put(header_bytes, header, keyring)
     if expect is not None:
         check_identity(header, expect)  # 4-8
     payload = view[header.header_len :]

@@ -20,6 +20,8 @@ import asyncio
 from concurrent.futures import Executor
 from typing import Callable, TypeVar
 
+from statetier.protocol.cancellation import wait_out_cancellation
+
 INLINE_WORK_BYTES = 256 << 10
 PARALLEL_HASH_BYTES = 1 << 20
 
@@ -32,13 +34,4 @@ async def run_work(executor: Executor | None, nbytes: int, fn: Callable[[], T]) 
     the job may be writing memory the caller frees when it unwinds."""
     if nbytes < INLINE_WORK_BYTES or executor is None:
         return fn()
-    future = asyncio.get_running_loop().run_in_executor(executor, fn)
-    try:
-        return await asyncio.shield(future)
-    except asyncio.CancelledError:
-        while not future.done():
-            try:
-                await asyncio.wait([future])
-            except asyncio.CancelledError:
-                pass
-        raise
+    return await wait_out_cancellation(asyncio.get_running_loop().run_in_executor(executor, fn))

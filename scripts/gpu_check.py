@@ -185,12 +185,13 @@ async def check_size(torch, host, device, payload_bytes: int, report: Report) ->
 
 
 async def run(torch) -> int:
-    from statetier.tiers.memory import DeviceTier
-    from statetier.tiers.memory import HostTier
+    from statetier.tiers.memory import DeviceTier, DeviceTierOptions
+    from statetier.tiers.memory import HostTier, HostTierOptions
 
     report = Report()
     print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
-    async with HostTier(1024 * MIB, pin_memory=True) as host, DeviceTier(1024 * MIB, device="cuda") as device:
+    async with HostTier(HostTierOptions(1024 * MIB, pin_memory=True)) as host,
+                                        DeviceTier(DeviceTierOptions(1024 * MIB, device="cuda")) as device:
         arena = torch.frombuffer(host.arena_view, dtype=torch.uint8)
         report.check("host arena is registered as pinned memory (is_pinned)", host.is_pinned and arena.is_pinned())
         del arena

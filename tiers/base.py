@@ -1,4 +1,4 @@
-"""The one tier interface, its value objects, and the lease table every tier uses.
+"""The one tier interface and its value objects (the bookkeeping every tier keeps: ``ledger``).
 
 A tier stores sealed objects (``header + payload`` bytes, see ``statetier.protocol.sealed``)
 under their ``object_id`` (the 16-byte state_id) and indexes them by ``key_digest``
@@ -12,8 +12,8 @@ under their ``object_id`` (the 16-byte state_id) and indexes them by ``key_diges
     data = await tier.read(lease)                   # memoryview valid until complete_load
     await tier.complete_load(lease)                 # unpins
 
-``find_by_keys(digests, registry)`` answers ``find_by_key`` for many keys at once (one
-round trip for a tier behind the network); a tier that shares the registry's server may
+``find_by_keys(digests, registry)`` finds many keys at once (one round trip for a tier
+behind the network; ``find_by_key`` is it for one key); a tier that shares the registry's server may
 also bring back the stream heads of what it found (``KeyMatches.heads``), so a whole
 request's lookup costs the same few round trips whatever its number of objects.
 
@@ -28,14 +28,9 @@ Foreign exceptions never leave a tier: each translates them into ``statetier`` e
 from __future__ import annotations
 
 import abc
-import asyncio
-import itertools
-import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Self, Sequence
 
-from statetier.protocol.errors import LeaseError
 from statetier.protocol.identity import Kind
 from statetier.protocol.sealed import SealedHeader
 from statetier.tiers.registry import StreamHead, VersionRegistry
@@ -51,15 +46,6 @@ class KeyMatches:
 
     metas: list[list["ObjectMeta"]]
     heads: dict[bytes, StreamHead | None] = field(default_factory=dict)
-
-
-async def _gather_all(calls: list) -> list:
-    """The awaitables' results, run concurrently; the first failure is raised after all end."""
-    results = await asyncio.gather(*calls, return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return results
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,123 +133,7 @@ class TierStats:
     compactions_run: int = 0
     compactions_blocked: int = 0
     bytes_reclaimed: int = 0
-    extra: dict = field(default_factory=dict)
-
-
-class LeaseTable:
-    """Leases of one tier: by id, by object, by owner; with deadlines.
-
-    ``is_leased(object_id)`` is what compaction and eviction consult. Expired leases are
-    dropped by ``expire()`` (called from the tier's maintenance and before compaction);
-    using an expired or released lease raises ``LeaseError``.
-    """
-
-    def __init__(self, default_ttl: float = 30.0) -> None:
-        self.default_ttl = default_ttl
-        self._ids = itertools.count(1)
-        self._leases: dict[int, Lease] = {}
-        self._by_object: dict[bytes, set[int]] = {}
-        self._earliest = float("inf")  # no lease has an earlier deadline (releases may leave it lower)
-        self.expired_total = 0
-
-    def __len__(self) -> int:
-        return len(self._leases)
-
-    def grant(self, meta: ObjectMeta, owner: object, location: object = None, ttl: float | None = None) -> Lease:
-        lease = Lease(next(self._ids), meta, owner, time.monotonic() + (ttl or self.default_ttl), location)
-        self._leases[lease.lease_id] = lease
-        self._earliest = min(self._earliest, lease.deadline)
-        self._by_object.setdefault(meta.object_id, set()).add(lease.lease_id)
-        return lease
-
-    def check(self, lease: Lease) -> Lease:
-        current = self._leases.get(lease.lease_id)
-        if current is None:
-            raise LeaseError(f"lease {lease.lease_id} was released or expired")
-        if current.deadline < time.monotonic():
-            self.release(lease)
-            self.expired_total += 1
-            raise LeaseError(f"lease {lease.lease_id} passed its deadline")
-        return current
-
-    def release(self, lease: Lease) -> bool:
-        if self._leases.pop(lease.lease_id, None) is None:
-            return False
-        ids = self._by_object.get(lease.meta.object_id)
-        if ids is not None:
-            ids.discard(lease.lease_id)
-            if not ids:
-                del self._by_object[lease.meta.object_id]
-        return True
-
-    def release_owner(self, owner: object) -> int:
-        mine = [lease for lease in self._leases.values() if lease.owner == owner]
-        for lease in mine:
-            self.release(lease)
-        return len(mine)
-
-    def expire(self, now: float | None = None) -> int:
-        now = time.monotonic() if now is None else now
-        if now <= self._earliest:  # nothing to sweep: called before every lease, keep it O(1)
-            return 0
-        stale = [lease for lease in self._leases.values() if lease.deadline < now]
-        for lease in stale:
-            self.release(lease)
-        self._earliest = min((lease.deadline for lease in self._leases.values()), default=float("inf"))
-        self.expired_total += len(stale)
-        return len(stale)
-
-    def is_leased(self, object_id: bytes) -> bool:
-        return object_id in self._by_object
-
-    def leased_objects(self) -> set[bytes]:
-        return set(self._by_object)
-
-
-class LruIndex:
-    """Object metadata in least-recently-used order, with a key-digest index beside it."""
-
-    def __init__(self) -> None:
-        self._objects: OrderedDict[bytes, ObjectMeta] = OrderedDict()
-        self._by_key: dict[bytes, dict[bytes, ObjectMeta]] = {}
-        self.bytes_used = 0
-
-    def __len__(self) -> int:
-        return len(self._objects)
-
-    def __contains__(self, object_id: bytes) -> bool:
-        return object_id in self._objects
-
-    def get(self, object_id: bytes) -> ObjectMeta | None:
-        return self._objects.get(object_id)
-
-    def add(self, meta: ObjectMeta) -> None:
-        self.remove(meta.object_id)
-        self._objects[meta.object_id] = meta
-        self._by_key.setdefault(meta.key_digest, {})[meta.object_id] = meta
-        self.bytes_used += meta.size
-
-    def remove(self, object_id: bytes) -> ObjectMeta | None:
-        meta = self._objects.pop(object_id, None)
-        if meta is None:
-            return None
-        by_key = self._by_key.get(meta.key_digest)
-        if by_key is not None:
-            by_key.pop(object_id, None)
-            if not by_key:
-                del self._by_key[meta.key_digest]
-        self.bytes_used -= meta.size
-        return meta
-
-    def touch(self, object_id: bytes) -> None:
-        if object_id in self._objects:
-            self._objects.move_to_end(object_id)
-
-    def by_key(self, key_digest: bytes) -> list[ObjectMeta]:
-        return list(self._by_key.get(key_digest, {}).values())
-
-    def lru_order(self) -> list[ObjectMeta]:
-        return list(self._objects.values())
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Tier(abc.ABC):
@@ -334,22 +204,17 @@ class Tier(abc.ABC):
     @abc.abstractmethod
     async def get_meta(self, object_id: bytes) -> ObjectMeta | None: ...
 
-    @abc.abstractmethod
-    async def find_by_key(self, key_digest: bytes) -> list[ObjectMeta]: ...
+    async def find_by_key(self, key_digest: bytes) -> list[ObjectMeta]:
+        """The objects stored under one key digest, oldest version first: ``find_by_keys``
+        of one key (the one implementation of a find)."""
+        return (await self.find_by_keys((key_digest,))).metas[0]
 
+    @abc.abstractmethod
     async def find_by_keys(self, key_digests: Sequence[bytes],
-                           registry: VersionRegistry | None = None) -> "KeyMatches":
-        """``find_by_key`` of every digest, in order. This default asks one by one (in
-        memory) or concurrently; ``registry`` is only a hint: a tier on the registry's
-        server may fetch the heads of the streams it found in the same round trip."""
-        calls = [self.find_by_key(digest) for digest in key_digests]
-        if self.answers_in_memory:
-            found = []
-            for call in calls:
-                found.append(await call)
-        else:
-            found = list(await _gather_all(calls))
-        return KeyMatches(found)
+                           registry: VersionRegistry | None = None) -> KeyMatches:
+        """What is stored under each digest, in order. ``registry`` is only a hint: a tier
+        on the registry's server may fetch the heads of the streams it found in the same
+        round trip."""
 
     @abc.abstractmethod
     def iter_objects(self) -> AsyncIterator[ObjectMeta]: ...
@@ -371,9 +236,9 @@ class Tier(abc.ABC):
         """Drop every lease held by ``owner`` (a client connection that went away)."""
         return 0
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()

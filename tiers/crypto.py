@@ -25,6 +25,8 @@ import struct
 from statetier.protocol.errors import ConfigError, CorruptPayload, TruncatedState
 from statetier.protocol.sealed import PREFIX_BYTES, decode_header
 
+from .base import Buffer
+
 ENVELOPE_MAGIC = b"STEN"
 _ENV = struct.Struct("<4sB3x8s12sI")
 ENVELOPE_BYTES = _ENV.size
@@ -50,7 +52,7 @@ class AtRestCipher:
         key_id = os.urandom(8)
         return cls({key_id: os.urandom(32)}, key_id)
 
-    def seal_envelope(self, blob) -> bytes:
+    def seal_envelope(self, blob: Buffer) -> bytes:
         view = memoryview(blob).cast("B")
         header = decode_header(view)
         key_id = self.keys_by_namespace.get(header.key.namespace.digest, self.default_key_id)
@@ -59,7 +61,7 @@ class AtRestCipher:
         ciphertext = self._aead[key_id].encrypt(nonce, view[header.header_len :], head)
         return _ENV.pack(ENVELOPE_MAGIC, 1, key_id, nonce, header.header_len) + head + ciphertext
 
-    def open_envelope(self, stored) -> bytes:
+    def open_envelope(self, stored: Buffer) -> bytes:
         view = memoryview(stored).cast("B")
         if view.nbytes < ENVELOPE_BYTES + PREFIX_BYTES + TAG_BYTES:
             raise TruncatedState("encrypted object shorter than its envelope")
@@ -82,5 +84,5 @@ class AtRestCipher:
         return bytes(head) + payload
 
 
-def is_envelope(stored) -> bool:
+def is_envelope(stored: Buffer) -> bool:
     return bytes(memoryview(stored)[:4]) == ENVELOPE_MAGIC

@@ -16,10 +16,10 @@ registry also records, per state_id, the stream it was issued for (``MisroutedSt
 from __future__ import annotations
 
 import abc
-from collections import OrderedDict
 from dataclasses import dataclass
 
 from statetier.protocol.errors import StaleState
+from statetier.protocol.lru import BoundedLru
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,10 +87,11 @@ class VersionRegistry(abc.ABC):
 
 class MemoryVersionRegistry(VersionRegistry):
     answers_in_memory = True
+
     def __init__(self, max_streams: int = 1_000_000) -> None:
         self.max_streams = max_streams
-        self._heads: OrderedDict[bytes, StreamHead] = OrderedDict()
-        self._streams: OrderedDict[bytes, bytes] = OrderedDict()
+        self._heads: BoundedLru[bytes, StreamHead] = BoundedLru(max_streams)
+        self._streams: BoundedLru[bytes, bytes] = BoundedLru(max_streams)
 
     async def claim(self, stream_id: bytes, state_id: bytes, version: int | None = None) -> int:
         claimed = self._claim(Claim(stream_id, state_id, version))
@@ -109,41 +110,36 @@ class MemoryVersionRegistry(VersionRegistry):
 
     async def withdraw(self, claims: list[tuple[Claim, Claimed]]) -> None:
         for claim, claimed in reversed(claims):  # the latest first: each restores what it superseded
-            head = self._heads.get(claim.stream_id)
+            head = self._heads.peek(claim.stream_id)
             if head is None or head.state_id != claim.state_id:
                 continue
             if claimed.previous is None:
-                del self._heads[claim.stream_id]
+                self._heads.discard(claim.stream_id)
             else:
-                self._heads[claim.stream_id] = claimed.previous
-            self._streams.pop(claim.state_id, None)
+                self._heads.put(claim.stream_id, claimed.previous)
+            self._streams.discard(claim.state_id)
 
     def _claim(self, claim: Claim) -> Claimed | StaleState:
-        previous = self._heads.get(claim.stream_id)
+        previous = self._heads.peek(claim.stream_id)
         newest = previous.version if previous else 0
         version = claim.version
         if version is None:
             version = newest + 1
         elif version <= newest:
             return StaleState(f"version {version} is not newer than the registry's {newest}", newest_version=newest)
-        self._heads[claim.stream_id] = StreamHead(version, claim.state_id)
-        self._heads.move_to_end(claim.stream_id)
-        self._streams[claim.state_id] = claim.stream_id
-        if len(self._heads) > self.max_streams:
-            self._heads.popitem(last=False)
-        if len(self._streams) > self.max_streams:
-            self._streams.popitem(last=False)
+        self._heads.put(claim.stream_id, StreamHead(version, claim.state_id))
+        self._streams.put(claim.state_id, claim.stream_id)
         return Claimed(version, previous)
 
     async def newest(self, stream_id: bytes) -> StreamHead | None:
-        return self._heads.get(stream_id)
+        return self._heads.peek(stream_id)
 
     async def stream_of(self, state_id: bytes) -> bytes | None:
-        return self._streams.get(state_id)
+        return self._streams.peek(state_id)
 
     async def newest_many(self, stream_ids: list[bytes]) -> list[StreamHead | None]:
-        return [self._heads.get(stream) for stream in stream_ids]
+        return [self._heads.peek(stream) for stream in stream_ids]
 
     async def read_many(self, stream_ids: list[bytes], state_ids: list[bytes]
                         ) -> tuple[list[StreamHead | None], list[bytes | None]]:
-        return [self._heads.get(s) for s in stream_ids], [self._streams.get(s) for s in state_ids]
+        return [self._heads.peek(s) for s in stream_ids], [self._streams.peek(s) for s in state_ids]

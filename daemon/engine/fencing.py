@@ -18,10 +18,10 @@ the mapping never changes once claimed), so a load by ref mostly reads only the 
 from __future__ import annotations
 
 import dataclasses
-from collections import OrderedDict
 
 from statetier.protocol.errors import StaleState, StatetierError
 from statetier.protocol.identity import StateKey, stream_id
+from statetier.protocol.lru import BoundedLru
 from statetier.protocol.sealed import Expectation
 from statetier.tiers.registry import Claim, Claimed
 
@@ -36,7 +36,7 @@ class Fences:
     def __init__(self, stack: Stack) -> None:
         self.stack = stack
         self.registry = stack.registry
-        self._issued: OrderedDict[bytes, bytes] = OrderedDict()  # state_id -> stream (``_stream_of``)
+        self._issued: BoundedLru[bytes, bytes] = BoundedLru(STREAMS_REMEMBERED)  # state_id -> stream
 
     async def claim_many(self, claims: list[Claim]) -> list[Claimed | StaleState | None]:
         """The versions of a batch of puts, in one registry call; a stale put is a refused
@@ -86,10 +86,7 @@ class Fences:
                                    tensors=req.tensors, allow_speculative=req.allow_speculative)
 
     def _remember_stream(self, state_id: bytes, stream: bytes) -> None:
-        self._issued[state_id] = stream
-        if len(self._issued) > STREAMS_REMEMBERED:
-            self._issued.popitem(last=False)
-
+        self._issued.put(state_id, stream)
 
 
 def _own_key(req: LoadRequest) -> StateKey:

@@ -31,7 +31,7 @@ import mmap
 import os
 
 from statetier.protocol.errors import InvalidRequest
-from statetier.tiers.allocator import ExtentAllocator
+from statetier.protocol.extents import ExtentAllocator
 
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 GRANULE = 4096

@@ -45,7 +45,7 @@ from statetier.protocol.wire_meta import (
     wire_provenance,
     wire_specs,
 )
-from statetier.tiers.memory import HostTier
+from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.registry import MemoryVersionRegistry
 
 NS = NamespaceSpec(model_id="server-tests").namespace()
@@ -90,7 +90,7 @@ async def running_daemon(*, listen: dict | None = None, limits: dict | None = No
         **extra,
     )
     metrics = Metrics()
-    host = HostTier(HOST_BYTES)
+    host = HostTier(HostTierOptions(HOST_BYTES))
     engine = Engine([host], keyring=Keyring.generate(), registry=MemoryVersionRegistry(),
                     metrics=metrics, arena=host if arena else None, executor=executor)
     await engine.start()

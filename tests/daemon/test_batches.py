@@ -30,7 +30,7 @@ from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKe
 from statetier.protocol.keyring import Keyring
 from statetier.protocol.sealed import header_length
 from statetier.protocol.thresholds import INLINE_WORK_BYTES
-from statetier.tiers.memory import HostTier
+from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.registry import MemoryVersionRegistry
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling server_harness.py
@@ -68,7 +68,7 @@ class CountingExecutor(ThreadPoolExecutor):
 @pytest.fixture
 async def counted():
     registry, executor = CountingRegistry(), CountingExecutor()
-    host = HostTier(64 << 20)
+    host = HostTier(HostTierOptions(64 << 20))
     engine = Engine([host], keyring=Keyring.generate(), registry=registry, options=EngineOptions(producer_id="t"),
                     arena=host, executor=executor)
     await engine.start()
@@ -132,7 +132,7 @@ async def test_a_stale_item_ends_its_batch_and_nothing_after_it_is_claimed(count
 
 
 async def test_a_batch_that_fails_after_claiming_withdraws_its_claims():
-    registry, host, keyring = CountingRegistry(), HostTier(64 << 20), Keyring.generate()
+    registry, host, keyring = CountingRegistry(), HostTier(HostTierOptions(64 << 20)), Keyring.generate()
     small = (TensorSpec("kv", "uint8", (4096,)),)
     keys = [key(i) for i in range(2)]
     size = header_length(keys[0], Provenance("w"), small, keyring.active.alg) + 4096

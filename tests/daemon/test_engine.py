@@ -32,8 +32,8 @@ from statetier.protocol.errors import (
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, prefix_hashes
 from statetier.protocol.keyring import Keyring
 from statetier.protocol.sealed import layout_payload, parse_header, verify_payload_only
-from statetier.tiers.disk import DiskTier
-from statetier.tiers.memory import HostTier
+from statetier.tiers.disk import DiskTier, DiskTierOptions
+from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.registry import MemoryVersionRegistry
 
 NS = NamespaceSpec("jamba-tiny", kv_dtype="bfloat16").namespace()
@@ -64,8 +64,8 @@ def kv_put(layer: int, block: int, request: str = "req-1") -> tuple[PutRequest, 
 async def engine(tmp_path):
     keyring = Keyring.generate()
     object_bytes = 20 * 1024  # header + payload of one SPECS object, in 4 KiB extents
-    host = HostTier(6 * object_bytes, granularity=4096)
-    disk = DiskTier(tmp_path / "disk", 64 << 20, keyring=keyring, segment_bytes=1 << 20)
+    host = HostTier(HostTierOptions(6 * object_bytes, granularity=4096))
+    disk = DiskTier(DiskTierOptions(tmp_path / "disk", 64 << 20, segment_bytes=1 << 20), keyring=keyring)
     metrics = Metrics()
     engine = Engine([host, disk], keyring=keyring, registry=MemoryVersionRegistry(), metrics=metrics,
                     options=EngineOptions(producer_id="test"), arena=host, write_behind_to=disk)
@@ -299,9 +299,9 @@ class StreamReadCountingRegistry(MemoryVersionRegistry):
 
 async def test_a_load_by_ref_remembers_the_stream_its_state_was_issued_for(tmp_path):
     keyring, registry = Keyring.generate(), StreamReadCountingRegistry()
-    host = HostTier(1 << 20, granularity=4096)
+    host = HostTier(HostTierOptions(1 << 20, granularity=4096))
     ours = Engine([host], keyring=keyring, registry=registry, arena=host)
-    other = Engine([HostTier(1 << 20, granularity=4096)], keyring=keyring, registry=registry)
+    other = Engine([HostTier(HostTierOptions(1 << 20, granularity=4096))], keyring=keyring, registry=registry)
     await ours.start()
     await other.start()
     try:
@@ -352,7 +352,7 @@ async def test_a_delete_is_acknowledged_only_once_no_copy_of_the_object_is_on_it
     assert not await disk.contains(put.ref.state_id)
     snapshot = tmp_path / "after-delete"
     shutil.copytree(tmp_path / "disk", snapshot)
-    reopened = DiskTier(snapshot, 64 << 20, keyring=engine.keyring, segment_bytes=1 << 20)
+    reopened = DiskTier(DiskTierOptions(snapshot, 64 << 20, segment_bytes=1 << 20), keyring=engine.keyring)
     await reopened.start()
     try:
         assert not await reopened.contains(put.ref.state_id)
@@ -362,8 +362,8 @@ async def test_a_delete_is_acknowledged_only_once_no_copy_of_the_object_is_on_it
 
 async def test_a_load_while_its_object_is_demoted_waits_for_the_demotion_instead_of_missing(tmp_path):
     keyring = Keyring.generate()
-    host = HostTier(6 * 20 * 1024, granularity=4096)
-    disk = DiskTier(tmp_path / "disk", 64 << 20, keyring=keyring, segment_bytes=1 << 20)
+    host = HostTier(HostTierOptions(6 * 20 * 1024, granularity=4096))
+    disk = DiskTier(DiskTierOptions(tmp_path / "disk", 64 << 20, segment_bytes=1 << 20), keyring=keyring)
     engine = Engine([host, disk], keyring=keyring, registry=MemoryVersionRegistry(),
                     options=EngineOptions(producer_id="test"))  # no write-behind: demotion is the only copy
     await engine.start()
@@ -396,8 +396,8 @@ async def test_copies_of_evicted_objects_are_unmapped_once_demoted_without_the_g
     # alive until a full garbage collection — a reference cycle through the executor job's
     # done-callback — and the daemon's RSS grew by ~700 MiB of them under eviction.
     keyring = Keyring.generate()
-    host = HostTier(8 << 20, granularity=4096)
-    disk = DiskTier(tmp_path / "disk", 640 << 20, keyring=keyring, segment_bytes=8 << 20)
+    host = HostTier(HostTierOptions(8 << 20, granularity=4096))
+    disk = DiskTier(DiskTierOptions(tmp_path / "disk", 640 << 20, segment_bytes=8 << 20), keyring=keyring)
     engine = Engine([host, disk], keyring=keyring, registry=MemoryVersionRegistry(),
                     options=EngineOptions(producer_id="test"))
     specs = (TensorSpec("kv", "uint8", (200 * 1024,)),)  # above the inline copy size: copied in the executor
@@ -438,8 +438,9 @@ async def test_puts_that_need_room_at_the_same_time_share_one_eviction(tmp_path)
     # Found by the load probe: 48 clients putting into a full arena each evicted (copied out)
     # a whole watermark band of the same victims at once; the daemon's RSS peaked at 1.1 GiB.
     keyring = Keyring.generate()
-    host = EvictionCountingHostTier(8 << 20, granularity=4096, inline_copy_bytes=0)  # copies in the executor
-    disk = DiskTier(tmp_path / "disk", 640 << 20, keyring=keyring, segment_bytes=8 << 20)
+    host = EvictionCountingHostTier(HostTierOptions(8 << 20, granularity=4096,
+                                                    inline_copy_bytes=0))  # copies in the executor
+    disk = DiskTier(DiskTierOptions(tmp_path / "disk", 640 << 20, segment_bytes=8 << 20), keyring=keyring)
     engine = Engine([host, disk], keyring=keyring, registry=MemoryVersionRegistry(),
                     options=EngineOptions(producer_id="test"))
     specs = (TensorSpec("kv", "uint8", (200 * 1024,)),)
@@ -471,8 +472,8 @@ async def test_a_state_id_issued_for_another_stream_is_misrouted_even_when_its_o
 
 async def test_a_tenant_past_its_quota_spills_to_the_next_tier_then_is_refused(tmp_path):
     keyring = Keyring.generate()
-    host = HostTier(1 << 20)
-    disk = DiskTier(tmp_path / "disk", 64 << 20, keyring=keyring, segment_bytes=1 << 20)
+    host = HostTier(HostTierOptions(1 << 20))
+    disk = DiskTier(DiskTierOptions(tmp_path / "disk", 64 << 20, segment_bytes=1 << 20), keyring=keyring)
     one_object = 20 * 1024
     quotas = {"small": {"host": one_object, "disk": one_object}}
     engine = Engine([host, disk], keyring=keyring, registry=MemoryVersionRegistry(),

@@ -38,9 +38,9 @@ from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKe
 from statetier.protocol.keyring import Keyring
 from statetier.protocol.sealed import decode_header, seal_object, verify_payload_only
 from statetier.tiers.base import ObjectMeta
-from statetier.tiers.disk import DiskTier
-from statetier.tiers.memory import HostTier
-from statetier.tiers.redis import RedisTier
+from statetier.tiers.disk import DiskTier, DiskTierOptions
+from statetier.tiers.memory import HostTier, HostTierOptions
+from statetier.tiers.redis import RedisTier, RedisTierOptions
 from statetier.tiers.redis.layout import Manifest, RedisKeys
 from statetier.tiers.registry import MemoryVersionRegistry
 
@@ -107,13 +107,14 @@ async def bench(request, tmp_path):
     keyring = Keyring.generate()
     kind, raw, prefix = request.param, None, ""
     if kind == "host":
-        tier = HostTier(4 << 20, pin_memory=False)
+        tier = HostTier(HostTierOptions(4 << 20, pin_memory=False))
     elif kind == "disk":
-        tier = DiskTier(tmp_path / "disk", 64 << 20, keyring=keyring, segment_bytes=1 << 20)
+        tier = DiskTier(DiskTierOptions(tmp_path / "disk", 64 << 20, segment_bytes=1 << 20), keyring=keyring)
     else:
         server = request.getfixturevalue("redis_cluster" if kind == "redis-cluster" else "redis_server")
         prefix = f"mixup-{uuid.uuid4().hex[:10]}"
-        tier = RedisTier(server.url, keyring=keyring, cluster=kind == "redis-cluster", key_prefix=prefix)
+        tier = RedisTier(RedisTierOptions(server.url, cluster=kind == "redis-cluster", key_prefix=prefix),
+            keyring=keyring)
         raw = (redis.cluster.RedisCluster.from_url(server.url) if kind == "redis-cluster"
                else redis.Redis.from_url(server.url))
     metrics = Metrics()
@@ -278,8 +279,8 @@ async def test_a_mixed_up_arena_copy_leaves_the_genuine_copy_below_served(tmp_pa
     """Host arena above disk: B's bytes under A's id in the arena are refused (counted once),
     left there, and A's genuine write-behind copy on disk is served, never the arena bytes."""
     keyring = Keyring.generate()
-    host = HostTier(4 << 20, pin_memory=False)
-    disk = DiskTier(tmp_path / "disk", 64 << 20, keyring=keyring, segment_bytes=1 << 20)
+    host = HostTier(HostTierOptions(4 << 20, pin_memory=False))
+    disk = DiskTier(DiskTierOptions(tmp_path / "disk", 64 << 20, segment_bytes=1 << 20), keyring=keyring)
     metrics = Metrics()
     engine = Engine([host, disk], keyring=keyring, registry=MemoryVersionRegistry(), metrics=metrics,
                     options=EngineOptions(producer_id="mixups"), arena=host, write_behind_to=disk)

@@ -22,9 +22,9 @@ from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.errors import NotFound
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, prefix_hashes
 from statetier.protocol.keyring import Keyring
-from statetier.tiers.disk import DiskTier
-from statetier.tiers.memory import HostTier
-from statetier.tiers.redis import RedisTier
+from statetier.tiers.disk import DiskTier, DiskTierOptions
+from statetier.tiers.memory import HostTier, HostTierOptions
+from statetier.tiers.redis import RedisTier, RedisTierOptions
 from statetier.tiers.registry import MemoryVersionRegistry
 
 SPECS = (TensorSpec("ssm", "float32", (64, 60)),)  # 15 KiB of payload: one 16 KiB extent with its header
@@ -51,11 +51,12 @@ async def lower(request, tmp_path):
     """The tier under the host arena: what a demotion writes into."""
     keyring = Keyring.generate()
     if request.param == "disk":
-        yield keyring, DiskTier(tmp_path / "disk", 64 << 20, keyring=keyring, segment_bytes=1 << 20), None
+        yield keyring, DiskTier(DiskTierOptions(tmp_path / "disk", 64 << 20, segment_bytes=1 << 20),
+            keyring=keyring), None
         return
     server = request.getfixturevalue("redis_server")
     prefix = f"moves-{uuid.uuid4().hex[:10]}"
-    yield keyring, RedisTier(server.url, keyring=keyring, key_prefix=prefix), prefix
+    yield keyring, RedisTier(RedisTierOptions(server.url, key_prefix=prefix), keyring=keyring), prefix
     with redis.Redis.from_url(server.url) as raw:
         for pattern in (f"{prefix}:*", f"{{{prefix}}}:*"):
             for name in list(raw.scan_iter(match=pattern, count=500)):
@@ -85,7 +86,7 @@ async def reachable(engine: Engine, tenant: str, ref) -> list[str]:
 
 async def test_a_delete_racing_a_demotion_never_leaves_a_reachable_copy(lower):
     keyring, tier, _ = lower
-    host = HostTier(2 * OBJECT_EXTENT, pin_memory=False, high_watermark=1.0, low_watermark=0.5)
+    host = HostTier(HostTierOptions(2 * OBJECT_EXTENT, pin_memory=False, high_watermark=1.0, low_watermark=0.5))
     engine = await engine_over(keyring, [host, tier], write_behind=False)  # the only copy is the demoted one
     try:
         outcomes = set()
@@ -131,9 +132,9 @@ def nonzero(usage: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
 async def test_each_tenants_usage_per_tier_is_the_bytes_of_its_objects_there(tmp_path, redis_server):
     keyring = Keyring.generate()
     prefix = f"moves-{uuid.uuid4().hex[:10]}"
-    host = HostTier(4 * OBJECT_EXTENT, pin_memory=False, high_watermark=1.0, low_watermark=0.5)
-    disk = DiskTier(tmp_path / "disk", 64 << 20, keyring=keyring, segment_bytes=1 << 20)
-    cross = RedisTier(redis_server.url, keyring=keyring, key_prefix=prefix)
+    host = HostTier(HostTierOptions(4 * OBJECT_EXTENT, pin_memory=False, high_watermark=1.0, low_watermark=0.5))
+    disk = DiskTier(DiskTierOptions(tmp_path / "disk", 64 << 20, segment_bytes=1 << 20), keyring=keyring)
+    cross = RedisTier(RedisTierOptions(redis_server.url, key_prefix=prefix), keyring=keyring)
     engine = Engine([host, disk, cross], keyring=keyring, registry=MemoryVersionRegistry(),
                     options=EngineOptions(producer_id="moves"), arena=host, publish=cross, write_behind_to=disk)
     await engine.start()
@@ -170,8 +171,8 @@ async def test_each_tenants_usage_per_tier_is_the_bytes_of_its_objects_there(tmp
 
 async def test_a_tenant_with_a_host_quota_can_put_again_once_its_bytes_were_demoted(tmp_path):
     keyring = Keyring.generate()
-    host = HostTier(4 * OBJECT_EXTENT, pin_memory=False, high_watermark=1.0, low_watermark=0.5)
-    disk = DiskTier(tmp_path / "disk", 64 << 20, keyring=keyring, segment_bytes=1 << 20)
+    host = HostTier(HostTierOptions(4 * OBJECT_EXTENT, pin_memory=False, high_watermark=1.0, low_watermark=0.5))
+    disk = DiskTier(DiskTierOptions(tmp_path / "disk", 64 << 20, segment_bytes=1 << 20), keyring=keyring)
     quota = {"alice": {"host": 2 * OBJECT_EXTENT}}
     engine = await engine_over(keyring, [host, disk], quotas=quota)
     try:
@@ -190,8 +191,8 @@ async def test_a_tenant_with_a_host_quota_can_put_again_once_its_bytes_were_demo
 
 async def test_write_behind_copies_count_against_the_tenants_disk_quota(tmp_path):
     keyring = Keyring.generate()
-    host = HostTier(8 * OBJECT_EXTENT, pin_memory=False)
-    disk = DiskTier(tmp_path / "disk", 64 << 20, keyring=keyring, segment_bytes=1 << 20)
+    host = HostTier(HostTierOptions(8 * OBJECT_EXTENT, pin_memory=False))
+    disk = DiskTier(DiskTierOptions(tmp_path / "disk", 64 << 20, segment_bytes=1 << 20), keyring=keyring)
     engine = await engine_over(keyring, [host, disk], quotas={"alice": {"disk": 2 * OBJECT_EXTENT}})
     try:
         refs = [(await put(engine, "alice", layer)).ref for layer in range(4)]

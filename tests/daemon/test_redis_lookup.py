@@ -22,7 +22,7 @@ from statetier.daemon.requests import LoadRequest, LookupRequest, PutRequest
 from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, prefix_hashes
 from statetier.protocol.keyring import Keyring
-from statetier.tiers.redis import RedisTier, RedisVersionRegistry
+from statetier.tiers.redis import RedisTier, RedisTierOptions, RedisVersionRegistry
 
 NS = NamespaceSpec("decode-lookup").namespace()
 SPECS = (TensorSpec("kv", "bfloat16", (4, 256)),)
@@ -63,7 +63,7 @@ def redis_url(request) -> tuple[str, bool]:
 
 async def _engine(url: str) -> Engine:
     keyring, prefix = Keyring.generate(), f"lk-{uuid.uuid4().hex[:12]}"
-    tier = RedisTier(url, keyring=keyring, key_prefix=prefix)
+    tier = RedisTier(RedisTierOptions(url, key_prefix=prefix), keyring=keyring)
     engine = Engine([tier], keyring=keyring, registry=RedisVersionRegistry(url, key_prefix=prefix),
                     options=EngineOptions(producer_id="decode"), publish=tier)
     await engine.start()

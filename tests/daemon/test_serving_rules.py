@@ -23,8 +23,8 @@ from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKe
 from statetier.protocol.keyring import Keyring
 from statetier.protocol.sealed import decode_header, seal_object, verify_payload_only
 from statetier.tiers.base import ObjectMeta
-from statetier.tiers.disk import DiskTier
-from statetier.tiers.memory import HostTier
+from statetier.tiers.disk import DiskTier, DiskTierOptions
+from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.registry import MemoryVersionRegistry
 
 NS = NamespaceSpec("serving-rules", tp_size=2).namespace()
@@ -48,8 +48,8 @@ def page(layer: int, block: int, *, shard: int = 0) -> StateKey:
 
 async def build(tmp_path, **options) -> tuple[Engine, Metrics]:
     keyring = Keyring.generate()
-    host = HostTier(8 << 20, pin_memory=False)
-    disk = DiskTier(tmp_path / "disk", 64 << 20, keyring=keyring, segment_bytes=1 << 20)
+    host = HostTier(HostTierOptions(8 << 20, pin_memory=False))
+    disk = DiskTier(DiskTierOptions(tmp_path / "disk", 64 << 20, segment_bytes=1 << 20), keyring=keyring)
     metrics = Metrics()
     engine = Engine([host, disk], keyring=keyring, registry=MemoryVersionRegistry(), metrics=metrics,
                     options=EngineOptions(producer_id="rules", **options), arena=host, write_behind_to=disk)
@@ -227,7 +227,7 @@ async def test_the_speculative_flag_survives_a_disk_restart(tmp_path):
     meta = ObjectMeta.from_header(decode_header(blob))
     assert meta.speculative
     for round_ in range(2):
-        disk = DiskTier(tmp_path / "disk", 64 << 20, keyring=keyring, segment_bytes=1 << 20)
+        disk = DiskTier(DiskTierOptions(tmp_path / "disk", 64 << 20, segment_bytes=1 << 20), keyring=keyring)
         await disk.start()
         try:
             if round_ == 0:

@@ -416,3 +416,16 @@ def test_a_cached_header_is_checked_again_for_its_key_and_identity_and_other_byt
     keyring.retire(old)
     with pytest.raises(UnknownKey):  # a retired key no longer verifies, cached or not
         open_sealed(blob, by_ref(ref), keyring, verified=cache)
+
+
+def test_a_cached_header_whose_key_was_replaced_under_the_same_id_is_verified_again():
+    keyring = Keyring.generate()
+    cache = VerifiedHeaders(capacity=2)
+    blob, ref = make(keyring=keyring)
+    open_sealed(blob, by_ref(ref), keyring, verified=cache)
+    active = keyring.active
+    keyring.add(dataclasses.replace(active, secret=bytes(32), _cache={}))  # same id, other secret
+    with pytest.raises(BadSignature, match="does not verify"):  # not served from the cache
+        open_sealed(blob, by_ref(ref), keyring, verified=cache)
+    keyring.add(active)
+    assert open_sealed(blob, by_ref(ref), keyring, verified=cache).header.key_id == active.key_id

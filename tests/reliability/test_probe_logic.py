@@ -28,7 +28,7 @@ from statetier.protocol.errors import NotFound, ProtocolError, RejectedState  # 
 from statetier.protocol.frames import PROTOCOL_VERSIONS, Frame, FrameDecoder, Op, encode_frame_bytes, hello_frame  # noqa: E402
 from statetier.protocol.identity import Kind, StateKey, StateRef  # noqa: E402
 from statetier.protocol.messages import ref_to_wire  # noqa: E402
-from statetier.tiers.disk import DiskTier  # noqa: E402
+from statetier.tiers.disk import DiskTier, DiskTierOptions  # noqa: E402
 
 
 def result(**counts) -> ProbeResult:
@@ -91,7 +91,7 @@ def test_every_fuzz_input_is_frames_or_a_protocol_error_for_the_decoder():
 
 
 async def test_the_corruption_map_and_damage_match_what_the_disk_tier_refuses(tmp_path):
-    tier = DiskTier(tmp_path / "disk", 64 << 20, keyring=KEYRING, segment_bytes=64 << 10)
+    tier = DiskTier(DiskTierOptions(tmp_path / "disk", 64 << 20, segment_bytes=64 << 10), keyring=KEYRING)
     await tier.start()
     stored = {}
     for i in range(12):
@@ -105,7 +105,7 @@ async def test_the_corruption_map_and_damage_match_what_the_disk_tier_refuses(tm
     for kind in ("record_body", "record_header", "delete_segment"):
         damaged = probe_corruption._damage_disk(kind, tmp_path / "disk", {k: None for k in stored}, rng)
         assert damaged
-        reopened = DiskTier(tmp_path / "disk", 64 << 20, keyring=KEYRING, segment_bytes=64 << 10)
+        reopened = DiskTier(DiskTierOptions(tmp_path / "disk", 64 << 20, segment_bytes=64 << 10), keyring=KEYRING)
         await reopened.start()
         try:
             for object_id in list(stored):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from statetier.tiers.disk import DiskTier
+from statetier.tiers.disk import DiskTier, DiskTierOptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling disk_crash_writer.py
 from disk_crash_writer import KEYRING  # noqa: E402
@@ -39,6 +39,8 @@ async def started():
 def open_disk(tmp_path, started):
     def open_(**options):
         options.setdefault("segment_bytes", 64 * 1024)
-        return started(DiskTier(tmp_path / "disk", options.pop("capacity", 64 << 20), keyring=KEYRING, **options))
+        runtime = {name: options.pop(name) for name in ("cipher", "executor") if name in options}
+        capacity = options.pop("capacity", 64 << 20)
+        return started(DiskTier(DiskTierOptions(tmp_path / "disk", capacity, **options), keyring=KEYRING, **runtime))
 
     return open_

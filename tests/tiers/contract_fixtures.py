@@ -45,10 +45,10 @@ from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKe
 from statetier.protocol.keyring import Keyring
 from statetier.protocol.sealed import decode_header, open_sealed, seal_object
 from statetier.tiers.base import Lease, ObjectMeta, Tier
-from statetier.tiers.memory import DeviceTier
-from statetier.tiers.disk import DiskTier
-from statetier.tiers.memory import HostTier
-from statetier.tiers.redis import RedisTier
+from statetier.tiers.memory import DeviceTier, DeviceTierOptions
+from statetier.tiers.disk import DiskTier, DiskTierOptions
+from statetier.tiers.memory import HostTier, HostTierOptions
+from statetier.tiers.redis import RedisTier, RedisTierOptions
 
 TIER_KINDS = ["host", "device-cpu", "disk", "redis", "redis-cluster"]
 KEYRING = Keyring.generate()
@@ -262,16 +262,19 @@ def _drop_keys(url: str, is_cluster: bool, prefix: str) -> None:
 def _build(kind: str, request, tmp_path, executor) -> tuple[Tier, object]:
     """The tier, and a cleanup to run after it is closed (or ``None``)."""
     if kind == "host":
-        return HostTier(CAPACITY, pin_memory=False, executor=executor, inline_copy_bytes=INLINE_COPY_BYTES), None
+        return HostTier(HostTierOptions(CAPACITY, pin_memory=False, inline_copy_bytes=INLINE_COPY_BYTES),
+            executor=executor), None
     if kind == "device-cpu":
-        return DeviceTier(CAPACITY, device="cpu", executor=executor, inline_copy_bytes=INLINE_COPY_BYTES), None
+        return DeviceTier(DeviceTierOptions(CAPACITY, device="cpu", inline_copy_bytes=INLINE_COPY_BYTES),
+            executor=executor), None
     if kind == "disk":
-        return DiskTier(tmp_path / "disk", CAPACITY, keyring=KEYRING, segment_bytes=1 << 20, executor=executor), None
+        return DiskTier(DiskTierOptions(tmp_path / "disk", CAPACITY, segment_bytes=1 << 20),
+            keyring=KEYRING, executor=executor), None
     is_cluster = kind == "redis-cluster"
     url = request.getfixturevalue("redis_cluster" if is_cluster else "redis_server").url
     prefix = f"contract-{uuid.uuid4().hex}"
-    tier = RedisTier(url, keyring=KEYRING, cluster=is_cluster, key_prefix=prefix, capacity_bytes=CAPACITY,
-                     executor=executor)
+    tier = RedisTier(RedisTierOptions(url, cluster=is_cluster, key_prefix=prefix, capacity_bytes=CAPACITY),
+        keyring=KEYRING, executor=executor)
     return tier, lambda: _drop_keys(url, is_cluster, prefix)
 
 

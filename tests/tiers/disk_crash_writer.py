@@ -47,7 +47,7 @@ def object_id_for(seed: int, run: int, index: int) -> bytes:
 
 
 def crash_size(object_id: bytes) -> int:
-    from statetier.tiers.disk.store import BUFFERED_BYTES
+    from statetier.tiers.disk.stores import BUFFERED_BYTES
 
     rng = random.Random(object_id + b"size")
     return BUFFERED_BYTES + rng.randrange(1, 64 * 1024) if rng.random() < 0.125 else rng.randrange(256, 24 * 1024)
@@ -90,10 +90,10 @@ def _say(*words: str) -> None:
 
 
 def open_tier(directory: str, **options):
-    from statetier.tiers.disk import DiskTier
+    from statetier.tiers.disk import DiskTier, DiskTierOptions
 
     options.setdefault("segment_bytes", 256 * 1024)
-    return DiskTier(directory, 1 << 30, keyring=KEYRING, **options)
+    return DiskTier(DiskTierOptions(directory, 1 << 30, **options), keyring=KEYRING)
 
 
 async def crash_loop(directory: str, seed: int, run: int) -> None:

@@ -20,7 +20,7 @@ from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKe
 from statetier.protocol.keyring import dev_keyring  # noqa: E402
 from statetier.protocol.sealed import decode_header, open_sealed, seal_object  # noqa: E402
 from statetier.tiers.base import ObjectMeta  # noqa: E402
-from statetier.tiers.memory import DeviceTier  # noqa: E402
+from statetier.tiers.memory import DeviceTier, DeviceTierOptions  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from contract_fixtures import (  # noqa: E402
@@ -47,7 +47,7 @@ put, read_bytes = store, load  # the shared store/load steps of the contract sui
 
 @pytest.fixture
 async def tier():
-    async with DeviceTier(4 * MIB, device="cpu") as pool:
+    async with DeviceTier(DeviceTierOptions(4 * MIB, device="cpu")) as pool:
         yield pool
 
 
@@ -73,7 +73,7 @@ async def test_complete_store_without_the_bytes_is_refused(tier: DeviceTier) -> 
 
 
 async def test_write_from_tensor_and_read_into() -> None:
-    async with DeviceTier(8 * MIB, device="cpu", inline_copy_bytes=16 * KIB) as tier:
+    async with DeviceTier(DeviceTierOptions(8 * MIB, device="cpu", inline_copy_bytes=16 * KIB)) as tier:
         meta, blob = sealed(2 * MIB, dtype="float32")
         payload = torch.frombuffer(bytearray(blob[meta.header_len :]), dtype=torch.float32)
         ticket = await tier.prepare_store(meta)
@@ -96,7 +96,7 @@ async def test_write_from_tensor_and_read_into() -> None:
 
 
 async def test_capacity_error_and_duplicate_ids() -> None:
-    async with DeviceTier(256 * KIB) as tier:
+    async with DeviceTier(DeviceTierOptions(256 * KIB)) as tier:
         first, first_blob = sealed(150 * KIB)
         await put(tier, first, first_blob)
         with pytest.raises(InvalidRequest):
@@ -109,14 +109,14 @@ async def test_capacity_error_and_duplicate_ids() -> None:
 @pytest.mark.parametrize("where", ["before_write", "write_queued", "during_write", "after_write"])
 async def test_a_cancelled_store_leaves_nothing_and_returns_its_space(where: str) -> None:
     def open_tier(executor) -> DeviceTier:
-        return DeviceTier(16 * MIB, executor=executor, inline_copy_bytes=0)
+        return DeviceTier(DeviceTierOptions(16 * MIB, inline_copy_bytes=0), executor=executor)
 
     await assert_cancelled_store_leaves_nothing(open_tier, sealed, 12 * MIB, where)
 
 
 async def test_evict_returns_least_recently_used_unleased_objects_with_their_bytes() -> None:
     objects = {name: sealed(7_600) for name in "ABCDEFGH"}
-    async with DeviceTier(10 * 8192, high_watermark=0.9, low_watermark=0.55) as tier:
+    async with DeviceTier(DeviceTierOptions(10 * 8192, high_watermark=0.9, low_watermark=0.55)) as tier:
         for meta, blob in objects.values():
             await put(tier, meta, blob)
         assert await tier.evict(0) == []
@@ -132,7 +132,7 @@ async def test_evict_returns_least_recently_used_unleased_objects_with_their_byt
 
 
 async def test_leases_expire_belong_to_owners_and_defer_deletes() -> None:
-    async with DeviceTier(1 * MIB, lease_ttl=0.05) as tier:
+    async with DeviceTier(DeviceTierOptions(1 * MIB, lease_ttl=0.05)) as tier:
         meta, blob = sealed(30_000)
         await put(tier, meta, blob)
         short = await tier.prepare_load(meta.object_id, owner="a")
@@ -156,7 +156,7 @@ async def test_leases_expire_belong_to_owners_and_defer_deletes() -> None:
 
 async def test_compaction_of_the_pool_under_leased_readers() -> None:
     rng = random.Random(3)
-    async with DeviceTier(4 * MIB, inline_copy_bytes=0) as tier:
+    async with DeviceTier(DeviceTierOptions(4 * MIB, inline_copy_bytes=0)) as tier:
         sizes = [rng.randrange(10_000, 90_000) for _ in range(24)]
         live, (top, top_blob), long_reader = await fragment(tier, sizes, sealed)  # leased: never moves
         bad, stop = [], asyncio.Event()
@@ -194,7 +194,7 @@ async def test_compaction_of_the_pool_under_leased_readers() -> None:
 
 @pytest.mark.parametrize("device", ["meta", "no-such-device"] + ([] if torch.cuda.is_available() else ["cuda"]))
 async def test_an_unusable_device_is_a_config_error(device: str) -> None:
-    tier = DeviceTier(1 * MIB, device=device)
+    tier = DeviceTier(DeviceTierOptions(1 * MIB, device=device))
     with pytest.raises(ConfigError):
         await tier.start()
     with pytest.raises(RuntimeError):
@@ -206,7 +206,7 @@ async def test_single_thread_copies_is_applied_in_the_copy_threads_only_when_ask
         async def run() -> int:
             executor = ThreadPoolExecutor(1)
             try:
-                async with DeviceTier(1 * MIB, executor=executor, single_thread_copies=flag) as tier:
+                async with DeviceTier(DeviceTierOptions(1 * MIB, single_thread_copies=flag), executor=executor) as tier:
                     meta, blob = sealed(4000)
                     ticket = await tier.prepare_store(meta)
                     await tier.write_from_tensor(ticket, torch.frombuffer(bytearray(blob), dtype=torch.uint8))

@@ -24,7 +24,7 @@ from statetier.protocol.errors import (
     CapacityError, CorruptPayload, InternalError, InvalidRequest, LeaseError, NotFound, Unavailable,
 )
 from statetier.tiers.crypto import AtRestCipher
-from statetier.tiers.disk import DiskTier
+from statetier.tiers.disk import DiskTier, DiskTierOptions
 from statetier.tiers.disk.index import DiskIndex, IndexEntry, Location, Put
 from statetier.tiers.disk.jobs import translate_error
 from statetier.tiers.disk.segments import RECORD_HEADER_BYTES
@@ -49,7 +49,7 @@ def segment_files(directory: Path) -> list[Path]:
 async def test_a_stored_object_is_visible_and_reads_back_verified(open_disk, tmp_path):
     tier = await open_disk()
     meta, blob = make_object(object_id_for(1, 0, 0))
-    DiskTier(tmp_path / "elsewhere", 1 << 20, keyring=KEYRING)
+    DiskTier(DiskTierOptions(tmp_path / "elsewhere", 1 << 20), keyring=KEYRING)
     assert not (tmp_path / "elsewhere").exists()  # constructors have no side effects
 
     await store(tier, meta, blob)
@@ -254,14 +254,14 @@ async def test_a_lookup_reads_no_lmdb_transaction_per_object(open_disk):
     stored = objects(3, size=5000)
     for meta, blob in stored:
         await store(tier, meta, blob)
-    index = tier._index
-    tier._index = None
+    volume = tier._volume.state
+    index, volume.index = volume.index, None
     try:
         for meta, blob in stored:
             assert await tier.find_by_key(meta.key_digest) == [meta]
             assert await load(tier, meta.object_id) == blob
     finally:
-        tier._index = index
+        volume.index = index
 
 
 async def test_the_at_rest_cipher_keeps_payload_bytes_off_the_disk(open_disk, tmp_path):
@@ -339,7 +339,7 @@ def small_filesystem(tmp_path):
 
 
 async def test_a_full_filesystem_refuses_stores_but_deletes_still_free_it(small_filesystem):
-    tier = DiskTier(small_filesystem / "disk", 64 << 20, keyring=KEYRING, segment_bytes=256 << 10)
+    tier = DiskTier(DiskTierOptions(small_filesystem / "disk", 64 << 20, segment_bytes=256 << 10), keyring=KEYRING)
     await tier.start()
     try:
         stored = []
@@ -366,8 +366,7 @@ async def test_a_full_filesystem_refuses_stores_but_deletes_still_free_it(small_
 async def test_one_eviction_reads_at_most_a_batch_into_memory_however_wide_the_watermark_band(open_disk):
     # Found by the load probe: a 2 GiB disk tier evicting down to its low watermark read
     # 300 MiB of victims into memory at once; the daemon's RSS passed its bound.
-    tier = await open_disk(capacity=1 << 20, segment_bytes=256 << 10)
-    tier.eviction_batch_bytes = 64 << 10
+    tier = await open_disk(capacity=1 << 20, segment_bytes=256 << 10, eviction_batch_bytes=64 << 10)
     for meta, blob in objects(30, size=32 << 10):  # 30 × 32 KiB: past the 90 % high watermark
         await store(tier, meta, blob)
     evicted = await tier.evict(0)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from statetier.tiers.disk.store import BUFFERED_BYTES
+from statetier.tiers.disk.stores import BUFFERED_BYTES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the siblings disk_crash_writer.py and test_disk.py
 from disk_crash_writer import load, store  # noqa: E402

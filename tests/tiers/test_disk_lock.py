@@ -17,7 +17,7 @@ import textwrap
 import pytest
 
 from statetier.protocol.errors import ConfigError
-from statetier.tiers.disk import DiskTier
+from statetier.tiers.disk import DiskTier, DiskTierOptions
 
 from statetier.tiers.disk.dirlock import DirectoryLock
 
@@ -28,7 +28,7 @@ async def test_a_second_tier_on_a_held_directory_is_refused_naming_the_holder(tm
     first = await open_disk()
     meta, blob = make_object(object_id_for(1, 1, 1))
     await store(first, meta, blob)
-    second = DiskTier(tmp_path / "disk", 64 << 20, keyring=KEYRING, segment_bytes=64 * 1024)
+    second = DiskTier(DiskTierOptions(tmp_path / "disk", 64 << 20, segment_bytes=64 * 1024), keyring=KEYRING)
     with pytest.raises(ConfigError) as refused:
         await second.start()
     assert f"disk.directory {tmp_path / 'disk'} is in use by pid {os.getpid()}" in refused.value.message

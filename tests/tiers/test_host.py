@@ -15,7 +15,7 @@ import pytest
 
 from statetier.protocol.errors import CapacityError, InvalidRequest, LeaseError, NotFound
 from statetier.protocol.sealed import open_sealed
-from statetier.tiers.memory.host import HostTier
+from statetier.tiers.memory.host import HostTier, HostTierOptions
 
 sys.path.insert(0, str(Path(__file__).parent))
 from contract_fixtures import (  # noqa: E402
@@ -29,7 +29,7 @@ put, read_bytes = store, load  # the shared store/load steps of the contract sui
 
 @pytest.fixture
 async def tier():
-    async with HostTier(4 * MIB, pin_memory=False) as host:
+    async with HostTier(HostTierOptions(4 * MIB, pin_memory=False)) as host:
         yield host
 
 
@@ -100,7 +100,7 @@ async def test_overlong_and_partial_writes_are_refused(tier: HostTier) -> None:
 
 
 async def test_capacity_error_counts_reservations_in_progress() -> None:
-    async with HostTier(256 * KIB, pin_memory=False) as tier:
+    async with HostTier(HostTierOptions(256 * KIB, pin_memory=False)) as tier:
         first, _ = make_object(150 * KIB)
         second, _ = make_object(150 * KIB)
         ticket = await tier.prepare_store(first)
@@ -115,7 +115,7 @@ async def test_capacity_error_counts_reservations_in_progress() -> None:
 
 
 async def test_large_writes_and_reads_go_through_the_executor() -> None:
-    async with HostTier(16 * MIB, pin_memory=False, inline_copy_bytes=64 * KIB) as tier:
+    async with HostTier(HostTierOptions(16 * MIB, pin_memory=False, inline_copy_bytes=64 * KIB)) as tier:
         meta, blob = make_object(3 * MIB)
         await put(tier, meta, blob)  # a bytes header chunk and a read-only memoryview payload
         assert await read_bytes(tier, meta.object_id) == blob
@@ -140,7 +140,7 @@ async def test_a_cancelled_store_leaves_nothing_and_returns_its_space(where: str
     size = 192 * MIB if where == "write_copying" else 12 * MIB
 
     def open_tier(executor) -> HostTier:
-        return HostTier(size + 4 * MIB, pin_memory=False, executor=executor, inline_copy_bytes=0)
+        return HostTier(HostTierOptions(size + 4 * MIB, pin_memory=False, inline_copy_bytes=0), executor=executor)
 
     await assert_cancelled_store_leaves_nothing(open_tier, make_object, size, where)
 
@@ -151,7 +151,7 @@ async def test_a_cancelled_store_leaves_nothing_and_returns_its_space(where: str
 async def test_evict_returns_least_recently_used_unleased_objects_with_their_bytes() -> None:
     objects = {name: make_object(7_600) for name in "ABCDEFGH"}
     capacity = 10 * 8192  # 8 objects of ~7.9 KB fill 77 %; the low watermark holds 5
-    async with HostTier(capacity, pin_memory=False, high_watermark=0.9, low_watermark=0.55) as tier:
+    async with HostTier(HostTierOptions(capacity, pin_memory=False, high_watermark=0.9, low_watermark=0.55)) as tier:
         for meta, blob in objects.values():
             await put(tier, meta, blob)
         assert await tier.evict(0) == []  # under the high watermark: nothing
@@ -171,8 +171,8 @@ async def test_evict_returns_least_recently_used_unleased_objects_with_their_byt
 
 
 async def test_evicting_large_objects_copies_them_out_in_the_executor() -> None:
-    async with HostTier(8 * MIB, pin_memory=False, high_watermark=0.5, low_watermark=0.1,
-                        inline_copy_bytes=64 * KIB) as tier:
+    async with HostTier(HostTierOptions(8 * MIB, pin_memory=False, high_watermark=0.5, low_watermark=0.1,
+                                        inline_copy_bytes=64 * KIB)) as tier:
         objects = [make_object(1 * MIB) for _ in range(4)]
         for meta, blob in objects:
             await put(tier, meta, blob)
@@ -191,8 +191,8 @@ async def test_eviction_leaves_out_the_bytes_of_victims_a_lower_tier_already_hol
         asked.append(object_id)
         return object_id in below
 
-    async with HostTier(8 * MIB, pin_memory=False, high_watermark=0.5, low_watermark=0.1,
-                        inline_copy_bytes=64 * KIB) as tier:
+    async with HostTier(HostTierOptions(8 * MIB, pin_memory=False, high_watermark=0.5, low_watermark=0.1,
+                                        inline_copy_bytes=64 * KIB)) as tier:
         for meta, blob in objects.values():
             await put(tier, meta, blob)
         evicted = await tier.evict_sparing_copies(2 * MIB, is_held_below)
@@ -209,7 +209,7 @@ async def test_eviction_leaves_out_the_bytes_of_victims_a_lower_tier_already_hol
 
 
 async def test_an_expired_lease_cannot_read() -> None:
-    async with HostTier(1 * MIB, pin_memory=False, lease_ttl=0.05) as tier:
+    async with HostTier(HostTierOptions(1 * MIB, pin_memory=False, lease_ttl=0.05)) as tier:
         meta, blob = make_object(1000)
         await put(tier, meta, blob)
         lease = await tier.prepare_load(meta.object_id)
@@ -268,7 +268,7 @@ async def test_deleting_a_leased_object_hides_it_and_frees_it_after_the_last_lea
 
 
 async def test_compaction_slides_objects_down_and_merges_free_space() -> None:
-    async with HostTier(1 * MIB, pin_memory=False) as tier:
+    async with HostTier(HostTierOptions(1 * MIB, pin_memory=False)) as tier:
         objects = [make_object(60_000) for _ in range(6)]
         for meta, blob in objects:
             await put(tier, meta, blob)
@@ -295,7 +295,7 @@ async def test_a_lease_taken_during_a_move_keeps_the_old_bytes_and_abandons_the_
     executor = ThreadPoolExecutor(1)
     release = threading.Event()
     try:
-        async with HostTier(4 * MIB, pin_memory=False, executor=executor, inline_copy_bytes=0) as tier:
+        async with HostTier(HostTierOptions(4 * MIB, pin_memory=False, inline_copy_bytes=0), executor=executor) as tier:
             low, low_blob = make_object(500_000)
             high, high_blob = make_object(300_000)
             await put(tier, low, low_blob)
@@ -320,7 +320,7 @@ async def test_a_lease_taken_during_a_move_keeps_the_old_bytes_and_abandons_the_
 
 async def test_compaction_under_concurrent_leased_readers_never_tears_a_read() -> None:
     rng = random.Random(7)
-    async with HostTier(6 * MIB, pin_memory=False, inline_copy_bytes=0) as tier:
+    async with HostTier(HostTierOptions(6 * MIB, pin_memory=False, inline_copy_bytes=0)) as tier:
         sizes = [rng.randrange(20_000, 120_000) for _ in range(40)]
         live, (_, top_blob), long_reader = await fragment(tier, sizes, make_object)  # leased: never moves
         counts = {"reads": 0, "bad": 0}

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from statetier.protocol.errors import ConfigError
-from statetier.tiers.memory.host import HostTier, open_unlinked_shm
+from statetier.tiers.memory.host import HostTier, HostTierOptions, open_unlinked_shm
 
 sys.path.insert(0, str(Path(__file__).parent))  # the siblings contract_fixtures.py and test_host.py
 from contract_fixtures import load, make_object, store  # noqa: E402
@@ -74,7 +74,7 @@ def test_the_dev_shm_fallback_is_unlinked_at_once() -> None:
 
 
 async def test_pinning_is_off_without_cuda_and_refused_when_demanded() -> None:
-    async with HostTier(1 * MIB) as tier:
+    async with HostTier(HostTierOptions(1 * MIB)) as tier:
         assert not tier.is_pinned and tier.stats().extra["pinned"] is False
     pytest.importorskip("torch")
     import torch
@@ -82,11 +82,11 @@ async def test_pinning_is_off_without_cuda_and_refused_when_demanded() -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: scripts/gpu_check.py covers pinning")
     with pytest.raises(ConfigError):
-        await HostTier(1 * MIB, pin_memory=True).start()
+        await HostTier(HostTierOptions(1 * MIB, pin_memory=True)).start()
 
 
 async def test_close_releases_the_arena_and_refuses_further_use() -> None:
-    tier = HostTier(1 * MIB, pin_memory=False)
+    tier = HostTier(HostTierOptions(1 * MIB, pin_memory=False))
     await tier.start()
     meta, blob = make_object(1000)
     await store(tier, meta, blob)

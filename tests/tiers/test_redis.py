@@ -36,7 +36,7 @@ from statetier.protocol.keyring import Keyring, SigningKey, dev_keyring
 from statetier.protocol.sealed import decode_header, seal_object
 from statetier.tiers.base import ObjectMeta
 from statetier.tiers.crypto import AtRestCipher
-from statetier.tiers.redis import RedisTier
+from statetier.tiers.redis import RedisTier, RedisTierOptions
 from statetier.tiers.redis.layout import PENDING_CHUNK_TTL, Manifest, RedisKeys
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling contract_fixtures.py
@@ -89,8 +89,9 @@ def make_tier(started):
     own (the servers are shared), closed after the test."""
     def make(url: str, **options):
         options.setdefault("key_prefix", f"rt-{uuid.uuid4().hex[:16]}")
-        options.setdefault("keyring", KEYRING)
-        return started(RedisTier(url, **options))
+        runtime = {name: options.pop(name) for name in ("keyring", "cipher", "executor") if name in options}
+        runtime.setdefault("keyring", KEYRING)
+        return started(RedisTier(RedisTierOptions(url, **options), **runtime))
 
     return make
 

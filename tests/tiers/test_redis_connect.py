@@ -18,7 +18,7 @@ import pytest
 
 from statetier.launch.redis_servers import RedisServer, TlsFiles
 from statetier.protocol.errors import ConfigError, Forbidden, Unauthorized
-from statetier.tiers.redis import RedisTier
+from statetier.tiers.redis import RedisTier, RedisTierOptions
 from statetier.tiers.redis.connect import redact, take_cluster_option
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the siblings test_redis.py and contract_fixtures.py
@@ -43,14 +43,14 @@ async def test_an_acl_user_from_the_url_works_and_bad_credentials_are_unauthoriz
         await store(tier, meta, blob)
         assert await load(tier, meta.object_id) == blob
 
-        wrong = RedisTier(f"redis://alice:not-her-password@{base}", keyring=KEYRING, retries=0)
+        wrong = RedisTier(RedisTierOptions(f"redis://alice:not-her-password@{base}", retries=0), keyring=KEYRING)
         with pytest.raises(Unauthorized) as caught:
             await wrong.start()
         assert "not-her-password" not in str(caught.value)
         assert wrong.stats().extra["available"] is True  # it answered; it said no
         await wrong.close()
 
-        confined = RedisTier(f"redis://bob:hunter2@{base}", keyring=KEYRING, cluster=False)
+        confined = RedisTier(RedisTierOptions(f"redis://bob:hunter2@{base}", cluster=False), keyring=KEYRING)
         with pytest.raises(Forbidden):  # its ACL keeps it off the tier's keys
             await confined.start()
         await confined.close()
@@ -79,7 +79,7 @@ def test_url_options_are_parsed_and_passwords_redacted() -> None:
     for bad in ({"chunk_bytes": 0}, {"ttl_seconds": 0}, {"capacity_bytes": 0},
                 {"high_watermark": 0.5, "low_watermark": 0.6}, {"key_prefix": "a{b}"}):
         with pytest.raises(ConfigError):
-            RedisTier("redis://h:1", keyring=KEYRING, **bad)
+            RedisTier(RedisTierOptions("redis://h:1", **bad), keyring=KEYRING)
 
 
 def _write_tls_files(folder) -> TlsFiles:

@@ -21,7 +21,7 @@ import redis.asyncio.connection
 
 from statetier.protocol.errors import NotFound, Unavailable
 from statetier.protocol.identity import new_state_id
-from statetier.tiers.redis import RedisTier
+from statetier.tiers.redis import RedisTier, RedisTierOptions
 from statetier.tiers.redis.registry import RedisVersionRegistry
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the siblings test_redis.py and contract_fixtures.py
@@ -40,7 +40,8 @@ async def unavailable(operation) -> Unavailable:
 
 @pytest.fixture
 async def tier(fresh_redis):
-    tier = RedisTier(fresh_redis.url, keyring=KEYRING, capacity_bytes=64 << 20, socket_timeout=1.0, retries=2)
+    tier = RedisTier(RedisTierOptions(fresh_redis.url, capacity_bytes=64 << 20, socket_timeout=1.0, retries=2),
+        keyring=KEYRING)
     await tier.start()
     yield tier
     await asyncio.wait_for(tier.close(), HANG_GUARD_S)
@@ -112,7 +113,7 @@ async def test_objects_survive_a_restart_with_persistence_and_the_same_tier_read
 
 
 async def test_a_frozen_server_times_out_as_unavailable_and_recovers(fresh_redis) -> None:
-    tier = RedisTier(fresh_redis.url, keyring=KEYRING, socket_timeout=0.5, retries=1)
+    tier = RedisTier(RedisTierOptions(fresh_redis.url, socket_timeout=0.5, retries=1), keyring=KEYRING)
     await tier.start()
     meta, blob = make_object(1000)
     os.kill(fresh_redis.pid, signal.SIGSTOP)
@@ -142,7 +143,7 @@ async def test_the_registry_is_unavailable_while_redis_is_down_and_recovers(fres
 
 async def test_start_against_a_dead_server_is_unavailable_not_a_hang(fresh_redis) -> None:
     fresh_redis.kill()
-    tier = RedisTier(fresh_redis.url, keyring=KEYRING, socket_timeout=1.0, retries=1)
+    tier = RedisTier(RedisTierOptions(fresh_redis.url, socket_timeout=1.0, retries=1), keyring=KEYRING)
     await unavailable(tier.start())
     assert tier.stats().extra["available"] is False
     await tier.close()
@@ -157,7 +158,7 @@ async def _drain(iterator) -> list:
 
 
 async def test_a_load_cut_midway_by_a_dying_server_is_unavailable_and_returns_nothing(fresh_redis, monkeypatch) -> None:
-    tier = RedisTier(fresh_redis.url, keyring=KEYRING, socket_timeout=1.0, retries=2)
+    tier = RedisTier(RedisTierOptions(fresh_redis.url, socket_timeout=1.0, retries=2), keyring=KEYRING)
     await tier.start()
     meta, blob = make_object(96 << 20)  # 48 chunks over 4 connections: more than the sockets buffer
     await store(tier, meta, blob)

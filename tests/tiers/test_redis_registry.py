@@ -21,7 +21,7 @@ from redis.asyncio import RedisCluster
 from statetier.protocol.errors import InvalidRequest, StaleState
 from statetier.protocol.identity import new_state_id
 from statetier.protocol.keyring import dev_keyring
-from statetier.tiers.redis import RedisTier
+from statetier.tiers.redis import RedisTier, RedisTierOptions
 from statetier.tiers.redis.registry import RedisVersionRegistry
 from statetier.tiers.registry import Claim, StreamHead
 
@@ -102,7 +102,7 @@ async def test_concurrent_claims_from_two_nodes_never_share_a_version(two_nodes)
 
 async def test_a_registry_shares_the_client_of_a_started_tier(url) -> None:
     prefix = f"r{os.getpid()}x{next(_prefixes)}"
-    async with RedisTier(url, keyring=dev_keyring(), key_prefix=prefix) as tier:
+    async with RedisTier(RedisTierOptions(url, key_prefix=prefix), keyring=dev_keyring()) as tier:
         registry = RedisVersionRegistry(tier.client, key_prefix=prefix, ttl_seconds=60)
         s, sid = stream(), new_state_id()
         assert await registry.claim(s, sid) == 1

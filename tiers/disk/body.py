@@ -53,9 +53,9 @@ class RecordBody:
     def append(self, file: SegmentFile, offset: int, written: int, views: list[memoryview]) -> None:
         file.write_at(offset + RECORD_HEADER_BYTES + written, views)
 
-    def read_verified(self, file: SegmentFile, location: Location, object_id: bytes):
+    def read_verified(self, file: SegmentFile, location: Location, object_id: bytes) -> bytes | bytearray:
         header, body = file.read_record(location.offset, location.record_len, object_id, location.generation)
-        blob = body
+        blob: bytes | bytearray = body
         if header.is_envelope:
             if self.cipher is None:
                 raise ConfigError(f"object {object_id.hex()} is encrypted at rest; no at-rest cipher is configured")
@@ -77,9 +77,9 @@ class RecordBody:
             raise ConfigError(f"object {object_id.hex()} is encrypted at rest; no at-rest cipher is configured")
         open_intact(dest, self.keyring)
 
-    def read_many(self, jobs: list[tuple[SegmentFile, Location, bytes]]) -> list:
+    def read_many(self, jobs: list[tuple[SegmentFile, Location, bytes]]) -> list[bytes | bytearray | Exception]:
         """``read_verified`` for each job; a failure is returned in its place, not raised."""
-        out = []
+        out: list[bytes | bytearray | Exception] = []
         for file, location, object_id in jobs:
             try:
                 out.append(self.read_verified(file, location, object_id))

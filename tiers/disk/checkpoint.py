@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 from statetier.protocol.errors import StatetierError
 from .index import DiskIndex, IndexOp, Mark
 
 
 class Checkpointer:
-    def __init__(self, index: DiskIndex, call: Callable[..., Awaitable], scan_from: Callable[[], int],
+    def __init__(self, index: DiskIndex, call: Callable[..., Awaitable[Any]], scan_from: Callable[[], int],
                  mark: Mark, every_ops: int, every_seconds: float) -> None:
         self._index = index
         self._call = call
@@ -39,7 +39,7 @@ class Checkpointer:
         self.every_seconds = every_seconds
         self._pending: list[IndexOp] = []
         self._pending_seq = mark.last_seq
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[StatetierError | None] | None = None
         self._last_at = time.monotonic()
         self.runs = self.failures = 0
 
@@ -60,9 +60,8 @@ class Checkpointer:
         for _ in range(3):  # the one in flight, then one holding everything noted so far
             if self.mark.last_seq >= target:
                 return
-            if self._task is None:
-                self._start()
-            error = await asyncio.shield(self._task)
+            task = self._task if self._task is not None else self._start()
+            error = await asyncio.shield(task)
             if error is not None and self.mark.last_seq < target:
                 raise error
         raise AssertionError("a forced checkpoint did not catch up")  # pragma: no cover
@@ -78,8 +77,9 @@ class Checkpointer:
                 self._pending_seq = before_seq
             raise
 
-    def _start(self) -> None:
+    def _start(self) -> asyncio.Task[StatetierError | None]:
         self._task = asyncio.get_running_loop().create_task(self._write())
+        return self._task
 
     async def _write(self) -> StatetierError | None:
         try:

@@ -19,15 +19,18 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 from statetier.protocol.errors import InternalError, Unavailable
 from .index import IndexOp
 
+if TYPE_CHECKING:  # space imports nothing of this module; the annotation only names it
+    from .space import SegmentState
+
 
 @dataclass(frozen=True, slots=True)
 class RecordWrite:
-    segment: object  # SegmentState: its ``unheaded`` forgets ``offset`` once written
+    segment: SegmentState  # its ``unheaded`` forgets ``offset`` once written
     offset: int
     write: Callable[[], None]
 
@@ -35,19 +38,19 @@ class RecordWrite:
 @dataclass(slots=True)
 class PendingOp:
     op: IndexOp
-    sync: object | None  # the segment (tier-side state) to fdatasync first
+    sync: SegmentState | None  # the segment to fdatasync first
     record: RecordWrite | None
     on_result: Callable[[object], None] | None
-    future: asyncio.Future = field(repr=False)
+    future: asyncio.Future[object] = field(repr=False)
 
 
 class GroupCommit:
-    def __init__(self, flush: Callable[[list[PendingOp]], Awaitable[list]]) -> None:
+    def __init__(self, flush: Callable[[list[PendingOp]], Awaitable[list[object]]]) -> None:
         self._flush = flush
         self._queue: list[PendingOp] = []
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._submitted = self._settled = 0
-        self._settle_waiters: list[tuple[int, asyncio.Future]] = []
+        self._settle_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self.batches = 0
         self.ops = 0
 
@@ -56,11 +59,11 @@ class GroupCommit:
         """Ops queued behind the batch in flight."""
         return len(self._queue)
 
-    def submit(self, op: IndexOp, *, sync: object | None = None, record: RecordWrite | None = None,
-               on_result: Callable[[object], None] | None = None) -> asyncio.Future:
+    def submit(self, op: IndexOp, *, sync: SegmentState | None = None, record: RecordWrite | None = None,
+               on_result: Callable[[object], None] | None = None) -> asyncio.Future[object]:
         """Queue ``op``; the future resolves to its result (or raises its error)."""
         loop = asyncio.get_running_loop()
-        future = loop.create_future()
+        future: asyncio.Future[object] = loop.create_future()
         # a submitter that went away must not leave "exception never retrieved" behind
         future.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._queue.append(PendingOp(op, sync, record, on_result, future))

@@ -1,7 +1,7 @@
 """Compaction of disk segments: live records copied out of sparse segments; an old file is
 deleted only when no reader can still be in it.
 
-``Compactor.run() -> CompactionReport`` (``DiskTier.compact`` serialises calls):
+``Compactor.run() -> SegmentCompactionReport`` (``DiskTier.compact`` serialises calls):
 
 1. Each sealed, unpinned segment whose live ratio is under the threshold is evacuated:
    the headers of its live records are read, then every live record is copied to the
@@ -17,7 +17,7 @@ deleted only when no reader can still be in it.
    so far — the moves, and the deletes that emptied the file: a restart must never find
    an index entry pointing into a deleted file, nor need a COMMIT record from one.
 
-``CompactionReport(segments_compacted, segments_blocked, bytes_reclaimed, objects_moved)``
+``SegmentCompactionReport(segments_compacted, segments_blocked, bytes_reclaimed, objects_moved)``
 for one run (``bytes_reclaimed``: file bytes deleted minus live bytes copied out of them);
 ``Compactor.totals`` sums every run, counted as the work happens. ``read_headers(file,
 live)`` (blocking, in the executor) reads the record headers step 1 starts from.
@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import astuple, dataclass, replace
-from typing import Awaitable, Callable
+from functools import partial
+from typing import Any, Awaitable, Callable
 
 from statetier.protocol.errors import CorruptPayload, RejectedState
 from .commit import GroupCommit
@@ -37,14 +38,14 @@ from .segments import RecordHeader, SegmentFile
 
 
 @dataclass(frozen=True, slots=True)
-class CompactionReport:
+class SegmentCompactionReport:
     segments_compacted: int = 0
     segments_blocked: int = 0
     bytes_reclaimed: int = 0
     objects_moved: int = 0
 
-    def __sub__(self, other: "CompactionReport") -> "CompactionReport":
-        return CompactionReport(*(a - b for a, b in zip(astuple(self), astuple(other))))
+    def __sub__(self, other: "SegmentCompactionReport") -> "SegmentCompactionReport":
+        return SegmentCompactionReport(*(a - b for a, b in zip(astuple(self), astuple(other))))
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +57,7 @@ class _Copied:
 
 
 class Compactor:
-    def __init__(self, space: SegmentSpace, commit: GroupCommit, call: Callable[..., Awaitable],
+    def __init__(self, space: SegmentSpace, commit: GroupCommit, call: Callable[..., Awaitable[Any]],
                  is_leased: Callable[[bytes], bool], drop_corrupt: Callable[[bytes], None],
                  checkpoint: Callable[[], Awaitable[None]], below_live_ratio: float) -> None:
         self._space = space
@@ -66,12 +67,12 @@ class Compactor:
         self._is_leased = is_leased
         self._drop_corrupt = drop_corrupt
         self.below_live_ratio = below_live_ratio
-        self.totals = CompactionReport()  # counted as work happens, so a cancelled run counts too
+        self.totals = SegmentCompactionReport()  # counted as work happens, so a cancelled run counts too
 
     def _count(self, **more: int) -> None:
         self.totals = replace(self.totals, **{k: getattr(self.totals, k) + v for k, v in more.items()})
 
-    async def run(self) -> CompactionReport:
+    async def run(self) -> SegmentCompactionReport:
         before = self.totals
         for segment in self._space.compaction_candidates(self.below_live_ratio):
             await self._evacuate(segment)
@@ -98,7 +99,7 @@ class Compactor:
                 if (location := self._space.location(object_id)) is not None and location.segment == segment.number]
         headers = await self._call(read_headers, segment.file, live, pins=(segment,)) if live else []
         copies: list[_Copied] = []
-        futures: list[asyncio.Future] = []
+        futures: list[asyncio.Future[object]] = []
         try:
             for (object_id, location), header in zip(live, headers):
                 if isinstance(header, RejectedState):
@@ -110,7 +111,7 @@ class Compactor:
             for copied in copies:
                 futures.append(self._commit.submit(Move(copied.object_id, copied.old, copied.new),
                                                    sync=copied.target,
-                                                   on_result=lambda result, c=copied: self._settle(c, result)))
+                                                   on_result=partial(self._settle, copied)))
         finally:
             for copied in copies[len(futures):]:
                 copied.target.unpin()
@@ -146,9 +147,9 @@ class Compactor:
             source.lingering.add(copied.object_id)
 
 
-def read_headers(file: SegmentFile, live: list[tuple[bytes, Location]]) -> list:
+def read_headers(file: SegmentFile, live: list[tuple[bytes, Location]]) -> list[RecordHeader | RejectedState]:
     """The record header at each location (checked against it), or the rejection instead."""
-    out = []
+    out: list[RecordHeader | RejectedState] = []
     for object_id, location in live:
         try:
             header = file.read_record_header(location.offset, object_id, location.generation)

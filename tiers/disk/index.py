@@ -83,7 +83,7 @@ class IndexEntry:
                            ) + meta.key_digest + meta.stream_id + request_id + meta.namespace + tenant
 
     @classmethod
-    def unpack(cls, object_id: bytes, raw) -> "IndexEntry":
+    def unpack(cls, object_id: bytes, raw: bytes | bytearray | memoryview) -> "IndexEntry":
         raw = bytes(raw)
         fmt = raw[0] if raw else 0
         if fmt == _ENTRY_FORMAT:
@@ -167,7 +167,7 @@ class DiskIndex:
             return Mark()
         return Mark(_U64.unpack(last_seq)[0], _U64.unpack(scan_from)[0])
 
-    def _apply(self, txn, ops: list[IndexOp]) -> list[bool]:
+    def _apply(self, txn: lmdb.Transaction, ops: list[IndexOp]) -> list[bool]:
         live_delta: dict[int, int] = defaultdict(int)
         results = [self._apply_one(txn, op, live_delta) for op in ops]
         for segment, delta in live_delta.items():
@@ -181,7 +181,7 @@ class DiskIndex:
                     txn.delete(key, db=self._segments)
         return results
 
-    def _apply_one(self, txn, op: IndexOp, live_delta: dict[int, int]) -> bool:
+    def _apply_one(self, txn: lmdb.Transaction, op: IndexOp, live_delta: dict[int, int]) -> bool:
         if isinstance(op, Put):
             self._forget(txn, op.entry.meta.object_id, live_delta)
             meta, loc = op.entry.meta, op.entry.location
@@ -202,7 +202,7 @@ class DiskIndex:
             return True
         return self._forget(txn, op.object_id, live_delta)
 
-    def _forget(self, txn, object_id: bytes, live_delta: dict[int, int]) -> bool:
+    def _forget(self, txn: lmdb.Transaction, object_id: bytes, live_delta: dict[int, int]) -> bool:
         raw = txn.get(object_id, db=self._objects)
         if raw is None:
             return False

@@ -18,6 +18,7 @@ import asyncio
 import errno
 from concurrent.futures import Executor, Future
 from functools import partial
+from typing import Any, Callable
 
 import lmdb
 
@@ -55,9 +56,9 @@ class DiskJobs:
     def __init__(self, executor: Executor) -> None:
         self._executor = executor
         self._loop = asyncio.get_running_loop()
-        self._running: set[Future] = set()
+        self._running: set[Future[Any]] = set()
 
-    async def run(self, fn, *args, pins: tuple[SegmentState, ...] = ()):
+    async def run(self, fn: Callable[..., Any], *args: Any, pins: tuple[SegmentState, ...] = ()) -> Any:
         for segment in pins:
             segment.pin()
         try:
@@ -78,13 +79,14 @@ class DiskJobs:
         except Exception as exc:
             raise translate_error(exc) from exc
 
-    def _finished_threadsafe(self, pins: tuple[SegmentState, ...], waiter: asyncio.Future, job: Future) -> None:
+    def _finished_threadsafe(self, pins: tuple[SegmentState, ...], waiter: asyncio.Future[Any],
+                             job: Future[Any]) -> None:
         try:
             self._loop.call_soon_threadsafe(self._finished, pins, waiter, job)
         except RuntimeError:  # the loop is gone: nobody is left to care about pins
             pass
 
-    def _finished(self, pins: tuple[SegmentState, ...], waiter: asyncio.Future, job: Future) -> None:
+    def _finished(self, pins: tuple[SegmentState, ...], waiter: asyncio.Future[Any], job: Future[Any]) -> None:
         self._running.discard(job)
         for segment in pins:
             segment.unpin()
@@ -92,8 +94,8 @@ class DiskJobs:
             return
         if job.cancelled():
             waiter.cancel()
-        elif job.exception() is not None:
-            waiter.set_exception(job.exception())
+        elif (error := job.exception()) is not None:
+            waiter.set_exception(error)
         else:
             waiter.set_result(job.result())
 
@@ -103,6 +105,6 @@ class DiskJobs:
             await asyncio.wait(running)
 
 
-def _cancel_unstarted(job: Future, waiter: asyncio.Future) -> None:
+def _cancel_unstarted(job: Future[Any], waiter: asyncio.Future[Any]) -> None:
     if waiter.cancelled():
         job.cancel()  # only a job that has not started yet stops; a running one finishes

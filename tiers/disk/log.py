@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 from statetier.protocol.errors import StatetierError
+from .checkpoint import Checkpointer
 from .commit import PendingOp, RecordWrite
 from .index import Delete, IndexEntry, IndexOp, Put
 from .jobs import chained
@@ -68,10 +69,10 @@ def encode_ops(ops: list[IndexOp], body_len: int) -> bytes:
     return body + bytes(body_len - len(body))
 
 
-def decode_ops(body) -> list[IndexOp]:
+def decode_ops(body: bytes | bytearray | memoryview) -> list[IndexOp]:
     view = memoryview(body)
     (count,) = _COUNT.unpack_from(view, 0)
-    pos, ops = _COUNT.size, []
+    pos, ops = _COUNT.size, list[IndexOp]()
     for _ in range(count):
         kind, object_id = view[pos], bytes(view[pos + 1 : pos + 17])
         pos += 17
@@ -150,7 +151,7 @@ def read_commits(file: SegmentFile, after_seq: int) -> tuple[list[tuple[int, lis
     return found.commits, found.highest
 
 
-def _intact_ops(header: RecordHeader, body) -> list[IndexOp] | None:
+def _intact_ops(header: RecordHeader, body: bytes | bytearray | memoryview) -> list[IndexOp] | None:
     if not is_commit_body_intact(header, body):
         return None
     try:
@@ -219,7 +220,7 @@ def write_batch(plan: BatchPlan) -> BatchOutcome:
 
 
 class CommitLog:
-    def __init__(self, space: SegmentSpace, call: Callable[..., Awaitable], checkpointer,
+    def __init__(self, space: SegmentSpace, call: Callable[..., Awaitable[Any]], checkpointer: Checkpointer,
                  resolve: Callable[[IndexOp], IndexOp | None], fsync: bool, next_seq: int) -> None:
         self._space = space
         self._call = call
@@ -231,7 +232,7 @@ class CommitLog:
         self.commit_bytes = 0
         self.fallbacks = 0
 
-    async def flush(self, batch: list[PendingOp]) -> list:
+    async def flush(self, batch: list[PendingOp]) -> list[object]:
         resolved = [self._resolve(pending.op) for pending in batch]
         seq, self.next_seq = self.next_seq, self.next_seq + 1
         commit_len = RECORD_HEADER_BYTES + encoded_len([op for op in resolved if op is not None])
@@ -265,7 +266,7 @@ class CommitLog:
         if not outcome.commit_written:
             segment.unheaded[offset] = void_header(commit_len)
 
-    async def _settle(self, resolved: list[IndexOp | None], seq: int, outcome: BatchOutcome) -> list:
+    async def _settle(self, resolved: list[IndexOp | None], seq: int, outcome: BatchOutcome) -> list[object]:
         if outcome.sync_error is not None:
             return [chained(outcome.sync_error)] * len(resolved)
         logged = [op for position, op in enumerate(resolved)

@@ -47,6 +47,9 @@ from .index import Delete, DiskIndex, IndexEntry, IndexOp, Location, Mark, Put
 from .log import SegmentLog, scan_log
 from .segments import SegmentFile, list_segments
 
+# per object, its logged ops with where each lies in the log: ((commit seq, position), op)
+History = dict[bytes, list[tuple[tuple[int, int], IndexOp]]]
+
 
 @dataclass(frozen=True, slots=True)
 class Recovered:
@@ -108,7 +111,7 @@ def recover(index: DiskIndex, segment_dir: Path, body: RecordBody) -> Recovered:
                      next_segment, mark, len(adopted))
 
 
-def _replay(state: dict[bytes, IndexEntry], history: dict[bytes, list], sizes: dict[int, int],
+def _replay(state: dict[bytes, IndexEntry], history: History, sizes: dict[int, int],
             files: dict[int, SegmentFile], body: RecordBody) -> tuple[list[IndexOp], int]:
     """Apply each object's last logged op to ``state``; the index ops that do the same."""
     changes: list[IndexOp] = []
@@ -120,6 +123,7 @@ def _replay(state: dict[bytes, IndexEntry], history: dict[bytes, list], sizes: d
             if isinstance(op, Delete):
                 final = None
                 break
+            assert isinstance(op, Put)  # a COMMIT record holds puts and deletes (log.decode_ops)
             if _reads_back(op.entry, sizes, files, body):
                 final = op.entry
                 break
@@ -135,7 +139,7 @@ def _replay(state: dict[bytes, IndexEntry], history: dict[bytes, list], sizes: d
     return changes, unverified
 
 
-def _adopt_orphans(state: dict[bytes, IndexEntry], history: dict[bytes, list], logs: dict[int, SegmentLog],
+def _adopt_orphans(state: dict[bytes, IndexEntry], history: History, logs: dict[int, SegmentLog],
                    files: dict[int, SegmentFile], body: RecordBody) -> list[IndexOp]:
     """Index the intact object records of damaged segments whose COMMIT record was lost.
 

@@ -44,7 +44,7 @@ import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import xxhash
 
@@ -101,7 +101,7 @@ class RecordHeader:
         return head + _CHECKSUM.pack(xxhash.xxh3_64_intdigest(head))
 
     @classmethod
-    def try_unpack(cls, raw) -> "RecordHeader | None":
+    def try_unpack(cls, raw: bytes | bytearray | memoryview) -> "RecordHeader | None":
         """The header in ``raw``, or None where there is none (zeros, a torn or foreign header)."""
         view = memoryview(raw)
         if view.nbytes < RECORD_HEADER_BYTES:
@@ -115,7 +115,7 @@ class RecordHeader:
         return cls(oid, gen, body_len, flags, body_checksum)
 
     @classmethod
-    def unpack_checked(cls, raw, object_id: bytes, generation: int) -> "RecordHeader":
+    def unpack_checked(cls, raw: bytes | bytearray | memoryview, object_id: bytes, generation: int) -> "RecordHeader":
         """Parse ``raw`` and insist it is the record of ``object_id`` at ``generation``."""
         if memoryview(raw).nbytes < RECORD_HEADER_BYTES:
             raise TruncatedState("segment ends inside a record header")
@@ -128,7 +128,7 @@ class RecordHeader:
         return header
 
 
-def commit_header(seq: int, body) -> bytes:
+def commit_header(seq: int, body: bytes | memoryview) -> bytes:
     """The header of a COMMIT record holding ``body``."""
     return RecordHeader(_NO_OBJECT, seq, len(body), FLAG_COMMIT, xxhash.xxh3_64_intdigest(body)).pack()
 
@@ -138,7 +138,7 @@ def void_header(record_len: int) -> bytes:
     return RecordHeader(_NO_OBJECT, 0, record_len - RECORD_HEADER_BYTES, FLAG_VOID).pack()
 
 
-def is_commit_body_intact(header: RecordHeader, body) -> bool:
+def is_commit_body_intact(header: RecordHeader, body: bytes | bytearray | memoryview) -> bool:
     return xxhash.xxh3_64_intdigest(body) == header.body_checksum
 
 
@@ -199,7 +199,7 @@ class SegmentFile:
                 self._fd = os.open(self.path, os.O_RDWR)
             return self._fd
 
-    def write_at(self, offset: int, buffers: Sequence) -> int:
+    def write_at(self, offset: int, buffers: Sequence[bytes | bytearray | memoryview]) -> int:
         """Write ``buffers`` back to back from ``offset`` (pwritev, short writes resumed)."""
         fd = self._fd_for_write()
         views = [v for v in (memoryview(b).cast("B") for b in buffers) if v.nbytes]
@@ -223,7 +223,7 @@ class SegmentFile:
         self._read_exactly(offset, [memoryview(buffer)])
         return buffer
 
-    def walk(self):
+    def walk(self) -> Iterator[tuple[int, "RecordHeader | None"]]:
         """``(offset, RecordHeader)`` of each record from the start of the file, header to
         header, until the file ends. Where no intact header lies at the expected offset (a
         flipped bit, a torn write) the walk resynchronises: it yields ``(offset, None)``

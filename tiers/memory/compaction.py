@@ -1,65 +1,79 @@
-"""Defragmentation of ``ExtentTier``: unleased objects slide down into free extents.
+"""Defragmentation of an extent tier: unleased objects slide down into free extents.
 
-- ``Compaction`` — ``compact()`` of ``ExtentTier`` (a part ``tiers.memory.extent``
-  composes; the state it uses is declared in ``ExtentTier.__init__``) → a
-  ``CompactionReport``; the daemon's maintenance calls it when the region is fragmented.
+- ``ExtentCompaction(ledger, region, loads)`` — ``compact()`` of ``ExtentTier``
+  (``tiers.memory.extent``) → an ``ExtentCompactionReport``; the daemon's maintenance calls
+  it when the region is fragmented. ``runs``, ``blocked``, ``bytes_moved`` and
+  ``bytes_reclaimed`` count every pass.
 
-A move copies an unleased object to a lower extent (``_move``, the medium's), then commits
+A move copies an unleased object to a lower extent (the medium's ``move``), then commits
 only if the object is still there and still unleased. A lease granted during the copy reads
-the old bytes, which nobody writes, and the move is abandoned (``compactions_blocked``). No
-reader sees half-moved bytes, and leased bytes never move.
+the old bytes, which nobody writes, and the move is abandoned (``blocked``). No reader sees
+half-moved bytes, and leased bytes never move.
 """
 
 from __future__ import annotations
 
-from .placement import CompactionReport, Placement
+import asyncio
+
+from ..ledger import Ledger
+from .loads import ExtentLoads
+from .records import ExtentCompactionReport, ObjectExtent
+from .region import ExtentRegion, ExtentSpace
 
 
-class Compaction:
-    """``ExtentTier``'s ``compact`` (see the module docstring)."""
+class ExtentCompaction:
+    """See the module docstring."""
 
-    async def compact(self) -> CompactionReport:
+    def __init__(self, ledger: Ledger[ObjectExtent], region: ExtentRegion, loads: ExtentLoads) -> None:
+        self._ledger = ledger
+        self._region = region
+        self._loads = loads
+        self._lock = asyncio.Lock()
+        self.runs = self.blocked = self.bytes_moved = self.bytes_reclaimed = 0
+
+    async def compact(self) -> ExtentCompactionReport:
         """Slide unleased objects down into free extents below them, highest first."""
-        self._require_open()
-        async with self._compaction:
-            self.expire_leases()
-            before = self._alloc.largest_free
+        space = self._region.space
+        async with self._lock:
+            self._loads.expire_leases()
+            before = space.alloc.largest_free
             moved = bytes_moved = blocked = 0
             try:
-                for oid, placement in sorted(self._places.items(), key=lambda item: -item[1].offset):
-                    outcome = await self._maybe_move(oid, placement)
+                for oid, place in sorted(space.places.items(), key=lambda item: -item[1].offset):
+                    outcome = await self._maybe_move(space, oid, place)
                     if outcome is None:
                         blocked += 1
                     elif outcome:
                         moved += 1
-                        bytes_moved += placement.nbytes
+                        bytes_moved += place.nbytes
             finally:
-                after = self._alloc.largest_free if self._alloc is not None else before
-                self.compactions_run += 1
-                self.compactions_blocked += blocked
+                after = space.alloc.largest_free if self._region.current is space else before
+                self.runs += 1
+                self.blocked += blocked
                 self.bytes_moved += bytes_moved
                 self.bytes_reclaimed += max(0, after - before)
-        return CompactionReport(moved, bytes_moved, blocked, before, after)
+        return ExtentCompactionReport(moved, bytes_moved, blocked, before, after)
 
-    async def _maybe_move(self, oid: bytes, placement: Placement) -> bool | None:
+    async def _maybe_move(self, space: ExtentSpace, oid: bytes, place: ObjectExtent) -> bool | None:
         """True when moved, False when there was nowhere lower to go, None when a lease blocked it."""
-        if self._places.get(oid) is not placement:
+        if space.places.get(oid) is not place:
             return False
-        dst = self._alloc.allocate_lowest(self._alloc.size_of(placement.offset), below=placement.offset)
+        dst = space.alloc.allocate_lowest(space.alloc.size_of(place.offset), below=place.offset)
         if dst is None:
             return False
-        if self._leases.is_leased(oid):
-            self._free_extent(dst)
+        leases = self._ledger.leases
+        if leases.is_leased(oid):
+            space.free(dst)
             return None
-        src, generation = placement.offset, placement.generation
+        src, generation = place.offset, place.generation
         try:
-            await self._move(src, dst, placement.nbytes)
+            await space.bytes.move(src, dst, place.nbytes)
         except BaseException:
-            self._free_extent(dst)
+            space.free(dst)
             raise
-        if self._places.get(oid) is not placement or placement.generation != generation or self._leases.is_leased(oid):
-            self._free_extent(dst)
-            return None if self._places.get(oid) is placement else False
-        placement.offset, placement.generation = dst, next(self._generations)
-        self._free_extent(src)
+        if space.places.get(oid) is not place or place.generation != generation or leases.is_leased(oid):
+            space.free(dst)
+            return None if space.places.get(oid) is place else False
+        place.offset, place.generation = dst, space.next_generation()
+        space.free(src)
         return True

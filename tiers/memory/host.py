@@ -1,11 +1,11 @@
 """The host tier: one shared-memory arena, mapped by the daemon and by same-host clients.
 
-- ``HostTier(capacity_bytes, *, shm_dir=None, pin_memory=None, …)`` — an ``ExtentTier``
-  over a named arena file in ``shm_dir`` (what the daemon uses: clients open it by path,
-  e.g. a ``/dev/shm`` shared by the pod's containers), or without ``shm_dir`` a ``memfd``
-  (or a ``/dev/shm`` file unlinked right after open); sized with ``ftruncate`` and
-  ``mmap``'d once at ``start()``. ``arena_offset(ticket_or_lease)`` → where that object's
-  bytes start.
+- ``HostTier(HostTierOptions(capacity_bytes, shm_dir=None, pin_memory=None, …), executor=None)``
+  — an ``ExtentTier`` whose medium is a ``HostArena``: a named arena file in ``shm_dir``
+  (what the daemon uses: clients open it by path, e.g. a ``/dev/shm`` shared by the pod's
+  containers), or without ``shm_dir`` a ``memfd`` (or a ``/dev/shm`` file unlinked right
+  after open); sized with ``ftruncate`` and ``mmap``'d once at ``start()``.
+  ``arena_offset(ticket_or_lease)`` → where that object's bytes start.
 - ``arena_fd`` / ``arena_size`` / ``arena_view`` — what the daemon passes to a client on
   the same host (``SCM_RIGHTS``) so it can map the arena itself. ``StoreTicket.location``
   is the arena offset of a store in progress and ``Lease.location`` is
@@ -13,7 +13,7 @@
   offset) in place and the daemon calls ``complete_store`` with no ``write()`` at all.
 - ``read(lease)`` is a read-only view of the arena, no copy, valid until ``complete_load``.
 - ``compact()`` (from ``ExtentTier``) defragments the arena around leased objects.
-- Its bytes move with ``HostMemoryBytes`` (``tiers.memory.hostbytes``).
+- Its bytes move with ``HostBytes`` (``tiers.memory.hostbytes``).
 
 With CUDA present (``pin_memory=None``) or asked for (``True``) the arena is registered as
 pinned memory (``cudaHostRegister``), so device copies from and to it are true DMA; torch
@@ -29,11 +29,15 @@ import os
 import secrets
 import sys
 from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any
 
-from statetier.protocol.errors import CapacityError, ConfigError, Unavailable
+from statetier.protocol.errors import CapacityError, ConfigError, InternalError, StatetierError, Unavailable
 
-from .extent import DEFAULT_INLINE_COPY_BYTES, ExtentTier
-from .hostbytes import HostMemoryBytes
+from ..base import Lease, StoreTicket, TierStats
+from .extent import ExtentTier, ExtentTierOptions
+from .hostbytes import HostBytes
+from .pins import PinnedJobs
 from .rawmemory import address_of, release_quietly
 
 _GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
@@ -53,56 +57,45 @@ def open_unlinked_shm(name: str, directory: str = "/dev/shm") -> int:
     return fd
 
 
-class HostTier(HostMemoryBytes, ExtentTier):
-    """Shared-memory arena tier. See the module docstring."""
+@dataclass(frozen=True, slots=True)
+class HostTierOptions(ExtentTierOptions):
+    """``ExtentTierOptions`` and where the arena lives: ``shm_dir`` (a named file there) or
+    None (a memfd); ``pin_memory``: None registers it with CUDA when CUDA is there."""
 
-    offers_store_view = True
-    holds_verified_bytes = True  # clients never map the arena (daemon/server/windows.py)
+    name: str = "host"
+    pin_memory: bool | None = None
+    shm_dir: str | os.PathLike[str] | None = None
 
-    def __init__(self, capacity_bytes: int, *, high_watermark: float = 0.9, low_watermark: float = 0.75,
-                 lease_ttl: float = 30.0, pin_memory: bool | None = None, executor: Executor | None = None,
-                 name: str = "host", granularity: int = 4096, shm_dir: str | os.PathLike | None = None,
-                 inline_copy_bytes: int = DEFAULT_INLINE_COPY_BYTES) -> None:
-        super().__init__(capacity_bytes, high_watermark=high_watermark, low_watermark=low_watermark,
-                         lease_ttl=lease_ttl, executor=executor, name=name, granularity=granularity,
-                         inline_copy_bytes=inline_copy_bytes)
-        self._pin_memory = pin_memory
-        self._fd = -1
-        self._mmap: mmap.mmap | None = None
-        self._cudart = None
-        self.is_memfd = False
-        self._shm_dir = None if shm_dir is None else os.fspath(shm_dir)
+
+class HostArena:
+    """The host tier's medium (an ``ExtentMedium``): the arena file, its mapping, its CUDA
+    registration. See the module docstring."""
+
+    def __init__(self, config: HostTierOptions) -> None:
+        self.name = config.name
+        self.capacity = config.capacity_bytes
+        self._pin_memory = config.pin_memory
+        self._shm_dir = None if config.shm_dir is None else os.fspath(config.shm_dir)
         self._shm_path: str | None = None
-
-    # ------------------------------------------------------------------ what clients map
-
-    @property
-    def arena_fd(self) -> int:
-        self._require_open()
-        return self._fd
-
-    @property
-    def arena_size(self) -> int:
-        return self.capacity
-
-    @property
-    def arena_view(self) -> memoryview:
-        """A writable view of the whole arena (a fresh one each time: releasing it is harmless)."""
-        self._require_open()
-        return self._region[:]
-
-    def arena_offset(self, handle) -> int:
-        """Arena offset of a store ticket or a lease (where its object's bytes start)."""
-        location = handle.location
-        return location[0] if isinstance(location, tuple) else int(location)
+        self.fd = -1
+        self._mmap: mmap.mmap | None = None
+        self.region: memoryview | None = None
+        self._address = 0
+        self._cudart: Any = None
+        self.is_memfd = False
 
     @property
     def is_pinned(self) -> bool:
         return self._cudart is not None
 
-    # ------------------------------------------------------------------ medium
+    def movers(self, jobs: PinnedJobs, inline_copy_bytes: int) -> HostBytes:
+        assert self.region is not None, "movers of an arena that is not open"
+        return HostBytes(self.region, self._address, jobs, inline_copy_bytes)
 
-    def _open_medium(self) -> None:
+    def translate(self, exc: Exception) -> StatetierError:
+        return InternalError(f"{self.name}: copy failed: {exc}")
+
+    def open(self) -> None:
         fd = self._open_fd()
         try:
             self._size_arena(fd)
@@ -113,14 +106,14 @@ class HostTier(HostMemoryBytes, ExtentTier):
                 os.unlink(self._shm_path)
                 self._shm_path = None
             raise CapacityError(f"{self.name}: cannot create a {self.capacity}-byte arena: {exc}") from exc
-        self._fd, self._mmap = fd, arena
-        self._region = memoryview(arena)
-        self._region_address = address_of(arena)
+        self.fd, self._mmap = fd, arena
+        self.region = memoryview(arena)
+        self._address = address_of(arena)
         try:
             if self._should_pin():
                 self._register_pinned()
         except BaseException:
-            self._close_medium()
+            self.close()
             raise
 
     def _open_fd(self) -> int:
@@ -141,6 +134,7 @@ class HostTier(HostMemoryBytes, ExtentTier):
     def _open_named(self, label: str) -> int:
         """A named file clients open by path (a shared ``/dev/shm`` in a pod, say); mode 0660
         so the socket's group can map it; removed again at ``close()``."""
+        assert self._shm_dir is not None
         path = os.path.join(self._shm_dir, f"{label}-{os.getpid()}-{secrets.token_hex(6)}.arena")
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o660)
@@ -181,27 +175,27 @@ class HostTier(HostMemoryBytes, ExtentTier):
         import torch
 
         cudart = torch.cuda.cudart()
-        status = int(cudart.cudaHostRegister(self._region_address, self.capacity, 0))
+        status = int(cudart.cudaHostRegister(self._address, self.capacity, 0))
         if status == 0:
             self._cudart = cudart
         elif self._pin_memory:
             raise Unavailable(f"{self.name}: cudaHostRegister of the arena failed (cudaError {status})")
 
-    def _close_medium(self) -> None:
+    def close(self) -> None:
         if self._cudart is not None:
-            self._cudart.cudaHostUnregister(self._region_address)
+            self._cudart.cudaHostUnregister(self._address)
             self._cudart = None
-        release_quietly(self._region)
-        self._region, self._region_address = None, 0
+        release_quietly(self.region)
+        self.region, self._address = None, 0
         if self._mmap is not None:
             try:
                 self._mmap.close()
             except BufferError:
                 pass  # a caller still holds a view: the mapping goes when the last view does
             self._mmap = None
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
         if self._shm_path is not None:
             try:
                 os.unlink(self._shm_path)
@@ -209,7 +203,53 @@ class HostTier(HostMemoryBytes, ExtentTier):
                 pass
             self._shm_path = None
 
-    def stats(self):
+
+
+class HostTier(ExtentTier):
+    """Shared-memory arena tier. See the module docstring."""
+
+    holds_verified_bytes = True  # clients never map the arena (daemon/server/windows.py)
+
+    def __init__(self, config: HostTierOptions, executor: Executor | None = None) -> None:
+        self._arena = HostArena(config)
+        super().__init__(config, self._arena, executor, offers_store_view=True)
+
+    # ------------------------------------------------------------------ what clients map
+
+    @property
+    def arena_fd(self) -> int:
+        self._region.require_open()
+        return self._arena.fd
+
+    @property
+    def arena_size(self) -> int:
+        return self.capacity
+
+    @property
+    def arena_view(self) -> memoryview:
+        """A writable view of the whole arena (a fresh one each time: releasing it is harmless)."""
+        self._region.require_open()
+        assert self._arena.region is not None
+        return self._arena.region[:]
+
+    def arena_offset(self, handle: StoreTicket | Lease) -> int:
+        """Arena offset of a store ticket or a lease (where its object's bytes start)."""
+        location = handle.location
+        if isinstance(location, tuple):  # a lease: (offset, generation)
+            return int(location[0])
+        if isinstance(location, int):
+            return location
+        raise TypeError(f"not a {self.name} tier ticket or lease")
+
+    @property
+    def is_pinned(self) -> bool:
+        return self._arena.is_pinned
+
+    @property
+    def is_memfd(self) -> bool:
+        return self._arena.is_memfd
+
+    def stats(self) -> TierStats:
         stats = super().stats()
         stats.extra.update({"pinned": self.is_pinned, "memfd": self.is_memfd})
         return stats

@@ -1,6 +1,6 @@
 """Executor copies that pin the extents they touch, and frees that wait for them.
 
-- ``PinnedJobs(executor, loop, alloc, translate, name)`` — made by ``ExtentTier.start``:
+- ``PinnedJobs(executor, loop, alloc, translate, name)`` — made when an ``ExtentRegion`` opens:
   - ``run(extents, fn, *args)`` runs ``fn`` in the executor with ``extents`` pinned until
     it ends, even when the caller is cancelled; errors come back as statetier errors
     (``MemoryError`` as ``CapacityError``, others through ``translate``);
@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import Executor, Future
-from typing import Callable
+from typing import Any, Callable
 
 from statetier.protocol.errors import CapacityError, StatetierError
 
-from ..allocator import ExtentAllocator
+from statetier.protocol.extents import ExtentAllocator
 
 
 class PinnedJobs:
@@ -29,13 +29,14 @@ class PinnedJobs:
 
     def __init__(self, executor: Executor, loop: asyncio.AbstractEventLoop, alloc: ExtentAllocator,
                  translate: Callable[[Exception], StatetierError], name: str) -> None:
-        self._executor, self._loop, self._alloc = executor, loop, alloc
+        self._executor, self._loop = executor, loop
+        self._alloc: ExtentAllocator | None = alloc
         self._translate, self._name = translate, name
         self._pins: dict[int, int] = {}
         self._deferred_frees: set[int] = set()
-        self._jobs: set[Future] = set()
+        self._jobs: set[Future[Any]] = set()
 
-    async def run(self, extents: tuple[int, ...], fn: Callable, *args):
+    async def run(self, extents: tuple[int, ...], fn: Callable[..., Any], *args: Any) -> Any:
         for extent in extents:
             self._pins[extent] = self._pins.get(extent, 0) + 1
         try:
@@ -61,7 +62,7 @@ class PinnedJobs:
     def free(self, extent: int) -> None:
         if self._pins.get(extent):
             self._deferred_frees.add(extent)
-        else:
+        elif self._alloc is not None:
             self._alloc.free(extent)
 
     async def wait_all(self) -> None:
@@ -71,7 +72,7 @@ class PinnedJobs:
     def detach(self) -> None:
         self._alloc = None
 
-    def _job_finished(self, job: Future, extents: tuple[int, ...]) -> None:
+    def _job_finished(self, job: Future[Any], extents: tuple[int, ...]) -> None:
         self._jobs.discard(job)
         self._unpin(extents)
 

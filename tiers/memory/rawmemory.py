@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Iterator
 
 from ..base import Buffer
@@ -55,7 +55,7 @@ _release_buffer.restype = None
 
 
 @contextmanager
-def _exported(obj, flags: int) -> Iterator[tuple[int, int]]:
+def _exported(obj: object, flags: int) -> Iterator[tuple[int, int]]:
     view = _PyBuffer()
     _get_buffer(obj, ctypes.byref(view), flags)
     try:
@@ -64,7 +64,7 @@ def _exported(obj, flags: int) -> Iterator[tuple[int, int]]:
         _release_buffer(ctypes.byref(view))
 
 
-def exported(obj):
+def exported(obj: object) -> AbstractContextManager[tuple[int, int]]:
     """``(address, nbytes)`` of ``obj``'s bytes; raises ``BufferError`` if not contiguous.
 
     While inside, the exporter cannot resize or free the memory (a ``bytearray`` refuses
@@ -73,7 +73,7 @@ def exported(obj):
     return _exported(obj, _PyBUF_SIMPLE)
 
 
-def exported_for_write(obj):
+def exported_for_write(obj: object) -> AbstractContextManager[tuple[int, int]]:
     """Like ``exported``, for a destination: raises ``BufferError`` if ``obj`` is read-only."""
     return _exported(obj, _PyBUF_WRITABLE)
 

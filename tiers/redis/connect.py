@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import hiredis
@@ -50,27 +50,29 @@ MAX_CONNECTIONS = 64
 _COPY_BELOW = 6000  # bytes: smaller arguments are copied into the command's framing
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 
+Command = tuple[Any, ...]  # a command's name and arguments: str, int, bytes-like or ``Gathered``
+
 
 class BoundedWaitPool(BlockingConnectionPool):
     """Waits (bounded by ``timeout``) for a connection only when every one is in use."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._waiting = 0  # callers inside the blocking path, which a release must notify
 
-    async def get_connection(self, *args, **kwargs):
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         if not self._waiting and self.can_get_connection():
             try:  # the plain pool's path: no suspension before it holds a connection
-                return await ConnectionPool.get_connection(self)
+                return await ConnectionPool.get_connection(self)  # type: ignore[no-untyped-call]
             except MaxConnectionsError:
                 pass  # taken while this call waited for the pool's lock: wait like everyone
         self._waiting += 1
         try:
-            return await super().get_connection()
+            return await super().get_connection()  # type: ignore[no-untyped-call]
         finally:
             self._waiting -= 1
 
-    async def release(self, connection) -> None:
+    async def release(self, connection: Any) -> None:
         if self._waiting:
             await super().release(connection)
         else:
@@ -79,36 +81,38 @@ class BoundedWaitPool(BlockingConnectionPool):
 
 @dataclass(frozen=True, slots=True)
 class Gathered:
-    parts: tuple  # bytes-like, sent in order as one value
+    parts: tuple[Any, ...]  # bytes-like, sent in order as one value
 
     def joined(self) -> bytes:
         return b"".join(self.parts)
 
 
-async def exchange(client: Redis | RedisCluster, commands: Sequence[tuple]) -> list:
+async def exchange(client: Redis | RedisCluster, commands: Sequence[Command]) -> list[Any]:
     """The replies to ``commands``, in order; an error reply is an exception object."""
     if isinstance(client, RedisCluster):
         async with client.pipeline(transaction=False) as pipe:
             for command in commands:
                 pipe.execute_command(*(a.joined() if isinstance(a, Gathered) else a for a in command))
-            return await pipe.execute(raise_on_error=False)
+            replies: list[Any] = await pipe.execute(raise_on_error=False)
+            return replies
     pool = client.connection_pool
-    connection = await pool.get_connection()
+    connection: Any = await pool.get_connection()  # type: ignore[no-untyped-call]
     try:
-        return await connection.retry.call_with_retry(
+        answered: list[Any] = await connection.retry.call_with_retry(
             lambda: _send_and_read(connection, commands), lambda error: connection.disconnect())
+        return answered
     finally:
         await pool.release(connection)
 
 
-async def _send_and_read(connection, commands: Sequence[tuple]) -> list:
+async def _send_and_read(connection: Any, commands: Sequence[Command]) -> list[Any]:
     """Send ``commands`` back to back, read their replies. The wait for each reply is
     bounded by one deadline for the exchange, moved ahead (to ``socket_timeout`` from now)
     whenever less than half of it is left: no gap between replies lasts longer than
     ``socket_timeout``, and a reply costs no timer of its own (redis-py arms and cancels one
     per ``read_response``: a sixth of a whole-request lookup's CPU time)."""
     await connection.send_packed_command(_pack(commands))
-    replies = []
+    replies: list[Any] = []
     limit = connection.socket_timeout
     loop = asyncio.get_running_loop()
     try:
@@ -128,17 +132,17 @@ async def _send_and_read(connection, commands: Sequence[tuple]) -> list:
     return replies
 
 
-def raise_first_error(replies: list) -> None:
+def raise_first_error(replies: list[Any]) -> None:
     """Raise the first error reply of an ``exchange`` (they come back as exception objects)."""
     for reply in replies:
         if isinstance(reply, BaseException):
             raise reply
 
 
-def _pack(commands: Sequence[tuple]) -> list:
+def _pack(commands: Sequence[Command]) -> list[Any]:
     """RESP arrays of bulk strings. hiredis packs a command of small arguments; a command
     with a large or gathered one is framed here, its large parts passed through uncopied."""
-    out = []
+    out: list[Any] = []
     for command in commands:
         if _is_small(command):
             out.append(hiredis.pack_command(command))
@@ -147,7 +151,7 @@ def _pack(commands: Sequence[tuple]) -> list:
     return out
 
 
-def _is_small(command: tuple) -> bool:
+def _is_small(command: Command) -> bool:
     for arg in command:
         kind = type(arg)
         if kind is str or kind is int:
@@ -157,8 +161,9 @@ def _is_small(command: tuple) -> bool:
     return True
 
 
-def _frame(command: tuple) -> list:
-    out, framing = [], bytearray(b"*%d\r\n" % len(command))
+def _frame(command: Command) -> list[Any]:
+    out: list[Any] = []
+    framing = bytearray(b"*%d\r\n" % len(command))
     for arg in command:
         parts = arg.parts if type(arg) is Gathered else (_encode(arg),)
         sizes = [memoryview(part).nbytes for part in parts]
@@ -174,7 +179,7 @@ def _frame(command: tuple) -> list:
     return out
 
 
-def _encode(arg) -> bytes | bytearray | memoryview:
+def _encode(arg: object) -> bytes | bytearray | memoryview:
     if isinstance(arg, str):
         return arg.encode()
     if isinstance(arg, int) and not isinstance(arg, bool):

@@ -40,7 +40,7 @@ import dataclasses
 import functools
 import json
 from dataclasses import dataclass, fields
-from typing import Sequence
+from typing import Any, Sequence
 
 from statetier.protocol.errors import ConfigError, CorruptPayload
 from statetier.protocol.identity import Kind
@@ -167,7 +167,7 @@ _BYTES_FIELDS = frozenset({"object_id", "key_digest", "stream_id", "namespace"})
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
-def _same(value):
+def _same(value: Any) -> Any:
     return value
 
 
@@ -175,7 +175,7 @@ _META_TO_JSON = tuple((name, bytes.hex if name in _BYTES_FIELDS else int if name
                       for name in _META_FIELDS)
 
 
-def _from_json(name: str, value):
+def _from_json(name: str, value: Any) -> Any:
     if name in _BYTES_FIELDS:
         return bytes.fromhex(value)
     return Kind(value) if name == "kind" else value

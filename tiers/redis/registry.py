@@ -26,8 +26,10 @@ or a URL: the registry then connects on first use and closes in ``close()``.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from redis.asyncio import Redis, RedisCluster
+from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
 from statetier.protocol.errors import InvalidRequest, StaleState
@@ -84,12 +86,12 @@ class RedisVersionRegistry(VersionRegistry):
     def __init__(self, client_or_url: Redis | RedisCluster | str, *, key_prefix: str = "st",
                  ttl_seconds: int | None = None, socket_timeout: float = 5.0, retries: int = 3) -> None:
         self._url = client_or_url if isinstance(client_or_url, str) else None
-        self._client = None if self._url else client_or_url
+        self._client: Redis | RedisCluster | None = None if isinstance(client_or_url, str) else client_or_url
         self._owns_client = self._url is not None
         self._keys = RedisKeys(key_prefix)
         self._ttl = ttl_seconds
         self._socket_timeout, self._retries = socket_timeout, retries
-        self._script = None
+        self._script: AsyncScript | None = None
         self._connecting: asyncio.Lock | None = None
         self._edge = RedisEdge()
 
@@ -100,9 +102,9 @@ class RedisVersionRegistry(VersionRegistry):
     async def claim(self, stream_id: bytes, state_id: bytes, version: int | None = None) -> int:
         if version is not None and not (isinstance(version, int) and 0 <= version <= MAX_VERSION):
             raise InvalidRequest(f"version must be an integer in [0, 2^64), not {version!r}")
-        client = await self._ready()
+        client, script = await self._ready()
         with self._edge.call("claim"):
-            claimed, value, *_ = await self._script(
+            claimed, value, *_ = await script(
                 keys=[self._keys.stream_head(stream_id)],
                 args=[state_id, "" if version is None else str(version), self._ttl or 0])
         if not claimed:
@@ -119,14 +121,14 @@ class RedisVersionRegistry(VersionRegistry):
                 raise InvalidRequest(f"version must be an integer in [0, 2^64), not {claim.version!r}")
         if not claims:
             return []
-        client = await self._ready()
+        client, script = await self._ready()
         commands = []
         for claim in claims:
-            commands.append(("EVALSHA", self._script.sha, 1, *self._claim_args(claim)))
+            commands.append(("EVALSHA", script.sha, 1, *self._claim_args(claim)))
             commands.append(self._stream_of_command(claim))
         with self._edge.call("claim"):
             replies = await exchange(client, commands)
-            answers = [await self._claim_reply(claim, reply) for claim, reply in zip(claims, replies[::2])]
+            answers = [await self._claim_reply(script, claim, reply) for claim, reply in zip(claims, replies[::2])]
             for reply in replies[1::2]:
                 if isinstance(reply, BaseException):
                     raise reply
@@ -146,7 +148,7 @@ class RedisVersionRegistry(VersionRegistry):
     async def withdraw(self, claims: list[tuple[Claim, Claimed]]) -> None:
         if not claims:
             return
-        client = await self._ready()
+        client, _ = await self._ready()
         commands = []
         for claim, claimed in reversed(claims):  # the latest first: each restores what it superseded
             previous = claimed.previous
@@ -157,18 +159,18 @@ class RedisVersionRegistry(VersionRegistry):
                 if isinstance(reply, BaseException):
                     raise reply
 
-    def _claim_args(self, claim: Claim) -> tuple:
+    def _claim_args(self, claim: Claim) -> tuple[Any, ...]:
         return (self._keys.stream_head(claim.stream_id), claim.state_id,
                 "" if claim.version is None else str(claim.version), self._ttl or 0)
 
-    def _stream_of_command(self, claim: Claim) -> tuple:
+    def _stream_of_command(self, claim: Claim) -> tuple[Any, ...]:
         key = self._keys.stream_of(claim.state_id)
         return ("SET", key, claim.stream_id, "EX", self._ttl) if self._ttl else ("SET", key, claim.stream_id)
 
-    async def _claim_reply(self, claim: Claim, reply) -> Claimed | StaleState:
+    async def _claim_reply(self, script: AsyncScript, claim: Claim, reply: Any) -> Claimed | StaleState:
         if isinstance(reply, NoScriptError):  # a restarted server lost its script cache: none ran
             key, *args = self._claim_args(claim)
-            reply = await self._script(keys=[key], args=args)
+            reply = await script(keys=[key], args=args)
         elif isinstance(reply, BaseException):
             raise reply
         if not int(reply[0]):
@@ -179,17 +181,17 @@ class RedisVersionRegistry(VersionRegistry):
         return Claimed(int(reply[1]), StreamHead(previous, bytes(reply[3])) if previous else None)
 
     async def newest(self, stream_id: bytes) -> StreamHead | None:
-        client = await self._ready()
+        client, _ = await self._ready()
         with self._edge.call("newest"):
             version, state_id = await client.hmget(self._keys.stream_head(stream_id), "version", "state_id")
         if version is None or state_id is None:
             return None
-        return StreamHead(int(version), bytes(state_id))
+        return StreamHead(int(version), _as_bytes(state_id))
 
     async def newest_many(self, stream_ids: list[bytes]) -> list[StreamHead | None]:
         if not stream_ids:
             return []
-        client = await self._ready()
+        client, _ = await self._ready()
         with self._edge.call("newest"):
             replies = await exchange(client, self.head_commands(stream_ids))
         return self.heads_from(replies)
@@ -198,7 +200,7 @@ class RedisVersionRegistry(VersionRegistry):
                         ) -> tuple[list[StreamHead | None], list[bytes | None]]:
         if not stream_ids and not state_ids:
             return [], []
-        client = await self._ready()
+        client, _ = await self._ready()
         commands = self.head_commands(stream_ids) + [("GET", self._keys.stream_of(s)) for s in state_ids]
         with self._edge.call("newest"):
             replies = await exchange(client, commands)
@@ -209,13 +211,13 @@ class RedisVersionRegistry(VersionRegistry):
                 streams.append(bytes(reply) if reply is not None else None)
         return self.heads_from(replies[: len(stream_ids)]), streams
 
-    def head_commands(self, stream_ids: list[bytes]) -> list[tuple]:
+    def head_commands(self, stream_ids: list[bytes]) -> list[tuple[Any, ...]]:
         """The commands that read these streams' heads (for ``connect.exchange``)."""
         return [("HMGET", self._keys.stream_head(stream), "version", "state_id") for stream in stream_ids]
 
-    def heads_from(self, replies: list) -> list[StreamHead | None]:
+    def heads_from(self, replies: list[Any]) -> list[StreamHead | None]:
         """The heads in the replies to ``head_commands``; an error reply is raised (translated)."""
-        heads = []
+        heads: list[StreamHead | None] = []
         with self._edge.call("newest"):
             for reply in replies:
                 if isinstance(reply, BaseException):
@@ -233,10 +235,10 @@ class RedisVersionRegistry(VersionRegistry):
         return take_cluster_option(self._url)[0] == take_cluster_option(url)[0]
 
     async def stream_of(self, state_id: bytes) -> bytes | None:
-        client = await self._ready()
+        client, _ = await self._ready()
         with self._edge.call("stream_of"):
             stream = await client.get(self._keys.stream_of(state_id))
-        return bytes(stream) if stream is not None else None
+        return _as_bytes(stream) if stream is not None else None
 
     async def close(self) -> None:
         client, self._script = self._client, None
@@ -244,16 +246,24 @@ class RedisVersionRegistry(VersionRegistry):
             self._client = None
             await client.aclose()
 
-    async def _ready(self) -> Redis | RedisCluster:
-        if self._script is not None:
-            return self._client
+    async def _ready(self) -> tuple[Redis | RedisCluster, AsyncScript]:
+        if self._script is not None and self._client is not None:
+            return self._client, self._script
         if self._connecting is None:
             self._connecting = asyncio.Lock()
         async with self._connecting:
-            if self._client is None:
+            client = self._client
+            if client is None:
+                assert self._url is not None  # a registry given a client keeps it until close
                 with self._edge.call("connect"):
-                    self._client, _ = await open_client(
-                        self._url, socket_timeout=self._socket_timeout, retries=self._retries)
+                    client, _ = await open_client(self._url, socket_timeout=self._socket_timeout,
+                                                  retries=self._retries)
+                self._client = client
             if self._script is None:
-                self._script = self._client.register_script(CLAIM_LUA)
-        return self._client
+                self._script = client.register_script(CLAIM_LUA)
+            return client, self._script
+
+
+def _as_bytes(value: bytes | str) -> bytes:
+    """A reply as bytes (the clients here never decode replies; a str is not expected)."""
+    return value.encode() if isinstance(value, str) else bytes(value)

@@ -25,6 +25,9 @@ chunk bytes: a value copied through Lua costs more than its round trip.
 
 from __future__ import annotations
 
+from typing import Any, Sequence
+
+from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import NoScriptError
 
 _ACCOUNT_FN = """
@@ -130,7 +133,7 @@ _SOURCES = {"commit": COMMIT_LUA, "commit_indexed": COMMIT_INDEXED_LUA, "account
 class Scripts:
     """The scripts above, registered on one client (their SHA1 is computed locally)."""
 
-    def __init__(self, client) -> None:
+    def __init__(self, client: Redis | RedisCluster) -> None:
         self._client = client
         self._scripts = {name: client.register_script(source) for name, source in _SOURCES.items()}
 
@@ -139,15 +142,15 @@ class Scripts:
         for script in self._scripts.values():
             await self._client.script_load(script.script)
 
-    def command(self, name: str, keys, args) -> tuple:
+    def command(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> tuple[Any, ...]:
         """The EVALSHA command, for ``connect.exchange`` (no SCRIPT EXISTS round trip)."""
         return ("EVALSHA", self._scripts[name].sha, len(keys), *keys, *args)
 
-    async def call(self, name: str, keys, args):
+    async def call(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """Run one script on its own; loads it first if the server lost it."""
         return await self._scripts[name](keys=keys, args=args)
 
-    async def result_of(self, reply, name: str, keys, args):
+    async def result_of(self, reply: Any, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """The reply of a sent ``command``: NOSCRIPT (a restarted server lost its script
         cache) runs it again after loading it; any other error reply is raised."""
         if isinstance(reply, NoScriptError):

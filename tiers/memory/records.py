@@ -1,16 +1,17 @@
-"""What ``ExtentTier`` records about each object, store and lease, and what compaction reports.
+"""What an extent tier records about each object, store and lease, and what compaction reports.
 
-- ``Placement``        — where one visible object lives: offset, size, generation (changes
+- ``ObjectExtent``     — where one visible object lives: offset, size, generation (changes
                          whenever it moves), LRU stamp. ``Lease.location`` is its
                          ``(offset, generation)``.
-- ``PendingStore``     — the extent of one store in progress and whether a write is running
-                         or failed (then only ``complete_store(success=False)`` may follow).
+- ``PendingStore``     — ``StoreTicket.location`` of a store in progress: its extent, and
+                         whether a write is running or failed (then only
+                         ``complete_store(success=False)`` may follow).
 - ``LeaseState``       — the views a lease's ``read`` handed out (released at
                          ``complete_load``) and the staging buffers behind them.
-- ``CompactionReport`` — what one ``ExtentTier.compact()`` pass did.
+- ``ExtentCompactionReport`` — what one ``compact()`` pass of the region did.
 
-Made and read by ``tiers.memory.extent``; ``DeviceTier`` keeps staging buffers in a
-``LeaseState``.
+Made and read by the parts of ``tiers.memory.extent``; the CUDA byte mover keeps staging
+buffers in a ``LeaseState``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ..base import Lease
 
 
 @dataclass(slots=True)
-class Placement:
+class ObjectExtent:
     offset: int  # start of the object's extent in the region
     nbytes: int  # the object's size (the extent may be rounded up)
     generation: int  # changes whenever the object moves
@@ -29,7 +30,7 @@ class Placement:
 
 
 @dataclass(frozen=True, slots=True)
-class CompactionReport:
+class ExtentCompactionReport:
     moved: int
     bytes_moved: int
     blocked: int  # moves prevented by a lease
@@ -49,4 +50,3 @@ class LeaseState:
     lease: Lease
     views: list[memoryview] = field(default_factory=list)  # released at complete_load
     keepalive: list[object] = field(default_factory=list)  # staging buffers behind views
-

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from statetier.tiers.allocator import ExtentAllocator
+from statetier.protocol.extents import ExtentAllocator
 
 G = 4096
 

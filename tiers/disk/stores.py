@@ -1,9 +1,9 @@
 """The store path of ``DiskTier``: a reserved record range, then a group commit.
 
-- ``DiskStores`` — ``prepare_store`` / ``write`` / ``complete_store`` of ``DiskTier`` (a
-  part ``tiers.disk.tier`` composes; the state it uses is declared in
-  ``DiskTier.__init__``), called by the daemon's placement per object, in that order.
-- ``Reservation`` — ``StoreTicket.location`` of this tier: one reserved record range.
+- ``DiskStores(ledger, volume, removal)`` — ``prepare_store`` / ``write`` /
+  ``complete_store`` of ``DiskTier`` (``tiers.disk.tier``), called by the daemon's
+  placement per object, in that order.
+- ``RecordReservation`` — ``StoreTicket.location`` of this tier: one reserved record range.
 - ``BUFFERED_BYTES`` — objects up to this size are buffered by ``write`` and written by
   the commit job (saving a trip to the executor).
 
@@ -23,18 +23,22 @@ from functools import partial
 from typing import Sequence
 
 from statetier.protocol.errors import CapacityError, InvalidRequest, StatetierError
+
 from ..base import Buffer, ObjectMeta, StoreTicket
+from ..ledger import Ledger
 from .commit import RecordWrite
 from .index import IndexEntry, Location, Put
+from .removal import DiskRemoval
 from .segments import RECORD_HEADER_BYTES
 from .space import SegmentState
+from .volume import DiskVolume
 
 #: Objects up to this size are buffered by ``write`` and written by the commit job.
 BUFFERED_BYTES = 256 << 10
 
 
 @dataclass(slots=True)
-class Reservation:
+class RecordReservation:
     """``StoreTicket.location`` of this tier: one reserved record range."""
 
     segment: SegmentState
@@ -43,7 +47,7 @@ class Reservation:
     is_writing: bool = False
     is_broken: bool = False  # a write failed or was cancelled: never committable
     buffer: bytearray | None = None  # a small object's bytes, written by the commit
-    commit: asyncio.Future | None = None
+    commit: asyncio.Future[object] | None = None
     is_final: bool = False  # complete_store(True) returned: later calls change nothing
 
     @property
@@ -51,41 +55,43 @@ class Reservation:
         return Location(self.segment.number, self.offset, self.record_len, 1)
 
 
-
 class DiskStores:
-    """``DiskTier``'s store methods (see the module docstring)."""
+    """See the module docstring."""
+
+    def __init__(self, ledger: Ledger[Location], volume: DiskVolume, removal: DiskRemoval) -> None:
+        self._ledger = ledger
+        self._volume = volume
+        self._removal = removal
+        self._body = volume.body
+        self._options = volume.options
 
     async def prepare_store(self, meta: ObjectMeta) -> StoreTicket:
-        self._require_started()
+        volume, ledger, options = self._volume.state, self._ledger, self._options
         if len(meta.object_id) != 16 or meta.size <= 0 or not 0 <= meta.header_len <= meta.size:
             raise InvalidRequest("an object needs a 16-byte object_id and a positive size")
-        if meta.object_id in self._lru or meta.object_id in self._storing:
-            raise InvalidRequest(f"object {meta.object_id.hex()} is already stored in the {self.name} tier")
-        self._settle_hidden()
-        pinned = self._reserved_bytes + self._hidden_bytes + self._leased_bytes()
-        if meta.size > self.capacity - pinned:
-            raise CapacityError(f"{meta.size} bytes do not fit in the {self.name} tier: "
-                                f"{pinned} of {self.capacity} bytes are reserved or leased")
+        if meta.object_id in ledger.index or ledger.is_storing(meta.object_id):
+            raise InvalidRequest(f"object {meta.object_id.hex()} is already stored in the {ledger.name} tier")
+        self._removal.settle()
+        pinned = ledger.reserved_bytes + ledger.leases.leased_bytes()
+        if meta.size > options.capacity_bytes - pinned:
+            raise CapacityError(f"{meta.size} bytes do not fit in the {ledger.name} tier: "
+                                f"{pinned} of {options.capacity_bytes} bytes are reserved or leased")
         self._check_free_space(RECORD_HEADER_BYTES + self._body.body_len(meta.size))
-        segment, offset = self._space.reserve(RECORD_HEADER_BYTES + self._body.body_len(meta.size),
-                                              self._body.header_for(meta.object_id, meta.size))
-        ticket = StoreTicket(meta, next(self._ticket_ids),
-                             location=Reservation(segment, offset, segment.tail - offset))
-        self._tickets[ticket.ticket_id] = ticket
-        self._storing.add(meta.object_id)
-        self._reserved_bytes += meta.size
-        return ticket
+        segment, offset = volume.space.reserve(RECORD_HEADER_BYTES + self._body.body_len(meta.size),
+                                               self._body.header_for(meta.object_id, meta.size))
+        return ledger.open_store(meta, RecordReservation(segment, offset, segment.tail - offset))
 
     def _check_free_space(self, record_len: int) -> None:
         # statvfs is one metadata syscall (about a microsecond): cheap enough on the loop
-        stat = os.statvfs(self.directory)
+        stat = os.statvfs(self._options.directory)
         free = stat.f_bavail * stat.f_frsize
-        if free - record_len < self.free_space_reserve:
-            raise CapacityError(f"the disk tier's filesystem has {free} bytes free; {self.free_space_reserve} "
+        reserve = self._options.free_space_reserve
+        if free - record_len < reserve:
+            raise CapacityError(f"the disk tier's filesystem has {free} bytes free; {reserve} "
                                 f"stay free for its log and index, so deletes keep working")
 
     async def write(self, ticket: StoreTicket, chunks: Sequence[Buffer]) -> None:
-        self._require_started()
+        volume = self._volume.state
         res = self._open_reservation(ticket)
         if res.is_writing:
             raise InvalidRequest("another write of this ticket is in progress")
@@ -105,12 +111,12 @@ class DiskStores:
         res.is_writing = True
         try:
             if ticket.written == 0:
-                await self._call(self._body.write_record, res.segment.file, res.offset, ticket.meta.object_id,
-                                 ticket.meta.size, views, pins=(res.segment,))
+                await volume.call(self._body.write_record, res.segment.file, res.offset, ticket.meta.object_id,
+                                  ticket.meta.size, views, pins=(res.segment,))
                 res.segment.unheaded.pop(res.offset, None)
             else:
-                await self._call(self._body.append, res.segment.file, res.offset, ticket.written, views,
-                                 pins=(res.segment,))
+                await volume.call(self._body.append, res.segment.file, res.offset, ticket.written, views,
+                                  pins=(res.segment,))
             ticket.written += nbytes
         except BaseException:
             res.is_broken = True
@@ -120,16 +126,16 @@ class DiskStores:
 
     async def complete_store(self, ticket: StoreTicket, success: bool) -> None:
         res = ticket.location
-        if not isinstance(res, Reservation):
-            raise InvalidRequest(f"not a {self.name} tier ticket")
+        if not isinstance(res, RecordReservation):
+            raise InvalidRequest(f"not a {self._ledger.name} tier ticket")
         if not success:
             await self._abandon(ticket, res)
             return
-        self._require_started()
+        volume = self._volume.state
         if res.is_final:
             raise InvalidRequest("this store was already completed")
         if res.commit is None:
-            if ticket.ticket_id not in self._tickets:
+            if not self._ledger.is_open(ticket):
                 raise InvalidRequest("this store was already abandoned")
             if res.is_broken or res.is_writing or ticket.written != ticket.meta.size:
                 self._free(ticket)
@@ -140,18 +146,19 @@ class DiskStores:
                 record = RecordWrite(res.segment, res.offset, partial(
                     self._body.write_record, res.segment.file, res.offset, ticket.meta.object_id,
                     ticket.meta.size, [memoryview(res.buffer)]))
-            res.commit = self._commit.submit(Put(entry), sync=res.segment, record=record,
-                                             on_result=partial(self._on_store_result, ticket, entry))
+            res.commit = volume.commit.submit(Put(entry), sync=res.segment, record=record,
+                                              on_result=partial(self._on_store_result, ticket, entry))
         await asyncio.shield(res.commit)
         res.is_final = True
 
     def _on_store_result(self, ticket: StoreTicket, entry: IndexEntry, result: object) -> None:
         self._free(ticket)
-        if result is True:
-            self._space.place(entry.meta.object_id, entry.location)
-            self._lru.add(entry.meta)
+        volume = self._volume.current
+        if result is True and volume is not None:
+            volume.space.place(entry.meta.object_id, entry.location)
+            self._ledger.index.add(entry.meta)
 
-    async def _abandon(self, ticket: StoreTicket, res: Reservation) -> None:
+    async def _abandon(self, ticket: StoreTicket, res: RecordReservation) -> None:
         if res.is_final:
             return
         if res.commit is None:
@@ -162,25 +169,22 @@ class DiskStores:
         except StatetierError:
             return
         if stored:
-            await self.delete(ticket.meta.object_id)
+            await self._removal.delete(ticket.meta.object_id)
 
     def _free(self, ticket: StoreTicket) -> None:
-        if self._tickets.pop(ticket.ticket_id, None) is None:
-            return
-        ticket.location.segment.unpin()
-        self._reserved_bytes -= ticket.meta.size
-        self._storing.discard(ticket.meta.object_id)
+        if self._ledger.close_store(ticket) and isinstance(ticket.location, RecordReservation):
+            ticket.location.segment.unpin()
 
-    def _open_reservation(self, ticket: StoreTicket) -> Reservation:
+    def _open_reservation(self, ticket: StoreTicket) -> RecordReservation:
         res = ticket.location
-        if not isinstance(res, Reservation) or ticket.ticket_id not in self._tickets:
+        if not isinstance(res, RecordReservation) or not self._ledger.is_open(ticket):
             raise InvalidRequest("this store ticket is completed or abandoned")
         if res.commit is not None or res.is_broken:
             raise InvalidRequest("this store is completing or has failed")
         return res
 
 
-def _copy_into(res: Reservation, ticket: StoreTicket, views: list[memoryview]) -> None:
+def _copy_into(res: RecordReservation, ticket: StoreTicket, views: list[memoryview]) -> None:
     """Buffer a small object's bytes; the commit job writes them."""
     if res.buffer is None:
         res.buffer = bytearray(ticket.meta.size)

@@ -1,4 +1,8 @@
-"""Free-extent allocation over one byte range (the host arena, the device pool).
+"""Free-extent allocation over one byte range: the one allocator of the package.
+
+Sans-I/O, so every side uses it: the memory tiers' regions (host arena, device pool), the
+daemon's per-connection load windows (``daemon.server.windows``) and the client's put window
+(``clients.shm``).
 
 - ``ExtentAllocator(capacity, granularity=4096)`` — hands out extents of a region that
   spans ``[0, capacity)``; sizes are rounded up to ``granularity``.

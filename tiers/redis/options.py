@@ -1,0 +1,44 @@
+"""What the Redis tier is configured with.
+
+- ``RedisTierOptions(url, …)`` — a frozen value, checked when made (``ConfigError``): the
+  server (``cluster=None`` detects a Cluster at start), the key prefix every node sharing
+  objects uses, chunk size, TTL (None: no expiry), the byte budget (None: none) and its
+  watermarks, lease TTL, socket timeout and retries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import KW_ONLY, dataclass
+
+from statetier.protocol.errors import ConfigError
+
+from .layout import CHUNK_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class RedisTierOptions:
+    """See the module docstring."""
+
+    url: str
+    _: KW_ONLY
+    cluster: bool | None = None
+    key_prefix: str = "st"
+    chunk_bytes: int = CHUNK_BYTES
+    ttl_seconds: int | None = None
+    capacity_bytes: int | None = None
+    high_watermark: float = 0.9
+    low_watermark: float = 0.75
+    lease_ttl: float = 30.0
+    socket_timeout: float = 5.0
+    retries: int = 3
+    name: str = "redis"
+
+    def __post_init__(self) -> None:
+        if self.chunk_bytes < 1:
+            raise ConfigError("chunk_bytes must be positive")
+        if self.ttl_seconds is not None and self.ttl_seconds < 1:
+            raise ConfigError("ttl_seconds must be at least 1 (or None for no expiry)")
+        if self.capacity_bytes is not None and self.capacity_bytes < 1:
+            raise ConfigError("capacity_bytes must be positive (or None for no budget)")
+        if not 0 < self.low_watermark <= self.high_watermark <= 1:
+            raise ConfigError("watermarks need 0 < low_watermark <= high_watermark <= 1")
