@@ -4,7 +4,8 @@
                      joint-hit ``lookup``, batch calls (``async_client.py``)
 - ``Client``       — the same calls, blocking, on a private loop thread (``sync_client.py``)
 - ``PutItem``, ``LookupResult``, ``StoredRef`` — batch input, lookup answer, what a put
-                     returns (``values.py``)
+                     returns (``values.py``); ``BlockTag`` — the engine's block a put names,
+                     carried into the daemon's KV events (``protocol.kv_events``)
 - ``LayerGroup``   — layers stored together as group objects: one object per block for
                      every layer of the group (KV), or per boundary (SSM)::
 
@@ -44,13 +45,14 @@ if TYPE_CHECKING:
     from .async_client import AsyncClient
     from .sync_client import Client
     from .transport import Connection, connect
-    from .values import LayerGroup, LookupResult, PutItem, StoredRef
+    from .values import BlockTag, LayerGroup, LookupResult, PutItem, StoredRef
 
 _EXPORTS = {
     "AsyncClient": "async_client",
     "Client": "sync_client",
     "Connection": "transport",
     "connect": "transport",
+    "BlockTag": "values",
     "LayerGroup": "values",
     "LookupResult": "values",
     "PutItem": "values",

@@ -24,6 +24,9 @@ at once. Keys are built in the client's namespace (``kv_key`` / ``ssm_key`` / ``
   group objects too (a ``PutItem`` of regions; a group target's ``into`` per layer).
 - ``delete(ref)``, ``purge(namespace | tenant=)``, ``list_objects(all_tenants=)``, ``stats()``,
   ``inspect(state_id)``, ``verify(progress=)``, ``ping()``.
+- ``owned_namespace``: the namespace the daemon stores this client's objects under (its
+  tenant's, ``protocol.ownership``); ``events_topic(template)``: its topic in the daemon's KV
+  event stream (docs/integration.md).
 
 Through the connection's own shared-memory windows on a Unix socket (``transfers.py``,
 ``shm.py``), inline bytes otherwise (TCP, or a process that cannot map them); batch calls
@@ -44,10 +47,12 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 
 from statetier.protocol.dtypes import TensorSpec
-from statetier.protocol.errors import ClientClosedError, InvalidRequest
+from statetier.protocol.errors import ClientClosedError, InvalidRequest, MalformedFrame
 from statetier.protocol.frames import Op
 from statetier.protocol.identity import Kind, Namespace, NamespaceSpec, Provenance, StateKey, StateRef
+from statetier.protocol.kv_events import BlockTag, event_topic
 from statetier.protocol.messages import field, ref_to_wire
+from statetier.protocol.ownership import owned_namespace
 from statetier.protocol.wire_meta import (
     LoadMeta,
     LookupMeta,
@@ -161,8 +166,26 @@ class AsyncClient:
 
     @property
     def server_info(self) -> dict:
-        """HELLO_OK as the daemon sent it (version, max_frame, max_inflight, shm …)."""
+        """HELLO_OK as the daemon sent it (version, max_frame, max_inflight, shm, tenant …)."""
         return dict(self._connection().hello)
+
+    @property
+    def owned_namespace(self) -> Namespace:
+        """The namespace the daemon keeps this client's objects under: ``namespace`` taken into
+        the tenant HELLO_OK named (``protocol.ownership``). Refs, ``statetier ls`` and the KV
+        events carry it; a connected client with a namespace only."""
+        return owned_namespace(self._admitted_tenant(), self._own_namespace())
+
+    def events_topic(self, template: str = "{namespace}") -> str:
+        """The topic of this client's namespace in its tenant's KV event stream, ``template``
+        being the daemon's ``events.topic``: what a SUB socket subscribes to for its events."""
+        return event_topic(template, self._admitted_tenant(), self.owned_namespace.digest)
+
+    def _admitted_tenant(self) -> str:
+        tenant = self._connection().hello.get("tenant")
+        if not isinstance(tenant, str):
+            raise MalformedFrame("HELLO_OK names no tenant")
+        return tenant
 
     # -- keys ---------------------------------------------------------------------------
 
@@ -186,7 +209,7 @@ class AsyncClient:
 
     async def put(self, key: StateKey, tensors, *, request_id: str, step: int = 0, publish: bool = False,
                   version: int | None = None, speculative: bool = False, trace: dict | None = None,
-                  durable: bool = False) -> StateRef:
+                  durable: bool = False, tag: BlockTag | None = None) -> StateRef:
         """Seal ``tensors`` (``{name: tensor}`` or ``[(name, tensor)]``, in payload order) under ``key``.
 
         Returns a ``StoredRef`` (a ``StateRef`` that also says ``tier``, ``published`` and
@@ -194,8 +217,10 @@ class AsyncClient:
         holds the object; ``ref.durable`` says whether it does (docs/operations.md, durability).
         ``trace``: a dict to fill with this call's measured phases in µs (``client_copy``,
         ``round_trip``, and the daemon's ``daemon_*``), as ``statetier bench`` prints them.
+        ``tag``: the engine's name for this block (``protocol.kv_events.BlockTag``), which the
+        daemon's KV events carry instead of the key's prefix hash (docs/integration.md).
         """
-        meta, pairs = self._put_meta(key, tensors, request_id, step, publish, version, speculative, durable)
+        meta, pairs = self._put_meta(key, tensors, request_id, step, publish, version, speculative, durable, tag)
         return await self._transfers_now().put(meta, pairs, trace)
 
     async def put_group(self, key: StateKey, regions: Mapping[int, Mapping[str, torch.Tensor]], *, request_id: str,
@@ -208,11 +233,11 @@ class AsyncClient:
         return await self.put(key, regions, request_id=request_id, step=step, publish=publish, version=version,
                               speculative=speculative, durable=durable)
 
-    def _put_meta(self, key, tensors, request_id, step, publish, version, speculative, durable=False):
+    def _put_meta(self, key, tensors, request_id, step, publish, version, speculative, durable=False, tag=None):
         pairs = payload_pairs(key, tensors)
         provenance = Provenance(request_id, step, self.producer_id, time.time_ns())
         meta = PutMeta(wire_key(key), wire_provenance(provenance), (), bool(publish), bool(speculative), version,
-                       durable=bool(durable))
+                       durable=bool(durable), tag=tag)
         return meta, pairs
 
     async def put_kv(self, layer: int, prefix_hash: bytes, token_start: int, token_end: int, tensors, *,
@@ -238,7 +263,7 @@ class AsyncClient:
         ``trace``: as for ``put``, summed over the call's frames (``items``: how many)."""
         transfers = self._transfers_now()
         prepared = [self._put_meta(item.key, item.tensors, item.request_id, item.step, item.publish,
-                                   item.version, item.speculative, item.durable)
+                                   item.version, item.speculative, item.durable, item.tag)
                     for item in items]
         refs: list[StateRef] = []
         for batch in batches_of(prepared, self._batch_bytes(), lambda entry: pairs_bytes(entry[1])):
@@ -435,18 +460,21 @@ class AsyncClient:
         return await admin.list_objects(self._connection(), all_tenants=all_tenants)
 
     async def purge(self, namespace: Namespace | NamespaceSpec | None = None, *, tenant: str | None = None) -> dict:
-        """Remove every object of ``namespace`` (default: this client's own) from every tier,
-        Redis included — or, with ``tenant``, of every namespace of that tenant (this
-        connection's own, or any for an operator). Loads in flight finish; counts come back:
-        ``objects``, ``bytes``, ``copies``, ``by_tier``, ``namespaces``, ``unavailable``."""
+        """Remove every object of ``namespace`` from every tier, Redis included — or, with
+        ``tenant``, of every namespace of that tenant (this connection's own, or any for an
+        operator). The default (this client's namespace) and a ``NamespaceSpec`` are sent as
+        this connection's tenant owns them, since an operator's digest is taken as it is (as
+        ``statetier ls --all`` shows it); a ``Namespace`` is sent as it is. Loads in flight
+        finish; counts come back: ``objects``, ``bytes``, ``copies``, ``by_tier``,
+        ``namespaces``, ``unavailable``."""
         if tenant is not None:
             if namespace is not None:
                 raise InvalidRequest("purge takes a namespace or a tenant, not both")
             return await admin.purge(self._connection(), tenant=tenant)
         if namespace is None:
-            namespace = self._own_namespace()
+            namespace = self.owned_namespace
         elif isinstance(namespace, NamespaceSpec):
-            namespace = namespace.namespace()
+            namespace = owned_namespace(self._admitted_tenant(), namespace.namespace())
         return await admin.purge(self._connection(), namespace.hex())
 
     async def ping(self) -> float:

@@ -124,6 +124,13 @@ class Client:
     def server_info(self) -> dict:
         return self._client.server_info
 
+    @property
+    def owned_namespace(self):
+        return self._client.owned_namespace
+
+    def events_topic(self, template: str = "{namespace}") -> str:
+        return self._client.events_topic(template)
+
     def kv_key(self, *args: Any, **kwargs: Any):
         return self._client.kv_key(*args, **kwargs)
 

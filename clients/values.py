@@ -2,7 +2,7 @@
 
 - ``PutItem``        — one object of ``AsyncClient.put_many``: key, tensors (a group object's
                        regions ``{layer: {name: tensor}}`` when the key names a group),
-                       provenance, options.
+                       provenance, options, and the engine's block ``tag`` its KV events carry.
 - ``LayerGroup``     — layers stored together in group objects (``protocol.groups``).
 - ``StoredRef``      — what a put returns: a ``StateRef`` (equal to, and hashed like, the
                        plain ref) that also says the ``tier`` it landed in, whether it was
@@ -30,10 +30,11 @@ from typing import Any, Mapping, Sequence
 from statetier.protocol.errors import InvalidRequest
 from statetier.protocol.groups import LayerGroup, check_layers, check_regions, region_name, split_region_name
 from statetier.protocol.identity import PREFIX_HASH_BYTES, StateKey, StateRef, prefix_hashes
+from statetier.protocol.kv_events import BlockTag
 from statetier.protocol.wire_meta import LookupMeta
 
-__all__ = ["LayerGroup", "LookupResult", "PutItem", "StoredRef", "boundaries_checked", "boundaries_from_tokens",
-           "group_selection", "lookup_meta", "named_tensors", "payload_pairs", "regrouped"]
+__all__ = ["BlockTag", "LayerGroup", "LookupResult", "PutItem", "StoredRef", "boundaries_checked",
+           "boundaries_from_tokens", "group_selection", "lookup_meta", "named_tensors", "payload_pairs", "regrouped"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +50,7 @@ class PutItem:
     version: int | None = None
     speculative: bool = False
     durable: bool = False
+    tag: BlockTag | None = None  # the engine's block, named in the object's KV events
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -1,7 +1,9 @@
 """The composition root: the one place that builds concrete tiers and wires the daemon.
 
 - ``build(config) -> App``  — keyring, tiers (device, host, disk, redis as configured),
-                              version registry, metrics, engine, server, metrics HTTP.
+                              version registry, metrics, the KV event publisher (``[events]``)
+                              and the engine's announcements into it, engine, server,
+                              metrics HTTP.
 - ``App.start()`` → ``App.serve_until(stop)`` → ``App.shutdown()`` — three awaited phases:
   start tiers, listen; serve; stop accepting, finish or cancel in-flight requests within
   the grace period, flush write-behind, close tiers in reverse order.
@@ -33,7 +35,8 @@ from statetier.tiers.crypto import AtRestCipher
 from statetier.tiers.registry import MemoryVersionRegistry
 
 from .config import Config
-from .engine import Engine, EngineOptions
+from .engine import Announcements, Engine, EngineOptions
+from .events import EventPublisher
 from .http import MetricsServer
 from .metrics import Metrics
 from .server import Server
@@ -49,17 +52,22 @@ class App:
     metrics: Metrics
     http: MetricsServer | None
     executor: ThreadPoolExecutor
+    events: EventPublisher | None = None
     maintenance: list[asyncio.Task] = field(default_factory=list)
 
     async def start(self) -> None:
         await self.engine.start()
         try:
+            if self.events is not None:
+                self.events.start()
             await self.server.start()
             if self.http is not None:
                 await self.http.start()
         except BaseException:
             await self.server.shutdown(0)  # removes the socket file it bound, if it got that far
             await self.engine.close()
+            if self.events is not None:
+                self.events.close()
             raise
         self.maintenance.append(asyncio.create_task(self._maintain(), name="maintenance"))
 
@@ -74,6 +82,8 @@ class App:
         if self.http is not None:
             await self.http.close()
         await self.engine.close(self.config.limits.shutdown_grace_seconds)
+        if self.events is not None:
+            self.events.close()
         self.executor.shutdown(wait=True)
 
     async def _maintain(self) -> None:
@@ -207,8 +217,15 @@ def build(config: Config) -> App:
     options = EngineOptions(lease_ttl=config.limits.lease_ttl_seconds, producer_id=config.resolved_producer_id(),
                             quotas=quotas, write_behind_limit=config.limits.write_behind_queue,
                             tolerate_unpublished=config.redis.publish_without_redis == "local")
+    events = announcements = None
+    if config.events.enabled:
+        ev = config.events
+        events = EventPublisher(ev.streams([t.name for t in config.tenants]), encoding=ev.encoding,
+                                buffer=ev.buffer, buffer_bytes=ev.buffer_bytes, hwm=ev.hwm)
+        announcements = Announcements(events, ev.media)
+        metrics.track_events(events.stats)
     engine = Engine(tiers, keyring=keyring, registry=registry, metrics=metrics, options=options,
-                    executor=executor, **roles)
+                    executor=executor, announcements=announcements, **roles)
     server = Server(engine, config, metrics)
     metrics.track(_tier_stats_reporting_redis(engine, metrics, roles["publish"]),
                   lambda: {**server.stats(), "leases": engine.lease_count,
@@ -218,7 +235,7 @@ def build(config: Config) -> App:
     http = None
     if config.metrics.enabled:
         http = MetricsServer(metrics, config.metrics.host, config.metrics.port, ready=lambda: engine.ready)
-    return App(config, engine, server, metrics, http, executor)
+    return App(config, engine, server, metrics, http, executor, events)
 
 
 def _tenant_accounts(usage: dict[str, dict[str, int]], quotas: dict[str, dict[str, int]]) -> dict:

@@ -1,7 +1,8 @@
 """The daemon's configuration: one frozen pydantic model tree.
 
 - ``Config`` — sections ``host``, ``device``, ``disk``, ``redis`` (tiers), ``listen``,
-  ``tenants``, ``limits``, ``keys``, ``metrics``, plus ``log_level`` and ``producer_id``;
+  ``tenants``, ``limits``, ``keys``, ``metrics``, ``events`` (``daemon.config_events``), plus
+  ``log_level`` and ``producer_id``;
   the questions the daemon asks of it (``keyring_path``, ``tenant_for_uid``,
   ``is_unix_peer_allowed``…). Every section is frozen, ``extra="forbid"``, every field
   described; validators reject a bad value or combination with the field's name.
@@ -26,10 +27,11 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-from statetier.daemon.config_values import GiB, KiB, MiB, Bytes, FileMode, Seconds, parse_size, split_host_port
+from statetier.daemon.config_events import EventsConfig
+from statetier.daemon.config_values import (
+    GiB, KiB, MiB, Bytes, FileMode, Seconds, known_tiers, parse_size, split_host_port)
 from statetier.protocol.errors import ConfigError
 
-TIER_NAMES = ("device", "host", "disk", "redis")
 HOST_AUTO_MIN, HOST_AUTO_MAX = 64 * MiB, 64 * GiB
 
 
@@ -180,10 +182,7 @@ class TenantConfig(_Section):
     @field_validator("quota_bytes")
     @classmethod
     def _known_tiers(cls, quotas: dict[str, int]) -> dict[str, int]:
-        unknown = sorted(set(quotas) - set(TIER_NAMES))
-        if unknown:
-            raise ValueError(f"unknown tier {unknown[0]!r}; tiers are {', '.join(TIER_NAMES)}")
-        return quotas
+        return known_tiers(quotas)
 
     def accepts_token(self, token: str) -> bool:
         if self.token_sha256 is None:
@@ -235,6 +234,7 @@ class Config(_Section):
     limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Frames, budgets, deadlines.")
     keys: KeysConfig = Field(default_factory=KeysConfig, description="Signing and at-rest key files.")
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Prometheus HTTP endpoint.")
+    events: EventsConfig = Field(default_factory=EventsConfig, description="KV event streams for routers.")
     log_level: Literal["debug", "info", "warning", "error", "critical"] = Field("info", description="Logging level.")
     producer_id: str = Field("", max_length=255, description='Producer id sealed into provenance; "" = hostname:pid at start.')
 
@@ -257,6 +257,14 @@ class Config(_Section):
                     raise ValueError(f"uid {uid} is mapped to both {uids[uid]!r} and {tenant.name!r}")
                 uids[uid] = tenant.name
         return tenants
+
+    @field_validator("events")
+    @classmethod
+    def _one_stream_per_tenant(cls, events: EventsConfig, info) -> EventsConfig:
+        tenants = info.data.get("tenants")
+        if events.enabled and tenants is not None:
+            events.streams([t.name for t in tenants])
+        return events
 
     def keyring_path(self) -> Path:
         return self.keys.keyring_file or self.disk.directory / "keyring.json"

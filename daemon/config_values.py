@@ -8,6 +8,7 @@
   ``FileMode``: such a field; the environment and ``--set`` pass it as text
   (``daemon.config_loading``), and it is written back in octal (``"0o660"``).
 - ``split_host_port(text)``: ``"127.0.0.1:7000"`` / ``"[::1]:7000"`` → (host, port).
+- ``TIER_NAMES``; ``known_tiers(by_tier)``: a mapping keyed by tier names, checked.
 
 Used by the section models of ``daemon.config``, by ``daemon.server.listeners`` (the TCP address)
 and by ``scripts/gen_example_config.py``; raise ``ValueError`` so that pydantic names the field.
@@ -62,6 +63,16 @@ def octal_mode(value: int) -> str:
 
 
 FileMode = Annotated[int, BeforeValidator(parse_mode), PlainSerializer(octal_mode, return_type=str)]
+
+TIER_NAMES = ("device", "host", "disk", "redis")
+
+
+def known_tiers(by_tier: dict) -> dict:
+    """``by_tier`` when every key names a tier (``TIER_NAMES``), else ``ValueError``."""
+    unknown = sorted(set(by_tier) - set(TIER_NAMES))
+    if unknown:
+        raise ValueError(f"unknown tier {unknown[0]!r}; tiers are {', '.join(TIER_NAMES)}")
+    return by_tier
 
 
 def split_host_port(text: str) -> tuple[str, int]:

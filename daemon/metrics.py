@@ -38,7 +38,8 @@ Counted by the daemon as things happen:
 
 Read at scrape time: the families of ``daemon.metrics_scrape`` (tier usage and counters,
 recovery, checkpoints, dead segment bytes, daemon gauges, write-behind backlog, tenant usage
-and quotas, ``statetier_redis_up``, ``statetier_scrape_errors_total``).
+and quotas, the KV event streams once ``track_events`` is called, ``statetier_redis_up``,
+``statetier_scrape_errors_total``).
 """
 
 from __future__ import annotations
@@ -209,6 +210,10 @@ class Metrics:
 
     def set_redis_available(self, up: bool) -> None:
         self._scrape_view.redis_up = bool(up)
+
+    def track_events(self, event_stats: Callable[[], dict]) -> None:
+        """Read the KV event publisher's ``stats()`` at every scrape (``daemon.events``)."""
+        self._scrape_view.event_stats = event_stats
 
     def track(self, tier_stats: Callable[[], list[TierStats]], daemon_stats: Callable[[], dict]) -> None:
         """Read ``tier_stats()`` and ``daemon_stats()`` at every scrape (replaces earlier ones)."""

@@ -12,6 +12,12 @@
   requests, byte budget, client leases, the write-behind backlog and its bound;
 - per tenant and tier (``daemon_stats()["tenants"]``: ``{tenant: {tier: {"used", "quota"}}}``):
   ``statetier_tenant_used_bytes`` and ``statetier_tenant_quota_bytes`` (where a quota is set);
+- the KV event streams (``event_stats()``: ``daemon.events.EventPublisher.stats``):
+  ``statetier_events_published_total`` (events handed to the sockets),
+  ``statetier_events_dropped_total`` (events the publisher thread could not take: never sent,
+  not in the replay ring), ``statetier_event_overflows_total`` (a subscriber reached its
+  high-water mark: it misses batches until it reads again, the others get them, it replays the
+  gap), ``statetier_event_subscribers`` (subscriptions open);
 - ``statetier_redis_up`` once ``redis_up`` is set, and ``statetier_scrape_errors_total``.
 
 Scrapes run on the event loop (``daemon/http.py``), so the stats callables see a consistent
@@ -78,6 +84,7 @@ class ScrapeTimeCollector(Collector):
     def __init__(self) -> None:
         self.tier_stats: Callable[[], list[TierStats]] | None = None
         self.daemon_stats: Callable[[], dict] | None = None
+        self.event_stats: Callable[[], dict] | None = None
         self.redis_up: bool | None = None
         self.scrape_errors = 0
 
@@ -87,6 +94,7 @@ class ScrapeTimeCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         yield from self._tier_families()
         yield from self._daemon_families()
+        yield from self._event_families()
         if self.redis_up is not None:
             yield GaugeMetricFamily("statetier_redis_up", "1 when the Redis tier answered, else 0.", value=int(self.redis_up))
         yield CounterMetricFamily(
@@ -131,6 +139,20 @@ class ScrapeTimeCollector(Collector):
                         quota.add_metric([tenant, tier], account["quota"])
             yield used
             yield quota
+
+    def _event_families(self) -> Iterator[Metric]:
+        stats = self._try_read(self.event_stats, "event_stats", dict)
+        if stats is None:
+            return
+        yield CounterMetricFamily("statetier_events_published_total", "KV events sent to subscribers.",
+                                  value=stats["published"])
+        yield CounterMetricFamily("statetier_events_dropped_total", "KV events the publisher could not take.",
+                                  value=stats["dropped"])
+        yield CounterMetricFamily("statetier_event_overflows_total",
+                                  "Times a subscriber reached its high-water mark and began missing batches.",
+                                  value=stats["overflows"])
+        yield GaugeMetricFamily("statetier_event_subscribers", "Subscriptions open on the KV event streams.",
+                                value=stats["subscriptions"])
 
     def _try_read(self, source: Callable | None, which: str, into: type):
         """``into(source())``; None without a source, or when it raised: a scrape error,

@@ -1,6 +1,7 @@
 """Value objects passed between the server (wire side) and the engine (tier side).
 
-- ``PutRequest``     — what to seal: key, provenance, tensor specs, placement options
+- ``PutRequest``     — what to seal: key, provenance, tensor specs, placement options, and the
+                       engine's block ``tag`` its KV events carry (``daemon.events``)
 - ``Incoming``       — one put of a batch: a ``PutRequest`` and its payload (bytes the daemon
                        owns, or a put-window view its client can still write: ``shared``)
 - ``PutResult``      — the ``StateRef`` of the sealed object, the tier it landed in, and
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.groups import LayerGroup
 from statetier.protocol.identity import Namespace, Provenance, StateKey, StateRef
+from statetier.protocol.kv_events import BlockTag
 from statetier.protocol.sealed import DigestAlg, SealedHeader
 
 
@@ -33,6 +35,7 @@ class PutRequest:
     speculative: bool = False
     digest_alg: DigestAlg = DigestAlg.BLAKE3
     durable: bool = False  # acknowledge only once a durable tier holds the object
+    tag: BlockTag | None = None  # the engine's block, named in the object's KV events
 
 
 @dataclass(frozen=True, slots=True)

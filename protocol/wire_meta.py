@@ -13,7 +13,7 @@ in 3.6 µs and decode in 9.8 µs (5.1 KB); a fixed ``struct`` layout walked in P
 - Identity: ``Key``, ``Ref``, ``Spec``, ``Origin`` (provenance) and the converters
   ``key_of`` / ``wire_key``, ``ref_of`` / ``wire_ref``, ``specs_of`` / ``wire_specs``,
   ``provenance_of`` / ``wire_provenance`` (a bad value is ``InvalidRequest``).
-- Requests: ``PutMeta``, ``PutBatchMeta``, ``LoadMeta``, ``LoadBatchMeta``, ``LookupMeta``,
+- Requests: ``PutMeta`` (its ``tag``: a ``protocol.kv_events.BlockTag``), ``PutBatchMeta``, ``LoadMeta``, ``LoadBatchMeta``, ``LookupMeta``,
   ``ReleaseMeta``; every one may carry ``trace`` (phase timings wanted) and ``free_regions``
   (load-window regions given back in passing).
 - Replies: ``PutAnswer`` (a PUT's reply, and each item of ``PutBatchReply``), ``LoadAnswer``
@@ -39,6 +39,7 @@ from .dtypes import TensorSpec
 from .errors import InvalidRequest, MalformedFrame, StatetierError
 from .frames import Op
 from .identity import Kind, Namespace, Provenance, StateKey, StateRef
+from .kv_events import BlockTag
 from .messages import build_value
 
 U16 = Annotated[int, Meta(ge=0, le=0xFFFF)]
@@ -113,6 +114,7 @@ class PutMeta(Struct, **_OPTIONS):
     data_len: U64 | None = None
     trace: bool = False
     free_regions: tuple[U64, ...] = ()
+    tag: BlockTag | None = None  # the engine's block, named in the object's KV events (protocol.kv_events)
 
 
 class PutBatchMeta(Struct, **_OPTIONS):

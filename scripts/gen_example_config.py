@@ -54,6 +54,9 @@ EXAMPLES: dict[str, object] = {
     "keys.keyring_file": "/etc/statetier/keyring.json",
     "keys.at_rest_key_file": "/etc/statetier/at-rest.key",
     "producer_id": "prefill-node-7",
+    "events.replay_endpoint": "tcp://127.0.0.1:5558",
+    "events.endpoints": {"default": "tcp://0.0.0.0:5557"},
+    "events.replay_endpoints": {"default": "tcp://0.0.0.0:5558"},
 }
 
 HEADER = """\

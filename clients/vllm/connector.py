@@ -10,6 +10,10 @@
   layout, cfg)`` → ``NamespaceSpec`` (model, config digest, weights identity — ``weights.py``:
   ``model_fingerprint``, else derived from the weight files or the hub commit, else refused —,
   dtypes, layout, TP size, tenant).
+- ``connector_events(cfg, scheduler, kv_cache_config, layout)`` → the subscription behind
+  ``take_events()`` (``events.py``: the daemon's KV events of the saved blocks, under vLLM's
+  hashes, into vLLM's own event stream), or None without ``events_endpoint`` (or, logged, when
+  the daemon cannot be reached to learn the topic: the scheduler side connects at start).
 
 Loads are asynchronous in vLLM's sense (the request waits in ``WAITING_FOR_REMOTE_KVS``
 for one step): that is the only way vLLM accepts a refused load of a hybrid model.
@@ -25,7 +29,7 @@ import importlib
 import logging
 from typing import TYPE_CHECKING
 
-from statetier.protocol.errors import InvalidRequest
+from statetier.protocol.errors import InvalidRequest, StatetierError
 from statetier.protocol.identity import Kind
 
 from .layout import STATE_NAMES, CacheGroup, ConnectorConfig, EngineLayout, StateSpec, layer_id_of, namespace_spec
@@ -90,6 +94,22 @@ def namespace_from_vllm(vllm_config, layout: EngineLayout, cfg: ConnectorConfig)
                           engine_tag=f"vllm-{major_minor}/{current_platform.device_type}")
 
 
+def connector_events(cfg: ConnectorConfig, scheduler: SchedulerSide, kv_cache_config, layout: EngineLayout):
+    """The daemon's KV events for ``take_events()`` (``events.py``), when ``events_endpoint`` is
+    set: the topic is the scheduler side's owned namespace's, which its connection tells."""
+    if not cfg.events_endpoint:
+        return None
+    from .events import ConnectorEvents
+
+    try:
+        topic = scheduler.events_topic(cfg.events_topic)
+    except (StatetierError, OSError) as exc:  # an unreachable daemon is never an engine failure
+        log.warning("statetier: no KV events from the daemon in take_events(): %s", exc)
+        return None
+    hash_block_size = getattr(kv_cache_config, "hash_block_size", None) or layout.block_size
+    return ConnectorEvents(cfg.events_endpoint, topic, hash_block_size)
+
+
 def _build_classes() -> dict[str, type]:
     base = importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.base")
     from .jobs import StepMeta
@@ -118,6 +138,7 @@ def _build_classes() -> dict[str, type]:
                 self._scheduler = SchedulerSide(cfg, self._layout, spec,
                                                 tp_size=vllm_config.parallel_config.tensor_parallel_size,
                                                 loads=transfer.is_kv_consumer, saves=transfer.is_kv_producer)
+                self._scheduler.events = connector_events(cfg, self._scheduler, kv_cache_config, self._layout)
             else:
                 from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
@@ -153,6 +174,11 @@ def _build_classes() -> dict[str, type]:
 
         def request_finished(self, request, block_ids):
             return False, self._scheduler.request_finished(request)
+
+        def take_events(self):
+            from .events import as_vllm_events
+
+            return as_vllm_events(self._scheduler.take_events())
 
         def request_finished_all_groups(self, request, block_ids):
             return False, self._scheduler.request_finished(request)

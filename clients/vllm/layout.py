@@ -43,6 +43,8 @@ class ConnectorConfig:
     publish: bool = False         # write saves through to Redis (another node's consumer)
     audit_path: str = ""          # JSON lines: a digest of every page saved or loaded
     timeout: float = 30.0
+    events_endpoint: str = ""     # the daemon's KV event stream of this tenant: take_events() (events.py)
+    events_topic: str = "{namespace}"  # the daemon's events.topic
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any] | None) -> "ConnectorConfig":
@@ -53,7 +55,7 @@ class ConnectorConfig:
             raise InvalidRequest(f"kv_connector_extra_config: unknown keys {unknown}; known: {sorted(known)}")
         if not isinstance(raw.get("url"), str) or not raw["url"]:
             raise InvalidRequest("kv_connector_extra_config: 'url' (the statetier daemon) is required")
-        for name in ("tenant", "model_id", "model_fingerprint", "audit_path"):
+        for name in ("tenant", "model_id", "model_fingerprint", "audit_path", "events_endpoint", "events_topic"):
             if name in raw and not isinstance(raw[name], str):
                 raise InvalidRequest(f"kv_connector_extra_config: {name!r} must be a string")
         if raw.get("token") is not None and not isinstance(raw["token"], str):

@@ -17,6 +17,10 @@ calls, in vLLM's order:
   layer's state when the step ends on a block end of the prompt (``tokens_absorbed`` = that end).
 - ``loads_finished(request_ids)`` — the workers are done with these loads: leases released.
 - ``request_finished(request)`` → handoff ``kv_transfer_params`` (producers) or ``None``.
+- ``take_events()`` → the daemon's KV events of the blocks this side saved, named by vLLM's
+  block hashes (``events``: a ``events.ConnectorEvents`` when ``events_endpoint`` is set; the
+  saves of each step are remembered for it); ``events_topic(template)`` → the topic of this
+  side's namespace in them, as the daemon owns it for the tenant (connects).
 - ``close()``.
 
 ``request``: anything with ``request_id``, ``prompt_token_ids``, ``kv_transfer_params``
@@ -77,6 +81,7 @@ class SchedulerSide:
         self._leases: dict[str, list[int]] = {}
         self._tracked: dict[str, _Tracked] = {}
         self._pending: list[LoadJob] = []
+        self.events = None  # the connector sets an ``events.ConnectorEvents`` (``connector.connector_events``)
 
     # -- admission ------------------------------------------------------------------------
 
@@ -198,6 +203,8 @@ class SchedulerSide:
                 job = self._saves_of(tracked, step)
                 if job is not None:
                     saves.append(job)
+                    if self.events is not None:
+                        self.events.remember(step.request, [item.key for item in job.items], self.layout.block_size)
         return StepMeta(loads, tuple(saves))
 
     def _saves_of(self, tracked: _Tracked, step: ScheduledStep) -> SaveJob | None:
@@ -279,6 +286,16 @@ class SchedulerSide:
             except StatetierError as exc:  # the daemon drops them with the connection anyway
                 log.warning("statetier: releasing leases failed: %s", exc)
 
+    def events_topic(self, template: str) -> str:
+        """The topic of this namespace's KV events (the daemon's ``events.topic`` as ``template``)."""
+        return self._connected().events_topic(template)
+
+    def take_events(self) -> list:
+        """The daemon's events of this namespace's saved blocks since the last call (``events.py``)."""
+        return self.events.take() if self.events is not None else []
+
     def close(self) -> None:
+        if self.events is not None:
+            self.events.close()
         if self._client is not None:
             self._client.close()

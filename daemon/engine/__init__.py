@@ -13,9 +13,11 @@ tiers, the arena, the registry, placement, tenancy, keyring, options, metrics).
 - ``leases`` — leases held for callers; ``deletion`` — deletes and dropped damaged copies.
 - ``placement`` — where an object goes, eviction, demotion, write-behind, moves.
 - ``tenancy`` — namespace ownership and per-tier quotas; ``audit`` — inspect and verify.
+- ``announcements`` — the KV events of every copy charged to or given back by a tier.
 """
 
+from .announcements import Announcements
 from .engine import Engine
 from .stack import EngineOptions
 
-__all__ = ["Engine", "EngineOptions"]
+__all__ = ["Announcements", "Engine", "EngineOptions"]

@@ -1,9 +1,11 @@
 """The engine: the tier hierarchy behind the daemon's requests (DESIGN §4–6); its one entry point.
 
 ``Engine(tiers, keyring=, registry=, metrics=, options=, arena=, publish=, write_behind_to=,
-executor=)`` — ``tiers`` fastest first (device, host, disk, redis; any may be absent);
-``arena`` the host tier that puts are sealed into (its reservations); ``publish`` the
-cross-node tier (Redis). It builds one ``daemon.engine.stack.Stack`` and composes the parts that
+executor=, announcements=)`` — ``tiers`` fastest first (device, host, disk, redis; any may be
+absent); ``arena`` the host tier that puts are sealed into (its reservations); ``publish`` the
+cross-node tier (Redis); ``announcements`` the KV events' view of every copy
+(``daemon.engine.announcements``, observing ``Tenancy``: the events name the owned
+namespaces), or None. It builds one ``daemon.engine.stack.Stack`` and composes the parts that
 hold the rules; the server calls, per request, and the engine forwards to:
 
 - ``put_batch`` (``put`` / ``put_shared``: a batch of one)   ``daemon.engine.puts`` (checks,
@@ -43,6 +45,7 @@ from statetier.tiers.base import Lease, ObjectMeta, Tier
 from statetier.tiers.registry import VersionRegistry
 
 from . import audit, candidates, catalog, deletion
+from .announcements import Announcements
 from .fencing import Fences
 from .leases import Leases
 from .loads import Loads
@@ -61,7 +64,8 @@ log = logging.getLogger("statetier.engine")
 class Engine:
     def __init__(self, tiers: list[Tier], *, keyring: Keyring, registry: VersionRegistry, metrics=None,
                  options: EngineOptions | None = None, arena: Tier | None = None, publish: Tier | None = None,
-                 write_behind_to: Tier | None = None, executor: Executor | None = None) -> None:
+                 write_behind_to: Tier | None = None, executor: Executor | None = None,
+                 announcements: Announcements | None = None) -> None:
         if not tiers:
             raise InvalidRequest("the engine needs at least one tier")
         self.tiers = list(tiers)
@@ -73,12 +77,13 @@ class Engine:
         self.publish_tier = publish
         self.executor = executor
         volatile = self.tiers[: self.tiers.index(write_behind_to)] if write_behind_to in self.tiers else []
-        self.tenancy = Tenancy(self.options.quotas)
+        self.announcements = announcements
+        self.tenancy = Tenancy(self.options.quotas, observer=announcements)
         self.placement = Placement(self.tiers, metrics, write_behind_limit=self.options.write_behind_limit,
                                    write_behind_from=volatile, write_behind_to=write_behind_to,
                                    ledger=self.tenancy)
         self.stack = Stack(self.tiers, keyring, registry, self.options, self.placement, self.tenancy, metrics,
-                           arena, publish, executor)
+                           arena, publish, executor, announcements)
         self._leases = Leases(itertools.count(1))
         fences = Fences(self.stack)
         self._puts = Puts(self.stack, fences)

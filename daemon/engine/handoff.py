@@ -3,7 +3,8 @@
 ``Handoff(stack)`` — one per engine (``daemon.engine.puts``). ``finish(stored, answers,
 started)`` answers each ``Stored`` item of a batch with its ``PutResult``:
 
-- its tenant is charged for the bytes in the tier that took it;
+- its tenant is charged for the bytes in the tier that took it (and, with KV events on, its
+  block recorded first, so the charge is announced: ``daemon.engine.announcements``);
 - ``durable``: it is copied into the durable tier before the answer (the answer says False
   when there is none or it could not take the object); ``publish``: it is written through
   to the cross-node tier, or — tolerated without one — stored locally, said and counted;
@@ -53,6 +54,8 @@ class Handoff:
         stack = self.stack
         for item in stored:
             meta = item.meta
+            if stack.announcements is not None:
+                stack.announcements.record_put(item.req, meta)
             stack.tenancy.charge(item.req.tenant, item.tier.name, meta.object_id, meta.size)
             try:
                 answers[item.index] = await self._answer(item)

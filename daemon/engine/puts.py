@@ -9,7 +9,8 @@
 
 A batch is the unit of work; a single put is a batch of one through the same code:
 
-1. each item checked (namespace, publish, group regions, payload length) and stamped
+1. each item checked (namespace, publish, group regions, payload length, a tag's tokens within
+   the key's span) and stamped
    (producer, time, state_id, fingerprint);
 2. every version claimed in one registry call (``Fences.claim_many``);
 3. room reserved for each in the first tier within its tenant's quota, in order: the host
@@ -120,6 +121,9 @@ class Puts:
                               "was stored or published")
         if req.key.kind is Kind.SSM and req.key.token_start != 0:
             raise InvalidRequest("an SSM snapshot must start at token 0")
+        if req.tag is not None and len(req.tag.tokens) > req.key.token_end - req.key.token_start:
+            raise InvalidRequest(f"the tag names {len(req.tag.tokens)} tokens; the key spans "
+                                 f"{req.key.token_end - req.key.token_start}")
         if req.key.group_layers:
             try:
                 check_regions(req.key, [spec.name for spec in req.specs])

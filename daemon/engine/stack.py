@@ -6,7 +6,8 @@
                        ``daemon.engine.fencing``, ``daemon.engine.loads``, ``daemon.engine.serving``,
                        ``daemon.engine.candidates``, ``daemon.engine.deletion``): the tiers fastest first,
                        the host arena, the cross-node tier, the version registry,
-                       ``Placement``, ``Tenancy``, keyring, options and metrics (or None);
+                       ``Placement``, ``Tenancy``, keyring, options, metrics and the KV
+                       events' ``Announcements`` (or None);
                        ``run_work(nbytes, fn)`` runs copies and digests on the loop below
                        ``protocol.thresholds.INLINE_WORK_BYTES``, else as one executor
                        job; ``count_rejection`` / ``count_skip`` /
@@ -29,6 +30,7 @@ from statetier.protocol.thresholds import run_work
 from statetier.tiers.base import Tier
 from statetier.tiers.registry import VersionRegistry
 
+from .announcements import Announcements
 from .placement import Placement
 from .tenancy import Tenancy
 
@@ -59,6 +61,7 @@ class Stack:
     arena: Tier | None = None
     publish: Tier | None = None
     executor: Executor | None = None
+    announcements: Announcements | None = None
 
     async def run_work(self, nbytes: int, fn: Callable[[], T]) -> T:
         return await run_work(self.executor, nbytes, fn)

@@ -7,7 +7,7 @@ namespace a request names is replaced by the one its tenant owns
 ``owned_ref(tenant, ref)``, at the engine's entry points. A tenant's requests therefore only ever reach namespaces carrying
 its own tag, on every daemon and after every restart; nothing is remembered.
 
-``Tenancy(quotas)`` — ``quotas`` maps tenant → {tier name → bytes}.
+``Tenancy(quotas, observer=None)`` — ``quotas`` maps tenant → {tier name → bytes}.
 
 - ``check_namespace(tenant, namespace)`` refuses (``Forbidden``) a namespace another tenant
   owns (a stored header's, for ``statetier inspect``); ``may_see(tenant, namespace)`` asks
@@ -24,6 +24,10 @@ its own tag, on every daemon and after every restart; nothing is remembered.
   ``dst``, refunded in ``src``), ``dropped(tier, state_id)`` (evicted with no copy kept, or
   deleted), and ``may_copy(src, dst, state_id, nbytes)`` (a copy stays within the quota).
   Each tenant's usage in a tier is thus the bytes of its objects there.
+- ``observer`` (optional; ``daemon.engine.announcements.Announcements``) hears each copy
+  charged to a tier where it was not (``charged(tenant, tier, state_id)``) and each charge
+  given back (``refunded(tenant, tier, state_id)``): the charges are the daemon's record of whose
+  object lies in which tier, so they are what its KV events announce.
 """
 
 from __future__ import annotations
@@ -61,8 +65,9 @@ def own_lookup(req: LookupRequest) -> LookupRequest:
 
 
 class Tenancy:
-    def __init__(self, quotas: dict[str, dict[str, int]] | None = None) -> None:
+    def __init__(self, quotas: dict[str, dict[str, int]] | None = None, observer=None) -> None:
         self.quotas = {t: dict(q) for t, q in (quotas or {}).items()}
+        self.observer = observer
         self._usage: dict[tuple[str, str], int] = defaultdict(int)
         self._charges: dict[tuple[str, bytes], tuple[str, int]] = {}
         self._names: dict[bytes, str] = {}  # tenant tag -> the name it was seen with
@@ -86,19 +91,27 @@ class Tenancy:
         raise QuotaExceeded(f"tenant {tenant!r} has no quota left for {nbytes} bytes in any tier")
 
     def charge(self, tenant: str, tier: str, state_id: bytes, nbytes: int) -> None:
-        self.refund(tier, state_id)
+        was = self._uncharge(tier, state_id)
         self._usage[(tenant, tier)] += nbytes
         self._charges[(tier, state_id)] = (tenant, nbytes)
+        if was is None and self.observer is not None:
+            self.observer.charged(tenant, tier, state_id)
 
     def would_exceed(self, tenant: str, tier: str, nbytes: int) -> bool:
         limit = self.quotas.get(tenant, {}).get(tier)
         return limit is not None and self._usage[(tenant, tier)] + nbytes > limit
 
     def refund(self, tier: str, state_id: bytes) -> None:
+        charged = self._uncharge(tier, state_id)
+        if charged is not None and self.observer is not None:
+            self.observer.refunded(charged[0], tier, state_id)
+
+    def _uncharge(self, tier: str, state_id: bytes) -> tuple[str, int] | None:
         charged = self._charges.pop((tier, state_id), None)
         if charged is not None:
             tenant, nbytes = charged
             self._usage[(tenant, tier)] -= nbytes
+        return charged
 
     def may_copy(self, src: str, dst: str, state_id: bytes, nbytes: int) -> bool:
         tenant = self.tenant_of(src, state_id)

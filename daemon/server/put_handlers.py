@@ -88,7 +88,7 @@ def put_request(tenant: str, meta: PutMeta) -> PutRequest:
         raise InvalidRequest(f"field 'digest' must be one of {sorted(_DIGESTS)}")
     return PutRequest(tenant=tenant, key=key_of(meta.key), provenance=provenance_of(meta.provenance),
                       specs=specs_of(meta.tensors), publish=meta.publish, version=meta.version,
-                      speculative=meta.speculative, digest_alg=digest, durable=meta.durable)
+                      speculative=meta.speculative, digest_alg=digest, durable=meta.durable, tag=meta.tag)
 
 
 def put_answer(result: PutResult) -> PutAnswer:

@@ -10,7 +10,7 @@ Unix socket, this process not an operator unless a test says so.
   bytes, copies per tier, kinds, times) and only the other after.
 - Tenant-checked: tenant B can neither purge A's namespace (naming it names a namespace of
   B's own) nor A's tenant; an operator (``listen.operator_uids``) purges a whole tenant and
-  lists every tenant.
+  lists every tenant, and its own client's ``purge()`` (or ``purge(spec)``) its own namespace.
 - Concurrent loads: loads of the namespace's objects racing the purge each return the exact
   tensors or ``NotFound``; no lease is violated and nothing of the namespace is left.
 """
@@ -118,6 +118,21 @@ def test_purge_is_tenant_checked_and_an_operator_purges_a_whole_tenant(request, 
     assert report["objects"] == 4 and in_redis(fresh_redis, refs) == 0
     with tenant_client(daemon, "b", jamba_namespace("tenant-b-model")) as client:
         assert [row["tenant"] for row in client.list_objects(all_tenants=True)["namespaces"]] == ["b"]
+
+
+def test_an_operators_client_purges_its_own_namespace_by_default_and_by_spec(request, fresh_redis) -> None:
+    daemon = daemon_fixture(request, name="purge-own-op", redis_url=fresh_redis.url,
+                            config={"tenants": TENANTS, "listen": {"operator_uids": [os.getuid()]}})
+    default, named = jamba_namespace("operator-default"), jamba_namespace("operator-named")
+    with tenant_client(daemon, "a", named) as client:
+        by_spec = put_some(client, 1, seed=6)
+    with tenant_client(daemon, "a", default) as client:
+        by_default = put_some(client, 1, seed=7)
+        # an operator's daemon takes the digest it is given as it is: the SDK sends the owned one
+        assert client.purge()["objects"] == 2
+        assert client.purge(named)["objects"] == 2
+        assert client.list_objects()["namespaces"] == []
+    assert in_redis(fresh_redis, by_spec + by_default) == 0
 
 
 def test_a_tenant_may_not_purge_or_list_another_tenant(daemon, fresh_redis) -> None:
