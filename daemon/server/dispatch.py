@@ -38,3 +38,7 @@ HANDLERS: dict[Op, Handler] = {
     Op.LIST: handle_list,
     Op.PURGE: handle_purge,
 }
+
+# The admin ops read a JSON map; a MessagePack meta (the binary flag) on one is refused by name
+# before its handler sees bytes where it expects a map. PING reads no meta.
+JSON_OPS = frozenset(HANDLERS) - frozenset(_HOT) - {Op.PING}

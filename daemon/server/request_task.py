@@ -21,7 +21,7 @@ from contextlib import nullcontext
 
 from statetier.daemon.server.budget import ByteBudget
 from statetier.daemon.server.frame_writer import ConnectionClosed, FrameWriter
-from statetier.daemon.server.dispatch import HANDLERS
+from statetier.daemon.server.dispatch import HANDLERS, JSON_OPS
 from statetier.daemon.server.handlers import Reply, Session
 from statetier.protocol.errors import InternalError, InvalidRequest, StatetierError
 from statetier.protocol.frames import Frame, error_frame
@@ -80,6 +80,8 @@ class RequestRunner:
         handler = HANDLERS.get(frame.op)
         if handler is None:
             raise InvalidRequest(f"{frame.op.name} is not a request")
+        if frame.is_binary and frame.op in JSON_OPS:
+            raise InvalidRequest(f"{frame.op.name} meta must be JSON, not MessagePack")
         return await handler(self._session, frame)
 
     async def _send_reply(self, request_id: int, reply: Reply) -> None:

@@ -140,6 +140,21 @@ async def test_a_hot_op_with_a_json_meta_is_refused_by_name() -> None:
         assert (await client.request(Op.PING)).op is Op.PONG
 
 
+@pytest.mark.parametrize("op", [Op.LIST, Op.DELETE, Op.PURGE, Op.STATS, Op.INSPECT, Op.VERIFY])
+async def test_an_admin_op_with_a_binary_meta_is_refused_by_name(op: Op) -> None:
+    """The fuzz probe's find: the binary flag on an admin op handed its handler bytes where it
+    reads a JSON map (an internal error); it is an invalid request, and the connection goes on."""
+    async with running_daemon() as daemon:
+        client = await connected(daemon)
+        raw = encode(LookupMeta(ns=NS, boundaries=()))
+        client.send_raw(struct.pack("<IBBHQI", 16 + len(raw), int(op), FLAG_BINARY, 0, 7, len(raw)) + raw)
+        error = await client.recv()
+        assert error.is_error and error.request_id == 7 and error.meta["reason"] == "invalid_request"
+        assert error.meta["message"] == f"{op.name} meta must be JSON, not MessagePack"
+        assert (await client.request(Op.PING)).op is Op.PONG
+        assert metric(daemon.metrics, "statetier_errors_total", reason="internal") == 0
+
+
 async def test_a_refused_tenant_name_is_logged_bounded_and_escaped(caplog) -> None:
     async with running_daemon() as daemon:
         client = await daemon.unix_client()
