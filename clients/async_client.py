@@ -283,7 +283,8 @@ class AsyncClient:
 
         ``into`` (``{name: tensor}``, contiguous, on one device) is filled in place and
         returned: the object must hold exactly those names, dtypes and shapes
-        (``CorruptPayload`` otherwise, before anything is written). Every tensor is verified
+        (``DestinationMismatch`` otherwise, before anything is written; the stored object is
+        left as it is). Every tensor is verified
         where it lands; when that check fails the call raises ``CorruptPayload`` and the
         contents of ``into`` are undefined (a CPU destination is the copy that was checked;
         a device destination is written only after its staging copy verified).

@@ -31,7 +31,8 @@ from typing import Sequence
 
 from .digests import DigestAlg, digest_region, hash_chunk, payload_digest_of, region_hasher
 from .dtypes import TensorSpec
-from .errors import BadSignature, CorruptPayload, InvalidRequest, TruncatedState, UnknownKey, UnsupportedFormat
+from .errors import (BadSignature, CorruptPayload, DestinationMismatch, InvalidRequest, TruncatedState, UnknownKey,
+                     UnsupportedFormat)
 from .expectation import Expectation, check_identity
 from .identity import MAX_U64, STATE_ID_BYTES, Provenance, StateKey
 from .keyring import Keyring, SigningKey
@@ -221,8 +222,8 @@ def _check_tensors(header: SealedHeader, expect: Expectation | None) -> None:
     if expect is not None and expect.tensors is not None:
         got = tuple(t.spec for t in header.tensors)
         if got != tuple(expect.tensors):
-            raise CorruptPayload(f"tensors {[(s.name, s.dtype, s.shape) for s in got]} differ from the expected "
-                                 f"{[(s.name, s.dtype, s.shape) for s in expect.tensors]}")
+            raise DestinationMismatch(f"tensors {[(s.name, s.dtype, s.shape) for s in got]} differ from the "
+                                      f"expected {[(s.name, s.dtype, s.shape) for s in expect.tensors]}")
 
 
 def check_payload(header: SealedHeader, payload) -> None:

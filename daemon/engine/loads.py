@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from statetier.protocol.classify import is_damage, skip_reason
 from statetier.protocol.errors import (
-    CorruptPayload,
+    DestinationMismatch,
     InvalidRequest,
     MisroutedState,
     NotFound,
@@ -201,10 +201,8 @@ class Loads:
         if specs is None or found == tuple(specs):
             return result
         await self.leases.release(result.lease_id, wanted.owner)
-        exc = CorruptPayload(f"tensors {[(s.name, s.dtype, s.shape) for s in found]} differ from the expected "
-                             f"{[(s.name, s.dtype, s.shape) for s in specs]}")
-        self.stack.count_rejection(exc)
-        raise exc
+        raise DestinationMismatch(f"the object holds tensors {[(s.name, s.dtype, s.shape) for s in found]}; the "
+                                  f"destination expects {[(s.name, s.dtype, s.shape) for s in specs]}")
 
     def _count_refusal(self, exc: RejectedState, counted: bool) -> None:
         if counted:
