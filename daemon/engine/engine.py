@@ -52,7 +52,7 @@ from .loads import Loads
 from .lookup import joint_hit
 from .placement import Placement
 from .puts import Puts
-from ..requests import Incoming, LoadRequest, LoadResult, LookupRequest, LookupResult, PutRequest, PutResult
+from ..requests import Incoming, JointHit, LoadRequest, LoadResult, LookupRequest, PutRequest, PutResult
 from .stack import EngineOptions, Stack
 from .tenancy import Tenancy, own_incoming, own_load, own_lookup, owned_namespace, owned_ref
 
@@ -178,7 +178,7 @@ class Engine:
 
     # ---------------------------------------------------------------- lookup, delete, inspect
 
-    async def lookup(self, req: LookupRequest, owner) -> LookupResult:
+    async def lookup(self, req: LookupRequest, owner) -> JointHit:
         started = time.perf_counter()
         req = own_lookup(req)
         self.tenancy.check_namespace(req.tenant, req.namespace)

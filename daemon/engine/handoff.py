@@ -1,6 +1,6 @@
 """After a batch of puts became visible: tenants, write-behind, publish, durable copies, metrics.
 
-``Handoff(stack)`` — one per engine (``daemon.engine.puts``). ``finish(stored, answers,
+``PutCompletion(stack)`` — one per engine (``daemon.engine.puts``). ``finish(stored, answers,
 started)`` answers each ``Stored`` item of a batch with its ``PutResult``:
 
 - its tenant is charged for the bytes in the tier that took it (and, with KV events on, its
@@ -46,7 +46,7 @@ class Stored:
     fingerprint: bytes
 
 
-class Handoff:
+class PutCompletion:
     def __init__(self, stack: Stack) -> None:
         self.stack = stack
 

@@ -1,6 +1,6 @@
 """The joint hit (DESIGN §4): how many tokens of a prefix can be restored, all layers at once.
 
-``joint_hit(engine, req, owner) -> LookupResult`` answers the largest boundary N of
+``joint_hit(engine, req, owner) -> JointHit`` answers the largest boundary N of
 ``req.boundaries`` at which
 
 - every attention layer has KV pages covering ``[0, N)`` — one page per span between
@@ -33,7 +33,7 @@ from statetier.protocol.identity import Kind, StateKey, StateRef, fingerprint
 from statetier.tiers.base import ObjectMeta, Tier
 
 from .candidates import newest_first, servable
-from ..requests import LookupRequest, LookupResult
+from ..requests import JointHit, LookupRequest
 
 
 class _Finder:
@@ -169,12 +169,12 @@ def _keys(namespace, kind: Kind, placement: int | LayerGroup, prefix: bytes, sta
     return [StateKey.from_checked(namespace, kind, placement, prefix, start, end, shard) for shard in shards]
 
 
-async def joint_hit(engine, req: LookupRequest, owner) -> LookupResult:
+async def joint_hit(engine, req: LookupRequest, owner) -> JointHit:
     if req.kv_layout not in ("blocks", "prefix"):
         raise InvalidRequest("kv_layout must be 'blocks' or 'prefix'")
     bounds = _checked(req.boundaries)
     if not bounds or not (req.attention_layers or req.ssm_layers or req.groups):
-        return LookupResult(0)
+        return JointHit(0)
     finder, needed = _Finder(engine), _Needed(req, bounds)
     if not all(tier.answers_in_memory for tier in engine.tiers):  # a batch costs what one key does
         await finder.prefetch(needed.everything())
@@ -190,7 +190,7 @@ async def joint_hit(engine, req: LookupRequest, owner) -> LookupResult:
         result = await _lease_all(engine, req, owner, bounds[i][0], picks)
         if result is not None:
             return result
-    return LookupResult(0)
+    return JointHit(0)
 
 
 async def _leases(engine, owner, picks) -> list:
@@ -212,12 +212,12 @@ async def _leases(engine, owner, picks) -> list:
     return leases
 
 
-async def _lease_all(engine, req: LookupRequest, owner, tokens: int, picks) -> LookupResult | None:
+async def _lease_all(engine, req: LookupRequest, owner, tokens: int, picks) -> JointHit | None:
     """Lease every object of the answer, or none (an object vanished: try a lower boundary)."""
     refs = [StateRef.from_checked(key, meta.request_id, meta.step, meta.object_id, meta.version,
                                   fingerprint(key, meta.request_id, meta.step)) for key, meta, _ in picks]
     if not req.lease:
-        return LookupResult(tokens, [(ref, None) for ref in refs])
+        return JointHit(tokens, [(ref, None) for ref in refs])
     leases = await _leases(engine, owner, picks)
     if any(isinstance(lease, BaseException) for lease in leases):
         for (_, _, tier), lease in zip(picks, leases):
@@ -228,5 +228,5 @@ async def _lease_all(engine, req: LookupRequest, owner, tokens: int, picks) -> L
             raise failure
         return None
     held = [engine.hold_for_lookup(tier, lease, owner) for (_, _, tier), lease in zip(picks, leases)]
-    return LookupResult(tokens, list(zip(refs, held)))
+    return JointHit(tokens, list(zip(refs, held)))
 
