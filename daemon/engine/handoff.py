@@ -61,7 +61,7 @@ class PutCompletion:
                 answers[item.index] = await self._answer(item)
             except StatetierError as exc:
                 answers[item.index] = exc
-        if stack.metrics is not None and stored:
+        if stored:
             self._observe(stored, (time.perf_counter() - started) / len(stored))
 
     def _observe(self, stored: list[Stored], seconds: float) -> None:
@@ -95,8 +95,7 @@ class PutCompletion:
         target = stack.publish
         if target is None:
             log.warning("put of %s asked to publish; no cross-node tier: stored locally only", meta.object_id.hex())
-            if stack.metrics is not None:
-                stack.metrics.count_unpublished()
+            stack.metrics.count_unpublished()
             stack.placement.schedule_copy_down(meta.object_id, tier)
             return False
         if tier is target:

@@ -86,8 +86,7 @@ class Loads:
             except StatetierError as exc:
                 out[index] = exc
                 break
-        if stack.metrics is not None:
-            self._observe([r for r in out if isinstance(r, LoadResult)], started)
+        self._observe([r for r in out if isinstance(r, LoadResult)], started)
         return out
 
     def _observe(self, results: list[LoadResult], started: float) -> None:
@@ -144,8 +143,8 @@ class Loads:
             if passed.refused is not None:  # a copy above was another object: served from below, said
                 self._count_refusal(passed.refused, counted)
             result = await self._check_specs(result, wanted)
-            if stack.metrics is not None:  # a hit only now: the bytes are the caller's
-                stack.metrics.count_hit(tier.name, wanted.expectation.key.kind.name.lower())
+            # a hit only now: the bytes are the caller's
+            stack.metrics.count_hit(tier.name, wanted.expectation.key.kind.name.lower())
             return result
         if passed.refused is not None:
             self._count_refusal(passed.refused, counted)
