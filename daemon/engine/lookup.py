@@ -14,8 +14,8 @@ shard of every layer is). A model with SSM layers never gets a KV-only answer, b
 SSM condition is part of every boundary's test. The objects behind the answer are leased
 to ``owner`` (when ``req.lease``, held in ``leases``) so they cannot be evicted or compacted
 away before the caller loads or releases them; a load then verifies each one fully.
-``locate_newest(stack, keys)`` is ``daemon.engine.candidates.locate``'s answer for many keys
-at once. Both work on the engine's ``Stack`` (tiers, registry, options, the skipped count).
+Keys are located by ``daemon.engine.candidates.locate_many`` (each key's newest servable
+object), on the engine's ``Stack`` (tiers, registry, options, the skipped count).
 
 Round trips: when a tier answers over the network (Redis), the keys of every boundary are
 located at once (``Tier.find_by_keys``: on one Redis server two round trips in all, the
@@ -27,21 +27,21 @@ boundary's snapshots and pages in one batch.
 
 from __future__ import annotations
 
-import asyncio
 
-from statetier.protocol.errors import InvalidRequest, StatetierError, Unavailable
+from statetier.protocol.errors import InvalidRequest, StatetierError
 from statetier.protocol.groups import LayerGroup
 from statetier.protocol.identity import Kind, StateKey, StateRef, fingerprint
 from statetier.tiers.base import ObjectMeta, Tier
 
-from .candidates import newest_first, servable
+from .candidates import each, locate_many
 from .leases import Leases
 from ..requests import JointHit, LookupRequest
 from .stack import Stack
 
 
 class _Finder:
-    """``locate_newest`` with a per-lookup cache (block pages are asked for repeatedly)."""
+    """Each key's newest servable object (``locate_many``), with a per-lookup cache (block
+    pages are asked for repeatedly)."""
 
     def __init__(self, stack: Stack) -> None:
         self.stack = stack
@@ -52,57 +52,14 @@ class _Finder:
         concurrently: on a decode node each may cost Redis round trips."""
         missing = [key for key in dict.fromkeys(keys) if key not in self._cache]
         if missing:
-            for key, pick in zip(missing, await locate_newest(self.stack, missing)):
-                self._cache[key] = pick
+            for key, candidates in zip(missing, await locate_many(self.stack, missing)):
+                self._cache[key] = candidates[0] if candidates else None
         picks = [self._cache[key] for key in keys]
         return None if any(pick is None for pick in picks) else picks
 
     async def prefetch(self, keys: list[StateKey]) -> None:
         """Locate all these keys now, in one batch (later ``all_found`` calls hit the cache)."""
         await self.all_found(keys)
-
-
-async def _each(in_memory: bool, calls: list) -> list:
-    """The awaitables' results in order: one by one when they answer from memory (a task
-    each would cost more than the answer), else concurrently. Exceptions are returned."""
-    if not in_memory:
-        return await asyncio.gather(*calls, return_exceptions=True)
-    out = []
-    for call in calls:
-        try:
-            out.append(await call)
-        except Exception as exc:  # noqa: BLE001 - returned like gather(return_exceptions=True)
-            out.append(exc)
-    return out
-
-
-async def locate_newest(stack: Stack, keys: list[StateKey]) -> list[tuple[ObjectMeta, Tier] | None]:
-    """For each key, what ``candidates.locate(stack, key)`` would answer first (the fastest tier's copy
-    of the newest servable object: not superseded in the registry, not speculative; the
-    skipped counted as ``locate`` counts them), or None — for many keys at once."""
-    digests = [key.digest() for key in keys]
-    seen: list[dict[bytes, tuple[ObjectMeta, Tier]]] = [{} for _ in keys]
-    registry, heads = stack.registry, {}
-    tiers = stack.tiers
-    answers = await _each(all(tier.answers_in_memory for tier in tiers),
-                          [tier.find_by_keys(digests, registry) for tier in tiers])
-    for tier, matches in zip(tiers, answers):
-        if isinstance(matches, Unavailable):
-            continue
-        if isinstance(matches, BaseException):
-            raise matches
-        heads.update(matches.heads)
-        for found, metas in zip(seen, matches.metas):
-            for meta in metas:
-                found.setdefault(meta.object_id, (meta, tier))
-    streams = list({meta.stream_id for found in seen for meta, _ in found.values()} - heads.keys())
-    if streams:  # the heads no tier brought along: one batch
-        heads.update(zip(streams, await registry.newest_many(streams)))
-    picks = []
-    for found in seen:
-        ok = servable(((meta, tier, heads[meta.stream_id]) for meta, tier in found.values()), False, stack.count_skip)
-        picks.append(max(ok, key=newest_first) if ok else None)
-    return picks
 
 
 def _checked(boundaries) -> list[tuple[int, bytes]]:
@@ -211,7 +168,7 @@ async def _leases(stack: Stack, owner, picks) -> list:
             leases[n] = await call
         except Exception as exc:  # noqa: BLE001 - returned like gather(return_exceptions=True)
             leases[n] = exc
-    for (n, _), lease in zip(remote, await _each(False, [call for _, call in remote]) if remote else []):
+    for (n, _), lease in zip(remote, await each(False, [call for _, call in remote]) if remote else []):
         leases[n] = lease
     return leases
 
