@@ -35,9 +35,10 @@ def test_the_server_calls_nothing_else_on_the_engine() -> None:
     used = set()
     for path in SERVER.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) \
-                    and node.value.attr in ("engine", "_engine"):
-                used.add(node.attr)
-            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "engine":
+            if not isinstance(node, ast.Attribute):
+                continue
+            owner = node.value
+            if (isinstance(owner, ast.Attribute) and owner.attr in ("engine", "_engine")) \
+                    or (isinstance(owner, ast.Name) and owner.id == "engine"):
                 used.add(node.attr)
     assert used and used <= set(declared(EngineCalls)) | {"executor"}, used - set(declared(EngineCalls))
