@@ -63,7 +63,7 @@ def cases() -> list[Case]:
 
 
 @dataclass
-class Row:
+class SealRow:
     case: str
     digest: str
     payload_bytes: int
@@ -106,7 +106,7 @@ def paired_runs(fns: dict[str, Callable[[], object]], runs: int, budget_s: float
     return times
 
 
-def measure(case: Case, runs: int, budget_s: float) -> list[Row]:
+def measure(case: Case, runs: int, budget_s: float) -> list[SealRow]:
     layout = layout_payload(case.specs)
     nbytes = layout.payload_len
     payload = bytearray(os.urandom(nbytes))
@@ -146,8 +146,9 @@ def measure(case: Case, runs: int, budget_s: float) -> list[Row]:
         seal_ratio = statistics.median(r / s for r, s in zip(times["raw"], times["seal"]))
         open_ratio = statistics.median(r / o for r, o in zip(times["raw"], times["open"]))
         gbps = lambda t: nbytes / t / 1e9  # noqa: E731
-        rows.append(Row(case.name, alg.label, nbytes, len(case.specs), gbps(t_copy), gbps(t_raw), gbps(t_seal),
-                        gbps(t_open), seal_ratio, open_ratio, (t_seal - t_raw) * 1e6, (t_open - t_raw) * 1e6))
+        rows.append(SealRow(case.name, alg.label, nbytes, len(case.specs), gbps(t_copy), gbps(t_raw),
+                            gbps(t_seal), gbps(t_open), seal_ratio, open_ratio, (t_seal - t_raw) * 1e6,
+                            (t_open - t_raw) * 1e6))
     return rows
 
 
@@ -155,7 +156,7 @@ def machine() -> dict:
     return {**machine_brief(), "blake3": metadata.version("blake3"), "xxhash": metadata.version("xxhash")}
 
 
-def print_table(rows: list[Row]) -> None:
+def print_table(rows: list[SealRow]) -> None:
     head = (f"{'case':<20} {'digest':<9} {'MiB':>6} {'n':>4} {'copy':>7} {'raw':>7} {'seal':>7} {'open':>7}"
             f" {'seal/raw':>9} {'open/raw':>9} {'+seal µs':>9} {'+open µs':>9}")
     print(head)

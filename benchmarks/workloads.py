@@ -42,7 +42,7 @@ PARTS = ("limits", "pd", "prefix", "clients", "sglang")
 
 
 @dataclass(frozen=True)
-class Plan:
+class WorkloadPlan:
     pd_tokens: tuple[int, ...]
     pd_reps: int
     prefix: PrefixPlan
@@ -55,8 +55,8 @@ class Plan:
     background_seconds: float
 
 
-FULL = Plan((2048, 8192), 5, PrefixPlan(5, 7, 4, (2, 6)), (1, 4, 16), 8, 7, 64, 7, 3.0, 1.0)
-QUICK = Plan((2048,), 1, PrefixPlan(2, 3, 2, (1, 3)), (1, 4, 16), 2, 1, 64, 1, 0.5, 0.5)
+FULL = WorkloadPlan((2048, 8192), 5, PrefixPlan(5, 7, 4, (2, 6)), (1, 4, 16), 8, 7, 64, 7, 3.0, 1.0)
+QUICK = WorkloadPlan((2048,), 1, PrefixPlan(2, 3, 2, (1, 3)), (1, 4, 16), 2, 1, 64, 1, 0.5, 0.5)
 
 
 class Progress:
@@ -93,7 +93,7 @@ def _run_async(coro):
     return uvloop.run(coro)
 
 
-def run_limits(plan: Plan, directory: Path, progress) -> dict[str, float]:
+def run_limits(plan: WorkloadPlan, directory: Path, progress) -> dict[str, float]:
     from statetier.launch import RedisServer
     from .workload_raw import limits
 
@@ -112,7 +112,7 @@ def limit_rows(start: dict[str, float], end: dict[str, float]) -> list[dict]:
              "start_gbps": start[name], "end_gbps": end[name]} for name in start]
 
 
-def run_pd(plan: Plan, directory: Path, progress) -> list[dict]:
+def run_pd(plan: WorkloadPlan, directory: Path, progress) -> list[dict]:
     from .workload_pd import run_pd as measure
     from statetier.launch import PDCluster
 
@@ -121,7 +121,7 @@ def run_pd(plan: Plan, directory: Path, progress) -> list[dict]:
         return _run_async(measure(cluster, cases, plan.pd_reps, progress))
 
 
-def run_prefix(plan: Plan, directory: Path, progress) -> list[dict]:
+def run_prefix(plan: WorkloadPlan, directory: Path, progress) -> list[dict]:
     from .workload_prefix import run_prefix as measure
     from statetier.launch import PDCluster
 
@@ -132,7 +132,7 @@ def run_prefix(plan: Plan, directory: Path, progress) -> list[dict]:
     return rows
 
 
-def run_clients(plan: Plan, directory: Path, progress) -> list[dict]:
+def run_clients(plan: WorkloadPlan, directory: Path, progress) -> list[dict]:
     from .workload_clients import run_clients as measure
 
     home = Path(tempfile.mkdtemp(prefix="st-cl-", dir="/tmp"))  # AF_UNIX paths are short
@@ -142,7 +142,7 @@ def run_clients(plan: Plan, directory: Path, progress) -> list[dict]:
         shutil.rmtree(home, ignore_errors=True)
 
 
-def run_sglang(plan: Plan, directory: Path, progress) -> list[dict]:
+def run_sglang(plan: WorkloadPlan, directory: Path, progress) -> list[dict]:
     from .workload_sglang import run_sglang as measure
 
     home = Path(tempfile.mkdtemp(prefix="st-sg-", dir="/tmp"))  # AF_UNIX paths are short
@@ -152,14 +152,14 @@ def run_sglang(plan: Plan, directory: Path, progress) -> list[dict]:
         shutil.rmtree(home, ignore_errors=True)
 
 
-def steps(plan: Plan, part: str) -> int:
+def steps(plan: WorkloadPlan, part: str) -> int:
     return {"limits": 1, "pd": len(plan.pd_tokens) * len(MODELS) * (plan.pd_reps + 1),
             "prefix": plan.prefix.conversations * plan.prefix.turns,
             "clients": len(plan.client_levels) * (plan.client_reps + 1),
             "sglang": plan.sglang_reps + 1}[part]
 
 
-def run(plan: Plan, parts: list[str], directory: Path) -> list[dict]:
+def run(plan: WorkloadPlan, parts: list[str], directory: Path) -> list[dict]:
     rows: list[dict] = []
     start = None
     for part in parts:

@@ -1,6 +1,7 @@
 """The asyncio client of the statetier daemon: torch tensors in, verified tensors out.
 
-``AsyncClient(url, *, namespace, tenant, token, ssl, use_shm, producer_id)``; ``await
+``AsyncClient(url, *, namespace, tenant, token, ssl, use_shm, producer_id, timeout,
+concurrency)`` (``concurrency``: a ``load_many``'s frames in flight, at least 1); ``await
 connect()`` / ``await close()`` or ``async with``. One connection carries every call, many
 at once. Keys are built in the client's namespace (``kv_key`` / ``ssm_key`` / ``group_key``).
 
@@ -85,7 +86,9 @@ from .values import (
     regrouped,
 )
 
-DEFAULT_CONCURRENCY = 16
+#: ``load_many``'s frames in flight unless a client or call says otherwise (measured: two
+#: overlap the daemon's reads with this process's copies; see ``batches``)
+DEFAULT_CONCURRENCY = LOAD_IN_FLIGHT
 log = logging.getLogger("statetier.client")
 Expect = Mapping[str, tuple[Any, Sequence[int]]]
 
@@ -113,7 +116,7 @@ class AsyncClient:
             raise InvalidRequest("namespace must be a Namespace, a NamespaceSpec or None")
         self.tenant = tenant
         self.producer_id = producer_id
-        self.concurrency = concurrency
+        self.concurrency = _checked_concurrency(concurrency)
         self._token, self._ssl, self._use_shm, self._timeout = token, ssl, use_shm, timeout
         self._conn: transport.Connection | None = None
         self._transfers: Transfers | None = None
@@ -259,8 +262,13 @@ class AsyncClient:
         """Put every item; the refs come back in the items' order. Items travel in
         ``PUT_BATCH`` frames (one round trip per batch of up to ``batches.BATCH_ITEMS``); the first
         failing item's error is raised, its position among ``items`` in ``detail["item"]``
-        (the items before it are stored). ``concurrency`` is accepted for compatibility.
-        ``trace``: as for ``put``, summed over the call's frames (``items``: how many)."""
+        (the items before it are stored). The frames go one at a time, in order (the versions
+        of a stream are claimed in order): ``concurrency`` may only be None or 1, anything
+        else is ``InvalidRequest``. ``trace``: as for ``put``, summed over the call's frames
+        (``items``: how many)."""
+        if concurrency is not None and _checked_concurrency(concurrency) != 1:
+            raise InvalidRequest(f"put_many sends one frame at a time (a stream's versions are claimed in order); "
+                                 f"concurrency={concurrency} cannot be honoured")
         transfers = self._transfers_now()
         prepared = [self._put_meta(item.key, item.tensors, item.request_id, item.step, item.publish,
                                    item.version, item.speculative, item.durable, item.tag)
@@ -283,7 +291,8 @@ class AsyncClient:
 
         ``into`` (``{name: tensor}``, contiguous, on one device) is filled in place and
         returned: the object must hold exactly those names, dtypes and shapes
-        (``CorruptPayload`` otherwise, before anything is written). Every tensor is verified
+        (``DestinationMismatch`` otherwise, before anything is written; the stored object is
+        left as it is). Every tensor is verified
         where it lands; when that check fails the call raises ``CorruptPayload`` and the
         contents of ``into`` are undefined (a CPU destination is the copy that was checked;
         a device destination is written only after its staging copy verified).
@@ -320,8 +329,10 @@ class AsyncClient:
         target ``{layer: {name: tensor}}``, its layers the chosen ones, see ``load_group``).
         A group target's result is ``{layer: {name: tensor}}``. ``trace``: as for ``load``,
         summed over the call's frames (``items``: how many).
-        ``concurrency`` (default: the client's) caps the frames in flight; 1 sends the
-        frames one after the other, so nothing is asked after the first failure."""
+        ``concurrency`` (default: the client's, ``DEFAULT_CONCURRENCY``) is the most frames
+        in flight at once (at least 1; the call has about ``batches.LOAD_PIPELINE`` frames,
+        so more than that changes nothing); 1 sends the frames one after the other, so
+        nothing is asked after the first failure."""
         targets = list(targets)
         if into is not None and len(into) != len(targets):
             raise InvalidRequest(f"into has {len(into)} destinations for {len(targets)} targets")
@@ -346,7 +357,7 @@ class AsyncClient:
                 meta.tensors = wire_specs(_expected_specs(expect))
             metas.append(meta)
         pairs = list(zip(metas, intos))
-        depth = min(LOAD_IN_FLIGHT, self.concurrency if concurrency is None else concurrency)
+        depth = self.concurrency if concurrency is None else _checked_concurrency(concurrency)
         per_frame = load_batch_items(len(pairs)) if depth > 1 else BATCH_ITEMS
         batches = batches_of(pairs, self._batch_bytes(), lambda _pair: 0, per_frame)
         namespace = self._own_namespace().digest
@@ -358,7 +369,7 @@ class AsyncClient:
                                                   trace)
 
         done = await in_order([functools.partial(one, batch, start) for batch, start in zip(batches, starts)],
-                              max(1, depth))
+                              depth)
         out: list = [loaded for batch in done for loaded in batch]
         for n in grouped:
             out[n] = regrouped(out[n])
@@ -503,6 +514,13 @@ class AsyncClient:
         if self.namespace is None:
             raise InvalidRequest("this client has no namespace: pass namespace= to put, load or lookup")
         return self.namespace
+
+
+def _checked_concurrency(concurrency: int) -> int:
+    """A count of frames in flight: an int of at least 1, else ``InvalidRequest``."""
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise InvalidRequest(f"concurrency must be an int of at least 1, not {concurrency!r}")
+    return concurrency
 
 
 def _expected_specs(expect: Expect) -> list[TensorSpec]:

@@ -29,7 +29,7 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from statetier.protocol.errors import CorruptPayload, InvalidRequest
+from statetier.protocol.errors import CorruptPayload, DestinationMismatch, InvalidRequest
 from statetier.protocol.groups import chosen
 from statetier.protocol.sealed import SealedHeader, TensorDescriptor, check_payload_digest, hash_chunk, region_hasher
 
@@ -170,13 +170,13 @@ def destinations(parts: Sequence[tuple[TensorDescriptor, int]], into, device: to
         return [empty_for(t.spec, device) for t in tensors]
     names = [t.spec.name for t in tensors]
     if sorted(names) != sorted(into):
-        raise CorruptPayload(f"the object holds tensors {names}, not {sorted(into)}")
+        raise DestinationMismatch(f"the object holds tensors {names}, not {sorted(into)}")
     dests = []
     for t in tensors:
         dest = into[t.spec.name]
         if dest.dtype != torch_dtype(t.spec.dtype) or tuple(dest.shape) != tuple(t.spec.shape):
-            raise CorruptPayload(f"tensor {t.spec.name!r} is {t.spec.dtype}{list(t.spec.shape)}; into holds "
-                                 f"{dest.dtype}{list(dest.shape)}")
+            raise DestinationMismatch(f"tensor {t.spec.name!r} is {t.spec.dtype}{list(t.spec.shape)}; into holds "
+                                      f"{dest.dtype}{list(dest.shape)}")
         dests.append(dest)
     return dests
 

@@ -22,6 +22,7 @@ import mmap
 import threading
 
 from statetier.protocol.extents import ExtentAllocator
+from statetier.protocol.mappings import unmap
 
 ALIGN = 64
 
@@ -55,16 +56,8 @@ class ClientWindows:
         self._free.free(offset)
 
     def close(self) -> None:
-        for view in (self.put_window, self.load_window):
-            try:
-                view.release()
-            except BufferError:
-                pass
-        for mapping in (self._put_map, self._load_map):
-            try:
-                mapping.close()
-            except BufferError:
-                pass  # a tensor still shares the mapping: it is unmapped when that tensor is freed
+        # a tensor may still share a mapping: it is unmapped when that tensor is freed
+        unmap((self.put_window, self.load_window), (self._put_map, self._load_map))
 
 
 class _FreeList:

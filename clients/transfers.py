@@ -41,8 +41,7 @@ from statetier.protocol.errors import CorruptPayload, MalformedFrame, StatetierE
 from statetier.protocol.frames import Frame, Op
 from statetier.protocol.groups import chosen
 from statetier.protocol.identity import StateRef
-from statetier.protocol.lru import BoundedLru
-from statetier.protocol.sealed import SealedHeader, layout_payload, parse_header
+from statetier.protocol.sealed import ParsedHeaders, SealedHeader, layout_payload
 from statetier.protocol.thresholds import INLINE_WORK_BYTES, run_work
 from statetier.protocol.wire_meta import (
     LoadAnswer,
@@ -74,7 +73,7 @@ class Transfers:
         self.conn = conn
         self.windows = windows
         self._executor = executor
-        self._headers: BoundedLru[bytes, SealedHeader] = BoundedLru(HEADER_CACHE)
+        self._headers = ParsedHeaders(HEADER_CACHE)  # a hot object is loaded again and again
         self._staging: torch.Tensor | None = None
         self._to_free: list[int] = []  # load-window regions done with, not yet given back
         self._flush_scheduled = False
@@ -300,7 +299,7 @@ class Transfers:
             if data.nbytes < _HEADER_LEN.stop:
                 raise MalformedFrame("LOAD reply carries no sealed object")
             header_len = int.from_bytes(data[_HEADER_LEN], "little")
-            header = self._parse(data[:header_len])
+            header = self._headers.parse(data[:header_len])
             payload = data[header_len:]
             if payload.nbytes != _received_bytes(header, layers):
                 raise MalformedFrame(f"LOAD reply carries {payload.nbytes} payload bytes; its header says "
@@ -308,21 +307,11 @@ class Transfers:
             return header, payload
         if self.windows is None:
             raise MalformedFrame("LOAD reply names a window region this client cannot read")
-        header = self._parse(data)
+        header = self._headers.parse(data)
         nbytes = _received_bytes(header, layers)
         if answer.window + nbytes > self.windows.load_window.nbytes:
             raise MalformedFrame("LOAD reply region lies outside the load window")
         return header, self.windows.load_window[answer.window : answer.window + nbytes]
-
-    def _parse(self, header_bytes: memoryview) -> SealedHeader:
-        """The header the daemon verified; parsed once per distinct header (a hot object is
-        loaded again and again)."""
-        key = bytes(header_bytes)
-        header = self._headers.get(key)
-        if header is None:
-            header = parse_header(key)
-            self._headers.put(key, header)
-        return header
 
     def _staging_for(self, nbytes: int) -> torch.Tensor:
         """A private host buffer (pinned when CUDA is there) of at least ``nbytes``: where a

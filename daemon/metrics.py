@@ -3,7 +3,9 @@
 ``Metrics(registry=None)`` (None → a fresh ``CollectorRegistry``, never the global one).
 The engine and the server call the ``observe_*``/``count_*``/``set_*`` methods; the app
 calls ``track(tier_stats, daemon_stats)`` once so gauges are read at scrape time
-(``daemon.metrics_scrape``). Labels are bounded: ``tier`` (device, host, disk, redis),
+(``daemon.metrics_scrape``). ``NullMetrics()`` has the same methods and counts nothing:
+what an engine built without metrics holds (tests, embedded use), so no caller checks
+for None. Labels are bounded: ``tier`` (device, host, disk, redis),
 ``kind`` (kv, ssm), ``op``, ``reason`` (an error class's ``.reason``), ``src``/``dst``
 (tier names), ``tenant`` (configured tenants). Never a key or id.
 
@@ -219,6 +221,65 @@ class Metrics:
         """Read ``tier_stats()`` and ``daemon_stats()`` at every scrape (replaces earlier ones)."""
         self._scrape_view.tier_stats = tier_stats
         self._scrape_view.daemon_stats = daemon_stats
+
+
+class NullMetrics:
+    """``Metrics`` that count nothing (see the module docstring): every method of ``Metrics``,
+    with its signature, doing nothing."""
+
+    def observe_op(self, tier: str, kind: str, op: str, nbytes: int, seconds: float) -> None:
+        pass
+
+    def observe_ops(self, tier: str, kind: str, op: str, count: int, nbytes: int, seconds: float) -> None:
+        pass
+
+    def count_ping(self) -> None:
+        pass
+
+    def count_hit(self, tier: str, kind: str) -> None:
+        pass
+
+    def count_miss(self, kind: str) -> None:
+        pass
+
+    def count_rejection(self, reason: str) -> None:
+        pass
+
+    def count_skipped_candidate(self, reason: str) -> None:
+        pass
+
+    def count_unpublished(self) -> None:
+        pass
+
+    def count_demotion(self, src: str, dst: str, n: int = 1) -> None:
+        pass
+
+    def count_promotion(self, src: str, dst: str) -> None:
+        pass
+
+    def count_purged(self, tier: str, n: int) -> None:
+        pass
+
+    def count_busy(self) -> None:
+        pass
+
+    def count_error(self, reason: str) -> None:
+        pass
+
+    def count_auth_failure(self, reason: str) -> None:
+        pass
+
+    def observe_lookup(self, tokens: int, seconds: float, requested: int | None = None) -> None:
+        pass
+
+    def set_redis_available(self, up: bool) -> None:
+        pass
+
+    def track_events(self, event_stats: Callable[[], dict]) -> None:
+        pass
+
+    def track(self, tier_stats: Callable[[], list[TierStats]], daemon_stats: Callable[[], dict]) -> None:
+        pass
 
 
 def _version() -> str:

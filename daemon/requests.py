@@ -10,7 +10,7 @@
 - ``LoadRequest``    — a load by ``StateRef`` (handoff) or by ``StateKey`` (prefix reuse),
                        always with the requester's own namespace
 - ``LoadResult``     — the verified header and a payload view, leased until released
-- ``LookupRequest`` / ``LookupResult`` — the joint-hit query and its answer
+- ``LookupRequest`` / ``JointHit`` — the joint-hit query and its answer (the SDK's is ``clients.values.LookupResult``)
 """
 
 from __future__ import annotations
@@ -99,6 +99,6 @@ class LookupRequest:
 
 
 @dataclass(slots=True)
-class LookupResult:
+class JointHit:
     tokens: int
     objects: list[tuple[StateRef, int | None]] = field(default_factory=list)  # (ref, lease id)

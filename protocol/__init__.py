@@ -11,8 +11,9 @@
 - ``classify``  — judging a loaded object in DESIGN §4 order (identity vs damage)
 - ``frames``    — the daemon's frame codec (length-prefixed, request ids, handshake)
 - ``errors``    — the one error tree, with wire codes and metric reasons
-- ``lru``, ``extents``, ``cancellation`` — what the tiers, the daemon and the clients all
-                  need: ``BoundedLru``, ``ExtentAllocator``, ``wait_out_cancellation``
+- ``lru``, ``extents``, ``cancellation``, ``mappings`` — what the tiers, the daemon and the
+                  clients all need: ``BoundedLru``, ``ExtentAllocator``,
+                  ``wait_out_cancellation``, ``unmap`` (a shared-memory window let go)
 
 Nothing here imports torch, redis, lmdb or prometheus_client, or does I/O.
 """

@@ -16,7 +16,7 @@ Every class has a stable wire ``code`` (u16, sent in error frames) and a ``reaso
     │   ├── FingerprintMismatch         107    fingerprint       7. fingerprint
     │   ├── StaleState                  108    stale             8. state_id / version
     │   ├── MisroutedState              109    misrouted         8. state_id of another stream
-    │   └── CorruptPayload              110    corrupt_payload   9. payload digest, tensors
+    │   └── CorruptPayload              110    corrupt_payload   9. payload digest, tiling
     ├── NotFound                        200    not_found
     ├── LeaseError                      210    lease             (unknown or expired lease)
     ├── CapacityError                   300    capacity          (no room in a tier, disk full)
@@ -28,6 +28,7 @@ Every class has a stable wire ``code`` (u16, sent in error frames) and a ``reaso
     │   ├── MalformedFrame              402    malformed_frame
     │   └── UnsupportedProtocol         403    unsupported_protocol
     ├── InvalidRequest                  410    invalid_request
+    │   └── DestinationMismatch         411    destination_mismatch (a load's ``into`` differs)
     ├── Unauthorized                    420    unauthorized
     ├── Forbidden                       421    forbidden
     ├── ConfigError                     430    config
@@ -190,6 +191,15 @@ class UnsupportedProtocol(ProtocolError):
 class InvalidRequest(StatetierError):
     code = 410
     reason = "invalid_request"
+
+
+class DestinationMismatch(InvalidRequest):
+    """A load's destination (the caller's ``into`` tensors, the specs it sent) does not match
+    the stored object's tensor names, dtypes or shapes: the request is wrong, not the bytes.
+    Never counted as a rejection; the stored copy is left as it is and stays loadable."""
+
+    code = 411
+    reason = "destination_mismatch"
 
 
 class Unauthorized(StatetierError):

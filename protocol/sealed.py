@@ -11,7 +11,9 @@ Sealing and opening live here; this is the module users import the format from.
                                id the keyring cannot verify with: ``UnknownKey``, made by
                                ``unknown_key(key_id)``).
 - ``VerifiedHeaders``        — a bounded cache of headers already verified and parsed, each
-                               valid while the key it verified under is unchanged.
+                               valid while the key it verified under is unchanged (the
+                               daemon, the Redis tier); ``ParsedHeaders`` — the SDK's: headers
+                               the daemon verified, parsed once.
 - ``check_payload`` / ``check_payload_digest`` / ``verify_payload_only`` — payload checks
                                of a header already verified; ``parse_header`` — a header
                                sent without its payload.
@@ -31,7 +33,8 @@ from typing import Sequence
 
 from .digests import DigestAlg, digest_region, hash_chunk, payload_digest_of, region_hasher
 from .dtypes import TensorSpec
-from .errors import BadSignature, CorruptPayload, InvalidRequest, TruncatedState, UnknownKey, UnsupportedFormat
+from .errors import (BadSignature, CorruptPayload, DestinationMismatch, InvalidRequest, TruncatedState, UnknownKey,
+                     UnsupportedFormat)
 from .expectation import Expectation, check_identity
 from .identity import MAX_U64, STATE_ID_BYTES, Provenance, StateKey
 from .keyring import Keyring, SigningKey
@@ -221,8 +224,8 @@ def _check_tensors(header: SealedHeader, expect: Expectation | None) -> None:
     if expect is not None and expect.tensors is not None:
         got = tuple(t.spec for t in header.tensors)
         if got != tuple(expect.tensors):
-            raise CorruptPayload(f"tensors {[(s.name, s.dtype, s.shape) for s in got]} differ from the expected "
-                                 f"{[(s.name, s.dtype, s.shape) for s in expect.tensors]}")
+            raise DestinationMismatch(f"tensors {[(s.name, s.dtype, s.shape) for s in got]} differ from the "
+                                      f"expected {[(s.name, s.dtype, s.shape) for s in expect.tensors]}")
 
 
 def check_payload(header: SealedHeader, payload) -> None:
@@ -268,9 +271,29 @@ def parse_header(header_bytes) -> SealedHeader:
     return header
 
 
+class ParsedHeaders:
+    """Headers sent without their payload, parsed once by their exact bytes (a ``BoundedLru``):
+    the SDK's counterpart of ``VerifiedHeaders``. It verifies nothing, as ``parse_header``:
+    the daemon checked the signature, and the payload is verified where it lands."""
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self._headers: BoundedLru[bytes, SealedHeader] = BoundedLru(capacity)
+
+    def __len__(self) -> int:
+        return len(self._headers)
+
+    def parse(self, header_bytes) -> SealedHeader:
+        key = bytes(header_bytes)
+        header = self._headers.get(key)
+        if header is None:
+            header = parse_header(key)
+            self._headers.put(key, header)
+        return header
+
+
 __all__ = [
-    "ALIGN", "DigestAlg", "Expectation", "FORMAT_VERSION", "MAGIC", "Opened", "PREFIX_BYTES", "PayloadLayout",
-    "SealedHeader", "TensorDescriptor", "VerifiedHeaders", "check_payload", "check_payload_digest", "decode_header",
+    "ALIGN", "DigestAlg", "Expectation", "FORMAT_VERSION", "MAGIC", "Opened", "PREFIX_BYTES", "ParsedHeaders",
+    "PayloadLayout", "SealedHeader", "TensorDescriptor", "VerifiedHeaders", "check_payload", "check_payload_digest", "decode_header",
     "hash_chunk", "header_length", "layout_payload", "open_sealed", "parse_header", "payload_digest_of",
     "region_hasher", "seal",
     "seal_object", "verify_payload_only",

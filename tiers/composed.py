@@ -7,6 +7,10 @@
   ``LoadPart``, ``delete`` to a ``RemovalPart``, ``evict`` to an ``EvictionPart``. ``HostTier`` and ``DeviceTier``
   (``tiers.memory.extent.ExtentTier``), ``DiskTier`` and ``RedisTier`` are one each; they
   add their lifecycle, their queries and what only they offer.
+- ``IndexedTier(name, ledger, stores, loads, removal, eviction)`` — a ``ComposedTier`` whose
+  ``Ledger`` index answers the queries in memory: ``contains``, ``get_meta``,
+  ``find_by_keys``, ``iter_objects`` (the memory and disk tiers; Redis asks its medium).
+  ``_require_open()`` is what a query checks first (nothing, unless a tier says otherwise).
 - ``StorePart``, ``LoadPart``, ``RemovalPart``, ``EvictionPart`` — what those parts provide.
 
 The parts share the tier's ``Ledger`` (``tiers.ledger``) and its medium, handed to each
@@ -15,10 +19,12 @@ when the tier builds them.
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any, Protocol, Sequence
 
-from .base import Buffer, EvictedObject, Lease, ObjectMeta, StoreTicket, Tier
+from .base import Buffer, EvictedObject, KeyMatches, Lease, ObjectMeta, StoreTicket, Tier
+from .ledger import Ledger
+from .registry import VersionRegistry
 
 
 class StorePart(Protocol):
@@ -83,3 +89,31 @@ class ComposedTier(Tier):
 
     def evict(self, need_bytes: int = 0) -> Coroutine[Any, Any, list[EvictedObject]]:
         return self._eviction_part.evict(need_bytes)
+
+
+class IndexedTier(ComposedTier):
+    """See the module docstring."""
+
+    def __init__(self, name: str, ledger: Ledger[Any], stores: StorePart, loads: LoadPart, removal: RemovalPart,
+                 eviction: EvictionPart) -> None:
+        super().__init__(name, stores, loads, removal, eviction)
+        self._ledger = ledger
+
+    def _require_open(self) -> None:
+        """Raise when the tier's medium cannot answer yet; a memory index always can."""
+
+    async def contains(self, object_id: bytes) -> bool:
+        return object_id in self._ledger.index
+
+    async def get_meta(self, object_id: bytes) -> ObjectMeta | None:
+        return self._ledger.index.get(object_id)
+
+    async def find_by_keys(self, key_digests: Sequence[bytes],
+                           registry: VersionRegistry | None = None) -> KeyMatches:
+        self._require_open()
+        return KeyMatches([self._ledger.index.by_key(digest) for digest in key_digests])
+
+    async def iter_objects(self) -> AsyncIterator[ObjectMeta]:
+        for meta in self._ledger.index.lru_order():
+            if meta.object_id in self._ledger.index:
+                yield meta

@@ -1,15 +1,22 @@
 """Candidates: the stored objects under a key that may be served (DESIGN §4), newest first.
 
-- ``locate(stack, key, allow_speculative=False)`` → ``[(ObjectMeta, Tier)]``: every servable
-  object under ``key`` (the fastest tier holding each), newest first (``Engine.locate``; a
-  load by key tries them in that order, ``daemon.engine.loads``)
+- ``locate_many(stack, keys, allow_speculative=False)`` → per key, ``[(ObjectMeta, Tier)]``:
+  every servable object under it (the fastest tier holding each), newest first. Each tier
+  is asked once for all the keys (``Tier.find_by_keys``: on Redis two round trips, the
+  stream heads riding along), the registry once for the heads no tier brought.
+- ``locate(stack, key, allow_speculative=False)`` — ``locate_many`` of one key
+  (``Engine.locate``; a load by key tries them in that order, ``daemon.engine.loads``);
+  ``daemon.engine.lookup`` takes the first of each key's for the joint hit.
 - ``servable(found, allow_speculative, count_skip)`` → the ``(meta, tier)`` of each
-  ``(meta, tier, stream head)`` that may be served: ``locate``'s judgement, shared with
-  ``daemon.engine.lookup.locate_newest`` (many keys at once, for the joint hit)
+  ``(meta, tier, stream head)`` that may be served.
+- ``each(in_memory, calls)`` — awaitables' results in order, exceptions returned: one by one
+  when they answer from memory, else concurrently.
 
 Servable: not superseded in the version registry (skipped as ``stale``) and not a
 speculative snapshot unless allowed (``speculative``); each skip is counted
-(``count_skip``). Tiers that are ``Unavailable`` are passed over.
+(``count_skip``). Tiers that are ``Unavailable`` are passed over. Tiers that answer from
+memory are asked one after the other (a task each would cost more than the answer), the
+others concurrently.
 """
 
 from __future__ import annotations
@@ -43,18 +50,43 @@ def servable(found: Iterable, allow_speculative: bool, count_skip) -> list[tuple
     return out
 
 
+async def each(in_memory: bool, calls: list) -> list:
+    """See the module docstring."""
+    if not in_memory:
+        return await asyncio.gather(*calls, return_exceptions=True)
+    out = []
+    for call in calls:
+        try:
+            out.append(await call)
+        except Exception as exc:  # noqa: BLE001 - returned like gather(return_exceptions=True)
+            out.append(exc)
+    return out
+
+
 async def locate(stack: Stack, key: StateKey, *, allow_speculative: bool = False) -> list[tuple[ObjectMeta, Tier]]:
-    """Tiers and the registry are asked concurrently."""
-    digest = key.digest()
-    answers = await asyncio.gather(*(tier.find_by_key(digest) for tier in stack.tiers), return_exceptions=True)
-    seen: dict[bytes, tuple[ObjectMeta, Tier]] = {}
-    for tier, metas in zip(stack.tiers, answers):
-        if isinstance(metas, Unavailable):
+    return (await locate_many(stack, [key], allow_speculative=allow_speculative))[0]
+
+
+async def locate_many(stack: Stack, keys: list[StateKey], *, allow_speculative: bool = False
+                      ) -> list[list[tuple[ObjectMeta, Tier]]]:
+    """See the module docstring."""
+    digests = [key.digest() for key in keys]
+    seen: list[dict[bytes, tuple[ObjectMeta, Tier]]] = [{} for _ in keys]
+    registry, tiers, heads = stack.registry, stack.tiers, {}
+    answers = await each(all(tier.answers_in_memory for tier in tiers),
+                         [tier.find_by_keys(digests, registry) for tier in tiers])
+    for tier, matches in zip(tiers, answers):
+        if isinstance(matches, Unavailable):
             continue
-        if isinstance(metas, BaseException):
-            raise metas
-        for meta in metas:
-            seen.setdefault(meta.object_id, (meta, tier))
-    heads = await asyncio.gather(*(stack.registry.newest(meta.stream_id) for meta, _ in seen.values()))
-    found = ((meta, tier, head) for (meta, tier), head in zip(seen.values(), heads))
-    return sorted(servable(found, allow_speculative, stack.count_skip), key=newest_first, reverse=True)
+        if isinstance(matches, BaseException):
+            raise matches
+        heads.update(matches.heads)
+        for found, metas in zip(seen, matches.metas):
+            for meta in metas:
+                found.setdefault(meta.object_id, (meta, tier))
+    streams = list({meta.stream_id for found in seen for meta, _ in found.values()} - heads.keys())
+    if streams:  # the heads no tier brought along: one batch
+        heads.update(zip(streams, await registry.newest_many(streams)))
+    return [sorted(servable(((meta, tier, heads[meta.stream_id]) for meta, tier in found.values()),
+                            allow_speculative, stack.count_skip), key=newest_first, reverse=True)
+            for found in seen]

@@ -129,9 +129,8 @@ async def purge(stack: Stack, tenant: str, *, namespace: Namespace | None = None
         raise Forbidden("objects of that namespace belong to another tenant")
     ids = list(dict.fromkeys(copy.meta.object_id for copy in picked))
     removed = await _remove_all(stack, ids, walked.unavailable)
-    if stack.metrics is not None:
-        for tier_name, count in removed.items():
-            stack.metrics.count_purged(tier_name, count)
+    for tier_name, count in removed.items():
+        stack.metrics.count_purged(tier_name, count)
     sizes = {copy.meta.object_id: copy.meta.size for copy in picked}
     return {"objects": len(ids), "bytes": sum(sizes.values()), "copies": sum(removed.values()), "by_tier": removed,
             "namespaces": len({copy.namespace for copy in picked}), "unavailable": walked.unavailable}

@@ -17,7 +17,7 @@ hold the rules; the server calls, per request, and the engine forwards to:
 - ``lookup``, ``locate``         ``daemon.engine.lookup`` (the joint hit), ``daemon.engine.candidates``
 - ``release`` / ``release_many`` / ``release_owner`` ``daemon.engine.leases`` (a connection
   went away: its leases)
-- ``delete``, ``drop_copy``      ``daemon.engine.deletion``; ``inspect``, ``verify_all``: ``daemon.engine.audit``
+- ``delete``                    ``daemon.engine.deletion``; ``inspect``, ``verify_all``: ``daemon.engine.audit``
 - ``list_objects``, ``purge``    ``daemon.engine.catalog`` (what is stored per tenant and namespace;
   removing a namespace's or a tenant's objects from every tier)
 - ``start`` / ``close``, ``stats``, ``lease_count``
@@ -41,9 +41,10 @@ from concurrent.futures import Executor
 from statetier.protocol.errors import InvalidRequest, StatetierError
 from statetier.protocol.identity import Namespace, StateKey, StateRef
 from statetier.protocol.keyring import Keyring
-from statetier.tiers.base import Lease, ObjectMeta, Tier
+from statetier.tiers.base import ObjectMeta, Tier
 from statetier.tiers.registry import VersionRegistry
 
+from ..metrics import Metrics, NullMetrics
 from . import audit, candidates, catalog, deletion
 from .announcements import Announcements
 from .fencing import Fences
@@ -52,7 +53,7 @@ from .loads import Loads
 from .lookup import joint_hit
 from .placement import Placement
 from .puts import Puts
-from ..requests import Incoming, LoadRequest, LoadResult, LookupRequest, LookupResult, PutRequest, PutResult
+from ..requests import Incoming, JointHit, LoadRequest, LoadResult, LookupRequest, PutRequest, PutResult
 from .stack import EngineOptions, Stack
 from .tenancy import Tenancy, own_incoming, own_load, own_lookup, owned_namespace, owned_ref
 
@@ -62,7 +63,8 @@ log = logging.getLogger("statetier.engine")
 
 
 class Engine:
-    def __init__(self, tiers: list[Tier], *, keyring: Keyring, registry: VersionRegistry, metrics=None,
+    def __init__(self, tiers: list[Tier], *, keyring: Keyring, registry: VersionRegistry,
+                 metrics: Metrics | NullMetrics | None = None,
                  options: EngineOptions | None = None, arena: Tier | None = None, publish: Tier | None = None,
                  write_behind_to: Tier | None = None, executor: Executor | None = None,
                  announcements: Announcements | None = None) -> None:
@@ -71,7 +73,7 @@ class Engine:
         self.tiers = list(tiers)
         self.keyring = keyring
         self.registry = registry
-        self.metrics = metrics
+        self.metrics = metrics = NullMetrics() if metrics is None else metrics
         self.options = options or EngineOptions()
         self.arena = arena
         self.publish_tier = publish
@@ -136,10 +138,6 @@ class Engine:
         """Seal a payload that lies in memory its client can still write: copied first."""
         return _one(await self.put_batch([Incoming(req, memoryview(source).cast("B"), shared=True)]))
 
-    async def run_work(self, nbytes: int, fn):
-        """``fn()`` on the loop or as one executor job (``protocol.thresholds``)."""
-        return await self.stack.run_work(nbytes, fn)
-
     # ---------------------------------------------------------------- loads (``daemon.engine.loads``)
 
     async def load_batch(self, reqs: list[LoadRequest], owner) -> list[LoadResult | StatetierError | None]:
@@ -153,15 +151,6 @@ class Engine:
         """Give back many leases at once; how many were still held."""
         return await self._leases.release_many(lease_ids, owner)
 
-    async def drop_copy(self, tier: Tier, state_id: bytes) -> None:
-        await deletion.drop_copy(self.stack, tier, state_id)
-
-    def count_rejection(self, exc: StatetierError) -> None:
-        self.stack.count_rejection(exc)
-
-    def count_skip(self, reason: str) -> None:  # for daemon.engine.lookup, which locates many keys at once
-        self.stack.count_skip(reason)
-
     # ---------------------------------------------------------------- leases (``daemon.engine.leases``)
 
     async def release(self, lease_id: int, owner) -> bool:
@@ -173,19 +162,15 @@ class Engine:
             await self.release(lease_id, owner)
         return len(mine)
 
-    def hold_for_lookup(self, tier: Tier, lease: Lease, owner) -> int:
-        return self._leases.hold(tier, lease, owner)[0]
-
     # ---------------------------------------------------------------- lookup, delete, inspect
 
-    async def lookup(self, req: LookupRequest, owner) -> LookupResult:
+    async def lookup(self, req: LookupRequest, owner) -> JointHit:
         started = time.perf_counter()
         req = own_lookup(req)
         self.tenancy.check_namespace(req.tenant, req.namespace)
-        result = await joint_hit(self, req, owner)
-        if self.metrics is not None:
-            requested = req.boundaries[-1][0] if req.boundaries else 0
-            self.metrics.observe_lookup(result.tokens, time.perf_counter() - started, requested)
+        result = await joint_hit(self.stack, self._leases, req, owner)
+        requested = req.boundaries[-1][0] if req.boundaries else 0
+        self.metrics.observe_lookup(result.tokens, time.perf_counter() - started, requested)
         return result
 
     async def locate(self, key: StateKey, *, allow_speculative: bool = False) -> list[tuple[ObjectMeta, Tier]]:
@@ -212,10 +197,10 @@ class Engine:
                                    is_operator=is_operator)
 
     async def inspect(self, tenant: str, state_id: bytes) -> dict:
-        return await audit.inspect(self, tenant, state_id)
+        return await audit.inspect(self.stack, tenant, state_id)
 
     async def verify_all(self, tenant: str | None = None, progress=None) -> dict:
-        return await audit.verify_all(self, tenant, progress)
+        return await audit.verify_all(self.stack, tenant, progress)
 
     # ---------------------------------------------------------------- stats
 

@@ -1,6 +1,6 @@
 """After a batch of puts became visible: tenants, write-behind, publish, durable copies, metrics.
 
-``Handoff(stack)`` — one per engine (``daemon.engine.puts``). ``finish(stored, answers,
+``PutCompletion(stack)`` — one per engine (``daemon.engine.puts``). ``finish(stored, answers,
 started)`` answers each ``Stored`` item of a batch with its ``PutResult``:
 
 - its tenant is charged for the bytes in the tier that took it (and, with KV events on, its
@@ -46,7 +46,7 @@ class Stored:
     fingerprint: bytes
 
 
-class Handoff:
+class PutCompletion:
     def __init__(self, stack: Stack) -> None:
         self.stack = stack
 
@@ -61,7 +61,7 @@ class Handoff:
                 answers[item.index] = await self._answer(item)
             except StatetierError as exc:
                 answers[item.index] = exc
-        if stack.metrics is not None and stored:
+        if stored:
             self._observe(stored, (time.perf_counter() - started) / len(stored))
 
     def _observe(self, stored: list[Stored], seconds: float) -> None:
@@ -95,8 +95,7 @@ class Handoff:
         target = stack.publish
         if target is None:
             log.warning("put of %s asked to publish; no cross-node tier: stored locally only", meta.object_id.hex())
-            if stack.metrics is not None:
-                stack.metrics.count_unpublished()
+            stack.metrics.count_unpublished()
             stack.placement.schedule_copy_down(meta.object_id, tier)
             return False
         if tier is target:

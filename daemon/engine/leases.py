@@ -4,8 +4,8 @@
 - ``Leases(ids)``                  — the engine's table; ``ids`` the engine's one counter
   (one id names one lease, never reused)
   - ``hold(tier, lease, owner)`` → ``(lease_id, Held)``: a load's result or a lookup's
-    object (``daemon.engine.loads``, ``daemon.engine.serving``, ``daemon.engine.lookup`` through
-    ``Engine.hold_for_lookup``), kept until released
+    object (``daemon.engine.loads``, ``daemon.engine.serving``, ``daemon.engine.lookup``: each
+    is handed this table), kept until released
   - ``release(lease_id, owner)`` → bool; ``release_many(lease_ids, owner)`` → how many;
     ``ids_of(owner)``, ``owners()``, ``len()``
   - ``held_by(lease_id, owner)`` → ``Held``, or ``LeaseError`` for another owner's id

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from statetier.protocol.classify import is_damage, skip_reason
 from statetier.protocol.errors import (
-    CorruptPayload,
+    DestinationMismatch,
     InvalidRequest,
     MisroutedState,
     NotFound,
@@ -86,8 +86,7 @@ class Loads:
             except StatetierError as exc:
                 out[index] = exc
                 break
-        if stack.metrics is not None:
-            self._observe([r for r in out if isinstance(r, LoadResult)], started)
+        self._observe([r for r in out if isinstance(r, LoadResult)], started)
         return out
 
     def _observe(self, results: list[LoadResult], started: float) -> None:
@@ -144,8 +143,8 @@ class Loads:
             if passed.refused is not None:  # a copy above was another object: served from below, said
                 self._count_refusal(passed.refused, counted)
             result = await self._check_specs(result, wanted)
-            if stack.metrics is not None:  # a hit only now: the bytes are the caller's
-                stack.metrics.count_hit(tier.name, wanted.expectation.key.kind.name.lower())
+            # a hit only now: the bytes are the caller's
+            stack.metrics.count_hit(tier.name, wanted.expectation.key.kind.name.lower())
             return result
         if passed.refused is not None:
             self._count_refusal(passed.refused, counted)
@@ -201,10 +200,8 @@ class Loads:
         if specs is None or found == tuple(specs):
             return result
         await self.leases.release(result.lease_id, wanted.owner)
-        exc = CorruptPayload(f"tensors {[(s.name, s.dtype, s.shape) for s in found]} differ from the expected "
-                             f"{[(s.name, s.dtype, s.shape) for s in specs]}")
-        self.stack.count_rejection(exc)
-        raise exc
+        raise DestinationMismatch(f"the object holds tensors {[(s.name, s.dtype, s.shape) for s in found]}; the "
+                                  f"destination expects {[(s.name, s.dtype, s.shape) for s in specs]}")
 
     def _count_refusal(self, exc: RejectedState, counted: bool) -> None:
         if counted:

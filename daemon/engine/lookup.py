@@ -1,6 +1,6 @@
 """The joint hit (DESIGN §4): how many tokens of a prefix can be restored, all layers at once.
 
-``joint_hit(engine, req, owner) -> LookupResult`` answers the largest boundary N of
+``joint_hit(stack, leases, req, owner) -> JointHit`` answers the largest boundary N of
 ``req.boundaries`` at which
 
 - every attention layer has KV pages covering ``[0, N)`` — one page per span between
@@ -12,8 +12,10 @@
 or 0 — on every TP shard of ``req.shards`` (a request is restorable at N only when every
 shard of every layer is). A model with SSM layers never gets a KV-only answer, because the
 SSM condition is part of every boundary's test. The objects behind the answer are leased
-to ``owner`` (when ``req.lease``) so they cannot be evicted or compacted away before the
-caller loads or releases them; a load then verifies each one fully.
+to ``owner`` (when ``req.lease``, held in ``leases``) so they cannot be evicted or compacted
+away before the caller loads or releases them; a load then verifies each one fully.
+Keys are located by ``daemon.engine.candidates.locate_many`` (each key's newest servable
+object), on the engine's ``Stack`` (tiers, registry, options, the skipped count).
 
 Round trips: when a tier answers over the network (Redis), the keys of every boundary are
 located at once (``Tier.find_by_keys``: on one Redis server two round trips in all, the
@@ -25,22 +27,24 @@ boundary's snapshots and pages in one batch.
 
 from __future__ import annotations
 
-import asyncio
 
-from statetier.protocol.errors import InvalidRequest, StatetierError, Unavailable
+from statetier.protocol.errors import InvalidRequest, StatetierError
 from statetier.protocol.groups import LayerGroup
 from statetier.protocol.identity import Kind, StateKey, StateRef, fingerprint
 from statetier.tiers.base import ObjectMeta, Tier
 
-from .candidates import newest_first, servable
-from ..requests import LookupRequest, LookupResult
+from .candidates import each, locate_many
+from .leases import Leases
+from ..requests import JointHit, LookupRequest
+from .stack import Stack
 
 
 class _Finder:
-    """``engine.locate`` with a per-lookup cache (block pages are asked for repeatedly)."""
+    """Each key's newest servable object (``locate_many``), with a per-lookup cache (block
+    pages are asked for repeatedly)."""
 
-    def __init__(self, engine) -> None:
-        self.engine = engine
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
         self._cache: dict[StateKey, tuple[ObjectMeta, Tier] | None] = {}
 
     async def all_found(self, keys: list[StateKey]) -> list[tuple[ObjectMeta, Tier]] | None:
@@ -48,57 +52,14 @@ class _Finder:
         concurrently: on a decode node each may cost Redis round trips."""
         missing = [key for key in dict.fromkeys(keys) if key not in self._cache]
         if missing:
-            for key, pick in zip(missing, await locate_newest(self.engine, missing)):
-                self._cache[key] = pick
+            for key, candidates in zip(missing, await locate_many(self.stack, missing)):
+                self._cache[key] = candidates[0] if candidates else None
         picks = [self._cache[key] for key in keys]
         return None if any(pick is None for pick in picks) else picks
 
     async def prefetch(self, keys: list[StateKey]) -> None:
         """Locate all these keys now, in one batch (later ``all_found`` calls hit the cache)."""
         await self.all_found(keys)
-
-
-async def _each(in_memory: bool, calls: list) -> list:
-    """The awaitables' results in order: one by one when they answer from memory (a task
-    each would cost more than the answer), else concurrently. Exceptions are returned."""
-    if not in_memory:
-        return await asyncio.gather(*calls, return_exceptions=True)
-    out = []
-    for call in calls:
-        try:
-            out.append(await call)
-        except Exception as exc:  # noqa: BLE001 - returned like gather(return_exceptions=True)
-            out.append(exc)
-    return out
-
-
-async def locate_newest(engine, keys: list[StateKey]) -> list[tuple[ObjectMeta, Tier] | None]:
-    """For each key, what ``engine.locate(key)`` would answer first (the fastest tier's copy
-    of the newest servable object: not superseded in the registry, not speculative; the
-    skipped counted as ``locate`` counts them), or None — for many keys at once."""
-    digests = [key.digest() for key in keys]
-    seen: list[dict[bytes, tuple[ObjectMeta, Tier]]] = [{} for _ in keys]
-    registry, heads = engine.registry, {}
-    tiers = engine.tiers
-    answers = await _each(all(tier.answers_in_memory for tier in tiers),
-                          [tier.find_by_keys(digests, registry) for tier in tiers])
-    for tier, matches in zip(tiers, answers):
-        if isinstance(matches, Unavailable):
-            continue
-        if isinstance(matches, BaseException):
-            raise matches
-        heads.update(matches.heads)
-        for found, metas in zip(seen, matches.metas):
-            for meta in metas:
-                found.setdefault(meta.object_id, (meta, tier))
-    streams = list({meta.stream_id for found in seen for meta, _ in found.values()} - heads.keys())
-    if streams:  # the heads no tier brought along: one batch
-        heads.update(zip(streams, await registry.newest_many(streams)))
-    picks = []
-    for found in seen:
-        ok = servable(((meta, tier, heads[meta.stream_id]) for meta, tier in found.values()), False, engine.count_skip)
-        picks.append(max(ok, key=newest_first) if ok else None)
-    return picks
 
 
 def _checked(boundaries) -> list[tuple[int, bytes]]:
@@ -169,14 +130,14 @@ def _keys(namespace, kind: Kind, placement: int | LayerGroup, prefix: bytes, sta
     return [StateKey.from_checked(namespace, kind, placement, prefix, start, end, shard) for shard in shards]
 
 
-async def joint_hit(engine, req: LookupRequest, owner) -> LookupResult:
+async def joint_hit(stack: Stack, leases: Leases, req: LookupRequest, owner) -> JointHit:
     if req.kv_layout not in ("blocks", "prefix"):
         raise InvalidRequest("kv_layout must be 'blocks' or 'prefix'")
     bounds = _checked(req.boundaries)
     if not bounds or not (req.attention_layers or req.ssm_layers or req.groups):
-        return LookupResult(0)
-    finder, needed = _Finder(engine), _Needed(req, bounds)
-    if not all(tier.answers_in_memory for tier in engine.tiers):  # a batch costs what one key does
+        return JointHit(0)
+    finder, needed = _Finder(stack), _Needed(req, bounds)
+    if not all(tier.answers_in_memory for tier in stack.tiers):  # a batch costs what one key does
         await finder.prefetch(needed.everything())
     for i in reversed(range(len(bounds))):
         ssm_keys, kv_keys = needed.at(i)
@@ -187,19 +148,19 @@ async def joint_hit(engine, req: LookupRequest, owner) -> LookupResult:
         if found is None:
             continue
         picks = [(key, *pick) for key, pick in zip(keys, found)]
-        result = await _lease_all(engine, req, owner, bounds[i][0], picks)
+        result = await _lease_all(stack, leases, req, owner, bounds[i][0], picks)
         if result is not None:
             return result
-    return LookupResult(0)
+    return JointHit(0)
 
 
-async def _leases(engine, owner, picks) -> list:
+async def _leases(stack: Stack, owner, picks) -> list:
     """``prepare_load`` of every pick, in order (failures returned): those a tier answers
     from memory one by one, the others concurrently."""
     leases: list = [None] * len(picks)
     remote = []
     for n, (_, meta, tier) in enumerate(picks):
-        call = tier.prepare_load(meta.object_id, owner=owner, ttl=engine.options.lease_ttl)
+        call = tier.prepare_load(meta.object_id, owner=owner, ttl=stack.options.lease_ttl)
         if not tier.leases_in_memory(meta.object_id):
             remote.append((n, call))
             continue
@@ -207,18 +168,19 @@ async def _leases(engine, owner, picks) -> list:
             leases[n] = await call
         except Exception as exc:  # noqa: BLE001 - returned like gather(return_exceptions=True)
             leases[n] = exc
-    for (n, _), lease in zip(remote, await _each(False, [call for _, call in remote]) if remote else []):
+    for (n, _), lease in zip(remote, await each(False, [call for _, call in remote]) if remote else []):
         leases[n] = lease
     return leases
 
 
-async def _lease_all(engine, req: LookupRequest, owner, tokens: int, picks) -> LookupResult | None:
+async def _lease_all(stack: Stack, held_for: Leases, req: LookupRequest, owner, tokens: int, picks
+                     ) -> JointHit | None:
     """Lease every object of the answer, or none (an object vanished: try a lower boundary)."""
     refs = [StateRef.from_checked(key, meta.request_id, meta.step, meta.object_id, meta.version,
                                   fingerprint(key, meta.request_id, meta.step)) for key, meta, _ in picks]
     if not req.lease:
-        return LookupResult(tokens, [(ref, None) for ref in refs])
-    leases = await _leases(engine, owner, picks)
+        return JointHit(tokens, [(ref, None) for ref in refs])
+    leases = await _leases(stack, owner, picks)
     if any(isinstance(lease, BaseException) for lease in leases):
         for (_, _, tier), lease in zip(picks, leases):
             if not isinstance(lease, BaseException):
@@ -227,6 +189,6 @@ async def _lease_all(engine, req: LookupRequest, owner, tokens: int, picks) -> L
         if not isinstance(failure, StatetierError):
             raise failure
         return None
-    held = [engine.hold_for_lookup(tier, lease, owner) for (_, _, tier), lease in zip(picks, leases)]
-    return LookupResult(tokens, list(zip(refs, held)))
+    held = [held_for.hold(tier, lease, owner)[0] for (_, _, tier), lease in zip(picks, leases)]
+    return JointHit(tokens, list(zip(refs, held)))
 

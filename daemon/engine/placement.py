@@ -48,6 +48,8 @@ from statetier.protocol.errors import CapacityError, InvalidRequest, NotFound, S
 from statetier.protocol.lru import BoundedLru
 from statetier.tiers.base import EvictedObject, ObjectMeta, Tier
 
+from ..metrics import Metrics, NullMetrics
+
 log = logging.getLogger("statetier.placement")
 
 #: Ended deletes remembered by object id (``deleted_since``); a load that began before more
@@ -69,11 +71,12 @@ class _NoLedger:
 
 
 class Placement:
-    def __init__(self, tiers: Sequence[Tier], metrics=None, *, write_behind_limit: int = 256,
+    def __init__(self, tiers: Sequence[Tier], metrics: Metrics | NullMetrics | None = None, *,
+                 write_behind_limit: int = 256,
                  write_behind_from: Sequence[Tier] = (), write_behind_to: Tier | None = None,
                  ledger=None) -> None:
         self.tiers = list(tiers)
-        self.metrics = metrics
+        self.metrics = NullMetrics() if metrics is None else metrics
         self.ledger = ledger if ledger is not None else _NoLedger()
         self._cycle_ids = itertools.count(1)
         self._open_cycles: set[int] = set()
@@ -113,9 +116,7 @@ class Placement:
             ok = True
         finally:
             await tier.complete_store(ticket, ok)
-        if self.metrics is not None:
-            self.metrics.observe_op(tier.name, meta.kind.name.lower(), "store", meta.size,
-                                    time.perf_counter() - started)
+        self.metrics.observe_op(tier.name, meta.kind.name.lower(), "store", meta.size, time.perf_counter() - started)
 
     async def store_filled(self, tier: Tier, meta: ObjectMeta, fill):
         """``store_in`` whose bytes ``await fill(view)`` puts in place in the tier's own
@@ -128,7 +129,7 @@ class Placement:
             kept = await fill(ticket.view)
         finally:
             await tier.complete_store(ticket, kept is not None)
-        if kept is not None and self.metrics is not None:
+        if kept is not None:
             self.metrics.observe_op(tier.name, meta.kind.name.lower(), "store", meta.size,
                                     time.perf_counter() - started)
         return kept
@@ -254,8 +255,7 @@ class Placement:
                 log.info("dropped %s: no lower tier could take it", oid.hex())
                 continue
             self.ledger.moved(source.name, target.name, oid)
-            if self.metrics is not None:
-                self.metrics.count_demotion(source.name, target.name)
+            self.metrics.count_demotion(source.name, target.name)
 
     async def _is_held_below(self, lower: list[Tier], object_id: bytes) -> bool:
         return await self._holder_below(lower, object_id) is not None

@@ -43,7 +43,7 @@ from statetier.tiers.base import ObjectMeta, StoreTicket, Tier
 from statetier.tiers.registry import Claim, Claimed
 
 from .fencing import Fences
-from .handoff import Handoff, Stored
+from .handoff import PutCompletion, Stored
 from ..requests import Incoming, PutRequest, PutResult
 from .stack import Stack
 from ..trace import phase
@@ -71,7 +71,7 @@ class Puts:
     def __init__(self, stack: Stack, fences: Fences) -> None:
         self.stack = stack
         self.fences = fences
-        self.handoff = Handoff(stack)
+        self.handoff = PutCompletion(stack)
         self._tier_names = [tier.name for tier in stack.tiers]
 
     async def put_batch(self, items: list[Incoming]) -> list[PutResult | StatetierError | None]:

@@ -146,8 +146,7 @@ class CopyServer:
                 return None  # no room in the arena (or a concurrent promotion won): read as usual
             stack.tenancy.charge(wanted.tenant, target.name, meta.object_id, meta.size)
             held_lease = await target.prepare_load(meta.object_id, owner=wanted.owner, ttl=stack.options.lease_ttl)
-        if stack.metrics is not None:
-            stack.metrics.count_promotion(tier.name, target.name)
+        stack.metrics.count_promotion(tier.name, target.name)
         lease_id, held = self.leases.hold(target, held_lease, wanted.owner)
         view = memoryview(await target.read(held_lease)).cast("B")
         return self._result(lease_id, held, opened.header, view)
@@ -171,8 +170,7 @@ class CopyServer:
         except StatetierError as exc:
             log.debug("promotion of %s into %s skipped: %s", meta.object_id.hex(), target.name, exc)
             return None
-        if stack.metrics is not None:
-            stack.metrics.count_promotion(source.name, target.name)
+        stack.metrics.count_promotion(source.name, target.name)
         return self.leases.hold(target, lease, wanted.owner)
 
     def _result(self, lease_id: int, held: Held, header, blob: memoryview) -> LoadResult:

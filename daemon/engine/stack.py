@@ -4,17 +4,21 @@
                        load, and whether a put may ``publish`` without a cross-node tier
 - ``Stack``          — built once by ``Engine``, handed to its parts (``daemon.engine.puts``,
                        ``daemon.engine.fencing``, ``daemon.engine.loads``, ``daemon.engine.serving``,
-                       ``daemon.engine.candidates``, ``daemon.engine.deletion``): the tiers fastest first,
+                       ``daemon.engine.candidates``, ``daemon.engine.deletion``, ``daemon.engine.lookup``,
+                       ``daemon.engine.audit``, ``daemon.engine.catalog``): the tiers fastest first,
                        the host arena, the cross-node tier, the version registry,
-                       ``Placement``, ``Tenancy``, keyring, options, metrics and the KV
+                       ``Placement``, ``Tenancy``, keyring, options, metrics (``Metrics``, or
+                       ``NullMetrics`` when the engine has none) and the KV
                        events' ``Announcements`` (or None);
                        ``run_work(nbytes, fn)`` runs copies and digests on the loop below
                        ``protocol.thresholds.INLINE_WORK_BYTES``, else as one executor
                        job; ``count_rejection`` / ``count_skip`` /
-                       ``count_miss`` count a refusal, a skipped candidate, a miss (when
-                       there are metrics).
+                       ``count_miss`` count a refusal, a skipped candidate, a miss.
 
-A frozen value: the parts share what it names, and nothing else.
+Not a value: its fields are fixed once built (a frozen dataclass: no part rebinds them), but
+what they name is live and shared — the tiers, ``Placement`` and ``Tenancy`` change as the
+parts work through them. The parts share these collaborators and nothing else; the lookup
+and the audit get the stack too, never the ``Engine``.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from statetier.protocol.thresholds import run_work
 from statetier.tiers.base import Tier
 from statetier.tiers.registry import VersionRegistry
 
+from ..metrics import Metrics, NullMetrics
 from .announcements import Announcements
 from .placement import Placement
 from .tenancy import Tenancy
@@ -57,7 +62,7 @@ class Stack:
     options: EngineOptions
     placement: Placement
     tenancy: Tenancy
-    metrics: object | None = None
+    metrics: Metrics | NullMetrics = field(default_factory=NullMetrics)
     arena: Tier | None = None
     publish: Tier | None = None
     executor: Executor | None = None
@@ -67,13 +72,10 @@ class Stack:
         return await run_work(self.executor, nbytes, fn)
 
     def count_rejection(self, exc: StatetierError) -> None:
-        if self.metrics is not None:
-            self.metrics.count_rejection(exc.reason)
+        self.metrics.count_rejection(exc.reason)
 
     def count_skip(self, reason: str) -> None:
-        if self.metrics is not None:
-            self.metrics.count_skipped_candidate(reason)
+        self.metrics.count_skipped_candidate(reason)
 
     def count_miss(self, key: StateKey) -> None:
-        if self.metrics is not None:
-            self.metrics.count_miss(key.kind.name.lower())
+        self.metrics.count_miss(key.kind.name.lower())

@@ -11,6 +11,8 @@ composition root starts. Per connection:
 - ``windows`` — the connection's two shared-memory windows (the same-host zero-copy path).
 - ``frame_writer`` — flow-controlled frame writes; ``auth`` — peer credentials, tenants,
   TLS; ``budget`` — the daemon-wide byte budget (backpressure).
+- ``engine_calls`` — ``EngineCalls``: the engine as the server sees it, a typed ``Protocol``
+  of the calls it makes (the server never imports ``daemon.engine``).
 """
 
 from .listeners import Server

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from statetier.daemon.server.auth import (PeerCredentials, TenantDirectory, check_peer, is_operator,
                                            peer_credentials)
 from statetier.daemon.server.budget import ByteBudget
+from statetier.daemon.server.engine_calls import EngineCalls
 from statetier.daemon.server.frame_writer import FrameWriter
 from statetier.daemon.server.handlers import Session
 from statetier.daemon.server.handshake import HANDSHAKE_TIMEOUT_SECONDS, admit, send_with_fds
@@ -54,7 +55,7 @@ FAILED_LINGER_SECONDS = 1.0
 
 @dataclass(frozen=True, slots=True)
 class ConnectionContext:
-    engine: object
+    engine: EngineCalls
     tenants: TenantDirectory
     budget: ByteBudget
     listen: object  # config.listen: the peer-credential rules

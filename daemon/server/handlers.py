@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field as dataclass_field
 
 from statetier.daemon.server.budget import ByteBudget
+from statetier.daemon.server.engine_calls import EngineCalls
 from statetier.daemon.requests import LookupRequest
 from statetier.daemon.trace import TRACE
 from statetier.daemon.server.windows import Windows
@@ -38,7 +39,7 @@ from statetier.protocol.wire_meta import LookupMeta, LookupReply, ReleaseMeta, R
 
 @dataclass(slots=True)
 class Session:
-    engine: object
+    engine: EngineCalls
     tenant: str
     owner: object  # the Connection: its leases are released with it
     budget: ByteBudget

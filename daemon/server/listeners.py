@@ -1,6 +1,6 @@
 """The daemon's listeners: a Unix socket (always) and TCP, optionally with TLS (DESIGN §7).
 
-``Server(engine, config, metrics=None)`` — two awaited phases around the app's serving:
+``Server(engine: EngineCalls, config, metrics=None)`` — two awaited phases around the app's serving:
 
 - ``await start()``         listen. A stale socket file is removed only when nothing
                             answers on it (a live daemon there is a ``ConfigError``); the
@@ -32,6 +32,7 @@ from statetier.daemon.server.auth import TenantDirectory, server_ssl_context
 from statetier.daemon.server.budget import ByteBudget
 from statetier.daemon.config_values import split_host_port
 from statetier.daemon.server.connection import SOCKET_BUFFER_BYTES, Connection, ConnectionContext
+from statetier.daemon.server.engine_calls import EngineCalls
 from statetier.protocol.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ _CLOSE_WAIT_SECONDS = 2.0  # after GOODBYE+close, before aborting a peer that do
 class Server:
     """The listeners and the connections of one daemon; see the module docstring."""
 
-    def __init__(self, engine, config, metrics=None) -> None:
+    def __init__(self, engine: EngineCalls, config, metrics=None) -> None:
         self._engine = engine
         self._config = config
         self._metrics = metrics

@@ -21,7 +21,7 @@ bytes, or another connection's.
   the two descriptors to send (put read/write, load read-only); ``close()``.
 - ``put_view(offset, nbytes)`` — the bytes a client says it wrote (bounds checked).
 - ``place(payload)`` → ``(region_id, offset)`` or ``None`` when the window has no room;
-  ``free(region_id)``, ``free_all()``.
+  ``free(region_id)``; ``regions_in_use``.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import os
 
 from statetier.protocol.errors import InvalidRequest
 from statetier.protocol.extents import ExtentAllocator
+from statetier.protocol.mappings import unmap
 
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 GRANULE = 4096
@@ -134,15 +135,6 @@ class Windows:
 
     def close(self) -> None:
         self._regions.clear()
-        for view in (self._put_view, self._load_view):
-            try:
-                view.release()
-            except BufferError:
-                pass
-        for mapping in (self._put_map, self._load_map):
-            try:
-                mapping.close()
-            except BufferError:
-                pass  # a copy job still holds a view: unmapped when it lets go
+        unmap((self._put_view, self._load_view), (self._put_map, self._load_map))  # a copy job may hold a view
         for fd in (self._put_fd, self._load_fd, self._load_ro_fd):
             os.close(fd)

@@ -21,7 +21,7 @@ from statetier.clients.tensors import tensor_bytes
 from statetier.launch import DaemonProcess
 from statetier.protocol.errors import (
     ClientClosedError,
-    CorruptPayload,
+    DestinationMismatch,
     InvalidRequest,
     NamespaceMismatch,
     NotFound,
@@ -349,7 +349,7 @@ async def test_load_into_a_mismatched_buffer_is_a_typed_error_and_leaves_it_unto
         wrong_dtype = {"conv": torch.zeros(3, 8192, dtype=torch.float16), "ssm": torch.zeros(8192, 16)}
         missing = {"conv": torch.zeros(3, 8192, dtype=torch.bfloat16)}
         for into in (wrong_shape, wrong_dtype, missing):
-            with pytest.raises(CorruptPayload):
+            with pytest.raises(DestinationMismatch):
                 await client.load(ref, into=into)
         assert bool((wrong_shape["conv"] == 7).all())
         strided = {"conv": torch.zeros(8192, 3, dtype=torch.bfloat16).t(), "ssm": torch.zeros(8192, 16)}

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling daemon_p
 
 from daemon_procs import daemon_fixture, eventually, jamba_namespace, kv_page, snapshot  # noqa: E402
 from statetier.clients import AsyncClient  # noqa: E402
-from statetier.protocol.errors import CorruptPayload, FingerprintMismatch, NotFound, StaleState  # noqa: E402
+from statetier.protocol.errors import DestinationMismatch, FingerprintMismatch, NotFound, StaleState  # noqa: E402
 from statetier.protocol.identity import prefix_hash  # noqa: E402
 
 KV_PUTS, SSM_PUTS = 5, 3
@@ -128,10 +128,12 @@ async def test_a_refused_load_is_no_hit_and_lookups_count_requested_and_restored
                                     request_id="refused") for layer in range(3)]
         before = daemon.scrape()
         for ref in refs:  # a consumer that expects pages of another shape: every load refused
-            with pytest.raises(CorruptPayload):
+            with pytest.raises(DestinationMismatch):
                 await client.load(ref, expect={"kv": ("bfloat16", (2, 8, 64, 128))})
         after = daemon.scrape()
-        assert after.delta(before, "statetier_rejections_total", reason="corrupt_payload") == 3
+        # the request was wrong, not the stored bytes: an error, never a rejection
+        assert after.delta(before, "statetier_rejections_total", reason="corrupt_payload") == 0
+        assert after.delta(before, "statetier_errors_total", reason="destination_mismatch") == 3
         assert sum(after.matching("statetier_hits_total").values()) == sum(before.matching("statetier_hits_total").values())
         found = await client.lookup([0, 1, 2], [], token_ids=tokens, kv_layout="prefix", lease=False)
         assert found.tokens == 32

@@ -110,3 +110,30 @@ async def test_a_whole_request_lookup_costs_round_trips_independent_of_its_layer
     assert large[1] == small[1] <= 2  # exchanges: trip 1 the key indexes, trip 2 manifests and heads
     if not is_cluster:
         assert large[0] == small[0] <= 2  # nothing else was written to the server
+
+
+async def test_locating_a_key_is_one_lookup_of_many_keys_round_trips_included(redis_url, monkeypatch) -> None:
+    # a load by key (``Engine.locate``) asks the tier once, the stream heads riding along:
+    # the round trips of one key's candidates do not grow with how many versions it holds
+    url, is_cluster = redis_url
+    counter = RoundTrips(monkeypatch)
+    engine = await _engine(url)
+    try:
+        payload = bytes(range(256)) * (4 * 256 * 2 // 256)
+        trips = []
+        for boundary, requests in enumerate((1, 6)):
+            key = StateKey(NS, Kind.SSM, 7, CHAIN[boundary], 0, 16 * (boundary + 1))
+            refs = [(await engine.put(PutRequest("default", key, Provenance(f"r{n}", step=0), SPECS), payload)).ref
+                    for n in range(requests)]
+            counter.reset()
+            found = await engine.locate(refs[0].key)  # the key as stored: in the tenant's own namespace
+            trips.append((counter.sends, counter.exchanges))
+            assert sorted(meta.object_id for meta, _ in found) == sorted(ref.state_id for ref in refs)
+            loaded = await engine.load(LoadRequest("default", NS, key=key), owner="decode")
+            assert loaded.header.state_id in {ref.state_id for ref in refs}
+            await engine.release(loaded.lease_id, "decode")
+        assert trips[0][1] == trips[1][1] <= 2
+        if not is_cluster:
+            assert trips[0][0] == trips[1][0] <= 2
+    finally:
+        await engine.close()

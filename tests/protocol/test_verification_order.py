@@ -18,9 +18,9 @@ import time
 import pytest
 
 from statetier.protocol.dtypes import TensorSpec
-from statetier.protocol.errors import (BadSignature, CorruptPayload, FingerprintMismatch, MalformedState,
-                                       MisroutedState, NamespaceMismatch, PlacementMismatch, PositionMismatch,
-                                       StaleState, StatetierError, TruncatedState, UnknownKey, UnsupportedFormat)
+from statetier.protocol.errors import (BadSignature, CorruptPayload, DestinationMismatch, FingerprintMismatch,
+                                       MalformedState, MisroutedState, NamespaceMismatch, PlacementMismatch,
+                                       PositionMismatch, StaleState, StatetierError, TruncatedState, UnknownKey, UnsupportedFormat)
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, StateRef, prefix_hash, stream_id
 from statetier.protocol.keyring import Keyring, SigAlg, SigningKey
 from statetier.protocol.sealed import Expectation, Opened, VerifiedHeaders, decode_header, open_sealed, seal_object
@@ -333,9 +333,9 @@ def test_corrupt_payload_byte_is_corrupt_payload():
     ],
     ids=["missing", "dtype", "shape", "name", "order"],
 )
-def test_expected_tensor_specs_differ_is_corrupt_payload(tensors):
+def test_expected_tensor_specs_differ_is_a_destination_mismatch_not_damage(tensors):
     blob, ref = make()
-    rejects(CorruptPayload, blob, by_ref(ref, tensors=tensors))
+    rejects(DestinationMismatch, blob, by_ref(ref, tensors=tensors))
 
 
 def test_payload_is_not_hashed_when_verify_payload_is_off():
@@ -368,7 +368,7 @@ FAULTS = {
     "malformed": (1.0, lambda b: b"XTSO" + b[4:], None),
     "format": (3, lambda b: resign(b, lambda h: h.__setitem__(slice(4, 6), b"\x01\x00")), None),
     "signature": (2, _sig_flip, None),
-    "payload": (9, lambda b: flip(b, len(b) - 2), None),
+    "payload": (9.1, lambda b: flip(b, len(b) - 2), None),
     "truncated": (1.1, lambda b: b[:-1], None),
     "namespace": (4, None, lambda e: with_key(e, namespace=OTHER_NS)),
     "placement": (5, None, lambda e: with_key(e, layer=6)),
@@ -376,13 +376,13 @@ FAULTS = {
     "fingerprint": (7, None, lambda e: dataclasses.replace(e, step=4, fingerprint=None)),
     "misrouted": (8.0, None, lambda e: dataclasses.replace(e, state_id_stream=bytes(16))),
     "stale": (8.1, None, lambda e: dataclasses.replace(e, newest_version=3)),
-    "tensors": (9, None, lambda e: dataclasses.replace(e, tensors=(TensorSpec("k", "int8", (1,)),))),
+    "tensors": (9.0, None, lambda e: dataclasses.replace(e, tensors=(TensorSpec("k", "int8", (1,)),))),
 }
 ERROR_OF = {
     "malformed": MalformedState, "truncated": TruncatedState, "signature": BadSignature,
     "format": UnsupportedFormat, "namespace": NamespaceMismatch, "placement": PlacementMismatch,
     "position": PositionMismatch, "fingerprint": FingerprintMismatch, "misrouted": MisroutedState,
-    "stale": StaleState, "payload": CorruptPayload, "tensors": CorruptPayload,
+    "stale": StaleState, "payload": CorruptPayload, "tensors": DestinationMismatch,
 }
 
 

@@ -36,15 +36,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Coroutine
 from concurrent.futures import Executor
-from typing import Any, AsyncIterator, Sequence
+from typing import Any
 
 from statetier.protocol.keyring import Keyring
 
-from ..base import KeyMatches, Lease, ObjectMeta, TierStats
-from ..composed import ComposedTier
+from ..base import Lease, TierStats
+from ..composed import IndexedTier
 from ..crypto import AtRestCipher
 from ..ledger import Ledger
-from ..registry import VersionRegistry
 from .body import RecordBody
 from .compaction import SegmentCompactionReport
 from .index import Location
@@ -57,7 +56,7 @@ from .volume import DiskVolume
 __all__ = ["DiskTier", "SegmentCompactionReport"]
 
 
-class DiskTier(ComposedTier):
+class DiskTier(IndexedTier):
     """See the module docstring."""
 
     verifies_on_read = True  # read() checks every record's signature and payload digest (tiers.disk.body)
@@ -71,8 +70,8 @@ class DiskTier(ComposedTier):
         self._volume = DiskVolume(options, RecordBody(keyring, cipher), executor)
         self._removal = DiskRemoval(self._ledger, self._volume)
         self._loads = DiskLoads(self._ledger, self._volume, self._removal)
-        super().__init__(options.name, DiskStores(self._ledger, self._volume, self._removal), self._loads,
-                         self._removal, self._removal)
+        super().__init__(options.name, self._ledger, DiskStores(self._ledger, self._volume, self._removal),
+                         self._loads, self._removal, self._removal)
         self._compact_lock = asyncio.Lock()
         self.compactions_run = 0
 
@@ -104,23 +103,10 @@ class DiskTier(ComposedTier):
             self.compactions_run += 1
             return await volume.compactor.run()
 
-    # ------------------------------------------------------------------ queries
+    # ------------------------------------------------------------------ queries (``IndexedTier``)
 
-    async def contains(self, object_id: bytes) -> bool:
-        return object_id in self._ledger.index
-
-    async def get_meta(self, object_id: bytes) -> ObjectMeta | None:
-        return self._ledger.index.get(object_id)
-
-    async def find_by_keys(self, key_digests: Sequence[bytes],
-                           registry: VersionRegistry | None = None) -> KeyMatches:
+    def _require_open(self) -> None:
         self._volume.require_started()
-        return KeyMatches([self._ledger.index.by_key(digest) for digest in key_digests])
-
-    async def iter_objects(self) -> AsyncIterator[ObjectMeta]:
-        for meta in self._ledger.index.lru_order():
-            if meta.object_id in self._ledger.index:
-                yield meta
 
     def stats(self) -> TierStats:
         self._removal.settle()

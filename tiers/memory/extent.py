@@ -22,14 +22,13 @@ from __future__ import annotations
 from collections.abc import Coroutine
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable
 
 from statetier.protocol.errors import ConfigError
 
-from ..base import Buffer, EvictedObject, KeyMatches, Lease, ObjectMeta, TierStats
-from ..composed import ComposedTier
+from ..base import Buffer, EvictedObject, Lease, TierStats
+from ..composed import IndexedTier
 from ..ledger import Ledger
-from ..registry import VersionRegistry
 from .compaction import ExtentCompaction
 from .loads import ExtentLoads
 from .records import ExtentCompactionReport, ObjectExtent
@@ -62,7 +61,7 @@ class ExtentTierOptions:
             raise ConfigError(f"{self.name}: need 0 < low_watermark <= high_watermark <= 1")
 
 
-class ExtentTier(ComposedTier):
+class ExtentTier(IndexedTier):
     """See the module docstring."""
 
     answers_in_memory = True  # the index and leases are dicts of this process
@@ -79,7 +78,7 @@ class ExtentTier(ComposedTier):
         self._removal = ExtentRemoval(self._ledger, self._region, self._loads, config.capacity_bytes,
                                       config.high_watermark, config.low_watermark)
         self._compaction = ExtentCompaction(self._ledger, self._region, self._loads)
-        super().__init__(config.name, self._stores, self._loads, self._removal, self._removal)
+        super().__init__(config.name, self._ledger, self._stores, self._loads, self._removal, self._removal)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -115,22 +114,7 @@ class ExtentTier(ComposedTier):
         """Slide unleased objects down into free extents below them (``ExtentCompaction``)."""
         return self._compaction.compact()
 
-    # ------------------------------------------------------------------ the index
-
-    async def contains(self, object_id: bytes) -> bool:
-        return object_id in self._ledger.index
-
-    async def get_meta(self, object_id: bytes) -> ObjectMeta | None:
-        return self._ledger.index.get(object_id)
-
-    async def find_by_keys(self, key_digests: Sequence[bytes],
-                           registry: VersionRegistry | None = None) -> KeyMatches:
-        return KeyMatches([self._ledger.index.by_key(digest) for digest in key_digests])
-
-    async def iter_objects(self) -> AsyncIterator[ObjectMeta]:
-        for meta in self._ledger.index.lru_order():
-            if meta.object_id in self._ledger.index:
-                yield meta
+    # ------------------------------------------------------------------ the index (``IndexedTier``)
 
     @property
     def bytes_used(self) -> int:
