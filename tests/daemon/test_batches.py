@@ -171,3 +171,26 @@ async def test_through_the_server_a_put_batch_is_one_job_and_a_load_batch_copies
                 assert all(torch.equal(got["kv"], want["kv"]) for got, want in zip(loaded, pages))
     finally:
         executor.shutdown()
+
+
+async def test_through_the_server_a_batch_of_64_is_one_metric_update_per_kind_and_op(tmp_path):
+    async with running_daemon(arena=True) as daemon:
+        updates = []
+        observe_ops = daemon.metrics.observe_ops
+
+        def counted(tier, kind, op, count, nbytes, seconds):
+            updates.append((tier, kind, op, count))
+            observe_ops(tier, kind, op, count, nbytes, seconds)
+
+        daemon.metrics.observe_ops = counted
+        async with AsyncClient(f"unix://{daemon.config.listen.socket_path}", namespace=NS_SPEC) as client:
+            pages = [{"kv": torch.randn(2, 8, 16, 128).to(torch.bfloat16)} for _ in range(64)]
+            items = [PutItem(client.kv_key(i, os.urandom(32), 0, 16), page, request_id="m")
+                     for i, page in enumerate(pages)]
+            updates.clear()
+            refs = await client.put_many(items)
+            assert [u for u in updates if u[0] == "daemon"] == [("daemon", "kv", "put", 64)]  # not one per item
+            updates.clear()
+            await client.load_many(refs, concurrency=1)
+            # (a RELEASE giving the load window's regions back may be counted beside it)
+            assert [u for u in updates if u[0] == "daemon" and u[2] != "release"] == [("daemon", "kv", "load", 64)]
