@@ -15,6 +15,25 @@ import sys
 
 RATE = 250
 TOP = 25
+# where a frame's own time goes, by the file (or native symbol) it names: first match wins
+PHASES = (
+    ("socket syscalls", ("write (libc", "writev (libc", "read (libc", "sendmsg", "recvmsg", "recv (libc")),
+    ("collector", ("gc_collect",)),
+    ("frame codec", ("(frames.py)", "(wire_meta.py)", "_core.cpython", "mpack_")),
+    ("request path (connection, runner, handlers, transport)",
+     ("(connection.py)", "(request_task.py)", "(eager.py)", "(handlers.py)", "(load_handlers.py)",
+      "(put_handlers.py)", "(frame_writer.py)", "(transport.py)", "(async_client.py)", "(replies.py)",
+      "(dispatch.py)", "(budget.py)", "(windows.py)", "(shm.py)")),
+    ("value objects built (dataclass __init__ / __post_init__)", ("__create_fn__", "__post_init__")),
+    ("metrics", ("(metrics.py)", "(values.py)", "(samples.py)", "MutexValue")),
+    ("digests and copies", ("blake3", "blake2", "(copies.py)", "(tensors.py)", "memcpy", "memmove",
+                            "(sealed.py)", "(sealed_format.py)", "(digests.py)", "hmac", "sha256")),
+    ("engine and tiers", ("(puts.py)", "(loads.py)", "(serving.py)", "(placement.py)", "(lookup.py)",
+                          "(fencing.py)", "(handoff.py)", "(tenancy.py)", "(leases.py)", "(engine.py)",
+                          "(registry.py)", "(ledger.py)", "(extent.py)", "(extents.py)", "(stores.py)",
+                          "(removal.py)", "(identity.py)", "(ownership.py)", "(expectation.py)",
+                          "(classify.py)", "(lru.py)", "(candidates.py)", "(stack.py)", "(transfers.py)")),
+)
 # py-spy --native counts threads blocked in these as busy: a sample waiting there is idle
 WAITS = ("epoll_pwait", "epoll_wait", "clock_nanosleep", "_queue_SimpleQueue_get", "select (")
 
@@ -52,6 +71,12 @@ def main(raw: str, count_line: str, note: str) -> None:
           f"{waiting} samples waiting in epoll, a sleep or the executor's queue left out)")
     # the roots every sample shares (the loop's run, runpy…) say nothing: left out
     anywhere = collections.Counter({name: n for name, n in anywhere.items() if n < 0.6 * total})
+    phases: collections.Counter = collections.Counter()
+    for name, n in own.items():
+        phases[next((phase for phase, marks in PHASES if any(m in name for m in marks)), "other")] += n
+    print("\n## own time by phase, share of the non-idle samples")
+    for phase, n in phases.most_common():
+        print(f"{100 * n / total:5.1f}%  {phase}")
     for title, table in (("self", own), ("inclusive (frames on < 60% of the stacks)", anywhere)):
         print(f"\n## top {TOP} by {title} time, us CPU per request")
         for name, n in table.most_common(TOP):
