@@ -10,7 +10,6 @@ then prints how many requests it made. ``docs/profiles/profile.sh`` runs it unde
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 import tempfile
@@ -19,7 +18,6 @@ from pathlib import Path
 
 import torch
 import uvloop
-
 from statetier.benchmarks.procs import own_daemon, process_cpu_seconds
 from statetier.clients import AsyncClient
 from statetier.protocol.identity import NamespaceSpec, prefix_hash

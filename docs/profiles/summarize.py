@@ -52,8 +52,10 @@ def main(raw: str, count_line: str, note: str) -> None:
     requests, seconds = int(match.group(1)), float(match.group(2))
     recorded = requests * (seconds - 1) / seconds
     own, anywhere, total, waiting = collections.Counter(), collections.Counter(), 0, 0
-    for line in open(raw):
-        stack, _, n = line.rstrip("\n").rpartition(" ")
+    with open(raw) as handle:
+        lines = handle.read().splitlines()
+    for line in lines:
+        stack, _, n = line.rpartition(" ")
         if not stack:
             continue
         n = int(n)

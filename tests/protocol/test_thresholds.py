@@ -12,7 +12,6 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-
 from statetier.protocol.thresholds import INLINE_WORK_BYTES, run_work, runs_inline
 
 
