@@ -19,8 +19,8 @@ share Redis must share one keyring. The at-rest key likewise when a tier encrypt
 from __future__ import annotations
 
 import asyncio
-import gc
 import base64
+import gc
 import json
 import logging
 import os
