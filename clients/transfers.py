@@ -66,6 +66,7 @@ from .shm import ClientWindows
 from .tensors import spec_of
 
 HEADER_CACHE = 1024
+LAYOUTS_KEPT = 256
 _HEADER_LEN = slice(8, 12)  # header_len in the sealed object's prefix (docs/protocol.md §1.1)
 
 
@@ -77,6 +78,7 @@ class Transfers:
         self.windows = windows
         self._executor = executor
         self._headers: BoundedLru[bytes, SealedHeader] = BoundedLru(HEADER_CACHE)
+        self._layouts: dict[tuple, tuple] = {}  # (name, dtype, shape)... -> (payload layout, wire specs)
         self._staging: torch.Tensor | None = None
         self._to_free: list[int] = []  # load-window regions done with, not yet given back
         self._flush_scheduled = False
@@ -104,9 +106,7 @@ class Transfers:
 
     async def put(self, meta: PutMeta, pairs: Sequence[tuple[str, torch.Tensor]], trace: dict | None = None
                   ) -> StateRef:
-        specs = [spec_of(name, tensor) for name, tensor in pairs]
-        layout = layout_payload(specs)
-        meta.tensors = wire_specs(specs)
+        layout, meta.tensors = self._layout_of(pairs)
         meta.trace = trace is not None
         if self.windows is not None and layout.payload_len:
             offset = self.windows.allocate(layout.payload_len)
@@ -148,9 +148,7 @@ class Transfers:
         sent = False
         try:
             for meta, pairs in items:
-                specs = [spec_of(name, tensor) for name, tensor in pairs]
-                layout = layout_payload(specs)
-                meta.tensors = wire_specs(specs)
+                layout, meta.tensors = self._layout_of(pairs)
                 offset = self.windows.allocate(layout.payload_len) if self.windows and layout.payload_len else None
                 if offset is None:
                     meta.data_len = layout.payload_len
@@ -176,6 +174,23 @@ class Transfers:
         reply = decoded(PutBatchReply, frame)
         record(trace, reply, request=copied, client_copy=(started, copied))
         return [stored_ref(answer) for answer in batch_answers(reply.items, len(items))]
+
+    def _layout_of(self, pairs: Sequence[tuple[str, torch.Tensor]]) -> tuple:
+        """The payload layout and wire specs of a put's tensors, built once per distinct
+        (name, dtype, shape) list: a batch's items, and an engine's pages, repeat one."""
+        try:
+            key: tuple | None = tuple((name, tensor.dtype, tensor.shape) for name, tensor in pairs)
+            found = self._layouts.get(key)
+        except (AttributeError, TypeError):  # not a tensor, or a name that is no str: spec_of says why
+            key, found = None, None
+        if found is None:
+            specs = [spec_of(name, tensor) for name, tensor in pairs]
+            found = (layout_payload(specs), wire_specs(specs))
+            if key is not None:
+                if len(self._layouts) >= LAYOUTS_KEPT:
+                    self._layouts.clear()
+                self._layouts[key] = found
+        return found
 
     def _free_put(self, offsets: Sequence[int]) -> None:
         for offset in offsets:
