@@ -22,9 +22,11 @@ Metas are the typed ``protocol.wire_meta`` Structs (the daemon's replies are rea
   copied to the device. The region goes back with the client's next request
   (``free_regions``), or in a ``RELEASE`` at the loop's next turn when none comes first.
 
-The copies themselves are ``copies.py``. CPU copies below ``protocol.thresholds.
-INLINE_WORK_BYTES`` run on the event loop (a thread hop would cost more); larger ones, and
-any touching a GPU, run on the client's single copy thread, one job per call. A cancelled
+The copies themselves are ``copies.py``. Where they run is ``protocol.thresholds``' rule:
+a put's plain copies into the window, and a load's copy + digest of fewer than
+``INLINE_WORK_BYTES``, run on the event loop (a thread hop would cost more, and a plain
+copy holds the GIL anyway); larger digests, and any copy touching a GPU, run on the
+client's single copy thread, one job per call. A cancelled
 caller still waits for its copy to end before the region is handed back.
 """
 
@@ -63,6 +65,7 @@ from .shm import ClientWindows
 from .tensors import spec_of
 
 HEADER_CACHE = 1024
+LAYOUTS_KEPT = 256
 _HEADER_LEN = slice(8, 12)  # header_len in the sealed object's prefix (docs/protocol.md §1.1)
 
 
@@ -74,6 +77,7 @@ class Transfers:
         self.windows = windows
         self._executor = executor
         self._headers = ParsedHeaders(HEADER_CACHE)  # a hot object is loaded again and again
+        self._layouts: dict[tuple, tuple] = {}  # (name, dtype, shape)... -> (payload layout, wire specs)
         self._staging: torch.Tensor | None = None
         self._to_free: list[int] = []  # load-window regions done with, not yet given back
         self._flush_scheduled = False
@@ -101,9 +105,7 @@ class Transfers:
 
     async def put(self, meta: PutMeta, pairs: Sequence[tuple[str, torch.Tensor]], trace: dict | None = None
                   ) -> StateRef:
-        specs = [spec_of(name, tensor) for name, tensor in pairs]
-        layout = layout_payload(specs)
-        meta.tensors = wire_specs(specs)
+        layout, meta.tensors = self._layout_of(pairs)
         meta.trace = trace is not None
         if self.windows is not None and layout.payload_len:
             offset = self.windows.allocate(layout.payload_len)
@@ -121,7 +123,7 @@ class Transfers:
         sent = False
         try:
             started = time.perf_counter()
-            await self._copy(lambda: fill(region, layout, tensors), layout.payload_len, on_gpu)
+            await self._copy(lambda: fill(region, layout, tensors), 0, on_gpu)  # a plain copy: no digest
             copied = time.perf_counter()
             sent = True  # from here the daemon may read the region until it answers
             meta.window = offset
@@ -140,14 +142,12 @@ class Transfers:
                         trace: dict | None = None) -> list[StateRef]:
         """Many puts, one ``PUT_BATCH`` frame (one round trip): each payload from a put
         window region, or inline when the window is full. Raises the first item's error."""
-        regions, inline, on_gpu, nbytes = [], [], False, 0
+        regions, inline, on_gpu = [], [], False
         free = once(lambda: self._free_put([o for o, _, _ in regions]))
         sent = False
         try:
             for meta, pairs in items:
-                specs = [spec_of(name, tensor) for name, tensor in pairs]
-                layout = layout_payload(specs)
-                meta.tensors = wire_specs(specs)
+                layout, meta.tensors = self._layout_of(pairs)
                 offset = self.windows.allocate(layout.payload_len) if self.windows and layout.payload_len else None
                 if offset is None:
                     meta.data_len = layout.payload_len
@@ -156,11 +156,10 @@ class Transfers:
                     regions.append((offset, layout, [t for _, t in pairs]))
                     meta.window = offset
                     on_gpu = on_gpu or any(t.device.type != "cpu" for _, t in pairs)
-                    nbytes += layout.payload_len
             started = time.perf_counter()
             if regions:
                 await self._copy(lambda: [fill(self.windows.put_window[o : o + lay.payload_len], lay, ts)
-                                          for o, lay, ts in regions], nbytes, on_gpu)
+                                          for o, lay, ts in regions], 0, on_gpu)  # plain copies: no digest
             copied = time.perf_counter()
             sent = True  # from here the daemon may read the regions until it answers
             batch = self._with_free(PutBatchMeta(tuple(meta for meta, _ in items), trace=trace is not None))
@@ -174,6 +173,23 @@ class Transfers:
         reply = decoded(PutBatchReply, frame)
         record(trace, reply, request=copied, client_copy=(started, copied))
         return [stored_ref(answer) for answer in batch_answers(reply.items, len(items))]
+
+    def _layout_of(self, pairs: Sequence[tuple[str, torch.Tensor]]) -> tuple:
+        """The payload layout and wire specs of a put's tensors, built once per distinct
+        (name, dtype, shape) list: a batch's items, and an engine's pages, repeat one."""
+        try:
+            key: tuple | None = tuple((name, tensor.dtype, tensor.shape) for name, tensor in pairs)
+            found = self._layouts.get(key)
+        except (AttributeError, TypeError):  # not a tensor, or a name that is no str: spec_of says why
+            key, found = None, None
+        if found is None:
+            specs = [spec_of(name, tensor) for name, tensor in pairs]
+            found = (layout_payload(specs), wire_specs(specs))
+            if key is not None:
+                if len(self._layouts) >= LAYOUTS_KEPT:
+                    self._layouts.clear()
+                self._layouts[key] = found
+        return found
 
     def _free_put(self, offsets: Sequence[int]) -> None:
         for offset in offsets:
@@ -330,10 +346,12 @@ class Transfers:
 
     # -- copies -------------------------------------------------------------------------
 
-    async def _copy(self, copy: Callable[[], Any], nbytes: int, on_gpu: bool) -> Any:
+    async def _copy(self, copy: Callable[[], Any], hashed: int, on_gpu: bool) -> Any:
+        """``copy()`` (which digests ``hashed`` bytes) where ``protocol.thresholds`` says; one
+        touching a GPU always on the copy thread (it waits for the device)."""
         # a cancelled caller still waits for the copy: it touches the window region, which
         # must not be given back before the copy ended
-        return await run_work(self._executor, max(nbytes, INLINE_WORK_BYTES) if on_gpu else nbytes, copy)
+        return await run_work(self._executor, max(hashed, INLINE_WORK_BYTES) if on_gpu else hashed, copy)
 
 
 def _received_bytes(header: SealedHeader, layers) -> int:

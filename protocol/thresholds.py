@@ -1,17 +1,24 @@
 """Measured sizes that decide where work runs: one place, for the daemon and the SDK alike.
 
-- ``INLINE_WORK_BYTES`` — copies and digests of fewer bytes than this (a whole batch's,
-  summed) run on the event loop; more go to an executor in one job. An executor hop cost
-  ~26 µs of CPU and wall time on this 2-core machine (uvloop, a 2-thread pool, idle); copy +
-  BLAKE3 of 256 KiB took ~29 µs (AVX-512; 7–9 GB/s): below it the hop costs more than the
-  work it would move off the loop.
+- ``INLINE_WORK_BYTES`` — a job that *hashes* fewer bytes than this (a whole batch's,
+  summed) runs on the event loop; one that hashes more goes to an executor, in one job.
+  Plain copies do not count: a memoryview copy holds the GIL wherever it runs, so moving
+  it to a thread frees the loop for nothing and adds the hop. BLAKE3 releases the GIL, so
+  off the loop a hash runs beside it. Measured on this 2-core machine (AVX-512, uvloop,
+  a 2-thread pool; medians, load 6): the hop 24–33 µs; BLAKE3 of 256 KiB 29 µs (one
+  thread); a copy of 2 MiB 46 µs (97 µs for 4 MiB, 3.2 ms for 32 MiB); a thread spinning
+  beside a memoryview copy of 64 MiB got 0 iterations (beside BLAKE3 of the same bytes:
+  210k–375k; beside ``numpy.copyto``: ~50k). Round 1 counted copies as digests: a 2 MiB
+  put's window fill then took 240 µs through the hop (load 5.8), and the 2 MiB rows' ratios
+  fell from 0.32/0.45 to 0.22/0.27.
 - ``PARALLEL_HASH_BYTES`` — BLAKE3 of a region at least this large runs on several threads
-  (``max_threads=blake3.AUTO``). Measured (best of 15, warm buffers): 1 thread 10 GB/s at
-  every size; AUTO 1.15× at 512 KiB, 1.37× at 1 MiB, 1.58× at 2 MiB, 1.8× at 4–8 MiB, and
-  no gain at 16–32 MiB where both are bound by memory bandwidth. Below 1 MiB starting the
-  threads costs most of what they save.
+  (``max_threads=blake3.AUTO``). Measured (best of 15, warm buffers, idle): 1 thread 10 GB/s
+  at every size; AUTO 1.15× at 512 KiB, 1.37× at 1 MiB, 1.58× at 2 MiB, 1.8× at 4–8 MiB,
+  and no gain at 16–32 MiB where both are bound by memory bandwidth. Below 1 MiB starting
+  the threads costs most of what they save.
 
-``run_work(executor, nbytes, fn)`` applies the first rule; ``protocol.digests`` the second.
+``run_work(executor, hashed, fn)`` applies the first rule (``hashed``: the bytes ``fn``
+digests); ``protocol.digests`` the second.
 """
 
 from __future__ import annotations
@@ -28,10 +35,16 @@ PARALLEL_HASH_BYTES = 1 << 20
 T = TypeVar("T")
 
 
-async def run_work(executor: Executor | None, nbytes: int, fn: Callable[[], T]) -> T:
-    """``fn()`` on the loop below ``INLINE_WORK_BYTES`` (or without an executor), else as one
-    executor job. A caller cancelled meanwhile is cancelled only once the job has ended:
-    the job may be writing memory the caller frees when it unwinds."""
-    if nbytes < INLINE_WORK_BYTES or executor is None:
+def runs_inline(executor: Executor | None, hashed: int) -> bool:
+    """Whether a job that digests ``hashed`` bytes runs on the loop (the rule above)."""
+    return hashed < INLINE_WORK_BYTES or executor is None
+
+
+async def run_work(executor: Executor | None, hashed: int, fn: Callable[[], T]) -> T:
+    """``fn()`` on the loop when it digests fewer than ``INLINE_WORK_BYTES`` (plain copies
+    never count), or without an executor; else as one executor job. A caller cancelled
+    meanwhile is cancelled only once the job has ended: the job may be writing memory the
+    caller frees when it unwinds."""
+    if runs_inline(executor, hashed):
         return fn()
     return await wait_out_cancellation(asyncio.get_running_loop().run_in_executor(executor, fn))

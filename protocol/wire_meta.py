@@ -281,8 +281,21 @@ def wire_ref(ref: StateRef) -> Ref:
     return Ref(wire_key(ref.key), ref.request_id, ref.step, ref.state_id, ref.version, ref.fingerprint)
 
 
+_SPECS_KEPT = 1024
+_SPECS: dict[tuple, tuple[TensorSpec, ...]] = {}  # wire specs -> the checked specs (frozen values)
+
+
 def specs_of(items: tuple[Spec, ...]) -> tuple[TensorSpec, ...]:
-    return tuple(build_value("tensor spec", TensorSpec, s.name, s.dtype, s.shape) for s in items)
+    """The checked ``TensorSpec`` s of ``items``: built once per distinct layout (a batch's
+    items, and a worker's puts, repeat one), the last ``_SPECS_KEPT`` layouts remembered."""
+    key = tuple((s.name, s.dtype, s.shape) for s in items)
+    specs = _SPECS.get(key)
+    if specs is None:
+        specs = tuple(build_value("tensor spec", TensorSpec, s.name, s.dtype, s.shape) for s in items)
+        if len(_SPECS) >= _SPECS_KEPT:
+            _SPECS.clear()
+        _SPECS[key] = specs
+    return specs
 
 
 def wire_specs(specs) -> tuple[Spec, ...]:

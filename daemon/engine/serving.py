@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
+
+import msgspec
 
 from statetier.protocol.classify import classify
 from statetier.protocol.errors import StatetierError
@@ -38,9 +39,9 @@ from ..trace import phase
 log = logging.getLogger("statetier.engine")
 
 
-@dataclass(frozen=True, slots=True)
-class Wanted:
-    """What one load asks of each copy it tries (the same for every tier)."""
+class Wanted(msgspec.Struct, frozen=True, gc=False):
+    """What one load asks of each copy it tries (the same for every tier). One per load: a
+    frozen msgspec Struct builds in a fraction of a frozen dataclass's µs."""
 
     state_id: bytes
     expectation: Expectation

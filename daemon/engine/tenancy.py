@@ -32,8 +32,9 @@ its own tag, on every daemon and after every restart; nothing is remembered.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import defaultdict
+
+import msgspec
 
 from statetier.protocol.errors import Forbidden, QuotaExceeded
 from statetier.protocol.identity import NAMESPACE_BYTES, Namespace
@@ -47,7 +48,7 @@ __all__ = ["Tenancy", "own_incoming", "own_load", "own_lookup", "owned_namespace
 def own_incoming(item: Incoming) -> Incoming:
     req = item.req
     key = owned_key(req.tenant, req.key)
-    return item if key is req.key else Incoming(dataclasses.replace(req, key=key), item.payload, item.shared)
+    return item if key is req.key else Incoming(msgspec.structs.replace(req, key=key), item.payload, item.shared)
 
 
 def own_load(req: LoadRequest) -> LoadRequest:
@@ -56,12 +57,12 @@ def own_load(req: LoadRequest) -> LoadRequest:
     key = None if req.key is None else owned_key(req.tenant, req.key)
     if namespace == req.namespace and ref is req.ref and key is req.key:
         return req
-    return dataclasses.replace(req, namespace=namespace, ref=ref, key=key)
+    return msgspec.structs.replace(req, namespace=namespace, ref=ref, key=key)
 
 
 def own_lookup(req: LookupRequest) -> LookupRequest:
     namespace = owned_namespace(req.tenant, req.namespace)
-    return req if namespace == req.namespace else dataclasses.replace(req, namespace=namespace)
+    return req if namespace == req.namespace else msgspec.structs.replace(req, namespace=namespace)
 
 
 class Tenancy:

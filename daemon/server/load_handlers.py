@@ -7,7 +7,8 @@
   the connection's load window (inline, copied, when the window has no room).
 - ``handle_load_batch`` — ``LoadBatchMeta.items`` (``ns`` and ``shm`` given once). The
   items are turned into requests once, loaded as one batch, every payload copied (into its
-  window region, or into the reply) in one job (``protocol.thresholds.run_work``), and
+  window region, or into the reply) in one pass on the loop (plain copies hold the GIL
+  wherever they run: ``protocol.thresholds``), and
   every lease given back at once. Each item is answered with a ``LoadAnswer``: ``tier``,
   ``at``, ``len`` (``data[at:at+len]`` is its header, or header and payload inline) plus
   ``window`` and ``region`` when its payload went to the window; ``retry`` when neither the
@@ -28,7 +29,6 @@ from statetier.daemon.trace import phase
 from statetier.protocol.errors import InvalidRequest, StatetierError
 from statetier.protocol.groups import check_layers, chosen
 from statetier.protocol.identity import Namespace
-from statetier.protocol.thresholds import run_work
 from statetier.protocol.wire_meta import (
     ErrorInfo,
     LoadAnswer,
@@ -62,7 +62,7 @@ async def handle_load(session: Session, meta: LoadMeta, data: memoryview) -> Rep
         return Reply(LoadAnswer(result.tier, 0, blob.nbytes), blob, kind=kind, borrowed=True, hold_bytes=blob.nbytes,
                      done=release)
     try:
-        (answer,), copied = await _copied(session, [(request, result)], wants_shm, room=None)
+        (answer,), copied = _copied(session, [(request, result)], wants_shm, room=None)
     finally:
         await engine.release(result.lease_id, owner)
     return Reply(answer, copied, kind=kind)
@@ -81,7 +81,7 @@ async def handle_load_batch(session: Session, meta: LoadBatchMeta, data: memoryv
     results = await session.engine.load_batch(requests, session.owner)
     loaded = [(request, result) for request, result in zip(requests, results) if isinstance(result, LoadResult)]
     try:
-        copied, data = await _copied(session, loaded, wants_shm, room=session.max_frame - (1 << 20))
+        copied, data = _copied(session, loaded, wants_shm, room=session.max_frame - (1 << 20))
     finally:
         await session.engine.release_many([result.lease_id for _, result in loaded], session.owner)
     counted = [(kind_of(result.header.key), "load") for (_, result), answer in zip(loaded, copied)
@@ -101,10 +101,10 @@ async def handle_load_batch(session: Session, meta: LoadBatchMeta, data: memoryv
     return Reply(LoadBatchReply(tuple(answers)), data, items=counted)
 
 
-async def _copied(session: Session, loaded: list[tuple[LoadRequest, LoadResult]], wants_shm: bool,
-                  room: int | None) -> tuple[list[LoadAnswer], bytes | bytearray]:
+def _copied(session: Session, loaded: list[tuple[LoadRequest, LoadResult]], wants_shm: bool,
+            room: int | None) -> tuple[list[LoadAnswer], bytes | bytearray]:
     """Every payload of ``loaded`` placed (a load-window region, else this reply's data while
-    ``room`` lasts) and copied there in one job: an answer per load, and the reply's data."""
+    ``room`` lasts) and copied there in one pass: an answer per load, and the reply's data."""
     answers, windowed, inline = [], [], []
     regions_taken: list[int] = []
     cursor = 0
@@ -132,10 +132,9 @@ async def _copied(session: Session, loaded: list[tuple[LoadRequest, LoadResult]]
         inline.append(parts)
         cursor += length
     data = bytearray(cursor)
-    nbytes = cursor + sum(dest.nbytes for dest, _ in windowed)
     try:
         with phase("window_copy"):
-            await run_work(session.engine.executor, nbytes, lambda: _copy_all(data, inline, windowed))
+            _copy_all(data, inline, windowed)  # no digest: on the loop (``protocol.thresholds``)
     except BaseException:
         for region_id in regions_taken:
             session.windows.free(region_id)

@@ -6,7 +6,7 @@
   is written; a borrowed payload's lease released once the transport let go of it), or an
   ERROR frame (a ``StatetierError`` by its code; anything else as ``InternalError`` with
   the traceback logged). A request id already in flight is refused. Time and bytes are
-  observed per op (a batch as its items).
+  observed per op (a batch as its items, in one update per kind and op).
 - ``count_error(metrics, exc)`` — one error counted by its reason (``metrics`` may be None).
 
 ``connection.Connection`` runs each request frame as a task of ``run``; it decides when
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from contextlib import nullcontext
 
 from statetier.daemon.server.budget import ByteBudget
@@ -69,10 +70,10 @@ class RequestRunner:
                 seconds = time.perf_counter() - started
                 if reply.items is None:
                     self._metrics.observe_op("daemon", reply.kind, frame.op.name.lower(), nbytes, seconds)
-                else:  # a batch counts as its items, each with its share of the time and bytes
-                    for kind, op in reply.items:
-                        share = len(reply.items)
-                        self._metrics.observe_op("daemon", kind, op, nbytes // share, seconds / share)
+                elif reply.items:  # a batch counts as its items, each with its share of the time and bytes
+                    share = len(reply.items)
+                    for (kind, op), count in Counter(reply.items).items():  # one update per label set
+                        self._metrics.observe_ops("daemon", kind, op, count, nbytes // share * count, seconds / share)
 
     async def _dispatch(self, frame: Frame) -> Reply:
         if frame.request_id == 0:

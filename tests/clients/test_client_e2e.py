@@ -175,6 +175,25 @@ class HybridPrefix:
         return found.tokens
 
 
+@pytest.mark.parametrize("use_shm", [True, False], ids=["shm", "inline"])
+async def test_items_alike_but_for_one_dtype_or_shape_each_keep_their_own_layout(daemon_url: str,
+                                                                                use_shm: bool) -> None:
+    # the client builds a layout once per (name, dtype, shape) list: it must never lend one
+    # item's layout to another that differs in any of them
+    pages = [{"kv": torch.arange(64, dtype=torch.float32).reshape(8, 8)},
+             {"kv": torch.arange(64, dtype=torch.int16).reshape(8, 8)},
+             {"kv": torch.arange(48, dtype=torch.float32).reshape(6, 8)},
+             {"kv": torch.arange(64, dtype=torch.float32).reshape(8, 8) + 1},
+             {"kv": torch.arange(64, dtype=torch.float32).reshape(8, 8), "extra": torch.ones(3)}]
+    async with AsyncClient(daemon_url, namespace=jamba_namespace(f"layouts-{use_shm}"), use_shm=use_shm) as client:
+        items = [PutItem(client.kv_key(i, bytes(32), 0, 16), page, request_id="layouts")
+                 for i, page in enumerate(pages)]
+        for got, want in zip(await client.load_many(await client.put_many(items)), pages):
+            assert_same_tensors(got, want)
+        with pytest.raises(InvalidRequest, match="not a torch.Tensor"):  # refused after its name's layout was built
+            await client.put_kv(0, bytes(32), 0, 16, {"kv": [1, 2, 3]}, request_id="layouts")
+
+
 async def test_lookup_answers_the_largest_boundary_with_every_layer(daemon_url: str) -> None:
     async with AsyncClient(daemon_url, namespace=jamba_namespace("lookup-full")) as client:
         prefix = HybridPrefix(client, seed=10)

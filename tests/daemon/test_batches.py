@@ -153,7 +153,7 @@ async def test_a_batch_that_fails_after_claiming_withdraws_its_claims():
         await engine.close()
 
 
-async def test_through_the_server_a_load_batch_copies_into_the_window_in_one_job(tmp_path):
+async def test_through_the_server_a_put_batch_is_one_job_and_a_load_batch_copies_on_the_loop(tmp_path):
     executor = CountingExecutor()
     try:
         async with running_daemon(arena=True, executor=executor) as daemon:
@@ -167,7 +167,31 @@ async def test_through_the_server_a_load_batch_copies_into_the_window_in_one_job
                 assert executor.jobs == 1  # one PUT_BATCH frame: one copy-and-seal job
                 executor.jobs = 0
                 loaded = await client.load_many(refs, concurrency=1)
-                assert executor.jobs == 1  # one LOAD_BATCH frame: one job for its 64 window copies
+                assert executor.jobs == 0  # one LOAD_BATCH frame: its 64 window copies digest nothing
                 assert all(torch.equal(got["kv"], want["kv"]) for got, want in zip(loaded, pages))
     finally:
         executor.shutdown()
+
+
+async def test_through_the_server_a_batch_of_64_is_one_metric_update_per_kind_and_op(tmp_path):
+    async with running_daemon(arena=True) as daemon:
+        updates = []
+        observe_ops = daemon.metrics.observe_ops
+
+        def counted(tier, kind, op, count, nbytes, seconds):
+            updates.append((tier, kind, op, count))
+            observe_ops(tier, kind, op, count, nbytes, seconds)
+
+        daemon.metrics.observe_ops = counted
+        async with AsyncClient(f"unix://{daemon.config.listen.socket_path}", namespace=NS_SPEC) as client:
+            pages = [{"kv": torch.randn(2, 8, 16, 128).to(torch.bfloat16)} for _ in range(64)]
+            items = [PutItem(client.kv_key(i, os.urandom(32), 0, 16), page, request_id="m")
+                     for i, page in enumerate(pages)]
+            updates.clear()
+            refs = await client.put_many(items)
+            counted_ops = [u for u in updates if u[0] == "daemon" and u[2] != "release"]
+            assert counted_ops == [("daemon", "kv", "put", 64)]  # one update, not one per item
+            updates.clear()
+            await client.load_many(refs, concurrency=1)
+            # (a RELEASE giving the load window's regions back may be counted beside it)
+            assert [u for u in updates if u[0] == "daemon" and u[2] != "release"] == [("daemon", "kv", "load", 64)]

@@ -124,6 +124,15 @@ def test_a_bad_identity_value_is_an_invalid_request():
         specs_of(wire_specs(SPECS)[:1] + (wire_specs(SPECS)[0].__class__("x", "no-such-dtype", (1,)),))
 
 
+def test_a_layout_is_checked_once_and_a_bad_one_is_refused_every_time():
+    first, again = specs_of(wire_specs(SPECS)), specs_of(wire_specs(SPECS))
+    assert again == SPECS and all(a is b for a, b in zip(first, again))  # one check for a batch's layout
+    bad = (wire_specs(SPECS)[0].__class__("x", "no-such-dtype", (1,)),)
+    for _ in range(2):
+        with pytest.raises(InvalidRequest):
+            specs_of(bad)
+
+
 _values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=True) | st.text(max_size=40)
     | st.binary(max_size=70),
