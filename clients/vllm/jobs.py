@@ -5,8 +5,9 @@
   Mamba slot; a job is one request's whole restore, all layers and TP shards.
 - ``SaveItem`` / ``SaveJob`` — one page or Mamba slot to seal under a key (the worker puts
   its TP rank in as the shard).
-- ``StepMeta`` — the loads and saves of one engine step. Plain picklable values: vLLM
-  sends them to worker processes.
+- ``StepMeta`` — the loads and saves of one engine step, and the requests vLLM preempted
+  in it (their saves are flushed before their blocks are reused). Plain picklable values:
+  vLLM sends them to worker processes.
 - ``handoff_params(tokens, block_size, refs)`` / ``handoff_from_params(params)`` → ``Handoff`` — the
   ``kv_transfer_params`` a producer returns for a finished request (``{"statetier":
   {"tokens", "block_size", "refs"}}``, JSON) and their parsing on the consumer.
@@ -58,6 +59,7 @@ class SaveJob:
 class StepMeta:
     loads: tuple[LoadJob, ...] = ()
     saves: tuple[SaveJob, ...] = ()
+    preempted: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

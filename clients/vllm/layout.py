@@ -3,7 +3,8 @@
 - ``ConnectorConfig.from_extra(extra)`` — ``kv_connector_extra_config``: ``url`` (required:
   ``unix:///path/statetier.sock`` or ``tcp://host:port``), ``tenant``, ``token``, ``model_id``,
   ``model_fingerprint`` (else derived: ``weights.py``), ``allow_unidentified_weights``,
-  ``publish``, ``audit_path``, ``timeout``. Unknown keys are refused.
+  ``publish``, ``audit_path``, ``timeout``, ``deadline`` (seconds an engine step may wait on
+  the daemon: ``link.py``). Unknown keys are refused.
 - ``StateSpec`` / ``CacheGroup`` / ``EngineLayout`` — the engine's KV cache groups as plain
   values: an attention group (``Kind.KV``: block size, layers) or a Mamba group (``Kind.SSM``:
   one state slot per request, typed states ``conv``, ``recurrent``, …). The vLLM adapter
@@ -43,6 +44,7 @@ class ConnectorConfig:
     publish: bool = False         # write saves through to Redis (another node's consumer)
     audit_path: str = ""          # JSON lines: a digest of every page saved or loaded
     timeout: float = 30.0
+    deadline: float = 1.0         # a lookup, load or save not answered within it is a miss (link.py)
     events_endpoint: str = ""     # the daemon's KV event stream of this tenant: take_events() (events.py)
     events_topic: str = "{namespace}"  # the daemon's events.topic
 
@@ -63,8 +65,10 @@ class ConnectorConfig:
         for name in ("publish", "allow_unidentified_weights"):
             if name in raw and not isinstance(raw[name], bool):
                 raise InvalidRequest(f"kv_connector_extra_config: {name!r} must be true or false")
-        if "timeout" in raw and (not isinstance(raw["timeout"], (int, float)) or raw["timeout"] <= 0):
-            raise InvalidRequest("kv_connector_extra_config: 'timeout' must be a positive number of seconds")
+        for name in ("timeout", "deadline"):
+            value = raw.get(name)
+            if name in raw and (not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0):
+                raise InvalidRequest(f"kv_connector_extra_config: {name!r} must be a positive number of seconds")
         return cls(**raw)
 
 
