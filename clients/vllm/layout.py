@@ -25,6 +25,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from statetier.protocol.errors import InvalidRequest
+from statetier.protocol.groups import LayerGroup
 from statetier.protocol.identity import Kind, NamespaceSpec
 
 #: The names of a Mamba layer's states in payload order (vLLM: conv state, then SSM state).
@@ -96,6 +97,17 @@ class CacheGroup:
     layers: tuple[tuple[str, int], ...]
     states: tuple[StateSpec, ...] = ()
 
+    @property
+    def layer_group(self) -> LayerGroup:
+        """The statetier group its objects are stored as: group id = vLLM's group index."""
+        return LayerGroup(self.kind, self.index, tuple(lid for _, lid in self.layers))
+
+    def name_of(self, layer_id: int) -> str:
+        for name, lid in self.layers:
+            if lid == layer_id:
+                return name
+        raise InvalidRequest(f"cache group {self.index} has no layer {layer_id}")
+
 
 @dataclass(frozen=True)
 class EngineLayout:
@@ -139,6 +151,29 @@ class EngineLayout:
     def has_several_groups(self) -> bool:
         """vLLM accepts failed block ids only from single-group layouts."""
         return len(self.groups) > 1
+
+    def group(self, index: int) -> CacheGroup:
+        for group in self.groups:
+            if group.index == index:
+                return group
+        raise InvalidRequest(f"this engine has no cache group {index}")
+
+    @property
+    def layer_groups(self) -> tuple[LayerGroup, ...]:
+        return tuple(g.layer_group for g in self.groups)
+
+    def group_of_key(self, key) -> CacheGroup:
+        """The cache group an object's key fills: a group key's (the same kind and layers, else
+        ``InvalidRequest``), or the group holding a per-layer key's layer."""
+        if not key.group_layers:
+            return self.group_of(key.kind, key.layer)[0]
+        for group in self.groups:
+            if group.index == key.layer and group.kind is key.kind:
+                if group.layer_group.layers != tuple(key.group_layers):
+                    raise InvalidRequest(f"cache group {group.index} holds layers {group.layer_group.layers}, "
+                                         f"the object {tuple(key.group_layers)}")
+                return group
+        raise InvalidRequest(f"this engine has no {key.kind.name} cache group {key.layer}")
 
     def group_of(self, kind: Kind, layer_id: int) -> tuple[CacheGroup, str]:
         """The group and layer name holding ``kind`` state of ``layer_id``."""

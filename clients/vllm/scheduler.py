@@ -6,19 +6,21 @@ calls, in vLLM's order:
 - ``matched_tokens(request, num_computed)`` — how many tokens beyond ``num_computed`` the
   engine may skip, or ``None`` while the daemon's answer is on its way (vLLM asks again
   next step). From a handoff in ``request.kv_transfer_params`` (the producer's refs: no
-  daemon call), else from the daemon's joint-hit ``lookup`` over every attention and Mamba
-  layer at the attention block ends and every TP shard (``tp_size``: the boundary all
-  shards hold), started on the first call and never waited on: not answered within
-  ``cfg.deadline`` it is a miss (counted). Never the whole prompt (vLLM computes at least
+  daemon call), else from the daemon's joint-hit ``lookup`` over every KV cache group's
+  group objects (``groups=``) at the attention block ends and every TP shard (``tp_size``:
+  the boundary all shards hold); when that finds nothing, over per-layer objects (what
+  producers saved before group objects). Started on the first call and never waited on:
+  not answered within ``cfg.deadline`` it is a miss (counted). Never the whole prompt (vLLM computes at least
   one token), one answer per request (cached, so repeated calls agree), and 0 once a load
   of this request was tried.
 - ``after_alloc(request, block_ids, num_external)`` — with the block ids per cache group, a
   ``LoadJob``: one expected ref per object into its block (attention) or slot (Mamba).
 - ``saving_request(request_id)`` — the tracked request of a producer (its steps feed ``build_meta``).
 - ``build_meta(steps, preempted=())`` → ``StepMeta``: the pending loads, the saves of this
-  step for producers (every attention block of the prompt the step completes, and every
-  Mamba layer's state when the step ends on a block end of the prompt: ``tokens_absorbed``
-  = that end), and the preempted requests whose saves the workers flush.
+  step for producers (one group object per attention group for every block of the prompt
+  the step completes, and one per Mamba group when the step ends on a block end of the
+  prompt: ``tokens_absorbed`` = that end), and the preempted requests whose saves the
+  workers flush.
 - ``loads_finished(request_ids)`` — the workers are done with these loads: leases released.
 - ``request_finished(request)`` → ``(delay_free, kv_transfer_params)``: ``delay_free`` when
   saves of the request were scheduled (the workers report it in ``finished_sending`` once
@@ -43,7 +45,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from statetier.protocol.errors import StatetierError
+from statetier.protocol.errors import InvalidRequest, StatetierError
 from statetier.protocol.identity import Kind, NamespaceSpec, StateKey, StateRef, prefix_hashes
 
 from .jobs import LoadItem, LoadJob, SaveItem, SaveJob, StepMeta, handoff_from_params, handoff_params
@@ -79,6 +81,7 @@ class _Asking:
     future: concurrent.futures.Future
     started: float
     hashes: list[bytes]
+    by_layer: bool = False  # the second lookup: per-layer objects
 
 
 @dataclass
@@ -143,12 +146,24 @@ class SchedulerSide:
         if not bounds:
             return self._missed("none")
         try:
-            future = self.link.submit("lookup", self.layout.attention_layers, self.layout.ssm_layers, bounds,
+            future = self.link.submit("lookup", boundaries=bounds, groups=self.layout.layer_groups,
                                       kv_layout="blocks", tp_size=self.tp_size, lease=True)
         except StatetierError as exc:
             return self._missed(reason_of(exc))
         asking = self._asking[request.request_id] = _Asking(future, time.monotonic(), hashes)
         return self._answered(request.request_id, asking)
+
+    def _by_layer(self, asking: _Asking) -> bool:
+        """The group lookup found nothing: ask for per-layer objects (same deadline)."""
+        size = self.layout.block_size
+        bounds = [((i + 1) * size, h) for i, h in enumerate(asking.hashes)]
+        try:
+            asking.future = self.link.submit("lookup", self.layout.attention_layers, self.layout.ssm_layers, bounds,
+                                             kv_layout="blocks", tp_size=self.tp_size, lease=True)
+        except StatetierError:
+            return False
+        asking.by_layer = True
+        return True
 
     def _answered(self, rid: str, asking: _Asking) -> _Plan | None:
         """The lookup's plan once answered; a miss past the deadline; else ``None``."""
@@ -171,6 +186,9 @@ class SchedulerSide:
             return self._missed(reason_of(exc))
         if found.tokens == 0:
             self._release(found.lease_ids)
+            if not asking.by_layer and self._by_layer(asking):
+                self._asking[rid] = asking
+                return self._answered(rid, asking)
             return self._missed("none")
         return self._counted(_Plan(found.tokens, [self._expected(ref, asking.hashes) for ref in found.refs],
                                    found.lease_ids))
@@ -202,27 +220,41 @@ class SchedulerSide:
         if handoff.block_size != size:
             log.warning("statetier: handoff in blocks of %d tokens, this engine uses %d", handoff.block_size, size)
             return _Plan()
-        have = {(r.key.kind, r.key.layer, r.key.shard, r.key.token_start, r.key.token_end): r for r in handoff.refs}
+        have = {_span(r.key): r for r in handoff.refs}
         for blocks in range(min(handoff.tokens // size, len(hashes)), 0, -1):
-            wanted = self._wanted_spans(blocks)
-            if all(span in have for span in wanted):
-                return _Plan(blocks * size, [self._expected(have[span], hashes) for span in wanted])
+            for wanted in (self._wanted_groups(blocks), self._wanted_layers(blocks)):
+                if all(span in have for span in wanted):
+                    return _Plan(blocks * size, [self._expected(have[span], hashes) for span in wanted])
         return _Plan()
 
-    def _wanted_spans(self, blocks: int) -> list[tuple]:
+    def _wanted_groups(self, blocks: int) -> list[tuple]:
+        """The group objects of every cache group a restore at ``blocks`` blocks needs."""
         size, end = self.layout.block_size, blocks * self.layout.block_size
         spans = []
         for shard in range(self.tp_size):
-            spans += [(Kind.KV, lid, shard, j * size, (j + 1) * size)
+            for group in self.layout.groups:
+                layers = group.layer_group.layers
+                if group.kind is Kind.KV:
+                    spans += [(Kind.KV, group.index, layers, shard, j * size, (j + 1) * size) for j in range(blocks)]
+                else:
+                    spans.append((Kind.SSM, group.index, layers, shard, 0, end))
+        return spans
+
+    def _wanted_layers(self, blocks: int) -> list[tuple]:
+        """The per-layer objects of every layer (what producers saved before group objects)."""
+        size, end = self.layout.block_size, blocks * self.layout.block_size
+        spans = []
+        for shard in range(self.tp_size):
+            spans += [(Kind.KV, lid, (), shard, j * size, (j + 1) * size)
                       for lid in self.layout.attention_layers for j in range(blocks)]
-            spans += [(Kind.SSM, lid, shard, 0, end) for lid in self.layout.ssm_layers]
+            spans += [(Kind.SSM, lid, (), shard, 0, end) for lid in self.layout.ssm_layers]
         return spans
 
     def _expected(self, found: StateRef, hashes: list[bytes]) -> StateRef:
         """What loading ``found`` must find: this engine's namespace and this prompt's hash."""
         k = found.key
         own = StateKey(self.namespace, k.kind, k.layer, hashes[k.token_end // self.layout.block_size - 1],
-                       k.token_start, k.token_end, k.shard)
+                       k.token_start, k.token_end, k.shard, k.group_layers)
         return StateRef(own, found.request_id, found.step, found.state_id, found.version)
 
     def after_alloc(self, request, block_ids: Sequence[Sequence[int]], num_external: int) -> None:
@@ -246,13 +278,17 @@ class SchedulerSide:
         first_block = plan.local // self.layout.block_size  # below: the local prefix-cache hit
         items, written = [], set()
         for ref in plan.refs:
-            group, name = self.layout.group_of(ref.key.kind, ref.key.layer)
+            try:
+                group = self.layout.group_of_key(ref.key)
+            except InvalidRequest as exc:  # a handoff of another engine's groups: refused, recomputed
+                self._pending.append(LoadJob(rid, plan.tokens, (), (), str(exc)))
+                return
             if ref.key.kind is Kind.SSM:
-                items.append(LoadItem(name, ref, block_ids[group.index][0]))
+                items.append(LoadItem(group.index, ref, block_ids[group.index][0]))
                 continue
             block = ref.key.token_start // self.layout.block_size
             if block >= first_block:
-                items.append(LoadItem(name, ref, block_ids[group.index][block]))
+                items.append(LoadItem(group.index, ref, block_ids[group.index][block]))
                 written.add(block_ids[group.index][block])
         self._pending.append(LoadJob(rid, plan.tokens, tuple(items), tuple(sorted(written))))
 
@@ -287,16 +323,13 @@ class SchedulerSide:
         items = []
         for block in range(tracked.next_block, last):
             for group in self.layout.attention_groups:
-                for name, lid in group.layers:
-                    key = StateKey(self.namespace, Kind.KV, lid, tracked.hashes[block], block * size,
-                                   (block + 1) * size)
-                    items.append(SaveItem(name, key, step.block_ids[group.index][block]))
+                key = group.layer_group.key(self.namespace, tracked.hashes[block], block * size, (block + 1) * size)
+                items.append(SaveItem(group.index, key, step.block_ids[group.index][block]))
         tracked.next_block = max(tracked.next_block, last)
         if absorbed % size == 0 and 0 < absorbed <= prompt_len and step.num_scheduled > 0:
             for group in self.layout.mamba_groups:
-                for name, lid in group.layers:
-                    key = StateKey(self.namespace, Kind.SSM, lid, tracked.hashes[absorbed // size - 1], 0, absorbed)
-                    items.append(SaveItem(name, key, step.block_ids[group.index][0]))
+                key = group.layer_group.key(self.namespace, tracked.hashes[absorbed // size - 1], 0, absorbed)
+                items.append(SaveItem(group.index, key, step.block_ids[group.index][0]))
         if not items:
             return None
         tracked.saved = True
@@ -332,7 +365,7 @@ class SchedulerSide:
             return None
         rid = tracked.request.request_id
         try:
-            future = self.link.submit("lookup", self.layout.attention_layers, self.layout.ssm_layers, bounds,
+            future = self.link.submit("lookup", boundaries=bounds, groups=self.layout.layer_groups,
                                       kv_layout="blocks", tp_size=self.tp_size, lease=False)
             found = future.result(timeout=self.cfg.deadline)
         except concurrent.futures.TimeoutError:
@@ -370,3 +403,8 @@ class SchedulerSide:
         if self.events is not None:
             self.events.close()
         self.link.close()
+
+
+def _span(key: StateKey) -> tuple:
+    """What a handoff's ref stands for: kind, layer or group, its layers, shard, token span."""
+    return key.kind, key.layer, tuple(key.group_layers), key.shard, key.token_start, key.token_end

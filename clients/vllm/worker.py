@@ -137,6 +137,26 @@ class WorkerSide:
     def _views(self, layer_name: str, kind: Kind, block_id: int) -> dict[str, torch.Tensor]:
         return {"kv": self.page(layer_name, block_id)} if kind is Kind.KV else self.states(layer_name, block_id)
 
+    def _layers(self, group_index: int, key) -> list[tuple[str, int]]:
+        """``(layer name, layer id)`` of the layers an object covers: every layer of a group
+        object, in the key's order, or the one layer of a per-layer object."""
+        group = self.layout.group(group_index)
+        layer_ids = key.group_layers or (key.layer,)
+        return [(group.name_of(lid), lid) for lid in layer_ids]
+
+    def _destination(self, group_index: int, key, block_id: int):
+        """A group object's regions ``{layer: {name: view}}``, a per-layer object's ``{name: view}``."""
+        layers = self._layers(group_index, key)
+        if not key.group_layers:
+            return self._views(layers[0][0], key.kind, block_id)
+        return {lid: self._views(name, key.kind, block_id) for name, lid in layers}
+
+    def _by_layer(self, group_index: int, key, regions) -> list[tuple[str, dict[str, torch.Tensor]]]:
+        """``(layer name, {name: tensor})`` of an object's regions (as ``_destination`` gives them)."""
+        if not key.group_layers:
+            return [(self._layers(group_index, key)[0][0], regions)]
+        return [(name, regions[lid]) for name, lid in self._layers(group_index, key)]
+
     # -- loads ----------------------------------------------------------------------------
 
     def start_loads(self, jobs: Sequence[LoadJob]) -> None:
@@ -146,7 +166,7 @@ class WorkerSide:
                 if job.problem:
                     raise InvalidRequest(job.problem)
                 future = self.link.submit("load_many", [item.ref for item in items],
-                                          into=[self._views(i.layer_name, i.ref.key.kind, i.block_id) for i in items])
+                                          into=[self._destination(i.group, i.ref.key, i.block_id) for i in items])
             except Exception as exc:  # noqa: BLE001 - any failure means: recompute, never run on it
                 self._refused(job, exc, reason_of(exc))
                 continue
@@ -163,13 +183,14 @@ class WorkerSide:
                     self._refused(load.job, exc, "deadline" if load.abandoned else reason_of(exc))
                     continue
                 self._results.finished.add(rid)
+                landed = [(item.ref.key, self._by_layer(item.group, item.ref.key,
+                                                         self._destination(item.group, item.ref.key, item.block_id)))
+                          for item in load.items]
                 self._count("load", len(load.items), load.started,
-                            [v for item in load.items
-                             for v in self._views(item.layer_name, item.ref.key.kind, item.block_id).values()])
+                            [t for _, layers in landed for _, views in layers for t in views.values()])
                 if self.cfg.audit_path:
-                    self._audit([{"event": "load", "request": rid, **self._described(item.ref.key, item.layer_name,
-                                  self._views(item.layer_name, item.ref.key.kind, item.block_id))}
-                                 for item in load.items])
+                    self._audit([{"event": "load", "request": rid, **self._described(key, name, views)}
+                                 for key, layers in landed for name, views in layers])
             elif not load.abandoned and now - load.started > self.cfg.deadline:
                 # the connection goes: the load fails soon and is reported then; nothing lands after
                 log.warning("statetier: load for request %s not done within %s s: recomputed", rid, self.cfg.deadline)
@@ -221,13 +242,16 @@ class WorkerSide:
                 continue
             saves.append(_Save(job, puts, future, time.monotonic()))
 
-    def _staged(self, item) -> dict[str, torch.Tensor]:
-        """A page's views (vLLM keeps the block until the save is reported), or a Mamba slot's
-        states copied into tensors this side owns (vLLM writes the slot again next step)."""
-        views = self._views(item.layer_name, item.key.kind, item.block_id)
+    def _staged(self, item):
+        """A block's pages as views (vLLM keeps the block until the save is reported), or a
+        Mamba slot's states copied into tensors this side owns (vLLM writes the slot again
+        next step)."""
+        regions = self._destination(item.group, item.key, item.block_id)
         if item.key.kind is Kind.KV:
-            return views
-        return {name: view.clone() for name, view in views.items()}
+            return regions
+        if not item.key.group_layers:
+            return {name: view.clone() for name, view in regions.items()}
+        return {lid: {name: view.clone() for name, view in views.items()} for lid, views in regions.items()}
 
     def _wait_behind(self) -> None:
         """Saves of earlier steps, waited on for at most the deadline in all."""
@@ -256,11 +280,14 @@ class WorkerSide:
             self.link.failed(exc)
             self.counts.add("saves_failed")
             return
-        self._count("save", len(save.puts), save.started, [t for put in save.puts for t in put.tensors.values()])
+        sent = [(item, put, ref, self._by_layer(item.group, put.key, put.tensors))
+                for item, put, ref in zip(save.job.items, save.puts, save.future.result())]
+        self._count("save", len(save.puts), save.started,
+                    [t for *_, layers in sent for _, views in layers for t in views.values()])
         if self.cfg.audit_path:
             self._audit([{"event": "save", "request": save.job.request_id, "ref": ref_to_wire(ref),
-                          **self._described(put.key, item.layer_name, put.tensors)}
-                         for item, put, ref in zip(save.job.items, save.puts, save.future.result())])
+                          **self._described(put.key, name, views)}
+                         for item, put, ref, layers in sent for name, views in layers])
 
     def flush(self, request_ids: Sequence[str]) -> None:
         """Preempted requests: their saves end before vLLM reuses their blocks. Past the

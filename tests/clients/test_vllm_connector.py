@@ -27,13 +27,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "daemon"))  # the s
 from daemon_procs import daemon_fixture  # noqa: E402
 
 from statetier.clients import Client  # noqa: E402
-from statetier.clients.vllm.jobs import LoadItem, LoadJob, StepMeta, handoff_from_params  # noqa: E402
+from statetier.clients.values import PutItem  # noqa: E402
+from statetier.clients.vllm.jobs import LoadItem, LoadJob, StepMeta, handoff_from_params, handoff_params  # noqa: E402
 from statetier.clients.vllm.layout import (  # noqa: E402
     CacheGroup, ConnectorConfig, EngineLayout, StateSpec, layer_id_of, namespace_spec)
 from statetier.clients.vllm.scheduler import ScheduledStep, SchedulerSide  # noqa: E402
 from statetier.clients.vllm.worker import WorkerSide  # noqa: E402
 from statetier.protocol.errors import InvalidRequest  # noqa: E402
-from statetier.protocol.identity import Kind, prefix_hashes  # noqa: E402
+from statetier.protocol.groups import LayerGroup  # noqa: E402
+from statetier.protocol.identity import Kind, StateKey, prefix_hashes  # noqa: E402
 from statetier.protocol.messages import ref_from_wire  # noqa: E402
 
 BLOCK, HEADS, HEAD = 16, 2, 8
@@ -196,13 +198,11 @@ def test_a_producer_saves_every_prompt_block_and_the_mamba_state_at_step_ends_on
     request = FakeRequest("p-1", tokens(1, 40))
     metas = prefill(producer, request, PRODUCER_BLOCKS)
     hashes = prefix_hashes(request.prompt_token_ids, BLOCK)
-    planned = [[(i.layer_name, i.key.kind, i.key.token_start, i.key.token_end, i.key.prefix_hash, i.block_id)
-                for job in m.saves for i in job.items] for m in metas]
-    assert planned == [
-        [(ATTN[0], Kind.KV, 0, 16, hashes[0], 1), (ATTN[1], Kind.KV, 0, 16, hashes[0], 1),
-         (MAMBA[0], Kind.SSM, 0, 16, hashes[0], 9), (MAMBA[1], Kind.SSM, 0, 16, hashes[0], 9)],
-        [(ATTN[0], Kind.KV, 16, 32, hashes[1], 2), (ATTN[1], Kind.KV, 16, 32, hashes[1], 2),
-         (MAMBA[0], Kind.SSM, 0, 32, hashes[1], 9), (MAMBA[1], Kind.SSM, 0, 32, hashes[1], 9)],
+    planned = [[(i.group, i.key.kind, i.key.layer, i.key.group_layers, i.key.token_start, i.key.token_end,
+                 i.key.prefix_hash, i.block_id) for job in m.saves for i in job.items] for m in metas]
+    assert planned == [  # one object per block of the attention group, one per boundary of the Mamba group
+        [(1, Kind.KV, 1, (1, 3), 0, 16, hashes[0], 1), (0, Kind.SSM, 0, (0, 2), 0, 16, hashes[0], 9)],
+        [(1, Kind.KV, 1, (1, 3), 16, 32, hashes[1], 2), (0, Kind.SSM, 0, (0, 2), 0, 32, hashes[1], 9)],
         [],  # 32 -> 40: no block completes, and a state at 40 is at no block end
     ]
     assert [job.step for m in metas for job in m.saves] == [16, 32]
@@ -210,9 +210,9 @@ def test_a_producer_saves_every_prompt_block_and_the_mamba_state_at_step_ends_on
     assert delay_free  # saves were scheduled: vLLM keeps the blocks until the workers report them sent
     handoff = handoff_from_params(params)
     assert handoff.tokens == 32 and handoff.block_size == BLOCK
-    assert sorted((r.key.kind, r.key.layer, r.key.token_start, r.key.token_end) for r in handoff.refs) == [
-        (Kind.KV, 1, 0, 16), (Kind.KV, 1, 16, 32), (Kind.KV, 3, 0, 16), (Kind.KV, 3, 16, 32),
-        (Kind.SSM, 0, 0, 32), (Kind.SSM, 2, 0, 32)]
+    assert sorted((r.key.kind, r.key.layer, r.key.group_layers, r.key.token_start, r.key.token_end)
+                  for r in handoff.refs) == [
+        (Kind.KV, 1, (1, 3), 0, 16), (Kind.KV, 1, (1, 3), 16, 32), (Kind.SSM, 0, (0, 2), 0, 32)]
 
 
 def test_a_consumer_restores_the_joint_hit_into_its_own_blocks_and_slot(engines) -> None:
@@ -300,7 +300,8 @@ def _saved_refs(producer: Engine, metas, request_id: str, absorbed: int) -> dict
             for job in meta.saves:
                 for item in job.items:
                     if item.key.kind is Kind.SSM and item.key.token_end == absorbed:
-                        found = client.lookup([], [item.key.layer], [(absorbed, item.key.prefix_hash)], lease=False)
+                        found = client.lookup(boundaries=[(absorbed, item.key.prefix_hash)],
+                                              groups=[LayerGroup.of_key(item.key)], lease=False)
                         (ref,) = found.refs
                         assert ref.request_id == request_id
                         out[item.key.layer] = ref
@@ -336,7 +337,7 @@ def test_the_joint_hit_is_the_boundary_every_tp_shard_holds(engines) -> None:
     consumer.scheduler.after_alloc(request, ([6, 7, 8, 9],), 16)
     (job,) = consumer.scheduler.build_meta([]).loads
     assert sorted((i.ref.key.shard, i.ref.key.layer, i.ref.key.token_end, i.block_id) for i in job.items) == [
-        (0, 1, 16, 6), (0, 3, 16, 6), (1, 1, 16, 6), (1, 3, 16, 6)]
+        (0, 0, 16, 6), (1, 0, 16, 6)]  # group 0's object of block 0, on each shard
     load(consumer, [job])  # this worker is rank 1: it loads its own shard's pages only
     assert consumer.worker.take_results().failed == set()
     for name in ATTN:
@@ -439,19 +440,18 @@ def test_the_lookup_leases_are_held_until_vllm_reports_the_load_done(engines, da
         _until(lambda: observer.stats()["leases"] == 0)
         request = FakeRequest("c-11", prompt)
         assert ask(consumer.scheduler, request) == 32
-        assert observer.stats()["leases"] == 6  # 2 layers x 2 pages + 2 Mamba states, pinned
+        assert observer.stats()["leases"] == 3  # 2 blocks of the attention group + the Mamba group, pinned
         consumer.scheduler.after_alloc(request, CONSUMER_BLOCKS, 32)
         load(consumer, consumer.scheduler.build_meta([]).loads)
-        assert observer.stats()["leases"] >= 6  # still pinned while vLLM has not heard back
+        assert observer.stats()["leases"] >= 3  # still pinned while vLLM has not heard back
         consumer.scheduler.loads_finished(consumer.worker.take_results().finished)
         _until(lambda: observer.stats()["leases"] == 0)
 
 
-def test_a_handoff_missing_a_layer_is_no_hit(engines) -> None:
+def test_a_handoff_missing_a_group_is_no_hit(engines) -> None:
     producer, consumer, prompt = prefilled_pair(engines, 12)
     _, params = producer.scheduler.request_finished(FakeRequest("p-12", prompt))
-    params["statetier"]["refs"] = [r for r in params["statetier"]["refs"]
-                                   if not (r["key"]["kind"] == "ssm" and r["key"]["layer"] == 2)]
+    params["statetier"]["refs"] = [r for r in params["statetier"]["refs"] if r["key"]["kind"] != "ssm"]
     assert consumer.scheduler.matched_tokens(FakeRequest("c-12", prompt, kv_transfer_params=params), 0) == 0
 
 
@@ -473,10 +473,47 @@ def test_an_unreachable_daemon_is_a_miss_and_a_failed_load_never_an_engine_error
                                  "prefix": prefix_hashes(request.prompt_token_ids, BLOCK)[0].hex(), "start": 0,
                                  "end": 16}, "request_id": "x", "step": 16, "state_id": "00" * 16, "version": 1,
                          "fingerprint": "00" * 32})
-    worker.start_loads([LoadJob("r", 16, (LoadItem(ATTN[0], ref, 5),), (5,))])
+    worker.start_loads([LoadJob("r", 16, (LoadItem(1, ref, 5),), (5,))])
     worker.wait_idle()
     results = worker.take_results({"r"})
     assert results.failed == {"r"} and worker.take_failed_blocks() == {5}
     assert results.sent == {"r"}  # its save failed, yet it is reported: vLLM frees the blocks
     scheduler.close()
     worker.close()
+
+
+def per_layer_saves(daemon, producer: Engine, request_id: str, prompt: list[int], block_ids) -> dict:
+    """What a producer saved before group objects: one object per layer per block, and one
+    per Mamba layer at 32 tokens, sealed from its buffers; the refs, as a handoff names them."""
+    hashes = prefix_hashes(prompt, BLOCK)
+    items = []
+    for name, lid in zip(ATTN, (1, 3)):
+        for block in (0, 1):
+            key = StateKey(producer.scheduler.namespace, Kind.KV, lid, hashes[block], block * BLOCK, (block + 1) * BLOCK)
+            items.append(PutItem(key, {"kv": producer.buffers[name][block_ids[1][block]]}, request_id=request_id,
+                                 step=(block + 1) * BLOCK))
+    for name, lid in zip(MAMBA, (0, 2)):
+        key = StateKey(producer.scheduler.namespace, Kind.SSM, lid, hashes[1], 0, 2 * BLOCK)
+        items.append(PutItem(key, producer.worker.states(name, block_ids[0][0]), request_id=request_id, step=32))
+    with Client(daemon.url, namespace=producer.scheduler.spec) as client:
+        refs = client.put_many(items)
+    return handoff_params(32, BLOCK, refs)
+
+
+@pytest.mark.parametrize("by", ["lookup", "handoff"])
+def test_per_layer_objects_saved_before_group_objects_stay_readable(engines, daemon, by) -> None:
+    producer, consumer = engines(role="producer", seed=14), engines(role="consumer", seed=None)
+    for name in MAMBA:
+        for view in producer.worker.states(name, PRODUCER_BLOCKS[0][0]).values():
+            view.copy_(torch.randn(view.shape))
+    prompt = tokens(14 if by == "lookup" else 15, 40)
+    params = per_layer_saves(daemon, producer, f"old-{by}", prompt, PRODUCER_BLOCKS)
+    request = FakeRequest(f"c-{by}", prompt, kv_transfer_params=params if by == "handoff" else None)
+    assert restore(consumer, request, CONSUMER_BLOCKS) == 32
+    assert consumer.worker.counts.take()["objects.load"] == 6  # 2 layers x 2 blocks + 2 Mamba layers
+    for name in ATTN:
+        for src, dst in ((1, 5), (2, 7)):
+            assert torch.equal(consumer.buffers[name][dst], producer.buffers[name][src])
+    for name in MAMBA:
+        want = producer.worker.states(name, PRODUCER_BLOCKS[0][0])
+        assert all(torch.equal(consumer.worker.states(name, CONSUMER_BLOCKS[0][0])[k], want[k]) for k in want)
