@@ -10,6 +10,7 @@
   layout, cfg)`` → ``NamespaceSpec`` (model, config digest, weights identity — ``weights.py``:
   ``model_fingerprint``, else derived from the weight files or the hub commit, else refused —,
   dtypes, layout, TP size, tenant).
+- ``saves_decode_tokens(cfg, vllm_config)`` — whether producers save decoded tokens' blocks.
 - ``connector_events(cfg, scheduler, kv_cache_config, layout)`` → the subscription behind
   ``take_events()`` (``events.py``: the daemon's KV events of the saved blocks, under vLLM's
   hashes, into vLLM's own event stream), or None without ``events_endpoint`` (or, logged, when
@@ -21,7 +22,9 @@ reported by a later ``get_finished`` (the request waits in ``WAITING_FOR_REMOTE_
 the only way vLLM accepts a refused load of a hybrid model); saves start in
 ``wait_for_save`` and their blocks stay with the connector (``request_finished`` →
 ``(True, …)``) until ``finished_sending``; ``handle_preemptions`` flushes the saves of
-preempted requests; the per-layer hooks do nothing. A refused load is reported as failed
+preempted requests; the per-layer hooks do nothing. Both sides count what they do
+(``get_kv_connector_stats``: ``metrics.py``, vLLM's log line and Prometheus), and
+``reset_cache`` purges this namespace from the daemon. A refused load is reported as failed
 block ids (one KV cache group) or as a failed receive (several groups), and vLLM recomputes
 the request; the connector never offers the same request a second load. Mamba state
 requires ``mamba_cache_mode="none"``.
@@ -115,9 +118,18 @@ def connector_events(cfg: ConnectorConfig, scheduler: SchedulerSide, kv_cache_co
     return ConnectorEvents(cfg.events_endpoint, topic, hash_block_size)
 
 
+def saves_decode_tokens(cfg: ConnectorConfig, vllm_config) -> bool:
+    """``save_decode_tokens``, by default on with prefix caching (multi-turn reuse) and off
+    under speculative decoding (its scheduled tokens are not all kept)."""
+    if cfg.save_decode_tokens is not None:
+        return cfg.save_decode_tokens
+    return bool(vllm_config.cache_config.enable_prefix_caching) and vllm_config.speculative_config is None
+
+
 def _build_classes() -> dict[str, type]:
     base = importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.base")
     from .jobs import StepMeta
+    from .metrics import metric_classes
     from .scheduler import ScheduledStep, SchedulerSide
     from .worker import WorkerSide
 
@@ -142,7 +154,8 @@ def _build_classes() -> dict[str, type]:
             if role == base.KVConnectorRole.SCHEDULER:
                 self._scheduler = SchedulerSide(cfg, self._layout, spec,
                                                 tp_size=vllm_config.parallel_config.tensor_parallel_size,
-                                                loads=transfer.is_kv_consumer, saves=transfer.is_kv_producer)
+                                                loads=transfer.is_kv_consumer, saves=transfer.is_kv_producer,
+                                                saves_decode=saves_decode_tokens(cfg, vllm_config))
                 self._scheduler.events = connector_events(cfg, self._scheduler, kv_cache_config, self._layout)
             else:
                 from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
@@ -182,6 +195,23 @@ def _build_classes() -> dict[str, type]:
 
         def request_finished(self, request, block_ids):
             return self._scheduler.request_finished(request)
+
+        def reset_cache(self) -> bool | None:
+            return self._scheduler.reset_cache() if self._scheduler is not None else None
+
+        def get_kv_connector_stats(self):
+            side = self._scheduler if self._scheduler is not None else self._worker
+            data = side.counts.take()
+            return metric_classes()["StatetierConnectorStats"](data=data) if data else None
+
+        @classmethod
+        def build_kv_connector_stats(cls, data=None):
+            return metric_classes()["StatetierConnectorStats"](data=dict(data or {}))
+
+        @classmethod
+        def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+            return metric_classes()["StatetierPromMetrics"](vllm_config, metric_types, labelnames,
+                                                            per_engine_labelvalues)
 
         def take_events(self):
             from .events import as_vllm_events

@@ -4,7 +4,9 @@
   ``unix:///path/statetier.sock`` or ``tcp://host:port``), ``tenant``, ``token``, ``model_id``,
   ``model_fingerprint`` (else derived: ``weights.py``), ``allow_unidentified_weights``,
   ``publish``, ``audit_path``, ``timeout``, ``deadline`` (seconds an engine step may wait on
-  the daemon: ``link.py``). Unknown keys are refused.
+  the daemon: ``link.py``), ``save_decode_tokens`` (blocks of decoded tokens saved too, for a
+  next turn; default: when vLLM's prefix caching is on and no speculative decoding).
+  Unknown keys are refused.
 - ``StateSpec`` / ``CacheGroup`` / ``EngineLayout`` — the engine's KV cache groups as plain
   values: an attention group (``Kind.KV``: block size, layers) or a Mamba group (``Kind.SSM``:
   one state slot per request, typed states ``conv``, ``recurrent``, …). The vLLM adapter
@@ -46,6 +48,7 @@ class ConnectorConfig:
     audit_path: str = ""          # JSON lines: a digest of every page saved or loaded
     timeout: float = 30.0
     deadline: float = 1.0         # a lookup, load or save not answered within it is a miss (link.py)
+    save_decode_tokens: bool | None = None  # blocks of decoded tokens too; None: when prefix caching is on
     events_endpoint: str = ""     # the daemon's KV event stream of this tenant: take_events() (events.py)
     events_topic: str = "{namespace}"  # the daemon's events.topic
 
@@ -63,6 +66,8 @@ class ConnectorConfig:
                 raise InvalidRequest(f"kv_connector_extra_config: {name!r} must be a string")
         if raw.get("token") is not None and not isinstance(raw["token"], str):
             raise InvalidRequest("kv_connector_extra_config: 'token' must be a string")
+        if raw.get("save_decode_tokens") is not None and not isinstance(raw["save_decode_tokens"], bool):
+            raise InvalidRequest("kv_connector_extra_config: 'save_decode_tokens' must be true, false or null")
         for name in ("publish", "allow_unidentified_weights"):
             if name in raw and not isinstance(raw[name], bool):
                 raise InvalidRequest(f"kv_connector_extra_config: {name!r} must be true or false")

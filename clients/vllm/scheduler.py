@@ -19,9 +19,10 @@ calls, in vLLM's order:
 - ``build_meta(steps, preempted=())`` → ``StepMeta``: the pending loads, the saves of this
   step for producers (one group object per attention group for every block of the prompt
   the step completes, and one per Mamba group when the step ends on a block end of the
-  prompt: ``tokens_absorbed`` = that end), and the preempted requests whose saves the
-  workers flush.
+  prompt: ``tokens_absorbed`` = that end; with ``saves_decode``, of the decoded tokens too,
+  for a next turn), and the preempted requests whose saves the workers flush.
 - ``loads_finished(request_ids)`` — the workers are done with these loads: leases released.
+- ``reset_cache()`` — this namespace's objects purged from the daemon.
 - ``request_finished(request)`` → ``(delay_free, kv_transfer_params)``: ``delay_free`` when
   saves of the request were scheduled (the workers report it in ``finished_sending`` once
   they are done, and vLLM keeps its blocks until then); the handoff (producers) or ``None``,
@@ -87,18 +88,19 @@ class _Asking:
 @dataclass
 class _Tracked:
     request: Any
-    hashes: list[bytes]            # the prompt's chained hash at each full block end
-    next_block: int | None = None  # first prompt block not yet saved
+    hashes: list[bytes]            # the chained hash at each full block end (prompt, then decoded tokens)
+    next_block: int | None = None  # first block not yet saved
     saved: bool = False
 
 
 class SchedulerSide:
     def __init__(self, cfg: ConnectorConfig, layout: EngineLayout, spec: NamespaceSpec, *, tp_size: int = 1,
-                 loads: bool = True, saves: bool = True) -> None:
+                 loads: bool = True, saves: bool = True, saves_decode: bool = False) -> None:
         self.cfg, self.layout, self.spec = cfg, layout, spec
         self.namespace = spec.namespace()
         self.tp_size = tp_size
         self.does_load, self.does_save = loads, saves
+        self.saves_decode = saves_decode
         self.link = DaemonLink(cfg, spec, use_shm=False)
         self.counts = Counts()
         self._asking: dict[str, _Asking] = {}
@@ -315,18 +317,20 @@ class SchedulerSide:
 
     def _saves_of(self, tracked: _Tracked, step: ScheduledStep) -> SaveJob | None:
         size = self.layout.block_size
-        prompt_len = len(tracked.request.prompt_token_ids)
+        known = self._saved_tokens(tracked.request)
         absorbed = step.num_computed + step.num_scheduled
         if tracked.next_block is None:
             tracked.next_block = step.num_computed // size  # blocks below came from a load or the prefix cache
-        last = min(absorbed, prompt_len) // size
+        last = min(absorbed, len(known)) // size
+        if last > len(tracked.hashes):  # decoded tokens completed a block
+            tracked.hashes = self._hashes(known[:last * size])
         items = []
         for block in range(tracked.next_block, last):
             for group in self.layout.attention_groups:
                 key = group.layer_group.key(self.namespace, tracked.hashes[block], block * size, (block + 1) * size)
                 items.append(SaveItem(group.index, key, step.block_ids[group.index][block]))
         tracked.next_block = max(tracked.next_block, last)
-        if absorbed % size == 0 and 0 < absorbed <= prompt_len and step.num_scheduled > 0:
+        if absorbed % size == 0 and 0 < absorbed <= len(known) and step.num_scheduled > 0:
             for group in self.layout.mamba_groups:
                 key = group.layer_group.key(self.namespace, tracked.hashes[absorbed // size - 1], 0, absorbed)
                 items.append(SaveItem(group.index, key, step.block_ids[group.index][0]))
@@ -334,6 +338,13 @@ class SchedulerSide:
             return None
         tracked.saved = True
         return SaveJob(tracked.request.request_id, absorbed, tuple(items))
+
+    def _saved_tokens(self, request) -> Sequence[int]:
+        """The tokens whose blocks this producer saves: the prompt, and with ``saves_decode`` the
+        decoded ones too (vLLM's ``all_token_ids``: a next turn's prompt starts with them)."""
+        if self.saves_decode:
+            return getattr(request, "all_token_ids", None) or request.prompt_token_ids
+        return request.prompt_token_ids
 
     def loads_finished(self, request_ids) -> None:
         for rid in request_ids:
@@ -389,6 +400,17 @@ class SchedulerSide:
     def _release(self, lease_ids) -> None:
         if lease_ids:
             self.link.release(lease_ids)
+
+    def reset_cache(self) -> bool:
+        """Every object of this namespace removed from the daemon (vLLM's ``reset_prefix_cache``
+        with the connector's cache); False when the daemon could not do it."""
+        try:
+            purged = self.link.submit("purge").result(timeout=self.cfg.timeout)
+        except (StatetierError, OSError) as exc:
+            log.warning("statetier: reset_cache failed: %s", exc)
+            return False
+        log.info("statetier: reset_cache removed %s objects (%s bytes)", purged.get("objects"), purged.get("bytes"))
+        return True
 
     def events_topic(self, template: str) -> str:
         """The topic of this namespace's KV events (the daemon's ``events.topic`` as ``template``);

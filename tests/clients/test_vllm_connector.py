@@ -109,9 +109,9 @@ def daemon(request):
 
 
 def make_engine(daemon, layout, *, role: str, seed: int | None, tp_size: int = 1, shard: int = 0,
-                tenant: str = "default", deadline: float = 60.0) -> Engine:
+                tenant: str = "default", deadline: float = 60.0, model: str = "tiny-hybrid") -> Engine:
     cfg = ConnectorConfig.from_extra({"url": daemon.url, "tenant": tenant, "deadline": deadline})
-    spec = namespace_spec(cfg, layout, model="tiny-hybrid", revision="", config_digest="c0ffee",
+    spec = namespace_spec(cfg, layout, model=model, revision="", config_digest="c0ffee",
                           weight_dtype="float32", tp_size=tp_size, engine_tag="vllm-0.32/cpu")
     scheduler = SchedulerSide(cfg, layout, spec, tp_size=tp_size, loads=role != "producer",
                               saves=role != "consumer")
