@@ -96,6 +96,8 @@ class Client:
 
         async def wind_down() -> None:
             try:
+                if self._connecting is not None and not self._connecting.done():
+                    self._connecting.cancel()  # a handshake the daemon does not answer ends now
                 closing = asyncio.ensure_future(client.close())
                 await asyncio.sleep(0)  # its first step marks the connection closed, before any await
                 refusing.set_result(None)
@@ -158,7 +160,12 @@ class Client:
         client = self._client
 
         async def call() -> Any:
-            await self._connected_on_loop()
+            try:
+                await self._connected_on_loop()
+            except asyncio.CancelledError:
+                if self._is_closed:  # close_nowait cancelled the connect
+                    raise ClientClosedError("the statetier client is closed") from None
+                raise
             if self._is_closed:  # closed while connecting: nothing may be sent after close_nowait
                 raise ClientClosedError("the statetier client is closed")
             return await getattr(client, name)(*args, **kwargs)

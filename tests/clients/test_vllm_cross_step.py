@@ -31,6 +31,7 @@ from test_vllm_connector import (  # noqa: E402
 
 from statetier.clients import Client  # noqa: E402
 from statetier.clients.vllm.scheduler import ScheduledStep  # noqa: E402
+from statetier.protocol.errors import ClientClosedError  # noqa: E402
 
 DEADLINE = 0.5
 
@@ -192,3 +193,22 @@ def test_a_preempted_requests_saves_end_before_flush_returns(engines, daemon) ->
         load(consumer, consumer.scheduler.build_meta([]).loads)
         for name in ATTN:
             assert torch.equal(consumer.buffers[name][CONSUMER_BLOCKS[1][0]], before[name])
+
+
+def test_the_clients_submitted_calls_never_wait_and_close_nowait_fails_them(daemon) -> None:
+    """``Client.submit`` connects and calls without waiting; ``close_nowait`` fails what is
+    pending (``ClientClosedError``) and, once its future is done, nothing more is sent."""
+    with stopped(daemon):
+        client = Client(daemon.url, use_shm=False)
+        pending = client.submit("ping")           # the handshake itself goes unanswered
+        assert not pending.done()
+        refusing = client.close_nowait()
+        refusing.result(timeout=30)
+        with pytest.raises(ClientClosedError):
+            pending.result(timeout=30)
+        with pytest.raises(ClientClosedError):
+            client.submit("ping")
+    with Client(daemon.url, use_shm=False) as client:
+        assert client.submit("ping").result(timeout=30) >= 0
+        with pytest.raises(AttributeError):
+            client.submit("_request")
