@@ -46,7 +46,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from statetier.protocol.errors import InvalidRequest, StatetierError
+from statetier.protocol.errors import ClientClosedError, InvalidRequest, StatetierError
 from statetier.protocol.identity import Kind, NamespaceSpec, StateKey, StateRef, prefix_hashes
 
 from .jobs import LoadItem, LoadJob, SaveItem, SaveJob, StepMeta, handoff_from_params, handoff_params
@@ -55,6 +55,9 @@ from .link import DaemonLink
 from .stats import Counts, reason_of
 
 log = logging.getLogger("statetier.vllm")
+
+#: what a daemon call may end with that is the daemon's (or its connection's) doing: a miss
+_DAEMON_FAILURES = (StatetierError, OSError, ClientClosedError, concurrent.futures.CancelledError)
 
 
 @dataclass(frozen=True)
@@ -150,7 +153,7 @@ class SchedulerSide:
         try:
             future = self.link.submit("lookup", boundaries=bounds, groups=self.layout.layer_groups,
                                       kv_layout="blocks", tp_size=self.tp_size, lease=True)
-        except StatetierError as exc:
+        except _DAEMON_FAILURES as exc:
             return self._missed(reason_of(exc))
         asking = self._asking[request.request_id] = _Asking(future, time.monotonic(), hashes)
         return self._answered(request.request_id, asking)
@@ -162,7 +165,7 @@ class SchedulerSide:
         try:
             asking.future = self.link.submit("lookup", self.layout.attention_layers, self.layout.ssm_layers, bounds,
                                              kv_layout="blocks", tp_size=self.tp_size, lease=True)
-        except StatetierError:
+        except _DAEMON_FAILURES:
             return False
         asking.by_layer = True
         return True
@@ -182,7 +185,7 @@ class SchedulerSide:
         del self._asking[rid]
         try:
             found = asking.future.result()
-        except (StatetierError, OSError) as exc:  # an unreachable daemon is a miss, never an engine failure
+        except _DAEMON_FAILURES as exc:  # an unreachable daemon is a miss, never an engine failure
             log.warning("statetier: no external state for request %s: %s", rid, exc)
             self.link.failed(exc)
             return self._missed(reason_of(exc))
@@ -384,7 +387,7 @@ class SchedulerSide:
             self.link.overdue(future)
             self.counts.add("deadline_misses.handoff")
             return None
-        except (StatetierError, OSError) as exc:
+        except _DAEMON_FAILURES as exc:
             log.warning("statetier: no handoff for request %s: %s", rid, exc)
             self.link.failed(exc)
             return None
@@ -406,7 +409,7 @@ class SchedulerSide:
         with the connector's cache); False when the daemon could not do it."""
         try:
             purged = self.link.submit("purge").result(timeout=self.cfg.timeout)
-        except (StatetierError, OSError) as exc:
+        except _DAEMON_FAILURES as exc:
             log.warning("statetier: reset_cache failed: %s", exc)
             return False
         log.info("statetier: reset_cache removed %s objects (%s bytes)", purged.get("objects"), purged.get("bytes"))

@@ -173,7 +173,7 @@ class WorkerSide:
             self._loads[job.request_id] = _Load(job, items, future, time.monotonic())
 
     def _harvest_loads(self) -> None:
-        now = time.monotonic()
+        now, overdue = time.monotonic(), False
         for rid, load in list(self._loads.items()):
             if load.future.done():
                 del self._loads[rid]
@@ -192,11 +192,11 @@ class WorkerSide:
                     self._audit([{"event": "load", "request": rid, **self._described(key, name, views)}
                                  for key, layers in landed for name, views in layers])
             elif not load.abandoned and now - load.started > self.cfg.deadline:
-                # the connection goes: the load fails soon and is reported then; nothing lands after
                 log.warning("statetier: load for request %s not done within %s s: recomputed", rid, self.cfg.deadline)
                 self.counts.add("deadline_misses.load")
-                load.abandoned = True
-                self.link.abandon()
+                load.abandoned = overdue = True
+        if overdue:  # the connection goes: its loads fail soon and are reported then; nothing lands after
+            self.link.abandon()
 
     def _refused(self, job: LoadJob, exc: BaseException, reason: str) -> None:
         log.warning("statetier: load for request %s refused (%s): %s; vLLM recomputes it", job.request_id, reason, exc)
