@@ -50,9 +50,9 @@ def write_model(path: Path, *, hidden: int, layers: int, seed: int = 7) -> int:
         vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, shared_intermediate_size=2 * hidden,
         num_local_experts=0, num_experts_per_tok=0, num_hidden_layers=layers,
         layer_types=["mamba" if i % 2 == 0 else "attention" for i in range(layers)],
-        num_attention_heads=hidden // 128, num_key_value_heads=4, max_position_embeddings=16384,
+        num_attention_heads=hidden // 128, num_key_value_heads=2, max_position_embeddings=16384,
         position_embedding_type="rope", initializer_range=0.05, mamba_n_heads=16, mamba_d_head=hidden * 2 // 16,
-        mamba_n_groups=1, mamba_d_state=64, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=128,
+        mamba_n_groups=1, mamba_d_state=32, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=128,
         bos_token_id=None, eos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
     model = GraniteMoeHybridForCausalLM(config).to(torch.float32)
     path.mkdir(parents=True, exist_ok=True)
