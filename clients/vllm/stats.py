@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Mapping
 
+from statetier.protocol.errors import ClientClosedError, StatetierError, Unavailable
+
 
 class Counts:
     def __init__(self) -> None:
@@ -49,8 +51,6 @@ def merge(a: Mapping[str, float], b: Mapping[str, float]) -> dict[str, float]:
 
 def reason_of(exc: BaseException) -> str:
     """The bounded label of a failure: a statetier error's reason, else its kind."""
-    from statetier.protocol.errors import ClientClosedError, StatetierError, Unavailable
-
     if isinstance(exc, (Unavailable, ClientClosedError, OSError)):
         return "unavailable"
     if isinstance(exc, StatetierError):
