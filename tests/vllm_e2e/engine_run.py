@@ -2,7 +2,7 @@
 
     python tests/vllm_e2e/engine_run.py SPEC.json OUT.json
 
-SPEC: ``model`` (folder), ``hybrid`` (bool), ``connector`` (null for a run without any
+SPEC: ``model`` (folder), ``hybrid`` (bool), ``tp`` (tensor parallel size, default 1), ``connector`` (null for a run without any
 connector, ``{"role": "kv_producer" | "kv_consumer", "extra": {...}}``, or ``{"multi":
 [{"kv_connector", "kv_connector_module_path"?, "kv_role", "kv_connector_extra_config"}, ...]}``
 for vLLM's ``MultiConnector``) and ``requests``: ``[{"name", "prompt": [ids], "max_tokens",
@@ -10,7 +10,9 @@ for vLLM's ``MultiConnector``) and ``requests``: ``[{"name", "prompt": [ids], "m
 another, each through the engine's own step loop; with ``stop_daemon`` the daemon is
 SIGSTOPped for that request (and SIGCONTed after). OUT: per request ``name``,
 ``request_id``, ``tokens``, ``kv_transfer_params``, ``num_cached_tokens``, ``seconds`` (to
-its end), ``max_step_seconds`` (the longest engine step it took); and the engine's block size.
+its end), ``max_step_seconds`` (the longest ``LLMEngine.step`` call while it ran: the wait
+for the engine core's next output, so a request waiting for its lookup counts that wait in
+it); and the engine's block size.
 
 Every engine: float32, ``block_size=128``, chunks of at most 128 tokens (so a hybrid
 producer's steps end on block ends, where Mamba state is saved), prefix caching off
@@ -43,6 +45,8 @@ def main(spec_path: str, out_path: str) -> None:
                    enable_prefix_caching=False, max_num_seqs=4, seed=0)
     if spec["hybrid"]:
         options["mamba_cache_mode"] = "none"
+    if spec.get("tp", 1) > 1:
+        options["tensor_parallel_size"] = spec["tp"]
     connector = spec["connector"]
     if connector is not None and "multi" in connector:
         options["kv_transfer_config"] = KVTransferConfig(

@@ -274,8 +274,9 @@ def check_refused(runs: Runs) -> list[str]:
 
 def check_stalled(runs: Runs, figures: dict) -> list[str]:
     """A SIGSTOPped daemon: the request completes by recompute, tokens equal the reference, and
-    no engine step took longer than the deadline plus the engine's own compute (its longest
-    step over the requests before, twice, plus a second for the shared machine)."""
+    no wait for an engine step (``LLMEngine.step``: the core's next output) took longer than
+    the deadline plus the engine's own compute (its longest over the requests before, twice,
+    plus a second for the shared machine)."""
     failures = []
     for side, outputs in (("producer", runs.produced), ("consumer", runs.consumed)):
         if "stalled" not in outputs:
@@ -361,7 +362,7 @@ def main() -> int:
     minutes = (time.monotonic() - started) / 60
     worst = max(figures.get("worst_step", [float("nan")]))
     summary = (f"SUMMARY: handoff/lookup e2e on {len(models)} models {'FAILED' if failures else 'passed'}; "
-               f"stalled daemon: worst step {worst:.2f} s (deadline {DEADLINE} s), every request recomputed; "
+               f"stalled daemon: worst engine step {worst:.2f} s (deadline {DEADLINE} s), every request recomputed; "
                f"MultiConnector beside ExampleConnector; vLLM KV events; align mode: not handled (the connector "
                f"refuses mamba_cache_mode='align' at start; vLLM 0.32 itself does not assert); producer ratio and "
                f"restore/recompute TTFT: benchmarks/workload_vllm.py ({minutes:.1f} min)")
