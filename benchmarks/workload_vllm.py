@@ -207,8 +207,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engine", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
     parser.add_argument("--tokens", type=int, default=4096)
-    parser.add_argument("--hidden", type=int, default=1024)
-    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--hidden", type=int, default=768)
+    parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.engine:
@@ -217,6 +217,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="st-vllm-bench-", dir="/tmp"))
     result = workload(args.tokens, args.hidden, args.layers, work)
     if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
     print(summary_line(result))

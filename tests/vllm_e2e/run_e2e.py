@@ -29,8 +29,12 @@ engine processes against one statetier daemon (a subprocess):
    ``inject_kv_into_layer`` indexes the CUDA paged layout: a shape mismatch on the CPU one,
    which kills the engine), so no request here is left to it.
 
-Then vLLM's KV event stream check (``events_e2e.py``, its own engine). Ends with one summary
-line: the passes, the stalled daemon's worst step against the deadline, align mode.
+Then vLLM's KV event stream check (``events_e2e.py``, its own engine), and with
+``--with-benchmark`` (``make test-vllm``) the measurement inside vLLM
+(``statetier.benchmarks.workload_vllm``: producer ratio, restore/recompute TTFT at 4k tokens,
+stalled daemon, 8 concurrent half hits). Ends with one ``SUMMARY:`` line naming the figures:
+the passes, the stalled daemon's worst step against the deadline, align mode, and the
+benchmark's ratios.
 
 Passes only when every consumer request's greedy tokens equal the reference's, the
 accepted loads wrote into the consumer's buffers exactly the bytes the producer saved
@@ -343,7 +347,26 @@ def check_events() -> list[str]:
     return []
 
 
+def check_benchmark(work: Path) -> tuple[list[str], str]:
+    """``workload_vllm`` in its own processes: (failures, its summary line)."""
+    from statetier.benchmarks.workload_vllm import summary_line
+
+    print("benchmark: statetier.benchmarks.workload_vllm", flush=True)
+    out = work / "workload_vllm.json"
+    done = subprocess.run([sys.executable, "-m", "statetier.benchmarks.workload_vllm", "--out", str(out)],
+                          capture_output=True, text=True, timeout=4 * ENGINE_TIMEOUT)
+    if done.returncode != 0:
+        return [f"benchmark: exit {done.returncode}; {(done.stdout + done.stderr)[-2000:]}"], "benchmark failed"
+    figures = json.loads(out.read_text())
+    line = summary_line(figures)
+    print(f"  {line}", flush=True)
+    failures = [f"benchmark: {what} tokens differ from the reference" for what in ("restore", "stalled", "concurrent")
+                if not figures[f"{what}_tokens_equal"]]
+    return failures, line
+
+
 def main() -> int:
+    with_benchmark = "--with-benchmark" in sys.argv[1:]
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="st-vllm-", dir="/tmp"))
     print(f"work folder: {work}", flush=True)
@@ -359,13 +382,17 @@ def main() -> int:
         if failures:
             print(daemon.log_tail(3000))
     failures += check_events()
+    measured = "producer ratio and restore/recompute TTFT: run with --with-benchmark"
+    if with_benchmark:
+        more, measured = check_benchmark(work)
+        failures += more
     minutes = (time.monotonic() - started) / 60
     worst = max(figures.get("worst_step", [float("nan")]))
     summary = (f"SUMMARY: handoff/lookup e2e on {len(models)} models {'FAILED' if failures else 'passed'}; "
                f"stalled daemon: worst engine step {worst:.2f} s (deadline {DEADLINE} s), every request recomputed; "
                f"MultiConnector beside ExampleConnector; vLLM KV events; align mode: not handled (the connector "
-               f"refuses mamba_cache_mode='align' at start; vLLM 0.32 itself does not assert); producer ratio and "
-               f"restore/recompute TTFT: benchmarks/workload_vllm.py ({minutes:.1f} min)")
+               f"refuses mamba_cache_mode='align' at start; vLLM 0.32 itself does not assert); {measured} "
+               f"({minutes:.1f} min)")
     if failures:
         print(f"FAILED ({minutes:.1f} min); engine logs and audit logs kept in {work}:")
         for failure in failures:
