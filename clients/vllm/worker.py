@@ -18,8 +18,9 @@
 - ``save(jobs)`` (``wait_for_save``) — Mamba states are copied into staging tensors this side
   owns (vLLM updates the slot in place next step), then one ``put_many`` per request is
   started, reading the pages from the engine's blocks (kept alive by vLLM until the
-  request is reported in ``finished_sending``). Saves started in earlier steps are waited
-  on first, for at most the deadline: a handoff after the prompt's last step finds them.
+  request is reported in ``finished_sending``). Earlier saves of requests with none in this
+  step are waited on first, for at most the deadline: a handoff after the prompt's last step
+  finds them, and a request still saving overlaps its saves with its compute.
 - ``take_results(finished_req_ids)`` → ``Results(finished, failed, sent)``: loads done
   (refused or failed ones also ``failed``: vLLM recomputes the request,
   ``kv_load_failure_policy="recompute"``, and what its load wrote is never used), loads
@@ -229,7 +230,7 @@ class WorkerSide:
     # -- saves ----------------------------------------------------------------------------
 
     def save(self, jobs: Sequence[SaveJob]) -> None:
-        self._wait_behind()
+        self._wait_behind({job.request_id for job in jobs})
         for job in jobs:
             puts = [PutItem(replace(item.key, shard=self.shard), self._staged(item),
                             request_id=job.request_id, step=job.step, publish=self.cfg.publish) for item in job.items]
@@ -253,9 +254,12 @@ class WorkerSide:
             return {name: view.clone() for name, view in regions.items()}
         return {lid: {name: view.clone() for name, view in views.items()} for lid, views in regions.items()}
 
-    def _wait_behind(self) -> None:
-        """Saves of earlier steps, waited on for at most the deadline in all."""
-        pending = [save.future for saves in self._saves.values() for save in saves if not save.future.done()]
+    def _wait_behind(self, saving: set[str]) -> None:
+        """Earlier saves of requests with none in this step (their prompt is saved: a handoff of
+        them may come next), waited on for at most the deadline in all; a request still saving
+        is not waited on, so that its saves overlap the steps that compute it."""
+        pending = [save.future for rid, saves in self._saves.items() if rid not in saving
+                   for save in saves if not save.future.done()]
         if not pending or not self.link.is_answering:
             return
         _, late = concurrent.futures.wait(pending, timeout=self.cfg.deadline)

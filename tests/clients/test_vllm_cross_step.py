@@ -127,33 +127,41 @@ def test_saves_never_hold_a_step_past_the_deadline_and_keep_their_blocks_until_d
     producer = engines(role="producer", seed=23, deadline=DEADLINE)
     consumer = engines(role="consumer", seed=None)
     prompt = tokens(23, 40)
-    request = FakeRequest("p-23", prompt)
+    request, other = FakeRequest("p-23", prompt), FakeRequest("q-23", tokens(26, 40))
     producer.scheduler.after_alloc(request, PRODUCER_BLOCKS, 0)
+    producer.scheduler.after_alloc(other, PRODUCER_BLOCKS, 0)
     slot = PRODUCER_BLOCKS[0][0]
-    for name in MAMBA:
-        for view in producer.worker.states(name, slot).values():
-            view.copy_(torch.randn(view.shape))
+
+    def written_by_vllm(change) -> None:
+        for name in MAMBA:
+            for view in producer.worker.states(name, slot).values():
+                change(view)
+
+    written_by_vllm(lambda view: view.copy_(torch.randn(view.shape)))
     with stopped(daemon):
         first = producer.scheduler.build_meta([ScheduledStep(request, 0, 16, PRODUCER_BLOCKS)])
         producer.worker.save(first.saves)          # started: the Mamba slot copied, the put on its way
+        written_by_vllm(lambda view: view.add_(1.0))  # vLLM's next step writes the slot in place
+        second = producer.scheduler.build_meta([ScheduledStep(request, 16, 16, PRODUCER_BLOCKS)])
+        producer.worker.save(second.saves)         # p-23 still saving: not waited on, both on their way
         saved_states = {name: {k: v.clone() for k, v in producer.worker.states(name, slot).items()}
                         for name in MAMBA}
-        for name in MAMBA:                         # vLLM's next step writes the slot in place
-            for view in producer.worker.states(name, slot).values():
-                view.add_(1.0)
-        second = producer.scheduler.build_meta([ScheduledStep(request, 16, 16, PRODUCER_BLOCKS)])
-        producer.worker.save(second.saves)         # waits for the first for at most the deadline
+        written_by_vllm(lambda view: view.add_(1.0))
+        producer.worker.save(producer.scheduler.build_meta([ScheduledStep(request, 32, 8, PRODUCER_BLOCKS)]).saves)
+        # ^ no save of p-23 in this step: its earlier ones are waited on, for the deadline, then the daemon is suspect
+        third = producer.scheduler.build_meta([ScheduledStep(other, 0, 16, PRODUCER_BLOCKS)])
+        producer.worker.save(third.saves)          # skipped at once
         delay_free, _ = producer.scheduler.request_finished(request)
         assert delay_free                           # vLLM keeps the blocks: the saves have not ended
-        assert producer.worker.take_results({"p-23"}).sent == set()
+        assert producer.worker.take_results({"p-23", "q-23"}).sent == {"q-23"}  # q-23's skipped save ended
         counted = producer.worker.counts.take()
-        assert counted == {"deadline_misses.save": 1, "saves_skipped": 1}  # the second: the daemon is suspect
+        assert counted == {"deadline_misses.save": 1, "saves_skipped": 1}
     producer.worker.wait_idle()
     assert producer.worker.take_results().sent == {"p-23"}  # ended: now vLLM may free them
     # what was saved is the slot as it was when save() returned, not as vLLM wrote it after
     request = FakeRequest("c-23", prompt)
-    assert ask(consumer.scheduler, request) == 16
-    consumer.scheduler.after_alloc(request, CONSUMER_BLOCKS, 16)
+    assert ask(consumer.scheduler, request) == 32
+    consumer.scheduler.after_alloc(request, CONSUMER_BLOCKS, 32)
     load(consumer, consumer.scheduler.build_meta([]).loads)
     assert consumer.worker.take_results().failed == set()
     for name in MAMBA:
