@@ -80,8 +80,7 @@ def test_a_lookup_never_holds_the_step_and_an_unanswered_one_is_a_counted_miss(e
     consumer = engines(role="consumer", seed=None, deadline=DEADLINE)
     prompt = tokens(21, 40)
     prefill(producer, FakeRequest("p-21", prompt), PRODUCER_BLOCKS, seed=21)
-    ask(consumer.scheduler, FakeRequest("warm", tokens(99, 40)))  # connected: what follows is the daemon's silence
-    consumer.scheduler.counts.take()
+    consumer.scheduler.link.connected()  # connected (waited on): what follows is the daemon's silence
     with stopped(daemon):
         request = FakeRequest("c-21", prompt)
         assert consumer.scheduler.matched_tokens(request, 0) is None  # asked, not waited on
@@ -103,13 +102,15 @@ def test_a_lookup_never_holds_the_step_and_an_unanswered_one_is_a_counted_miss(e
 
 def test_a_load_past_the_deadline_is_abandoned_reported_failed_and_never_lands(engines, daemon) -> None:
     producer = engines(role="producer", seed=22)
+    planner = engines(role="consumer", seed=None)  # its lookup has all the time it needs on a busy machine
     consumer = engines(role="consumer", seed=None, deadline=DEADLINE)
     prompt = tokens(22, 40)
     prefill(producer, FakeRequest("p-22", prompt), PRODUCER_BLOCKS, seed=22)
     request = FakeRequest("c-22", prompt)
-    assert ask(consumer.scheduler, request) == 32
-    consumer.scheduler.after_alloc(request, CONSUMER_BLOCKS, 32)
-    loads = consumer.scheduler.build_meta([]).loads
+    assert ask(planner.scheduler, request) == 32
+    planner.scheduler.after_alloc(request, CONSUMER_BLOCKS, 32)
+    loads = planner.scheduler.build_meta([]).loads
+    consumer.worker.link.connected()
     with stopped(daemon):
         consumer.worker.start_loads(loads)
         assert consumer.worker.take_results() == type(consumer.worker.take_results())()  # on its way
@@ -170,7 +171,7 @@ def test_saves_never_hold_a_step_past_the_deadline_and_keep_their_blocks_until_d
 
 
 def test_a_preempted_requests_saves_end_before_flush_returns(engines, daemon) -> None:
-    producer = engines(role="producer", seed=24, deadline=DEADLINE)
+    producer = engines(role="producer", seed=24)  # the running daemon has all the time it needs
     prompt = tokens(24, 40)
     request = FakeRequest("p-24", prompt)
     producer.scheduler.after_alloc(request, PRODUCER_BLOCKS, 0)
@@ -181,6 +182,8 @@ def test_a_preempted_requests_saves_end_before_flush_returns(engines, daemon) ->
     assert producer.worker.counts.take()["objects.save"] == 3  # 2 blocks + the Mamba group: ended
     # stopped: past the deadline flush drops the connection and returns once nothing more is
     # sent on it; vLLM then reuses the blocks, and what the daemon may hold is never those bytes
+    producer = engines(role="producer", seed=24, deadline=DEADLINE)
+    producer.worker.link.connected()
     other = FakeRequest("p-24b", tokens(25, 40))
     producer.scheduler.after_alloc(other, PRODUCER_BLOCKS, 0)
     meta = producer.scheduler.build_meta([ScheduledStep(other, 0, 16, PRODUCER_BLOCKS)], preempted=["p-24b"])
