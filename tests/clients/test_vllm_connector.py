@@ -456,7 +456,7 @@ def test_a_handoff_missing_a_group_is_no_hit(engines) -> None:
 
 
 def test_an_unreachable_daemon_is_a_miss_and_a_failed_load_never_an_engine_error(tmp_path) -> None:
-    cfg = ConnectorConfig.from_extra({"url": f"unix://{tmp_path}/nobody.sock", "timeout": 2.0})
+    cfg = ConnectorConfig.from_extra({"url": f"unix://{tmp_path}/nobody.sock", "timeout": 2.0, "deadline": 60.0})
     layout = hybrid_layout()
     spec = namespace_spec(cfg, layout, model="m", revision="", config_digest="c", weight_dtype="float32", tp_size=1,
                           engine_tag="vllm-0.32/cpu")

@@ -60,7 +60,7 @@ def daemon(request):
 
 
 def side(daemon, model: str, events: bool) -> tuple[SchedulerSide, WorkerSide]:
-    extra = {"url": daemon.url}
+    extra = {"url": daemon.url, "deadline": 60.0}  # a busy machine may take seconds: no deadline misses here
     if events:
         extra["events_endpoint"] = f"ipc://{daemon.directory}/ev-default"
     cfg = ConnectorConfig.from_extra(extra)
