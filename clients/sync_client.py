@@ -7,11 +7,17 @@ Every ``AsyncClient`` call has a blocking twin of the same name and signature (`
 ``load``, ``lookup``, ``put_many`` …) that runs the coroutine on the private loop with
 ``run_coroutine_threadsafe`` and waits; an interrupt while waiting cancels the call.
 No global event loop is touched; calling from the client's own loop thread is refused.
+
+For callers that must never wait on the daemon (vLLM's scheduler step): ``submit(name, ...)``
+starts a call and returns a ``concurrent.futures.Future`` of its result (connecting first
+when needed, without waiting either); ``close_nowait()`` closes the connection (its pending
+calls fail with ``ClientClosedError``), lets them finish, and stops the loop, returning at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import threading
 from typing import Any, Callable, Coroutine
@@ -48,16 +54,14 @@ class Client:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._is_closed = False
+        self._connecting: asyncio.Future | None = None  # submit's connect, on the loop
 
     # -- lifecycle ----------------------------------------------------------------------
 
     def connect(self) -> "Client":
         if self._is_closed:
             raise ClientClosedError("the statetier client is closed")
-        if self._thread is None:
-            self._loop = _new_loop() if self._use_uvloop else asyncio.new_event_loop()
-            self._thread = threading.Thread(target=self._serve_loop, name="statetier-client", daemon=True)
-            self._thread.start()
+        self._start_loop()
         try:
             self._run(self._client.connect)
         except BaseException:
@@ -77,11 +81,49 @@ class Client:
                 self._thread.join()
         self._is_closed = True
 
+    def close_nowait(self) -> concurrent.futures.Future:
+        """Close without waiting: the connection goes (pending calls fail with
+        ``ClientClosedError``), the calls still running finish, then the loop stops. The
+        future returned is done once the connection takes no new frame: a call whose
+        bytes were being copied out when this was called sends nothing after that."""
+        refusing: concurrent.futures.Future = concurrent.futures.Future()
+        if self._is_closed or self._thread is None:
+            self._is_closed = True
+            refusing.set_result(None)
+            return refusing
+        self._is_closed = True
+        loop, client = self._loop, self._client
+
+        async def wind_down() -> None:
+            try:
+                if self._connecting is not None and not self._connecting.done():
+                    self._connecting.cancel()  # a handshake the daemon does not answer ends now
+                closing = asyncio.ensure_future(client.close())
+                await asyncio.sleep(0)  # its first step marks the connection closed, before any await
+                refusing.set_result(None)
+                await closing
+                others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                if others:
+                    await asyncio.wait(others)
+            finally:
+                if not refusing.done():
+                    refusing.set_result(None)
+                loop.stop()
+
+        asyncio.run_coroutine_threadsafe(wind_down(), loop)
+        return refusing
+
     def __enter__(self) -> "Client":
         return self.connect()
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+    def _start_loop(self) -> None:
+        if self._thread is None:
+            self._loop = _new_loop() if self._use_uvloop else asyncio.new_event_loop()
+            self._thread = threading.Thread(target=self._serve_loop, name="statetier-client", daemon=True)
+            self._thread.start()
 
     def _serve_loop(self) -> None:
         loop = self._loop
@@ -103,6 +145,43 @@ class Client:
             return future.result()
         except BaseException:
             future.cancel()  # e.g. KeyboardInterrupt while waiting: the call stops too
+            raise
+
+    def submit(self, name: str, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
+        """Start the call ``name`` (``"lookup"``, ``"put_many"``, ``"load_many"`` …) and return
+        a ``concurrent.futures.Future`` of its result, connecting first when not connected
+        yet; never waits on the daemon. Cancelling the future cancels the call."""
+        if self._is_closed:
+            raise ClientClosedError("the statetier client is closed")
+        method = getattr(AsyncClient, name, None)
+        if method is None or not asyncio.iscoroutinefunction(method) or name.startswith("_"):
+            raise AttributeError(f"the statetier client has no call {name!r}")
+        self._start_loop()
+        client = self._client
+
+        async def call() -> Any:
+            try:
+                await self._connected_on_loop()
+            except asyncio.CancelledError:
+                if self._is_closed:  # close_nowait cancelled the connect
+                    raise ClientClosedError("the statetier client is closed") from None
+                raise
+            if self._is_closed:  # closed while connecting: nothing may be sent after close_nowait
+                raise ClientClosedError("the statetier client is closed")
+            return await getattr(client, name)(*args, **kwargs)
+
+        return asyncio.run_coroutine_threadsafe(call(), self._loop)
+
+    async def _connected_on_loop(self) -> None:
+        """Connect once for every submitted call (a failed attempt is tried again by the next)."""
+        if self._connecting is None:
+            self._connecting = asyncio.ensure_future(self._client.connect())
+        connecting = self._connecting
+        try:
+            await asyncio.shield(connecting)
+        except BaseException:
+            if connecting.done() and self._connecting is connecting:
+                self._connecting = None
             raise
 
     # -- calls ------------------------------------------------------------------------

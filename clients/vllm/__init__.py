@@ -13,6 +13,8 @@ Load it out of tree (docs/integration.md has the whole command)::
   step saves, the handoff a producer returns. No vLLM, no torch.
 - ``worker.py`` — ``WorkerSide``: loads straight into vLLM's blocks and Mamba slots, saves
   from them. torch, no vLLM.
+- ``link.py`` — ``DaemonLink``: calls started, never waited on past ``deadline``.
+- ``stats.py`` / ``metrics.py`` — the counts; vLLM's ``KVConnectorStats`` and Prometheus view.
 - ``jobs.py`` — ``StepMeta``, ``LoadJob``, ``SaveJob``, the handoff: what the scheduler side
   sends its workers each step.
 - ``layout.py`` — ``ConnectorConfig`` (``kv_connector_extra_config``), ``EngineLayout`` (the
@@ -35,4 +37,8 @@ __all__ = ["StatetierConnector", "layout_from_vllm", "namespace_from_vllm", "Con
 def __getattr__(name: str) -> Any:
     if name in ("StatetierConnector", "StatetierConnectorMetadata"):
         return connector_classes()[name]
+    if name in ("StatetierConnectorStats", "StatetierPromMetrics"):
+        from .metrics import metric_classes
+
+        return metric_classes()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,16 +10,24 @@
   layout, cfg)`` → ``NamespaceSpec`` (model, config digest, weights identity — ``weights.py``:
   ``model_fingerprint``, else derived from the weight files or the hub commit, else refused —,
   dtypes, layout, TP size, tenant).
+- ``saves_decode_tokens(cfg, vllm_config)`` — whether producers save decoded tokens' blocks.
 - ``connector_events(cfg, scheduler, kv_cache_config, layout)`` → the subscription behind
   ``take_events()`` (``events.py``: the daemon's KV events of the saved blocks, under vLLM's
   hashes, into vLLM's own event stream), or None without ``events_endpoint`` (or, logged, when
   the daemon cannot be reached to learn the topic: the scheduler side connects at start).
 
-Loads are asynchronous in vLLM's sense (the request waits in ``WAITING_FOR_REMOTE_KVS``
-for one step): that is the only way vLLM accepts a refused load of a hybrid model.
-A refused load is reported as failed block ids (one KV cache group) or as a failed
-receive (several groups), and vLLM recomputes the request; the connector never offers
-the same request a second load. Mamba state requires ``mamba_cache_mode="none"``.
+Transfers run across steps, as vLLM's offload connectors do: a lookup answers ``None``
+until the daemon has (a miss past ``deadline``); loads start in ``start_load_kv`` and are
+reported by a later ``get_finished`` (the request waits in ``WAITING_FOR_REMOTE_KVS``: also
+the only way vLLM accepts a refused load of a hybrid model); saves start in
+``wait_for_save`` and their blocks stay with the connector (``request_finished`` →
+``(True, …)``) until ``finished_sending``; ``handle_preemptions`` flushes the saves of
+preempted requests; the per-layer hooks do nothing. Both sides count what they do
+(``get_kv_connector_stats``: ``metrics.py``, vLLM's log line and Prometheus), and
+``reset_cache`` purges this namespace from the daemon. A refused load is reported as failed
+block ids (one KV cache group) or as a failed receive (several groups), and vLLM recomputes
+the request; the connector never offers the same request a second load. Mamba state
+requires ``mamba_cache_mode="none"``.
 """
 
 from __future__ import annotations
@@ -110,9 +118,18 @@ def connector_events(cfg: ConnectorConfig, scheduler: SchedulerSide, kv_cache_co
     return ConnectorEvents(cfg.events_endpoint, topic, hash_block_size)
 
 
+def saves_decode_tokens(cfg: ConnectorConfig, vllm_config) -> bool:
+    """``save_decode_tokens``, by default on with prefix caching (multi-turn reuse) and off
+    under speculative decoding (its scheduled tokens are not all kept)."""
+    if cfg.save_decode_tokens is not None:
+        return cfg.save_decode_tokens
+    return bool(vllm_config.cache_config.enable_prefix_caching) and vllm_config.speculative_config is None
+
+
 def _build_classes() -> dict[str, type]:
     base = importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.base")
     from .jobs import StepMeta
+    from .metrics import metric_classes
     from .scheduler import ScheduledStep, SchedulerSide
     from .worker import WorkerSide
 
@@ -137,7 +154,8 @@ def _build_classes() -> dict[str, type]:
             if role == base.KVConnectorRole.SCHEDULER:
                 self._scheduler = SchedulerSide(cfg, self._layout, spec,
                                                 tp_size=vllm_config.parallel_config.tensor_parallel_size,
-                                                loads=transfer.is_kv_consumer, saves=transfer.is_kv_producer)
+                                                loads=transfer.is_kv_consumer, saves=transfer.is_kv_producer,
+                                                saves_decode=saves_decode_tokens(cfg, vllm_config))
                 self._scheduler.events = connector_events(cfg, self._scheduler, kv_cache_config, self._layout)
             else:
                 from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
@@ -148,6 +166,8 @@ def _build_classes() -> dict[str, type]:
 
         def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
             tokens = self._scheduler.matched_tokens(request, num_computed_tokens)
+            if tokens is None:  # the daemon's answer is on its way: vLLM asks again next step
+                return None, False
             return tokens, tokens > 0
 
         def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
@@ -167,13 +187,31 @@ def _build_classes() -> dict[str, type]:
                              else self._kv_cache_manager.get_block_ids(rid))
                 # before vLLM adds this step's tokens: build_connector_meta runs first
                 steps.append(ScheduledStep(request, request.num_computed_tokens, count, block_ids))
-            return StatetierConnectorMetadata(self._scheduler.build_meta(steps))
+            preempted = getattr(scheduler_output, "preempted_req_ids", None) or ()
+            return StatetierConnectorMetadata(self._scheduler.build_meta(steps, tuple(preempted)))
 
         def update_connector_output(self, connector_output) -> None:
             self._scheduler.loads_finished(connector_output.finished_recving or ())
 
         def request_finished(self, request, block_ids):
-            return False, self._scheduler.request_finished(request)
+            return self._scheduler.request_finished(request)
+
+        def reset_cache(self) -> bool | None:
+            return self._scheduler.reset_cache() if self._scheduler is not None else None
+
+        def get_kv_connector_stats(self):
+            side = self._scheduler if self._scheduler is not None else self._worker
+            data = side.counts.take()
+            return metric_classes()["StatetierConnectorStats"](data=data) if data else None
+
+        @classmethod
+        def build_kv_connector_stats(cls, data=None):
+            return metric_classes()["StatetierConnectorStats"](data=dict(data or {}))
+
+        @classmethod
+        def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+            return metric_classes()["StatetierPromMetrics"](vllm_config, metric_types, labelnames,
+                                                            per_engine_labelvalues)
 
         def take_events(self):
             from .events import as_vllm_events
@@ -181,18 +219,21 @@ def _build_classes() -> dict[str, type]:
             return as_vllm_events(self._scheduler.take_events())
 
         def request_finished_all_groups(self, request, block_ids):
-            return False, self._scheduler.request_finished(request)
+            return self._scheduler.request_finished(request)
 
         # -- worker side ------------------------------------------------------------------
 
         def register_kv_caches(self, kv_caches) -> None:
             self._worker.register(kv_caches)
 
+        def handle_preemptions(self, kv_connector_metadata) -> None:
+            self._worker.flush(kv_connector_metadata.step.preempted)
+
         def start_load_kv(self, forward_context, **kwargs) -> None:
-            self._worker.load(self._get_connector_metadata().step.loads)
+            self._worker.start_loads(self._get_connector_metadata().step.loads)
 
         def wait_for_layer_load(self, layer_name: str) -> None:
-            return  # every load of a step is complete when start_load_kv returns
+            return  # loads are whole-request and reported by get_finished: the request is not running
 
         def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs) -> None:
             return  # pages are read in wait_for_save, Mamba slots too (they call no per-layer hook)
@@ -202,13 +243,14 @@ def _build_classes() -> dict[str, type]:
                 self._worker.save(self._get_connector_metadata().step.saves)
 
         def get_finished(self, finished_req_ids):
-            results = self._worker.take_results()
-            return None, (results.finished or None)
+            results = self._worker.take_results(finished_req_ids)
+            return (results.sent or None), (results.finished or None)
 
         def get_transfer_results(self, finished_req_ids):
-            results = self._worker.take_results()
+            results = self._worker.take_results(finished_req_ids)
             failed = results.failed if self._layout.has_several_groups else set()
-            return base.KVConnectorTransferResults(finished_recving=results.finished, failed_recving=failed)
+            return base.KVConnectorTransferResults(finished_sending=results.sent, finished_recving=results.finished,
+                                                   failed_recving=failed)
 
         def get_block_ids_with_load_errors(self) -> set[int]:
             blocks = self._worker.take_failed_blocks()

@@ -2,11 +2,15 @@
 
 - ``LoadItem`` / ``LoadJob`` — one object to load (the *expected* ``StateRef``: this engine's
   namespace and its own prefix hash, the found state id and version) into one block or
-  Mamba slot; a job is one request's whole restore, all layers and TP shards.
-- ``SaveItem`` / ``SaveJob`` — one page or Mamba slot to seal under a key (the worker puts
-  its TP rank in as the shard).
-- ``StepMeta`` — the loads and saves of one engine step. Plain picklable values: vLLM
-  sends them to worker processes.
+  Mamba slot of a KV cache group (``group``: its index): a group object fills that block of
+  every layer of the group, a per-layer object (saved before group objects) one layer's;
+  a job is one request's whole restore, all groups and TP shards.
+- ``SaveItem`` / ``SaveJob`` — one group object to seal under a group key: one block of every
+  attention layer of a group, or every Mamba layer's slot of a group at a boundary (the
+  worker puts its TP rank in as the shard).
+- ``StepMeta`` — the loads and saves of one engine step, and the requests vLLM preempted
+  in it (their saves are flushed before their blocks are reused). Plain picklable values:
+  vLLM sends them to worker processes.
 - ``handoff_params(tokens, block_size, refs)`` / ``handoff_from_params(params)`` → ``Handoff`` — the
   ``kv_transfer_params`` a producer returns for a finished request (``{"statetier":
   {"tokens", "block_size", "refs"}}``, JSON) and their parsing on the consumer.
@@ -26,7 +30,7 @@ HANDOFF_KEY = "statetier"
 
 @dataclass(frozen=True)
 class LoadItem:
-    layer_name: str
+    group: int          # the KV cache group (vLLM's index) whose block or slot it fills
     ref: StateRef       # what the load must find: identity, state id, version
     block_id: int       # attention: the block of the page; Mamba: the request's state slot
 
@@ -42,8 +46,8 @@ class LoadJob:
 
 @dataclass(frozen=True)
 class SaveItem:
-    layer_name: str
-    key: StateKey
+    group: int          # the KV cache group: every layer of it is in the object
+    key: StateKey       # a group key (``LayerGroup.key``)
     block_id: int
 
 
@@ -58,6 +62,7 @@ class SaveJob:
 class StepMeta:
     loads: tuple[LoadJob, ...] = ()
     saves: tuple[SaveJob, ...] = ()
+    preempted: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

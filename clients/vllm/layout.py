@@ -3,7 +3,10 @@
 - ``ConnectorConfig.from_extra(extra)`` — ``kv_connector_extra_config``: ``url`` (required:
   ``unix:///path/statetier.sock`` or ``tcp://host:port``), ``tenant``, ``token``, ``model_id``,
   ``model_fingerprint`` (else derived: ``weights.py``), ``allow_unidentified_weights``,
-  ``publish``, ``audit_path``, ``timeout``. Unknown keys are refused.
+  ``publish``, ``audit_path``, ``timeout``, ``deadline`` (seconds an engine step may wait on
+  the daemon: ``link.py``), ``save_decode_tokens`` (blocks of decoded tokens saved too, for a
+  next turn; default: when vLLM's prefix caching is on and no speculative decoding).
+  Unknown keys are refused.
 - ``StateSpec`` / ``CacheGroup`` / ``EngineLayout`` — the engine's KV cache groups as plain
   values: an attention group (``Kind.KV``: block size, layers) or a Mamba group (``Kind.SSM``:
   one state slot per request, typed states ``conv``, ``recurrent``, …). The vLLM adapter
@@ -24,6 +27,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from statetier.protocol.errors import InvalidRequest
+from statetier.protocol.groups import LayerGroup
 from statetier.protocol.identity import Kind, NamespaceSpec
 
 #: The names of a Mamba layer's states in payload order (vLLM: conv state, then SSM state).
@@ -43,6 +47,8 @@ class ConnectorConfig:
     publish: bool = False         # write saves through to Redis (another node's consumer)
     audit_path: str = ""          # JSON lines: a digest of every page saved or loaded
     timeout: float = 30.0
+    deadline: float = 1.0         # a lookup, load or save not answered within it is a miss (link.py)
+    save_decode_tokens: bool | None = None  # blocks of decoded tokens too; None: when prefix caching is on
     events_endpoint: str = ""     # the daemon's KV event stream of this tenant: take_events() (events.py)
     events_topic: str = "{namespace}"  # the daemon's events.topic
 
@@ -60,11 +66,15 @@ class ConnectorConfig:
                 raise InvalidRequest(f"kv_connector_extra_config: {name!r} must be a string")
         if raw.get("token") is not None and not isinstance(raw["token"], str):
             raise InvalidRequest("kv_connector_extra_config: 'token' must be a string")
+        if raw.get("save_decode_tokens") is not None and not isinstance(raw["save_decode_tokens"], bool):
+            raise InvalidRequest("kv_connector_extra_config: 'save_decode_tokens' must be true, false or null")
         for name in ("publish", "allow_unidentified_weights"):
             if name in raw and not isinstance(raw[name], bool):
                 raise InvalidRequest(f"kv_connector_extra_config: {name!r} must be true or false")
-        if "timeout" in raw and (not isinstance(raw["timeout"], (int, float)) or raw["timeout"] <= 0):
-            raise InvalidRequest("kv_connector_extra_config: 'timeout' must be a positive number of seconds")
+        for name in ("timeout", "deadline"):
+            value = raw.get(name)
+            if name in raw and (not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0):
+                raise InvalidRequest(f"kv_connector_extra_config: {name!r} must be a positive number of seconds")
         return cls(**raw)
 
 
@@ -91,6 +101,17 @@ class CacheGroup:
     block_size: int
     layers: tuple[tuple[str, int], ...]
     states: tuple[StateSpec, ...] = ()
+
+    @property
+    def layer_group(self) -> LayerGroup:
+        """The statetier group its objects are stored as: group id = vLLM's group index."""
+        return LayerGroup(self.kind, self.index, tuple(lid for _, lid in self.layers))
+
+    def name_of(self, layer_id: int) -> str:
+        for name, lid in self.layers:
+            if lid == layer_id:
+                return name
+        raise InvalidRequest(f"cache group {self.index} has no layer {layer_id}")
 
 
 @dataclass(frozen=True)
@@ -135,6 +156,29 @@ class EngineLayout:
     def has_several_groups(self) -> bool:
         """vLLM accepts failed block ids only from single-group layouts."""
         return len(self.groups) > 1
+
+    def group(self, index: int) -> CacheGroup:
+        for group in self.groups:
+            if group.index == index:
+                return group
+        raise InvalidRequest(f"this engine has no cache group {index}")
+
+    @property
+    def layer_groups(self) -> tuple[LayerGroup, ...]:
+        return tuple(g.layer_group for g in self.groups)
+
+    def group_of_key(self, key) -> CacheGroup:
+        """The cache group an object's key fills: a group key's (the same kind and layers, else
+        ``InvalidRequest``), or the group holding a per-layer key's layer."""
+        if not key.group_layers:
+            return self.group_of(key.kind, key.layer)[0]
+        for group in self.groups:
+            if group.index == key.layer and group.kind is key.kind:
+                if group.layer_group.layers != tuple(key.group_layers):
+                    raise InvalidRequest(f"cache group {group.index} holds layers {group.layer_group.layers}, "
+                                         f"the object {tuple(key.group_layers)}")
+                return group
+        raise InvalidRequest(f"this engine has no {key.kind.name} cache group {key.layer}")
 
     def group_of(self, kind: Kind, layer_id: int) -> tuple[CacheGroup, str]:
         """The group and layer name holding ``kind`` state of ``layer_id``."""

@@ -60,7 +60,7 @@ def daemon(request):
 
 
 def side(daemon, model: str, events: bool) -> tuple[SchedulerSide, WorkerSide]:
-    extra = {"url": daemon.url}
+    extra = {"url": daemon.url, "deadline": 60.0}  # a busy machine may take seconds: no deadline misses here
     if events:
         extra["events_endpoint"] = f"ipc://{daemon.directory}/ev-default"
     cfg = ConnectorConfig.from_extra(extra)
@@ -127,7 +127,8 @@ def test_take_events_returns_the_daemons_events_of_the_saved_blocks_under_vllms_
         with Client(daemon.url, namespace=scheduler.spec) as client:
             stranger = client.put_kv(0, b"\x07" * 32, 0, BLOCK, {"kv": torch.zeros(HEADS, BLOCK, 2 * HEAD)},
                                      request_id="someone-else")
-            found = client.lookup(LAYOUT.attention_layers, [], [(BLOCK, ours[0])], kv_layout="blocks", lease=False)
+            found = client.lookup(boundaries=[(BLOCK, ours[0])], groups=LAYOUT.layer_groups, kv_layout="blocks",
+                                  lease=False)
             for ref in found.refs:
                 client.delete(ref)
             client.delete(stranger)

@@ -2,11 +2,17 @@
 
     python tests/vllm_e2e/engine_run.py SPEC.json OUT.json
 
-SPEC: ``model`` (folder), ``hybrid`` (bool), ``connector`` (null for a run without any
-connector, or ``{"role": "kv_producer" | "kv_consumer", "extra": {...}}``) and ``requests``:
-``[{"name", "prompt": [ids], "max_tokens", "params": kv_transfer_params or null}]``, run one
-after another. OUT: per request ``name``, ``request_id``, ``tokens``, ``kv_transfer_params``,
-``num_cached_tokens``; and the engine's block size.
+SPEC: ``model`` (folder), ``hybrid`` (bool), ``tp`` (tensor parallel size, default 1), ``connector`` (null for a run without any
+connector, ``{"role": "kv_producer" | "kv_consumer", "extra": {...}}``, or ``{"multi":
+[{"kv_connector", "kv_connector_module_path"?, "kv_role", "kv_connector_extra_config"}, ...]}``
+for vLLM's ``MultiConnector``) and ``requests``: ``[{"name", "prompt": [ids], "max_tokens",
+"params": kv_transfer_params or null, "stop_daemon": pid or absent}]``, run one after
+another, each through the engine's own step loop; with ``stop_daemon`` the daemon is
+SIGSTOPped for that request (and SIGCONTed after). OUT: per request ``name``,
+``request_id``, ``tokens``, ``kv_transfer_params``, ``num_cached_tokens``, ``seconds`` (to
+its end), ``max_step_seconds`` (the longest ``LLMEngine.step`` call while it ran: the wait
+for the engine core's next output, so a request waiting for its lookup counts that wait in
+it); and the engine's block size.
 
 Every engine: float32, ``block_size=128``, chunks of at most 128 tokens (so a hybrid
 producer's steps end on block ends, where Mamba state is saved), prefix caching off
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -38,28 +45,58 @@ def main(spec_path: str, out_path: str) -> None:
                    enable_prefix_caching=False, max_num_seqs=4, seed=0)
     if spec["hybrid"]:
         options["mamba_cache_mode"] = "none"
-    if spec["connector"] is not None:
+    if spec.get("tp", 1) > 1:
+        options["tensor_parallel_size"] = spec["tp"]
+    connector = spec["connector"]
+    if connector is not None and "multi" in connector:
+        options["kv_transfer_config"] = KVTransferConfig(
+            kv_connector="MultiConnector", kv_role="kv_both", kv_load_failure_policy="recompute",
+            kv_connector_extra_config={"connectors": connector["multi"]})
+    elif connector is not None:
         options["kv_transfer_config"] = KVTransferConfig(
             kv_connector="StatetierConnector", kv_connector_module_path="statetier.clients.vllm",
-            kv_role=spec["connector"]["role"], kv_load_failure_policy="recompute",
-            kv_connector_extra_config=spec["connector"]["extra"])
+            kv_role=connector["role"], kv_load_failure_policy="recompute",
+            kv_connector_extra_config=connector["extra"])
     llm = LLM(**options)
     ready = time.monotonic()
     results = []
-    for request in spec["requests"]:
+    for n, request in enumerate(spec["requests"]):
         params = SamplingParams(max_tokens=request["max_tokens"], temperature=0.0, ignore_eos=True, detokenize=False,
                                 extra_args={"kv_transfer_params": request["params"]} if request.get("params") else None)
         prompt = TokensPrompt(prompt_token_ids=request["prompt"])
-        (output,) = llm.generate([prompt], params, use_tqdm=False)
+        stopped = request.get("stop_daemon")
+        if stopped:
+            os.kill(stopped, signal.SIGSTOP)
+        try:
+            output, seconds, longest = run_one(llm, f"{n}-{request['name']}", prompt, params)
+        finally:
+            if stopped:
+                os.kill(stopped, signal.SIGCONT)
         results.append({"name": request["name"], "request_id": output.request_id,
                         "tokens": list(output.outputs[0].token_ids),
                         "kv_transfer_params": output.kv_transfer_params,
-                        "num_cached_tokens": output.num_cached_tokens})
+                        "num_cached_tokens": output.num_cached_tokens,
+                        "seconds": seconds, "max_step_seconds": longest})
     done = time.monotonic()
     with open(out_path, "w") as out:
         json.dump({"block_size": llm.llm_engine.vllm_config.cache_config.block_size, "results": results,
                    "seconds": {"import": imported - started, "start": ready - imported, "generate": done - ready}},
                   out, indent=1)
+
+
+def run_one(llm, request_id: str, prompt, params):
+    """One request through the engine's step loop: its output, its seconds, its longest step."""
+    engine = llm.llm_engine
+    started = time.monotonic()
+    engine.add_request(request_id, prompt, params)
+    longest, output = 0.0, None
+    while engine.has_unfinished_requests():
+        before = time.monotonic()
+        for out in engine.step():
+            if out.finished:
+                output = out
+        longest = max(longest, time.monotonic() - before)
+    return output, time.monotonic() - started, longest
 
 
 if __name__ == "__main__":

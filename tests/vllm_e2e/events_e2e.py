@@ -60,7 +60,7 @@ def run_engine(model: Path, daemon: DaemonProcess, vllm_stream: str, subscriber:
     from vllm.config import KVEventsConfig, KVTransferConfig
     from vllm.inputs import TokensPrompt
 
-    extra = {"url": daemon.url, "model_fingerprint": "tiny-llama-seed-13",
+    extra = {"url": daemon.url, "model_fingerprint": "tiny-llama-seed-13", "deadline": 5.0,
              "events_endpoint": f"ipc://{daemon.directory}/ev-default"}
     llm = LLM(model=str(model), skip_tokenizer_init=True, dtype="float32", max_model_len=1024, block_size=BLOCK,
               max_num_batched_tokens=BLOCK, enable_chunked_prefill=True, enable_prefix_caching=True, max_num_seqs=4,

