@@ -3,7 +3,7 @@
 ``metric_classes()`` → ``{"StatetierConnectorStats": …, "StatetierPromMetrics": …}``, built
 once (vLLM imported) on first call, and named under the package like the connector:
 
-- ``StatetierConnectorStats(data)`` — ``data`` is the flat counters of ``stats.Counts``
+- ``StatetierConnectorStats(data)`` — ``data`` is the flat counters of ``stats.ConnectorCounts``
   (both sides send theirs each step: ``get_kv_connector_stats``); ``aggregate`` sums them,
   ``reduce`` gives vLLM's log line (hits, misses, refusals, deadline misses, MB and seconds
   per direction).

@@ -27,7 +27,7 @@ calls, in vLLM's order:
   saves of the request were scheduled (the workers report it in ``finished_sending`` once
   they are done, and vLLM keeps its blocks until then); the handoff (producers) or ``None``,
   from a lookup waited on for at most ``cfg.deadline``.
-- ``counts`` — ``stats.Counts``: lookups, hits, misses by reason, deadline misses.
+- ``counts`` — ``stats.ConnectorCounts``: lookups, hits, misses by reason, deadline misses.
 - ``take_events()`` → the daemon's KV events of the blocks this side saved, named by vLLM's
   block hashes (``events``: a ``events.ConnectorEvents`` when ``events_endpoint`` is set; the
   saves of each step are remembered for it); ``events_topic(template)`` → the topic of this
@@ -52,7 +52,7 @@ from statetier.protocol.identity import Kind, NamespaceSpec, StateKey, StateRef,
 from .jobs import LoadItem, LoadJob, SaveItem, SaveJob, StepMeta, handoff_from_params, handoff_params
 from .layout import ConnectorConfig, EngineLayout
 from .link import DaemonLink
-from .stats import Counts, reason_of
+from .stats import ConnectorCounts, reason_of
 
 log = logging.getLogger("statetier.vllm")
 
@@ -105,7 +105,7 @@ class SchedulerSide:
         self.does_load, self.does_save = loads, saves
         self.saves_decode = saves_decode
         self.link = DaemonLink(cfg, spec, use_shm=False)
-        self.counts = Counts()
+        self.counts = ConnectorCounts()
         self._asking: dict[str, _Asking] = {}
         self._plans: dict[str, _Plan] = {}
         self._tried: set[str] = set()

@@ -1,6 +1,6 @@
 """What the connector counts, as flat plain numbers both sides send vLLM each step.
 
-``Counts`` — a bag of named counters (``add(name, n)``, ``take()`` drains them into a dict,
+``ConnectorCounts`` — a bag of named counters (``add(name, n)``, ``take()`` drains them into a dict,
 ``merge(a, b)`` sums two such dicts). Names, each with a bounded reason or direction:
 
 - ``lookups``, ``hits``, ``hit_tokens`` (scheduler) — admissions asked, answered with a hit;
@@ -26,7 +26,7 @@ from typing import Mapping
 from statetier.protocol.errors import ClientClosedError, StatetierError, Unavailable
 
 
-class Counts:
+class ConnectorCounts:
     def __init__(self) -> None:
         self._values: Counter[str] = Counter()
 

@@ -28,7 +28,7 @@
   finished requests whose saves are all done (``finished_sending``).
   ``take_failed_blocks()`` → the attention blocks of failed loads (vLLM takes block ids
   only from single-group layouts).
-- ``counts`` — ``stats.Counts``: refusals by reason, bytes, seconds and objects per
+- ``counts`` — ``stats.ConnectorCounts``: refusals by reason, bytes, seconds and objects per
   direction, deadline misses; ``wait_idle(timeout)`` — every transfer ended (tests, shutdown);
   ``close()``.
 
@@ -59,7 +59,7 @@ from ..values import PutItem
 from .jobs import LoadItem, LoadJob, SaveJob
 from .layout import CacheGroup, ConnectorConfig, EngineLayout
 from .link import DaemonLink
-from .stats import Counts, reason_of
+from .stats import ConnectorCounts, reason_of
 
 log = logging.getLogger("statetier.vllm")
 
@@ -96,7 +96,7 @@ class WorkerSide:
     def __init__(self, cfg: ConnectorConfig, layout: EngineLayout, spec: NamespaceSpec, *, shard: int = 0) -> None:
         self.cfg, self.layout, self.spec, self.shard = cfg, layout, spec, shard
         self.link = DaemonLink(cfg, spec, producer_id=f"vllm-worker-{shard}")
-        self.counts = Counts()
+        self.counts = ConnectorCounts()
         self._pages: dict[str, torch.Tensor] = {}          # attention layer → paged buffer
         self._slots: dict[str, tuple[torch.Tensor, CacheGroup]] = {}  # Mamba layer → raw slots
         self._loads: dict[str, _Load] = {}
