@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .dtypes import TensorSpec
 from .errors import FingerprintMismatch, MisroutedState, NamespaceMismatch, PlacementMismatch, PositionMismatch, StaleState
@@ -44,7 +45,7 @@ class Expectation:
     stream: bytes | None = None
 
     @classmethod
-    def for_ref(cls, ref: StateRef, namespace: Namespace, **extra) -> "Expectation":
+    def for_ref(cls, ref: StateRef, namespace: Namespace, **extra: Any) -> "Expectation":
         old = ref.key  # checked when the ref was made: only the namespace is the requester's
         key = old if old.namespace == namespace else StateKey.from_checked(
             namespace, old.kind, old.layer, old.prefix_hash, old.token_start, old.token_end, old.shard,
@@ -52,7 +53,7 @@ class Expectation:
         return cls(key, ref.request_id, ref.step, ref.state_id, ref.version, ref.fingerprint, **extra)
 
     @classmethod
-    def for_key(cls, key: StateKey, **extra) -> "Expectation":
+    def for_key(cls, key: StateKey, **extra: Any) -> "Expectation":
         return cls(key, **extra)
 
     @property

@@ -30,7 +30,8 @@ with a default, so that a peer that sends fewer still decodes.
 
 from __future__ import annotations
 
-from typing import Annotated, TypeVar
+from collections.abc import Iterable
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 from msgspec import Meta, Struct
@@ -226,17 +227,16 @@ REQUESTS: dict[Op, type[Struct]] = {
 
 S = TypeVar("S", bound=Struct)
 _ENCODER = msgspec.msgpack.Encoder()
-_DECODERS: dict[type, msgspec.msgpack.Decoder] = {
-    cls: msgspec.msgpack.Decoder(cls)
-    for cls in (*REQUESTS.values(), PutAnswer, PutBatchReply, LoadAnswer, LoadBatchReply, LookupReply, ReleaseReply)
-}
+_DECODED: tuple[type[Struct], ...] = (*REQUESTS.values(), PutAnswer, PutBatchReply, LoadAnswer, LoadBatchReply,
+                                      LookupReply, ReleaseReply)
+_DECODERS: dict[type[Struct], msgspec.msgpack.Decoder[Any]] = {cls: msgspec.msgpack.Decoder(cls) for cls in _DECODED}
 
 
 def encode(meta: Struct) -> bytes:
     return _ENCODER.encode(meta)
 
 
-def decode(cls: type[S], raw) -> S:
+def decode(cls: type[S], raw: bytes | bytearray | memoryview) -> S:
     """A request's meta; ``InvalidRequest`` naming the field when it is not a ``cls``."""
     try:
         return _decoder(cls).decode(raw)
@@ -244,7 +244,7 @@ def decode(cls: type[S], raw) -> S:
         raise InvalidRequest(f"{cls.__name__}: {exc}") from None
 
 
-def decode_reply(cls: type[S], raw) -> S:
+def decode_reply(cls: type[S], raw: bytes | bytearray | memoryview) -> S:
     """A reply's meta; ``MalformedFrame`` when the daemon sent something else."""
     try:
         return _decoder(cls).decode(raw)
@@ -252,7 +252,7 @@ def decode_reply(cls: type[S], raw) -> S:
         raise MalformedFrame(f"{cls.__name__} reply: {exc}") from None
 
 
-def _decoder(cls: type) -> msgspec.msgpack.Decoder:
+def _decoder(cls: type[S]) -> msgspec.msgpack.Decoder[S]:
     decoder = _DECODERS.get(cls)
     if decoder is None:
         decoder = _DECODERS[cls] = msgspec.msgpack.Decoder(cls)
@@ -285,7 +285,7 @@ def specs_of(items: tuple[Spec, ...]) -> tuple[TensorSpec, ...]:
     return tuple(build_value("tensor spec", TensorSpec, s.name, s.dtype, s.shape) for s in items)
 
 
-def wire_specs(specs) -> tuple[Spec, ...]:
+def wire_specs(specs: Iterable[TensorSpec]) -> tuple[Spec, ...]:
     return tuple(Spec(s.name, s.dtype, tuple(s.shape)) for s in specs)
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Callable, TypeVar
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 from statetier.protocol.errors import StatetierError
 from statetier.protocol.identity import StateKey
@@ -33,6 +33,9 @@ from statetier.tiers.registry import VersionRegistry
 from .announcements import Announcements
 from .placement import Placement
 from .tenancy import Tenancy
+
+if TYPE_CHECKING:
+    from statetier.daemon.metrics import Metrics
 
 T = TypeVar("T")
 
@@ -57,7 +60,7 @@ class Stack:
     options: EngineOptions
     placement: Placement
     tenancy: Tenancy
-    metrics: object | None = None
+    metrics: Metrics | None = None
     arena: Tier | None = None
     publish: Tier | None = None
     executor: Executor | None = None

@@ -30,6 +30,7 @@ import socket
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from statetier.daemon.server.auth import (PeerCredentials, TenantDirectory, check_peer, is_operator,
                                            peer_credentials)
@@ -43,6 +44,10 @@ from statetier.daemon.server.windows import Windows
 from statetier.protocol.errors import Forbidden, InternalError, ProtocolError, StatetierError, Unauthorized, bounded_text
 from statetier.protocol.frames import Frame, FrameDecoder, Op, error_frame, hello_ok_frame
 
+if TYPE_CHECKING:
+    from statetier.daemon.engine import Engine
+    from statetier.daemon.metrics import Metrics
+
 log = logging.getLogger(__name__)
 
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
@@ -54,13 +59,13 @@ FAILED_LINGER_SECONDS = 1.0
 
 @dataclass(frozen=True, slots=True)
 class ConnectionContext:
-    engine: object
+    engine: Engine
     tenants: TenantDirectory
     budget: ByteBudget
     listen: object  # config.listen: the peer-credential rules
     max_frame: int
     max_inflight: int
-    metrics: object | None
+    metrics: Metrics | None
     is_unix: bool
     daemon_stats: Callable[[], dict]
     window_bytes: int  # each of a same-host connection's two shared-memory windows; 0: none

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import nullcontext
+from typing import TYPE_CHECKING
 
 from statetier.daemon.server.budget import ByteBudget
 from statetier.daemon.server.frame_writer import ConnectionClosed, FrameWriter
@@ -26,10 +27,13 @@ from statetier.daemon.server.handlers import Reply, Session
 from statetier.protocol.errors import InternalError, InvalidRequest, StatetierError
 from statetier.protocol.frames import Frame, error_frame
 
+if TYPE_CHECKING:
+    from statetier.daemon.metrics import Metrics
+
 log = logging.getLogger(__name__)
 
 
-def count_error(metrics: object | None, exc: StatetierError) -> None:
+def count_error(metrics: Metrics | None, exc: StatetierError) -> None:
     if metrics is not None:
         metrics.count_error(exc.reason)
 
@@ -37,7 +41,7 @@ def count_error(metrics: object | None, exc: StatetierError) -> None:
 class RequestRunner:
     """Answers the request frames of one admitted connection; see the module docstring."""
 
-    def __init__(self, session: Session, writer: FrameWriter, budget: ByteBudget, metrics: object | None) -> None:
+    def __init__(self, session: Session, writer: FrameWriter, budget: ByteBudget, metrics: Metrics | None) -> None:
         self._session = session
         self._writer = writer
         self._budget = budget
