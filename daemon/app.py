@@ -32,7 +32,7 @@ from statetier.protocol.errors import ConfigError, StatetierError
 from statetier.protocol.keyring import Keyring
 from statetier.tiers.base import Tier
 from statetier.tiers.crypto import AtRestCipher
-from statetier.tiers.registry import MemoryVersionRegistry
+from statetier.tiers.registry import MemoryVersionRegistry, VersionRegistry
 
 from .config import Config
 from .engine import Announcements, Engine, EngineOptions
@@ -210,7 +210,8 @@ def build(config: Config) -> App:
     if roles["publish"] is not None:
         from statetier.tiers.redis import RedisVersionRegistry
 
-        registry = RedisVersionRegistry(config.redis.url, ttl_seconds=config.redis.ttl_seconds)
+        assert config.redis.url is not None  # the publish tier is Redis, built from this URL
+        registry: VersionRegistry = RedisVersionRegistry(config.redis.url, ttl_seconds=config.redis.ttl_seconds)
     else:
         registry = MemoryVersionRegistry()
     quotas = {t.name: dict(t.quota_bytes) for t in config.tenants if t.quota_bytes}
@@ -291,7 +292,7 @@ def run(config: Config) -> int:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency; Windows lacks it
-        uvloop = None
+        uvloop = None  # type: ignore[assignment]  # mypy types an optional import as the module
     try:
         if uvloop is not None:
             uvloop.run(serve(config))

@@ -90,16 +90,20 @@ class Op(enum.IntEnum):
 _OPS = {op.value: op for op in Op}
 
 
+FrameData = bytes | bytearray | memoryview
+
+
 @dataclass(frozen=True, slots=True)
 class Frame:
-    """One frame. ``data`` is ``bytes``, or a memoryview for a large received frame.
+    """One frame. ``data`` is ``bytes``, or a memoryview for a large received frame (a
+    frame to send may also carry a ``bytearray``).
     ``meta``: a dict (JSON), a ``msgspec.Struct`` to send, or the MessagePack bytes received
     (``is_binary``)."""
 
     op: Op
     request_id: int
     meta: Any
-    data: bytes | memoryview = b""
+    data: FrameData = b""
     flags: int = 0
 
     @property

@@ -76,6 +76,7 @@ class Loads:
                 if isinstance(expectation, StatetierError):
                     raise expectation
                 if expectation is not None:
+                    assert req.ref is not None  # only a load by ref has an expectation here
                     out[index] = await self._load_object(Wanted(req.ref.state_id, expectation, owner, req.tenant,
                                                                 req.full_check, req.layers,
                                                                 stack.placement.delete_mark))
@@ -100,13 +101,16 @@ class Loads:
             group = groups.setdefault((result.tier, result.header.key.kind.name.lower()), [0, 0])
             group[0] += 1
             group[1] += result.payload.nbytes
+        metrics = self.stack.metrics
+        assert metrics is not None  # the caller observes only with metrics
         for (tier, kind), (count, nbytes) in groups.items():
-            self.stack.metrics.observe_ops(tier, kind, "load", count, nbytes, seconds)
+            metrics.observe_ops(tier, kind, "load", count, nbytes, seconds)
 
     async def _load_by_key(self, req: LoadRequest, owner) -> LoadResult:
         """The best valid candidate under the key: newest first, each one refused skipped and
         counted by ``skip_reason``; the first refusal is the answer when none is valid."""
         stack = self.stack
+        assert req.key is not None  # the caller checked
         key = req.key if req.key.namespace == req.namespace else dataclasses.replace(req.key, namespace=req.namespace)
         mark = stack.placement.delete_mark  # before any candidate is located or leased
         candidates = await locate(stack, key, allow_speculative=req.allow_speculative)

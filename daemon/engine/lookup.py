@@ -51,7 +51,8 @@ class _Finder:
             for key, pick in zip(missing, await locate_newest(self.engine, missing)):
                 self._cache[key] = pick
         picks = [self._cache[key] for key in keys]
-        return None if any(pick is None for pick in picks) else picks
+        found = [pick for pick in picks if pick is not None]
+        return found if len(found) == len(picks) else None
 
     async def prefetch(self, keys: list[StateKey]) -> None:
         """Locate all these keys now, in one batch (later ``all_found`` calls hit the cache)."""

@@ -150,6 +150,7 @@ class CopyServer:
             stack.metrics.count_promotion(tier.name, target.name)
         lease_id, held = self.leases.hold(target, held_lease, wanted.owner)
         view = memoryview(await target.read(held_lease)).cast("B")
+        assert opened is not None  # store_filled ran ``fill``
         return self._result(lease_id, held, opened.header, view)
 
     async def _promote(self, blob, meta: ObjectMeta, source: Tier, wanted: Wanted) -> tuple[int, Held] | None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import nullcontext
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from statetier.daemon.server.budget import ByteBudget
@@ -95,13 +96,13 @@ class RequestRunner:
                     await self._writer.wait_flushed()
         finally:
             if reply.done is not None:
-                await self._run_done(reply)
+                await self._run_done(reply.done)
 
-    async def _run_done(self, reply: Reply) -> None:
+    async def _run_done(self, done: Callable[[], Awaitable[object]]) -> None:
         # The reply (or its error) is already decided: a failing release is logged, never
         # sent as a second answer to the same request id.
         try:
-            await reply.done()
+            await done()
         except Exception:
             log.exception("releasing the lease of an inline reply failed")
 
