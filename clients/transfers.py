@@ -42,7 +42,7 @@ from statetier.protocol.frames import Frame, Op
 from statetier.protocol.groups import chosen
 from statetier.protocol.identity import StateRef
 from statetier.protocol.lru import BoundedLru
-from statetier.protocol.sealed import SealedHeader, layout_payload, parse_header
+from statetier.protocol.sealed import PayloadLayout, SealedHeader, layout_payload, parse_header
 from statetier.protocol.thresholds import INLINE_WORK_BYTES, run_work
 from statetier.protocol.wire_meta import (
     LoadAnswer,
@@ -58,7 +58,7 @@ from statetier.protocol.wire_meta import (
     wire_specs,
 )
 
-from .copies import destinations, fill, inline_parts, laid_out, land, land_all, target_of
+from .copies import LandJob, destinations, fill, inline_parts, laid_out, land, land_all, target_of
 from .replies import batch_answers, decoded, once, raise_item_error, record, stored_ref
 from .shm import ClientWindows
 from .tensors import spec_of
@@ -116,6 +116,7 @@ class Transfers:
         return stored_ref(answer)
 
     async def _put_from_window(self, meta: PutMeta, layout, tensors, offset: int, trace: dict | None) -> StateRef:
+        assert self.windows is not None  # the caller allocated ``offset`` there
         region = self.windows.put_window[offset : offset + layout.payload_len]
         on_gpu = any(t.device.type != "cpu" for t in tensors)
         free = once(lambda: self._free_put([offset]))
@@ -141,7 +142,9 @@ class Transfers:
                         trace: dict | None = None) -> list[StateRef]:
         """Many puts, one ``PUT_BATCH`` frame (one round trip): each payload from a put
         window region, or inline when the window is full. Raises the first item's error."""
-        regions, inline, on_gpu, nbytes = [], [], False, 0
+        regions: list[tuple[int, PayloadLayout, list[torch.Tensor]]] = []
+        inline: list[memoryview] = []
+        on_gpu, nbytes = False, 0
         free = once(lambda: self._free_put([o for o, _, _ in regions]))
         sent = False
         try:
@@ -160,8 +163,14 @@ class Transfers:
                     nbytes += layout.payload_len
             started = time.perf_counter()
             if regions:
-                await self._copy(lambda: [fill(self.windows.put_window[o : o + lay.payload_len], lay, ts)
-                                          for o, lay, ts in regions], nbytes, on_gpu)
+                windows = self.windows
+                assert windows is not None  # the regions lie in its put window
+
+                def fill_regions() -> None:
+                    for o, lay, ts in regions:
+                        fill(windows.put_window[o : o + lay.payload_len], lay, ts)
+
+                await self._copy(fill_regions, nbytes, on_gpu)
             copied = time.perf_counter()
             sent = True  # from here the daemon may read the regions until it answers
             batch = self._with_free(PutBatchMeta(tuple(meta for meta, _ in items), trace=trace is not None))
@@ -178,6 +187,7 @@ class Transfers:
 
     def _free_put(self, offsets: Sequence[int]) -> None:
         for offset in offsets:
+            assert self.windows is not None  # the offsets lie in its put window
             self.windows.free(offset)
 
     # -- load ---------------------------------------------------------------------------
@@ -221,7 +231,8 @@ class Transfers:
         try:
             batch_answers(answers, len(todo), raise_first=False)
             data = memoryview(frame.data).cast("B")
-            jobs, nbytes, on_gpu, failure, retry = [], 0, False, None, []
+            jobs: list[LandJob | None] = []
+            nbytes, on_gpu, failure, retry = 0, False, None, []
             for index, answer, target in zip(todo, answers, targets):
                 if answer.error is not None or answer.skipped:
                     failure = failure or ((index, answer.error) if answer.error is not None else None)
