@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from .report_recompute import recompute_section
 from .workload_models import MODELS
@@ -163,7 +164,7 @@ def _pd_raw_kind(raw: str) -> str:
 
 def _served_text(found: list[dict]) -> str:
     """Which tier served the decode side's loads, per case (from its hit counters)."""
-    cases = {}
+    cases: dict[str, Any] = {}
     for r in found:
         if r.get("served_by_tier") is not None:
             cases.setdefault(r["case"], r["served_by_tier"])

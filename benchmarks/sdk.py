@@ -53,6 +53,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from .procs import EchoClient, echo_server, own_daemon, process_cpu_seconds
 from .rows import KiB, MiB, percentile, result
@@ -236,7 +237,7 @@ async def measure_puts(session: _Session, payloads: Payloads, batch: int, plan: 
                           after_rep=drop)
     phases = None
     if session.path == "shm":
-        traces = []
+        traces: list[dict[str, Any]] = []
         for _ in range(TRACED_CALLS):
             traces.append({})
             stored.extend(await session.put_all(payloads, batch, prefix, trace=traces[-1]))
@@ -267,7 +268,7 @@ async def measure_loads(session: _Session, payloads: Payloads, batch: int, plan:
                                   plan.calls[size], session.daemon_pid)
             phases = None
             if session.path == "shm":
-                traces = []
+                traces: list[dict[str, Any]] = []
                 for _ in range(TRACED_CALLS):
                     traces.append({})
                     await session.load_all(refs, dests, trace=traces[-1])
