@@ -138,7 +138,7 @@ class ClientPool:
             self._expect(process, conn, "done")
 
     def close(self) -> None:
-        for process, conn in self.workers:
+        for _process, conn in self.workers:
             try:
                 conn.send("stop")
             except OSError:

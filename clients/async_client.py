@@ -55,7 +55,6 @@ from statetier.protocol.messages import field, ref_to_wire
 from statetier.protocol.ownership import owned_namespace
 from statetier.protocol.wire_meta import (
     LoadMeta,
-    LookupMeta,
     LookupReply,
     PutMeta,
     ReleaseMeta,

@@ -6,8 +6,8 @@
 Metas are the typed ``protocol.wire_meta`` Structs (the daemon's replies are read by
 ``replies.py``).
 
-- ``await put(meta, pairs)`` → ``StateRef`` (``meta``: a ``PutMeta`` without its tensors). With windows: copy the tensors into a region
-  of the put window, one ``PUT`` naming it (one round trip); the region is reused once the
+- ``await put(meta, pairs)`` → ``StateRef`` (``meta``: a ``PutMeta`` without its tensors). With windows: copy the
+  tensors into a region of the put window, one ``PUT`` naming it (one round trip); the region is reused once the
   daemon answered (it copies before it digests). Without, or when the window is full: one
   inline ``PUT`` whose data are the tensors' own buffers and the zero padding of
   ``layout_payload``, written back to back (no join).

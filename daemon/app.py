@@ -109,8 +109,8 @@ class App:
         for stats in self.engine.tier_stats():
             sized = ""
             if stats.tier == "host" and self.config.host.capacity_bytes is None:
-                sized = (f" (25% of this machine's available memory, allocated now; host.capacity_bytes or "
-                         f"--host-capacity sets it)")
+                sized = (" (25% of this machine's available memory, allocated now; host.capacity_bytes or "
+                         "--host-capacity sets it)")
             lines.append(f"  tier {stats.tier}: capacity {stats.capacity} bytes ({_gib(stats.capacity)}), "
                          f"{stats.objects} objects{sized}")
         return "\n".join(lines)

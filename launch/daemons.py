@@ -283,9 +283,9 @@ class DaemonProcess:
         """What the daemon counted so far: ``"bytes <tier>/<op>"`` (payload bytes per tier and
         operation), ``"hits <tier>"`` (loads served from that tier), ``"promotions <src>-><dst>"``
         (subtract two readings for what one request moved)."""
-        names = {"statetier_bytes_total": lambda l: f"bytes {l.get('tier')}/{l.get('op')}",
-                 "statetier_hits_total": lambda l: f"hits {l.get('tier')}",
-                 "statetier_promotions_total": lambda l: f"promotions {l.get('src')}->{l.get('dst')}"}
+        names = {"statetier_bytes_total": lambda lb: f"bytes {lb.get('tier')}/{lb.get('op')}",
+                 "statetier_hits_total": lambda lb: f"hits {lb.get('tier')}",
+                 "statetier_promotions_total": lambda lb: f"promotions {lb.get('src')}->{lb.get('dst')}"}
         out: dict[str, int] = {}
         for (sample, labels), value in self.scrape().values.items():
             if sample in names:

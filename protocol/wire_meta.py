@@ -13,9 +13,9 @@ in 3.6 µs and decode in 9.8 µs (5.1 KB); a fixed ``struct`` layout walked in P
 - Identity: ``Key``, ``Ref``, ``Spec``, ``Origin`` (provenance) and the converters
   ``key_of`` / ``wire_key``, ``ref_of`` / ``wire_ref``, ``specs_of`` / ``wire_specs``,
   ``provenance_of`` / ``wire_provenance`` (a bad value is ``InvalidRequest``).
-- Requests: ``PutMeta`` (its ``tag``: a ``protocol.kv_events.BlockTag``), ``PutBatchMeta``, ``LoadMeta``, ``LoadBatchMeta``, ``LookupMeta``,
-  ``ReleaseMeta``; every one may carry ``trace`` (phase timings wanted) and ``free_regions``
-  (load-window regions given back in passing).
+- Requests: ``PutMeta`` (its ``tag``: a ``protocol.kv_events.BlockTag``), ``PutBatchMeta``, ``LoadMeta``,
+  ``LoadBatchMeta``, ``LookupMeta``, ``ReleaseMeta``; every one may carry ``trace`` (phase timings
+  wanted) and ``free_regions`` (load-window regions given back in passing).
 - Replies: ``PutAnswer`` (a PUT's reply, and each item of ``PutBatchReply``), ``LoadAnswer``
   (likewise for loads), ``LookupReply``, ``ReleaseReply``; ``ErrorInfo`` is a batch item's
   error (the fields of an error frame).

@@ -11,7 +11,8 @@
 
 Each copy, fastest tier first, is served by ``daemon.engine.serving.CopyServer`` and judged by
 ``protocol.classify`` (a hit is counted, for the tier that held the copy, only once a copy is
-handed over: never for a refusal, of the copy or of the caller's tensor specs): a damaged copy is dropped (``daemon.engine.deletion.drop_copy``) and the
+handed over: never for a refusal, of the copy or of the caller's tensor specs): a damaged copy is dropped
+(``daemon.engine.deletion.drop_copy``) and the
 next tried, never unverified bytes; an intact copy of another identity is refused with its
 §4 reason, left in place, and the next tried. The tensor specs a caller expects are checked
 apart, after (of a group object, those of the layers asked for): a mismatch is about

@@ -74,7 +74,7 @@ class CopyServer:
         under this id (every load classifies again), it is evidence for ``statetier
         inspect``, and it ages out with the tier's LRU or TTL like any object.
         """
-        stack, promote = self.stack, index > 0 and self.stack.options.promote_on_load
+        promote = index > 0 and self.stack.options.promote_on_load
         kept = False
         try:
             if promote and tier.reads_in_place:
