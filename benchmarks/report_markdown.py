@@ -28,7 +28,8 @@ def _f(value, digits: int = 2) -> str:
 
 
 def _table(head: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(head))) + "|"]
+    lines = ["| " + " | ".join(head) + " |",
+             "|" + "|".join("---" if i == 0 else "---:" for i in range(len(head))) + "|"]
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
@@ -244,7 +245,8 @@ def sglang_section(rows: list[dict]) -> list[str]:
     return ["## SGLang HiCache backend", "",
             "`statetier.clients.sglang`'s `batch_set_v1` / `batch_get_v1` of one batch of pages of a page-first KV "
             "host pool (SGLang's layout; a Qwen3-Next-80B-like page: 12 attention layers × 2 KV heads × 256, "
-            "bfloat16, 64 tokens), against the SDK's own `put_many` / `load_many(into=…)` of the same pages into the same slots, in the same "
+            "bfloat16, 64 tokens), against the SDK's own `put_many` / `load_many(into=…)` of the same pages "
+            "into the same slots, in the same "
             "repetitions against one daemon (host tier, the connection's shared-memory windows).", "",
             *_table(head, body), ""]
 
@@ -316,7 +318,8 @@ METHOD = [
     "new prefix and deletes its objects from both daemons afterwards, outside the timing.",
     "- Background load: `/proc` is read twice a few seconds apart before and after each workload; a process outside "
     "this run using ≥ 10% of a CPU counts as busy.",
-    "- Regenerate: `python -m statetier.benchmarks.report` (needs `pip install -e '.[bench]'`); the numbers here come from "
+    "- Regenerate: `python -m statetier.benchmarks.report` (needs `pip install -e '.[bench]'`); "
+    "the numbers here come from "
     "the run described above and nothing in this file was written by hand.", "",
 ]
 

@@ -311,7 +311,8 @@ async def measure_redis(name: str, url: str, cipher, plan: Plan) -> list[Row]:
             async def get_raw():
                 await client.get(key)
 
-            rows += await measure_tier(name, tier, {"store": {"redis-py SET": set_raw}, "load": {"redis-py GET": get_raw}},
+            rows += await measure_tier(name, tier, {"store": {"redis-py SET": set_raw},
+                                                    "load": {"redis-py GET": get_raw}},
                                        objects, plan)
             await client.delete(key)
     finally:

@@ -423,7 +423,8 @@ class AsyncClient:
             boundaries = boundaries_from_tokens(token_ids, size, self.spec.hash_seed if self.spec else 0)
         assert boundaries is not None  # given, or made from token_ids
         meta = lookup_meta(self._own_namespace().digest, attention_layers, ssm_layers, boundaries, kv_layout=kv_layout,
-                           lease=lease, tp_size=tp_size if tp_size is not None else (self.spec.tp_size if self.spec else 1),
+                           lease=lease,
+                           tp_size=tp_size if tp_size is not None else (self.spec.tp_size if self.spec else 1),
                            groups=groups)
         reply = decoded(LookupReply, await self._request(Op.LOOKUP, meta))
         return LookupResult(reply.tokens, [(ref_of(ref), lease) for ref, lease in reply.objects])

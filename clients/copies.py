@@ -100,7 +100,8 @@ def land(header: SealedHeader, source: memoryview, parts: Sequence[tuple[TensorD
 LandJob = tuple[SealedHeader, memoryview, Sequence[tuple[TensorDescriptor, int]], Sequence[torch.Tensor]]
 
 
-def land_all(jobs: Sequence[LandJob | None], staging: Callable[[int], torch.Tensor], trace: dict | None = None) -> list[int]:
+def land_all(jobs: Sequence[LandJob | None], staging: Callable[[int], torch.Tensor],
+             trace: dict | None = None) -> list[int]:
     """``land`` every job (``None`` skipped); the indexes whose bytes were not intact where
     they landed (the caller asks for those again, with ``recheck``)."""
     failed = []

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Iterable, cast
 
 from statetier.protocol.errors import MalformedFrame, Unavailable, UnsupportedProtocol
-from statetier.protocol.frames import DEFAULT_MAX_FRAME, PROTOCOL_VERSIONS, Frame, FrameDecoder, encode_frame, hello_frame
+from statetier.protocol.frames import (DEFAULT_MAX_FRAME, PROTOCOL_VERSIONS, Frame, FrameDecoder, encode_frame,
+                                       hello_frame)
 
 from .endpoint import Endpoint
 

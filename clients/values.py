@@ -174,5 +174,6 @@ def lookup_meta(namespace: bytes, attention_layers: Sequence[int], ssm_layers: S
                 boundaries: Sequence[tuple[int, bytes]], *, kv_layout: str, lease: bool, tp_size: int,
                 groups: Sequence[LayerGroup] = ()) -> LookupMeta:
     return LookupMeta(namespace, boundaries_checked(boundaries), tuple(int(x) for x in attention_layers),
-                      tuple(int(x) for x in ssm_layers), tuple((g.kind.name.lower(), g.group_id, g.layers) for g in groups),
+                      tuple(int(x) for x in ssm_layers),
+                      tuple((g.kind.name.lower(), g.group_id, g.layers) for g in groups),
                       kv_layout, int(tp_size), bool(lease))

@@ -128,7 +128,8 @@ def load_or_create_keyring(config: Config) -> Keyring:
     if shared and config.keys.new_keyring_with_redis == "refuse":
         raise ConfigError(f"keys.keyring_file: {path} does not exist and redis.url is set: daemons that share "
                           f"Redis must share one keyring (statetier keygen --out FILE, then keys.keyring_file = FILE "
-                          f"on every one of them); keys.new_keyring_with_redis = \"refuse\" forbids generating one here")
+                          f"on every one of them); keys.new_keyring_with_redis = \"refuse\" forbids generating one "
+                          f"here")
     path.parent.mkdir(parents=True, exist_ok=True)
     keyring = Keyring.generate()
     keyring.save(path)

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .dtypes import TensorSpec
-from .errors import FingerprintMismatch, MisroutedState, NamespaceMismatch, PlacementMismatch, PositionMismatch, StaleState
+from .errors import (FingerprintMismatch, MisroutedState, NamespaceMismatch, PlacementMismatch, PositionMismatch,
+                     StaleState)
 from .identity import Kind, Namespace, StateKey, StateRef, fingerprint, stream_id
 from .sealed_format import SealedHeader
 

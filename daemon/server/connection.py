@@ -41,7 +41,8 @@ from statetier.daemon.server.handshake import HANDSHAKE_TIMEOUT_SECONDS, admit, 
 from statetier.daemon.server.request_task import RequestRunner, count_error
 from statetier.daemon.server.eager import start_eagerly
 from statetier.daemon.server.windows import Windows
-from statetier.protocol.errors import Forbidden, InternalError, ProtocolError, StatetierError, Unauthorized, bounded_text
+from statetier.protocol.errors import (Forbidden, InternalError, ProtocolError, StatetierError, Unauthorized,
+                                       bounded_text)
 from statetier.protocol.frames import Frame, FrameDecoder, Op, error_frame, hello_ok_frame
 
 if TYPE_CHECKING:
