@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 from msgspec import Struct
 
-
 from statetier.daemon.server.budget import ByteBudget
 from statetier.daemon.requests import LookupRequest
 from statetier.daemon.trace import TRACE
