@@ -30,7 +30,7 @@ import socket
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from statetier.daemon.server.auth import (PeerCredentials, TenantDirectory, check_peer, is_operator,
                                            peer_credentials)
@@ -46,7 +46,6 @@ from statetier.protocol.errors import (Forbidden, InternalError, ProtocolError, 
 from statetier.protocol.frames import Frame, FrameDecoder, Op, error_frame, hello_ok_frame
 
 if TYPE_CHECKING:
-    from statetier.daemon.engine import Engine
     from statetier.daemon.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -60,7 +59,7 @@ FAILED_LINGER_SECONDS = 1.0
 
 @dataclass(frozen=True, slots=True)
 class ConnectionContext:
-    engine: Engine
+    engine: Any  # the daemon's Engine, wired by daemon.app: the server does not import daemon.engine
     tenants: TenantDirectory
     budget: ByteBudget
     listen: object  # config.listen: the peer-credential rules

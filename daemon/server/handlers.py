@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field as dataclass_field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from msgspec import Struct
 
@@ -38,13 +38,10 @@ from statetier.protocol.identity import Kind, Namespace
 from statetier.protocol.messages import field, ref_from_wire
 from statetier.protocol.wire_meta import LookupMeta, LookupReply, ReleaseMeta, ReleaseReply, decode, wire_ref
 
-if TYPE_CHECKING:
-    from statetier.daemon.engine import Engine
-
 
 @dataclass(slots=True)
 class Session:
-    engine: Engine
+    engine: Any  # the daemon's Engine (see ConnectionContext)
     tenant: str
     owner: object  # the Connection: its leases are released with it
     budget: ByteBudget

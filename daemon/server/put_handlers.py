@@ -41,7 +41,6 @@ async def handle_put(session: Session, meta: PutMeta, data: FrameData) -> Reply:
         (answer,) = await session.engine.put_batch([item])
     if isinstance(answer, StatetierError):
         raise answer
-    assert answer is not None  # None answers only the items after a batch's failure
     return Reply(put_answer(answer), kind=kind_of(item.req.key))
 
 
