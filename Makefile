@@ -1,13 +1,14 @@
 # Developer and CI entry points. `make test` is all CI runs (.ci/run).
 #   make venv    .venv with torch (CPU, from /opt/wheels) and the project, editable
-#   make test    venv, a redis-server (scripts/ensure_redis.sh), prometheus/promtool when
-#                apt-get can install them (scripts/ensure_prometheus.sh), then pytest $(PYTEST_ARGS),
-#                then `make chaos-short`
+#   make test    venv, `make typecheck` and `make lint`, a redis-server (scripts/ensure_redis.sh),
+#                prometheus/promtool when apt-get can install them (scripts/ensure_prometheus.sh),
+#                then pytest $(PYTEST_ARGS), then `make chaos-short`
 #   make chaos   the reliability and security probes (reliability/run.py) for CHAOS_MINUTES
 #                (20) minutes; prints the table and writes docs/reliability.md
 #   make chaos-short  the same probes for about two minutes (part of `make test`, so of CI)
-#   make typecheck  mypy --strict on tiers/ and the protocol helpers they share with the
-#                clients (config in pyproject.toml; not yet part of `make test`)
+#   make typecheck  mypy: strict on protocol/ and tiers/, checked (check_untyped_defs) on every
+#                other package (config and the choice of checker in pyproject.toml's [tool.mypy])
+#   make lint    ruff over the whole tree (rules in pyproject.toml's [tool.ruff])
 #   make run     the daemon in the foreground (`statetier serve --host-capacity $(RUN_HOST_CAPACITY)
 #                $(RUN_ARGS)`: a 1 GiB host arena, allocated at start; a startup error is shown as is)
 #   make bench   `statetier bench` (seal, tiers, sdk: ratios to raw limits);
@@ -47,7 +48,7 @@ SGLANG      := sglang==0.5.23
 SGLANG_DEPS := orjson psutil pybase64 requests numpy triton packaging pillow starlette msgspec \
                typing_extensions pyzmq ipython aiohttp
 
-.PHONY: venv test typecheck chaos chaos-short run bench report clean distclean test-vllm bench-vllm test-sglang
+.PHONY: venv test typecheck lint chaos chaos-short run bench report clean distclean test-vllm bench-vllm test-sglang
 
 venv: $(STAMP)
 
@@ -59,6 +60,7 @@ $(STAMP): pyproject.toml
 	touch $@
 
 test: $(STAMP)
+	$(MAKE) --no-print-directory typecheck lint
 	VENV=$(VENV) bash scripts/ensure_redis.sh
 	-bash scripts/ensure_prometheus.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -75,6 +77,9 @@ typecheck: $(STAMP)
 		ln -sfn ../../../$$package $(TYPECHECK_ROOT)/$$package; \
 	done
 	$(PY) -m mypy
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
 
 chaos: $(STAMP)
 	VENV=$(VENV) bash scripts/ensure_redis.sh

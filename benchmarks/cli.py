@@ -41,7 +41,8 @@ MODULE_SUITES = ("seal", "tiers", "workloads")  # run as ``python -m statetier.b
 def run_module_suite(name: str, quick: bool, workdir: Path, tmp_dir: str | None) -> dict:
     """Run ``statetier.benchmarks.<name>`` in a subprocess; its table goes to our stdout."""
     out = workdir / f"{name}.json"
-    command = [sys.executable, "-m", f"statetier.benchmarks.{name}", "--json", str(out)] + (["--quick"] if quick else [])
+    command = [sys.executable, "-m", f"statetier.benchmarks.{name}", "--json", str(out)]
+    command += ["--quick"] if quick else []
     if name in ("tiers", "workloads") and tmp_dir:
         command += ["--dir", tmp_dir]
     print(f"\n== {name}: {' '.join(command[1:])}", flush=True)

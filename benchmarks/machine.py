@@ -23,6 +23,7 @@ import sys
 import time
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 BUSY_PERCENT = 10.0
 
@@ -59,7 +60,8 @@ def _ours(processes: dict[int, tuple[int, str, float]]) -> set[int]:
 
 
 def background(seconds: float = 1.0) -> dict:
-    info = {"load_average": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(), "seconds": seconds,
+    info: dict[str, Any] = {"load_average": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(),
+            "seconds": seconds,
             "busy_processes": None, "busy_cpu_percent": None, "busiest": []}
     if not os.path.isdir("/proc/self"):
         return info

@@ -80,7 +80,8 @@ async def echo_server(directory: Path):
         finally:
             transport.close()
     finally:
-        proc.stdin.close()
+        if proc.stdin is not None:  # always: stdin=PIPE
+            proc.stdin.close()
         stop_process(proc, 30)
 
 

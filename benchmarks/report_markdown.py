@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from .report_recompute import recompute_section
 from .workload_models import MODELS
@@ -27,7 +28,8 @@ def _f(value, digits: int = 2) -> str:
 
 
 def _table(head: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(head))) + "|"]
+    lines = ["| " + " | ".join(head) + " |",
+             "|" + "|".join("---" if i == 0 else "---:" for i in range(len(head))) + "|"]
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
@@ -163,7 +165,7 @@ def _pd_raw_kind(raw: str) -> str:
 
 def _served_text(found: list[dict]) -> str:
     """Which tier served the decode side's loads, per case (from its hit counters)."""
-    cases = {}
+    cases: dict[str, Any] = {}
     for r in found:
         if r.get("served_by_tier") is not None:
             cases.setdefault(r["case"], r["served_by_tier"])
@@ -243,7 +245,8 @@ def sglang_section(rows: list[dict]) -> list[str]:
     return ["## SGLang HiCache backend", "",
             "`statetier.clients.sglang`'s `batch_set_v1` / `batch_get_v1` of one batch of pages of a page-first KV "
             "host pool (SGLang's layout; a Qwen3-Next-80B-like page: 12 attention layers × 2 KV heads × 256, "
-            "bfloat16, 64 tokens), against the SDK's own `put_many` / `load_many(into=…)` of the same pages into the same slots, in the same "
+            "bfloat16, 64 tokens), against the SDK's own `put_many` / `load_many(into=…)` of the same pages "
+            "into the same slots, in the same "
             "repetitions against one daemon (host tier, the connection's shared-memory windows).", "",
             *_table(head, body), ""]
 
@@ -315,7 +318,8 @@ METHOD = [
     "new prefix and deletes its objects from both daemons afterwards, outside the timing.",
     "- Background load: `/proc` is read twice a few seconds apart before and after each workload; a process outside "
     "this run using ≥ 10% of a CPU counts as busy.",
-    "- Regenerate: `python -m statetier.benchmarks.report` (needs `pip install -e '.[bench]'`); the numbers here come from "
+    "- Regenerate: `python -m statetier.benchmarks.report` (needs `pip install -e '.[bench]'`); "
+    "the numbers here come from "
     "the run described above and nothing in this file was written by hand.", "",
 ]
 

@@ -92,7 +92,7 @@ def plot_prefix(rows: list[dict], folder: Path) -> Path | None:
                label="lookup+load GB/s")
     right.set_ylabel("lookup+load GB/s")
     handles = ax.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
-    ax.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="upper left")
+    ax.legend(handles, [str(h.get_label()) for h in handles], fontsize=8, loc="upper left")
     ax.set_title("Multi-turn prefix reuse (joint hits over every layer)")
     return _save(fig, folder, "prefix.png")
 

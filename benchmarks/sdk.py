@@ -53,6 +53,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from .procs import EchoClient, echo_server, own_daemon, process_cpu_seconds
 from .rows import KiB, MiB, percentile, result
@@ -236,7 +237,7 @@ async def measure_puts(session: _Session, payloads: Payloads, batch: int, plan: 
                           after_rep=drop)
     phases = None
     if session.path == "shm":
-        traces = []
+        traces: list[dict[str, Any]] = []
         for _ in range(TRACED_CALLS):
             traces.append({})
             stored.extend(await session.put_all(payloads, batch, prefix, trace=traces[-1]))
@@ -267,7 +268,7 @@ async def measure_loads(session: _Session, payloads: Payloads, batch: int, plan:
                                   plan.calls[size], session.daemon_pid)
             phases = None
             if session.path == "shm":
-                traces = []
+                traces: list[dict[str, Any]] = []
                 for _ in range(TRACED_CALLS):
                     traces.append({})
                     await session.load_all(refs, dests, trace=traces[-1])
@@ -292,8 +293,9 @@ async def measure_round_trips(client, echo: EchoClient, plan: SdkPlan, transport
     gen = torch.Generator().manual_seed(7)
     refs = [await client.put_kv(0, prefix, 0, BLOCK_TOKENS, {"kv": torch.randn(2, 8, BLOCK_TOKENS, 128, generator=gen)
                                                                .to(torch.bfloat16)}, request_id="bench-lookup"),
-            await client.put_ssm(1, prefix, BLOCK_TOKENS, {"conv": torch.randn(3, 8192, generator=gen).to(torch.bfloat16),
-                                                            "ssm": torch.randn(8192, 16, generator=gen)},
+            await client.put_ssm(1, prefix, BLOCK_TOKENS,
+                                 {"conv": torch.randn(3, 8192, generator=gen).to(torch.bfloat16),
+                                  "ssm": torch.randn(8192, 16, generator=gen)},
                                  request_id="bench-lookup")]
     boundaries = [(BLOCK_TOKENS, prefix)]
 
@@ -323,7 +325,8 @@ async def measure_round_trips(client, echo: EchoClient, plan: SdkPlan, transport
                     sdk.append(time.perf_counter() - started)
                     if op == "lookup":
                         await client.release(answer.lease_ids)
-            rows.append(_latency_row(transport, op, sizes[op], raw, sdk, PING_TARGET if op == "ping" else LATENCY_TARGET))
+            rows.append(_latency_row(transport, op, sizes[op], raw, sdk,
+                                     PING_TARGET if op == "ping" else LATENCY_TARGET))
     finally:
         for ref in refs:
             await client.delete(ref)
@@ -394,8 +397,9 @@ async def _budget_row(client, plan: SdkPlan, transport: str, op: str, items: lis
     finally:
         await asyncio.gather(*(client.delete(ref) for ref in refs))
     p50 = statistics.median(sdk)
-    return result("sdk", transport, op, len(items), 1, 1 / p50, f"{budget_us / 1000:g} ms budget", 1 / (budget_us / 1e6),
-                  p50 * 1e6, percentile(sdk, 99) * 1e6, metric="latency", target=1.0, raw_p50_us=budget_us,
+    return result("sdk", transport, op, len(items), 1, 1 / p50, f"{budget_us / 1000:g} ms budget",
+                  1 / (budget_us / 1e6), p50 * 1e6, percentile(sdk, 99) * 1e6, metric="latency", target=1.0,
+                  raw_p50_us=budget_us,
                   samples=len(sdk), load_average=os.getloadavg())
 
 

@@ -57,7 +57,8 @@ def cases() -> list[Case]:
     for layers in (1, 4, 58):
         specs = []
         for layer in range(layers):
-            specs += [TensorSpec(f"conv.{layer}", "bfloat16", (3, 8192)), TensorSpec(f"ssm.{layer}", "float32", (8192, 16))]
+            specs += [TensorSpec(f"conv.{layer}", "bfloat16", (3, 8192)),
+                      TensorSpec(f"ssm.{layer}", "float32", (8192, 16))]
         out.append(Case(f"ssm x{layers} layers", Kind.SSM, tuple(specs)))
     return out
 

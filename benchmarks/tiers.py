@@ -137,7 +137,7 @@ async def interleaved(tier_name: str, op_name: str, size: int, raws: dict, tier_
     times: dict[str, list[float]] = {name: [] for name in [*raws, tier_name]}
     ratios: dict[str, list[float]] = {name: [] for name in raws}
     for _ in range(reps):
-        rep = {}
+        rep: dict[str, list[float]] = {}
         for name, op in [*raws.items(), (tier_name, tier_op)]:
             rep[name] = []
             for _ in range(ops):
@@ -311,7 +311,8 @@ async def measure_redis(name: str, url: str, cipher, plan: TierPlan) -> list[Tie
             async def get_raw():
                 await client.get(key)
 
-            rows += await measure_tier(name, tier, {"store": {"redis-py SET": set_raw}, "load": {"redis-py GET": get_raw}},
+            rows += await measure_tier(name, tier, {"store": {"redis-py SET": set_raw},
+                                                    "load": {"redis-py GET": get_raw}},
                                        objects, plan)
             await client.delete(key)
     finally:
@@ -380,9 +381,10 @@ def main(argv: list[str] | None = None) -> int:
     before = machine(directory)
     try:
         import uvloop
-        loop_name, runner = f"uvloop {uvloop.__version__}", uvloop.run
+        # uvloop sets __version__ without listing it among its exports
+        loop_name, runner = f"uvloop {uvloop.__version__}", uvloop.run  # type: ignore[attr-defined]
     except ImportError:
-        loop_name, runner = "asyncio", asyncio.run
+        loop_name, runner = "asyncio", asyncio.run  # type: ignore[assignment]  # the same call, fewer options
     print(f"machine: {before['cpu_model']}, {before['cpus_usable']}/{before['cpus']} cpus, "
           f"load {', '.join(f'{x:.2f}' for x in before['load_average'])}, python {before['python']}, {loop_name}")
     print(f"disk dir: {directory}; {plan.reps} repetitions; ops per repetition {plan.ops_per_rep}\n")

@@ -138,7 +138,7 @@ class ClientPool:
             self._expect(process, conn, "done")
 
     def close(self) -> None:
-        for process, conn in self.workers:
+        for _process, conn in self.workers:
             try:
                 conn.send("stop")
             except OSError:
@@ -178,8 +178,8 @@ async def run_clients(levels: tuple[int, ...], pages: int, reps: int, directory,
         pool = await asyncio.to_thread(ClientPool(daemon.url, max(levels), pages).start)
         try:
             for n in levels:
-                walls = {name: [] for name in ("raw", "put", "load")}
-                latencies = {name: [] for name in ("raw", "put", "load")}
+                walls: dict[str, list[float]] = {name: [] for name in ("raw", "put", "load")}
+                latencies: dict[str, list[float]] = {name: [] for name in ("raw", "put", "load")}
                 for rep in range(reps + 1):  # repetition 0 warms up
                     for name in ("raw", "put", "load"):
                         wall, per_page = await asyncio.to_thread(pool.phase, name, n)

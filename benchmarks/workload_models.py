@@ -47,7 +47,8 @@ class Model:
         return 2 * self.kv_heads * self.head_dim * DTYPE_BYTES[self.kv_dtype] * len(self.attention_layers)
 
     def snapshot_bytes(self) -> int:
-        one = _numel(self.conv_shape) * DTYPE_BYTES[self.conv_dtype] + _numel(self.ssm_shape) * DTYPE_BYTES[self.ssm_dtype]
+        one = (_numel(self.conv_shape) * DTYPE_BYTES[self.conv_dtype]
+               + _numel(self.ssm_shape) * DTYPE_BYTES[self.ssm_dtype])
         return one * len(self.ssm_layers)
 
     def state_bytes(self, tokens: int) -> int:

@@ -110,7 +110,7 @@ def hits_by_tier_and_kind(daemon) -> dict[tuple[str, str], int]:
     out: dict[tuple[str, str], int] = {}
     for labels, value in daemon.scrape().matching("statetier_hits_total").items():
         named = dict(labels)
-        key = (named.get("tier"), named.get("kind"))
+        key = (named["tier"], named["kind"])  # both labels of every hits sample
         out[key] = out.get(key, 0) + int(value)
     return out
 

@@ -130,7 +130,7 @@ class ReadRaw:
         self.run_warm()  # faults the targets in and the file's pages back into the cache
 
     def run_warm(self) -> None:
-        for (offset, nbytes), target in zip(self.extents, self.targets):
+        for (offset, _nbytes), target in zip(self.extents, self.targets):
             os.preadv(self.fd, [target], offset)
             blake3.blake3(target, key=DIGEST_KEY).digest()
 

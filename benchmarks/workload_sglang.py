@@ -49,7 +49,8 @@ def measure(url: str, pages: int, reps: int, progress) -> list[dict]:
     pool = KVPoolHost(size=2 * pages * PAGE_TOKENS, page_size=PAGE_TOKENS, **GEOMETRY)
     for i in range(pages):
         pool.fill_page(i * PAGE_TOKENS, i)
-    backend = HiCacheBackend(StorageConfig({"url": url, "weights_revision": "bench"}, model_name="bench/qwen3-next-like"))
+    backend = HiCacheBackend(StorageConfig({"url": url, "weights_revision": "bench"},
+                                           model_name="bench/qwen3-next-like"))
     backend.register_mem_pool_host(pool)
     backend.register_mem_host_pool_v2(pool, "kv")
     source = torch.arange(0, pages * PAGE_TOKENS, dtype=torch.int64)

@@ -56,7 +56,6 @@ from statetier.protocol.messages import field, ref_to_wire
 from statetier.protocol.ownership import owned_namespace
 from statetier.protocol.wire_meta import (
     LoadMeta,
-    LookupMeta,
     LookupReply,
     PutMeta,
     ReleaseMeta,
@@ -339,7 +338,7 @@ class AsyncClient:
         if into is not None and expect is not None:
             raise InvalidRequest("give into or expect, not both: into states what it expects")
         transfers = self._transfers_now()
-        intos = list(into) if into is not None else [None] * len(targets)
+        intos: list[Mapping[str, Any] | None] = list(into) if into is not None else [None] * len(targets)
         metas, grouped = [], []
         for n, (target, dest) in enumerate(zip(targets, intos)):
             meta = self._load_meta(target, False)
@@ -433,8 +432,10 @@ class AsyncClient:
             if not size:
                 raise InvalidRequest("lookup by token_ids needs block_size (or a NamespaceSpec)")
             boundaries = boundaries_from_tokens(token_ids, size, self.spec.hash_seed if self.spec else 0)
+        assert boundaries is not None  # given, or made from token_ids
         meta = lookup_meta(self._own_namespace().digest, attention_layers, ssm_layers, boundaries, kv_layout=kv_layout,
-                           lease=lease, tp_size=tp_size if tp_size is not None else (self.spec.tp_size if self.spec else 1),
+                           lease=lease,
+                           tp_size=tp_size if tp_size is not None else (self.spec.tp_size if self.spec else 1),
                            groups=groups)
         reply = decoded(LookupReply, await self._request(Op.LOOKUP, meta))
         return LookupResult(reply.tokens, [(ref_of(ref), lease) for ref, lease in reply.objects])
@@ -505,6 +506,7 @@ class AsyncClient:
 
     def _transfers_now(self) -> Transfers:
         self._connection()
+        assert self._transfers is not None  # made with the connection
         return self._transfers
 
     async def _request(self, op: Op, meta):

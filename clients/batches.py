@@ -65,8 +65,9 @@ def items_from(offset: int):
     try:
         yield
     except StatetierError as exc:
-        if isinstance(exc.detail.get("item"), int):
-            exc.detail["item"] += offset
+        item = exc.detail.get("item")
+        if isinstance(item, int):
+            exc.detail["item"] = item + offset
         raise
 
 

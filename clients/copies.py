@@ -95,7 +95,13 @@ def land(header: SealedHeader, source: memoryview, parts: Sequence[tuple[TensorD
     check_payload_digest(header, [digests.get(id(t), t.digest) for t in header.tensors])
 
 
-def land_all(jobs: list, staging: Callable[[int], torch.Tensor], trace: dict | None = None) -> list[int]:
+# What ``land`` takes for one object: its header, the received bytes, where each tensor lies
+# in them, and each tensor's destination.
+LandJob = tuple[SealedHeader, memoryview, Sequence[tuple[TensorDescriptor, int]], Sequence[torch.Tensor]]
+
+
+def land_all(jobs: Sequence[LandJob | None], staging: Callable[[int], torch.Tensor],
+             trace: dict | None = None) -> list[int]:
     """``land`` every job (``None`` skipped); the indexes whose bytes were not intact where
     they landed (the caller asks for those again, with ``recheck``)."""
     failed = []

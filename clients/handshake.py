@@ -21,10 +21,11 @@ import asyncio
 import os
 import socket
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, cast
 
 from statetier.protocol.errors import MalformedFrame, Unavailable, UnsupportedProtocol
-from statetier.protocol.frames import DEFAULT_MAX_FRAME, PROTOCOL_VERSIONS, Frame, FrameDecoder, encode_frame, hello_frame
+from statetier.protocol.frames import (DEFAULT_MAX_FRAME, PROTOCOL_VERSIONS, Frame, FrameDecoder, encode_frame,
+                                       hello_frame)
 
 from .endpoint import Endpoint
 
@@ -69,7 +70,8 @@ def hello_terms(meta: dict, fds: list[int]) -> HelloTerms:
         if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes):
             raise MalformedFrame("HELLO_OK shm must be {put_bytes: int, load_bytes: int} or null")
         if len(fds) == 2:
-            windows = WindowFds(fds[0], sizes[0], fds[1], sizes[1])
+            put_bytes, load_bytes = cast(tuple[int, int], sizes)  # checked just above
+            windows = WindowFds(fds[0], put_bytes, fds[1], load_bytes)
             fds.clear()
     close_fds(fds)  # anything not claimed (no shm offered, or not two descriptors)
     fds.clear()
@@ -81,6 +83,7 @@ async def hello_over_socket(loop: asyncio.AbstractEventLoop, endpoint: Endpoint,
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.setblocking(False)
     try:
+        assert endpoint.path is not None  # a Unix socket's endpoint
         await loop.sock_connect(sock, endpoint.path)
         hello = b"".join(bytes(p) for p in encode_frame(hello_frame(PROTOCOL_VERSIONS, **fields)))
         await loop.sock_sendall(sock, hello)
@@ -98,8 +101,13 @@ async def _receive_hello(loop: asyncio.AbstractEventLoop, sock: socket.socket, d
     frames: list[Frame] = []
     space = socket.CMSG_SPACE(8 * array.array("i").itemsize)
     while not frames:
-        readable = loop.create_future()
-        loop.add_reader(sock.fileno(), lambda: readable.done() or readable.set_result(None))
+        readable: asyncio.Future[None] = loop.create_future()
+
+        def wake() -> None:
+            if not readable.done():
+                readable.set_result(None)
+
+        loop.add_reader(sock.fileno(), wake)
         try:
             await readable
         finally:

@@ -16,13 +16,16 @@ from __future__ import annotations
 import time
 from typing import Callable, TypeVar
 
+from msgspec import Struct
+
+
 from statetier.protocol.errors import MalformedFrame, error_from_code
 from statetier.protocol.frames import Frame
 from statetier.protocol.wire_meta import ErrorInfo, PutAnswer, decode_reply, ref_of
 
 from .values import StoredRef
 
-S = TypeVar("S")
+S = TypeVar("S", bound=Struct)
 
 
 def decoded(cls: type[S], frame: Frame) -> S:

@@ -72,7 +72,7 @@ class Client:
     def close(self) -> None:
         if self._is_closed:
             return
-        if self._thread is not None:
+        if self._thread is not None and self._loop is not None:  # made together in connect()
             try:
                 self._run(self._client.close)
             finally:
@@ -127,6 +127,7 @@ class Client:
 
     def _serve_loop(self) -> None:
         loop = self._loop
+        assert loop is not None  # made before this thread starts
         asyncio.set_event_loop(loop)  # this thread only
         try:
             loop.run_forever()

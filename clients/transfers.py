@@ -6,8 +6,8 @@
 Metas are the typed ``protocol.wire_meta`` Structs (the daemon's replies are read by
 ``replies.py``).
 
-- ``await put(meta, pairs)`` → ``StateRef`` (``meta``: a ``PutMeta`` without its tensors). With windows: copy the tensors into a region
-  of the put window, one ``PUT`` naming it (one round trip); the region is reused once the
+- ``await put(meta, pairs)`` → ``StateRef`` (``meta``: a ``PutMeta`` without its tensors). With windows: copy the
+  tensors into a region of the put window, one ``PUT`` naming it (one round trip); the region is reused once the
   daemon answered (it copies before it digests). Without, or when the window is full: one
   inline ``PUT`` whose data are the tensors' own buffers and the zero padding of
   ``layout_payload``, written back to back (no join).
@@ -43,7 +43,7 @@ from statetier.protocol.errors import CorruptPayload, MalformedFrame, StatetierE
 from statetier.protocol.frames import Frame, Op
 from statetier.protocol.groups import chosen
 from statetier.protocol.identity import StateRef
-from statetier.protocol.sealed import ParsedHeaders, SealedHeader, layout_payload
+from statetier.protocol.sealed import ParsedHeaders, PayloadLayout, SealedHeader, layout_payload
 from statetier.protocol.thresholds import INLINE_WORK_BYTES, run_work
 from statetier.protocol.wire_meta import (
     LoadAnswer,
@@ -59,7 +59,7 @@ from statetier.protocol.wire_meta import (
     wire_specs,
 )
 
-from .copies import destinations, fill, inline_parts, laid_out, land, land_all, target_of
+from .copies import LandJob, destinations, fill, inline_parts, laid_out, land, land_all, target_of
 from .replies import batch_answers, decoded, once, raise_item_error, record, stored_ref
 from .shm import ClientWindows
 from .tensors import spec_of
@@ -117,6 +117,7 @@ class Transfers:
         return stored_ref(answer)
 
     async def _put_from_window(self, meta: PutMeta, layout, tensors, offset: int, trace: dict | None) -> StateRef:
+        assert self.windows is not None  # the caller allocated ``offset`` there
         region = self.windows.put_window[offset : offset + layout.payload_len]
         on_gpu = any(t.device.type != "cpu" for t in tensors)
         free = once(lambda: self._free_put([offset]))
@@ -142,7 +143,9 @@ class Transfers:
                         trace: dict | None = None) -> list[StateRef]:
         """Many puts, one ``PUT_BATCH`` frame (one round trip): each payload from a put
         window region, or inline when the window is full. Raises the first item's error."""
-        regions, inline, on_gpu = [], [], False
+        regions: list[tuple[int, PayloadLayout, list[torch.Tensor]]] = []
+        inline: list[memoryview] = []
+        on_gpu = False
         free = once(lambda: self._free_put([o for o, _, _ in regions]))
         sent = False
         try:
@@ -158,8 +161,14 @@ class Transfers:
                     on_gpu = on_gpu or any(t.device.type != "cpu" for _, t in pairs)
             started = time.perf_counter()
             if regions:
-                await self._copy(lambda: [fill(self.windows.put_window[o : o + lay.payload_len], lay, ts)
-                                          for o, lay, ts in regions], 0, on_gpu)  # plain copies: no digest
+                windows = self.windows
+                assert windows is not None  # the regions lie in its put window
+
+                def fill_regions() -> None:
+                    for o, lay, ts in regions:
+                        fill(windows.put_window[o : o + lay.payload_len], lay, ts)
+
+                await self._copy(fill_regions, 0, on_gpu)  # plain copies: no digest
             copied = time.perf_counter()
             sent = True  # from here the daemon may read the regions until it answers
             batch = self._with_free(PutBatchMeta(tuple(meta for meta, _ in items), trace=trace is not None))
@@ -193,6 +202,7 @@ class Transfers:
 
     def _free_put(self, offsets: Sequence[int]) -> None:
         for offset in offsets:
+            assert self.windows is not None  # the offsets lie in its put window
             self.windows.free(offset)
 
     # -- load ---------------------------------------------------------------------------
@@ -236,7 +246,8 @@ class Transfers:
         try:
             batch_answers(answers, len(todo), raise_first=False)
             data = memoryview(frame.data).cast("B")
-            jobs, nbytes, on_gpu, failure, retry = [], 0, False, None, []
+            jobs: list[LandJob | None] = []
+            nbytes, on_gpu, failure, retry = 0, False, None, []
             for index, answer, target in zip(todo, answers, targets):
                 if answer.error is not None or answer.skipped:
                     failure = failure or ((index, answer.error) if answer.error is not None else None)

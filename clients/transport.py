@@ -215,6 +215,7 @@ class Connection(asyncio.BufferedProtocol):
             if endpoint.is_unix:
                 await self._loop.create_unix_connection(lambda: self, endpoint.path)
             else:
+                assert endpoint.host is not None and endpoint.port is not None  # a TCP endpoint
                 await self._loop.create_connection(lambda: self, endpoint.host, endpoint.port, ssl=ssl)
         except (OSError, _ssl.SSLError) as exc:
             raise Unavailable(f"cannot connect to the daemon at {endpoint}: {exc}") from exc
@@ -272,10 +273,12 @@ class Connection(asyncio.BufferedProtocol):
 
     def _write(self, buffers: list) -> None:
         self._raise_if_unusable()
+        transport = self._transport
+        assert transport is not None  # checked by _raise_if_unusable
         if len(buffers) == 1:
-            self._transport.write(buffers[0])  # one buffer: no list for the transport to walk
+            transport.write(buffers[0])  # one buffer: no list for the transport to walk
         else:
-            self._transport.writelines(buffers)
+            transport.writelines(buffers)
 
     async def _drain(self) -> None:
         if not self._is_paused:
@@ -336,7 +339,8 @@ class Connection(asyncio.BufferedProtocol):
             frames = self._decoder.buffer_updated(nbytes)
         except ProtocolError as exc:
             self._fail(exc)
-            self._transport.abort()
+            if self._transport is not None:  # always: the bytes came through it
+                self._transport.abort()
             return
         for frame in frames:
             self._dispatch(frame)

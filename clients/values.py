@@ -136,7 +136,7 @@ def group_selection(key: StateKey, layers: Sequence[int] | None, into: Mapping |
     flat = None if into is None else {region_name(layer, name): tensor for layer in key.group_layers
                                       if layer in into for name, tensor in into[layer].items()}
     whole = layers is None or set(layers) == set(key.group_layers)
-    return (None if whole else [x for x in key.group_layers if x in set(layers)]), flat
+    return (None if whole or layers is None else [x for x in key.group_layers if x in set(layers)]), flat
 
 
 def regrouped(tensors: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
@@ -174,5 +174,6 @@ def lookup_meta(namespace: bytes, attention_layers: Sequence[int], ssm_layers: S
                 boundaries: Sequence[tuple[int, bytes]], *, kv_layout: str, lease: bool, tp_size: int,
                 groups: Sequence[LayerGroup] = ()) -> LookupMeta:
     return LookupMeta(namespace, boundaries_checked(boundaries), tuple(int(x) for x in attention_layers),
-                      tuple(int(x) for x in ssm_layers), tuple((g.kind.name.lower(), g.group_id, g.layers) for g in groups),
+                      tuple(int(x) for x in ssm_layers),
+                      tuple((g.kind.name.lower(), g.group_id, g.layers) for g in groups),
                       kv_layout, int(tp_size), bool(lease))

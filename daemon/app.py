@@ -33,7 +33,7 @@ from statetier.protocol.errors import ConfigError, StatetierError
 from statetier.protocol.keyring import Keyring
 from statetier.tiers.base import Tier
 from statetier.tiers.crypto import AtRestCipher
-from statetier.tiers.registry import MemoryVersionRegistry
+from statetier.tiers.registry import MemoryVersionRegistry, VersionRegistry
 
 from .config import Config
 from .engine import Announcements, Engine, EngineOptions
@@ -110,8 +110,8 @@ class App:
         for stats in self.engine.tier_stats():
             sized = ""
             if stats.tier == "host" and self.config.host.capacity_bytes is None:
-                sized = (f" (25% of this machine's available memory, allocated now; host.capacity_bytes or "
-                         f"--host-capacity sets it)")
+                sized = (" (25% of this machine's available memory, allocated now; host.capacity_bytes or "
+                         "--host-capacity sets it)")
             lines.append(f"  tier {stats.tier}: capacity {stats.capacity} bytes ({_gib(stats.capacity)}), "
                          f"{stats.objects} objects{sized}")
         return "\n".join(lines)
@@ -129,7 +129,8 @@ def load_or_create_keyring(config: Config) -> Keyring:
     if shared and config.keys.new_keyring_with_redis == "refuse":
         raise ConfigError(f"keys.keyring_file: {path} does not exist and redis.url is set: daemons that share "
                           f"Redis must share one keyring (statetier keygen --out FILE, then keys.keyring_file = FILE "
-                          f"on every one of them); keys.new_keyring_with_redis = \"refuse\" forbids generating one here")
+                          f"on every one of them); keys.new_keyring_with_redis = \"refuse\" forbids generating one "
+                          f"here")
     path.parent.mkdir(parents=True, exist_ok=True)
     keyring = Keyring.generate()
     keyring.save(path)
@@ -211,7 +212,8 @@ def build(config: Config) -> App:
     if roles["publish"] is not None:
         from statetier.tiers.redis import RedisVersionRegistry
 
-        registry = RedisVersionRegistry(config.redis.url, ttl_seconds=config.redis.ttl_seconds)
+        assert config.redis.url is not None  # the publish tier is Redis, built from this URL
+        registry: VersionRegistry = RedisVersionRegistry(config.redis.url, ttl_seconds=config.redis.ttl_seconds)
     else:
         registry = MemoryVersionRegistry()
     quotas = {t.name: dict(t.quota_bytes) for t in config.tenants if t.quota_bytes}
@@ -296,7 +298,7 @@ def run(config: Config) -> int:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency; Windows lacks it
-        uvloop = None
+        uvloop = None  # type: ignore[assignment]  # mypy types an optional import as the module
     try:
         if uvloop is not None:
             uvloop.run(serve(config))

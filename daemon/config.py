@@ -42,8 +42,10 @@ class _Section(BaseModel):
 class _Watermarks(_Section):
     """Eviction starts above ``high_watermark`` × capacity and stops at ``low_watermark`` ×."""
 
-    high_watermark: float = Field(0.9, gt=0, le=1, description="Fraction of capacity above which the tier evicts (demotes).")
-    low_watermark: float = Field(0.75, gt=0, le=1, description="Fraction of capacity eviction brings usage down to; below high_watermark.")
+    high_watermark: float = Field(0.9, gt=0, le=1,
+                                  description="Fraction of capacity above which the tier evicts (demotes).")
+    low_watermark: float = Field(0.75, gt=0, le=1, description="Fraction of capacity eviction brings usage down "
+                                 "to; below high_watermark.")
 
     @field_validator("low_watermark")
     @classmethod
@@ -55,7 +57,8 @@ class _Watermarks(_Section):
 
 
 class HostTierConfig(_Watermarks):
-    enabled: bool = Field(True, description="Keep a shared-memory host tier (the zero-copy path for same-host clients).")
+    enabled: bool = Field(True,
+                          description="Keep a shared-memory host tier (the zero-copy path for same-host clients).")
     capacity_bytes: Bytes | None = Field(
         None, description="Arena size; None = 25% of MemAvailable at start, clamped to [64 MiB, 64 GiB]."
     )
@@ -83,12 +86,15 @@ class DeviceTierConfig(_Watermarks):
 
 class DiskTierConfig(_Watermarks):
     enabled: bool = Field(True, description="Keep the disk tier (segment files + LMDB index).")
-    directory: Path = Field(Path("./statetier-data"), description="Directory of segments, index and (by default) the keyring.")
+    directory: Path = Field(Path("./statetier-data"),
+                            description="Directory of segments, index and (by default) the keyring.")
     capacity_bytes: Bytes = Field(16 * GiB, description="Bytes of live objects the disk tier may hold.")
     segment_bytes: Bytes = Field(64 * MiB, description="Size at which a segment file is sealed and a new one started.")
-    fsync: bool = Field(True, description="fdatasync the segment (object records and their commit record) before a store completes; the LMDB index is a synced checkpoint written in the background.")
+    fsync: bool = Field(True, description="fdatasync the segment (object records and their commit record) before a "
+                        "store completes; the LMDB index is a synced checkpoint written in the background.")
     encrypt: bool = Field(False, description="Encrypt payloads at rest (AES-256-GCM, keys.at_rest_key_file).")
-    compact_interval_seconds: Seconds = Field(30.0, description="Seconds between compaction passes over sparse segments.")
+    compact_interval_seconds: Seconds = Field(30.0,
+                                              description="Seconds between compaction passes over sparse segments.")
 
 
 class RedisTierConfig(_Section):
@@ -97,7 +103,8 @@ class RedisTierConfig(_Section):
     )
     cluster: bool | None = Field(None, description="Redis Cluster; None = detect at start.")
     ttl_seconds: int | None = Field(3600, gt=0, description="Expiry of stored objects; None = no expiry.")
-    capacity_bytes: Bytes | None = Field(None, description="Bytes this daemon may keep in Redis; None = unbounded (TTL/maxmemory).")
+    capacity_bytes: Bytes | None = Field(None, description="Bytes this daemon may keep in Redis; None = unbounded "
+                                         "(TTL/maxmemory).")
     chunk_bytes: Bytes = Field(2 * MiB, description="Large sealed values are split into chunks of this size.")
     encrypt: bool = Field(False, description="Encrypt payloads at rest (AES-256-GCM, keys.at_rest_key_file).")
     socket_timeout: Seconds = Field(5.0, description="Seconds before a Redis call counts as unavailable.")
@@ -128,7 +135,8 @@ class ListenConfig(_Section):
         (), description="Unix peer uids that may list and purge every tenant's state (statetier ls --all, "
         "statetier purge --of-tenant); empty = the daemon's own uid and root. Others list and purge their own tenant's."
     )
-    tcp: str | None = Field(None, description='"host:port" ("[::1]:7000" for IPv6) to listen on TCP too; None = Unix only.')
+    tcp: str | None = Field(None,
+                            description='"host:port" ("[::1]:7000" for IPv6) to listen on TCP too; None = Unix only.')
     tls_cert: Path | None = Field(None, description="PEM certificate for TCP (with tls_key).")
     tls_key: Path | None = Field(None, validate_default=True, description="PEM private key for TCP (with tls_cert).")
     tls_client_ca: Path | None = Field(
@@ -195,19 +203,23 @@ class TenantConfig(_Section):
 class LimitsConfig(_Section):
     max_frame_bytes: Bytes = Field(65 * MiB, description="Largest frame accepted or sent.")
     max_inflight_per_connection: int = Field(64, gt=0, description="Requests one connection may have in flight.")
-    byte_budget: Bytes = Field(1 * GiB, description="Payload bytes in flight across all connections before requests wait.")
+    byte_budget: Bytes = Field(1 * GiB,
+                               description="Payload bytes in flight across all connections before requests wait.")
     busy_wait_seconds: Seconds = Field(2.0, description="How long a request waits for budget before Busy.")
     lease_ttl_seconds: Seconds = Field(30.0, description="Deadline of a lease a client holds.")
-    shutdown_grace_seconds: Seconds = Field(10.0, description="On SIGTERM, time in-flight requests get before cancellation.")
+    shutdown_grace_seconds: Seconds = Field(10.0,
+                                            description="On SIGTERM, time in-flight requests get before cancellation.")
     write_behind_queue: int = Field(256, gt=0, description="Demotions queued for write-behind before puts wait.")
 
 
 class KeysConfig(_Section):
     keyring_file: Path | None = Field(
-        None, description="Signing keyring (statetier keygen); None = <disk dir>/keyring.json, generated at first start (0600)."
+        None, description="Signing keyring (statetier keygen); None = <disk dir>/keyring.json, generated at first "
+        "start (0600)."
     )
     at_rest_key_file: Path | None = Field(
-        None, description="AES-256 key for tiers with encrypt=true; None = <disk dir>/at-rest.key, generated at first start (0600)."
+        None, description="AES-256 key for tiers with encrypt=true; None = <disk dir>/at-rest.key, generated at "
+        "first start (0600)."
     )
     new_keyring_with_redis: Literal["warn", "refuse"] = Field(
         "warn", description='A cross-node tier (redis.url) and no keyring file yet: "warn" generates one and logs '
@@ -236,7 +248,8 @@ class Config(_Section):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Prometheus HTTP endpoint.")
     events: EventsConfig = Field(default_factory=EventsConfig, description="KV event streams for routers.")
     log_level: Literal["debug", "info", "warning", "error", "critical"] = Field("info", description="Logging level.")
-    producer_id: str = Field("", max_length=255, description='Producer id sealed into provenance; "" = hostname:pid at start.')
+    producer_id: str = Field("", max_length=255,
+                             description='Producer id sealed into provenance; "" = hostname:pid at start.')
 
     @field_validator("log_level", mode="before")
     @classmethod

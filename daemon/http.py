@@ -96,6 +96,7 @@ class MetricsServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
+        assert task is not None  # asyncio runs each connection's handler as a task
         self._handlers.add(task)
         try:
             if len(self._handlers) > self.max_connections:

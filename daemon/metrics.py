@@ -36,7 +36,8 @@ Counted by the daemon as things happen:
     statetier_lookup_seconds                        histogram  latency of a joint-hit lookup
     statetier_lookup_hit_tokens                     histogram  tokens a lookup could restore (0 = miss)
     statetier_build_info{version,format,protocols}  gauge      1: the release, sealed-object format, frame protocols
-    process_*                                       the process collector (CPU seconds, resident memory, fds, start time)
+    process_*                                       the process collector (CPU seconds, resident memory, fds,
+                                                    start time)
 
 Read at scrape time: the families of ``daemon.metrics_scrape`` (tier usage and counters,
 recovery, checkpoints, dead segment bytes, daemon gauges, write-behind backlog, tenant usage

@@ -47,7 +47,8 @@ TIER_FAMILIES = (
     ("statetier_evictions_total", "counter", "Objects the tier evicted (demoted, or dropped with no tier below).",
      "evictions"),
     ("statetier_compactions_total", "counter", "Compaction passes run.", "compactions_run"),
-    ("statetier_compactions_blocked_total", "counter", "Compactions skipped or delayed by a lease.", "compactions_blocked"),
+    ("statetier_compactions_blocked_total", "counter", "Compactions skipped or delayed by a lease.",
+     "compactions_blocked"),
     ("statetier_compaction_reclaimed_bytes_total", "counter", "Bytes reclaimed by compaction.", "bytes_reclaimed"),
 )
 
@@ -96,7 +97,8 @@ class ScrapeTimeCollector(Collector):
         yield from self._daemon_families()
         yield from self._event_families()
         if self.redis_up is not None:
-            yield GaugeMetricFamily("statetier_redis_up", "1 when the Redis tier answered, else 0.", value=int(self.redis_up))
+            yield GaugeMetricFamily("statetier_redis_up", "1 when the Redis tier answered, else 0.",
+                                    value=int(self.redis_up))
         yield CounterMetricFamily(
             "statetier_scrape_errors_total", "Scrapes where a stats callable raised.", value=self.scrape_errors
         )

@@ -73,7 +73,7 @@ class LoadResult(msgspec.Struct, gc=False):
     payload: memoryview  # valid until the lease is released
     lease_id: int
     tier: str
-    blob: memoryview | None = None  # the whole stored object, header then payload (valid like ``payload``)
+    blob: memoryview  # the whole stored object, header then payload (valid like ``payload``)
 
 
 class LookupRequest(msgspec.Struct, frozen=True, gc=False):

@@ -39,7 +39,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, BinaryIO, Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -73,8 +73,8 @@ class DaemonProcess:
         self.settings = dict(settings or {})
         self.has_metrics = metrics
         self.metrics_port: int | None = None
-        self.proc: subprocess.Popen | None = None
-        self._log = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: BinaryIO | None = None
         self._log_offset = 0
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -123,12 +123,12 @@ class DaemonProcess:
         if self.config:
             (self.directory / "config.toml").write_text(to_toml(self.config))
         self.metrics_port = None
-        self._log = open(self.log_path, "ab")
+        log = self._log = open(self.log_path, "ab")
         self._log_offset = self.log_path.stat().st_size
-        self._log.write(f"--- starting: {' '.join(self.command())}\n".encode())
-        self._log.flush()
+        log.write(f"--- starting: {' '.join(self.command())}\n".encode())
+        log.flush()
         env = {k: v for k, v in os.environ.items() if not k.startswith("STATETIER_")}
-        groups = {} if self.group is None else {"group": self.group, "extra_groups": [self.group]}
+        groups: dict[str, Any] = {} if self.group is None else {"group": self.group, "extra_groups": [self.group]}
         self.proc = subprocess.Popen(self.command(), cwd=self.directory, stdout=self._log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, **groups)
         try:
@@ -143,8 +143,8 @@ class DaemonProcess:
         without metrics, a PING over the socket answers."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise DaemonFailed(f"the daemon exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if self._started().poll() is not None:
+                raise DaemonFailed(f"the daemon exited with {self._started().returncode}:\n{self.log_tail()}")
             if self._is_serving():
                 return
             time.sleep(0.05)
@@ -174,12 +174,17 @@ class DaemonProcess:
                 return int(line.split(marker, 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
         return None
 
+    def _started(self) -> subprocess.Popen[bytes]:
+        if self.proc is None:
+            raise RuntimeError("the daemon was never started")
+        return self.proc
+
     def send_signal(self, sig: int) -> None:
-        self.proc.send_signal(sig)
+        self._started().send_signal(sig)
 
     def wait(self, timeout: float = STOP_TIMEOUT) -> int:
         try:
-            code = self.proc.wait(timeout)
+            code = self._started().wait(timeout)
         except subprocess.TimeoutExpired:
             raise DaemonFailed(f"the daemon did not exit within {timeout} s:\n{self.log_tail()}") from None
         self._close_log()
@@ -236,7 +241,7 @@ class DaemonProcess:
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        return self._started().pid
 
     @property
     def is_running(self) -> bool:
@@ -278,9 +283,9 @@ class DaemonProcess:
         """What the daemon counted so far: ``"bytes <tier>/<op>"`` (payload bytes per tier and
         operation), ``"hits <tier>"`` (loads served from that tier), ``"promotions <src>-><dst>"``
         (subtract two readings for what one request moved)."""
-        names = {"statetier_bytes_total": lambda l: f"bytes {l.get('tier')}/{l.get('op')}",
-                 "statetier_hits_total": lambda l: f"hits {l.get('tier')}",
-                 "statetier_promotions_total": lambda l: f"promotions {l.get('src')}->{l.get('dst')}"}
+        names = {"statetier_bytes_total": lambda lb: f"bytes {lb.get('tier')}/{lb.get('op')}",
+                 "statetier_hits_total": lambda lb: f"hits {lb.get('tier')}",
+                 "statetier_promotions_total": lambda lb: f"promotions {lb.get('src')}->{lb.get('dst')}"}
         out: dict[str, int] = {}
         for (sample, labels), value in self.scrape().values.items():
             if sample in names:
@@ -330,7 +335,7 @@ def to_toml(mapping: Mapping[str, Any]) -> str:
 
 
 def _emit_table(lines: list[str], path: tuple[str, ...], mapping: Mapping[str, Any]) -> None:
-    tables = []
+    tables: list[tuple[str, Any, bool]] = []
     for key, value in mapping.items():
         if isinstance(value, Mapping):
             tables.append((key, value, False))

@@ -26,6 +26,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
@@ -178,7 +179,7 @@ class RedisServer:
         auth = f":{self.password}@" if self.password else ""
         return f"{scheme}://{auth}{HOST}:{self.port}/0"
 
-    def client(self, **kwargs: object) -> redis.Redis:
+    def client(self, **kwargs: Any) -> redis.Redis:
         """A sync redis-py client for this server (the caller closes it)."""
         return redis.Redis(**{**self._connection_kwargs(), **kwargs})
 
@@ -220,8 +221,8 @@ class RedisServer:
             "--tls-auth-clients", "yes" if self.tls.require_client_cert else "no",
         ]
 
-    def _connection_kwargs(self) -> dict[str, object]:
-        kwargs: dict[str, object] = {"host": HOST, "port": self.port, "password": self.password}
+    def _connection_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"host": HOST, "port": self.port, "password": self.password}
         if self.tls:
             kwargs.update(ssl=True, ssl_ca_certs=str(self.tls.ca_file), ssl_cert_reqs="required")
             if self.tls.require_client_cert:

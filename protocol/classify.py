@@ -45,6 +45,7 @@ from .errors import (
     UnknownKey,
     UnsupportedFormat,
 )
+from .digests import Bytes
 from .keyring import Keyring
 from .expectation import Expectation
 from .sealed import Opened, VerifiedHeaders, open_sealed
@@ -61,7 +62,7 @@ def is_damage(exc: BaseException) -> bool:
     return isinstance(exc, DAMAGE) and not isinstance(exc, UnknownKey)
 
 
-def classify(blob, expect: Expectation, keyring: Keyring, *, stored_as: bytes,
+def classify(blob: Bytes, expect: Expectation, keyring: Keyring, *, stored_as: bytes,
              verify_payload: bool = True, verified: VerifiedHeaders | None = None) -> Opened:
     """Verify ``blob`` (found under ``stored_as``) against ``expect``; see the module docstring.
     ``verified``: headers already verified, by their exact bytes (``sealed.VerifiedHeaders``)."""
@@ -75,7 +76,7 @@ def classify(blob, expect: Expectation, keyring: Keyring, *, stored_as: bytes,
         raise
 
 
-def open_intact(blob, keyring: Keyring, *, verify_payload: bool = True,
+def open_intact(blob: Bytes, keyring: Keyring, *, verify_payload: bool = True,
                 verified: VerifiedHeaders | None = None) -> Opened:
     """The object ``blob`` frames, checked for damage only (no identity: that needs an
     expectation, and is the reader's judgement). ``verified``: as for ``classify``."""
@@ -104,7 +105,7 @@ def _as_declared(view: memoryview) -> memoryview:
     return view[:declared] if 0 < declared < view.nbytes else view
 
 
-def _is_speculative(blob) -> bool:
+def _is_speculative(blob: Bytes) -> bool:
     try:
         return decode_header(blob).contains_speculative
     except RejectedState:

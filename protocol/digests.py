@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import enum
 import struct
-from typing import Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import blake3
+
+if TYPE_CHECKING:
+    import xxhash
 
 from .thresholds import PARALLEL_HASH_BYTES
 
@@ -44,7 +47,18 @@ class DigestAlg(enum.IntEnum):
 
 
 
-def digest_region(alg: DigestAlg, data) -> bytes:
+Bytes = bytes | bytearray | memoryview
+
+
+class RegionHasher(Protocol):
+    """What ``region_hasher`` returns (a blake3 hasher or an xxh3 one)."""
+
+    def update(self, data: Bytes, /) -> object: ...
+
+    def digest(self) -> bytes: ...
+
+
+def digest_region(alg: DigestAlg, data: Bytes) -> bytes:
     if alg is DigestAlg.BLAKE3:
         return blake3.blake3(data, max_threads=_threads(memoryview(data).nbytes)).digest()
     import xxhash
@@ -61,7 +75,7 @@ def hash_chunk(nbytes: int) -> int:
     return PARALLEL_CHUNK if nbytes >= PARALLEL_HASH_BYTES else COPY_CHUNK
 
 
-def region_hasher(alg: DigestAlg, nbytes: int = 0):
+def region_hasher(alg: DigestAlg, nbytes: int = 0) -> RegionHasher:
     """An incremental hasher of one region of ``nbytes`` (``update(bytes)``, ``digest()``)."""
     if alg is DigestAlg.BLAKE3:
         return blake3.blake3(max_threads=_threads(nbytes))
@@ -73,10 +87,10 @@ def region_hasher(alg: DigestAlg, nbytes: int = 0):
 class _Xxh3Region:
     __slots__ = ("_h",)
 
-    def __init__(self, h) -> None:
+    def __init__(self, h: xxhash.xxh3_128) -> None:
         self._h = h
 
-    def update(self, data) -> None:
+    def update(self, data: Bytes) -> None:
         self._h.update(data)
 
     def digest(self) -> bytes:

@@ -110,7 +110,8 @@ class TensorSpec:
         if len(self.name.encode("utf-8")) > MAX_NAME_BYTES:
             raise InvalidRequest(f"tensor name longer than {MAX_NAME_BYTES} bytes")
         if len(self.shape) > MAX_NDIM or any(not 0 <= d < 2**64 for d in self.shape):
-            raise InvalidRequest(f"tensor {quote_untrusted(self.name)}: shape must have ≤ {MAX_NDIM} dims in [0, 2**64)")
+            raise InvalidRequest(f"tensor {quote_untrusted(self.name)}: shape must have ≤ {MAX_NDIM} dims in "
+                                 f"[0, 2**64)")
 
     @property
     def nbytes(self) -> int:

@@ -46,7 +46,7 @@ an unauthenticated peer can neither flood the log nor write control characters i
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 
 class StatetierError(Exception):
@@ -60,11 +60,11 @@ class StatetierError(Exception):
         self.message = message or self.reason
         self.detail = detail
 
-    def __reduce__(self):  # keeps errors picklable for executors; never sent as pickle
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:  # keeps errors picklable for executors; never sent as pickle
         return (_rebuild, (type(self), self.message, self.detail))
 
 
-def _rebuild(cls: type[StatetierError], message: str, detail: dict) -> StatetierError:
+def _rebuild(cls: type[StatetierError], message: str, detail: dict[str, object]) -> StatetierError:
     return cls(message, **detail)
 
 
@@ -226,17 +226,16 @@ class ClientClosedError(RuntimeError):
     """The client was used after ``close()``: a programming error, not a data problem."""
 
 
-def _all_subclasses(cls: type) -> list[type]:
-    found = []
+def _all_subclasses(cls: type[StatetierError]) -> list[type[StatetierError]]:
+    found: list[type[StatetierError]] = []
     for sub in cls.__subclasses__():
         found.append(sub)
         found.extend(_all_subclasses(sub))
     return found
 
 
-ERRORS_BY_CODE: dict[int, type[StatetierError]] = {
-    cls.code: cls for cls in [StatetierError, *_all_subclasses(StatetierError)]
-}
+_ERROR_CLASSES: list[type[StatetierError]] = [StatetierError, *_all_subclasses(StatetierError)]
+ERRORS_BY_CODE: dict[int, type[StatetierError]] = {cls.code: cls for cls in _ERROR_CLASSES}
 
 
 def error_from_code(code: int, message: str = "") -> StatetierError:

@@ -14,9 +14,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .dtypes import TensorSpec
-from .errors import FingerprintMismatch, MisroutedState, NamespaceMismatch, PlacementMismatch, PositionMismatch, StaleState
+from .errors import (FingerprintMismatch, MisroutedState, NamespaceMismatch, PlacementMismatch, PositionMismatch,
+                     StaleState)
 from .identity import Kind, Namespace, StateKey, StateRef, fingerprint, stream_id
 from .sealed_format import SealedHeader
 
@@ -44,7 +46,7 @@ class Expectation:
     stream: bytes | None = None
 
     @classmethod
-    def for_ref(cls, ref: StateRef, namespace: Namespace, **extra) -> "Expectation":
+    def for_ref(cls, ref: StateRef, namespace: Namespace, **extra: Any) -> "Expectation":
         old = ref.key  # checked when the ref was made: only the namespace is the requester's
         key = old if old.namespace == namespace else StateKey.from_checked(
             namespace, old.kind, old.layer, old.prefix_hash, old.token_start, old.token_end, old.shard,
@@ -52,7 +54,7 @@ class Expectation:
         return cls(key, ref.request_id, ref.step, ref.state_id, ref.version, ref.fingerprint, **extra)
 
     @classmethod
-    def for_key(cls, key: StateKey, **extra) -> "Expectation":
+    def for_key(cls, key: StateKey, **extra: Any) -> "Expectation":
         return cls(key, **extra)
 
     @property

@@ -89,6 +89,9 @@ class Op(enum.IntEnum):
 _OPS = {op.value: op for op in Op}
 
 
+FrameData = bytes | bytearray | memoryview
+
+
 class Frame(msgspec.Struct, frozen=True, gc=False):
     """One frame. ``data`` is ``bytes``, or a memoryview for a large received frame.
     ``meta``: a dict (JSON), a ``msgspec.Struct`` to send, or the MessagePack bytes received
@@ -98,7 +101,7 @@ class Frame(msgspec.Struct, frozen=True, gc=False):
     op: Op
     request_id: int
     meta: Any
-    data: bytes | memoryview = b""
+    data: FrameData = b""
     flags: int = 0
 
     @property
@@ -123,7 +126,7 @@ def frame_too_large(size: int, limit: int, *, announced: bool = False) -> FrameT
         size=size, limit=limit)
 
 
-def encode_frame(frame: Frame, max_frame_size: int = DEFAULT_MAX_FRAME) -> list[bytes | memoryview]:
+def encode_frame(frame: Frame, max_frame_size: int = DEFAULT_MAX_FRAME) -> list[bytes | bytearray | memoryview]:
     """Return ``[header + meta]`` or ``[header + meta, data]``; ``data`` is not copied."""
     flags = frame.flags | FLAG_BINARY if isinstance(frame.meta, msgspec.Struct) else frame.flags
     op = _check_header_fields(frame.op, flags, frame.request_id)
@@ -308,6 +311,7 @@ class FrameDecoder:
         return _Header(op, flags, request_id, meta_len, _PREFIX_SIZE + length)
 
     def _start_large(self) -> None:
+        assert self._header is not None  # parsed just before
         body = bytearray(self._header.total - HEADER_SIZE)
         take = min(self._end - self._start - HEADER_SIZE, len(body))
         offset = self._start + HEADER_SIZE
@@ -316,13 +320,16 @@ class FrameDecoder:
         self._body, self._body_filled = body, take
 
     def _finish_large(self) -> Frame:
-        header, body = self._header, memoryview(self._body)
+        header, large = self._header, self._body
+        assert header is not None and large is not None  # a large frame is under way
+        body = memoryview(large)
         self._header, self._body, self._body_filled = None, None, 0
         meta = _decode_meta(bytes(body[: header.meta_len]), header.flags)
         return Frame(header.op, header.request_id, meta, body[header.meta_len :], header.flags)
 
     def _finish_small(self) -> Frame:
         header, self._header = self._header, None
+        assert header is not None  # the frame's header is parsed
         meta_at = self._start + HEADER_SIZE
         data_at = meta_at + header.meta_len
         meta = _decode_meta(bytes(self._view[meta_at:data_at]), header.flags)
@@ -347,7 +354,7 @@ def _decode_meta(raw: bytes, flags: int) -> Any:
     return meta
 
 
-def _holds_lone_surrogate(meta: dict) -> bool:
+def _holds_lone_surrogate(meta: dict[str, Any]) -> bool:
     """Whether any key or string in ``meta`` is not text UTF-8 can carry (``"\\udc80"``):
     such a string would fail later, wherever it is encoded, as an internal error."""
     stack: list[Any] = [meta]
@@ -370,7 +377,7 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     meta = dict(pairs)
     if len(meta) != len(pairs):
         raise ValueError("duplicate key in JSON object")
@@ -402,7 +409,7 @@ def negotiate(offered: Any, supported: tuple[int, ...] = PROTOCOL_VERSIONS) -> i
         isinstance(v, int) and not isinstance(v, bool) for v in offered
     ):
         raise MalformedFrame(f"protocol versions must be a list of integers, not {offered!r:.100}")
-    common = set(offered) & set(supported)
+    common: set[int] = set(offered) & set(supported)
     if not common:
         raise UnsupportedProtocol(
             f"no common protocol version: peer offers {offered!r:.100}, "

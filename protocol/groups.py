@@ -22,10 +22,13 @@ Sans-I/O: used by the daemon (puts, partial loads, lookups by group) and the SDK
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Sequence, TypeVar, cast
 
+from .dtypes import TensorSpec
 from .errors import InvalidRequest, PlacementMismatch, quote_untrusted
 from .identity import MAX_U32, Kind, Namespace, StateKey
+
+T = TypeVar("T")
 
 _SEPARATOR = "."
 
@@ -97,10 +100,10 @@ def check_layers(key: StateKey, layers: Sequence[int]) -> None:
         raise PlacementMismatch(f"layers {other} are not in group {key.layer} (layers {list(key.group_layers)})")
 
 
-def chosen(tensors: Sequence, layers: Sequence[int] | None) -> list:
+def chosen(tensors: Sequence[T], layers: Sequence[int] | None) -> list[T]:
     """The items of ``tensors`` (descriptors, with ``.spec``, or specs) of the chosen layers,
     in payload order; all of them when ``layers`` is None."""
     if layers is None:
         return list(tensors)
     wanted = set(layers)
-    return [t for t in tensors if split_region_name(getattr(t, "spec", t).name)[0] in wanted]
+    return [t for t in tensors if split_region_name(cast(TensorSpec, getattr(t, "spec", t)).name)[0] in wanted]

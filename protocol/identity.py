@@ -203,10 +203,10 @@ class StateKey:
     def tokens_absorbed(self) -> int:
         return self.token_end
 
-    def placement(self) -> tuple:
+    def placement(self) -> tuple[Kind, int, tuple[int, ...], int]:
         return (self.kind, self.layer, self.group_layers, self.shard)
 
-    def position(self) -> tuple:
+    def position(self) -> tuple[bytes, int, int]:
         return (self.prefix_hash, self.token_start, self.token_end)
 
     def encode(self) -> bytes:

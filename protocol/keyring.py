@@ -26,8 +26,13 @@ import hmac
 import json
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from .errors import ConfigError
 
@@ -77,7 +82,7 @@ class SigningKey:
     public: bytes = b""
     created_at_ns: int = 0
     not_after_ns: int | None = None
-    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+    _cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def can_sign(self) -> bool:
@@ -85,7 +90,7 @@ class SigningKey:
 
     @property
     def digest_key(self) -> bytes:
-        cached = self._cache.get("digest_key")
+        cached: bytes | None = self._cache.get("digest_key")
         if cached is None:
             material = self.secret if self.alg is SigAlg.HMAC_SHA256 else self.public
             cached = self._cache["digest_key"] = _derive_digest_key(material or b"")
@@ -96,7 +101,7 @@ class SigningKey:
             raise ConfigError(f"key {self.key_id.hex()} holds no secret: it can verify, not sign")
         if self.alg is SigAlg.HMAC_SHA256:
             return hmac.digest(self.secret, message, "sha256")
-        return self._private().sign(bytes(message))
+        return self._private(self.secret).sign(bytes(message))
 
     def verify(self, message: bytes | memoryview, signature: bytes | memoryview) -> bool:
         if self.alg is SigAlg.HMAC_SHA256:
@@ -111,16 +116,16 @@ class SigningKey:
             return False
         return True
 
-    def _private(self):
-        key = self._cache.get("private")
+    def _private(self, secret: bytes) -> Ed25519PrivateKey:
+        key: Ed25519PrivateKey | None = self._cache.get("private")
         if key is None:
             from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-            key = self._cache["private"] = Ed25519PrivateKey.from_private_bytes(self.secret)
+            key = self._cache["private"] = Ed25519PrivateKey.from_private_bytes(secret)
         return key
 
-    def _public(self):
-        key = self._cache.get("public")
+    def _public(self) -> Ed25519PublicKey:
+        key: Ed25519PublicKey | None = self._cache.get("public")
         if key is None:
             from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -154,8 +159,8 @@ class SigningKey:
             raise ConfigError("an HMAC key has no public half; share the cluster key instead")
         return replace(self, secret=None, _cache={})
 
-    def to_json(self) -> dict:
-        out = {
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
             "id": self.key_id.hex(),
             "alg": self.alg.label,
             "created_at_ns": self.created_at_ns,
@@ -168,7 +173,7 @@ class SigningKey:
         return out
 
     @classmethod
-    def from_json(cls, data: dict) -> "SigningKey":
+    def from_json(cls, data: dict[str, Any]) -> "SigningKey":
         try:
             key_id = bytes.fromhex(data["id"])
             alg = SigAlg.from_label(data["alg"])
@@ -193,7 +198,7 @@ class SigningKey:
 class Keyring:
     """Keys by id; one of them, holding a secret, is active for signing."""
 
-    def __init__(self, keys: list[SigningKey] = (), active_id: bytes | None = None) -> None:
+    def __init__(self, keys: Iterable[SigningKey] = (), active_id: bytes | None = None) -> None:
         self._keys: dict[bytes, SigningKey] = {k.key_id: k for k in keys}
         if active_id is not None and active_id not in self._keys:
             raise ConfigError(f"active key {active_id.hex()} is not in the keyring")
@@ -245,7 +250,7 @@ class Keyring:
         """The public halves of Ed25519 keys: what consumers verify with."""
         return Keyring([k.public_only() for k in self._keys.values() if k.alg is SigAlg.ED25519])
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "format": KEYRING_FORMAT,
             "active": self._active_id.hex() if self._active_id else None,
@@ -253,7 +258,7 @@ class Keyring:
         }
 
     @classmethod
-    def from_json(cls, data: dict) -> "Keyring":
+    def from_json(cls, data: dict[str, Any]) -> "Keyring":
         if not isinstance(data, dict) or data.get("format") != KEYRING_FORMAT:
             raise ConfigError(f"not a statetier keyring (expected format {KEYRING_FORMAT!r})")
         keys = [SigningKey.from_json(entry) for entry in data.get("keys") or []]
@@ -264,7 +269,7 @@ class Keyring:
             raise ConfigError("keyring 'active' must be a hex key id") from None
         return cls(keys, active_id)
 
-    def save(self, path: str | os.PathLike) -> None:
+    def save(self, path: str | os.PathLike[str]) -> None:
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -276,7 +281,7 @@ class Keyring:
         os.replace(tmp, path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "Keyring":
+    def load(cls, path: str | os.PathLike[str]) -> "Keyring":
         try:
             data = json.loads(Path(path).read_text())
         except FileNotFoundError:

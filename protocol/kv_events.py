@@ -30,7 +30,7 @@ tagged array ``["BlockStored", block_hashes, parent, token_ids, block_size, lora
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 import msgspec
 from msgspec import Meta, Struct
@@ -98,7 +98,7 @@ def encode_batch(ts: float, events: list[Event], encoding: Encoding = "map") -> 
     return _ENCODER.encode([float(ts), [as_wire(event) for event in events]])
 
 
-def _as_map(event: Event) -> dict:
+def _as_map(event: Event) -> dict[str, object]:
     if isinstance(event, BlockStored):
         return {"type": "BlockStored", "block_hashes": list(event.block_hashes),
                 "parent_block_hash": event.parent_block_hash, "token_ids": list(event.token_ids),
@@ -108,7 +108,7 @@ def _as_map(event: Event) -> dict:
     return {"type": "AllBlocksCleared"}
 
 
-def _as_array(event: Event) -> list:
+def _as_array(event: Event) -> list[object]:
     if isinstance(event, BlockStored):
         return ["BlockStored", list(event.block_hashes), event.parent_block_hash, list(event.token_ids),
                 event.block_size, event.lora_id, event.medium]
@@ -130,7 +130,7 @@ def decode_batch(raw: bytes) -> tuple[float, list[Event]]:
         raise InvalidRequest(f"not a KV event batch: {exc}") from None
 
 
-def _event_of(item) -> Event:
+def _event_of(item: Any) -> Event:
     if isinstance(item, dict):
         kind = item["type"]
         if kind == "BlockStored":

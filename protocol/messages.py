@@ -18,14 +18,19 @@ The requests per opcode are documented in docs/frames.md ("Requests").
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from .dtypes import TensorSpec
 from .errors import InvalidRequest, StatetierError
 from .identity import Kind, Namespace, Provenance, StateKey, StateRef
+from .sealed_format import SealedHeader
+
+T = TypeVar("T")
 
 
-def field(meta: dict, name: str, kind: type | tuple[type, ...], *, default: Any = ..., optional: bool = False):
+def field(meta: dict[str, Any], name: str, kind: type | tuple[type, ...], *, default: Any = ...,
+          optional: bool = False) -> Any:
     """``meta[name]`` checked against ``kind``; missing → default, or InvalidRequest."""
     if name not in meta or (optional and meta[name] is None):
         if default is not ...:
@@ -41,7 +46,7 @@ def field(meta: dict, name: str, kind: type | tuple[type, ...], *, default: Any 
     return value
 
 
-def _hex(meta: dict, name: str, size: int | None = None) -> bytes:
+def _hex(meta: dict[str, Any], name: str, size: int | None = None) -> bytes:
     text = field(meta, name, str)
     try:
         raw = bytes.fromhex(text)
@@ -52,7 +57,7 @@ def _hex(meta: dict, name: str, size: int | None = None) -> bytes:
     return raw
 
 
-def build_value(what: str, factory, *args):
+def build_value(what: str, factory: Callable[..., T], *args: Any) -> T:
     """``factory(*args)``, a ``TypeError``/``ValueError`` turned into ``InvalidRequest``."""
     try:
         return factory(*args)
@@ -62,8 +67,8 @@ def build_value(what: str, factory, *args):
         raise InvalidRequest(f"bad {what}: {exc}") from exc
 
 
-def key_to_wire(key: StateKey) -> dict:
-    out = {
+def key_to_wire(key: StateKey) -> dict[str, Any]:
+    out: dict[str, Any] = {
         "ns": key.namespace.hex(),
         "kind": key.kind.name.lower(),
         "layer": key.layer,
@@ -77,7 +82,7 @@ def key_to_wire(key: StateKey) -> dict:
     return out
 
 
-def key_from_wire(meta: dict) -> StateKey:
+def key_from_wire(meta: dict[str, Any]) -> StateKey:
     if not isinstance(meta, dict):
         raise InvalidRequest("key must be an object")
     group = field(meta, "group", list, default=[])
@@ -94,12 +99,12 @@ def key_from_wire(meta: dict) -> StateKey:
     )
 
 
-def provenance_to_wire(prov: Provenance) -> dict:
+def provenance_to_wire(prov: Provenance) -> dict[str, Any]:
     return {"request_id": prov.request_id, "step": prov.step, "producer": prov.producer_id,
             "created_at_ns": prov.created_at_ns}
 
 
-def provenance_from_wire(meta: dict) -> Provenance:
+def provenance_from_wire(meta: dict[str, Any]) -> Provenance:
     if not isinstance(meta, dict):
         raise InvalidRequest("provenance must be an object")
     return build_value(
@@ -111,12 +116,12 @@ def provenance_from_wire(meta: dict) -> Provenance:
     )
 
 
-def ref_to_wire(ref: StateRef) -> dict:
+def ref_to_wire(ref: StateRef) -> dict[str, Any]:
     return {"key": key_to_wire(ref.key), "request_id": ref.request_id, "step": ref.step,
             "state_id": ref.state_id.hex(), "version": ref.version, "fingerprint": ref.fingerprint.hex()}
 
 
-def ref_from_wire(meta: dict) -> StateRef:
+def ref_from_wire(meta: dict[str, Any]) -> StateRef:
     if not isinstance(meta, dict):
         raise InvalidRequest("ref must be an object")
     return build_value(
@@ -130,14 +135,14 @@ def ref_from_wire(meta: dict) -> StateRef:
     )
 
 
-def specs_to_wire(specs) -> list:
+def specs_to_wire(specs: Iterable[TensorSpec]) -> list[list[Any]]:
     return [[s.name, s.dtype, list(s.shape)] for s in specs]
 
 
-def specs_from_wire(items) -> tuple[TensorSpec, ...]:
+def specs_from_wire(items: object) -> tuple[TensorSpec, ...]:
     if not isinstance(items, list):
         raise InvalidRequest("tensors must be a list")
-    out = []
+    out: list[TensorSpec] = []
     for item in items:
         if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)
                 and isinstance(item[1], str) and isinstance(item[2], list)
@@ -147,7 +152,7 @@ def specs_from_wire(items) -> tuple[TensorSpec, ...]:
     return tuple(out)
 
 
-def header_to_wire(header) -> dict:
+def header_to_wire(header: SealedHeader) -> dict[str, Any]:
     """What a client needs to rebuild tensors from a loaded object's payload."""
     return {
         "ref": ref_to_wire(header.ref()),
@@ -158,9 +163,9 @@ def header_to_wire(header) -> dict:
     }
 
 
-def header_from_wire(meta: dict) -> tuple[StateRef, list[tuple[TensorSpec, int]], int]:
+def header_from_wire(meta: dict[str, Any]) -> tuple[StateRef, list[tuple[TensorSpec, int]], int]:
     ref = ref_from_wire(field(meta, "ref", dict))
-    tensors = []
+    tensors: list[tuple[TensorSpec, int]] = []
     for item in field(meta, "tensors", list):
         if not (isinstance(item, list) and len(item) == 4 and isinstance(item[3], int)):
             raise InvalidRequest("each loaded tensor must be [name, dtype, [dims…], offset]")

@@ -29,9 +29,9 @@ region digests, so a single pass over the bytes seals or verifies everything.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
-from .digests import DigestAlg, digest_region, hash_chunk, payload_digest_of, region_hasher
+from .digests import Bytes, DigestAlg, digest_region, hash_chunk, payload_digest_of, region_hasher
 from .dtypes import TensorSpec
 from .errors import (BadSignature, CorruptPayload, DestinationMismatch, InvalidRequest, TruncatedState, UnknownKey,
                      UnsupportedFormat)
@@ -76,7 +76,7 @@ def seal(
     key: StateKey,
     provenance: Provenance,
     layout: PayloadLayout,
-    payload,
+    payload: Bytes,
     *,
     keyring: Keyring,
     state_id: bytes,
@@ -104,8 +104,8 @@ def seal(
                           state_id, version, digest_alg, flags, fingerprint)
 
 
-def seal_object(key: StateKey, provenance: Provenance, tensors: Sequence[tuple[TensorSpec, object]],
-                **options) -> bytes:
+def seal_object(key: StateKey, provenance: Provenance, tensors: Sequence[tuple[TensorSpec, Bytes]],
+                **options: Any) -> bytes:
     """Seal tensors given as (spec, buffer) pairs into one ``header + payload`` blob."""
     layout = layout_payload([spec for spec, _ in tensors])
     payload = bytearray(layout.payload_len)
@@ -126,7 +126,7 @@ def unknown_key(key_id: bytes) -> UnknownKey:
                       f"and a rotation must keep the old key until its grace ends. The object is left in place")
 
 
-def _check_signature(view: memoryview, prefix: tuple, keyring: Keyring) -> None:
+def _check_signature(view: memoryview, prefix: tuple[Any, ...], keyring: Keyring) -> None:
     _magic, _fmt, sig_code, _dig, header_len, _res, _plen, key_id = prefix
     key = keyring.get_for_verify(key_id)
     if key is None:
@@ -179,7 +179,7 @@ class VerifiedHeaders:
             self._headers.put(header_bytes, _Verified(header, key))
 
 
-def open_sealed(blob, expect: Expectation | None, keyring: Keyring, *, verify_payload: bool = True,
+def open_sealed(blob: Bytes, expect: Expectation | None, keyring: Keyring, *, verify_payload: bool = True,
                 verified: VerifiedHeaders | None = None) -> Opened:
     """Verify ``blob`` against ``expect`` in DESIGN §4 order; return header + payload view.
 
@@ -228,11 +228,11 @@ def _check_tensors(header: SealedHeader, expect: Expectation | None) -> None:
                                       f"expected {[(s.name, s.dtype, s.shape) for s in expect.tensors]}")
 
 
-def check_payload(header: SealedHeader, payload) -> None:
+def check_payload(header: SealedHeader, payload: Bytes) -> None:
     """Recompute every region digest and the payload digest of ``payload`` (needs no key:
     the digests are unkeyed; the header that binds them must have been verified)."""
     payload = memoryview(payload).cast("B")
-    digests = []
+    digests: list[bytes] = []
     for t in header.tensors:
         digest = digest_region(header.digest_alg, payload[t.offset : t.offset + t.region])
         if digest != t.digest:
@@ -247,7 +247,7 @@ def check_payload_digest(header: SealedHeader, region_digests: Sequence[bytes]) 
         raise CorruptPayload("payload digest mismatch")
 
 
-def verify_payload_only(header: SealedHeader, payload, keyring: Keyring | None = None) -> None:
+def verify_payload_only(header: SealedHeader, payload: Bytes, keyring: Keyring | None = None) -> None:
     """Re-check the payload of an already opened header (bytes copied to where they land).
 
     ``keyring`` is accepted for callers of format 1, whose digests were keyed; format 2
@@ -257,7 +257,7 @@ def verify_payload_only(header: SealedHeader, payload, keyring: Keyring | None =
     check_payload(header, payload)
 
 
-def parse_header(header_bytes) -> SealedHeader:
+def parse_header(header_bytes: Bytes) -> SealedHeader:
     """Parse a header given without its payload (what a daemon sends a client beside the
     payload it placed elsewhere). Verifies nothing: the daemon checked the signature."""
     view = memoryview(header_bytes).cast("B")

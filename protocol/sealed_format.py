@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from . import dtypes
-from .digests import DigestAlg
+from .digests import Bytes, DigestAlg
 from .dtypes import TensorSpec
 from .errors import InvalidRequest, MalformedState, TruncatedState
 from .identity import Kind, Namespace, Provenance, StateKey, StateRef, fingerprint, stream_id
@@ -124,7 +124,7 @@ class SealedHeader:
         return StateRef(self.key, self.provenance.request_id, self.provenance.step,
                         self.state_id, self.version, self.fingerprint)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """A JSON-ready view for ``statetier inspect`` and logs."""
         return {
             "format_version": self.format_version,
@@ -158,8 +158,9 @@ class SealedHeader:
         }
 
 
-def encode_header(key, provenance, layout, region_digests, payload_digest, signer: SigningKey,
-                  state_id, version, digest_alg, flags, fingerprint_bytes: bytes | None = None) -> bytes:
+def encode_header(key: StateKey, provenance: Provenance, layout: PayloadLayout, region_digests: Sequence[bytes],
+                  payload_digest: bytes, signer: SigningKey, state_id: bytes, version: int, digest_alg: DigestAlg,
+                  flags: int, fingerprint_bytes: bytes | None = None) -> bytes:
     """The signed header of ``layout``'s payload, given its region and payload digests
     (and the identity's fingerprint, computed here unless given)."""
     request_id = provenance.request_id.encode()
@@ -201,7 +202,7 @@ def header_length(key: StateKey, provenance: Provenance, specs: Sequence[TensorS
     return -(-(unsigned + sig_alg.signature_bytes) // ALIGN) * ALIGN
 
 
-def read_prefix(view: memoryview) -> tuple:
+def read_prefix(view: memoryview) -> tuple[Any, ...]:
     """The fixed prefix of a header, once its length and magic are right."""
     if view.nbytes < PREFIX_BYTES:
         raise TruncatedState(f"{view.nbytes} bytes is shorter than the {PREFIX_BYTES}-byte prefix")
@@ -211,7 +212,7 @@ def read_prefix(view: memoryview) -> tuple:
     return prefix
 
 
-def frame_object(blob) -> tuple[memoryview, tuple]:
+def frame_object(blob: Bytes) -> tuple[memoryview, tuple[Any, ...]]:
     """``header + payload`` as a byte view and its prefix, once the lengths add up."""
     view = memoryview(blob).cast("B")
     prefix = read_prefix(view)
@@ -223,13 +224,13 @@ def frame_object(blob) -> tuple[memoryview, tuple]:
     return view, prefix
 
 
-def decode_header(blob) -> SealedHeader:
+def decode_header(blob: Bytes) -> SealedHeader:
     """Parse a header without verifying it; raises ``TruncatedState`` / ``MalformedState``."""
     view, prefix = frame_object(blob)
     return parse_fields(view, prefix)
 
 
-def parse_fields(view: memoryview, prefix: tuple) -> SealedHeader:
+def parse_fields(view: memoryview, prefix: tuple[Any, ...]) -> SealedHeader:
     """The header after its ``prefix`` (from ``frame_object`` / ``read_prefix``), parsed;
     ``MalformedState`` when its fields do not parse or overrun ``header_len``."""
     _magic, fmt, sig_code, dig_code, header_len, _res, payload_len, key_id = prefix

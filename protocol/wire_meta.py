@@ -13,9 +13,9 @@ in 3.6 µs and decode in 9.8 µs (5.1 KB); a fixed ``struct`` layout walked in P
 - Identity: ``Key``, ``Ref``, ``Spec``, ``Origin`` (provenance) and the converters
   ``key_of`` / ``wire_key``, ``ref_of`` / ``wire_ref``, ``specs_of`` / ``wire_specs``,
   ``provenance_of`` / ``wire_provenance`` (a bad value is ``InvalidRequest``).
-- Requests: ``PutMeta`` (its ``tag``: a ``protocol.kv_events.BlockTag``), ``PutBatchMeta``, ``LoadMeta``, ``LoadBatchMeta``, ``LookupMeta``,
-  ``ReleaseMeta``; every one may carry ``trace`` (phase timings wanted) and ``free_regions``
-  (load-window regions given back in passing).
+- Requests: ``PutMeta`` (its ``tag``: a ``protocol.kv_events.BlockTag``), ``PutBatchMeta``, ``LoadMeta``,
+  ``LoadBatchMeta``, ``LookupMeta``, ``ReleaseMeta``; every one may carry ``trace`` (phase timings
+  wanted) and ``free_regions`` (load-window regions given back in passing).
 - Replies: ``PutAnswer`` (a PUT's reply, and each item of ``PutBatchReply``), ``LoadAnswer``
   (likewise for loads), ``LookupReply``, ``ReleaseReply``; ``ErrorInfo`` is a batch item's
   error (the fields of an error frame).
@@ -30,7 +30,8 @@ with a default, so that a peer that sends fewer still decodes.
 
 from __future__ import annotations
 
-from typing import Annotated, TypeVar
+from collections.abc import Iterable
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 from msgspec import Meta, Struct
@@ -226,17 +227,16 @@ REQUESTS: dict[Op, type[Struct]] = {
 
 S = TypeVar("S", bound=Struct)
 _ENCODER = msgspec.msgpack.Encoder()
-_DECODERS: dict[type, msgspec.msgpack.Decoder] = {
-    cls: msgspec.msgpack.Decoder(cls)
-    for cls in (*REQUESTS.values(), PutAnswer, PutBatchReply, LoadAnswer, LoadBatchReply, LookupReply, ReleaseReply)
-}
+_DECODED: tuple[type[Struct], ...] = (*REQUESTS.values(), PutAnswer, PutBatchReply, LoadAnswer, LoadBatchReply,
+                                      LookupReply, ReleaseReply)
+_DECODERS: dict[type[Struct], msgspec.msgpack.Decoder[Any]] = {cls: msgspec.msgpack.Decoder(cls) for cls in _DECODED}
 
 
 def encode(meta: Struct) -> bytes:
     return _ENCODER.encode(meta)
 
 
-def decode(cls: type[S], raw) -> S:
+def decode(cls: type[S], raw: bytes | bytearray | memoryview) -> S:
     """A request's meta; ``InvalidRequest`` naming the field when it is not a ``cls``."""
     try:
         return _decoder(cls).decode(raw)
@@ -244,7 +244,7 @@ def decode(cls: type[S], raw) -> S:
         raise InvalidRequest(f"{cls.__name__}: {exc}") from None
 
 
-def decode_reply(cls: type[S], raw) -> S:
+def decode_reply(cls: type[S], raw: bytes | bytearray | memoryview) -> S:
     """A reply's meta; ``MalformedFrame`` when the daemon sent something else."""
     try:
         return _decoder(cls).decode(raw)
@@ -252,7 +252,7 @@ def decode_reply(cls: type[S], raw) -> S:
         raise MalformedFrame(f"{cls.__name__} reply: {exc}") from None
 
 
-def _decoder(cls: type) -> msgspec.msgpack.Decoder:
+def _decoder(cls: type[S]) -> msgspec.msgpack.Decoder[S]:
     decoder = _DECODERS.get(cls)
     if decoder is None:
         decoder = _DECODERS[cls] = msgspec.msgpack.Decoder(cls)
@@ -298,7 +298,7 @@ def specs_of(items: tuple[Spec, ...]) -> tuple[TensorSpec, ...]:
     return specs
 
 
-def wire_specs(specs) -> tuple[Spec, ...]:
+def wire_specs(specs: Iterable[TensorSpec]) -> tuple[Spec, ...]:
     return tuple(Spec(s.name, s.dtype, tuple(s.shape)) for s in specs)
 
 

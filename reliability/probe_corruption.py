@@ -20,7 +20,6 @@ import asyncio
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +27,7 @@ from pathlib import Path
 from harness import (Budget, DaemonProcess, ProbeResult, Promise, RedisServer, internal_errors, key_prefix,
                      note_failures, passed, payload,
                      started_again)
-from statetier.protocol.errors import NotFound, RejectedState, StatetierError
+from statetier.protocol.errors import NotFound, RejectedState
 from statetier.protocol.keyring import Keyring
 from statetier.tiers.disk.records import RecordCodec
 from statetier.tiers.disk.segments import RECORD_HEADER_BYTES, SegmentFile

@@ -14,7 +14,6 @@ serve again on its own.
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import subprocess
 import tempfile
@@ -202,7 +201,7 @@ async def _full_disk(result: ProbeResult) -> None:
         result.faults += 1
         if not refused:
             result.fail("full disk: no put was refused")
-        for seed, size, ref in tally.acked[: len(tally.acked) // 2]:  # make room
+        for _seed, _size, ref in tally.acked[: len(tally.acked) // 2]:  # make room
             await wire.delete(ref)
         tally.acked = tally.acked[len(tally.acked) // 2:]
         took = await _until_serving(lambda: tally.put(wire, 64 << 10), result, "full disk freed")

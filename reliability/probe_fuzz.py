@@ -272,7 +272,7 @@ async def _fuzzer(url_path: str, templates: Templates, rng: random.Random, deadl
                 continue
             writer.write(hello)
             await _read_replies(reader, 1, time.monotonic() + REPLY_TIMEOUT)
-            frames, sent = [], 0
+            frames = []
             for index in range(BATCH):
                 op, meta, data, flags = templates.request(rng)
                 request_id = rng.choice([index + 1] * 30 + [0, 1, 2**64 - 1])

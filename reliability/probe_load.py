@@ -18,9 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -120,7 +118,7 @@ async def run(budget: Budget, result: ProbeResult) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
         procs = [subprocess.Popen([sys.executable, str(HERE / "load_worker.py"), daemon.url, str(i), str(seconds),
                                    str(out_dir / f"{i}.json")], env=env) for i in range(workers)]
-        slow_started, slow_bytes = time.monotonic(), 0
+        slow_bytes = 0
         for proc in procs:  # the slow reader: the first stalled client reads 4 KiB now and then
             while proc.poll() is None and time.monotonic() - started < seconds + 60:
                 try:

@@ -24,14 +24,13 @@ import datetime
 import ipaddress
 import random
 import ssl
-import sys
 import tempfile
 from pathlib import Path
 
 from harness import (Budget, DaemonProcess, ProbeResult, Promise, RedisServer, internal_errors, key_prefix,
                      note_failures, payload)
 from statetier.daemon.server.auth import token_sha256
-from statetier.protocol.errors import Forbidden, RejectedState, StatetierError
+from statetier.protocol.errors import Forbidden, StatetierError
 from statetier.protocol.keyring import Keyring
 from statetier.protocol.messages import ref_from_wire
 from statetier.protocol.sealed import decode_header, layout_payload, seal

@@ -190,8 +190,8 @@ async def run(torch) -> int:
 
     report = Report()
     print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
-    async with HostTier(HostTierOptions(1024 * MIB, pin_memory=True)) as host,
-                                        DeviceTier(DeviceTierOptions(1024 * MIB, device="cuda")) as device:
+    async with (HostTier(HostTierOptions(1024 * MIB, pin_memory=True)) as host,
+                DeviceTier(DeviceTierOptions(1024 * MIB, device="cuda")) as device):
         arena = torch.frombuffer(host.arena_view, dtype=torch.uint8)
         report.check("host arena is registered as pinned memory (is_pinned)", host.is_pinned and arena.is_pinned())
         del arena

@@ -22,7 +22,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 README_REDIS = "redis://127.0.0.1:6379/0"

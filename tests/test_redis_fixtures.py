@@ -92,7 +92,7 @@ def test_a_taken_port_is_a_clear_error(redis_server: RedisServer) -> None:
         server.start(redis_server.port)
     assert not server.is_running
     with pytest.raises(RuntimeError, match="not started"):
-        server.dir  # the failed start left no temp dir behind
+        _ = server.dir  # the failed start left no temp dir behind
 
 
 def test_failed_start_shows_the_log_tail() -> None:

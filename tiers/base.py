@@ -191,6 +191,11 @@ class Tier(abc.ABC):
     async def read(self, lease: Lease) -> memoryview:
         """The sealed object's bytes, valid until ``complete_load(lease)``."""
 
+    async def read_into(self, lease: Lease, dest: memoryview) -> object:
+        """``read`` straight into ``dest`` (the object's exact size): only a tier that
+        ``reads_in_place`` has it."""
+        raise NotImplementedError(f"the {self.name} tier does not read in place")
+
     @abc.abstractmethod
     async def complete_load(self, lease: Lease) -> None: ...
 

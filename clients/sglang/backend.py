@@ -54,7 +54,7 @@ class HiCacheBackend:
         self.registered_pools: dict[str, Any] = {}
         self.mem_pool_host = None
         self.refused: collections.Counter[str] = collections.Counter()
-        self.served = collections.Counter()
+        self.served: collections.Counter[str] = collections.Counter()
         self._client: Client | None = None
         self._identity: HiCacheIdentity | None = None
         self._stored: dict[StateKey, Any] = {}
@@ -205,6 +205,7 @@ class HiCacheBackend:
                 self._client = Client(o.url, namespace=self._identity.spec, tenant=o.tenant, token=o.token,
                                       use_shm=o.use_shm, timeout=o.timeout,
                                       producer_id=f"sglang-{self.storage_config.tp_rank}").connect()
+            assert self._identity is not None  # made with the client
             return self._client, self._identity
 
     def _pages(self, pool_name: str) -> PoolPages:
@@ -254,7 +255,7 @@ class HiCacheBackend:
         views = [pages.views(slot) for slot, _ in plan]
         try:
             if views[0] is not None:  # page-first: straight into the pool's own memory
-                client.load_many(keys, into=[dict(v) for v in views])
+                client.load_many(keys, into=[dict(v) for v in views if v is not None])  # all: one pool
             else:
                 loaded = client.load_many(keys, expect=pages.expected(plan[0][0]))
                 for (slot, _), tensors in zip(plan, loaded):

@@ -60,8 +60,8 @@ from .identity import config_digest, namespace_for, weights_fingerprint
 __all__ = [
     "QUIRKS", "CachePlan", "LayerPlan", "Quirks", "SavedState",
     "apply_kv", "apply_ssm", "boundaries_for", "cache_plan", "check_client", "config_digest", "expected_refs",
-    "fill_cache", "forward_from", "groups_of", "kv_tensors", "lookup_restorable", "lookup_restorable_async", "lookup_state",
-    "lookup_state_async", "namespace_for", "new_cache", "put_items", "quirks_for", "restore_cache", "restore_cache_async",
-    "save_cache", "save_cache_async", "saved_from_lookup", "saved_from_refs", "ssm_tensors", "state_key",
-    "weights_fingerprint",
+    "fill_cache", "forward_from", "groups_of", "kv_tensors", "lookup_restorable", "lookup_restorable_async",
+    "lookup_state", "lookup_state_async", "namespace_for", "new_cache", "put_items", "quirks_for", "restore_cache",
+    "restore_cache_async", "save_cache", "save_cache_async", "saved_from_lookup", "saved_from_refs", "ssm_tensors",
+    "state_key", "weights_fingerprint",
 ]

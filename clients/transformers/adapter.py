@@ -165,6 +165,7 @@ def expected_refs(namespace: Namespace, spec: NamespaceSpec, plan: CachePlan, so
     out = []
     for kind, group in groups.items():
         ref = handed[kind]
+        assert ref is not None  # a planned group missing its ref was refused above
         request_id = source.request_id if source.request_id is not None else ref.request_id
         step = source.step if source.step is not None else ref.step
         out.append(StateRef(state_key(namespace, group, prefix, tokens), request_id, step, ref.state_id, ref.version))

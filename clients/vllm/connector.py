@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from statetier.protocol.errors import InvalidRequest, StatetierError
 from statetier.protocol.identity import Kind
@@ -127,7 +127,7 @@ def saves_decode_tokens(cfg: ConnectorConfig, vllm_config) -> bool:
 
 
 def _build_classes() -> dict[str, type]:
-    base = importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.base")
+    base: Any = importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.base")
     from .jobs import StepMeta
     from .metrics import metric_classes
     from .scheduler import ScheduledStep, SchedulerSide
@@ -162,16 +162,28 @@ def _build_classes() -> dict[str, type]:
 
                 self._worker = WorkerSide(cfg, self._layout, spec, shard=get_tensor_model_parallel_rank())
 
+        @property
+        def _scheduler_side(self) -> SchedulerSide:
+            if self._scheduler is None:
+                raise RuntimeError("a scheduler-side call on a worker's statetier connector")
+            return self._scheduler
+
+        @property
+        def _worker_side(self) -> WorkerSide:
+            if self._worker is None:
+                raise RuntimeError("a worker-side call on the scheduler's statetier connector")
+            return self._worker
+
         # -- scheduler side ---------------------------------------------------------------
 
         def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
-            tokens = self._scheduler.matched_tokens(request, num_computed_tokens)
+            tokens = self._scheduler_side.matched_tokens(request, num_computed_tokens)
             if tokens is None:  # the daemon's answer is on its way: vLLM asks again next step
                 return None, False
             return tokens, tokens > 0
 
         def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
-            self._scheduler.after_alloc(request, blocks.get_block_ids(), num_external_tokens)
+            self._scheduler_side.after_alloc(request, blocks.get_block_ids(), num_external_tokens)
 
         def get_loaded_kv_cache_group_ids(self, request) -> tuple[int, ...]:
             return tuple(range(len(self._kv_cache_config.kv_cache_groups)))  # every group, Mamba included
@@ -180,7 +192,7 @@ def _build_classes() -> dict[str, type]:
             state = scheduler_output.kv_connector_block_state
             steps = []
             for rid, count in scheduler_output.num_scheduled_tokens.items():
-                request = self._scheduler.saving_request(rid)
+                request = self._scheduler_side.saving_request(rid)
                 if request is None:
                     continue
                 block_ids = (state.resolve_block_ids(rid) if state is not None
@@ -188,19 +200,19 @@ def _build_classes() -> dict[str, type]:
                 # before vLLM adds this step's tokens: build_connector_meta runs first
                 steps.append(ScheduledStep(request, request.num_computed_tokens, count, block_ids))
             preempted = getattr(scheduler_output, "preempted_req_ids", None) or ()
-            return StatetierConnectorMetadata(self._scheduler.build_meta(steps, tuple(preempted)))
+            return StatetierConnectorMetadata(self._scheduler_side.build_meta(steps, tuple(preempted)))
 
         def update_connector_output(self, connector_output) -> None:
-            self._scheduler.loads_finished(connector_output.finished_recving or ())
+            self._scheduler_side.loads_finished(connector_output.finished_recving or ())
 
         def request_finished(self, request, block_ids):
-            return self._scheduler.request_finished(request)
+            return self._scheduler_side.request_finished(request)
 
         def reset_cache(self) -> bool | None:
-            return self._scheduler.reset_cache() if self._scheduler is not None else None
+            return self._scheduler_side.reset_cache() if self._scheduler is not None else None
 
         def get_kv_connector_stats(self):
-            side = self._scheduler if self._scheduler is not None else self._worker
+            side: SchedulerSide | WorkerSide = self._scheduler if self._scheduler is not None else self._worker_side
             data = side.counts.take()
             return metric_classes()["StatetierConnectorStats"](data=data) if data else None
 
@@ -216,21 +228,21 @@ def _build_classes() -> dict[str, type]:
         def take_events(self):
             from .events import as_vllm_events
 
-            return as_vllm_events(self._scheduler.take_events())
+            return as_vllm_events(self._scheduler_side.take_events())
 
         def request_finished_all_groups(self, request, block_ids):
-            return self._scheduler.request_finished(request)
+            return self._scheduler_side.request_finished(request)
 
         # -- worker side ------------------------------------------------------------------
 
         def register_kv_caches(self, kv_caches) -> None:
-            self._worker.register(kv_caches)
+            self._worker_side.register(kv_caches)
 
         def handle_preemptions(self, kv_connector_metadata) -> None:
-            self._worker.flush(kv_connector_metadata.step.preempted)
+            self._worker_side.flush(kv_connector_metadata.step.preempted)
 
         def start_load_kv(self, forward_context, **kwargs) -> None:
-            self._worker.start_loads(self._get_connector_metadata().step.loads)
+            self._worker_side.start_loads(self._get_connector_metadata().step.loads)
 
         def wait_for_layer_load(self, layer_name: str) -> None:
             return  # loads are whole-request and reported by get_finished: the request is not running
@@ -240,20 +252,20 @@ def _build_classes() -> dict[str, type]:
 
         def wait_for_save(self) -> None:
             if self.has_connector_metadata():
-                self._worker.save(self._get_connector_metadata().step.saves)
+                self._worker_side.save(self._get_connector_metadata().step.saves)
 
         def get_finished(self, finished_req_ids):
-            results = self._worker.take_results(finished_req_ids)
+            results = self._worker_side.take_results(finished_req_ids)
             return (results.sent or None), (results.finished or None)
 
         def get_transfer_results(self, finished_req_ids):
-            results = self._worker.take_results(finished_req_ids)
+            results = self._worker_side.take_results(finished_req_ids)
             failed = results.failed if self._layout.has_several_groups else set()
             return base.KVConnectorTransferResults(finished_sending=results.sent, finished_recving=results.finished,
                                                    failed_recving=failed)
 
         def get_block_ids_with_load_errors(self) -> set[int]:
-            blocks = self._worker.take_failed_blocks()
+            blocks = self._worker_side.take_failed_blocks()
             return set() if self._layout.has_several_groups else blocks
 
         def shutdown(self) -> None:

@@ -82,8 +82,8 @@ class ConnectorEvents:
         while self._tokens > REMEMBERED_TOKENS and self._blocks:
             self._tokens -= len(self._blocks.popitem(last=False)[1].tokens)
 
-    def take(self) -> list[Event]:
-        out: list[Event] = []
+    def take(self) -> list[BlockStored | BlockRemoved]:
+        out: list[BlockStored | BlockRemoved] = []
         for _ in range(MAX_MESSAGES_PER_TAKE):
             try:
                 frames = self._socket.recv_multipart(self._zmq.NOBLOCK)
@@ -100,13 +100,14 @@ class ConnectorEvents:
                     out.append(mapped)
         return out
 
-    def _renamed(self, event: Event) -> Event | None:
+    def _renamed(self, event: Event) -> BlockStored | BlockRemoved | None:
         """vLLM's name for the event's block, once per change of where it is: a block has an
         object per layer (and shard), each stored and dropped on its own; the first one stored
         in a medium says the block is there, the first one to leave says it is gone."""
         if not isinstance(event, (BlockStored, BlockRemoved)):
             return None
-        block = self._blocks.get(event.block_hashes[0]) if len(event.block_hashes) == 1 else None
+        first = event.block_hashes[0] if len(event.block_hashes) == 1 else None
+        block = self._blocks.get(first) if isinstance(first, bytes) else None  # named by a key's prefix hash
         if block is None:
             self.unmapped += 1
             return None
@@ -125,7 +126,7 @@ class ConnectorEvents:
         self._context.term()
 
 
-def as_vllm_events(events: list[Event]) -> list:
+def as_vllm_events(events: list[BlockStored | BlockRemoved]) -> list:
     """``take()``'s events as vLLM's own event classes (vLLM must be importable)."""
     from vllm.distributed.kv_events import BlockRemoved as VllmRemoved
     from vllm.distributed.kv_events import BlockStored as VllmStored

@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="statetier", description="Tiered offload daemon for KV pages and SSM snapshots.")
+    parser = argparse.ArgumentParser(prog="statetier",
+                                     description="Tiered offload daemon for KV pages and SSM snapshots.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     serve = sub.add_parser("serve", help="run the daemon in the foreground")
     _add_config_source(serve)
@@ -75,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _client_options() -> argparse.ArgumentParser:
     client = argparse.ArgumentParser(add_help=False)
     client.add_argument("--url", default=client_url_from_env(),
-                        help="daemon address: unix://PATH or tcp://HOST:PORT (default $STATETIER_URL, else %(default)s)")
+                        help="daemon address: unix://PATH or tcp://HOST:PORT (default $STATETIER_URL, "
+                             "else %(default)s)")
     client.add_argument("--tenant", default="default", help="the tenant to act as (default: %(default)s)")
     client.add_argument("--token", default=client_token_from_env(),
                         help="bearer token of the tenant (default $STATETIER_TOKEN)")
@@ -105,7 +107,8 @@ def _add_admin(sub) -> None:
                            help="remove a namespace's (or a tenant's) objects from every tier, Redis included")
     target = purge.add_mutually_exclusive_group(required=True)
     target.add_argument("--namespace", metavar="HEX", help="the namespace digest, as `statetier ls` shows it")
-    target.add_argument("--of-tenant", metavar="NAME", help="every namespace of this tenant (yours, or any for an operator)")
+    target.add_argument("--of-tenant", metavar="NAME",
+                        help="every namespace of this tenant (yours, or any for an operator)")
     purge.add_argument("--yes", action="store_true", help="do it (without --yes: say what would be removed)")
     purge.set_defaults(run="admin:run_purge")
 
@@ -122,7 +125,8 @@ def _add_lookup(sub) -> None:
                                                            "file does not give one")
     lookup.add_argument("--block-size", type=int, help="tokens per KV block (default: the spec's, else 16)")
     lookup.add_argument("--kv-layout", choices=["prefix", "blocks"], help="one KV page [0, N) per boundary "
-                        "(the transformers adapter), or one per block (the vLLM connector; default: the spec's, else prefix)")
+                        "(the transformers adapter), or one per block (the vLLM connector; default: the spec's, "
+                        "else prefix)")
     lookup.add_argument("--json", action="store_true", help="print the result as JSON")
     lookup.set_defaults(run="lookup:run_lookup")
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import json
 import time
+from collections.abc import Sequence
 
 
 def format_bytes(n: float) -> str:
@@ -40,7 +41,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s ago"
 
 
-def table(rows: list[tuple[str, ...]]) -> list[str]:
+def table(rows: Sequence[tuple[str, ...]]) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
             for row in rows]

@@ -84,7 +84,8 @@ def read_tokens(path: Path) -> list[int]:
     try:
         tokens = json.loads(text) if text.startswith("[") else [int(t) for t in re.split(r"[\s,]+", text) if t]
     except ValueError as exc:
-        raise InvalidRequest(f"--tokens {path}: not a JSON list or integers separated by spaces or commas ({exc})") from None
+        raise InvalidRequest(f"--tokens {path}: not a JSON list or integers separated by spaces or commas "
+                             f"({exc})") from None
     if not tokens or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens):
         raise InvalidRequest(f"--tokens {path}: expected a non-empty list of non-negative integers")
     return tokens

@@ -11,7 +11,8 @@
   rows; ``everyone`` (an operator) sees all.
 - ``purge(stack, tenant, *, namespace=None, of_tenant=None, is_operator=False)`` → counts: every
   copy on every tier of the objects of one namespace (which must be the asking tenant's, by
-  ``Tenancy`` and by the tenant each copy's put recorded, unless an operator asks), or of every namespace of ``of_tenant`` (the asking tenant itself, or any
+  ``Tenancy`` and by the tenant each copy's put recorded, unless an operator asks), or of every namespace of
+  ``of_tenant`` (the asking tenant itself, or any
   tenant for an operator). ``Forbidden`` otherwise. The copies are removed as a delete removes
   one (``daemon.engine.deletion``): under tombstones, so no move copies them meanwhile, swept,
   moves settled, swept again. A tier deletes a leased copy only once its lease ends, so a load

@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 
 from statetier.protocol.errors import StaleState, StatetierError
-from statetier.protocol.identity import StateKey, stream_id
+from statetier.protocol.identity import StateKey, StateRef, stream_id
 from statetier.protocol.lru import BoundedLru
 from statetier.protocol.sealed import Expectation
 from statetier.tiers.registry import Claim, Claimed, StreamHead
@@ -89,23 +89,22 @@ class Fences:
         """What each load by ref of a batch expects, from one registry call (its streams'
         heads, and the streams of the state_ids not remembered); None for a load by key, the
         error for a registry that failed. A head behind the version seen here expects that."""
-        by_ref = [(i, req) for i, req in enumerate(reqs) if req.ref is not None]
+        by_ref = [(i, req, req.ref) for i, req in enumerate(reqs) if req.ref is not None]
         out: list = [None] * len(reqs)
         if not by_ref:
             return out
-        streams = [stream_id(_requesters_key(req), req.ref.request_id) for _, req in by_ref]
-        unknown = list({req.ref.state_id for _, req in by_ref if req.ref.state_id not in self._issued})
+        streams = [stream_id(_requesters_key(req, ref), ref.request_id) for _, req, ref in by_ref]
+        unknown = list({ref.state_id for _, _, ref in by_ref if ref.state_id not in self._issued})
         try:
             heads, issued = await self.registry.read_many(streams, unknown)
         except StatetierError as exc:
-            for i, _ in by_ref:
+            for i, _, _ in by_ref:
                 out[i] = exc
             return out
         for state_id, stream in zip(unknown, issued):
             if stream is not None:
                 self._remember_stream(state_id, stream)
-        for (i, req), head, stream in zip(by_ref, heads, streams):
-            ref = req.ref
+        for (i, req, ref), head, stream in zip(by_ref, heads, streams):
             out[i] = Expectation.for_ref(
                 ref, req.namespace, newest_version=self._newest_of(stream, head),
                 state_id_stream=self._issued.get(ref.state_id), tensors=req.tensors,
@@ -136,7 +135,7 @@ class Fences:
         self._issued.put(state_id, stream)
 
 
-def _requesters_key(req: LoadRequest) -> StateKey:
+def _requesters_key(req: LoadRequest, ref: StateRef) -> StateKey:
     """The ref's key in the requester's own namespace (DESIGN §4)."""
-    key = req.ref.key
+    key = ref.key
     return key if key.namespace == req.namespace else dataclasses.replace(key, namespace=req.namespace)

@@ -74,8 +74,10 @@ class PutCompletion:
                 group = (item.tier.name, item.meta.kind.name.lower(), op)
                 counts[group] += 1
                 sizes[group] += item.meta.size
+        metrics = self.stack.metrics
+        assert metrics is not None  # the caller observes only with metrics
         for (tier, kind, op), count in counts.items():
-            self.stack.metrics.observe_ops(tier, kind, op, count, sizes[(tier, kind, op)], seconds)
+            metrics.observe_ops(tier, kind, op, count, sizes[(tier, kind, op)], seconds)
 
     async def _answer(self, item: Stored) -> PutResult:
         req, meta, tier = item.req, item.meta, item.tier

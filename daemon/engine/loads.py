@@ -11,7 +11,8 @@
 
 Each copy, fastest tier first, is served by ``daemon.engine.serving.CopyServer`` and judged by
 ``protocol.classify`` (a hit is counted, for the tier that held the copy, only once a copy is
-handed over: never for a refusal, of the copy or of the caller's tensor specs): a damaged copy is dropped (``daemon.engine.deletion.drop_copy``) and the
+handed over: never for a refusal, of the copy or of the caller's tensor specs): a damaged copy is dropped
+(``daemon.engine.deletion.drop_copy``) and the
 next tried, never unverified bytes; an intact copy of another identity is refused with its
 §4 reason, left in place, and the next tried. The tensor specs a caller expects are checked
 apart, after (of a group object, those of the layers asked for): a mismatch is about
@@ -76,6 +77,7 @@ class Loads:
                 if isinstance(expectation, StatetierError):
                     raise expectation
                 if expectation is not None:
+                    assert req.ref is not None  # only a load by ref has an expectation here
                     out[index] = await self._load_object(Wanted(req.ref.state_id, expectation, owner, req.tenant,
                                                                 req.full_check, req.layers,
                                                                 stack.placement.delete_mark))
@@ -99,13 +101,16 @@ class Loads:
             group = groups.setdefault((result.tier, result.header.key.kind.name.lower()), [0, 0])
             group[0] += 1
             group[1] += result.payload.nbytes
+        metrics = self.stack.metrics
+        assert metrics is not None  # the caller observes only with metrics
         for (tier, kind), (count, nbytes) in groups.items():
-            self.stack.metrics.observe_ops(tier, kind, "load", count, nbytes, seconds)
+            metrics.observe_ops(tier, kind, "load", count, nbytes, seconds)
 
     async def _load_by_key(self, req: LoadRequest, owner) -> LoadResult:
         """The best valid candidate under the key: newest first, each one refused skipped and
         counted by ``skip_reason``; the first refusal is the answer when none is valid."""
         stack = self.stack
+        assert req.key is not None  # the caller checked
         key = req.key if req.key.namespace == req.namespace else dataclasses.replace(req.key, namespace=req.namespace)
         mark = stack.placement.delete_mark  # before any candidate is located or leased
         candidates = await locate(stack, key, allow_speculative=req.allow_speculative)

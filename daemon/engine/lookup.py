@@ -55,7 +55,8 @@ class _Finder:
             for key, candidates in zip(missing, await locate_many(self.stack, missing)):
                 self._cache[key] = candidates[0] if candidates else None
         picks = [self._cache[key] for key in keys]
-        return None if any(pick is None for pick in picks) else picks
+        found = [pick for pick in picks if pick is not None]
+        return found if len(found) == len(picks) else None
 
     async def prefetch(self, keys: list[StateKey]) -> None:
         """Locate all these keys now, in one batch (later ``all_found`` calls hit the cache)."""

@@ -86,7 +86,8 @@ class Puts:
         finally:
             if len(stored) < len(claimed):  # claimed, never stored: the registry forgets them
                 placed = {s.index for s in stored}
-                await self.fences.withdraw([(w.claim, w.claimed) for w in claimed if w.index not in placed])
+                await self.fences.withdraw([(w.claim, w.claimed) for w in claimed
+                                            if w.index not in placed and w.claimed is not None])
         await self.handoff.finish(stored, answers, started)
         return answers
 
@@ -163,6 +164,7 @@ class Puts:
         arena = stack.arena
         pending: dict[str, int] = {}  # bytes of the batch not charged yet, per tenant (any tier)
         for n, w in enumerate(work):
+            assert w.meta is not None  # claimed
             try:
                 tenant = w.req.tenant
                 w.first = stack.tenancy.first_tier_within_quota(
@@ -174,7 +176,8 @@ class Puts:
                 break
         if arena is not None:
             wanted = [w for w in work if answers[w.index] is None and stack.tiers[w.first] is arena]
-            for w, ticket in zip(wanted, await stack.placement.prepare_all(arena, [w.meta for w in wanted])):
+            metas = [w.meta for w in wanted if w.meta is not None]  # every one: claimed
+            for w, ticket in zip(wanted, await stack.placement.prepare_all(arena, metas)):
                 w.ticket = ticket
         return work
 
@@ -194,6 +197,7 @@ class Puts:
         except BaseException as exc:
             for w in todo:
                 if w.ticket is not None:
+                    assert self.stack.arena is not None  # a ticket is an arena reservation
                     await self.stack.arena.complete_store(w.ticket, False)
                     w.ticket = None
             if isinstance(exc, StatetierError):
@@ -211,13 +215,16 @@ class Puts:
         stored: list[Stored] = []
         failed = False
         for w in work:
+            assert w.meta is not None  # claimed
             if answers[w.index] is not None or failed:
                 failed = True
                 if w.ticket is not None:
+                    assert stack.arena is not None  # a ticket is an arena reservation
                     await stack.arena.complete_store(w.ticket, False)
                 continue
             try:
                 if w.ticket is not None:
+                    assert stack.arena is not None  # a ticket is an arena reservation
                     ticket, w.ticket = w.ticket, None
                     await stack.arena.complete_store(ticket, True)
                     tier: Tier = stack.arena
@@ -238,7 +245,9 @@ def _seal_all(work: list[_Work], keyring) -> None:
     of client-writable bytes, or in place."""
     for w in work:
         req, meta = w.req, w.meta
+        assert meta is not None  # claimed
         if w.ticket is not None:
+            assert w.ticket.view is not None  # the arena writes in place
             payload = w.ticket.view[meta.header_len :]
             payload[:] = w.source
         elif w.shared:
@@ -250,7 +259,7 @@ def _seal_all(work: list[_Work], keyring) -> None:
                         fingerprint=w.fingerprint)
         if len(w.header) != meta.header_len:
             raise InvalidRequest(f"sealed a {len(w.header)}-byte header, {meta.header_len} were reserved")
-        if w.ticket is not None:
+        if w.ticket is not None and w.ticket.view is not None:
             w.ticket.view[: meta.header_len] = w.header
 
 

@@ -75,7 +75,7 @@ class CopyServer:
         under this id (every load classifies again), it is evidence for ``statetier
         inspect``, and it ages out with the tier's LRU or TTL like any object.
         """
-        stack, promote = self.stack, index > 0 and self.stack.options.promote_on_load
+        promote = index > 0 and self.stack.options.promote_on_load
         kept = False
         try:
             if promote and tier.reads_in_place:
@@ -150,6 +150,7 @@ class CopyServer:
         stack.metrics.count_promotion(tier.name, target.name)
         lease_id, held = self.leases.hold(target, held_lease, wanted.owner)
         view = memoryview(await target.read(held_lease)).cast("B")
+        assert opened is not None  # store_filled ran ``fill``
         return self._result(lease_id, held, opened.header, view)
 
     async def _promote(self, blob, meta: ObjectMeta, source: Tier, wanted: Wanted) -> tuple[int, Held] | None:

@@ -4,8 +4,8 @@ Ownership comes from the authenticated connection, never from a client's spec: e
 namespace a request names is replaced by the one its tenant owns
 (``protocol.ownership.owned_namespace``) before the engine looks at it —
 ``own_incoming(item)`` (a put of a batch), ``own_load(req)``, ``own_lookup(req)``,
-``owned_ref(tenant, ref)``, at the engine's entry points. A tenant's requests therefore only ever reach namespaces carrying
-its own tag, on every daemon and after every restart; nothing is remembered.
+``owned_ref(tenant, ref)``, at the engine's entry points. A tenant's requests therefore only ever reach namespaces
+carrying its own tag, on every daemon and after every restart; nothing is remembered.
 
 ``Tenancy(quotas, observer=None)`` — ``quotas`` maps tenant → {tier name → bytes}.
 

@@ -30,7 +30,7 @@ import time
 import zmq
 
 from statetier.daemon.config_events import StreamSpec
-from statetier.protocol.kv_events import AllBlocksCleared, Event, event_topic
+from statetier.protocol.kv_events import AllBlocksCleared, Encoding, Event, event_topic
 
 from .streams import Streams
 
@@ -39,7 +39,7 @@ _instances = itertools.count()
 
 
 class EventPublisher:
-    def __init__(self, specs: list[StreamSpec], *, encoding: str = "map", buffer: int = 10_000,
+    def __init__(self, specs: list[StreamSpec], *, encoding: Encoding = "map", buffer: int = 10_000,
                  buffer_bytes: int = 64 << 20, hwm: int = 10_000, clock=time.time) -> None:
         self.specs = list(specs)
         self._index = {spec.tenant: n for n, spec in enumerate(self.specs)}
@@ -50,9 +50,10 @@ class EventPublisher:
         self._queue: queue.Queue = queue.Queue(maxsize=buffer)
         self._pending: dict[tuple[int, str], list[Event]] = {}
         self._topics: dict[tuple[int, bytes], str] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
+        # both made in start(), before anything is published
+        self._loop: asyncio.AbstractEventLoop
         self._flush_scheduled = False
-        self._wake: zmq.Socket | None = None
+        self._wake: zmq.Socket
         self._thread: threading.Thread | None = None
         self.dropped = 0
 

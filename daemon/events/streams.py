@@ -35,7 +35,7 @@ import zmq
 
 from statetier.daemon.config_events import StreamSpec
 from statetier.protocol.errors import ConfigError
-from statetier.protocol.kv_events import REPLAY_END, encode_batch, seq_bytes
+from statetier.protocol.kv_events import REPLAY_END, Encoding, encode_batch, seq_bytes
 
 log = logging.getLogger("statetier.events")
 
@@ -61,7 +61,7 @@ class Counts:
 
 
 class Streams:
-    def __init__(self, specs: list[StreamSpec], *, encoding: str, buffer: int, buffer_bytes: int, hwm: int,
+    def __init__(self, specs: list[StreamSpec], *, encoding: Encoding, buffer: int, buffer_bytes: int, hwm: int,
                  context: zmq.Context) -> None:
         self.specs = list(specs)
         self.encoding = encoding
@@ -112,7 +112,7 @@ class Streams:
                 if stream.pub in ready:
                     self._count_subscriptions(stream)
                 if stream.replay is not None and stream.replay in ready:
-                    self._serve_replay(stream)
+                    self._serve_replay(stream, stream.replay)
             while True:
                 try:
                     item = batches.get_nowait()
@@ -155,8 +155,8 @@ class Streams:
             elif message[:1] == b"\x00":
                 stream.subscriptions = max(0, stream.subscriptions - 1)
 
-    def _serve_replay(self, stream: Stream) -> None:
-        for frames in _waiting(stream.replay):
+    def _serve_replay(self, stream: Stream, replay: zmq.Socket) -> None:
+        for frames in _waiting(replay):
             if len(frames) != 3 or len(frames[2]) != 8:
                 log.warning("events: a replay request of %d frames ignored (want [identity, b'', seq])", len(frames))
                 continue
@@ -165,8 +165,8 @@ class Streams:
             try:
                 for seq, topic, payload in stream.ring:
                     if seq >= start_seq:
-                        stream.replay.send_multipart((client, b"", topic, seq_bytes(seq), payload), flags=zmq.NOBLOCK)
-                stream.replay.send_multipart((client, b"", b"", REPLAY_END, b""), flags=zmq.NOBLOCK)
+                        replay.send_multipart((client, b"", topic, seq_bytes(seq), payload), flags=zmq.NOBLOCK)
+                replay.send_multipart((client, b"", b"", REPLAY_END, b""), flags=zmq.NOBLOCK)
             except zmq.Again:
                 log.info("events: a replay to a full requester was cut short")
 

@@ -30,6 +30,7 @@ import socket
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from statetier.daemon.server.auth import (PeerCredentials, TenantDirectory, check_peer, is_operator,
                                            peer_credentials)
@@ -41,8 +42,12 @@ from statetier.daemon.server.handshake import HANDSHAKE_TIMEOUT_SECONDS, admit, 
 from statetier.daemon.server.request_task import RequestRunner, count_error
 from statetier.daemon.server.eager import start_eagerly
 from statetier.daemon.server.windows import Windows
-from statetier.protocol.errors import Forbidden, InternalError, ProtocolError, StatetierError, Unauthorized, bounded_text
+from statetier.protocol.errors import (Forbidden, InternalError, ProtocolError, StatetierError, Unauthorized,
+                                       bounded_text)
 from statetier.protocol.frames import Frame, FrameDecoder, Op, error_frame, hello_ok_frame
+
+if TYPE_CHECKING:
+    from statetier.daemon.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +66,7 @@ class ConnectionContext:
     listen: object  # config.listen: the peer-credential rules
     max_frame: int
     max_inflight: int
-    metrics: object | None
+    metrics: Metrics | None
     is_unix: bool
     daemon_stats: Callable[[], dict]
     window_bytes: int  # each of a same-host connection's two shared-memory windows; 0: none
@@ -75,8 +80,9 @@ class Connection(asyncio.BufferedProtocol):
     def __init__(self, ctx: ConnectionContext) -> None:
         self._ctx = ctx
         self._decoder = FrameDecoder(ctx.max_frame)
-        self._transport: asyncio.Transport | None = None
-        self._writer: FrameWriter | None = None
+        # made in connection_made, which asyncio calls before any other callback
+        self._transport: asyncio.Transport
+        self._writer: FrameWriter
         self._peer: PeerCredentials | None = None
         self._session: Session | None = None
         self._answers: RequestRunner | None = None
@@ -93,7 +99,7 @@ class Connection(asyncio.BufferedProtocol):
         self._sink: memoryview | None = None
         self._cleanup: asyncio.Task | None = None
         self._windows: Windows | None = None
-        self.closed: asyncio.Future | None = None
+        self.closed: asyncio.Future[None] | None = None
 
     # -- state read by the server ------------------------------------------------------
 
@@ -121,7 +127,8 @@ class Connection(asyncio.BufferedProtocol):
 
     # -- asyncio protocol callbacks ------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.Transport) -> None:
+    # typeshed declares BaseTransport; a stream protocol is always given a Transport
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         loop = asyncio.get_running_loop()
         self._transport = transport
         self.closed = loop.create_future()
@@ -195,13 +202,15 @@ class Connection(asyncio.BufferedProtocol):
             if self._windows is not None:
                 self._windows.close()
                 self._windows = None
-            self.closed.set_result(None)
+            if self.closed is not None:
+                self.closed.set_result(None)
             self._ctx.on_close(self)
 
     # -- handshake -------------------------------------------------------------------
 
     def _handshake(self, frame: Frame) -> None:
-        self._hello_timer.cancel()
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
         try:
             admitted = admit(frame, self._ctx.tenants, self._peer,
                              tls_verified=bool(self._transport.get_extra_info("peercert")),
@@ -281,11 +290,13 @@ class Connection(asyncio.BufferedProtocol):
     def _start_pending(self) -> None:
         loop = asyncio.get_running_loop()
         while self._pending and len(self._tasks) < self._ctx.max_inflight:
+            answers = self._answers
+            assert answers is not None  # requests are queued only after the handshake
             # run at once: a request that never waits is answered in this callback, with no
             # loop turn; one that waits carries on as its task (``eager.py``)
             self._running += 1
             try:
-                task = start_eagerly(loop, self._answers.run(self._pending.popleft()))
+                task = start_eagerly(loop, answers.run(self._pending.popleft()))
             finally:
                 self._running -= 1
             if task is not None:

@@ -11,6 +11,7 @@ from statetier.protocol.wire_meta import REQUESTS
 
 from .handlers import (
     Handler,
+    HotHandler,
     handle_delete,
     handle_inspect,
     handle_list,
@@ -25,8 +26,9 @@ from .handlers import (
 from .load_handlers import handle_load, handle_load_batch
 from .put_handlers import handle_put, handle_put_batch
 
-_HOT = {Op.PUT: handle_put, Op.PUT_BATCH: handle_put_batch, Op.LOAD: handle_load, Op.LOAD_BATCH: handle_load_batch,
-        Op.LOOKUP: handle_lookup, Op.RELEASE: handle_release}
+_HOT: dict[Op, HotHandler] = {
+    Op.PUT: handle_put, Op.PUT_BATCH: handle_put_batch, Op.LOAD: handle_load, Op.LOAD_BATCH: handle_load_batch,
+    Op.LOOKUP: handle_lookup, Op.RELEASE: handle_release}
 
 HANDLERS: dict[Op, Handler] = {
     **{op: hot(REQUESTS[op], handler) for op, handler in _HOT.items()},

@@ -23,6 +23,9 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field as dataclass_field
+from typing import Any
+
+from msgspec import Struct
 
 from statetier.daemon.server.budget import ByteBudget
 from statetier.daemon.server.engine_calls import EngineCalls
@@ -30,7 +33,7 @@ from statetier.daemon.requests import LookupRequest
 from statetier.daemon.trace import TRACE
 from statetier.daemon.server.windows import Windows
 from statetier.protocol.errors import Forbidden, InvalidRequest
-from statetier.protocol.frames import Frame, Op
+from statetier.protocol.frames import Frame, FrameData, Op
 from statetier.protocol.groups import LayerGroup
 from statetier.protocol.identity import Kind, Namespace
 from statetier.protocol.messages import field, ref_from_wire
@@ -56,8 +59,8 @@ class Session:
 
 @dataclass(slots=True)
 class Reply:
-    meta: dict
-    data: bytes | memoryview = b""
+    meta: Any  # a JSON object (dict), or a hot op's wire_meta Struct
+    data: FrameData = b""
     op: Op = Op.REPLY
     kind: str = "none"  # metric label: "kv", "ssm" or "none"
     borrowed: bool = False  # data must stay valid until the transport gives it back
@@ -67,7 +70,7 @@ class Reply:
 
 
 Handler = Callable[[Session, Frame], Awaitable[Reply]]
-HotHandler = Callable[[Session, object, memoryview], Awaitable[Reply]]  # (session, typed meta, data)
+HotHandler = Callable[[Session, Any, FrameData], Awaitable[Reply]]  # (session, typed meta, data)
 
 
 def kind_of(key) -> str:
@@ -78,7 +81,7 @@ async def handle_ping(session: Session, frame: Frame) -> Reply:
     return Reply({}, op=Op.PONG)
 
 
-def hot(cls: type, handler: HotHandler) -> Handler:
+def hot(cls: type[Struct], handler: HotHandler) -> Handler:
     """A hot op's handler (``wire_meta.REQUESTS``): its meta decoded into ``cls`` (binary
     only: ``InvalidRequest`` for a JSON meta), the load-window regions it gives back in
     passing freed, and phase timings when it asks (``trace``): the reply then says, in µs,
@@ -86,13 +89,13 @@ def hot(cls: type, handler: HotHandler) -> Handler:
     async def run(session: Session, frame: Frame) -> Reply:
         if not frame.is_binary:
             raise InvalidRequest(f"{frame.op.name} meta must be MessagePack (protocol 3)")
-        meta = decode(cls, frame.meta)
+        meta: Any = decode(cls, frame.meta)
         if meta.free_regions and session.windows is not None:
             for region in meta.free_regions:
                 session.windows.free(region)
         if not meta.trace:
             return await handler(session, meta, frame.data)
-        timings: dict = {}
+        timings: dict[str, float] = {}
         token = TRACE.set(timings)
         started = time.perf_counter()
         try:

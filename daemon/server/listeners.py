@@ -100,7 +100,7 @@ class Server:
         _, stuck = await asyncio.wait(closing, timeout=_CLOSE_WAIT_SECONDS)
         if stuck:
             for conn in connections:
-                if not conn.closed.done():
+                if conn.closed is not None and not conn.closed.done():
                     conn.abort()
             await asyncio.wait(closing)
 

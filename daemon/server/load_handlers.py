@@ -27,6 +27,7 @@ from __future__ import annotations
 from statetier.daemon.requests import LoadRequest, LoadResult
 from statetier.daemon.trace import phase
 from statetier.protocol.errors import InvalidRequest, StatetierError
+from statetier.protocol.frames import FrameData
 from statetier.protocol.groups import check_layers, chosen
 from statetier.protocol.identity import Namespace
 from statetier.protocol.wire_meta import (
@@ -43,7 +44,7 @@ from statetier.protocol.wire_meta import (
 from .handlers import Reply, Session, kind_of
 
 
-async def handle_load(session: Session, meta: LoadMeta, data: memoryview) -> Reply:
+async def handle_load(session: Session, meta: LoadMeta, data: FrameData) -> Reply:
     if meta.ns is None:
         raise InvalidRequest("a LOAD names the requester's namespace (ns)")
     request = load_request(session.tenant, meta, meta.ns)
@@ -68,7 +69,7 @@ async def handle_load(session: Session, meta: LoadMeta, data: memoryview) -> Rep
     return Reply(answer, copied, kind=kind)
 
 
-async def handle_load_batch(session: Session, meta: LoadBatchMeta, data: memoryview) -> Reply:
+async def handle_load_batch(session: Session, meta: LoadBatchMeta, data: FrameData) -> Reply:
     wants_shm = meta.shm and session.windows is not None
     requests: list[LoadRequest] = []
     refused: StatetierError | None = None
@@ -81,7 +82,7 @@ async def handle_load_batch(session: Session, meta: LoadBatchMeta, data: memoryv
     results = await session.engine.load_batch(requests, session.owner)
     loaded = [(request, result) for request, result in zip(requests, results) if isinstance(result, LoadResult)]
     try:
-        copied, data = _copied(session, loaded, wants_shm, room=session.max_frame - (1 << 20))
+        copied, reply_data = _copied(session, loaded, wants_shm, room=session.max_frame - (1 << 20))
     finally:
         await session.engine.release_many([result.lease_id for _, result in loaded], session.owner)
     counted = [(kind_of(result.header.key), "load") for (_, result), answer in zip(loaded, copied)
@@ -98,7 +99,7 @@ async def handle_load_batch(session: Session, meta: LoadBatchMeta, data: memoryv
     if refused is not None:
         answers.append(LoadAnswer(error=ErrorInfo.of(refused)))
     answers += [LoadAnswer(skipped=True)] * (len(meta.items) - len(answers))
-    return Reply(LoadBatchReply(tuple(answers)), data, items=counted)
+    return Reply(LoadBatchReply(tuple(answers)), reply_data, items=counted)
 
 
 def _copied(session: Session, loaded: list[tuple[LoadRequest, LoadResult]], wants_shm: bool,
@@ -107,12 +108,13 @@ def _copied(session: Session, loaded: list[tuple[LoadRequest, LoadResult]], want
     ``room`` lasts) and copied there in one pass: an answer per load, and the reply's data."""
     answers, windowed, inline = [], [], []
     regions_taken: list[int] = []
+    windows = session.windows if wants_shm else None
     cursor = 0
     for request, result in loaded:
         header = result.blob[: result.header.header_len]
         regions = chosen_regions(result, request.layers)
         nbytes = sum(region.nbytes for region in regions)
-        placed = session.windows.place(nbytes) if wants_shm else None
+        placed = windows.place(nbytes) if windows is not None else None
         window = region_id = None
         if placed is not None:
             region_id, window, dest = placed
@@ -120,7 +122,7 @@ def _copied(session: Session, loaded: list[tuple[LoadRequest, LoadResult]], want
             windowed.append((dest, regions))
             parts = [header]
         elif room is not None and (cursor + header.nbytes + nbytes > room
-                                   or (wants_shm and nbytes <= session.windows.load_bytes)):
+                                   or (windows is not None and nbytes <= windows.load_bytes)):
             # the window is full for now (the client asks again once it gave regions back:
             # a batch larger than the window streams through it), or this reply is
             answers.append(LoadAnswer(retry=True))
@@ -137,7 +139,8 @@ def _copied(session: Session, loaded: list[tuple[LoadRequest, LoadResult]], want
             _copy_all(data, inline, windowed)  # no digest: on the loop (``protocol.thresholds``)
     except BaseException:
         for region_id in regions_taken:
-            session.windows.free(region_id)
+            if windows is not None:
+                windows.free(region_id)
         raise
     return answers, data
 
@@ -162,7 +165,9 @@ def load_request(tenant: str, meta: LoadMeta, namespace: bytes) -> LoadRequest:
     ref = ref_of(meta.ref) if meta.ref is not None else None
     key = key_of(meta.key) if meta.key is not None else None
     if meta.layers is not None:
-        check_layers(ref.key if ref is not None else key, meta.layers)
+        named = ref.key if ref is not None else key
+        assert named is not None  # exactly one of them, checked above
+        check_layers(named, meta.layers)
     return LoadRequest(
         tenant=tenant,
         namespace=Namespace(namespace),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from statetier.daemon.requests import Incoming, PutRequest, PutResult
 from statetier.protocol.errors import InvalidRequest, StatetierError
+from statetier.protocol.frames import FrameData
 from statetier.protocol.sealed import DigestAlg, layout_payload
 from statetier.protocol.wire_meta import (
     ErrorInfo,
@@ -34,7 +35,7 @@ from .handlers import Reply, Session, kind_of
 _DIGESTS = {"blake3": DigestAlg.BLAKE3, "xxh3-128": DigestAlg.XXH3_128}
 
 
-async def handle_put(session: Session, meta: PutMeta, data: memoryview) -> Reply:
+async def handle_put(session: Session, meta: PutMeta, data: FrameData) -> Reply:
     item = incoming(session, meta, memoryview(data).cast("B") if meta.window is None else None)
     async with session.budget.hold(item.payload.nbytes):
         (answer,) = await session.engine.put_batch([item])
@@ -43,7 +44,7 @@ async def handle_put(session: Session, meta: PutMeta, data: memoryview) -> Reply
     return Reply(put_answer(answer), kind=kind_of(item.req.key))
 
 
-async def handle_put_batch(session: Session, meta: PutBatchMeta, data: memoryview) -> Reply:
+async def handle_put_batch(session: Session, meta: PutBatchMeta, data: FrameData) -> Reply:
     data = memoryview(data).cast("B")
     batch: list[Incoming] = []
     refused: StatetierError | None = None

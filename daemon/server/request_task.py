@@ -19,6 +19,8 @@ import logging
 import time
 from collections import Counter
 from contextlib import nullcontext
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from statetier.daemon.server.budget import ByteBudget
 from statetier.daemon.server.frame_writer import ConnectionClosed, FrameWriter
@@ -27,10 +29,13 @@ from statetier.daemon.server.handlers import Reply, Session
 from statetier.protocol.errors import InternalError, InvalidRequest, StatetierError
 from statetier.protocol.frames import Frame, error_frame
 
+if TYPE_CHECKING:
+    from statetier.daemon.metrics import Metrics
+
 log = logging.getLogger(__name__)
 
 
-def count_error(metrics: object | None, exc: StatetierError) -> None:
+def count_error(metrics: Metrics | None, exc: StatetierError) -> None:
     if metrics is not None:
         metrics.count_error(exc.reason)
 
@@ -38,7 +43,7 @@ def count_error(metrics: object | None, exc: StatetierError) -> None:
 class RequestRunner:
     """Answers the request frames of one admitted connection; see the module docstring."""
 
-    def __init__(self, session: Session, writer: FrameWriter, budget: ByteBudget, metrics: object | None) -> None:
+    def __init__(self, session: Session, writer: FrameWriter, budget: ByteBudget, metrics: Metrics | None) -> None:
         self._session = session
         self._writer = writer
         self._budget = budget
@@ -94,13 +99,13 @@ class RequestRunner:
                     await self._writer.wait_flushed()
         finally:
             if reply.done is not None:
-                await self._run_done(reply)
+                await self._run_done(reply.done)
 
-    async def _run_done(self, reply: Reply) -> None:
+    async def _run_done(self, done: Callable[[], Awaitable[object]]) -> None:
         # The reply (or its error) is already decided: a failing release is logged, never
         # sent as a second answer to the same request id.
         try:
-            await reply.done()
+            await done()
         except Exception:
             log.exception("releasing the lease of an inline reply failed")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import pydantic
 import pytest
 
 from statetier.daemon.config import Config, HostTierConfig
@@ -190,9 +191,9 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
 
 def test_config_is_frozen() -> None:
     config = load_config(env={})
-    with pytest.raises(Exception):
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
         config.disk = None  # type: ignore[misc]
-    with pytest.raises(Exception):
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
         config.disk.fsync = False  # type: ignore[misc]
 
 

@@ -24,7 +24,7 @@ from statetier.daemon.config_events import EventsConfig  # noqa: E402
 from statetier.daemon.events import EventPublisher  # noqa: E402
 from statetier.daemon.events.publisher import MAX_BATCH_EVENTS  # noqa: E402
 from statetier.protocol.errors import ConfigError  # noqa: E402
-from statetier.protocol.kv_events import AllBlocksCleared, BlockRemoved, BlockStored  # noqa: E402
+from statetier.protocol.kv_events import BlockRemoved, BlockStored  # noqa: E402
 
 NS_1, NS_2 = b"\x01" * 32, b"\x02" * 32
 

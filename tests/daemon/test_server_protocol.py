@@ -43,7 +43,6 @@ from statetier.protocol.wire_meta import (
     ref_of,
     wire_ref,
 )
-from statetier.tiers.memory import HostTier
 
 STRANGER_UID = os.getuid() + 12345
 

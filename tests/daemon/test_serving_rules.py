@@ -18,7 +18,7 @@ from statetier.daemon.engine import Engine, EngineOptions
 from statetier.daemon.metrics import Metrics
 from statetier.daemon.requests import LoadRequest, LookupRequest, PutRequest
 from statetier.protocol.dtypes import TensorSpec
-from statetier.protocol.errors import CorruptPayload, Forbidden, NotFound, PositionMismatch, Unavailable
+from statetier.protocol.errors import CorruptPayload, Forbidden, NotFound, Unavailable
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, new_state_id, prefix_hashes
 from statetier.protocol.keyring import Keyring
 from statetier.protocol.sealed import decode_header, seal_object, verify_payload_only

@@ -98,13 +98,13 @@ def decode(plain: PlainConnector, model, handoff: dict, first: int) -> list[int]
 
 
 def ssm_keys(handoff: dict, layer: int) -> dict[str, str]:
-    return {name: key for kind, l, name, key, _ in handoff["entries"] if kind == "ssm" and l == layer}
+    return {name: key for kind, at, name, key, _ in handoff["entries"] if kind == "ssm" and at == layer}
 
 
 def with_ssm_keys(handoff: dict, layer: int, keys: dict[str, str]) -> dict:
     """The handoff with ``layer``'s SSM keys pointing elsewhere (same names, same shapes)."""
-    entries = [[kind, l, name, keys[name] if kind == "ssm" and l == layer else key, shape]
-               for kind, l, name, key, shape in handoff["entries"]]
+    entries = [[kind, at, name, keys[name] if kind == "ssm" and at == layer else key, shape]
+               for kind, at, name, key, shape in handoff["entries"]]
     return {**handoff, "entries": entries}
 
 

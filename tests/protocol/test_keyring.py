@@ -75,7 +75,7 @@ def test_unknown_key_id_is_not_verifiable():
 def test_keyring_without_an_active_key_cannot_sign():
     keyring = Keyring.generate(SigAlg.ED25519).trust_store()
     with pytest.raises(ConfigError):
-        keyring.active
+        _ = keyring.active
 
 
 def test_active_id_must_be_in_the_keyring():

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from statetier.protocol import dtypes
 from statetier.protocol.dtypes import TensorSpec
-from statetier.protocol.errors import BadSignature, CorruptPayload, InvalidRequest
-from statetier.protocol.identity import (Kind, Namespace, NamespaceSpec, Provenance, StateKey, StateRef, fingerprint,
+from statetier.protocol.errors import CorruptPayload, InvalidRequest
+from statetier.protocol.identity import (Kind, NamespaceSpec, Provenance, StateKey, StateRef, fingerprint,
                                          new_state_id, prefix_hash)
 from statetier.protocol.keyring import Keyring, SigAlg, dev_keyring
 from statetier.protocol.sealed import (DigestAlg, Expectation, decode_header, header_length, layout_payload, open_sealed,

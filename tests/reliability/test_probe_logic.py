@@ -25,7 +25,7 @@ import probe_fuzz  # noqa: E402
 from disk_crash_writer import KEYRING, load, make_object, object_id_for, store  # noqa: E402
 from harness import ProbeResult  # noqa: E402
 from statetier.protocol.errors import NotFound, ProtocolError, RejectedState  # noqa: E402
-from statetier.protocol.frames import PROTOCOL_VERSIONS, Frame, FrameDecoder, Op, encode_frame_bytes, hello_frame  # noqa: E402
+from statetier.protocol.frames import PROTOCOL_VERSIONS, Frame, FrameDecoder, encode_frame_bytes, hello_frame  # noqa: E402
 from statetier.protocol.identity import Kind, StateKey, StateRef  # noqa: E402
 from statetier.protocol.messages import ref_to_wire  # noqa: E402
 from statetier.tiers.disk import DiskTier, DiskTierOptions  # noqa: E402

@@ -230,7 +230,7 @@ async def test_capacity_counts_reservations_and_refuses_what_cannot_fit(tier):
     with pytest.raises(CapacityError):
         await tier.prepare_store(too_big)
 
-    (first, first_blob), (second, second_blob) = object_of_size(CAPACITY // 2 + 1), object_of_size(CAPACITY // 2 + 1)
+    (first, _first_blob), (second, second_blob) = object_of_size(CAPACITY // 2 + 1), object_of_size(CAPACITY // 2 + 1)
     ticket = await tier.prepare_store(first)
     with pytest.raises(CapacityError):  # the first reservation holds more than half
         await tier.prepare_store(second)

@@ -372,5 +372,5 @@ async def test_one_eviction_reads_at_most_a_batch_into_memory_however_wide_the_w
     evicted = await tier.evict(0)
     assert evicted and sum(e.meta.size for e in evicted) < (64 << 10) + (33 << 10)  # the band is 150 KiB
     assert tier.stats().bytes_used <= 0.9 * tier.capacity  # under the high watermark again
-    big = await tier.evict(256 << 10)  # a store that needs more room gets all of it in one call
+    await tier.evict(256 << 10)  # a store that needs more room gets all of it in one call
     assert tier.stats().bytes_used + (256 << 10) <= 0.9 * tier.capacity

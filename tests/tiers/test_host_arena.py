@@ -169,4 +169,4 @@ async def test_close_releases_the_arena_and_refuses_further_use() -> None:
     with pytest.raises(RuntimeError):
         await tier.prepare_load(meta.object_id)
     with pytest.raises(RuntimeError):
-        tier.arena_fd
+        _ = tier.arena_fd

@@ -147,7 +147,7 @@ async def test_a_batch_of_claims_is_one_round_trip_in_order_per_stream(url, monk
 async def test_a_stale_claim_ends_the_batch_and_what_follows_it_is_withdrawn(two_nodes) -> None:
     node_a, node_b = two_nodes
     streams = [stream() for _ in range(3)]
-    first = await node_a.claim_many([Claim(s, new_state_id()) for s in streams])
+    await node_a.claim_many([Claim(s, new_state_id()) for s in streams])
     batch = [Claim(streams[0], new_state_id(), 5), Claim(streams[1], new_state_id(), 1),
              Claim(streams[2], new_state_id(), 5)]
     answers = await node_b.claim_many(batch)

@@ -6,8 +6,8 @@ stored: it must leave that object whole and take its own pending chunks away. Sc
 by SHA1 must survive a server that lost its script cache. A read that skips the signature
 check of a header it verified before must still catch a flipped payload byte, a changed
 header and a retired key. A batch lookup prunes index entries whose object is gone and
-brings the registry's stream heads along. A commit repeated after its reply was lost is not mistaken for a duplicate. A full
-connection pool waits, in bounded time, for a free one.
+brings the registry's stream heads along. A commit repeated after its reply was lost is not mistaken for a
+duplicate. A full connection pool waits, in bounded time, for a free one.
 """
 
 from __future__ import annotations

@@ -199,7 +199,8 @@ class SegmentFile:
             position += len(chunk) - RECORD_HEADER_BYTES + 1  # a header across the chunk end
         return None
 
-    def read_record(self, offset: int, record_len: int, object_id: bytes, generation: int) -> tuple[RecordHeader, bytearray]:
+    def read_record(self, offset: int, record_len: int, object_id: bytes,
+                    generation: int) -> tuple[RecordHeader, bytearray]:
         """The checked record header and a fresh buffer holding the body."""
         head = bytearray(RECORD_HEADER_BYTES)
         body = bytearray(record_len - RECORD_HEADER_BYTES)

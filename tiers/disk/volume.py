@@ -4,9 +4,9 @@
   ``open(ledger, drop_corrupt)`` first locks the directory (``tiers.disk.dirlock``: one
   open tier, hence one daemon, per directory), then creates ``segments/`` and ``index/``,
   opens the index, recovers (replays the log past the last checkpoint,
-  ``tiers.disk.recovery``), fills the ledger's index and wires the group commit; ``close()`` drains the commits, writes a last checkpoint,
-  closes every file and lets the lock go. ``state`` is the ``OpenVolume`` while started (``RuntimeError``
-  otherwise); ``current`` is the last one opened, for stats.
+  ``tiers.disk.recovery``), fills the ledger's index and wires the group commit; ``close()`` drains the commits, writes
+  a last checkpoint, closes every file and lets the lock go. ``state`` is the ``OpenVolume`` while
+  started (``RuntimeError`` otherwise); ``current`` is the last one opened, for stats.
 - ``OpenVolume`` — what exists while started: ``jobs`` (the executor edge,
   ``tiers.disk.jobs``), ``index``, ``space`` (segments and placements), ``commit`` (the group
   commit), ``log``, ``checkpointer``, ``compactor``, and what recovery found (``recovered``).

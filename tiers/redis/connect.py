@@ -18,8 +18,8 @@
   more bookkeeping per call (measured on the dev VM), more than a 64 KiB transfer costs.
   Connection errors are retried like redis-py's own calls (so every command sent must be
   safe to repeat); the replies share one moving deadline (no gap of more than
-  ``socket_timeout``), not a timer each; a cancelled exchange closes its connection, never reused half read. On a cluster it is a cluster pipeline (routed
-  per key, nodes in parallel).
+  ``socket_timeout``), not a timer each; a cancelled exchange closes its connection, never reused half read. On a
+  cluster it is a cluster pipeline (routed per key, nodes in parallel).
 - ``raise_first_error(replies)`` raises the first error reply of an ``exchange``.
 - ``Gathered(parts)`` — one argument sent from several buffers back to back: no copy on a
   single server (a cluster pipeline gets them joined).
