@@ -10,6 +10,7 @@ under their ``object_id`` (the 16-byte state_id) and indexes them by ``key_diges
 
     lease = await tier.prepare_load(object_id, owner=conn_id)   # pins bytes, or NotFound
     data = await tier.read(lease)                   # memoryview valid until complete_load
+                                                    # (read_unhashed: without the payload digest)
     await tier.complete_load(lease)                 # unpins
 
 ``find_by_keys(digests, registry)`` finds many keys at once (one round trip for a tier
@@ -145,7 +146,8 @@ class Tier(abc.ABC):
     verifies_on_read: bool = False
     #: True when the tier has ``read_into(lease, dest)``: ``read`` straight into a buffer
     #: of the caller's (the object's exact size), verified there (disk), so a promotion
-    #: reads into its arena reservation instead of a fresh buffer and a copy.
+    #: reads into its arena reservation instead of a fresh buffer and a copy; and
+    #: ``read_into_unhashed(lease, dest)``, the same without the pass over the payload.
     reads_in_place: bool = False
     #: True when ``complete_store(True)`` returns only once the object is on stable storage
     #: and survives a crash of the daemon (the disk tier with fsync): what a put's
@@ -190,6 +192,13 @@ class Tier(abc.ABC):
     @abc.abstractmethod
     async def read(self, lease: Lease) -> memoryview:
         """The sealed object's bytes, valid until ``complete_load(lease)``."""
+
+    async def read_unhashed(self, lease: Lease) -> memoryview:
+        """``read`` without a pass over the payload: framing and signature checked as
+        ``read`` checks them, the payload digests not recomputed. For a load whose client
+        verifies the payload where it lands (docs/protocol.md §6.1, the hashing rule); a
+        tier that digests nothing on ``read`` (memory) answers ``read``."""
+        return await self.read(lease)
 
     @abc.abstractmethod
     async def complete_load(self, lease: Lease) -> None: ...

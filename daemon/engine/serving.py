@@ -14,9 +14,12 @@
                                     deleted (its lease still serves the load its bytes). Damage
                                     and refusals raise as ``protocol.classify`` found them.
 
-A copy in daemon-only memory (host, device) is not digested again unless ``full_check``:
-the client verifies the payload where it lands (DESIGN §6). Headers of hot objects are
-checked once (``VerifiedHeaders``).
+No copy is digested here, from any tier, unless ``full_check`` (a client's recheck): the
+client verifies the payload where it lands (the hashing rule, docs/protocol.md §6.1). The
+tiers below read with ``read_unhashed`` (framing and signature checked), and a promotion
+stores what it read unhashed: every later load of the promoted copy is verified by its
+client too, and a damaged one is dropped by the recheck. Headers of hot objects are checked
+once (``VerifiedHeaders``).
 """
 
 from __future__ import annotations
@@ -81,12 +84,15 @@ class CopyServer:
                 landed = await self._load_into_arena(tier, lease, wanted)
                 if landed is not None:
                     return landed
-            blob = await tier.read(lease)
-            # bytes in daemon-only memory were digested when sealed there; the client checks
-            # the payload again where it lands (DESIGN §6)
-            # (``full_check``: a client found a payload that did not match: digest every copy
-            # again, so a damaged one is dropped and the next one served)
-            trusted = (tier.verifies_on_read or tier.holds_verified_bytes) and not wanted.full_check
+            # the hashing rule (docs/protocol.md §6.1): the client verifies the payload where
+            # it lands, so a load digests nothing here; ``full_check`` (a client found a payload
+            # that did not match) digests every copy, so a damaged one is dropped and the next served
+            if wanted.full_check:
+                blob = await tier.read(lease)
+                trusted = tier.verifies_on_read  # that read digested it
+            else:
+                blob = await tier.read_unhashed(lease)
+                trusted = True
             with phase("open" if trusted else "open_and_hash"):
                 opened = await self._classify(blob, wanted, trusted)
             if promote:
@@ -120,15 +126,16 @@ class CopyServer:
         target, meta = stack.arena, lease.meta
         if target is None or stack.tiers.index(target) > stack.tiers.index(tier):
             return None
-        trusted = tier.verifies_on_read and not wanted.full_check
+        # as in ``serve``: the payload is digested (by the tier) only for a client's recheck
+        read_into = tier.read_into if wanted.full_check else tier.read_into_unhashed
         opened, filling = None, False
 
         async def fill(view: memoryview):
             nonlocal opened, filling
             filling = True
             with phase("read_into_arena"):
-                await tier.read_into(lease, view)
-            opened = await self._classify(view, wanted, trusted)
+                await read_into(lease, view)
+            opened = await self._classify(view, wanted, True)
             # the verified header says what this is: kept only if the index entry agrees
             return opened if ObjectMeta.from_header(opened.header) == meta else None
 

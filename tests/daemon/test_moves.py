@@ -221,7 +221,7 @@ async def test_a_load_that_read_a_lower_copy_before_a_delete_never_promotes_it_b
     try:
         ref = (await put(engine, "alice", 1, publish=True)).ref
         await host.delete(ref.state_id)  # the Redis copy is the only one, as on another node
-        read, reading, opened = cross.read, asyncio.Event(), asyncio.Event()
+        read, reading, opened = cross.read_unhashed, asyncio.Event(), asyncio.Event()  # what a load reads with
 
         async def read_at_the_gate(lease):
             blob = await read(lease)
@@ -229,7 +229,7 @@ async def test_a_load_that_read_a_lower_copy_before_a_delete_never_promotes_it_b
             await opened.wait()
             return blob
 
-        cross.read = read_at_the_gate
+        cross.read_unhashed = read_at_the_gate
         loading = asyncio.create_task(engine.load(LoadRequest("alice", NAMESPACES["alice"], ref=ref), owner="c"))
         await reading.wait()
         assert await engine.delete("alice", ref) == 1

@@ -1,7 +1,7 @@
 """The load path of ``RedisTier``: leases, the prefetch, the parallel chunk read, verification.
 
-- ``RedisLoads(ledger, medium, removal)`` — ``prepare_load`` / ``read`` / ``complete_load``
-  / ``release_owner`` and ``leases_in_memory`` of ``RedisTier`` (``tiers.redis.tier``),
+- ``RedisLoads(ledger, medium, removal)`` — ``prepare_load`` / ``read`` (and
+  ``read_unhashed``) / ``complete_load`` / ``release_owner`` and ``leases_in_memory`` of ``RedisTier`` (``tiers.redis.tier``),
   called by the daemon's loads; ``fetch`` also serves eviction, ``expire_leases`` /
   ``settle`` end what leases held (the chunks of objects deleted under a lease go then).
 - ``FOUND_FRESH_S``, ``PREFETCH_BYTES``, ``FETCH_CONNECTIONS`` — what a lease takes from a
@@ -108,10 +108,19 @@ class RedisLoads:
         return Leased(manifest) if time.monotonic() - when < FOUND_FRESH_S else None
 
     async def read(self, lease: Lease) -> memoryview:
+        return await self._read(lease, verify_payload=True)
+
+    async def read_unhashed(self, lease: Lease) -> memoryview:
+        """``read`` without the pass over the payload (framing, signature): the client
+        verifies it where it lands."""
+        return await self._read(lease, verify_payload=False)
+
+    async def _read(self, lease: Lease, *, verify_payload: bool) -> memoryview:
         lease = self._ledger.leases.check(lease)
         found = lease.location
         assert isinstance(found, Leased)
-        blob = await self.fetch(self._medium.client, found.manifest, "read", found.head, touch=not found.touched)
+        blob = await self.fetch(self._medium.client, found.manifest, "read", found.head, touch=not found.touched,
+                                verify_payload=verify_payload)
         if blob is None:
             raise NotFound(f"object {lease.object_id.hex()} expired while leased")
         return blob
@@ -140,10 +149,11 @@ class RedisLoads:
                                               manifest.chunks)
 
     async def fetch(self, client: Redis | RedisCluster, manifest: Manifest, op: str, head: bytes | None = None,
-                    touch: bool = False) -> memoryview | None:
+                    touch: bool = False, verify_payload: bool = True) -> memoryview | None:
         """The verified sealed bytes, or ``None`` (cleaned up) when chunks have expired.
         ``head``: the first bytes of chunk 0 fetched before (used when they are all of it).
-        ``touch``: the object's LRU entry is touched in the same round trip (with a budget)."""
+        ``touch``: the object's LRU entry is touched in the same round trip (with a budget).
+        ``verify_payload=False``: framing and signature only (``read_unhashed``)."""
         medium = self._medium
         oid = manifest.meta.object_id
         if manifest.is_encrypted and medium.cipher is None:
@@ -162,8 +172,8 @@ class RedisLoads:
             return None
         try:
             if manifest.stored_size <= INLINE_BYTES:
-                return self._open(parts, manifest)
-            opened: memoryview = await medium.run(self._open, parts, manifest)
+                return self._open(parts, manifest, verify_payload)
+            opened: memoryview = await medium.run(self._open, parts, manifest, verify_payload)
             return opened
         except RejectedState as exc:
             if is_damage(exc):  # an unknown key id is another keyring's object: left for the nodes holding it
@@ -184,7 +194,7 @@ class RedisLoads:
         calls = [first, *(connect.exchange(client, group) for group in groups[1:])]
         return [reply for replies in await _all_or_none(calls) for reply in replies]
 
-    def _open(self, parts: list[bytes], manifest: Manifest) -> memoryview:
+    def _open(self, parts: list[bytes], manifest: Manifest, verify_payload: bool = True) -> memoryview:
         """Reassemble, decrypt, check integrity (in the executor when large).
 
         Integrity only: framing against the header's own lengths, signature, payload digest.
@@ -194,7 +204,7 @@ class RedisLoads:
         stored = join_chunks(parts)
         cipher = self._medium.cipher
         blob = cipher.open_envelope(stored) if manifest.is_encrypted and cipher is not None else stored
-        open_intact(blob, self._medium.keyring, verified=self._verified)
+        open_intact(blob, self._medium.keyring, verify_payload=verify_payload, verified=self._verified)
         return memoryview(blob)
 
 

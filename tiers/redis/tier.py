@@ -30,7 +30,7 @@ from redis.asyncio import Redis, RedisCluster
 
 from statetier.protocol.keyring import Keyring
 
-from ..base import KeyMatches, ObjectMeta, TierStats
+from ..base import KeyMatches, Lease, ObjectMeta, TierStats
 from ..composed import ComposedTier
 from ..crypto import AtRestCipher
 from ..ledger import Ledger
@@ -93,6 +93,9 @@ class RedisTier(ComposedTier):
 
     def leases_in_memory(self, object_id: bytes) -> bool:
         return self._loads.leases_in_memory(object_id)
+
+    def read_unhashed(self, lease: Lease) -> Coroutine[Any, Any, memoryview]:
+        return self._loads.read_unhashed(lease)
 
     def contains(self, object_id: bytes) -> Coroutine[Any, Any, bool]:
         return self._lookup.contains(object_id)
