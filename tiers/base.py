@@ -7,6 +7,7 @@ under their ``object_id`` (the 16-byte state_id) and indexes them by ``key_diges
     ticket = await tier.prepare_store(meta)         # reserves room, or CapacityError
     await tier.write(ticket, chunks)                # or fill ``ticket.view`` in place
     await tier.complete_store(ticket, success=True) # visible only now; False frees it all
+                                                    # (complete_stores: a batch at once)
 
     lease = await tier.prepare_load(object_id, owner=conn_id)   # pins bytes, or NotFound
     data = await tier.read(lease)                   # memoryview valid until complete_load
@@ -32,6 +33,7 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Self, Sequence
 
+from statetier.protocol.errors import StatetierError
 from statetier.protocol.identity import Kind
 from statetier.protocol.sealed import SealedHeader
 from statetier.tiers.registry import StreamHead, VersionRegistry
@@ -180,6 +182,19 @@ class Tier(abc.ABC):
 
     @abc.abstractmethod
     async def complete_store(self, ticket: StoreTicket, success: bool) -> None: ...
+
+    async def complete_stores(self, tickets: Sequence[StoreTicket]) -> list[StatetierError | None]:
+        """``complete_store(ticket, True)`` of each written ticket, in order: ``None`` for
+        each object stored, the error of each refused in its place. A tier behind the network
+        commits them together (Redis: one script call for the batch); by default one by one."""
+        out: list[StatetierError | None] = []
+        for ticket in tickets:
+            try:
+                await self.complete_store(ticket, True)
+                out.append(None)
+            except StatetierError as exc:
+                out.append(exc)
+        return out
 
     @abc.abstractmethod
     async def prepare_load(self, object_id: bytes, owner: object = None, ttl: float | None = None) -> Lease: ...

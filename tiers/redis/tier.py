@@ -28,9 +28,10 @@ from typing import Any, AsyncIterator, Sequence
 
 from redis.asyncio import Redis, RedisCluster
 
+from statetier.protocol.errors import StatetierError
 from statetier.protocol.keyring import Keyring
 
-from ..base import KeyMatches, Lease, ObjectMeta, TierStats
+from ..base import KeyMatches, Lease, ObjectMeta, StoreTicket, TierStats
 from ..composed import ComposedTier
 from ..crypto import AtRestCipher
 from ..ledger import Ledger
@@ -96,6 +97,9 @@ class RedisTier(ComposedTier):
 
     def read_unhashed(self, lease: Lease) -> Coroutine[Any, Any, memoryview]:
         return self._loads.read_unhashed(lease)
+
+    def complete_stores(self, tickets: Sequence[StoreTicket]) -> Coroutine[Any, Any, list[StatetierError | None]]:
+        return self._stores.complete_stores(tickets)
 
     def contains(self, object_id: bytes) -> Coroutine[Any, Any, bool]:
         return self._lookup.contains(object_id)
