@@ -220,3 +220,34 @@ async def test_a_batch_of_objects_commits_in_one_script_call(backend, make_tier)
     assert [[m.object_id for m in metas] for metas in found.metas] == [[meta.object_id] for meta, _ in objects]
     assert (tier.stats().objects, tier.stats().bytes_used) == (len(objects), sum(m.size for m, _ in objects))
     assert tier.stats().extra["reserved_bytes"] == 0
+
+
+async def test_a_read_into_lands_every_chunk_in_place_and_checks_it_there(backend, make_tier) -> None:
+    # a promotion reads straight into its arena reservation: the chunks copied into place one
+    # by one (no joined buffer); a flipped payload byte is found there by ``read_into`` and
+    # the object dropped, passed on by ``read_into_unhashed`` (the client checks it); another
+    # size than the destination's is refused before a byte is written, and nothing is dropped
+    tier = await make_tier(backend.url, chunk_bytes=1 << 20)
+    (whole, whole_blob), (flipped, flipped_blob) = (make_object(3 << 20, layer=i) for i in range(2))
+    for meta, blob in ((whole, whole_blob), (flipped, flipped_blob)):
+        await store(tier, meta, blob)
+    chunk = keys_of(tier).chunk(flipped.object_id, 2)
+    backend.raw.setrange(chunk, 100, bytes([backend.raw.getrange(chunk, 100, 100)[0] ^ 0x01]))
+
+    async def read_into(meta, method, size=None):
+        dest = memoryview(bytearray(size or meta.size))
+        lease = await tier.prepare_load(meta.object_id)
+        try:
+            await getattr(tier, method)(lease, dest)
+        finally:
+            await tier.complete_load(lease)
+        return bytes(dest)
+
+    assert await read_into(whole, "read_into") == whole_blob
+    assert await read_into(flipped, "read_into_unhashed") != flipped_blob
+    with pytest.raises(InvalidRequest):
+        await read_into(whole, "read_into", whole.size + 1)
+    with pytest.raises(CorruptPayload):
+        await read_into(flipped, "read_into")
+    assert not await tier.contains(flipped.object_id)
+    assert await tier.contains(whole.object_id)

@@ -207,12 +207,8 @@ def plan_chunks(buffers: Sequence[Buffer], chunk_bytes: int, head_bytes: int = 0
 
 
 def join_chunks(parts: Sequence[bytes]) -> memoryview:
-    """One buffer holding ``parts`` back to back (no copy for a single part)."""
+    """One buffer holding ``parts`` back to back (no copy for a single part; else one copy,
+    without zero-filling a buffer first)."""
     if len(parts) == 1:
         return memoryview(parts[0])
-    whole = memoryview(bytearray(sum(len(p) for p in parts)))
-    offset = 0
-    for part in parts:
-        whole[offset : offset + len(part)] = part
-        offset += len(part)
-    return whole
+    return memoryview(b"".join(parts))

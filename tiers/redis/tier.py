@@ -50,6 +50,7 @@ class RedisTier(ComposedTier):
     """See the module docstring."""
 
     verifies_on_read = True  # read() checks every object's signature and payload digest (RedisLoads)
+    reads_in_place = True  # read_into: a promotion's chunks land in its arena reservation, no join
 
     def __init__(self, options: RedisTierOptions, *, keyring: Keyring, cipher: AtRestCipher | None = None,
                  executor: concurrent.futures.Executor | None = None) -> None:
@@ -97,6 +98,12 @@ class RedisTier(ComposedTier):
 
     def read_unhashed(self, lease: Lease) -> Coroutine[Any, Any, memoryview]:
         return self._loads.read_unhashed(lease)
+
+    def read_into(self, lease: Lease, dest: memoryview) -> Coroutine[Any, Any, None]:
+        return self._loads.read_into(lease, dest)
+
+    def read_into_unhashed(self, lease: Lease, dest: memoryview) -> Coroutine[Any, Any, None]:
+        return self._loads.read_into_unhashed(lease, dest)
 
     def complete_stores(self, tickets: Sequence[StoreTicket]) -> Coroutine[Any, Any, list[StatetierError | None]]:
         return self._stores.complete_stores(tickets)
