@@ -31,6 +31,7 @@ import torch
 
 from statetier.protocol.errors import CorruptPayload, InvalidRequest
 from statetier.protocol.groups import chosen
+from statetier.protocol.passes import PASSES
 from statetier.protocol.sealed import SealedHeader, TensorDescriptor, check_payload_digest, hash_chunk, region_hasher
 
 from .tensors import byte_view, empty_for, spec_of, tensor_bytes, tensor_to_spec_and_view, torch_dtype
@@ -45,6 +46,7 @@ def fill(region: memoryview, layout, tensors: Sequence[torch.Tensor]) -> None:
         if offset > cursor:
             region[cursor:offset] = _ZEROS[: offset - cursor]
         nbytes = tensor.numel() * tensor.element_size()
+        PASSES.count_copied(nbytes)
         if nbytes:
             if tensor.device.type == "cpu":  # a memmove on this thread, never torch's copy pool
                 source = byte_view(tensor if tensor.is_contiguous() else tensor_bytes(tensor))
@@ -113,6 +115,7 @@ def land_all(jobs: list, staging: Callable[[int], torch.Tensor], trace: dict | N
 
 def copy_and_digest(dest: memoryview, source: memoryview, hasher, trace: dict | None = None) -> None:
     nbytes = source.nbytes
+    PASSES.count_copied(nbytes)
     if trace is not None:
         return _copy_and_digest_timed(dest, source, hasher, trace)
     chunk = hash_chunk(nbytes)

@@ -28,6 +28,7 @@ from statetier.daemon.trace import phase
 from statetier.protocol.errors import InvalidRequest, StatetierError
 from statetier.protocol.groups import check_layers, chosen
 from statetier.protocol.identity import Namespace
+from statetier.protocol.passes import PASSES
 from statetier.protocol.thresholds import run_work
 from statetier.protocol.wire_meta import (
     ErrorInfo,
@@ -144,6 +145,8 @@ async def _copied(session: Session, loaded: list[tuple[LoadRequest, LoadResult]]
 
 
 def _copy_all(data: bytearray, inline: list[list[memoryview]], windowed: list) -> None:
+    PASSES.count_copied(sum(p.nbytes for parts in inline for p in parts)
+                        + sum(r.nbytes for _, regions in windowed for r in regions))
     view, at = memoryview(data), 0
     for parts in inline:
         for part in parts:

@@ -28,6 +28,7 @@ from __future__ import annotations
 from statetier.protocol.errors import ConfigError, InvalidRequest
 from statetier.protocol.keyring import Keyring
 from statetier.protocol.classify import open_intact
+from statetier.protocol.passes import copy_into
 from ..crypto import ENVELOPE_BYTES, TAG_BYTES, AtRestCipher
 from .index import Location
 from .records import FLAG_ENVELOPE, RECORD_HEADER_BYTES, RecordCodec, RecordHeader
@@ -93,7 +94,7 @@ class RecordBody:
             blob = self._read(file, location, object_id, verify_payload=verify_payload)
             if len(blob) != dest.nbytes:
                 raise InvalidRequest(f"a {dest.nbytes}-byte destination for a {len(blob)}-byte object")
-            dest[:] = blob
+            copy_into(dest, blob)
             return
         header = file.read_record_into(location.offset, location.record_len, object_id, location.generation, dest)
         if header.is_envelope:

@@ -44,6 +44,7 @@ from typing import Any, Sequence
 
 from statetier.protocol.errors import ConfigError, CorruptPayload
 from statetier.protocol.identity import Kind
+from statetier.protocol.passes import PASSES
 from ..base import Buffer, ObjectMeta
 from .connect import Gathered
 
@@ -211,4 +212,6 @@ def join_chunks(parts: Sequence[bytes]) -> memoryview:
     without zero-filling a buffer first)."""
     if len(parts) == 1:
         return memoryview(parts[0])
-    return memoryview(b"".join(parts))
+    joined = b"".join(parts)
+    PASSES.count_copied(len(joined))
+    return memoryview(joined)

@@ -28,6 +28,7 @@ from redis.asyncio import Redis, RedisCluster
 from statetier.protocol.cancellation import wait_out_cancellation
 from statetier.protocol.classify import is_damage, open_intact
 from statetier.protocol.errors import CorruptPayload, InvalidRequest, NotFound, RejectedState
+from statetier.protocol.passes import PASSES, copy_into
 from statetier.protocol.sealed import VerifiedHeaders
 
 from ..base import Lease
@@ -253,7 +254,7 @@ class RedisLoads:
             blob = self._open(parts, manifest, verify_payload)
             if blob.nbytes != dest.nbytes:
                 raise InvalidRequest(f"a {dest.nbytes}-byte destination for a {blob.nbytes}-byte object")
-            dest[:] = blob
+            copy_into(dest, blob)
             return
         stored = sum(len(part) for part in parts)
         if stored != dest.nbytes:  # not what the manifest says: damage, or another object's bytes
@@ -263,6 +264,7 @@ class RedisLoads:
         for part in parts:
             dest[at : at + len(part)] = part
             at += len(part)
+        PASSES.count_copied(at)
         open_intact(dest, self._medium.keyring, verify_payload=verify_payload, verified=self._verified)
 
 
