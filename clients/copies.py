@@ -8,7 +8,8 @@
   regions back to back (what the daemon sends for ``layers``).
 - ``land(header, source, parts, dests, staging, trace)`` — each received tensor (``parts``)
   copied into its destination and **verified there** against the signed header's digests
-  (``CorruptPayload(landed=True)`` when the bytes changed on the way); a device destination
+  (``CorruptPayload(landed=True)`` when the bytes changed on the way: the host buffers it
+  wrote are zeroed, so no damaged byte stays in a caller's buffer); a device destination
   is verified in ``staging`` (a private host buffer) first. ``land_all(jobs, staging, trace)``
   lands a batch and returns the indexes that were not intact, to be asked again.
 - ``copy_and_digest(dest, source, hasher, trace)`` — the fused copy + digest, in
@@ -77,6 +78,7 @@ def land(header: SealedHeader, source: memoryview, parts: Sequence[tuple[TensorD
     meanwhile. Regions not received count with the digests the verified header binds.
     """
     digests: dict[int, bytes] = {}  # by id() of the descriptor: zero-size tensors share offsets
+    landed: list[memoryview] = []  # the caller's host buffers written so far
     for (t, at), dest in zip(parts, dests):
         hasher = region_hasher(header.digest_alg, t.nbytes)
         src = source[at : at + t.nbytes]
@@ -84,11 +86,15 @@ def land(header: SealedHeader, source: memoryview, parts: Sequence[tuple[TensorD
         if t.nbytes:
             stage = staging(t.nbytes)[: t.nbytes] if on_device else dest  # contiguous: checked or fresh
             copy_and_digest(byte_view(stage), src, hasher, trace)
+            if not on_device:
+                landed.append(byte_view(stage))
         padding = bytes(source[at + t.nbytes : at + t.region])
         if padding:
             hasher.update(padding)
         digest = hasher.digest()
         if digest != t.digest:
+            for written in landed:  # damaged bytes are not left in a caller's buffer (a KV pool)
+                written[:] = bytes(written.nbytes)
             raise CorruptPayload(f"tensor {t.spec.name!r} changed on its way: its digest does not match the "
                                  "signed header", landed=True)
         if on_device and t.nbytes:
