@@ -147,7 +147,7 @@ class Tier(abc.ABC):
     #: engine need not hash the payload a second time.
     verifies_on_read: bool = False
     #: True when the tier has ``read_into(lease, dest)``: ``read`` straight into a buffer
-    #: of the caller's (the object's exact size), verified there (disk), so a promotion
+    #: of the caller's (the object's exact size), verified there (disk, Redis), so a promotion
     #: reads into its arena reservation instead of a fresh buffer and a copy; and
     #: ``read_into_unhashed(lease, dest)``, the same without the pass over the payload.
     reads_in_place: bool = False

@@ -17,8 +17,8 @@ every lease released in ``finally``. Tenant bytes follow each copy as in ``Place
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from statetier.protocol.errors import CapacityError, InvalidRequest, StatetierError
 from statetier.tiers.base import Lease, ObjectMeta, StoreTicket, Tier

@@ -8,7 +8,7 @@
 - ``CopyServer(stack, leases)``   — ``serve(tier, index, lease, wanted)`` → ``LoadResult``,
                                     called by ``daemon.engine.loads`` for each copy, fastest first;
                                     it owns ``lease``. A copy from below is promoted: from a
-                                    tier that ``reads_in_place`` (the disk) straight into an
+                                    tier that ``reads_in_place`` (disk, Redis) straight into an
                                     arena reservation, else by storing the bytes read; never
                                     while a delete runs, nor once the copy it came from was
                                     deleted (its lease still serves the load its bytes). Damage

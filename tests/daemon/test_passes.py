@@ -21,8 +21,7 @@ import uuid
 from pathlib import Path
 
 import torch
-
-from statetier.clients.copies import land, laid_out
+from statetier.clients.copies import laid_out, land
 from statetier.daemon.engine import Engine, EngineOptions
 from statetier.daemon.requests import Incoming, LoadRequest, PutRequest
 from statetier.protocol.dtypes import TensorSpec
@@ -35,7 +34,7 @@ from statetier.tiers.redis import RedisTier, RedisTierOptions
 from statetier.tiers.registry import MemoryVersionRegistry
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling test_moves.py
-from test_moves import erase_prefix  # noqa: E402
+from test_moves import erase_prefix
 
 NS = NamespaceSpec("passes").namespace()
 SPECS = (TensorSpec("k", "bfloat16", (4, 8, 16, 128)), TensorSpec("v", "bfloat16", (4, 8, 16, 128)))

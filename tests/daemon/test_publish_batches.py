@@ -15,7 +15,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from statetier.daemon.engine import Engine, EngineOptions
 from statetier.daemon.requests import Incoming, LoadRequest, PutRequest, PutResult
 from statetier.protocol.dtypes import TensorSpec
@@ -27,7 +26,7 @@ from statetier.tiers.redis import RedisTier, RedisTierOptions
 from statetier.tiers.redis.registry import RedisVersionRegistry
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling test_moves.py
-from test_moves import erase_prefix  # noqa: E402
+from test_moves import erase_prefix
 
 NS = NamespaceSpec("publish-batches").namespace()
 KV = (TensorSpec("kv", "bfloat16", (2, 8, 16, 128)),)  # 64 KiB

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any, Coroutine
+from typing import Any, Callable, Coroutine
 
 from redis.asyncio import Redis, RedisCluster
 
@@ -207,7 +207,8 @@ class RedisLoads:
             return None
         return parts
 
-    async def _judged(self, client: Redis | RedisCluster, manifest: Manifest, check, *args: Any) -> Any:
+    async def _judged(self, client: Redis | RedisCluster, manifest: Manifest, check: Callable[..., Any],
+                      *args: Any) -> Any:
         """``check(*args)`` — on the loop for a small object, else in the executor, waited out
         even when cancelled (it may write into a caller's buffer); damage drops the object."""
         try:
