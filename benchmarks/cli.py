@@ -119,11 +119,21 @@ def format_phases(row: dict) -> str | None:
             + (f"  (load {load[0]:.2f})" if load else ""))
 
 
+def format_passes(row: dict) -> str | None:
+    """How many times each byte was copied (c) and hashed (h), per side, and on the raw paths."""
+    passes = row.get("passes")
+    if not passes:
+        return None
+    sides = [f"{op} {side} {c:.2f}c/{h:.2f}h" for op in ("put", "load") for side, (c, h) in passes.get(op, {}).items()]
+    raw = [f"{name} {c:.0f}c/{h:.0f}h" for name, (c, h) in passes.get("raw", {}).items()]
+    return "         passes per byte: " + ", ".join(sides) + "; raw: " + ", ".join(raw)
+
+
 def print_row(row: dict) -> None:
     print(format_row(row), flush=True)
-    phases = format_phases(row)
-    if phases:
-        print(phases, flush=True)
+    for line in (format_phases(row), format_passes(row)):
+        if line:
+            print(line, flush=True)
 
 
 def print_summary(rows: list[dict], suites: dict) -> None:

@@ -8,7 +8,10 @@ For sealed objects of 64 KiB, 2 MiB and 32 MiB payload (one at a time, batch 1) 
   on disk that includes the fdatasync and the index commit (durable on return);
 - ``load``  — ``prepare_load`` + ``read`` + ``complete_load``; disk and Redis verify in
   ``read`` (``open_sealed``, signature and payload digest); host and device hand out a
-  view, so the load adds ``open_sealed`` as the daemon does for host loads.
+  view, so the load adds ``open_sealed`` (one digest pass, as a client does where it lands);
+- ``serve`` — disk and Redis only: ``prepare_load`` + ``read_unhashed`` + ``complete_load``,
+  the tier's part of a daemon load under the hashing rule (docs/protocol.md §6.1: the
+  payload digest is the client's, where the bytes land).
 
 Each is paired, in every repetition, with the raw limit of its medium on the same bytes:
 host and device against a copy + keyed BLAKE3 of the same bytes (target ≥ 0.8×) and a
@@ -190,6 +193,17 @@ def tier_load(tier: Tier, object_id: bytes, verify_here: bool):
     return op
 
 
+def tier_serve(tier: Tier, object_id: bytes):
+    """What a daemon load reads with: no payload digest (its client verifies it)."""
+    async def op():
+        lease = await tier.prepare_load(object_id, owner="bench")
+        try:
+            await tier.read_unhashed(lease)
+        finally:
+            await tier.complete_load(lease)
+    return op
+
+
 async def measure_tier(name: str, tier: Tier, raws: dict, objects: Objects, plan: TierPlan,
                        before_load=None) -> list[TierRow]:
     """The store and load rows of one tier and size; ``raws[op]`` maps raw names to raw ops."""
@@ -209,6 +223,9 @@ async def measure_tier(name: str, tier: Tier, raws: dict, objects: Objects, plan
     load = tier_load(tier, stored[0], verify_here=not tier.verifies_on_read)
     rows.append(await interleaved(name, "load", objects.size, raws["load"], load, plan.reps, ops,
                                   before_each=before_load))
+    if tier.verifies_on_read:
+        rows.append(await interleaved(name, "serve", objects.size, raws["load"], tier_serve(tier, stored[0]),
+                                      plan.reps, ops, before_each=before_load))
     await delete_stored()
     return rows
 

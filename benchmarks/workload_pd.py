@@ -20,7 +20,10 @@ are deleted from both daemons afterwards, outside the timing.
 Rows (``suite="pd"``, ``tier="redis"``): ``put+publish`` (raw ``redis-py SET``), ``lookup+load``
 (raw ``redis-py GET``) and ``handoff`` (raw ``redis-py SET+GET``), each also against the
 best raw (``redis-py ×4 SET`` …) and ``memcpy+blake3``; ``size_bytes`` is the whole state,
-``batch`` its object count, ``lookup_ms`` the median time of the lookup alone.
+``batch`` its object count, ``lookup_ms`` the median time of the lookup alone, ``passes``
+how many times each byte was copied and hashed, per side (``put``: client, prefill daemon;
+``load``: decode daemon, client; ``protocol.passes``, the daemons' through
+``statetier_payload_pass_bytes_total``), next to the raw paths' (``raw``).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import time
 import uuid
 
 from statetier.launch import served_by_tier
+from statetier.protocol.passes import PASSES, PassCount, Passes
 
 from .workload_models import Model, request_state
 from .workload_raw import BEST_CONNECTIONS, BEST_NAME, MemoryRaw, RedisRaw, atimed, byte_views, paired_row, timed
@@ -51,6 +55,7 @@ class _Handoff:
     def __init__(self, prefill, decode, model: Model, state) -> None:
         self.prefill, self.decode, self.model, self.state = prefill, decode, model, state
         self.refs: list = []
+        self.client_passes = {"put": PassCount(), "load": PassCount()}  # this process: the two clients
 
     def _items(self, prefix: bytes, request_id: str) -> list:
         from statetier.clients import PutItem
@@ -62,7 +67,9 @@ class _Handoff:
         return kv + ssm
 
     async def put(self, prefix: bytes) -> None:
+        before = PASSES.snapshot()
         self.refs = await self.prefill.put_many(self._items(prefix, f"pd-{uuid.uuid4().hex[:12]}"))
+        self.client_passes["put"] = _added(self.client_passes["put"], before)
 
     async def lookup_load(self, prefix: bytes, check: bool) -> float:
         """Returns the seconds the lookup alone took."""
@@ -73,7 +80,9 @@ class _Handoff:
         try:
             if hit.tokens != self.state.tokens or len(hit.refs) != self.state.objects():
                 raise RuntimeError(f"the decode daemon found {hit.tokens} of {self.state.tokens} tokens")
+            before = PASSES.snapshot()
             loaded = await self.decode.load_many(hit.refs)
+            self.client_passes["load"] = _added(self.client_passes["load"], before)
         finally:
             await self.decode.release(hit.lease_ids)
         if check:
@@ -141,7 +150,7 @@ async def _measure_case(prefill, decode, redis_url: str, model: Model, tokens: i
         rows.append(paired_row("pd", "redis", op, size, objects, measured, f"{BEST_NAME} {red_name}", best_raw,
                                **extra))
         rows.append(paired_row("pd", "redis", op, size, objects, measured, "memcpy+blake3", times["mem"], **extra))
-    return rows
+    return rows, handoff.client_passes
 
 
 async def run_pd(cluster, cases: list[tuple[Model, int]], reps: int, progress) -> list[dict]:
@@ -151,9 +160,36 @@ async def run_pd(cluster, cases: list[tuple[Model, int]], reps: int, progress) -
     for model, tokens in cases:
         namespace = _namespace(model)
         before = cluster.decode.counters()
+        daemons_before = _daemon_passes(cluster.prefill), _daemon_passes(cluster.decode)
         async with AsyncClient(cluster.prefill.url, namespace=namespace) as prefill, \
                 AsyncClient(cluster.decode.url, namespace=namespace) as decode:
-            case_rows = await _measure_case(prefill, decode, cluster.redis_url, model, tokens, reps, progress)
+            case_rows, clients = await _measure_case(prefill, decode, cluster.redis_url, model, tokens, reps,
+                                                     progress)
         served = served_by_tier(before, cluster.decode.counters())
-        rows += [{**row, "served_by_tier": served} for row in case_rows]
+        nbytes = request_state(model, tokens, seed=tokens).nbytes() * (reps + 1)  # the warm-up moved them too
+        passes = {
+            "put": {"client": Passes.per_byte(PassCount(), clients["put"], nbytes),
+                    "daemon": Passes.per_byte(daemons_before[0], _daemon_passes(cluster.prefill), nbytes)},
+            "load": {"daemon": Passes.per_byte(daemons_before[1], _daemon_passes(cluster.decode), nbytes),
+                     "client": Passes.per_byte(PassCount(), clients["load"], nbytes)},
+            "raw": RAW_PASSES,
+        }
+        rows += [{**row, "served_by_tier": served, "passes": passes} for row in case_rows]
     return rows
+
+
+#: (copies, hashes) per byte of the raw paths: redis-py moves bytes between sockets and
+#: ``bytes`` objects only (the transfer, not counted here); the memory raw copies and hashes once.
+RAW_PASSES = {"redis-py SET+GET": (0.0, 0.0), "memcpy+blake3": (1.0, 1.0)}
+
+
+def _daemon_passes(daemon) -> PassCount:
+    """What ``statetier_payload_pass_bytes_total`` says the daemon process copied and hashed."""
+    samples = daemon.scrape()
+    return PassCount(int(samples.value("statetier_payload_pass_bytes_total", op="copied")),
+                     int(samples.value("statetier_payload_pass_bytes_total", op="hashed")))
+
+
+def _added(total: PassCount, before: PassCount) -> PassCount:
+    after = PASSES.snapshot()
+    return PassCount(total.copied + after.copied - before.copied, total.hashed + after.hashed - before.hashed)

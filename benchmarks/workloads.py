@@ -186,12 +186,17 @@ def run(plan: WorkloadPlan, parts: list[str], directory: Path) -> list[dict]:
 
 
 def print_rows(rows: list[dict]) -> None:
-    from .cli import HEAD, format_row
+    from .cli import HEAD, format_passes, format_row
 
     print(HEAD)
     print("-" * len(HEAD))
+    passes_said = None
     for row in rows:
         print(format_row({**row, "suite": row["suite"][:6], "tier": row["tier"][:13], "op": row["op"][:6]}))
+        passes = format_passes(row)
+        if passes and passes != passes_said:  # once per case: its rows share the counts
+            print(passes)
+            passes_said = passes
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,8 @@
   regions back to back (what the daemon sends for ``layers``).
 - ``land(header, source, parts, dests, staging, trace)`` — each received tensor (``parts``)
   copied into its destination and **verified there** against the signed header's digests
-  (``CorruptPayload(landed=True)`` when the bytes changed on the way); a device destination
+  (``CorruptPayload(landed=True)`` when the bytes changed on the way: the host buffers it
+  wrote are zeroed, so no damaged byte stays in a caller's buffer); a device destination
   is verified in ``staging`` (a private host buffer) first. ``land_all(jobs, staging, trace)``
   lands a batch and returns the indexes that were not intact, to be asked again.
 - ``copy_and_digest(dest, source, hasher, trace)`` — the fused copy + digest, in
@@ -31,6 +32,7 @@ import torch
 
 from statetier.protocol.errors import CorruptPayload, DestinationMismatch, InvalidRequest
 from statetier.protocol.groups import chosen
+from statetier.protocol.passes import PASSES
 from statetier.protocol.sealed import SealedHeader, TensorDescriptor, check_payload_digest, hash_chunk, region_hasher
 
 from .tensors import byte_view, empty_for, spec_of, tensor_bytes, tensor_to_spec_and_view, torch_dtype
@@ -45,6 +47,7 @@ def fill(region: memoryview, layout, tensors: Sequence[torch.Tensor]) -> None:
         if offset > cursor:
             region[cursor:offset] = _ZEROS[: offset - cursor]
         nbytes = tensor.numel() * tensor.element_size()
+        PASSES.count_copied(nbytes)
         if nbytes:
             if tensor.device.type == "cpu":  # a memmove on this thread, never torch's copy pool
                 source = byte_view(tensor if tensor.is_contiguous() else tensor_bytes(tensor))
@@ -75,6 +78,7 @@ def land(header: SealedHeader, source: memoryview, parts: Sequence[tuple[TensorD
     meanwhile. Regions not received count with the digests the verified header binds.
     """
     digests: dict[int, bytes] = {}  # by id() of the descriptor: zero-size tensors share offsets
+    landed: list[memoryview] = []  # the caller's host buffers written so far
     for (t, at), dest in zip(parts, dests):
         hasher = region_hasher(header.digest_alg, t.nbytes)
         src = source[at : at + t.nbytes]
@@ -82,11 +86,15 @@ def land(header: SealedHeader, source: memoryview, parts: Sequence[tuple[TensorD
         if t.nbytes:
             stage = staging(t.nbytes)[: t.nbytes] if on_device else dest  # contiguous: checked or fresh
             copy_and_digest(byte_view(stage), src, hasher, trace)
+            if not on_device:
+                landed.append(byte_view(stage))
         padding = bytes(source[at + t.nbytes : at + t.region])
         if padding:
             hasher.update(padding)
         digest = hasher.digest()
         if digest != t.digest:
+            for written in landed:  # damaged bytes are not left in a caller's buffer (a KV pool)
+                written[:] = bytes(written.nbytes)
             raise CorruptPayload(f"tensor {t.spec.name!r} changed on its way: its digest does not match the "
                                  "signed header", landed=True)
         if on_device and t.nbytes:
@@ -119,6 +127,7 @@ def land_all(jobs: Sequence[LandJob | None], staging: Callable[[int], torch.Tens
 
 def copy_and_digest(dest: memoryview, source: memoryview, hasher, trace: dict | None = None) -> None:
     nbytes = source.nbytes
+    PASSES.count_copied(nbytes)
     if trace is not None:
         return _copy_and_digest_timed(dest, source, hasher, trace)
     chunk = hash_chunk(nbytes)

@@ -36,6 +36,8 @@ Counted by the daemon as things happen:
     statetier_lookup_seconds                        histogram  latency of a joint-hit lookup
     statetier_lookup_hit_tokens                     histogram  tokens a lookup could restore (0 = miss)
     statetier_build_info{version,format,protocols}  gauge      1: the release, sealed-object format, frame protocols
+    statetier_payload_pass_bytes_total{op}          counter    payload bytes this process copied or hashed (op:
+                                                               copied, hashed; ``protocol.passes``, read at scrape)
     process_*                                       the process collector (CPU seconds, resident memory, fds,
                                                     start time)
 
@@ -50,11 +52,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from statetier.protocol.classify import SKIP_REASONS
 from statetier.protocol.errors import RejectedState
 from statetier.protocol.frames import PROTOCOL_VERSIONS
 from statetier.protocol.identity import Kind
+from statetier.protocol.passes import PASSES
 from statetier.protocol.sealed_format import FORMAT_VERSION
 from statetier.tiers.base import TierStats
 
@@ -134,6 +139,7 @@ class Metrics:
         )
         self._scrape_view = ScrapeTimeCollector()
         r.register(self._scrape_view)
+        r.register(_PassesCollector())
         build = Gauge("statetier_build_info", "The running release: version, sealed-object format, frame protocols.",
                       ["version", "format", "protocols"], registry=r)
         build.labels(_version(), str(FORMAT_VERSION), ",".join(map(str, PROTOCOL_VERSIONS))).set(1)
@@ -287,3 +293,15 @@ def _version() -> str:
     from statetier import __version__
 
     return __version__
+
+
+class _PassesCollector(Collector):
+    """``statetier_payload_pass_bytes_total{op}``: what ``protocol.passes`` counted so far."""
+
+    def collect(self):
+        counted = PASSES.snapshot()
+        family = CounterMetricFamily("statetier_payload_pass_bytes", "Payload bytes this process copied or hashed.",
+                                     labels=["op"])
+        family.add_metric(["copied"], counted.copied)
+        family.add_metric(["hashed"], counted.hashed)
+        yield family

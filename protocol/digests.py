@@ -13,6 +13,8 @@
 - ``payload_digest_of(alg, region_digests, payload_len)`` — the payload digest over the
   region digests (docs/protocol.md §2.2), so one pass over the bytes seals or verifies all.
 
+Every byte hashed is counted in ``protocol.passes.PASSES`` (issue 25: passes per byte).
+
 Used by ``sealed`` (sealing and checking payloads) and ``clients.transfers``. No key is
 involved: the signed header is what makes the digests trustworthy.
 """
@@ -28,6 +30,7 @@ import blake3
 if TYPE_CHECKING:
     import xxhash
 
+from .passes import PASSES
 from .thresholds import PARALLEL_HASH_BYTES
 
 _AUTO = blake3.blake3.AUTO
@@ -59,8 +62,14 @@ class RegionHasher(Protocol):
 
 
 def digest_region(alg: DigestAlg, data: Bytes) -> bytes:
+    nbytes = memoryview(data).nbytes
+    PASSES.count_hashed(nbytes)
+    return _digest(alg, data, nbytes)
+
+
+def _digest(alg: DigestAlg, data: Bytes, nbytes: int) -> bytes:
     if alg is DigestAlg.BLAKE3:
-        return blake3.blake3(data, max_threads=_threads(memoryview(data).nbytes)).digest()
+        return blake3.blake3(data, max_threads=_threads(nbytes)).digest()
     import xxhash
 
     return xxhash.xxh3_128_digest(data) + bytes(16)
@@ -78,26 +87,30 @@ def hash_chunk(nbytes: int) -> int:
 def region_hasher(alg: DigestAlg, nbytes: int = 0) -> RegionHasher:
     """An incremental hasher of one region of ``nbytes`` (``update(bytes)``, ``digest()``)."""
     if alg is DigestAlg.BLAKE3:
-        return blake3.blake3(max_threads=_threads(nbytes))
+        return _Region(blake3.blake3(max_threads=_threads(nbytes)), b"")
     import xxhash
 
-    return _Xxh3Region(xxhash.xxh3_128())
+    return _Region(xxhash.xxh3_128(), bytes(16))
 
 
-class _Xxh3Region:
-    __slots__ = ("_h",)
+class _Region:
+    """A hasher whose updates are counted (``protocol.passes``); ``tail`` pads the digest."""
 
-    def __init__(self, h: xxhash.xxh3_128) -> None:
+    __slots__ = ("_h", "_tail")
+
+    def __init__(self, h: RegionHasher, tail: bytes) -> None:
         self._h = h
+        self._tail = tail
 
     def update(self, data: Bytes) -> None:
+        PASSES.count_hashed(memoryview(data).nbytes)
         self._h.update(data)
 
     def digest(self) -> bytes:
-        return self._h.digest() + bytes(16)
+        return self._h.digest() + self._tail
 
 
 def payload_digest_of(alg: DigestAlg, region_digests: Sequence[bytes], payload_len: int) -> bytes:
     """The payload digest over the region digests (docs/protocol.md §2.2)."""
     joined = struct.pack("<Q", payload_len) + b"".join(region_digests)
-    return digest_region(alg, memoryview(joined))
+    return _digest(alg, memoryview(joined), len(joined))  # digests, not payload: no pass counted

@@ -7,9 +7,11 @@ under their ``object_id`` (the 16-byte state_id) and indexes them by ``key_diges
     ticket = await tier.prepare_store(meta)         # reserves room, or CapacityError
     await tier.write(ticket, chunks)                # or fill ``ticket.view`` in place
     await tier.complete_store(ticket, success=True) # visible only now; False frees it all
+                                                    # (complete_stores: a batch at once)
 
     lease = await tier.prepare_load(object_id, owner=conn_id)   # pins bytes, or NotFound
     data = await tier.read(lease)                   # memoryview valid until complete_load
+                                                    # (read_unhashed: without the payload digest)
     await tier.complete_load(lease)                 # unpins
 
 ``find_by_keys(digests, registry)`` finds many keys at once (one round trip for a tier
@@ -31,6 +33,7 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Self, Sequence
 
+from statetier.protocol.errors import StatetierError
 from statetier.protocol.identity import Kind
 from statetier.protocol.sealed import SealedHeader
 from statetier.tiers.registry import StreamHead, VersionRegistry
@@ -144,8 +147,9 @@ class Tier(abc.ABC):
     #: engine need not hash the payload a second time.
     verifies_on_read: bool = False
     #: True when the tier has ``read_into(lease, dest)``: ``read`` straight into a buffer
-    #: of the caller's (the object's exact size), verified there (disk), so a promotion
-    #: reads into its arena reservation instead of a fresh buffer and a copy.
+    #: of the caller's (the object's exact size), verified there (disk, Redis), so a promotion
+    #: reads into its arena reservation instead of a fresh buffer and a copy; and
+    #: ``read_into_unhashed(lease, dest)``, the same without the pass over the payload.
     reads_in_place: bool = False
     #: True when ``complete_store(True)`` returns only once the object is on stable storage
     #: and survives a crash of the daemon (the disk tier with fsync): what a put's
@@ -179,6 +183,19 @@ class Tier(abc.ABC):
     @abc.abstractmethod
     async def complete_store(self, ticket: StoreTicket, success: bool) -> None: ...
 
+    async def complete_stores(self, tickets: Sequence[StoreTicket]) -> list[StatetierError | None]:
+        """``complete_store(ticket, True)`` of each written ticket, in order: ``None`` for
+        each object stored, the error of each refused in its place. A tier behind the network
+        commits them together (Redis: one script call for the batch); by default one by one."""
+        out: list[StatetierError | None] = []
+        for ticket in tickets:
+            try:
+                await self.complete_store(ticket, True)
+                out.append(None)
+            except StatetierError as exc:
+                out.append(exc)
+        return out
+
     @abc.abstractmethod
     async def prepare_load(self, object_id: bytes, owner: object = None, ttl: float | None = None) -> Lease: ...
 
@@ -195,6 +212,13 @@ class Tier(abc.ABC):
         """``read`` straight into ``dest`` (the object's exact size): only a tier that
         ``reads_in_place`` has it."""
         raise NotImplementedError(f"the {self.name} tier does not read in place")
+
+    async def read_unhashed(self, lease: Lease) -> memoryview:
+        """``read`` without a pass over the payload: framing and signature checked as
+        ``read`` checks them, the payload digests not recomputed. For a load whose client
+        verifies the payload where it lands (docs/protocol.md §6.1, the hashing rule); a
+        tier that digests nothing on ``read`` (memory) answers ``read``."""
+        return await self.read(lease)
 
     @abc.abstractmethod
     async def complete_load(self, lease: Lease) -> None: ...

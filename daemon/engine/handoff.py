@@ -7,7 +7,8 @@ started)`` answers each ``Stored`` item of a batch with its ``PutResult``:
   block recorded first, so the charge is announced: ``daemon.engine.announcements``);
 - ``durable``: it is copied into the durable tier before the answer (the answer says False
   when there is none or it could not take the object); ``publish``: it is written through
-  to the cross-node tier, or — tolerated without one — stored locally, said and counted;
+  to the cross-node tier (a batch's publishes together: ``daemon.engine.batch_copies``, one
+  commit round trip on Redis), or — tolerated without one — stored locally, said and counted;
   otherwise a write-behind copy is scheduled (no wait);
 - one metric update for the whole batch (``observe_ops``, per tier, kind and op: ``put``,
   and ``store`` for what went into its arena reservation).
@@ -28,6 +29,7 @@ from statetier.protocol.identity import StateRef
 from statetier.tiers.base import ObjectMeta, Tier
 
 from ..requests import PutRequest, PutResult
+from .batch_copies import CopyItem, copy_all_into
 from .stack import Stack
 
 log = logging.getLogger("statetier.engine")
@@ -57,8 +59,10 @@ class PutCompletion:
             if stack.announcements is not None:
                 stack.announcements.record_put(item.req, meta)
             stack.tenancy.charge(item.req.tenant, item.tier.name, meta.object_id, meta.size)
+        published = await self._publish_together(stored)
+        for item in stored:
             try:
-                answers[item.index] = await self._answer(item)
+                answers[item.index] = await self._answer(item, published)
             except StatetierError as exc:
                 answers[item.index] = exc
         if stored:
@@ -79,19 +83,33 @@ class PutCompletion:
         for (tier, kind, op), count in counts.items():
             metrics.observe_ops(tier, kind, op, count, sizes[(tier, kind, op)], seconds)
 
-    async def _answer(self, item: Stored) -> PutResult:
+    async def _publish_together(self, stored: list[Stored]) -> dict[int, StatetierError | None]:
+        """The copies a batch publishes, made together (``batch_copies``: one commit round
+        trip on Redis): item index → None (published) or its error. Empty for fewer than two."""
+        target = self.stack.publish
+        items = [item for item in stored if item.req.publish and target is not None and item.tier is not target]
+        if len(items) < 2:
+            return {}
+        copies = [CopyItem(item.tier, item.meta, item.chunks) for item in items]
+        try:
+            errors = await copy_all_into(self.stack.placement, target, copies)
+        except StatetierError as exc:
+            errors = [exc] * len(items)
+        return {item.index: error for item, error in zip(items, errors)}
+
+    async def _answer(self, item: Stored, published: dict[int, StatetierError | None]) -> PutResult:
         req, meta, tier = item.req, item.meta, item.tier
         ref = StateRef(req.key, meta.request_id, meta.step, meta.object_id, meta.version, item.fingerprint)
         if not (req.publish or req.durable):
             self.stack.placement.schedule_copy_down(meta.object_id, tier)
             return PutResult(ref, tier.name, False, tier.is_durable)
         durable = tier.is_durable or (req.durable and await self._store_durably(item))
-        published = await self._publish(item) if req.publish else False
+        is_published = await self._publish(item, published) if req.publish else False
         if not req.publish:
             self.stack.placement.schedule_copy_down(meta.object_id, tier)
-        return PutResult(ref, tier.name, published, durable)
+        return PutResult(ref, tier.name, is_published, durable)
 
-    async def _publish(self, item: Stored) -> bool:
+    async def _publish(self, item: Stored, published: dict[int, StatetierError | None]) -> bool:
         """Written through to the cross-node tier; without one (tolerated) False, counted."""
         stack, meta, tier = self.stack, item.meta, item.tier
         target = stack.publish
@@ -102,6 +120,10 @@ class PutCompletion:
             return False
         if tier is target:
             stack.placement.schedule_copy_down(meta.object_id, tier)
+        elif item.index in published:  # copied with the rest of its batch
+            error = published[item.index]
+            if error is not None:
+                raise error
         else:
             await self._copy(item, target)
         return True

@@ -179,7 +179,8 @@ class Loads:
             return await self.copies.serve(tier, index, lease, wanted)
         except RejectedState as exc:
             if is_damage(exc):
-                self.stack.count_rejection(exc)
+                if passed.damaged is None:  # once per load: a promoted copy carries its source's damage
+                    self.stack.count_rejection(exc)
                 await drop_copy(self.stack, tier, wanted.state_id)
                 passed.damaged = passed.damaged or exc
             else:

@@ -207,6 +207,11 @@ class Placement:
                     break
         return tickets
 
+    async def make_room(self, tier: Tier, need_bytes: int) -> bool:
+        """Evict (and demote) what ``need_bytes`` more need in ``tier``, as a store does
+        first; False when nothing could be evicted (``daemon.engine.batch_copies``)."""
+        return await self._evict_and_demote(tier, need_bytes)
+
     async def prepare_with_room(self, tier: Tier, meta: ObjectMeta):
         # Tiers evict only when asked: above the high watermark (counting this object)
         # ``evict`` brings usage down to the low one and hands back what it removed.

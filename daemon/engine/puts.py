@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from statetier.protocol.errors import InvalidRequest, PlacementMismatch, StatetierError, Unavailable
 from statetier.protocol.groups import check_regions
 from statetier.protocol.identity import Kind, Provenance, fingerprint, new_state_id, stream_id
+from statetier.protocol.passes import PASSES, copy_into
 from statetier.protocol.sealed import PayloadLayout, header_length, layout_payload, seal
 from statetier.protocol.thresholds import run_work
 from statetier.tiers.base import ObjectMeta, StoreTicket, Tier
@@ -249,9 +250,10 @@ def _seal_all(work: list[_Work], keyring) -> None:
         if w.ticket is not None:
             assert w.ticket.view is not None  # the arena writes in place
             payload = w.ticket.view[meta.header_len :]
-            payload[:] = w.source
+            copy_into(payload, w.source)
         elif w.shared:
             payload = w.source = memoryview(bytes(w.source))
+            PASSES.count_copied(payload.nbytes)
         else:
             payload = w.source
         w.header = seal(req.key, w.provenance, w.layout, payload, keyring=keyring, state_id=meta.object_id,

@@ -8,15 +8,18 @@
 - ``CopyServer(stack, leases)``   — ``serve(tier, index, lease, wanted)`` → ``LoadResult``,
                                     called by ``daemon.engine.loads`` for each copy, fastest first;
                                     it owns ``lease``. A copy from below is promoted: from a
-                                    tier that ``reads_in_place`` (the disk) straight into an
+                                    tier that ``reads_in_place`` (disk, Redis) straight into an
                                     arena reservation, else by storing the bytes read; never
                                     while a delete runs, nor once the copy it came from was
                                     deleted (its lease still serves the load its bytes). Damage
                                     and refusals raise as ``protocol.classify`` found them.
 
-A copy in daemon-only memory (host, device) is not digested again unless ``full_check``:
-the client verifies the payload where it lands (DESIGN §6). Headers of hot objects are
-checked once (``VerifiedHeaders``).
+No copy is digested here, from any tier, unless ``full_check`` (a client's recheck): the
+client verifies the payload where it lands (the hashing rule, docs/protocol.md §6.1). The
+tiers below read with ``read_unhashed`` (framing and signature checked), and a promotion
+stores what it read unhashed: every later load of the promoted copy is verified by its
+client too, and a damaged one is dropped by the recheck. Headers of hot objects are checked
+once (``VerifiedHeaders``).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import logging
 import msgspec
 
 from statetier.protocol.classify import classify
-from statetier.protocol.errors import StatetierError
+from statetier.protocol.errors import InvalidRequest, StatetierError
 from statetier.protocol.sealed import Expectation, VerifiedHeaders
 from statetier.tiers.base import Lease, ObjectMeta, Tier
 
@@ -82,12 +85,15 @@ class CopyServer:
                 landed = await self._load_into_arena(tier, lease, wanted)
                 if landed is not None:
                     return landed
-            blob = await tier.read(lease)
-            # bytes in daemon-only memory were digested when sealed there; the client checks
-            # the payload again where it lands (DESIGN §6)
-            # (``full_check``: a client found a payload that did not match: digest every copy
-            # again, so a damaged one is dropped and the next one served)
-            trusted = (tier.verifies_on_read or tier.holds_verified_bytes) and not wanted.full_check
+            # the hashing rule (docs/protocol.md §6.1): the client verifies the payload where
+            # it lands, so a load digests nothing here; ``full_check`` (a client found a payload
+            # that did not match) digests every copy, so a damaged one is dropped and the next served
+            if wanted.full_check:
+                blob = await tier.read(lease)
+                trusted = tier.verifies_on_read  # that read digested it
+            else:
+                blob = await tier.read_unhashed(lease)
+                trusted = True
             with phase("open" if trusted else "open_and_hash"):
                 opened = await self._classify(blob, wanted, trusted)
             if promote:
@@ -121,15 +127,19 @@ class CopyServer:
         target, meta = stack.arena, lease.meta
         if target is None or stack.tiers.index(target) > stack.tiers.index(tier):
             return None
-        trusted = tier.verifies_on_read and not wanted.full_check
+        # as in ``serve``: the payload is digested (by the tier) only for a client's recheck
+        read_into = tier.read_into if wanted.full_check else tier.read_into_unhashed
         opened, filling = None, False
 
         async def fill(view: memoryview):
             nonlocal opened, filling
             filling = True
             with phase("read_into_arena"):
-                await tier.read_into(lease, view)
-            opened = await self._classify(view, wanted, trusted)
+                try:
+                    await read_into(lease, view)
+                except InvalidRequest:  # the bytes stored are not the size the tier's index says:
+                    return None  # read them as usual (another object's bytes are judged there)
+            opened = await self._classify(view, wanted, True)
             # the verified header says what this is: kept only if the index entry agrees
             return opened if ObjectMeta.from_header(opened.header) == meta else None
 

@@ -30,6 +30,7 @@ from statetier.protocol.errors import InvalidRequest, StatetierError
 from statetier.protocol.frames import FrameData
 from statetier.protocol.groups import check_layers, chosen
 from statetier.protocol.identity import Namespace
+from statetier.protocol.passes import PASSES
 from statetier.protocol.wire_meta import (
     ErrorInfo,
     LoadAnswer,
@@ -146,6 +147,8 @@ def _copied(session: Session, loaded: list[tuple[LoadRequest, LoadResult]], want
 
 
 def _copy_all(data: bytearray, inline: list[list[memoryview]], windowed: list) -> None:
+    PASSES.count_copied(sum(p.nbytes for parts in inline for p in parts)
+                        + sum(r.nbytes for _, regions in windowed for r in regions))
     view, at = memoryview(data), 0
     for parts in inline:
         for part in parts:

@@ -68,7 +68,7 @@ def test_quick_bench_writes_one_json_object_with_every_suite(tmp_path: Path) -> 
     by_suite = {suite: [row for row in rows if row["suite"] == suite] for suite in ("seal", "tiers", "sdk")}
     assert len(rows) == sum(len(found) for found in by_suite.values())
     assert {row["op"] for row in by_suite["seal"]} == {"seal", "open"}
-    assert by_suite["tiers"] and {row["op"] for row in by_suite["tiers"]} <= {"store", "load"}
+    assert by_suite["tiers"] and {row["op"] for row in by_suite["tiers"]} <= {"store", "load", "serve"}
     measured = {(row["tier"], row["op"], row["size_bytes"] if row["metric"] == "throughput" else None, row["batch"])
                 for row in by_suite["sdk"]}
     assert measured == planned_sdk_rows()

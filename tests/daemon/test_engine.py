@@ -135,14 +135,29 @@ async def _take_disk_copy(engine, state_id: bytes):
     return disk, blob, lease.meta
 
 
+async def _load_as_the_sdk_does(engine, ref, owner: str = "c1"):
+    """A load whose payload is verified where it lands, as the SDK does (``clients.copies``):
+    bytes that do not match are asked for again with a full check (the SDK's ``recheck``),
+    which drops the damaged copy and serves the next, or raises what the copies had."""
+    result = await engine.load(LoadRequest("default", NS, ref=ref), owner=owner)
+    try:
+        verify_payload_only(parse_header(bytes(result.blob[: result.header.header_len])), result.payload)
+        return result
+    except CorruptPayload:
+        await engine.release(result.lease_id, owner)
+    return await engine.load(LoadRequest("default", NS, ref=ref, full_check=True), owner=owner)
+
+
 async def test_a_damaged_disk_copy_is_dropped_and_the_load_is_refused_with_the_reason(engine):
     req, data = ssm_put()
     put = await engine.put(req, data)
     disk, blob, meta = await _take_disk_copy(engine, put.ref.state_id)
     blob[meta.header_len + 5] ^= 0x80
     await engine.placement.store_in(disk, [bytes(blob)], meta)
+    # the daemon does not digest the disk copy (its client verifies where it lands): the
+    # client finds the damage and asks again, and that full check drops it, counted once
     with pytest.raises(CorruptPayload):
-        await engine.load(LoadRequest("default", NS, ref=put.ref), owner="c1")
+        await _load_as_the_sdk_does(engine, put.ref)
     assert rejections(engine.test_metrics, "corrupt_payload") == 1
     with pytest.raises(NotFound):  # the damaged copy is gone for good
         await engine.load(LoadRequest("default", NS, ref=put.ref), owner="c1")
@@ -280,11 +295,11 @@ async def test_a_load_from_disk_lands_in_the_arena_and_a_damaged_record_is_dropp
         handle.seek(at + 10)
         handle.write(bytes([data[at + 10] ^ 0x01]))
 
-    result = await engine.load(LoadRequest("default", NS, ref=good.ref), owner="c1")
+    result = await _load_as_the_sdk_does(engine, good.ref)
     assert bytes(result.payload) == payload_for(1) and result.tier == "host"  # read into its reservation
     await engine.release(result.lease_id, "c1")
-    with pytest.raises(CorruptPayload):
-        await engine.load(LoadRequest("default", NS, ref=bad.ref), owner="c1")
+    with pytest.raises(CorruptPayload):  # found where it landed; the recheck drops both copies
+        await _load_as_the_sdk_does(engine, bad.ref)
     assert not await engine.tiers[1].contains(bad.ref.state_id)
     assert not await host.contains(bad.ref.state_id)
     assert (host.stats().objects, host.stats().inflight, host.stats().leases) == (1, 0, 0)

@@ -256,9 +256,10 @@ async def test_real_damage_is_still_corrupt_or_truncated_and_removed(bench, dama
     await plant(bench, a_ref, bytes(blob), rewrite_index=rewrite_index)
     before, dropped = bench.rejections(), bench.damage_dropped()
     full_check = False
-    if bench.tier.holds_verified_bytes and damage == "flipped_bit":
-        # memory only the daemon writes is not digested again on a load: the client finds
-        # the damage where the bytes land, and asks again with a full check (SDK: recheck)
+    if damage == "flipped_bit":
+        # no tier's payload is digested on a load (the hashing rule, docs/protocol.md §6.1):
+        # the client finds the damage where the bytes land, and asks again with a full check
+        # (SDK: recheck), which drops the damaged copy
         served = await load_a(bench, a_ref)
         with pytest.raises(CorruptPayload):
             verify_payload_only(served.header, served.payload)

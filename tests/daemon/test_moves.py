@@ -211,7 +211,46 @@ async def test_write_behind_copies_count_against_the_tenants_disk_quota(tmp_path
 async def test_a_load_that_read_a_lower_copy_before_a_delete_never_promotes_it_back(redis_server):
     # the load leases and reads the only copy (in Redis); a delete runs to its end meanwhile
     # (the lease keeps the bytes readable); the load then serves its bytes, but promoting them
-    # into the arena would bring the deleted object back (seen as a purge that left an object)
+    # into the arena would bring the deleted object back (seen as a purge that left an object).
+    # The read outside a promotion, as when the arena had no room to read into (a read into
+    # the arena runs inside the promotion's cycle, which the delete waits for: next test)
+    keyring, prefix = Keyring.generate(), f"moves-{uuid.uuid4().hex[:10]}"
+    cross = RedisTier(RedisTierOptions(redis_server.url, key_prefix=prefix), keyring=keyring)
+    cross.reads_in_place = False
+    host = HostTier(HostTierOptions(8 * OBJECT_EXTENT, pin_memory=False))
+    engine = Engine([host, cross], keyring=keyring, registry=MemoryVersionRegistry(),
+                    options=EngineOptions(producer_id="moves"), arena=host, publish=cross)
+    await engine.start()
+    try:
+        ref = (await put(engine, "alice", 1, publish=True)).ref
+        await host.delete(ref.state_id)  # the Redis copy is the only one, as on another node
+        read, reading, opened = cross.read_unhashed, asyncio.Event(), asyncio.Event()  # what a load reads with
+
+        async def read_at_the_gate(lease):
+            blob = await read(lease)
+            reading.set()
+            await opened.wait()
+            return blob
+
+        cross.read_unhashed = read_at_the_gate
+        loading = asyncio.create_task(engine.load(LoadRequest("alice", NAMESPACES["alice"], ref=ref), owner="c"))
+        await reading.wait()
+        assert await engine.delete("alice", ref) == 1
+        opened.set()
+        served = await loading
+        assert bytes(served.payload) == data(1)  # a load in flight finishes with the bytes it was given
+        assert served.tier == "redis"
+        await engine.release(served.lease_id, "c")
+        assert await reachable(engine, "alice", ref) == []
+    finally:
+        await engine.close()
+        erase_prefix(redis_server.url, prefix)
+
+
+async def test_a_delete_during_a_read_into_the_arena_waits_for_it_and_removes_the_promoted_copy(redis_server):
+    # the promotion reads the only copy (in Redis) straight into its arena reservation, inside
+    # its placement cycle: a delete begun meanwhile settles that cycle before its last sweep,
+    # so the promoted copy goes with the rest; the load serves the bytes it was given
     keyring, prefix = Keyring.generate(), f"moves-{uuid.uuid4().hex[:10]}"
     cross = RedisTier(RedisTierOptions(redis_server.url, key_prefix=prefix), keyring=keyring)
     host = HostTier(HostTierOptions(8 * OBJECT_EXTENT, pin_memory=False))
@@ -221,23 +260,24 @@ async def test_a_load_that_read_a_lower_copy_before_a_delete_never_promotes_it_b
     try:
         ref = (await put(engine, "alice", 1, publish=True)).ref
         await host.delete(ref.state_id)  # the Redis copy is the only one, as on another node
-        read, reading, opened = cross.read, asyncio.Event(), asyncio.Event()
+        read_into, reading, opened = cross.read_into_unhashed, asyncio.Event(), asyncio.Event()
 
-        async def read_at_the_gate(lease):
-            blob = await read(lease)
+        async def read_at_the_gate(lease, dest):
+            await read_into(lease, dest)
             reading.set()
             await opened.wait()
-            return blob
 
-        cross.read = read_at_the_gate
+        cross.read_into_unhashed = read_at_the_gate
         loading = asyncio.create_task(engine.load(LoadRequest("alice", NAMESPACES["alice"], ref=ref), owner="c"))
         await reading.wait()
-        assert await engine.delete("alice", ref) == 1
+        deleting = asyncio.create_task(engine.delete("alice", ref))
+        await asyncio.sleep(0.05)
+        assert not deleting.done()  # it waits for the promotion's cycle
         opened.set()
         served = await loading
-        assert bytes(served.payload) == data(1)  # a load in flight finishes with the bytes it was given
-        assert served.tier == "redis"
+        assert bytes(served.payload) == data(1) and served.tier == "host"
         await engine.release(served.lease_id, "c")
+        assert await deleting >= 1
         assert await reachable(engine, "alice", ref) == []
     finally:
         await engine.close()

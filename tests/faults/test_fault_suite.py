@@ -30,8 +30,8 @@ import uuid
 import pytest
 
 from fault_harness import (ARCHS, K_EARLIER, NEW_TOKENS, PROMPT_LEN, Counters, ForwardCounter, changes, flip_disk_bit,
-                           flip_redis_bit, forged_blob, is_in_redis, other_weights, overwrite_in_arena, prefilled,
-                           redis_blob, scenario, write_redis_blob, write_under_another_key)
+                           flip_redis_bit, flip_site, forged_blob, is_in_redis, other_weights, overwrite_in_arena,
+                           payload_offset, prefilled, redis_blob, scenario, write_redis_blob, write_under_another_key)
 from statetier.clients import Client, LayerGroup
 from statetier.clients.transformers import (SavedState, groups_of, lookup_state, namespace_for, put_items,
                                             restore_cache, save_cache, ssm_tensors)
@@ -291,6 +291,33 @@ def test_a_flipped_bit_in_redis_is_corrupt(pd_nodes, arch):
     flip_redis_bit(pd_nodes.redis, damaged, ssm_tensors(sc.target, cache.layers[sc.target]), sc.target)
     assert_refused(pd_nodes, sc.model, handoff, sc.prompt, sc.first, CorruptPayload)
     assert not is_in_redis(pd_nodes.redis, damaged)  # a copy failing an integrity check is removed
+    # the decode daemon did not digest it (its client verifies where the bytes land) and
+    # promoted it into its arena; the client's recheck dropped that copy too
+    with Client(pd_nodes.decode.url) as client, pytest.raises(NotFound):
+        client.inspect(damaged)
+
+
+def test_a_flipped_bit_in_the_arena_is_dropped_and_the_published_copy_served(pd_nodes, arch):
+    sc = scenario(arch)
+    handoff = publish(pd_nodes, sc.model, sc.prompt, f"{RUN}-{arch}-arena-bit")
+    cache, _ = prefilled(sc.model, sc.prompt)
+    target = handoff.ssm.state_id
+    blob = bytearray(redis_blob(pd_nodes.redis, target))
+    name, byte, mask = flip_site(ssm_tensors(sc.target, cache.layers[sc.target]), sc.target)
+    blob[payload_offset(bytes(blob), name) + byte] ^= mask
+    overwrite_in_arena(pd_nodes.prefill, handoff.ssm, bytes(blob))
+    with Client(pd_nodes.prefill.url, namespace=namespace_for(sc.model)) as client:
+        before = Counters.of(pd_nodes.prefill)
+        with ForwardCounter(sc.model) as forwards:
+            restored = restore_cache(client, sc.model, SavedState.from_json(handoff.to_json()), sc.prompt)
+        assert forwards.calls == 0
+        # found where it landed, never handed to the model; the recheck dropped the arena copy
+        # (counted once) and served the published one, promoted again
+        assert changes(before, Counters.of(pd_nodes.prefill), "rejected:", "miss:") == \
+            {"rejected:corrupt_payload": 1}
+        assert greedy_decode(sc.model, restored, sc.first, len(sc.prompt), NEW_TOKENS) == sc.reference
+        assert client.inspect(target)["tiers"] == ["host", "redis"]
+    assert is_in_redis(pd_nodes.redis, target)
 
 
 @pytest.fixture(scope="module")
@@ -320,6 +347,8 @@ def test_a_flipped_bit_on_disk_is_corrupt(pd_nodes, on_decode_disk, arch):
     flip_disk_bit(pd_nodes.decode.disk_dir, handoff.ssm.state_id,
                   ssm_tensors(sc.target, cache.layers[sc.target]), sc.target)
     assert_refused(pd_nodes, sc.model, handoff, sc.prompt, sc.first, CorruptPayload)
+    with Client(pd_nodes.decode.url) as client, pytest.raises(NotFound):  # dropped, promoted copy too
+        client.inspect(handoff.ssm.state_id)
 
 
 # -- 8. a header rewritten by a writer without the key -------------------------------------

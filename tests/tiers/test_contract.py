@@ -23,7 +23,7 @@ import pytest
 
 from statetier.protocol.classify import open_intact
 from statetier.protocol.dtypes import TensorSpec
-from statetier.protocol.errors import CapacityError, InvalidRequest, LeaseError
+from statetier.protocol.errors import BadSignature, CapacityError, CorruptPayload, InvalidRequest, LeaseError
 from statetier.protocol.groups import LayerGroup, region_name, split_region_name
 from statetier.protocol.identity import Kind, Provenance, new_state_id
 from statetier.protocol.sealed import decode_header, seal_object
@@ -132,6 +132,41 @@ async def test_another_objects_intact_bytes_under_an_id_read_back_as_found(tier)
     assert await load(tier, mine.object_id) == their_blob
     assert await tier.contains(mine.object_id)
     assert tier.stats().extra.get("corrupt_dropped", 0) == 0
+
+
+async def test_a_read_unhashed_skips_the_payload_digest_and_nothing_else(tier):
+    # what a load reads with (the hashing rule, docs/protocol.md §6.1): a flipped payload
+    # byte comes back as stored, for the client's check where it lands; ``read`` of a tier
+    # that verifies on read finds it and drops the copy; a flipped header byte fails the
+    # signature on either read of such a tier
+    meta, blob = make_object()
+    damaged = bytearray(blob)
+    damaged[-1] ^= 0x01
+    await store(tier, meta, bytes(damaged))
+    lease = await tier.prepare_load(meta.object_id)
+    try:
+        assert bytes(await tier.read_unhashed(lease)) == bytes(damaged)
+    finally:
+        await tier.complete_load(lease)
+    assert await tier.contains(meta.object_id)
+    if tier.verifies_on_read:
+        with pytest.raises(CorruptPayload):
+            await load(tier, meta.object_id)
+        assert not await tier.contains(meta.object_id)
+        assert tier.stats().extra["corrupt_dropped"] == 1
+
+        forged, forged_blob = make_object()
+        forged_bytes = bytearray(forged_blob)
+        forged_bytes[forged.header_len // 2] ^= 0x01
+        await store(tier, forged, bytes(forged_bytes))
+        lease = await tier.prepare_load(forged.object_id)
+        try:
+            with pytest.raises(BadSignature):
+                await tier.read_unhashed(lease)
+        finally:
+            await tier.complete_load(lease)
+    else:
+        assert await load(tier, meta.object_id) == bytes(damaged)  # digested by no one but the client
 
 
 # ---------------------------------------------------------------------------- leases

@@ -178,3 +178,76 @@ async def test_a_small_object_loads_in_one_round_trip_and_a_large_lease_holds_no
     chunks = lease.location.manifest.chunks
     assert chunks >= 3 and len(sends) == 2 + min(chunks, 4)  # over up to 4 connections at once
     await tier.complete_load(lease)
+
+
+def script_calls(backend) -> int:
+    """EVALSHA calls the server (every node of a cluster) ran so far (``INFO commandstats``)."""
+    if backend.is_cluster:
+        found = backend.raw.info("commandstats", target_nodes=backend.raw.ALL_NODES).values()
+    else:
+        found = [backend.raw.info("commandstats")]
+    return sum(stats.get("cmdstat_evalsha", {}).get("calls", 0) for stats in found)
+
+
+async def test_a_batch_of_objects_commits_in_one_script_call(backend, make_tier) -> None:
+    # issue 25: a batch (a whole request's group objects) commits with one script call on a
+    # server (12 redis.calls per object inside it, not 12 per object in a call each); a
+    # cluster, whose objects live in other slots, commits each in its own slot, in one
+    # pipeline. Every object is then whole and indexed, the accounting counts them all, and
+    # an object another node stored first is refused alone, left whole.
+    tier = await make_tier(backend.url, chunk_bytes=1 << 20)
+    other = await make_tier(backend.url, key_prefix=tier.key_prefix, chunk_bytes=1 << 20)
+    objects = [make_object(size, layer=layer) for layer, size in enumerate((1000, 70_000, 3 << 20, 2000))]
+    taken_meta, taken_blob = objects[1]
+    await store(other, taken_meta, taken_blob)  # another node stored this state_id first
+    tickets = []
+    for meta, blob in objects:
+        ticket = await tier.prepare_store(meta)  # this node never saw it: no round trip
+        await tier.write(ticket, [blob])  # the 3 MiB object sends its chunks now, the others wait
+        tickets.append(ticket)
+
+    before = script_calls(backend)
+    outcome = await tier.complete_stores(tickets)
+    calls = script_calls(backend) - before
+
+    assert [type(e).__name__ if e else None for e in outcome] == [None, "InvalidRequest", None, None]
+    # one commit for the batch; a cluster: one commit per object, then one accounting each
+    assert calls == (1 if not backend.is_cluster else 2 * len(objects) - 1)
+    for meta, blob in objects:
+        assert await load(tier, meta.object_id) == blob
+        assert not [key for key in object_keys(backend.raw, tier.key_prefix, meta.object_id) if b":p:" in key]
+    found = await tier.find_by_keys([meta.key_digest for meta, _ in objects])
+    assert [[m.object_id for m in metas] for metas in found.metas] == [[meta.object_id] for meta, _ in objects]
+    assert (tier.stats().objects, tier.stats().bytes_used) == (len(objects), sum(m.size for m, _ in objects))
+    assert tier.stats().extra["reserved_bytes"] == 0
+
+
+async def test_a_read_into_lands_every_chunk_in_place_and_checks_it_there(backend, make_tier) -> None:
+    # a promotion reads straight into its arena reservation: the chunks copied into place one
+    # by one (no joined buffer); a flipped payload byte is found there by ``read_into`` and
+    # the object dropped, passed on by ``read_into_unhashed`` (the client checks it); another
+    # size than the destination's is refused before a byte is written, and nothing is dropped
+    tier = await make_tier(backend.url, chunk_bytes=1 << 20)
+    (whole, whole_blob), (flipped, flipped_blob) = (make_object(3 << 20, layer=i) for i in range(2))
+    for meta, blob in ((whole, whole_blob), (flipped, flipped_blob)):
+        await store(tier, meta, blob)
+    chunk = keys_of(tier).chunk(flipped.object_id, 2)
+    backend.raw.setrange(chunk, 100, bytes([backend.raw.getrange(chunk, 100, 100)[0] ^ 0x01]))
+
+    async def read_into(meta, method, size=None):
+        dest = memoryview(bytearray(size or meta.size))
+        lease = await tier.prepare_load(meta.object_id)
+        try:
+            await getattr(tier, method)(lease, dest)
+        finally:
+            await tier.complete_load(lease)
+        return bytes(dest)
+
+    assert await read_into(whole, "read_into") == whole_blob
+    assert await read_into(flipped, "read_into_unhashed") != flipped_blob
+    with pytest.raises(InvalidRequest):
+        await read_into(whole, "read_into", whole.size + 1)
+    with pytest.raises(CorruptPayload):
+        await read_into(flipped, "read_into")
+    assert not await tier.contains(flipped.object_id)
+    assert await tier.contains(whole.object_id)

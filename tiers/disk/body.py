@@ -18,6 +18,9 @@
   (``protocol.classify``), so an intact object of another identity is returned as found.
 - ``read_verified_into(file, location, object_id, dest)`` — the same into a caller's buffer:
   a plain record is read straight into it with one preadv and verified there.
+- ``read_signed`` / ``read_signed_into`` — the same without the pass over the payload
+  (framing and signature only): for a load whose client verifies the payload where it
+  lands (docs/protocol.md §6.1).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 from statetier.protocol.errors import ConfigError, InvalidRequest
 from statetier.protocol.keyring import Keyring
 from statetier.protocol.classify import open_intact
+from statetier.protocol.passes import copy_into
 from ..crypto import ENVELOPE_BYTES, TAG_BYTES, AtRestCipher
 from .index import Location
 from .records import FLAG_ENVELOPE, RECORD_HEADER_BYTES, RecordCodec, RecordHeader
@@ -59,28 +63,43 @@ class RecordBody:
         file.write_at(offset + RECORD_HEADER_BYTES + written, views)
 
     def read_verified(self, file: SegmentFile, location: Location, object_id: bytes) -> bytes | bytearray:
+        return self._read(file, location, object_id, verify_payload=True)
+
+    def read_signed(self, file: SegmentFile, location: Location, object_id: bytes) -> bytes | bytearray:
+        return self._read(file, location, object_id, verify_payload=False)
+
+    def read_verified_into(self, file: SegmentFile, location: Location, object_id: bytes, dest: memoryview) -> None:
+        """``read_verified`` into ``dest`` (the sealed object's exact size): a plain record is
+        read straight into it and verified there; an envelope is opened, then copied."""
+        self._read_into(file, location, object_id, dest, verify_payload=True)
+
+    def read_signed_into(self, file: SegmentFile, location: Location, object_id: bytes, dest: memoryview) -> None:
+        self._read_into(file, location, object_id, dest, verify_payload=False)
+
+    def _read(self, file: SegmentFile, location: Location, object_id: bytes, *,
+              verify_payload: bool) -> bytes | bytearray:
         header, body = file.read_record(location.offset, location.record_len, object_id, location.generation)
         blob: bytes | bytearray = body
         if header.is_envelope:
             if self.cipher is None:
                 raise ConfigError(f"object {object_id.hex()} is encrypted at rest; no at-rest cipher is configured")
             blob = self.cipher.open_envelope(body)
-        open_intact(blob, self.keyring)
+        open_intact(blob, self.keyring, verify_payload=verify_payload)
         return blob
 
-    def read_verified_into(self, file: SegmentFile, location: Location, object_id: bytes, dest: memoryview) -> None:
-        """``read_verified`` into ``dest`` (the sealed object's exact size): a plain record is
-        read straight into it and verified there; an envelope is opened, then copied."""
+    def _read_into(self, file: SegmentFile, location: Location, object_id: bytes, dest: memoryview, *,
+                   verify_payload: bool) -> None:
         if self.cipher is not None or location.record_len - RECORD_HEADER_BYTES != dest.nbytes:
-            blob = self.read_verified(file, location, object_id)  # it raises what is wrong with the record
+            # it raises what is wrong with the record
+            blob = self._read(file, location, object_id, verify_payload=verify_payload)
             if len(blob) != dest.nbytes:
                 raise InvalidRequest(f"a {dest.nbytes}-byte destination for a {len(blob)}-byte object")
-            dest[:] = blob
+            copy_into(dest, blob)
             return
         header = file.read_record_into(location.offset, location.record_len, object_id, location.generation, dest)
         if header.is_envelope:
             raise ConfigError(f"object {object_id.hex()} is encrypted at rest; no at-rest cipher is configured")
-        open_intact(dest, self.keyring)
+        open_intact(dest, self.keyring, verify_payload=verify_payload)
 
     def read_many(self, jobs: list[tuple[SegmentFile, Location, bytes]]) -> list[bytes | bytearray | Exception]:
         """``read_verified`` for each job; a failure is returned in its place, not raised."""

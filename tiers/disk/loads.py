@@ -2,7 +2,8 @@
 
 - ``DiskLoads(ledger, volume, removal)`` — ``prepare_load`` / ``read`` / ``read_into`` /
   ``complete_load`` / ``release_owner`` of ``DiskTier`` (``tiers.disk.tier``), called by the
-  daemon's loads and promotions.
+  daemon's loads and promotions; ``read_unhashed`` / ``read_into_unhashed``: the same
+  without the pass over the payload, for a load whose client verifies it where it lands.
 
 ``prepare_load`` asks the kernel to start reading the record (``POSIX_FADV_WILLNEED``);
 ``read`` preads it, opens its at-rest envelope if it has one and checks its integrity
@@ -53,22 +54,36 @@ class DiskLoads:
         return lease
 
     async def read(self, lease: Lease) -> memoryview:
+        return await self._read(lease, self._body.read_verified)
+
+    async def read_unhashed(self, lease: Lease) -> memoryview:
+        """``read`` without the pass over the payload (framing and signature checked): the
+        client verifies it where it lands."""
+        return await self._read(lease, self._body.read_signed)
+
+    async def read_into(self, lease: Lease, dest: memoryview) -> None:
+        """``read`` straight into ``dest`` (the object's exact size), verified there. Returns
+        only once no thread writes into ``dest`` any more, even when cancelled."""
+        await self._read_into(lease, dest, self._body.read_verified_into)
+
+    async def read_into_unhashed(self, lease: Lease, dest: memoryview) -> None:
+        """``read_into`` without the pass over the payload, as ``read_unhashed``."""
+        await self._read_into(lease, dest, self._body.read_signed_into)
+
+    async def _read(self, lease: Lease, read_body) -> memoryview:
         volume, lease, location, segment = self._leased_record(lease)
         try:
-            blob = await volume.call(self._body.read_verified, segment.file, location, lease.object_id,
-                                     pins=(segment,))
+            blob = await volume.call(read_body, segment.file, location, lease.object_id, pins=(segment,))
         except RejectedState as exc:
             if is_damage(exc):
                 self._removal.drop_corrupt(lease.object_id)
             raise
         return memoryview(blob)
 
-    async def read_into(self, lease: Lease, dest: memoryview) -> None:
-        """``read`` straight into ``dest`` (the object's exact size), verified there. Returns
-        only once no thread writes into ``dest`` any more, even when cancelled."""
+    async def _read_into(self, lease: Lease, dest: memoryview, read_body_into) -> None:
         volume, lease, location, segment = self._leased_record(lease)
-        job = asyncio.ensure_future(volume.call(self._body.read_verified_into, segment.file, location,
-                                                lease.object_id, dest, pins=(segment,)))
+        job = asyncio.ensure_future(volume.call(read_body_into, segment.file, location, lease.object_id, dest,
+                                                pins=(segment,)))
         try:
             await wait_out_cancellation(job)  # the thread writes into dest: the caller frees it only after
         except RejectedState as exc:

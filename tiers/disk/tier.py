@@ -1,9 +1,9 @@
 """The disk tier: sealed objects in append-only segment files on NVMe, indexed in LMDB.
 
 ``DiskTier(DiskTierOptions(directory, capacity_bytes, …), *, keyring, cipher=None,
-executor=None)`` implements ``Tier`` (lifecycle in ``tiers.base``), plus ``read_into`` and
-``compact() -> SegmentCompactionReport``. Its medium is a ``DiskVolume``
-(``tiers.disk.volume``: the directory while started); its bookkeeping one ``Ledger``
+executor=None)`` implements ``Tier`` (lifecycle in ``tiers.base``), plus ``read_into``
+(and ``read_into_unhashed``) and ``compact() -> SegmentCompactionReport``. Its medium is a
+``DiskVolume`` (``tiers.disk.volume``: the directory while started); its bookkeeping one ``Ledger``
 (``tiers.ledger``); as a ``ComposedTier`` (``tiers.composed``) each call goes to its part:
 ``DiskStores`` (``tiers.disk.stores``: reserved ranges, the group commit), ``DiskLoads``
 (``tiers.disk.loads``: leases, verified reads) and ``DiskRemoval`` (``tiers.disk.removal``:
@@ -93,6 +93,12 @@ class DiskTier(IndexedTier):
         """``read`` straight into ``dest`` (the object's exact size), verified there. Returns
         only once no thread writes into ``dest`` any more, even when cancelled."""
         return self._loads.read_into(lease, dest)
+
+    def read_unhashed(self, lease: Lease) -> Coroutine[Any, Any, memoryview]:
+        return self._loads.read_unhashed(lease)
+
+    def read_into_unhashed(self, lease: Lease, dest: memoryview) -> Coroutine[Any, Any, None]:
+        return self._loads.read_into_unhashed(lease, dest)
 
     async def compact(self) -> SegmentCompactionReport:
         """Rewrite sparse sealed segments; delete old files no lease can still read."""

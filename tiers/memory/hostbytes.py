@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from statetier.protocol.passes import PASSES
+
 from ..base import Buffer
 from .pins import PinnedJobs
 from .rawmemory import byte_view, copy_bytes, exported, exported_for_write, fresh_buffer
@@ -34,7 +36,9 @@ class HostBytes:
         return self._region[offset : offset + nbytes]
 
     async def write_chunks(self, extent: int, position: int, views: Sequence[memoryview]) -> None:
-        if sum(v.nbytes for v in views) <= self._inline:
+        nbytes = sum(v.nbytes for v in views)
+        PASSES.count_copied(nbytes)  # a store's bytes copied into the arena (issue 25: passes)
+        if nbytes <= self._inline:
             for view in views:
                 self._region[position : position + view.nbytes] = view
                 position += view.nbytes

@@ -44,6 +44,7 @@ from typing import Any, Sequence
 
 from statetier.protocol.errors import ConfigError, CorruptPayload
 from statetier.protocol.identity import Kind
+from statetier.protocol.passes import PASSES
 from ..base import Buffer, ObjectMeta
 from .connect import Gathered
 
@@ -207,12 +208,10 @@ def plan_chunks(buffers: Sequence[Buffer], chunk_bytes: int, head_bytes: int = 0
 
 
 def join_chunks(parts: Sequence[bytes]) -> memoryview:
-    """One buffer holding ``parts`` back to back (no copy for a single part)."""
+    """One buffer holding ``parts`` back to back (no copy for a single part; else one copy,
+    without zero-filling a buffer first)."""
     if len(parts) == 1:
         return memoryview(parts[0])
-    whole = memoryview(bytearray(sum(len(p) for p in parts)))
-    offset = 0
-    for part in parts:
-        whole[offset : offset + len(part)] = part
-        offset += len(part)
-    return whole
+    joined = b"".join(parts)
+    PASSES.count_copied(len(joined))
+    return memoryview(joined)

@@ -1,7 +1,8 @@
 """The load path of ``RedisTier``: leases, the prefetch, the parallel chunk read, verification.
 
-- ``RedisLoads(ledger, medium, removal)`` — ``prepare_load`` / ``read`` / ``complete_load``
-  / ``release_owner`` and ``leases_in_memory`` of ``RedisTier`` (``tiers.redis.tier``),
+- ``RedisLoads(ledger, medium, removal)`` — ``prepare_load`` / ``read`` (and
+  ``read_unhashed``, ``read_into``, ``read_into_unhashed``: a promotion's chunks copied
+  straight into its arena reservation, no joined buffer) / ``complete_load`` / ``release_owner`` and ``leases_in_memory`` of ``RedisTier`` (``tiers.redis.tier``),
   called by the daemon's loads; ``fetch`` also serves eviction, ``expire_leases`` /
   ``settle`` end what leases held (the chunks of objects deleted under a lease go then).
 - ``FOUND_FRESH_S``, ``PREFETCH_BYTES``, ``FETCH_CONNECTIONS`` — what a lease takes from a
@@ -20,12 +21,14 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any, Coroutine
+from typing import Any, Callable, Coroutine
 
 from redis.asyncio import Redis, RedisCluster
 
+from statetier.protocol.cancellation import wait_out_cancellation
 from statetier.protocol.classify import is_damage, open_intact
-from statetier.protocol.errors import CorruptPayload, NotFound, RejectedState
+from statetier.protocol.errors import CorruptPayload, InvalidRequest, NotFound, RejectedState
+from statetier.protocol.passes import PASSES, copy_into
 from statetier.protocol.sealed import VerifiedHeaders
 
 from ..base import Lease
@@ -108,13 +111,45 @@ class RedisLoads:
         return Leased(manifest) if time.monotonic() - when < FOUND_FRESH_S else None
 
     async def read(self, lease: Lease) -> memoryview:
-        lease = self._ledger.leases.check(lease)
-        found = lease.location
-        assert isinstance(found, Leased)
-        blob = await self.fetch(self._medium.client, found.manifest, "read", found.head, touch=not found.touched)
+        return await self._read(lease, verify_payload=True)
+
+    async def read_unhashed(self, lease: Lease) -> memoryview:
+        """``read`` without the pass over the payload (framing, signature): the client
+        verifies it where it lands."""
+        return await self._read(lease, verify_payload=False)
+
+    async def read_into(self, lease: Lease, dest: memoryview) -> None:
+        """``read`` straight into ``dest`` (the object's exact size): each chunk copied into
+        place as it came, no joined buffer; verified there. Returns only once no thread
+        writes into ``dest`` any more, even when cancelled."""
+        await self._read_into(lease, dest, verify_payload=True)
+
+    async def read_into_unhashed(self, lease: Lease, dest: memoryview) -> None:
+        """``read_into`` without the pass over the payload, as ``read_unhashed``."""
+        await self._read_into(lease, dest, verify_payload=False)
+
+    async def _read(self, lease: Lease, *, verify_payload: bool) -> memoryview:
+        found = self._found_for(lease)
+        blob = await self.fetch(self._medium.client, found.manifest, "read", found.head, touch=not found.touched,
+                                verify_payload=verify_payload)
         if blob is None:
             raise NotFound(f"object {lease.object_id.hex()} expired while leased")
         return blob
+
+    async def _read_into(self, lease: Lease, dest: memoryview, *, verify_payload: bool) -> None:
+        found, client = self._found_for(lease), self._medium.client
+        manifest = found.manifest
+        if dest.nbytes != manifest.meta.size:
+            raise InvalidRequest(f"a {dest.nbytes}-byte destination for a {manifest.meta.size}-byte object")
+        parts = await self._fetch_parts(client, manifest, "read", found.head, touch=not found.touched)
+        if parts is None:
+            raise NotFound(f"object {lease.object_id.hex()} expired while leased")
+        await self._judged(client, manifest, self._open_into, parts, manifest, dest, verify_payload)
+
+    def _found_for(self, lease: Lease) -> Leased:
+        found = self._ledger.leases.check(lease).location
+        assert isinstance(found, Leased)
+        return found
 
     async def complete_load(self, lease: Lease) -> None:
         self._ledger.leases.release(lease)
@@ -140,10 +175,20 @@ class RedisLoads:
                                               manifest.chunks)
 
     async def fetch(self, client: Redis | RedisCluster, manifest: Manifest, op: str, head: bytes | None = None,
-                    touch: bool = False) -> memoryview | None:
+                    touch: bool = False, verify_payload: bool = True) -> memoryview | None:
         """The verified sealed bytes, or ``None`` (cleaned up) when chunks have expired.
         ``head``: the first bytes of chunk 0 fetched before (used when they are all of it).
-        ``touch``: the object's LRU entry is touched in the same round trip (with a budget)."""
+        ``touch``: the object's LRU entry is touched in the same round trip (with a budget).
+        ``verify_payload=False``: framing and signature only (``read_unhashed``)."""
+        parts = await self._fetch_parts(client, manifest, op, head, touch)
+        if parts is None:
+            return None
+        opened: memoryview = await self._judged(client, manifest, self._open, parts, manifest, verify_payload)
+        return opened
+
+    async def _fetch_parts(self, client: Redis | RedisCluster, manifest: Manifest, op: str, head: bytes | None,
+                           touch: bool) -> list[bytes] | None:
+        """The stored chunks, in order, or ``None`` (cleaned up) when chunks have expired."""
         medium = self._medium
         oid = manifest.meta.object_id
         if manifest.is_encrypted and medium.cipher is None:
@@ -160,14 +205,20 @@ class RedisLoads:
         if any(part is None for part in parts):
             await self._removal.try_erase(client, oid, manifest, manifest.chunks)
             return None
+        return parts
+
+    async def _judged(self, client: Redis | RedisCluster, manifest: Manifest, check: Callable[..., Any],
+                      *args: Any) -> Any:
+        """``check(*args)`` — on the loop for a small object, else in the executor, waited out
+        even when cancelled (it may write into a caller's buffer); damage drops the object."""
         try:
             if manifest.stored_size <= INLINE_BYTES:
-                return self._open(parts, manifest)
-            opened: memoryview = await medium.run(self._open, parts, manifest)
-            return opened
+                return check(*args)
+            return await wait_out_cancellation(asyncio.ensure_future(self._medium.run(check, *args)))
         except RejectedState as exc:
             if is_damage(exc):  # an unknown key id is another keyring's object: left for the nodes holding it
                 self._ledger.corrupt_dropped += 1
+                oid = manifest.meta.object_id
                 await self._removal.try_erase(client, oid, manifest, manifest.chunks)
             raise
 
@@ -184,7 +235,7 @@ class RedisLoads:
         calls = [first, *(connect.exchange(client, group) for group in groups[1:])]
         return [reply for replies in await _all_or_none(calls) for reply in replies]
 
-    def _open(self, parts: list[bytes], manifest: Manifest) -> memoryview:
+    def _open(self, parts: list[bytes], manifest: Manifest, verify_payload: bool = True) -> memoryview:
         """Reassemble, decrypt, check integrity (in the executor when large).
 
         Integrity only: framing against the header's own lengths, signature, payload digest.
@@ -194,8 +245,28 @@ class RedisLoads:
         stored = join_chunks(parts)
         cipher = self._medium.cipher
         blob = cipher.open_envelope(stored) if manifest.is_encrypted and cipher is not None else stored
-        open_intact(blob, self._medium.keyring, verified=self._verified)
+        open_intact(blob, self._medium.keyring, verify_payload=verify_payload, verified=self._verified)
         return memoryview(blob)
+
+    def _open_into(self, parts: list[bytes], manifest: Manifest, dest: memoryview, verify_payload: bool) -> None:
+        """``_open`` into ``dest``: a plain object's chunks copied into place one by one (no
+        joined buffer); an envelope opened, then copied. Checked there."""
+        if manifest.is_encrypted:
+            blob = self._open(parts, manifest, verify_payload)
+            if blob.nbytes != dest.nbytes:
+                raise InvalidRequest(f"a {dest.nbytes}-byte destination for a {blob.nbytes}-byte object")
+            copy_into(dest, blob)
+            return
+        stored = sum(len(part) for part in parts)
+        if stored != dest.nbytes:  # not what the manifest says: damage, or another object's bytes
+            self._open(parts, manifest, verify_payload)  # raises what the bytes say of themselves
+            raise InvalidRequest(f"a {dest.nbytes}-byte destination for a {stored}-byte object")
+        at = 0
+        for part in parts:
+            dest[at : at + len(part)] = part
+            at += len(part)
+        PASSES.count_copied(at)
+        open_intact(dest, self._medium.keyring, verify_payload=verify_payload, verified=self._verified)
 
 
 async def _all_or_none(calls: list[Coroutine[Any, Any, list[Any]]]) -> list[list[Any]]:

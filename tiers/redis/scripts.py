@@ -14,6 +14,10 @@ chunk bytes: a value copied through Lua costs more than its round trip.
 - ``COMMIT_INDEXED_LUA`` — the same, then the key index entry and the accounting "add"
   (both idempotent), all at once. KEYS manifest, index, the five accounting keys, pending…, final…; ARGV
   manifest, ttl, object id hex, size, index entry value ("version:stream hex").
+- ``COMMIT_BATCH_INDEXED_LUA`` — ``COMMIT_INDEXED_LUA`` for a batch of objects, in order, in
+  one call (single server). KEYS the five accounting keys, then per object manifest,
+  index, pending…, final…; ARGV ttl, then per object chunk count, manifest, object id hex,
+  size, index entry value. Returns ``{any committed, bytes, objects, status…}``.
 - ``ACCOUNTING_LUA`` — add / touch / remove / status of the accounting keys (lru, sizes,
   bytes, clock, expiry), pruning entries whose TTL has passed (on "status", which eviction
   calls first, and on every call of a node with a TTL). ``{changed, bytes, objects}``.
@@ -123,11 +127,35 @@ local r = account({KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]}, 'add', ARGV[3],
 return {1, r[2], r[3]}
 """
 
+COMMIT_BATCH_INDEXED_LUA = _ACCOUNT_FN + _COMMIT_FN + """
+local ttl = tonumber(ARGV[1])
+local accounting = {KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]}
+local out = {0, 0, 0}
+local k, a = 6, 2
+while a <= #ARGV do
+  local n = tonumber(ARGV[a])
+  local status = commit(KEYS[k], k + 2, n, ARGV[a + 1], ttl)
+  if status == 1 then
+    redis.call('HSET', KEYS[k + 1], ARGV[a + 2], ARGV[a + 4])
+    if ttl > 0 then
+      redis.call('EXPIRE', KEYS[k + 1], ttl)
+    end
+    local r = account(accounting, 'add', ARGV[a + 2], ARGV[a + 3], ttl)
+    out[1], out[2], out[3] = 1, r[2], r[3]
+  end
+  out[#out + 1] = status
+  k = k + 2 + 2 * n
+  a = a + 5
+end
+return out
+"""
+
 ACCOUNTING_LUA = _ACCOUNT_FN + """
 return account(KEYS, ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]))
 """
 
-_SOURCES = {"commit": COMMIT_LUA, "commit_indexed": COMMIT_INDEXED_LUA, "accounting": ACCOUNTING_LUA}
+_SOURCES = {"commit": COMMIT_LUA, "commit_indexed": COMMIT_INDEXED_LUA, "commit_batch_indexed": COMMIT_BATCH_INDEXED_LUA,
+            "accounting": ACCOUNTING_LUA}
 
 
 class Scripts:

@@ -2,7 +2,8 @@
 
 - ``RedisStores(ledger, medium, removal)`` — ``prepare_store`` / ``write`` /
   ``complete_store`` of ``RedisTier`` (``tiers.redis.tier``); ``close_all`` drops what the
-  stores still open sent. The daemon's placement calls them, in that order, per object.
+  stores still open sent. The daemon's placement calls them, in that order, per object;
+  ``complete_stores(tickets)`` commits a batch at once (one script call on one server).
 - ``index_value(meta)`` — the key index entry of an object (version and stream id).
 
 Chunks go to pending keys named after the store; an object of one chunk travels with the
@@ -10,8 +11,6 @@ commit (one round trip in all). The Lua commit renames the pending chunks and wr
 manifest last, only if none exists and every chunk is there; on a single server it also
 updates the key index and the accounting, on a cluster one more round trip does. A failed
 or cancelled store deletes its pending chunks (``_try_drop_pending``, ``_try_roll_back``).
-Issue 25's batched commits and chunks straight into the arena change only this part and
-``tiers.redis.loads``: both reach Redis through ``RedisMedium``.
 """
 
 from __future__ import annotations
@@ -121,12 +120,51 @@ class RedisStores:
         except BaseException:
             await self._try_roll_back(client, manifest, pending)
             raise
+        refused = self._refusal(meta, committed)
+        if refused is not None:
+            raise refused
+
+    async def complete_stores(self, tickets: Sequence[StoreTicket]) -> list[StatetierError | None]:
+        """``complete_store(ticket, True)`` of each ticket, committed together: the chunks
+        that go with the commits and one commit script call for the whole batch in one round
+        trip (on a cluster, whose objects live in other slots, the commits in one pipeline
+        and the index and accounting in one more). In order, ``None`` for each object stored
+        and the error of each refused; an error reaching Redis is raised for them all."""
+        client = self._medium.client
+        out: list[StatetierError | None] = [None] * len(tickets)
+        batch: list[tuple[int, Manifest, _PendingChunks]] = []
+        for index, ticket in enumerate(tickets):
+            if not self._ledger.close_store(ticket):
+                continue  # completed before (or never ours): nothing is held
+            pending = ticket.location
+            assert isinstance(pending, _PendingChunks)
+            if ticket.written != ticket.meta.size:
+                await self._try_drop_pending(client, ticket.meta.object_id, pending)
+                out[index] = InvalidRequest("complete_store(success=True) before the object was written")
+                continue
+            batch.append((index, Manifest(ticket.meta, pending.stored_size, pending.chunks, self._options.chunk_bytes,
+                                          self._medium.cipher is not None, pending.store_id), pending))
+        if not batch:
+            return out
+        try:
+            statuses = await self._commit_batch(client, [(manifest, pending) for _, manifest, pending in batch])
+        except BaseException:
+            for _, manifest, pending in batch:
+                await self._try_roll_back(client, manifest, pending)
+            raise
+        for (index, manifest, _), committed in zip(batch, statuses):
+            out[index] = self._refusal(manifest.meta, committed)
+        return out
+
+    def _refusal(self, meta: ObjectMeta, committed: int) -> StatetierError | None:
+        """What a commit's status says: None (stored), or why the object was not."""
         if committed == 0:
-            raise InternalError(f"chunks of {meta.object_id.hex()} vanished before the commit "
-                                "(redis maxmemory eviction?)")
+            return InternalError(f"chunks of {meta.object_id.hex()} vanished before the commit "
+                                 "(redis maxmemory eviction?)")
         self._medium.seen.remember(meta.object_id, True)
         if committed == -1:  # another node stored this state_id meanwhile: its object stands
-            raise InvalidRequest(f"object {meta.object_id.hex()} is already stored")
+            return InvalidRequest(f"object {meta.object_id.hex()} is already stored")
+        return None
 
     async def _commit(self, client: Redis | RedisCluster, manifest: Manifest, pending: _PendingChunks) -> int:
         """Send the staged chunks (if any) and the commit; 1, 0 (a chunk is gone) or -1 (exists)."""
@@ -154,17 +192,77 @@ class RedisStores:
             medium.bytes_used, medium.objects = int(reply[1]), int(reply[2])
         return committed
 
+    async def _commit_batch(self, client: Redis | RedisCluster,
+                            batch: list[tuple[Manifest, _PendingChunks]]) -> list[int]:
+        """``_commit`` of every object of ``batch`` in one round trip (a cluster: two); their
+        statuses, in order."""
+        medium, ttl = self._medium, self._options.ttl_seconds or 0
+        sets: list[tuple[Any, ...]] = []
+        for manifest, pending in batch:
+            if pending.staged is not None:
+                sets += _sets(self._pending_keys(manifest.meta.object_id, pending), pending.staged)
+        if medium.is_cluster:
+            return await self._commit_batch_on_cluster(client, batch, sets)
+        keys: list[Any] = [*medium.accounting_keys]
+        args: list[Any] = [ttl]
+        for manifest, pending in batch:
+            meta, oid = manifest.meta, manifest.meta.object_id
+            keys += [self._keys.manifest(oid), self._keys.key_index(meta.key_digest),
+                     *self._pending_keys(oid, pending), *self._keys.chunks(oid, pending.chunks)]
+            args += [pending.chunks, manifest.encode(), oid.hex(), meta.size, index_value(meta)]
+        name = "commit_batch_indexed"
+        with self._edge.call("complete_store"):
+            replies = await connect.exchange(client, [*sets, medium.scripts.command(name, keys, args)])
+            raise_first_error(replies[:-1])
+            reply = await medium.scripts.result_of(replies[-1], name, keys, args)
+        if int(reply[0]):
+            medium.bytes_used, medium.objects = int(reply[1]), int(reply[2])
+        return [int(status) for status in reply[3:]]
+
+    async def _commit_batch_on_cluster(self, client: Redis | RedisCluster, batch: list[tuple[Manifest, _PendingChunks]],
+                                       sets: list[tuple[Any, ...]]) -> list[int]:
+        """Each object's commit script in its own slot, all in one pipeline; then the key
+        index entries and the accounting of those committed, in one more."""
+        ttl, scripts = self._options.ttl_seconds or 0, self._medium.scripts
+        calls = []
+        for manifest, pending in batch:
+            oid = manifest.meta.object_id
+            calls.append(([self._keys.manifest(oid), *self._pending_keys(oid, pending),
+                           *self._keys.chunks(oid, pending.chunks)], [manifest.encode(), ttl]))
+        with self._edge.call("complete_store"):
+            replies = await connect.exchange(client, [*sets, *(scripts.command("commit", k, a) for k, a in calls)])
+            raise_first_error(replies[: len(sets)])
+            statuses = [int((await scripts.result_of(reply, "commit", k, a))[0])
+                        for reply, (k, a) in zip(replies[len(sets):], calls)]
+            committed = [manifest.meta for (manifest, _), status in zip(batch, statuses) if status == 1]
+            if committed:
+                reply = await self._index_and_account_all(client, committed)
+                self._medium.bytes_used, self._medium.objects = int(reply[1]), int(reply[2])
+        return statuses
+
     async def _index_and_account(self, client: Redis | RedisCluster, meta: ObjectMeta) -> Any:
-        """Cluster only: the key index entry and the accounting "add", in one round trip."""
+        return await self._index_and_account_all(client, [meta])
+
+    async def _index_and_account_all(self, client: Redis | RedisCluster, metas: list[ObjectMeta]) -> Any:
+        """Cluster only: the key index entries and the accounting "add" of ``metas``, in one
+        round trip; the last accounting reply."""
         ttl, scripts = self._options.ttl_seconds, self._medium.scripts
-        index, keys = self._keys.key_index(meta.key_digest), self._medium.accounting_keys
-        args = ["add", meta.object_id.hex(), meta.size, ttl or 0]
-        commands: list[tuple[Any, ...]] = [("HSET", index, meta.object_id.hex(), index_value(meta))]
-        if ttl:
-            commands.append(("EXPIRE", index, ttl))
-        replies = await connect.exchange(client, [*commands, scripts.command("accounting", keys, args)])
-        raise_first_error(replies[:-1])
-        return await scripts.result_of(replies[-1], "accounting", keys, args)
+        keys = self._medium.accounting_keys
+        commands: list[tuple[Any, ...]] = []
+        accounted: list[list[Any]] = []
+        for meta in metas:
+            index = self._keys.key_index(meta.key_digest)
+            commands.append(("HSET", index, meta.object_id.hex(), index_value(meta)))
+            if ttl:
+                commands.append(("EXPIRE", index, ttl))
+        for meta in metas:
+            accounted.append(["add", meta.object_id.hex(), meta.size, ttl or 0])
+        replies = await connect.exchange(client, [*commands, *(scripts.command("accounting", keys, a) for a in accounted)])
+        raise_first_error(replies[: len(commands)])
+        reply = None
+        for answer, args in zip(replies[len(commands):], accounted):
+            reply = await scripts.result_of(answer, "accounting", keys, args)
+        return reply
 
     async def close_all(self, client: Redis | RedisCluster) -> None:
         """Forget the stores still open, deleting what they sent (the tier closes)."""
