@@ -86,7 +86,7 @@ $(VLLM_STAMP): pyproject.toml scripts/vllm_venv.sh
 	bash scripts/vllm_venv.sh $(VLLM_VENV)
 
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_VENV)/bin/python tests/vllm_e2e/run_e2e.py
+	$(VLLM_VENV)/bin/python -m tests.vllm_e2e.run_e2e
 
 $(SGLANG_VENV)/.installed: pyproject.toml
 	test -x $(SGLANG_VENV)/bin/python || python3 -m venv $(SGLANG_VENV)

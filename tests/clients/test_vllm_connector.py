@@ -12,27 +12,28 @@ from __future__ import annotations
 
 import copy
 import pickle
-import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 import torch
+from statetier.clients import Client
+from statetier.clients.vllm.jobs import LoadItem, LoadJob, StepMeta, handoff_from_params
+from statetier.clients.vllm.layout import (
+    CacheGroup,
+    ConnectorConfig,
+    EngineLayout,
+    StateSpec,
+    layer_id_of,
+    namespace_spec,
+)
+from statetier.clients.vllm.scheduler import ScheduledStep, SchedulerSide
+from statetier.clients.vllm.worker import WorkerSide
+from statetier.protocol.errors import InvalidRequest
+from statetier.protocol.identity import Kind, prefix_hashes
+from statetier.protocol.messages import ref_from_wire
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "daemon"))  # the sibling daemon_procs.py
-
-from daemon_procs import daemon_fixture  # noqa: E402
-
-from statetier.clients import Client  # noqa: E402
-from statetier.clients.vllm.jobs import LoadItem, LoadJob, StepMeta, handoff_from_params  # noqa: E402
-from statetier.clients.vllm.layout import (  # noqa: E402
-    CacheGroup, ConnectorConfig, EngineLayout, StateSpec, layer_id_of, namespace_spec)
-from statetier.clients.vllm.scheduler import ScheduledStep, SchedulerSide  # noqa: E402
-from statetier.clients.vllm.worker import WorkerSide  # noqa: E402
-from statetier.protocol.errors import InvalidRequest  # noqa: E402
-from statetier.protocol.identity import Kind, prefix_hashes  # noqa: E402
-from statetier.protocol.messages import ref_from_wire  # noqa: E402
+from tests.support.daemons import daemon_fixture
 
 BLOCK, HEADS, HEAD = 16, 2, 8
 CONV, RECURRENT = (3, 24), (4, 8, 4)

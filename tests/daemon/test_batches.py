@@ -14,13 +14,10 @@ from __future__ import annotations
 
 import collections
 import os
-import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 import torch
-
 from statetier.clients import AsyncClient, PutItem
 from statetier.daemon.engine import Engine, EngineOptions
 from statetier.daemon.requests import Incoming, LoadRequest, PutRequest, PutResult
@@ -33,8 +30,7 @@ from statetier.protocol.thresholds import INLINE_WORK_BYTES
 from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.registry import MemoryVersionRegistry
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling server_harness.py
-from server_harness import running_daemon  # noqa: E402
+from tests.support.server_harness import running_daemon
 
 NS_SPEC = NamespaceSpec("batch-unit")
 NS = NS_SPEC.namespace()

@@ -20,22 +20,19 @@ A real ZMQ SUB socket decodes each tenant's stream with the Structs of vLLM's pu
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 import pytest
-import zmq
 import torch
+import zmq
+from statetier.clients import AsyncClient, BlockTag
+from statetier.daemon.server.auth import token_sha256
+from statetier.protocol.errors import InvalidRequest, NotFound
+from statetier.protocol.identity import NamespaceSpec
+from statetier.protocol.ownership import owned_namespace
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling helpers
-
-from daemon_procs import daemon_fixture, eventually  # noqa: E402
-from kv_event_schema import AllBlocksCleared, BlockRemoved, BlockStored, Subscriber  # noqa: E402
-from statetier.clients import AsyncClient, BlockTag  # noqa: E402
-from statetier.daemon.server.auth import token_sha256  # noqa: E402
-from statetier.protocol.errors import InvalidRequest, NotFound  # noqa: E402
-from statetier.protocol.identity import NamespaceSpec  # noqa: E402
-from statetier.protocol.ownership import owned_namespace  # noqa: E402
+from tests.support.daemons import daemon_fixture
+from tests.support.kv_event_schema import AllBlocksCleared, BlockRemoved, BlockStored, Subscriber
+from tests.support.waiting import eventually
 
 TOKENS = {"a": "tenant-a-events-token", "b": "tenant-b-events-token"}
 TOKENS_PER_PAGE = 64

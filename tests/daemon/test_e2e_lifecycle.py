@@ -17,18 +17,15 @@ from __future__ import annotations
 import asyncio
 import signal
 import stat
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling daemon_procs.py
+from statetier.clients import AsyncClient
+from statetier.launch.daemons import DaemonProcess
+from statetier.protocol.errors import StatetierError, Unavailable
+from statetier.protocol.frames import Frame, FrameDecoder, Op, encode_frame_bytes, hello_frame
+from statetier.protocol.identity import StateRef
+from statetier.protocol.wire_meta import LoadMeta, wire_ref
 
-from daemon_procs import assert_same_tensors, jamba_namespace, kv_page, snapshot  # noqa: E402
-from statetier.launch.daemons import DaemonProcess  # noqa: E402
-from statetier.clients import AsyncClient  # noqa: E402
-from statetier.protocol.errors import StatetierError, Unavailable  # noqa: E402
-from statetier.protocol.frames import Frame, FrameDecoder, Op, encode_frame_bytes, hello_frame  # noqa: E402
-from statetier.protocol.identity import StateRef  # noqa: E402
-from statetier.protocol.wire_meta import LoadMeta, wire_ref  # noqa: E402
+from tests.support.jamba import assert_same_tensors, jamba_namespace, kv_page, snapshot
 
 GRACE_SECONDS = 3
 BIG_TOKENS = 8192  # a (2, 8, 8192, 128) bf16 page: 32 MiB, more than both socket buffers hold

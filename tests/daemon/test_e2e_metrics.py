@@ -23,17 +23,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import sys
-from pathlib import Path
 
 import pytest
+from statetier.clients import AsyncClient
+from statetier.protocol.errors import CorruptPayload, FingerprintMismatch, NotFound, StaleState
+from statetier.protocol.identity import prefix_hash
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling daemon_procs.py
-
-from daemon_procs import daemon_fixture, eventually, jamba_namespace, kv_page, snapshot  # noqa: E402
-from statetier.clients import AsyncClient  # noqa: E402
-from statetier.protocol.errors import CorruptPayload, FingerprintMismatch, NotFound, StaleState  # noqa: E402
-from statetier.protocol.identity import prefix_hash  # noqa: E402
+from tests.support.daemons import daemon_fixture
+from tests.support.jamba import jamba_namespace, kv_page, snapshot
+from tests.support.waiting import eventually
 
 KV_PUTS, SSM_PUTS = 5, 3
 

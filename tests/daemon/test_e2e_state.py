@@ -18,23 +18,35 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+from statetier.clients import AsyncClient, PutItem
+from statetier.protocol.errors import (
+    FingerprintMismatch,
+    MisroutedState,
+    NamespaceMismatch,
+    NotFound,
+    PlacementMismatch,
+    PositionMismatch,
+    StaleState,
+)
+from statetier.protocol.identity import prefix_hashes
+from statetier.protocol.keyring import Keyring
+from statetier.protocol.ownership import owned_key
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling daemon_procs.py
-
-from daemon_procs import (  # noqa: E402
-    ATTENTION_LAYERS, BLOCK, SSM_LAYERS, assert_same_tensors, daemon_fixture, jamba_namespace, kv_page, snapshot,
-    token_ids)
-from statetier.clients import AsyncClient, PutItem  # noqa: E402
-from statetier.protocol.errors import (FingerprintMismatch, MisroutedState, NamespaceMismatch, NotFound,  # noqa: E402
-                                       PlacementMismatch, PositionMismatch, StaleState)
-from statetier.protocol.identity import prefix_hashes  # noqa: E402
-from statetier.protocol.keyring import Keyring  # noqa: E402
-from statetier.protocol.ownership import owned_key  # noqa: E402
+from tests.support.daemons import daemon_fixture
+from tests.support.jamba import (
+    ATTENTION_LAYERS,
+    BLOCK,
+    SSM_LAYERS,
+    assert_same_tensors,
+    jamba_namespace,
+    kv_page,
+    snapshot,
+    token_ids,
+)
 
 TOKENS = 256
 ATTENTION = tuple(range(SSM_LAYERS, SSM_LAYERS + ATTENTION_LAYERS))  # layers 28..31

@@ -6,7 +6,7 @@ A deployment runs the daemon under its own service group and adds each worker to
 so it can reach the 0660 socket (docs/operations.md). Here the daemon runs with gid
 ``GID_DAEMON`` in a directory of that group (mode 0750, as a state directory a worker may
 enter), tenant A and tenant B are workers of their own uids with ``GID_DAEMON`` as a
-supplementary group (``tenant_worker.py``: fork + setuid). A puts a page (durable, so it
+supplementary group (``tests/support/tenant_worker.py``: fork + setuid). A puts a page (durable, so it
 reaches the disk tier too) and loads it back; B then searches, as its own uid, every file
 under the daemon's directory and in ``/dev/shm`` it can open, every descriptor in
 ``/proc/<pid>/fd`` and every mapping in ``/proc/<pid>/mem`` of the daemon and of A that it
@@ -27,18 +27,18 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 import torch
-
 from statetier.clients import Client
 from statetier.launch.daemons import DaemonProcess
 from statetier.protocol.identity import NamespaceSpec
 
-WORKER = Path(__file__).resolve().parent / "tenant_worker.py"
+from tests.support.scripts import REPO, module_command
+
+WORKER = "tests.support.tenant_worker"
 UID_A, UID_B = 61301, 61302
 GID_A, GID_B, GID_DAEMON = 61301, 61302, 61300
 
@@ -47,12 +47,12 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="runs processes as oth
 
 def worker_argv(job: str, uid: int, gid: int, **fields) -> list[str]:
     spec = {"uid": uid, "gid": gid, "groups": [gid, GID_DAEMON], **fields}
-    return [sys.executable, str(WORKER), job, json.dumps(spec)]
+    return module_command(WORKER, job, json.dumps(spec))
 
 
 def scan_as_b(probe: str, daemon: DaemonProcess, *pids: int) -> dict:
     done = subprocess.run(worker_argv("scan", UID_B, GID_B, probe=probe, roots=[str(daemon.directory)],
-                                      pids=list(pids)), capture_output=True, text=True, timeout=120)
+                                      pids=list(pids)), cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.splitlines()[-1])
 
@@ -75,7 +75,7 @@ def daemon():
 @needs_root
 def test_a_worker_of_another_tenant_in_the_daemons_group_finds_none_of_a_tenants_bytes(daemon):
     a = subprocess.Popen(worker_argv("put", UID_A, GID_A, url=daemon.url, model="view", tenant_in_spec="",
-                                     seed=5, hold_seconds=120), stdout=subprocess.PIPE, text=True)
+                                     seed=5, hold_seconds=120), cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         put = json.loads(a.stdout.readline())
         assert put["uses_shm"]  # A went through its shared-memory windows

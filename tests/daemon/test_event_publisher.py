@@ -10,21 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
+from statetier.daemon.config_events import EventsConfig
+from statetier.daemon.events import EventPublisher
+from statetier.daemon.events.publisher import MAX_BATCH_EVENTS
+from statetier.protocol.errors import ConfigError
+from statetier.protocol.kv_events import BlockRemoved, BlockStored
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling schema
-
-import kv_event_schema as vllm  # noqa: E402
-from statetier.daemon.config_events import EventsConfig  # noqa: E402
-from statetier.daemon.events import EventPublisher  # noqa: E402
-from statetier.daemon.events.publisher import MAX_BATCH_EVENTS  # noqa: E402
-from statetier.protocol.errors import ConfigError  # noqa: E402
-from statetier.protocol.kv_events import AllBlocksCleared, BlockRemoved, BlockStored  # noqa: E402
+from tests.support import kv_event_schema as vllm
 
 NS_1, NS_2 = b"\x01" * 32, b"\x02" * 32
 

@@ -16,11 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
-from pathlib import Path
 
 import pytest
-
 from statetier.protocol.classify import open_intact
 from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.errors import CapacityError, InvalidRequest, LeaseError
@@ -29,8 +26,7 @@ from statetier.protocol.identity import Kind, Provenance, new_state_id
 from statetier.protocol.sealed import decode_header, seal_object
 from statetier.tiers.base import ObjectMeta
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling contract_fixtures.py
-from contract_fixtures import (  # noqa: F401  (fixtures are used by name)
+from tests.support.tier_contract import (  # noqa: F401  (fixtures are used by name)
     CAPACITY,
     KEYRING,
     NAMESPACE,

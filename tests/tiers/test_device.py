@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 import os
 import random
 from concurrent.futures import ThreadPoolExecutor
-
-from pathlib import Path
 
 import pytest
 
@@ -22,9 +19,13 @@ from statetier.protocol.sealed import decode_header, open_sealed, seal_object  #
 from statetier.tiers.base import ObjectMeta  # noqa: E402
 from statetier.tiers.memory import DeviceTier, DeviceTierOptions  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).parent))
-from contract_fixtures import (  # noqa: E402
-    assert_cancelled_store_leaves_nothing, assert_invisible, assert_read_view_released, assert_visible, fragment, load,
+from tests.support.tier_contract import (  # noqa: E402
+    assert_cancelled_store_leaves_nothing,
+    assert_invisible,
+    assert_read_view_released,
+    assert_visible,
+    fragment,
+    load,
     store,
 )
 

@@ -9,18 +9,14 @@ cancelled at any point leave the tier sound; concurrent stores share one durable
 from __future__ import annotations
 
 import asyncio
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
-
 from statetier.tiers.disk.stores import BUFFERED_BYTES
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the siblings disk_crash_writer.py and test_disk.py
-from disk_crash_writer import load, store  # noqa: E402
-from test_disk import objects  # noqa: E402
+from tests.support.disk_crash_writer import load, store
+from tests.support.disk_files import objects
 
 
 class GatedExecutor(ThreadPoolExecutor):

@@ -10,18 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import random
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from statetier.protocol.errors import NotFound
 from statetier.protocol.sealed import open_sealed
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the siblings disk_crash_writer.py and test_disk.py
-from disk_crash_writer import KEYRING, load, make_object, object_id_for, store  # noqa: E402
-from test_disk import objects, segment_files  # noqa: E402
-
+from tests.support.disk_crash_writer import KEYRING, load, make_object, object_id_for, store
+from tests.support.disk_files import objects, segment_files
 
 # ---------------------------------------------------------------------------- compaction
 

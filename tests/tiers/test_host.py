@@ -6,31 +6,29 @@ from __future__ import annotations
 
 import asyncio
 import random
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
-
 from statetier.protocol.errors import CapacityError, InvalidRequest, LeaseError, NotFound
 from statetier.protocol.sealed import open_sealed
 from statetier.tiers.memory.host import HostTier, HostTierOptions
 
-sys.path.insert(0, str(Path(__file__).parent))
-from contract_fixtures import (  # noqa: E402
-    KEYRING, assert_cancelled_store_leaves_nothing, assert_invisible, assert_read_view_released, assert_visible, fragment,
-    load, make_object, store,
+from tests.support.host_tier import MIB, tier  # noqa: F401  (a fixture, used by name)
+from tests.support.tier_contract import (
+    KEYRING,
+    assert_cancelled_store_leaves_nothing,
+    assert_invisible,
+    assert_read_view_released,
+    assert_visible,
+    fragment,
+    load,
+    make_object,
+    store,
 )
 
-KIB, MIB = 1024, 1024 * 1024
+KIB = 1024
 put, read_bytes = store, load  # the shared store/load steps of the contract suite
-
-
-@pytest.fixture
-async def tier():
-    async with HostTier(HostTierOptions(4 * MIB, pin_memory=False)) as host:
-        yield host
 
 
 # ---------------------------------------------------------------------------- lifecycle

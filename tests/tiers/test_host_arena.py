@@ -21,14 +21,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from statetier.protocol.errors import ConfigError
 from statetier.tiers.memory.host import HostTier, HostTierOptions, open_unlinked_shm
 
-sys.path.insert(0, str(Path(__file__).parent))  # the siblings contract_fixtures.py and test_host.py
-from contract_fixtures import load, make_object, store  # noqa: E402
-from test_host import MIB, tier  # noqa: E402,F401
-
+from tests.support.host_tier import MIB, tier  # noqa: F401  (a fixture, used by name)
+from tests.support.tier_contract import load, make_object, store
 
 _CHILD = """
 import hashlib, mmap, sys

@@ -12,16 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
-import time
-import uuid
-from pathlib import Path
 
 import pytest
-import redis
-import redis.cluster
-
-from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.errors import (
     BadSignature,
     CapacityError,
@@ -31,70 +23,12 @@ from statetier.protocol.errors import (
     NotFound,
     UnknownKey,
 )
-from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, new_state_id
-from statetier.protocol.keyring import Keyring, SigningKey, dev_keyring
-from statetier.protocol.sealed import decode_header, seal_object
-from statetier.tiers.base import ObjectMeta
+from statetier.protocol.keyring import Keyring, SigningKey
 from statetier.tiers.crypto import AtRestCipher
-from statetier.tiers.redis import RedisTier, RedisTierOptions
-from statetier.tiers.redis.layout import PENDING_CHUNK_TTL, Manifest, RedisKeys
+from statetier.tiers.redis.layout import PENDING_CHUNK_TTL, Manifest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling contract_fixtures.py
-from contract_fixtures import assert_invisible, assert_visible, load, store  # noqa: E402
-
-KEYRING = dev_keyring()
-NAMESPACE = NamespaceSpec("redis-tier-test").namespace()
-
-
-def make_object(size: int, *, keyring: Keyring = KEYRING, layer: int = 0, request_id: str = "req") -> tuple[ObjectMeta, bytes]:
-    """A sealed KV page with ``size`` random payload bytes, and its metadata."""
-    key = StateKey(NAMESPACE, Kind.KV, layer, bytes(32), 0, 16)
-    blob = seal_object(key, Provenance(request_id, 0, "test", time.time_ns()),
-                       [(TensorSpec("kv", "uint8", (size,)), os.urandom(size))],
-                       keyring=keyring, state_id=new_state_id(), version=1)
-    return ObjectMeta.from_header(decode_header(blob)), blob
-
-
-def raw_client(url: str, is_cluster: bool):
-    return redis.cluster.RedisCluster.from_url(url) if is_cluster else redis.Redis.from_url(url)
-
-
-def object_keys(raw, prefix: str, object_id: bytes) -> list[bytes]:
-    return sorted(raw.scan_iter(match=f"{prefix}:{{{object_id.hex()}}}:*", count=1000))
-
-
-def keys_of(tier: RedisTier) -> RedisKeys:
-    return RedisKeys(tier.key_prefix)
-
-
-class Backend:
-    def __init__(self, url: str, is_cluster: bool) -> None:
-        self.url, self.is_cluster = url, is_cluster
-        self.raw = raw_client(url, is_cluster)
-
-
-@pytest.fixture(params=["single", "cluster"])
-def backend(request):
-    if request.param == "single":
-        found = Backend(request.getfixturevalue("redis_server").url, False)
-    else:
-        found = Backend(request.getfixturevalue("redis_cluster").url, True)
-    yield found
-    found.raw.close()
-
-
-@pytest.fixture
-def make_tier(started):
-    """``await make_tier(url, **options)`` → a started ``RedisTier`` under a prefix of its
-    own (the servers are shared), closed after the test."""
-    def make(url: str, **options):
-        options.setdefault("key_prefix", f"rt-{uuid.uuid4().hex[:16]}")
-        runtime = {name: options.pop(name) for name in ("keyring", "cipher", "executor") if name in options}
-        runtime.setdefault("keyring", KEYRING)
-        return started(RedisTier(RedisTierOptions(url, **options), **runtime))
-
-    return make
-
+from tests.support.redis_tier import KEYRING, keys_of, make_object, object_keys
+from tests.support.tier_contract import assert_invisible, assert_visible, load, store
 
 # -- lifecycle and visibility -----------------------------------------------------------
 

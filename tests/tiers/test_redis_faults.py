@@ -13,20 +13,16 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
-from pathlib import Path
 
 import pytest
 import redis.asyncio.connection
-
 from statetier.protocol.errors import NotFound, Unavailable
 from statetier.protocol.identity import new_state_id
 from statetier.tiers.redis import RedisTier, RedisTierOptions
 from statetier.tiers.redis.registry import RedisVersionRegistry
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the siblings test_redis.py and contract_fixtures.py
-from contract_fixtures import load, store  # noqa: E402
-from test_redis import KEYRING, make_object  # noqa: E402
+from tests.support.redis_tier import KEYRING, make_object
+from tests.support.tier_contract import load, store
 
 HANG_GUARD_S = 60.0
 
