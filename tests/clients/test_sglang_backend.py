@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from statetier.clients import sglang as backend_module
 from statetier.clients.sglang import HiCacheBackend, prefix_bytes
 from statetier.protocol.errors import InvalidRequest
-
 from tests.support.daemons import daemon_fixture
 from tests.support.sglang_pools import (
     PAGE,

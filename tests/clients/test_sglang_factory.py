@@ -12,7 +12,6 @@ storage = pytest.importorskip("sglang.srt.mem_cache.hicache_storage")
 factory = pytest.importorskip("sglang.srt.mem_cache.storage.backend_factory")
 
 from statetier.clients.sglang import HiCacheBackend  # noqa: E402
-
 from tests.support.daemons import daemon_fixture  # noqa: E402
 from tests.support.sglang_pools import PAGE, KVPoolHost, MambaPoolHost, chain, slots  # noqa: E402
 

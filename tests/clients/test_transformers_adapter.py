@@ -18,6 +18,7 @@ import torch
 
 pytest.importorskip("transformers")
 
+from examples.tiny_hybrids import ARCHITECTURES, build_model, prefill, prompt
 from statetier.clients import AsyncClient, Client, LayerGroup
 from statetier.clients.transformers import (
     SavedState,
@@ -36,8 +37,6 @@ from statetier.clients.transformers import (
 from statetier.launch import DaemonProcess
 from statetier.protocol.errors import InvalidRequest, NotFound, PlacementMismatch, PositionMismatch
 from statetier.protocol.identity import Kind
-
-from examples.tiny_hybrids import ARCHITECTURES, build_model, prefill, prompt
 
 PROMPT_LEN = 20  # one full block of 16 and a partial one
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
+
 from statetier.clients import Client
 from statetier.clients.vllm.jobs import LoadItem, LoadJob, StepMeta, handoff_from_params
 from statetier.clients.vllm.layout import (
@@ -32,7 +33,6 @@ from statetier.clients.vllm.worker import WorkerSide
 from statetier.protocol.errors import InvalidRequest
 from statetier.protocol.identity import Kind, prefix_hashes
 from statetier.protocol.messages import ref_from_wire
-
 from tests.support.daemons import daemon_fixture
 
 BLOCK, HEADS, HEAD = 16, 2, 8

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
+
 from statetier.clients import Client
 from statetier.clients.vllm.connector import connector_events
 from statetier.clients.vllm.events import as_vllm_events
@@ -32,7 +33,6 @@ from statetier.clients.vllm.scheduler import ScheduledStep, SchedulerSide
 from statetier.clients.vllm.worker import WorkerSide
 from statetier.protocol.identity import Kind, prefix_hashes
 from statetier.protocol.kv_events import BlockRemoved, BlockStored
-
 from tests.support.daemons import daemon_fixture
 
 BLOCK, HEADS, HEAD, NUM_BLOCKS = 16, 2, 8, 8

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+
 from statetier.clients import AsyncClient, PutItem
 from statetier.daemon.engine import Engine, EngineOptions
 from statetier.daemon.requests import Incoming, LoadRequest, PutRequest, PutResult
@@ -29,7 +30,6 @@ from statetier.protocol.sealed import header_length
 from statetier.protocol.thresholds import INLINE_WORK_BYTES
 from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.registry import MemoryVersionRegistry
-
 from tests.support.server_harness import running_daemon
 
 NS_SPEC = NamespaceSpec("batch-unit")

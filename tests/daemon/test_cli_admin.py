@@ -21,12 +21,12 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from statetier.clients import Client
 from statetier.daemon.cli import main
 from statetier.protocol.errors import NotFound
 from statetier.protocol.identity import prefix_hash
 from statetier.protocol.ownership import owned_namespace
-
 from tests.support.daemons import daemon_fixture
 from tests.support.jamba import jamba_namespace, kv_page, snapshot, token_ids
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 from statetier.clients import AsyncClient, StoredRef
 from statetier.launch.daemons import DaemonProcess
 from statetier.protocol.identity import StateRef
-
 from tests.support.jamba import assert_same_tensors, jamba_namespace, kv_page
 
 NAMESPACE = jamba_namespace("durability")

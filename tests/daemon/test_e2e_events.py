@@ -24,12 +24,12 @@ import asyncio
 import pytest
 import torch
 import zmq
+
 from statetier.clients import AsyncClient, BlockTag
 from statetier.daemon.server.auth import token_sha256
 from statetier.protocol.errors import InvalidRequest, NotFound
 from statetier.protocol.identity import NamespaceSpec
 from statetier.protocol.ownership import owned_namespace
-
 from tests.support.daemons import daemon_fixture
 from tests.support.kv_event_schema import AllBlocksCleared, BlockRemoved, BlockStored, Subscriber
 from tests.support.waiting import eventually

@@ -35,11 +35,11 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from statetier.clients import AsyncClient, PutItem
 from statetier.clients.tensors import tensor_bytes
 from statetier.daemon.server.auth import token_sha256
 from statetier.protocol.errors import CorruptPayload, NotFound, Unavailable
-
 from tests.support.daemons import arena_copy, daemon_fixture
 from tests.support.jamba import jamba_namespace
 from tests.support.waiting import eventually

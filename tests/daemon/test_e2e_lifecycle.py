@@ -24,7 +24,6 @@ from statetier.protocol.errors import StatetierError, Unavailable
 from statetier.protocol.frames import Frame, FrameDecoder, Op, encode_frame_bytes, hello_frame
 from statetier.protocol.identity import StateRef
 from statetier.protocol.wire_meta import LoadMeta, wire_ref
-
 from tests.support.jamba import assert_same_tensors, jamba_namespace, kv_page, snapshot
 
 GRACE_SECONDS = 3

@@ -25,10 +25,10 @@ import asyncio
 import dataclasses
 
 import pytest
+
 from statetier.clients import AsyncClient
 from statetier.protocol.errors import CorruptPayload, FingerprintMismatch, NotFound, StaleState
 from statetier.protocol.identity import prefix_hash
-
 from tests.support.daemons import daemon_fixture
 from tests.support.jamba import jamba_namespace, kv_page, snapshot
 from tests.support.waiting import eventually

@@ -15,11 +15,11 @@
 from __future__ import annotations
 
 import pytest
+
 from statetier.clients import Client
 from statetier.launch.daemons import DaemonFailed, DaemonProcess
 from statetier.protocol.errors import UnknownKey
 from statetier.protocol.keyring import Keyring
-
 from tests.support.jamba import assert_same_tensors, jamba_namespace, snapshot
 
 SPEC = jamba_namespace("misconfiguration")

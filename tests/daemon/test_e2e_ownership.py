@@ -34,9 +34,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
 from statetier.launch.daemons import DaemonProcess
 from statetier.protocol.keyring import Keyring
-
 from tests.support.scripts import REPO, module_command
 
 WORKER = "tests.support.tenant_worker"

@@ -21,12 +21,12 @@ import asyncio
 import os
 
 import pytest
+
 from statetier.clients import AsyncClient, Client
 from statetier.daemon.server.auth import token_sha256
 from statetier.protocol.errors import Forbidden, NotFound
 from statetier.protocol.ownership import owned_namespace
 from statetier.tiers.redis.layout import RedisKeys
-
 from tests.support.daemons import daemon_fixture
 from tests.support.jamba import assert_same_tensors, jamba_namespace, kv_page, snapshot
 

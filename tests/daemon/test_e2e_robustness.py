@@ -29,12 +29,12 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from statetier.clients import AsyncClient
 from statetier.launch.daemons import DaemonProcess
 from statetier.protocol.errors import Unavailable
 from statetier.protocol.frames import Frame, FrameDecoder, Op, encode_frame_bytes, hello_frame
 from statetier.protocol.messages import ref_from_wire
-
 from tests.support.daemons import daemon_fixture
 from tests.support.jamba import assert_same_tensors, jamba_namespace, kv_page, snapshot
 from tests.support.waiting import eventually

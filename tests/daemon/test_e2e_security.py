@@ -33,6 +33,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+
 from statetier.clients import AsyncClient
 from statetier.clients.tensors import tensor_to_spec_and_view
 from statetier.daemon.server.auth import token_sha256
@@ -44,7 +45,6 @@ from statetier.protocol.ownership import owned_key
 from statetier.protocol.sealed import decode_header, layout_payload, seal
 from statetier.tiers.base import ObjectMeta
 from statetier.tiers.redis.layout import Manifest, RedisKeys
-
 from tests.support.daemons import daemon_fixture
 from tests.support.jamba import assert_same_tensors, jamba_namespace, kv_page, snapshot
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 import socket
 
 import pytest
+
 from statetier.clients import Client
 from statetier.daemon.cli import main
 from statetier.launch.daemons import DaemonFailed, DaemonProcess
 from statetier.protocol.errors import FrameTooLarge
-
 from tests.support.daemons import daemon_fixture
 from tests.support.jamba import jamba_namespace, kv_page
 

@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
 from statetier.clients import AsyncClient, PutItem
 from statetier.protocol.errors import (
     FingerprintMismatch,
@@ -35,7 +36,6 @@ from statetier.protocol.errors import (
 from statetier.protocol.identity import prefix_hashes
 from statetier.protocol.keyring import Keyring
 from statetier.protocol.ownership import owned_key
-
 from tests.support.daemons import daemon_fixture
 from tests.support.jamba import (
     ATTENTION_LAYERS,

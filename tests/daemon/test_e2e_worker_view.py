@@ -32,10 +32,10 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from statetier.clients import Client
 from statetier.launch.daemons import DaemonProcess
 from statetier.protocol.identity import NamespaceSpec
-
 from tests.support.scripts import REPO, module_command
 
 WORKER = "tests.support.tenant_worker"

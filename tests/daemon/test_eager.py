@@ -16,9 +16,9 @@ import asyncio
 import contextvars
 
 import pytest
+
 from statetier.daemon.server.eager import start_eagerly
 from statetier.protocol.frames import Op
-
 from tests.support.server_harness import running_daemon
 
 MARK = contextvars.ContextVar("mark", default="unset")

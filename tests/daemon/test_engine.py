@@ -13,6 +13,7 @@ import gc
 import shutil
 
 import pytest
+
 from statetier.daemon.engine import Engine, EngineOptions
 from statetier.daemon.metrics import Metrics
 from statetier.daemon.requests import LoadRequest, LookupRequest, PutRequest
@@ -34,7 +35,6 @@ from statetier.protocol.sealed import parse_header, verify_payload_only
 from statetier.tiers.disk import DiskTier, DiskTierOptions
 from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.registry import MemoryVersionRegistry
-
 from tests.support.engine_objects import CHAIN, NS, SPECS, payload_for, ssm_put
 
 OTHER_NS = NamespaceSpec("bamba-tiny").namespace()

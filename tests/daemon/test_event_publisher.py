@@ -15,12 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
+
 from statetier.daemon.config_events import EventsConfig
 from statetier.daemon.events import EventPublisher
 from statetier.daemon.events.publisher import MAX_BATCH_EVENTS
 from statetier.protocol.errors import ConfigError
 from statetier.protocol.kv_events import BlockRemoved, BlockStored
-
 from tests.support import kv_event_schema as vllm
 
 NS_1, NS_2 = b"\x01" * 32, b"\x02" * 32

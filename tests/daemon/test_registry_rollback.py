@@ -16,6 +16,7 @@ its claim (over quota) gives back the version it made remembered with the claim.
 from __future__ import annotations
 
 import pytest
+
 from statetier.daemon.engine import Engine, EngineOptions
 from statetier.daemon.requests import Incoming, LoadRequest
 from statetier.protocol.errors import QuotaExceeded, StaleState
@@ -24,7 +25,6 @@ from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.redis import RedisVersionRegistry
 from statetier.tiers.redis.layout import RedisKeys
 from statetier.tiers.registry import MemoryVersionRegistry
-
 from tests.support.engine_objects import NS, SPECS, payload_for, ssm_put
 
 assert SPECS  # the engine's objects are test_engine's

@@ -14,6 +14,7 @@ import struct
 
 import pytest
 import uvloop
+
 from statetier.daemon.config import TenantConfig
 from statetier.daemon.server import Server
 from statetier.daemon.server.frame_writer import ConnectionClosed, FrameWriter
@@ -37,7 +38,6 @@ from statetier.protocol.wire_meta import (
     ref_of,
     wire_ref,
 )
-
 from tests.support.server_harness import NS, WireClient, answer, load_meta, metric, put_meta, running_daemon
 from tests.support.waiting import eventually
 

@@ -14,11 +14,11 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+
 from statetier.daemon.config import ListenConfig, TenantConfig
 from statetier.daemon.server.auth import server_ssl_context, token_sha256
 from statetier.protocol.errors import ConfigError
 from statetier.protocol.frames import Op
-
 from tests.support.server_harness import metric, running_daemon
 
 TOKEN = "tenant-a-token"

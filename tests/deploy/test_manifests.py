@@ -17,12 +17,12 @@ import tomllib
 from pathlib import Path, PurePosixPath
 
 import pytest
+
 from statetier.clients.vllm.layout import ConnectorConfig
 from statetier.daemon.cli import build_parser
 from statetier.daemon.cli.serve import config_overrides
 from statetier.daemon.config import Config
 from statetier.daemon.config_loading import load_config
-
 from tests.support.deploy_files import DEPLOY, REPO, containerfile_instructions, load_yaml_documents, pod_specs
 
 CONTAINERFILE = DEPLOY / "Containerfile"

@@ -24,11 +24,11 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+
 from statetier.clients import Client
 from statetier.launch import DaemonProcess
 from statetier.protocol.errors import NamespaceMismatch
 from statetier.protocol.identity import NamespaceSpec
-
 from tests.support.deploy_files import DEPLOY, REPO, exported_metric_names, metric_names_in
 from tests.support.prometheus_proc import PROMETHEUS, PROMTOOL, SKIP_REASON, PrometheusServer
 from tests.support.waiting import wait_until

@@ -20,7 +20,6 @@ pytest.importorskip("transformers")
 
 from statetier.launch.daemons import DaemonProcess  # noqa: E402
 from statetier.protocol.keyring import Keyring  # noqa: E402
-
 from tests.support.daemons import daemon_fixture  # noqa: E402
 from tests.support.keyrings import keyring_file  # noqa: E402
 

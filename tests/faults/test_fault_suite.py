@@ -28,6 +28,8 @@ import os
 import uuid
 
 import pytest
+
+from examples.tiny_hybrids import greedy_decode, prompt
 from statetier.clients import Client, LayerGroup
 from statetier.clients.transformers import (
     SavedState,
@@ -54,8 +56,6 @@ from statetier.protocol.errors import (
 from statetier.protocol.identity import Kind, prefix_hash
 from statetier.protocol.keyring import Keyring, SigningKey
 from statetier.protocol.sealed import Expectation, decode_header, open_sealed
-
-from examples.tiny_hybrids import greedy_decode, prompt
 from tests.support.fault_harness import (
     ARCHS,
     K_EARLIER,

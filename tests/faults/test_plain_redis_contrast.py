@@ -21,9 +21,9 @@ import uuid
 
 import pytest
 import torch
-from statetier.clients.transformers import apply_kv, apply_ssm, cache_plan, kv_tensors, new_cache, ssm_tensors
 
 from examples.tiny_hybrids import greedy_decode, reference_tokens
+from statetier.clients.transformers import apply_kv, apply_ssm, cache_plan, kv_tensors, new_cache, ssm_tensors
 from tests.support.fault_harness import (
     ARCHS,
     K_EARLIER,

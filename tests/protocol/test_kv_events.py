@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+
 from statetier.protocol.errors import InvalidRequest
 from statetier.protocol.identity import NamespaceSpec
 from statetier.protocol.kv_events import (
@@ -26,7 +27,6 @@ from statetier.protocol.kv_events import (
 )
 from statetier.protocol.ownership import owned_namespace
 from statetier.protocol.wire_meta import Key, Origin, PutMeta, decode, encode
-
 from tests.support import kv_event_schema as vllm
 
 EVENTS = [BlockStored((b"\x01" * 32,), None, (5, 6, 7), 16, "CPU"),

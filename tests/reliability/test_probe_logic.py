@@ -16,12 +16,12 @@ import probe_corruption
 import probe_fuzz
 import pytest
 from harness import ProbeResult
+
 from statetier.protocol.errors import NotFound, ProtocolError, RejectedState
 from statetier.protocol.frames import PROTOCOL_VERSIONS, Frame, FrameDecoder, encode_frame_bytes, hello_frame
 from statetier.protocol.identity import Kind, StateKey, StateRef
 from statetier.protocol.messages import ref_to_wire
 from statetier.tiers.disk import DiskTier, DiskTierOptions
-
 from tests.support.disk_crash_writer import KEYRING, load, make_object, object_id_for, store
 
 

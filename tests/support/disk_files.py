@@ -14,7 +14,6 @@ from pathlib import Path
 
 from statetier.tiers.disk.records import RecordCodec
 from statetier.tiers.disk.segments import SegmentFile
-
 from tests.support.disk_crash_writer import KEYRING, make_object, object_id_for
 
 

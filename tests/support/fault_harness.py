@@ -33,13 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from examples.tiny_hybrids import build_model, prefill, prompt, reference_tokens
 from statetier.clients.transformers import CachePlan, cache_plan
 from statetier.protocol.groups import region_name
 from statetier.protocol.keyring import Keyring
 from statetier.protocol.sealed import decode_header, layout_payload, seal
 from statetier.tiers.redis.layout import Manifest, RedisKeys
-
-from examples.tiny_hybrids import build_model, prefill, prompt, reference_tokens
 from tests.support.daemons import arena_copy
 
 ARCHS = ("jamba", "bamba", "zamba2", "qwen3_next", "mamba2")

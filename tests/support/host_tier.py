@@ -7,6 +7,7 @@ fixture by the name a module holds it under).
 from __future__ import annotations
 
 import pytest
+
 from statetier.tiers.memory import HostTier, HostTierOptions
 
 MIB = 1024 * 1024

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Mapping
 
 import torch
+
 from statetier.protocol.identity import NamespaceSpec
 
 SSM_LAYERS = 28

@@ -20,8 +20,8 @@ import urllib.request
 from pathlib import Path
 
 import yaml
-from statetier.launch.processes import free_port, stop_process
 
+from statetier.launch.processes import free_port, stop_process
 from tests.support.waiting import wait_until
 
 PROMETHEUS = shutil.which("prometheus")

@@ -14,6 +14,7 @@ import time
 
 import redis
 import redis.cluster
+
 from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, new_state_id
 from statetier.protocol.keyring import Keyring, dev_keyring

@@ -24,6 +24,7 @@ from typing import TypeVar
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+
 from statetier.daemon.config import Config, LimitsConfig, ListenConfig, TenantConfig
 from statetier.daemon.engine import Engine
 from statetier.daemon.metrics import Metrics

@@ -37,9 +37,10 @@ import os
 import sys
 from pathlib import Path
 
+import torch
+
 import statetier.clients.copies  # noqa: F401 - loaded before setuid: nothing below may import late
 import statetier.clients.shm  # noqa: F401
-import torch
 from statetier.clients import AsyncClient, LayerGroup, PutItem
 from statetier.protocol.errors import StatetierError
 from statetier.protocol.frames import Op

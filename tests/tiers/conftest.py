@@ -17,9 +17,9 @@ from __future__ import annotations
 import uuid
 
 import pytest
+
 from statetier.tiers.disk import DiskTier, DiskTierOptions
 from statetier.tiers.redis import RedisTier, RedisTierOptions
-
 from tests.support import disk_crash_writer, redis_tier
 
 

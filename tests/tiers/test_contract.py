@@ -14,10 +14,10 @@ object (issue 21) comes back with its group key and every layer's regions.
 
 from __future__ import annotations
 
-import asyncio
 import os
 
 import pytest
+
 from statetier.protocol.classify import open_intact
 from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.errors import CapacityError, InvalidRequest, LeaseError
@@ -25,7 +25,6 @@ from statetier.protocol.groups import LayerGroup, region_name, split_region_name
 from statetier.protocol.identity import Kind, Provenance, new_state_id
 from statetier.protocol.sealed import decode_header, seal_object
 from statetier.tiers.base import ObjectMeta
-
 from tests.support.tier_contract import (  # noqa: F401  (fixtures are used by name)
     CAPACITY,
     KEYRING,
@@ -146,13 +145,13 @@ async def test_a_completed_lease_can_no_longer_read(tier):
     await assert_quiet(tier, 1, meta.size)
 
 
-async def test_an_expired_lease_fails_and_is_dropped(tier):
+async def test_an_expired_lease_fails_and_is_dropped(tier, clock):
     meta, blob = make_object()
     await store(tier, meta, blob)
     lease = await tier.prepare_load(meta.object_id, owner="slow", ttl=0.05)
     assert tier.stats().leases == 1
 
-    await asyncio.sleep(0.1)
+    clock.advance(0.1)
 
     with pytest.raises(LeaseError):
         await tier.read(lease)
@@ -200,13 +199,13 @@ async def test_deleting_a_leased_object_hides_it_and_frees_it_after_the_last_lea
     await assert_full_capacity_fits(tier)
 
 
-async def test_a_deleted_object_whose_lease_expired_is_freed(tier):
+async def test_a_deleted_object_whose_lease_expired_is_freed(tier, clock):
     meta, blob = make_object()
     await store(tier, meta, blob)
     lease = await tier.prepare_load(meta.object_id, owner="slow", ttl=0.05)
     assert await tier.delete(meta.object_id)
 
-    await asyncio.sleep(0.1)
+    clock.advance(0.1)
 
     try:
         with pytest.raises(LeaseError):

@@ -13,8 +13,8 @@ import asyncio
 import sys
 
 import pytest
-from statetier.tiers.redis import RedisTier
 
+from statetier.tiers.redis import RedisTier
 from tests.support.tier_contract import (  # noqa: F401  (fixtures are used by name)
     assert_full_capacity_fits,
     assert_invisible,

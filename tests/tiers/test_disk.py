@@ -17,6 +17,7 @@ from dataclasses import replace
 
 import lmdb
 import pytest
+
 from statetier.protocol.errors import (
     CapacityError,
     CorruptPayload,
@@ -31,7 +32,6 @@ from statetier.tiers.disk import DiskTier, DiskTierOptions
 from statetier.tiers.disk.index import DiskIndex, IndexEntry, Location, Put
 from statetier.tiers.disk.jobs import translate_error
 from statetier.tiers.disk.segments import RECORD_HEADER_BYTES
-
 from tests.support.disk_crash_writer import KEYRING, load, make_object, object_id_for, store
 from tests.support.disk_files import objects, segment_files
 from tests.support.scripts import REPO, module_command

@@ -13,8 +13,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from statetier.tiers.disk.stores import BUFFERED_BYTES
 
+from statetier.tiers.disk.stores import BUFFERED_BYTES
 from tests.support.disk_crash_writer import load, store
 from tests.support.disk_files import objects
 

@@ -15,7 +15,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 from statetier.protocol.errors import NotFound
 from statetier.protocol.sealed import open_sealed
-
 from tests.support.disk_crash_writer import KEYRING, load, make_object, object_id_for, store
 from tests.support.disk_files import objects, segment_files
 

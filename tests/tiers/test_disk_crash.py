@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 import pytest
+
 from statetier.tiers.disk.index import DiskIndex
 from statetier.tiers.disk.segments import list_segments
-
 from tests.support.disk_crash_writer import crash_size, load, make_object, object_id_for, open_tier
 from tests.support.scripts import REPO, module_command
 

@@ -9,7 +9,6 @@ import struct
 
 from statetier.tiers.base import ObjectMeta
 from statetier.tiers.disk.index import IndexEntry, Location
-
 from tests.support.disk_crash_writer import NAMESPACE, load, make_object, object_id_for, store
 
 

@@ -15,10 +15,10 @@ import sys
 import textwrap
 
 import pytest
+
 from statetier.protocol.errors import ConfigError
 from statetier.tiers.disk import DiskTier, DiskTierOptions
 from statetier.tiers.disk.dirlock import DirectoryLock
-
 from tests.support.disk_crash_writer import KEYRING, load, make_object, object_id_for, store
 
 

@@ -15,12 +15,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from statetier.tiers.disk import DiskTier
 from statetier.tiers.disk.body import RecordBody
 from statetier.tiers.disk.index import Delete, DiskIndex, IndexEntry, Location, Mark, Put
 from statetier.tiers.disk.log import decode_ops, encode_ops, encoded_len
 from statetier.tiers.disk.segments import RECORD_HEADER_BYTES
-
 from tests.support.disk_crash_writer import KEYRING, load, make_object, object_id_for, store
 from tests.support.disk_files import flip_bit, segment_file
 

@@ -33,13 +33,13 @@ from pathlib import Path
 
 import pytest
 import xxhash
+
 from statetier.protocol.errors import ConfigError
 from statetier.protocol.keyring import dev_keyring
 from statetier.tiers.disk import DiskTier, DiskTierOptions
 from statetier.tiers.disk.index import Delete
 from statetier.tiers.disk.log import encode_ops, encoded_len
 from statetier.tiers.disk.records import RECORD_HEADER_BYTES
-
 from tests.support.disk_crash_writer import load, make_object, object_id_for, store
 from tests.support.disk_files import flip_bit, segment_file
 

@@ -21,9 +21,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from statetier.protocol.errors import ConfigError
 from statetier.tiers.memory.host import HostTier, HostTierOptions, open_unlinked_shm
-
 from tests.support.host_tier import MIB, tier  # noqa: F401  (a fixture, used by name)
 from tests.support.tier_contract import load, make_object, store
 

@@ -14,6 +14,7 @@ import asyncio
 import os
 
 import pytest
+
 from statetier.protocol.errors import (
     BadSignature,
     CapacityError,
@@ -26,9 +27,9 @@ from statetier.protocol.errors import (
 from statetier.protocol.keyring import Keyring, SigningKey
 from statetier.tiers.crypto import AtRestCipher
 from statetier.tiers.redis.layout import PENDING_CHUNK_TTL, Manifest
-
 from tests.support.redis_tier import KEYRING, keys_of, make_object, object_keys
 from tests.support.tier_contract import assert_invisible, assert_visible, load, store
+from tests.support.waiting import eventually
 
 # -- lifecycle and visibility -----------------------------------------------------------
 
@@ -166,12 +167,12 @@ async def test_leases_pin_reads_and_delete_under_a_lease_hides_at_once(backend, 
     assert await tier.delete(other.object_id) is False
 
 
-async def test_an_expired_lease_cannot_read(backend, make_tier) -> None:
-    tier = await make_tier(backend.url)
+async def test_an_expired_lease_cannot_read(backend, make_tier, clock) -> None:
+    tier = await make_tier(backend.url, clock=clock)
     meta, blob = make_object(1000)
     await store(tier, meta, blob)
     lease = await tier.prepare_load(meta.object_id, ttl=0.05)
-    await asyncio.sleep(0.1)
+    clock.advance(0.1)
     with pytest.raises(LeaseError):
         await tier.read(lease)
 
@@ -277,9 +278,10 @@ async def test_objects_expire_with_their_ttl(backend, make_tier) -> None:
     tier = await make_tier(backend.url, ttl_seconds=1, capacity_bytes=1 << 20)
     meta, blob = make_object(1000)
     await store(tier, meta, blob)
-    assert backend.raw.ttl(keys_of(tier).manifest(meta.object_id)) in (0, 1)
+    manifest = keys_of(tier).manifest(meta.object_id)
+    assert backend.raw.ttl(manifest) in (0, 1)
     assert tier.stats().objects == 1
-    await asyncio.sleep(2.2)
+    await eventually(lambda: not backend.raw.exists(manifest), "Redis expired the manifest", timeout=10)
 
     with pytest.raises(NotFound):
         await tier.prepare_load(meta.object_id)

@@ -13,11 +13,11 @@ import datetime
 import ipaddress
 
 import pytest
+
 from statetier.launch.redis_servers import RedisServer, TlsFiles
 from statetier.protocol.errors import ConfigError, Forbidden, Unauthorized
 from statetier.tiers.redis import RedisTier, RedisTierOptions
 from statetier.tiers.redis.connect import redact, take_cluster_option
-
 from tests.support.redis_tier import KEYRING, make_object  # noqa: F401  (fixtures are used by name)
 from tests.support.tier_contract import load, store
 

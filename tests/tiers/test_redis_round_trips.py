@@ -18,6 +18,7 @@ import uuid
 import pytest
 import redis.asyncio.connection
 import redis.exceptions
+
 from statetier.protocol.errors import BadSignature, CorruptPayload, InvalidRequest
 from statetier.protocol.keyring import Keyring
 from statetier.tiers.redis.connect import BoundedWaitPool, exchange, open_client
@@ -25,7 +26,6 @@ from statetier.tiers.redis.layout import RedisKeys
 from statetier.tiers.redis.registry import RedisVersionRegistry
 from statetier.tiers.redis.scripts import Scripts
 from statetier.tiers.registry import StreamHead
-
 from tests.support.redis_tier import keys_of, make_object, object_keys  # noqa: F401  (fixtures are used by name)
 from tests.support.tier_contract import load, store  # noqa: F401  (fixtures are used by name)
 

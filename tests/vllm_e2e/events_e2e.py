@@ -26,7 +26,6 @@ from pathlib import Path
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # before vLLM is imported (in main)
 
 from statetier.launch.daemons import DaemonProcess  # noqa: E402
-
 from tests.support.kv_event_schema import BlockStored, Subscriber  # noqa: E402
 from tests.vllm_e2e.tiny_models import VOCAB, write_llama  # noqa: E402
 

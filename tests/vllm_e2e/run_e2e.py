@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from statetier.launch.daemons import DaemonProcess
-
 from tests.vllm_e2e.tiny_models import VOCAB, write_granite_hybrid, write_llama
 
 HERE = Path(__file__).resolve().parent
