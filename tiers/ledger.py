@@ -13,7 +13,7 @@
     those whose last lease ended, for the tier to free their bytes;
   - ``evictions`` and ``corrupt_dropped``, the counters every tier reports.
 - ``LeaseTable`` — leases by id, by object and by owner, with deadlines on the tier's
-  ``Clock`` (``time.monotonic`` unless the tier's options name another).
+  ``Clock`` (``now()``; ``time.monotonic`` unless the tier's options name another).
 - ``LruIndex`` — object metadata in LRU order with a key-digest index beside it.
 
 Bookkeeping runs on the event loop only: nothing here awaits or blocks.
@@ -146,6 +146,10 @@ class LeaseTable:
 
     def __len__(self) -> int:
         return len(self._leases)
+
+    def now(self) -> float:
+        """The time on the clock deadlines are set and checked on."""
+        return self._clock()
 
     def grant(self, meta: ObjectMeta, owner: object, location: object = None, ttl: float | None = None) -> Lease:
         lease = Lease(next(self._ids), meta, owner, self._clock() + (ttl or self.default_ttl), location)

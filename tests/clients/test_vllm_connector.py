@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import pickle
-import time
 from dataclasses import dataclass, field
 
 import pytest
@@ -34,6 +33,7 @@ from statetier.protocol.errors import InvalidRequest
 from statetier.protocol.identity import Kind, prefix_hashes
 from statetier.protocol.messages import ref_from_wire
 from tests.support.daemons import daemon_fixture
+from tests.support.waiting import wait_until
 
 BLOCK, HEADS, HEAD = 16, 2, 8
 CONV, RECURRENT = (3, 24), (4, 8, 4)
@@ -405,18 +405,10 @@ def test_a_hit_that_vllm_trims_is_refused_rather_than_loaded_at_the_wrong_positi
     assert all(not t.any() for t in consumer.buffers.values())
 
 
-def _until(predicate, timeout: float = 20.0) -> None:
-    """Poll a condition the daemon reaches in the background (a lease dropped on close)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.05)
-
-
 def test_the_lookup_leases_are_held_until_vllm_reports_the_load_done(engines, daemon) -> None:
     producer, consumer, prompt = prefilled_pair(engines, 11)
     with Client(daemon.url, use_shm=False) as observer:
-        _until(lambda: observer.stats()["leases"] == 0)
+        wait_until(lambda: observer.stats()["leases"] == 0, "every lease released")
         request = FakeRequest("c-11", prompt)
         assert consumer.scheduler.matched_tokens(request, 0) == 32
         assert observer.stats()["leases"] == 6  # 2 layers x 2 pages + 2 Mamba states, pinned
@@ -424,7 +416,7 @@ def test_the_lookup_leases_are_held_until_vllm_reports_the_load_done(engines, da
         consumer.worker.load(consumer.scheduler.build_meta([]).loads)
         assert observer.stats()["leases"] >= 6  # still pinned while vLLM has not heard back
         consumer.scheduler.loads_finished(consumer.worker.take_results().finished)
-        _until(lambda: observer.stats()["leases"] == 0)
+        wait_until(lambda: observer.stats()["leases"] == 0, "every lease released")
 
 
 def test_a_handoff_missing_a_layer_is_no_hit(engines) -> None:

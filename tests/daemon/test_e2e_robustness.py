@@ -120,7 +120,7 @@ async def main(url):
         found = await conn.request(Op.LOOKUP, LookupMeta(ns, ((64, bytes(32)),), (0, 1, 2, 3), kv_layout="prefix"))
         tokens = decode_reply(LookupReply, found.meta).tokens
         print(json.dumps({"refs": [ref_to_wire(r) for r in refs], "lookup": tokens}), flush=True)
-        await asyncio.sleep(600)
+        await asyncio.sleep(600)  # the behaviour: a client holding all this until the test kills it
 
 asyncio.run(main(sys.argv[1]))
 '''

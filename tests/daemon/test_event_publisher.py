@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from statetier.daemon.events.publisher import MAX_BATCH_EVENTS
 from statetier.protocol.errors import ConfigError
 from statetier.protocol.kv_events import BlockRemoved, BlockStored
 from tests.support import kv_event_schema as vllm
+from tests.support.waiting import eventually
 
 NS_1, NS_2 = b"\x01" * 32, b"\x02" * 32
 
@@ -44,10 +44,8 @@ def publisher_for(folder: Path, tenants=("a", "b")) -> EventPublisher:
 
 
 async def listening(publisher: EventPublisher, *subscribers: vllm.Subscriber) -> None:
-    deadline = time.monotonic() + 20
-    while publisher.stats()["subscriptions"] < len(subscribers):
-        assert time.monotonic() < deadline, "the subscriptions never reached the publisher"
-        await asyncio.sleep(0.01)
+    await eventually(lambda: publisher.stats()["subscriptions"] >= len(subscribers),
+                     "the subscriptions reached the publisher")
 
 
 async def test_one_loop_iteration_is_one_batch_per_topic_with_equal_neighbours_merged(folder):

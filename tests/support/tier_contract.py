@@ -201,7 +201,7 @@ async def store_then_cancel(tier: Tier, meta: ObjectMeta, blob: bytes, where: st
     await reached.wait()
     await asyncio.sleep(0)  # let the task reach its next await
     if where == "write_copying":
-        await asyncio.sleep(0.002)
+        await asyncio.sleep(0.002)  # the behaviour: a cancel landing 2 ms into the copy
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

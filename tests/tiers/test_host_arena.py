@@ -79,7 +79,7 @@ async def main(directory):
     tier = HostTier(HostTierOptions(1 << 20, shm_dir=directory, pin_memory=False))
     await tier.start()
     print(os.readlink(f"/proc/self/fd/{tier.arena_fd}"), flush=True)
-    await asyncio.sleep(3600)  # until killed
+    await asyncio.sleep(3600)  # the behaviour: a live daemon holding the arena, until the test kills it
 
 asyncio.run(main(sys.argv[1]))
 """
