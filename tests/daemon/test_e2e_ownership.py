@@ -28,15 +28,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from statetier.launch.daemons import DaemonProcess
-from statetier.protocol.keyring import Keyring
+from tests.support.keyrings import keyring_file
 from tests.support.scripts import REPO, module_command
 
 WORKER = "tests.support.tenant_worker"
@@ -57,12 +55,8 @@ def run_worker(job: str, uid: int, **fields) -> dict:
 @pytest.fixture
 def place():
     """A directory other uids may traverse (to reach the daemons' sockets), removed after."""
-    directory = Path(tempfile.mkdtemp(prefix="st-own-", dir="/tmp"))
-    directory.chmod(0o711)
-    keyring = directory / "keyring.json"
-    Keyring.generate().save(keyring)  # one keyring for both daemons: Redis objects verify on each
-    yield directory, keyring
-    shutil.rmtree(directory, ignore_errors=True)
+    with keyring_file("st-own-", mode=0o711) as keyring:  # one keyring for both daemons: Redis objects verify on each
+        yield keyring.parent, keyring
 
 
 def daemon_in(directory: Path, keyring: Path, redis_url: str | None, **host) -> DaemonProcess:

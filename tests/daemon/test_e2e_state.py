@@ -18,8 +18,6 @@
 from __future__ import annotations
 
 import dataclasses
-import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -34,7 +32,6 @@ from statetier.protocol.errors import (
     StaleState,
 )
 from statetier.protocol.identity import prefix_hashes
-from statetier.protocol.keyring import Keyring
 from statetier.protocol.ownership import owned_key
 from tests.support.daemons import daemon_fixture
 from tests.support.jamba import (
@@ -47,6 +44,7 @@ from tests.support.jamba import (
     snapshot,
     token_ids,
 )
+from tests.support.keyrings import keyring_file
 
 TOKENS = 256
 ATTENTION = tuple(range(SSM_LAYERS, SSM_LAYERS + ATTENTION_LAYERS))  # layers 28..31
@@ -60,12 +58,8 @@ def daemon(request):
 
 @pytest.fixture(scope="module")
 def shared_keyring():
-    directory = Path(tempfile.mkdtemp(prefix="st-keys-", dir="/tmp"))
-    path = directory / "keyring.json"
-    Keyring.generate().save(path)
-    yield path
-    path.unlink(missing_ok=True)
-    directory.rmdir()
+    with keyring_file() as path:
+        yield path
 
 
 @pytest.fixture(scope="module")

@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -36,6 +34,7 @@ import torch
 from statetier.clients import Client
 from statetier.launch.daemons import DaemonProcess
 from statetier.protocol.identity import NamespaceSpec
+from tests.support.folders import short_folder
 from tests.support.scripts import REPO, module_command
 
 WORKER = "tests.support.tenant_worker"
@@ -61,15 +60,13 @@ def scan_as_b(probe: str, daemon: DaemonProcess, *pids: int) -> dict:
 def daemon():
     if os.geteuid() != 0:
         pytest.skip("runs processes as other uids: needs root")
-    directory = Path(tempfile.mkdtemp(prefix="st-view-", dir="/tmp"))
-    os.chown(directory, 0, GID_DAEMON)
-    directory.chmod(0o750)  # the daemon's group may enter (the socket is here)
-    config = {"tenants": [{"name": "a", "uids": [UID_A]}, {"name": "b", "uids": [UID_B]}]}
-    process = DaemonProcess(config, directory=directory, group=GID_DAEMON)
-    process.start()
-    yield process
-    process.close()
-    shutil.rmtree(directory, ignore_errors=True)
+    with short_folder("st-view-", mode=0o750) as directory:  # the daemon's group may enter (the socket is here)
+        os.chown(directory, 0, GID_DAEMON)
+        config = {"tenants": [{"name": "a", "uids": [UID_A]}, {"name": "b", "uids": [UID_B]}]}
+        process = DaemonProcess(config, directory=directory, group=GID_DAEMON)
+        process.start()
+        yield process
+        process.close()
 
 
 @needs_root

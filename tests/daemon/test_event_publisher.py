@@ -9,8 +9,6 @@ start with ``ConfigError``.
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,7 @@ from statetier.daemon.events.publisher import MAX_BATCH_EVENTS
 from statetier.protocol.errors import ConfigError
 from statetier.protocol.kv_events import BlockRemoved, BlockStored
 from tests.support import kv_event_schema as vllm
+from tests.support.folders import short_folder
 from tests.support.waiting import eventually
 
 NS_1, NS_2 = b"\x01" * 32, b"\x02" * 32
@@ -32,9 +31,8 @@ def stored(n: int, medium: str = "CPU") -> BlockStored:
 
 @pytest.fixture
 def folder():
-    made = Path(tempfile.mkdtemp(prefix="st-ev-", dir="/tmp"))  # AF_UNIX paths are short
-    yield made
-    shutil.rmtree(made, ignore_errors=True)
+    with short_folder("st-ev-") as made:
+        yield made
 
 
 def publisher_for(folder: Path, tenants=("a", "b")) -> EventPublisher:
