@@ -27,7 +27,8 @@ KEYRING = dev_keyring()
 NAMESPACE = NamespaceSpec("redis-tier-test").namespace()
 
 
-def make_object(size: int, *, keyring: Keyring = KEYRING, layer: int = 0, request_id: str = "req") -> tuple[ObjectMeta, bytes]:
+def make_object(size: int, *, keyring: Keyring = KEYRING, layer: int = 0,
+                request_id: str = "req") -> tuple[ObjectMeta, bytes]:
     """A sealed KV page with ``size`` random payload bytes, and its metadata."""
     key = StateKey(NAMESPACE, Kind.KV, layer, bytes(32), 0, 16)
     blob = seal_object(key, Provenance(request_id, 0, "test", time.time_ns()),

@@ -2,8 +2,8 @@
 
 - ``DiskTierOptions(directory, capacity_bytes, …)`` — a frozen value, checked when made
   (``ConfigError``): the directory, the live bytes it may hold, segment size, watermarks,
-  compaction threshold, lease TTL (on ``clock``), fsync, checkpoint cadence, the most bytes one eviction
-  reads; ``free_space_reserve`` is derived (2 segments, between 1 and 64 MiB).
+  compaction threshold, lease TTL (on ``clock``), fsync, checkpoint cadence, the most bytes
+  one eviction reads; ``free_space_reserve`` is derived (2 segments, between 1 and 64 MiB).
 - ``EVICTION_BATCH_BYTES`` — the default of ``eviction_batch_bytes``.
 """
 
