@@ -223,7 +223,11 @@ async def test_a_subscriber_that_never_reads_slows_no_put_nor_other_subscribers_
                 await client.put(key, {"kv": torch.zeros(16, 8)}, request_id=f"r{n}",
                                  tag=BlockTag(n, n - 1 if n else None, tokens))
                 read += await asyncio.to_thread(reader.take, 1)
-        after = await asyncio.to_thread(crowded.scrape)
+        async def published_all():  # the last put's event may still be on its way to the stream
+            scrape = await asyncio.to_thread(crowded.scrape)
+            return scrape if scrape.delta(before, "statetier_events_published_total") >= PUTS else None
+
+        after = await eventually(published_all, "every put's event published")
         assert after.delta(before, "statetier_events_published_total") == PUTS
         assert after.delta(before, "statetier_events_dropped_total") == 0
         assert after.delta(before, "statetier_event_overflows_total") == 1  # the stuck one, once: it never read
