@@ -93,7 +93,7 @@ $(VLLM_STAMP): pyproject.toml scripts/vllm_venv.sh
 	bash scripts/vllm_venv.sh $(VLLM_VENV)
 
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_VENV)/bin/python tests/vllm_e2e/run_e2e.py --with-benchmark
+	$(VLLM_VENV)/bin/python -m tests.vllm_e2e.run_e2e --with-benchmark
 
 bench-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -m statetier.benchmarks.workload_vllm --out build/workload_vllm.json

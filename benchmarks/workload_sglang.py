@@ -2,7 +2,7 @@
 
 ``run_sglang(pages, reps, directory, progress) -> rows`` starts its own daemon
 (``procs.own_daemon``: host arena only), fills a page-first KV host pool (the
-stand-in of ``tests/clients/sglang_pools.py``, SGLang's buffer layout) with ``pages`` pages
+stand-in of ``tests/support/sglang_pools.py``, SGLang's buffer layout) with ``pages`` pages
 of a Qwen3-Next-80B-like geometry (12 attention layers × 2 KV heads × 256, bfloat16, 64
 tokens a page: 1.5 MiB), then per repetition, alternating:
 
@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO / "tests" / "clients") not in sys.path:
-    sys.path.insert(0, str(REPO / "tests" / "clients"))
+if str(REPO / "tests" / "support") not in sys.path:
+    sys.path.insert(0, str(REPO / "tests" / "support"))
 
 PAGE_TOKENS = 64
 GEOMETRY = {"layer_num": 12, "head_num": 2, "head_dim": 256}

@@ -4,6 +4,8 @@
   their own keys (or flush what they wrote).
 - ``redis_cluster`` (session): a three-master ``RedisCluster``, started on first use.
 - ``fresh_redis`` (function): a private ``RedisServer`` that a test may kill or restart.
+- ``clock`` (function): a ``ManualClock`` (``tests/support/clock.py``) for a tier's
+  ``clock=`` option: its leases expire when the test advances it, not after a sleep.
 - ``one_torch_thread`` (module; modules with tiny models name it in ``pytestmark``): torch
   on one thread while the module runs. Tiny models run several times faster on one thread
   than with two fighting over two cores, and one thread keeps every reduction order fixed.
@@ -20,6 +22,7 @@ import pytest
 
 from statetier.launch.redis_cluster import RedisCluster
 from statetier.launch.redis_servers import RedisServer
+from tests.support.clock import ManualClock
 
 
 @pytest.fixture(scope="session")
@@ -38,6 +41,11 @@ def redis_cluster() -> Iterator[RedisCluster]:
 def fresh_redis() -> Iterator[RedisServer]:
     with RedisServer() as server:
         yield server
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
 
 
 @pytest.fixture(scope="module")

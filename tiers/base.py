@@ -25,13 +25,14 @@ watermark and returns them *with their bytes*, so the caller can demote rather t
 tier already holds.
 ``compact()`` (disk segments, host arena) never moves or frees bytes under a lease.
 Foreign exceptions never leave a tier: each translates them into ``statetier`` errors.
+``Clock`` is what a tier reads lease deadlines on (``time.monotonic`` unless its options say).
 """
 
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable, Self, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Protocol, Self, Sequence
 
 from statetier.protocol.errors import StatetierError
 from statetier.protocol.identity import Kind
@@ -39,6 +40,15 @@ from statetier.protocol.sealed import SealedHeader
 from statetier.tiers.registry import StreamHead, VersionRegistry
 
 Buffer = bytes | bytearray | memoryview
+
+
+class Clock(Protocol):
+    """Seconds that never go back, which lease deadlines are set and checked on.
+
+    ``time.monotonic`` unless a tier's options name another (``clock=``: a test advances one
+    by hand instead of sleeping past a lease's TTL)."""
+
+    def __call__(self) -> float: ...
 
 
 @dataclass(slots=True)
@@ -107,7 +117,7 @@ class Lease:
     lease_id: int
     meta: ObjectMeta
     owner: object
-    deadline: float  # time.monotonic() seconds
+    deadline: float  # seconds on the tier's Clock
     location: object = None  # tier-private (offset + generation, segment + offset, …)
 
     @property

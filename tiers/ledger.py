@@ -12,7 +12,8 @@
   - the objects deleted while leased: ``hide``, then ``reap`` / ``reap_all`` hand back
     those whose last lease ended, for the tier to free their bytes;
   - ``evictions`` and ``corrupt_dropped``, the counters every tier reports.
-- ``LeaseTable`` — leases by id, by object and by owner, with deadlines.
+- ``LeaseTable`` — leases by id, by object and by owner, with deadlines on the tier's
+  ``Clock`` (``now()``; ``time.monotonic`` unless the tier's options name another).
 - ``LruIndex`` — object metadata in LRU order with a key-digest index beside it.
 
 Bookkeeping runs on the event loop only: nothing here awaits or blocks.
@@ -27,7 +28,7 @@ from typing import Generic, TypeVar
 
 from statetier.protocol.errors import LeaseError
 
-from .base import Lease, ObjectMeta, StoreTicket
+from .base import Clock, Lease, ObjectMeta, StoreTicket
 
 P = TypeVar("P")
 
@@ -35,10 +36,10 @@ P = TypeVar("P")
 class Ledger(Generic[P]):
     """See the module docstring."""
 
-    def __init__(self, name: str, lease_ttl: float) -> None:
+    def __init__(self, name: str, lease_ttl: float, clock: Clock = time.monotonic) -> None:
         self.name = name
         self.index = LruIndex()
-        self.leases = LeaseTable(lease_ttl)
+        self.leases = LeaseTable(lease_ttl, clock)
         self.stores: dict[int, StoreTicket] = {}  # in progress, by ticket id
         self.reserved_bytes = 0  # what the stores in progress will hold
         self.hidden: dict[bytes, tuple[ObjectMeta, P]] = {}  # deleted while leased
@@ -134,8 +135,9 @@ class LeaseTable:
     using an expired or released lease raises ``LeaseError``.
     """
 
-    def __init__(self, default_ttl: float = 30.0) -> None:
+    def __init__(self, default_ttl: float = 30.0, clock: Clock = time.monotonic) -> None:
         self.default_ttl = default_ttl
+        self._clock = clock
         self._ids = itertools.count(1)
         self._leases: dict[int, Lease] = {}
         self._by_object: dict[bytes, set[int]] = {}
@@ -145,8 +147,12 @@ class LeaseTable:
     def __len__(self) -> int:
         return len(self._leases)
 
+    def now(self) -> float:
+        """The time on the clock deadlines are set and checked on."""
+        return self._clock()
+
     def grant(self, meta: ObjectMeta, owner: object, location: object = None, ttl: float | None = None) -> Lease:
-        lease = Lease(next(self._ids), meta, owner, time.monotonic() + (ttl or self.default_ttl), location)
+        lease = Lease(next(self._ids), meta, owner, self._clock() + (ttl or self.default_ttl), location)
         self._leases[lease.lease_id] = lease
         self._earliest = min(self._earliest, lease.deadline)
         self._by_object.setdefault(meta.object_id, set()).add(lease.lease_id)
@@ -156,7 +162,7 @@ class LeaseTable:
         current = self._leases.get(lease.lease_id)
         if current is None:
             raise LeaseError(f"lease {lease.lease_id} was released or expired")
-        if current.deadline < time.monotonic():
+        if current.deadline < self._clock():
             self.release(lease)
             self.expired_total += 1
             raise LeaseError(f"lease {lease.lease_id} passed its deadline")
@@ -179,7 +185,7 @@ class LeaseTable:
         return len(mine)
 
     def expire(self, now: float | None = None) -> int:
-        now = time.monotonic() if now is None else now
+        now = self._clock() if now is None else now
         if now <= self._earliest:  # nothing to sweep: called before every lease, keep it O(1)
             return 0
         stale = [lease for lease in self._leases.values() if lease.deadline < now]

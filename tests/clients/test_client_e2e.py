@@ -9,7 +9,6 @@ KV pages of the "blocks" layout are keyed by the prefix hash at their block's en
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import pytest
@@ -29,6 +28,7 @@ from statetier.protocol.errors import (
 )
 from statetier.protocol.identity import NamespaceSpec, prefix_hashes
 from statetier.protocol.ownership import owned_key
+from tests.support.waiting import eventually
 
 try:
     import statetier.daemon.app  # noqa: F401
@@ -290,10 +290,10 @@ async def test_cancelled_loads_leave_no_lease_behind(daemon_url: str) -> None:
         for task in tasks[::2]:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        deadline = time.monotonic() + 10
-        while (await client.stats())["leases"] and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)  # orphaned replies are released in the background
-        assert (await client.stats())["leases"] == 0
+        async def no_lease() -> bool:  # orphaned replies are released in the background
+            return (await client.stats())["leases"] == 0
+
+        await eventually(no_lease, "every lease released")
 
 
 async def test_cancelled_puts_leave_no_store_in_progress(daemon_url: str) -> None:
@@ -307,9 +307,10 @@ async def test_cancelled_puts_leave_no_store_in_progress(daemon_url: str) -> Non
         results = await asyncio.gather(*tasks, return_exceptions=True)
         refs = [r for r in results if not isinstance(r, BaseException)]
         assert len(refs) >= 4  # the uncancelled half completed
-        deadline = time.monotonic() + 10
-        while any(t["inflight"] for t in (await client.stats())["tiers"]) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)  # an orphaned put ends in the daemon on its own
+        async def no_store_in_progress() -> bool:  # an orphaned put ends in the daemon on its own
+            return not any(t["inflight"] for t in (await client.stats())["tiers"])
+
+        await eventually(no_store_in_progress, "every store ended")
         stats = await client.stats()
         assert [t["inflight"] for t in stats["tiers"]] == [0] * len(stats["tiers"]) and stats["leases"] == 0
         for ref in refs:

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # sglang_pools
-sys.path.insert(0, str(HERE.parent / "daemon"))  # daemon_procs
-
-from daemon_procs import daemon_fixture  # noqa: E402
-from sglang_pools import (  # noqa: E402
+from statetier.clients import sglang as backend_module
+from statetier.clients.sglang import HiCacheBackend, prefix_bytes
+from statetier.protocol.errors import InvalidRequest
+from tests.support.daemons import daemon_fixture
+from tests.support.sglang_pools import (
+    PAGE,
     ExtraInfo,
     KVPoolHost,
     LayerFirstKVPoolHost,
@@ -30,17 +30,8 @@ from sglang_pools import (  # noqa: E402
     StorageConfig,
     Transfer,
     chain,
+    slots,
 )
-
-from statetier.clients import sglang as backend_module  # noqa: E402
-from statetier.clients.sglang import HiCacheBackend, prefix_bytes  # noqa: E402
-from statetier.protocol.errors import InvalidRequest  # noqa: E402
-
-PAGE = 16
-
-
-def slots(first_slot: int, pages: int, page_size: int = PAGE) -> torch.Tensor:
-    return torch.arange(first_slot, first_slot + pages * page_size, dtype=torch.int64)
 
 
 @pytest.fixture(scope="module")

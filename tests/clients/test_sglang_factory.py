@@ -5,24 +5,15 @@ with SGLang's own config, transfer and result types. Runs where SGLang is instal
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 storage = pytest.importorskip("sglang.srt.mem_cache.hicache_storage")
 factory = pytest.importorskip("sglang.srt.mem_cache.storage.backend_factory")
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "daemon"))
-
-from daemon_procs import daemon_fixture  # noqa: E402
-from sglang_pools import KVPoolHost, MambaPoolHost  # noqa: E402
-from test_sglang_backend import PAGE, chain, slots  # noqa: E402
-
 from statetier.clients.sglang import HiCacheBackend  # noqa: E402
+from tests.support.daemons import daemon_fixture  # noqa: E402
+from tests.support.sglang_pools import PAGE, KVPoolHost, MambaPoolHost, chain, slots  # noqa: E402
 
 
 @pytest.fixture(scope="module")

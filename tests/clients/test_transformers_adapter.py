@@ -12,17 +12,15 @@ and dtypes.
 from __future__ import annotations
 
 import dataclasses
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 pytest.importorskip("transformers")
 
-from statetier.clients import AsyncClient, Client, LayerGroup  # noqa: E402
-from statetier.launch import DaemonProcess  # noqa: E402
-from statetier.clients.transformers import (  # noqa: E402
+from examples.tiny_hybrids import ARCHITECTURES, build_model, prefill, prompt
+from statetier.clients import AsyncClient, Client, LayerGroup
+from statetier.clients.transformers import (
     SavedState,
     cache_plan,
     forward_from,
@@ -36,13 +34,9 @@ from statetier.clients.transformers import (  # noqa: E402
     ssm_tensors,
     weights_fingerprint,
 )
-from statetier.protocol.errors import InvalidRequest, NotFound, PlacementMismatch, PositionMismatch  # noqa: E402
-from statetier.protocol.identity import Kind  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "examples"))
-
-from tiny_hybrids import ARCHITECTURES, build_model, prefill, prompt  # noqa: E402
+from statetier.launch import DaemonProcess
+from statetier.protocol.errors import InvalidRequest, NotFound, PlacementMismatch, PositionMismatch
+from statetier.protocol.identity import Kind
 
 PROMPT_LEN = 20  # one full block of 16 and a partial one
 

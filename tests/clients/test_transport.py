@@ -19,6 +19,7 @@ from statetier.protocol.errors import (Busy, ClientClosedError, FrameTooLarge, I
                                        Unauthorized, Unavailable, UnsupportedProtocol)
 from statetier.protocol.frames import (Frame, FrameDecoder, Op, encode_frame, encode_frame_bytes, error_frame,
                                        hello_ok_frame)
+from tests.support.waiting import eventually
 
 
 class FramePeer:
@@ -140,19 +141,12 @@ async def peer(tmp_path: Path):
         await p.close()
 
 
-async def wait_for(predicate, timeout: float = 10.0) -> None:
-    async def poll() -> None:
-        while not predicate():
-            await asyncio.sleep(0.01)
-    await asyncio.wait_for(poll(), timeout)
-
-
 async def delete_in_flight(peer):
     """A connection to a new peer, and a DELETE on it that the peer has received and never answers."""
     server, url = await peer()
     conn = await connect(url)
     pending = asyncio.ensure_future(conn.request(Op.DELETE, {}))
-    await wait_for(lambda: Op.DELETE in server.ops())
+    await eventually(lambda: Op.DELETE in server.ops())
     return server, conn, pending
 
 
@@ -304,7 +298,7 @@ async def test_daemon_ping_is_answered_with_pong(peer) -> None:
     conn = await connect(url)
     try:
         server.writers[0].write(encode_frame_bytes(Frame(Op.PING, 77, {})))
-        await wait_for(lambda: server.pongs)
+        await eventually(lambda: server.pongs)
         assert server.pongs[0].request_id == 77
     finally:
         await conn.close()
@@ -317,7 +311,7 @@ async def test_lost_connection_fails_pending_requests_with_unavailable(peer) -> 
     server, url = await peer()
     conn = await connect(url)
     pending = [asyncio.ensure_future(conn.request(Op.DELETE, {})) for _ in range(3)]
-    await wait_for(lambda: server.ops().count(Op.DELETE) == 3)
+    await eventually(lambda: server.ops().count(Op.DELETE) == 3)
     dropper = asyncio.ensure_future(conn.request(Op.VERIFY, {}))  # the peer drops the socket
     for call in [*pending, dropper]:
         with pytest.raises(Unavailable, match="connection to the daemon lost"):
@@ -335,7 +329,7 @@ async def test_close_fails_pending_calls_and_later_calls_with_client_closed(peer
         await pending
     with pytest.raises(ClientClosedError):
         await conn.request(Op.PING, {})
-    await wait_for(lambda: Op.GOODBYE in server.ops())
+    await eventually(lambda: Op.GOODBYE in server.ops())
     await conn.close()  # idempotent
 
 
@@ -369,12 +363,12 @@ async def test_reply_to_a_cancelled_request_goes_to_its_orphan_handler(peer) -> 
             await conn.request(Op.PING, {})
 
         call = asyncio.ensure_future(conn.request(Op.LOAD, {}, on_orphan=cleanup))
-        await wait_for(lambda: Op.LOAD in server.ops())
+        await eventually(lambda: Op.LOAD in server.ops())
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
         server.release_load.set()
-        await wait_for(lambda: orphans and Op.PING in server.ops())
+        await eventually(lambda: orphans and Op.PING in server.ops())
         assert orphans[0].meta == {"lease": 7}
     finally:
         await conn.close()

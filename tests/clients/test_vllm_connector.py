@@ -14,111 +14,52 @@ from __future__ import annotations
 
 import copy
 import pickle
-import sys
-import time
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "daemon"))  # the sibling daemon_procs.py
+from statetier.clients import Client
+from statetier.clients.values import PutItem
+from statetier.clients.vllm.jobs import LoadItem, LoadJob, handoff_from_params, handoff_params
+from statetier.clients.vllm.layout import (
+    CacheGroup,
+    ConnectorConfig,
+    EngineLayout,
+    layer_id_of,
+    namespace_spec,
+)
+from statetier.clients.vllm.scheduler import ScheduledStep, SchedulerSide
+from statetier.clients.vllm.worker import WorkerSide
+from statetier.protocol.errors import InvalidRequest
+from statetier.protocol.groups import LayerGroup
+from statetier.protocol.identity import Kind, StateKey, prefix_hashes
+from statetier.protocol.messages import ref_from_wire
+from tests.support.daemons import daemon_fixture
+from tests.support.vllm_connector import (
+    ATTN,
+    BLOCK,
+    CONSUMER_BLOCKS,
+    MAMBA,
+    PRODUCER_BLOCKS,
+    Engine,
+    FakeRequest,
+    ask,
+    attention_layout,
+    engine_buffers,
+    hybrid_layout,
+    load,
+    make_engine,
+    prefill,
+    restore,
+    tokens,
+)
+from tests.support.waiting import wait_until
 
-from daemon_procs import daemon_fixture  # noqa: E402
-
-from statetier.clients import Client  # noqa: E402
-from statetier.clients.values import PutItem  # noqa: E402
-from statetier.clients.vllm.jobs import LoadItem, LoadJob, StepMeta, handoff_from_params, handoff_params  # noqa: E402
-from statetier.clients.vllm.layout import (  # noqa: E402
-    CacheGroup, ConnectorConfig, EngineLayout, StateSpec, layer_id_of, namespace_spec)
-from statetier.clients.vllm.scheduler import ScheduledStep, SchedulerSide  # noqa: E402
-from statetier.clients.vllm.worker import WorkerSide  # noqa: E402
-from statetier.protocol.errors import InvalidRequest  # noqa: E402
-from statetier.protocol.groups import LayerGroup  # noqa: E402
-from statetier.protocol.identity import Kind, StateKey, prefix_hashes  # noqa: E402
-from statetier.protocol.messages import ref_from_wire  # noqa: E402
-
-BLOCK, HEADS, HEAD = 16, 2, 8
-CONV, RECURRENT = (3, 24), (4, 8, 4)
-STATE_BYTES = (3 * 24 + 4 * 8 * 4) * 4
-PAGE_BYTES = 1024  # vLLM pads Mamba pages to the attention page size
-NUM_BLOCKS = 12
-ATTN = ("model.layers.1.self_attn.attn", "model.layers.3.self_attn.attn")
-MAMBA = ("model.layers.0.mixer", "model.layers.2.mixer")
-
-
-def hybrid_layout() -> EngineLayout:
-    mamba = CacheGroup(0, Kind.SSM, 1024, tuple((n, layer_id_of(n)) for n in MAMBA),
-                       (StateSpec("conv", "float32", CONV), StateSpec("recurrent", "float32", RECURRENT)))
-    attention = CacheGroup(1, Kind.KV, BLOCK, tuple((n, layer_id_of(n)) for n in ATTN),
-                           (StateSpec("kv", "float32", (HEADS, HEAD)),))
-    return EngineLayout((mamba, attention))  # block_ids[0] is the Mamba group, as in vLLM
-
-
-def attention_layout() -> EngineLayout:
-    return EngineLayout((CacheGroup(0, Kind.KV, BLOCK, tuple((n, layer_id_of(n)) for n in ATTN),
-                                    (StateSpec("kv", "float32", (HEADS, HEAD)),)),))
-
-
-def engine_buffers(layout: EngineLayout, seed: int | None) -> dict[str, torch.Tensor]:
-    """Paged buffers: random (a producer that computed) or zeros (a fresh consumer)."""
-    gen = torch.Generator().manual_seed(seed) if seed is not None else None
-    out = {}
-    for group in layout.groups:
-        for name, _ in group.layers:
-            if group.kind is Kind.KV:
-                shape = (NUM_BLOCKS, HEADS, BLOCK, 2 * HEAD)
-                out[name] = torch.randn(shape, generator=gen) if gen else torch.zeros(shape)
-            else:
-                pages = torch.zeros(NUM_BLOCKS, PAGE_BYTES, dtype=torch.int8)
-                out[name] = pages[:, :STATE_BYTES].view(NUM_BLOCKS, 1, 1, STATE_BYTES)
-    return out
-
-
-@dataclass
-class FakeRequest:
-    request_id: str
-    prompt_token_ids: list[int]
-    kv_transfer_params: dict | None = None
-    num_computed_tokens: int = 0
-
-
-def tokens(seed: int, n: int) -> list[int]:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(1, 30000, (n,), generator=gen).tolist()
-
-
-@dataclass
-class Engine:
-    """One side of a connector pair, as vLLM would hold it: scheduler, worker, buffers."""
-
-    layout: EngineLayout
-    scheduler: SchedulerSide
-    worker: WorkerSide
-    buffers: dict[str, torch.Tensor]
-    snapshots: dict = field(default_factory=dict)  # (request, tokens, layer) -> states written
-
-    def close(self) -> None:
-        self.scheduler.close()
-        self.worker.close()
 
 
 @pytest.fixture(scope="module")
 def daemon(request):
     return daemon_fixture(request, metrics=False, name="vllmconn")
-
-
-def make_engine(daemon, layout, *, role: str, seed: int | None, tp_size: int = 1, shard: int = 0,
-                tenant: str = "default", deadline: float = 60.0, model: str = "tiny-hybrid") -> Engine:
-    cfg = ConnectorConfig.from_extra({"url": daemon.url, "tenant": tenant, "deadline": deadline})
-    spec = namespace_spec(cfg, layout, model=model, revision="", config_digest="c0ffee",
-                          weight_dtype="float32", tp_size=tp_size, engine_tag="vllm-0.32/cpu")
-    scheduler = SchedulerSide(cfg, layout, spec, tp_size=tp_size, loads=role != "producer",
-                              saves=role != "consumer")
-    worker = WorkerSide(cfg, layout, spec, shard=shard)
-    buffers = engine_buffers(layout, seed)
-    worker.register(buffers)
-    return Engine(layout, scheduler, worker, buffers)
 
 
 @pytest.fixture
@@ -132,56 +73,6 @@ def engines(daemon):
     yield make
     for engine in made:
         engine.close()
-
-
-def prefill(engine: Engine, request: FakeRequest, block_ids, chunk: int = BLOCK, seed: int = 0) -> list[StepMeta]:
-    """Run the request's prompt through the scheduler in chunks; before each step's saves,
-    the Mamba slot gets new random states (what the model would have computed)."""
-    engine.scheduler.after_alloc(request, block_ids, 0)
-    metas, done = [], 0
-    while done < len(request.prompt_token_ids):
-        n = min(chunk, len(request.prompt_token_ids) - done)
-        meta = engine.scheduler.build_meta([ScheduledStep(request, done, n, block_ids)])
-        done += n
-        for group in engine.layout.mamba_groups:
-            for name, lid in group.layers:
-                gen = torch.Generator().manual_seed(seed * 1000 + done * 10 + lid)
-                for view in engine.worker.states(name, block_ids[group.index][0]).values():
-                    view.copy_(torch.randn(view.shape, generator=gen))
-                engine.snapshots[(request.request_id, done, name)] = {
-                    k: v.clone() for k, v in engine.worker.states(name, block_ids[group.index][0]).items()}
-        engine.worker.save(meta.saves)
-        metas.append(meta)
-    engine.worker.wait_idle()
-    return metas
-
-
-def ask(scheduler: SchedulerSide, request: FakeRequest, num_computed: int = 0) -> int:
-    """``matched_tokens`` asked step after step, as vLLM does, until it answers."""
-    deadline = time.monotonic() + 120  # a hang guard, not a measurement
-    while (tokens := scheduler.matched_tokens(request, num_computed)) is None:
-        assert time.monotonic() < deadline, "the lookup never answered"
-        time.sleep(0.005)
-    return tokens
-
-
-def load(engine: Engine, loads) -> None:
-    """One step's loads started, and let finish."""
-    engine.worker.start_loads(loads)
-    engine.worker.wait_idle()
-
-
-def restore(engine: Engine, request: FakeRequest, block_ids) -> int:
-    """Admission as vLLM does it: matched tokens, allocation, one step's loads."""
-    matched = ask(engine.scheduler, request)
-    engine.scheduler.after_alloc(request, block_ids, matched)
-    load(engine, engine.scheduler.build_meta([]).loads)
-    engine.scheduler.loads_finished(engine.worker.take_results().finished)
-    return matched
-
-
-PRODUCER_BLOCKS = ([9], [1, 2, 3])
-CONSUMER_BLOCKS = ([2], [5, 7, 11])
 
 
 def prefilled_pair(engines, seed: int, length: int = 40) -> tuple[Engine, Engine, list[int]]:
@@ -426,18 +317,10 @@ def test_a_hit_that_vllm_trims_is_refused_rather_than_loaded_at_the_wrong_positi
     assert all(not t.any() for t in consumer.buffers.values())
 
 
-def _until(predicate, timeout: float = 20.0) -> None:
-    """Poll a condition the daemon reaches in the background (a lease dropped on close)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.05)
-
-
 def test_the_lookup_leases_are_held_until_vllm_reports_the_load_done(engines, daemon) -> None:
     producer, consumer, prompt = prefilled_pair(engines, 11)
     with Client(daemon.url, use_shm=False) as observer:
-        _until(lambda: observer.stats()["leases"] == 0)
+        wait_until(lambda: observer.stats()["leases"] == 0, "every lease released")
         request = FakeRequest("c-11", prompt)
         assert ask(consumer.scheduler, request) == 32
         assert observer.stats()["leases"] == 3  # 2 blocks of the attention group + the Mamba group, pinned
@@ -445,7 +328,7 @@ def test_the_lookup_leases_are_held_until_vllm_reports_the_load_done(engines, da
         load(consumer, consumer.scheduler.build_meta([]).loads)
         assert observer.stats()["leases"] >= 3  # still pinned while vLLM has not heard back
         consumer.scheduler.loads_finished(consumer.worker.take_results().finished)
-        _until(lambda: observer.stats()["leases"] == 0)
+        wait_until(lambda: observer.stats()["leases"] == 0, "every lease released")
 
 
 def test_a_handoff_missing_a_group_is_no_hit(engines) -> None:

@@ -9,24 +9,19 @@ lookups, hits and their tokens, misses by reason, objects and bytes per directio
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "daemon"))
-
-from daemon_procs import daemon_fixture  # noqa: E402
-from test_vllm_connector import (  # noqa: E402
+from tests.support.daemons import daemon_fixture
+from tests.support.vllm_connector import (
     BLOCK, CONSUMER_BLOCKS, HEAD, HEADS, STATE_BYTES, FakeRequest, ask, hybrid_layout, make_engine, prefill,
     restore, tokens)
 
-from statetier.clients.vllm.metrics import summary  # noqa: E402
-from statetier.clients.vllm.scheduler import ScheduledStep  # noqa: E402
-from statetier.clients.vllm.stats import merge  # noqa: E402
-from statetier.protocol.identity import Kind  # noqa: E402
+from statetier.clients.vllm.metrics import summary
+from statetier.clients.vllm.scheduler import ScheduledStep
+from statetier.clients.vllm.stats import merge
+from statetier.protocol.identity import Kind
 
 BLOCKS = ([9], [1, 2, 3, 4, 6])
 

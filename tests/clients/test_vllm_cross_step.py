@@ -14,24 +14,19 @@ A call that blocked on the stopped daemon would hang the test: the hang is the f
 from __future__ import annotations
 
 import signal
-import sys
 import time
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "daemon"))
-
-from daemon_procs import daemon_fixture  # noqa: E402
-from test_vllm_connector import (  # noqa: E402
+from tests.support.daemons import daemon_fixture
+from tests.support.vllm_connector import (
     ATTN, CONSUMER_BLOCKS, MAMBA, PRODUCER_BLOCKS, FakeRequest, ask, hybrid_layout, load, make_engine, prefill, tokens)
 
-from statetier.clients import Client  # noqa: E402
-from statetier.clients.vllm.scheduler import ScheduledStep  # noqa: E402
-from statetier.protocol.errors import ClientClosedError  # noqa: E402
+from statetier.clients import Client
+from statetier.clients.vllm.scheduler import ScheduledStep
+from statetier.protocol.errors import ClientClosedError
 
 DEADLINE = 0.5
 

@@ -12,27 +12,28 @@ connection tells. vLLM's own event classes are built from them when vLLM is here
 
 from __future__ import annotations
 
-import sys
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "daemon"))  # the sibling daemon_procs.py
-
-from daemon_procs import daemon_fixture  # noqa: E402
-
-from statetier.clients import Client  # noqa: E402
-from statetier.clients.vllm.connector import connector_events  # noqa: E402
-from statetier.clients.vllm.events import as_vllm_events  # noqa: E402
-from statetier.clients.vllm.layout import (  # noqa: E402
-    CacheGroup, ConnectorConfig, EngineLayout, StateSpec, layer_id_of, namespace_spec)
-from statetier.clients.vllm.scheduler import ScheduledStep, SchedulerSide  # noqa: E402
-from statetier.clients.vllm.worker import WorkerSide  # noqa: E402
-from statetier.protocol.identity import Kind, prefix_hashes  # noqa: E402
-from statetier.protocol.kv_events import BlockRemoved, BlockStored  # noqa: E402
+from statetier.clients import Client
+from statetier.clients.vllm.connector import connector_events
+from statetier.clients.vllm.events import as_vllm_events
+from statetier.clients.vllm.layout import (
+    CacheGroup,
+    ConnectorConfig,
+    EngineLayout,
+    StateSpec,
+    layer_id_of,
+    namespace_spec,
+)
+from statetier.clients.vllm.scheduler import ScheduledStep, SchedulerSide
+from statetier.clients.vllm.worker import WorkerSide
+from statetier.protocol.identity import Kind, prefix_hashes
+from statetier.protocol.kv_events import BlockRemoved, BlockStored
+from tests.support.daemons import daemon_fixture
+from tests.support.waiting import wait_until
 
 BLOCK, HEADS, HEAD, NUM_BLOCKS = 16, 2, 8, 8
 ATTN = ("model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn")
@@ -80,19 +81,18 @@ def prefill(scheduler: SchedulerSide, worker: WorkerSide, request: FakeRequest, 
 
 
 def subscribed(daemon, count: int) -> None:
-    deadline = time.monotonic() + 20
-    while daemon.scrape().value("statetier_event_subscribers") < count:
-        assert time.monotonic() < deadline, "the connector's subscription never reached the daemon"
-        time.sleep(0.02)
+    wait_until(lambda: daemon.scrape().value("statetier_event_subscribers") >= count,
+               "the connector's subscription reached the daemon")
 
 
 def taken_until(scheduler: SchedulerSide, count: int, timeout: float = 20.0) -> list:
     got: list = []
-    deadline = time.monotonic() + timeout
-    while len(got) < count:
-        assert time.monotonic() < deadline, f"{len(got)} of {count} events: {got}"
-        got += scheduler.take_events()
-        time.sleep(0.02)
+
+    def enough() -> bool:
+        got.extend(scheduler.take_events())
+        return len(got) >= count
+
+    wait_until(enough, f"{count} events (so far: {got})", timeout=timeout)
     return got
 
 

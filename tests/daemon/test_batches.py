@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import collections
 import os
-import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 import torch
@@ -32,9 +30,7 @@ from statetier.protocol.sealed import header_length
 from statetier.protocol.thresholds import INLINE_WORK_BYTES
 from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.registry import MemoryVersionRegistry
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling server_harness.py
-from server_harness import running_daemon  # noqa: E402
+from tests.support.server_harness import running_daemon
 
 NS_SPEC = NamespaceSpec("batch-unit")
 NS = NS_SPEC.namespace()

@@ -22,14 +22,13 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling daemon_procs.py
-
-from daemon_procs import daemon_fixture, jamba_namespace, kv_page, snapshot, token_ids  # noqa: E402
-from statetier.clients import Client  # noqa: E402
-from statetier.daemon.cli import main  # noqa: E402
-from statetier.protocol.errors import NotFound  # noqa: E402
-from statetier.protocol.identity import prefix_hash  # noqa: E402
-from statetier.protocol.ownership import owned_namespace  # noqa: E402
+from statetier.clients import Client
+from statetier.daemon.cli import main
+from statetier.protocol.errors import NotFound
+from statetier.protocol.identity import prefix_hash
+from statetier.protocol.ownership import owned_namespace
+from tests.support.daemons import daemon_fixture
+from tests.support.jamba import jamba_namespace, kv_page, snapshot, token_ids
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = jamba_namespace("cli-admin", block=16)

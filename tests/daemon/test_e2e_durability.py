@@ -8,15 +8,10 @@ serves it byte-exact when it comes back. A put acknowledged from the host tier a
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling daemon_procs.py
-
-from daemon_procs import assert_same_tensors, jamba_namespace, kv_page  # noqa: E402
-from statetier.launch.daemons import DaemonProcess  # noqa: E402
-from statetier.clients import AsyncClient, StoredRef  # noqa: E402
-from statetier.protocol.identity import StateRef  # noqa: E402
+from statetier.clients import AsyncClient, StoredRef
+from statetier.launch.daemons import DaemonProcess
+from statetier.protocol.identity import StateRef
+from tests.support.jamba import assert_same_tensors, jamba_namespace, kv_page
 
 NAMESPACE = jamba_namespace("durability")
 

@@ -20,22 +20,19 @@ A real ZMQ SUB socket decodes each tenant's stream with the Structs of vLLM's pu
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 import pytest
-import zmq
 import torch
+import zmq
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling helpers
-
-from daemon_procs import daemon_fixture, eventually  # noqa: E402
-from kv_event_schema import AllBlocksCleared, BlockRemoved, BlockStored, Subscriber  # noqa: E402
-from statetier.clients import AsyncClient, BlockTag  # noqa: E402
-from statetier.daemon.server.auth import token_sha256  # noqa: E402
-from statetier.protocol.errors import InvalidRequest, NotFound  # noqa: E402
-from statetier.protocol.identity import NamespaceSpec  # noqa: E402
-from statetier.protocol.ownership import owned_namespace  # noqa: E402
+from statetier.clients import AsyncClient, BlockTag
+from statetier.daemon.server.auth import token_sha256
+from statetier.protocol.errors import InvalidRequest, NotFound
+from statetier.protocol.identity import NamespaceSpec
+from statetier.protocol.ownership import owned_namespace
+from tests.support.daemons import daemon_fixture
+from tests.support.kv_event_schema import AllBlocksCleared, BlockRemoved, BlockStored, Subscriber
+from tests.support.waiting import eventually
 
 TOKENS = {"a": "tenant-a-events-token", "b": "tenant-b-events-token"}
 TOKENS_PER_PAGE = 64
@@ -226,7 +223,11 @@ async def test_a_subscriber_that_never_reads_slows_no_put_nor_other_subscribers_
                 await client.put(key, {"kv": torch.zeros(16, 8)}, request_id=f"r{n}",
                                  tag=BlockTag(n, n - 1 if n else None, tokens))
                 read += await asyncio.to_thread(reader.take, 1)
-        after = await asyncio.to_thread(crowded.scrape)
+        async def published_all():  # the last put's event may still be on its way to the stream
+            scrape = await asyncio.to_thread(crowded.scrape)
+            return scrape if scrape.delta(before, "statetier_events_published_total") >= PUTS else None
+
+        after = await eventually(published_all, "every put's event published")
         assert after.delta(before, "statetier_events_published_total") == PUTS
         assert after.delta(before, "statetier_events_dropped_total") == 0
         assert after.delta(before, "statetier_event_overflows_total") == 1  # the stuck one, once: it never read

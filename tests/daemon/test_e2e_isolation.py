@@ -36,13 +36,13 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling daemon_procs.py
-
-from daemon_procs import arena_copy, daemon_fixture, eventually, jamba_namespace  # noqa: E402
-from statetier.clients import AsyncClient, PutItem  # noqa: E402
-from statetier.clients.tensors import tensor_bytes  # noqa: E402
-from statetier.daemon.server.auth import token_sha256  # noqa: E402
-from statetier.protocol.errors import CorruptPayload, NotFound, Unavailable  # noqa: E402
+from statetier.clients import AsyncClient, PutItem
+from statetier.clients.tensors import tensor_bytes
+from statetier.daemon.server.auth import token_sha256
+from statetier.protocol.errors import CorruptPayload, NotFound, Unavailable
+from tests.support.daemons import arena_copy, daemon_fixture
+from tests.support.jamba import jamba_namespace
+from tests.support.waiting import eventually
 
 TOKENS = {"a": "tenant-a-isolation-token", "b": "tenant-b-isolation-token"}
 PAGE_SHAPE = (2, 8, 512, 128)  # 2 MiB of bfloat16

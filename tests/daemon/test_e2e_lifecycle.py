@@ -17,18 +17,15 @@ from __future__ import annotations
 import asyncio
 import signal
 import stat
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling daemon_procs.py
-
-from daemon_procs import assert_same_tensors, jamba_namespace, kv_page, snapshot  # noqa: E402
-from statetier.launch.daemons import DaemonProcess  # noqa: E402
-from statetier.clients import AsyncClient  # noqa: E402
-from statetier.protocol.errors import StatetierError, Unavailable  # noqa: E402
-from statetier.protocol.frames import Frame, FrameDecoder, Op, encode_frame_bytes, hello_frame  # noqa: E402
-from statetier.protocol.identity import StateRef  # noqa: E402
-from statetier.protocol.wire_meta import LoadMeta, wire_ref  # noqa: E402
+from statetier.clients import AsyncClient
+from statetier.launch.daemons import DaemonProcess
+from statetier.protocol.errors import StatetierError, Unavailable
+from statetier.protocol.frames import Frame, FrameDecoder, Op, encode_frame_bytes, hello_frame
+from statetier.protocol.identity import StateRef
+from statetier.protocol.wire_meta import LoadMeta, wire_ref
+from tests.support.jamba import assert_same_tensors, jamba_namespace, kv_page, snapshot
+from tests.support.waiting import eventually
 
 GRACE_SECONDS = 3
 BIG_TOKENS = 8192  # a (2, 8, 8192, 128) bf16 page: 32 MiB, more than both socket buffers hold
@@ -60,9 +57,14 @@ class StuckReader:
         self.writer.transport.abort()
 
 
-async def is_stuck_sending(client: AsyncClient) -> bool:
+async def in_flight(client: AsyncClient, at_least: int) -> bool:
+    """The daemon runs ``at_least`` requests, counting the STATS that asks."""
     stats = await client.stats()
-    return stats["daemon"]["inflight_requests"] >= 2  # the stuck LOAD, and this STATS
+    return stats["daemon"]["inflight_requests"] >= at_least
+
+
+async def is_stuck_sending(client: AsyncClient) -> bool:
+    return await in_flight(client, 2)  # the stuck LOAD, and this STATS
 
 
 async def put_one(client: AsyncClient, layer: int) -> tuple[StateRef, dict] | StatetierError:
@@ -85,15 +87,15 @@ async def test_sigterm_finishes_or_cancels_in_flight_requests_and_a_restart_serv
             early = await zero_copy.put_ssm(0, bytes(32), 64, snapshot(0), request_id="early")
             big = await zero_copy.put_kv(99, bytes(32), 0, BIG_TOKENS, kv_page(99, BIG_TOKENS), request_id="big")
             stuck = await StuckReader.load(daemon, big)
-            for _ in range(200):  # bounded: the daemon is writing the 32 MiB reply into a full socket
-                if await is_stuck_sending(inline):
-                    break
-                await asyncio.sleep(0.05)
-            else:
-                raise AssertionError("the LOAD to the stuck reader never started")
+            # the daemon is writing the 32 MiB reply into a full socket
+            await eventually(lambda: is_stuck_sending(inline), "the LOAD to the stuck reader started")
 
             tasks = [asyncio.ensure_future(put_one(zero_copy if i % 2 else inline, i)) for i in range(12)]
-            await asyncio.sleep(0.05)  # the first puts are on the wire
+
+            async def puts_reached_the_daemon() -> bool:
+                return any(task.done() for task in tasks) or await in_flight(inline, 3)
+
+            await eventually(puts_reached_the_daemon, "the first puts on the wire")
             daemon.send_signal(signal.SIGTERM)
             outcomes = await asyncio.wait_for(asyncio.gather(*tasks), GRACE_SECONDS + 30)
             # the stuck reader stays connected until the daemon has exited: only the grace
@@ -130,15 +132,9 @@ async def test_a_second_sigint_during_shutdown_exits_at_once() -> None:
         async with AsyncClient(daemon.url, namespace=SPEC) as client:
             big = await client.put_kv(0, bytes(32), 0, BIG_TOKENS, kv_page(0, BIG_TOKENS), request_id="big")
             stuck = await StuckReader.load(daemon, big)
-            for _ in range(200):
-                if await is_stuck_sending(client):
-                    break
-                await asyncio.sleep(0.05)
+            await eventually(lambda: is_stuck_sending(client), "the LOAD to the stuck reader started")
             daemon.send_signal(signal.SIGINT)
-            for _ in range(200):  # bounded: until the daemon says it is shutting down
-                if "shutting down" in daemon.log_text():
-                    break
-                await asyncio.sleep(0.05)
+            await eventually(lambda: "shutting down" in daemon.log_text(), "the daemon logged its shutdown")
             assert daemon.is_running  # waiting for the stuck LOAD, up to 600 s
             daemon.send_signal(signal.SIGINT)
             code = await asyncio.to_thread(daemon.wait, 30)

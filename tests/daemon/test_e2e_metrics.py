@@ -21,19 +21,16 @@ The daemon here serves only this module, so every counter delta is the test's ow
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling daemon_procs.py
-
-from daemon_procs import daemon_fixture, eventually, jamba_namespace, kv_page, snapshot  # noqa: E402
-from statetier.clients import AsyncClient  # noqa: E402
-from statetier.protocol.errors import DestinationMismatch, FingerprintMismatch, NotFound, StaleState  # noqa: E402
-from statetier.protocol.identity import prefix_hash  # noqa: E402
+from statetier.clients import AsyncClient
+from statetier.protocol.errors import DestinationMismatch, FingerprintMismatch, NotFound, StaleState
+from statetier.protocol.identity import prefix_hash
+from tests.support.daemons import daemon_fixture
+from tests.support.jamba import jamba_namespace, kv_page, snapshot
+from tests.support.waiting import eventually
 
 KV_PUTS, SSM_PUTS = 5, 3
 
@@ -147,14 +144,14 @@ async def test_gauges_equal_what_stats_reports(daemon) -> None:
         ref = await client.put_kv(0, bytes(32), 0, 64, kv_page(0, 64), request_id="g")
         found = await client.lookup([0], [], [(64, bytes(32))], kv_layout="prefix")
 
-        for _ in range(100):  # bounded: until no write-behind copy moves between two STATS
+        async def settled():  # no write-behind copy moved between two STATS: the scrape between holds
             stats = await client.stats()
             samples = daemon.scrape()
             if (await client.stats())["tiers"] == stats["tiers"] and stats["write_behind_pending"] == 0:
-                break
-            await asyncio.sleep(0.05)
-        else:
-            raise AssertionError("the tiers never settled")
+                return stats, samples
+            return None
+
+        stats, samples = await eventually(settled, "the tiers settled")
         for tier in stats["tiers"]:
             name = tier["tier"]
             assert samples.value("statetier_tier_used_bytes", tier=name) == tier["bytes_used"], name

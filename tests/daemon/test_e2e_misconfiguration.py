@@ -14,18 +14,13 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling daemon_procs.py
-
-from daemon_procs import assert_same_tensors, jamba_namespace, snapshot  # noqa: E402
-from statetier.clients import Client  # noqa: E402
-from statetier.launch.daemons import DaemonFailed, DaemonProcess  # noqa: E402
-from statetier.protocol.errors import UnknownKey  # noqa: E402
-from statetier.protocol.keyring import Keyring  # noqa: E402
+from statetier.clients import Client
+from statetier.launch.daemons import DaemonFailed, DaemonProcess
+from statetier.protocol.errors import UnknownKey
+from statetier.protocol.keyring import Keyring
+from tests.support.jamba import assert_same_tensors, jamba_namespace, snapshot
 
 SPEC = jamba_namespace("misconfiguration")
 

@@ -3,7 +3,7 @@ authenticated as, never the one a client writes into its spec — with the daemo
 restart, and on a second daemon sharing the Redis tier.
 
 Tenants are mapped from Unix peer uids (``tenants[].uids``); each worker is a process of
-its own uid (``tenant_worker.py``: imports, then setgroups/setgid/setuid, then connects).
+its own uid (``tests/support/tenant_worker.py``: imports, then setgroups/setgid/setuid, then connects).
 Tenant A puts a page, durable and published to Redis. Tenant B, whose spec names tenant
 "a" (every other field the same as A's), asks for it by key, by A's ref and by lookup:
 
@@ -28,27 +28,25 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from statetier.launch.daemons import DaemonProcess
-from statetier.protocol.keyring import Keyring
+from tests.support.keyrings import keyring_file
+from tests.support.scripts import REPO, module_command
 
-WORKER = Path(__file__).resolve().parent / "tenant_worker.py"
+WORKER = "tests.support.tenant_worker"
 UID_A, UID_B, GID_WORKERS = 61201, 61202, 61200
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs workers as other uids: needs root")
 
 
 def run_worker(job: str, uid: int, **fields) -> dict:
-    """One ``tenant_worker.py`` job as ``uid`` (group ``GID_WORKERS``); its JSON answer."""
+    """One ``tests/support/tenant_worker.py`` job as ``uid`` (group ``GID_WORKERS``); its JSON answer."""
     spec = {"uid": uid, "gid": GID_WORKERS, "groups": [GID_WORKERS], **fields}
-    done = subprocess.run([sys.executable, str(WORKER), job, json.dumps(spec)], capture_output=True, text=True,
+    done = subprocess.run(module_command(WORKER, job, json.dumps(spec)), cwd=REPO, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.splitlines()[-1])
@@ -57,12 +55,8 @@ def run_worker(job: str, uid: int, **fields) -> dict:
 @pytest.fixture
 def place():
     """A directory other uids may traverse (to reach the daemons' sockets), removed after."""
-    directory = Path(tempfile.mkdtemp(prefix="st-own-", dir="/tmp"))
-    directory.chmod(0o711)
-    keyring = directory / "keyring.json"
-    Keyring.generate().save(keyring)  # one keyring for both daemons: Redis objects verify on each
-    yield directory, keyring
-    shutil.rmtree(directory, ignore_errors=True)
+    with keyring_file("st-own-", mode=0o711) as keyring:  # one keyring for both daemons: Redis objects verify on each
+        yield keyring.parent, keyring
 
 
 def daemon_in(directory: Path, keyring: Path, redis_url: str | None, **host) -> DaemonProcess:

@@ -19,19 +19,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling daemon_procs.py
-
-from daemon_procs import assert_same_tensors, daemon_fixture, jamba_namespace, kv_page, snapshot  # noqa: E402
-from statetier.clients import AsyncClient, Client  # noqa: E402
-from statetier.daemon.server.auth import token_sha256  # noqa: E402
-from statetier.protocol.errors import Forbidden, NotFound  # noqa: E402
-from statetier.protocol.ownership import owned_namespace  # noqa: E402
-from statetier.tiers.redis.layout import RedisKeys  # noqa: E402
+from statetier.clients import AsyncClient, Client
+from statetier.daemon.server.auth import token_sha256
+from statetier.protocol.errors import Forbidden, NotFound
+from statetier.protocol.ownership import owned_namespace
+from statetier.tiers.redis.layout import RedisKeys
+from tests.support.daemons import daemon_fixture
+from tests.support.jamba import assert_same_tensors, jamba_namespace, kv_page, snapshot
 
 TOKENS = {"a": "tenant-a-purge-token", "b": "tenant-b-purge-token"}
 TENANTS = [{"name": name, "token_sha256": token_sha256(token)} for name, token in TOKENS.items()]

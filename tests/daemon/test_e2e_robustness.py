@@ -30,14 +30,14 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling daemon_procs.py
-
-from daemon_procs import assert_same_tensors, daemon_fixture, eventually, jamba_namespace, kv_page, snapshot  # noqa: E402
-from statetier.launch.daemons import DaemonProcess  # noqa: E402
-from statetier.clients import AsyncClient  # noqa: E402
-from statetier.protocol.errors import Unavailable  # noqa: E402
-from statetier.protocol.frames import Frame, FrameDecoder, Op, encode_frame_bytes, hello_frame  # noqa: E402
-from statetier.protocol.messages import ref_from_wire  # noqa: E402
+from statetier.clients import AsyncClient
+from statetier.launch.daemons import DaemonProcess
+from statetier.protocol.errors import Unavailable
+from statetier.protocol.frames import Frame, FrameDecoder, Op, encode_frame_bytes, hello_frame
+from statetier.protocol.messages import ref_from_wire
+from tests.support.daemons import daemon_fixture
+from tests.support.jamba import assert_same_tensors, jamba_namespace, kv_page, snapshot
+from tests.support.waiting import eventually
 
 MAX_FRAME = 8 << 20
 CLIENTS = 64
@@ -120,7 +120,7 @@ async def main(url):
         found = await conn.request(Op.LOOKUP, LookupMeta(ns, ((64, bytes(32)),), (0, 1, 2, 3), kv_layout="prefix"))
         tokens = decode_reply(LookupReply, found.meta).tokens
         print(json.dumps({"refs": [ref_to_wire(r) for r in refs], "lookup": tokens}), flush=True)
-        await asyncio.sleep(600)
+        await asyncio.sleep(600)  # the behaviour: a client holding all this until the test kills it
 
 asyncio.run(main(sys.argv[1]))
 '''

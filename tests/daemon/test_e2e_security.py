@@ -25,7 +25,6 @@ import datetime
 import ipaddress
 import os
 import ssl
-import sys
 import time
 from pathlib import Path
 
@@ -35,20 +34,19 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling daemon_procs.py
-
-from daemon_procs import assert_same_tensors, daemon_fixture, jamba_namespace, kv_page, snapshot  # noqa: E402
-from statetier.clients import AsyncClient  # noqa: E402
-from statetier.daemon.server.auth import token_sha256  # noqa: E402
-from statetier.protocol.errors import BadSignature, Forbidden, Unauthorized, Unavailable, UnknownKey  # noqa: E402
-from statetier.clients.tensors import tensor_to_spec_and_view  # noqa: E402
-from statetier.protocol.identity import Provenance, StateKey, StateRef, new_state_id  # noqa: E402
-from statetier.protocol.keyring import Keyring, SigningKey  # noqa: E402
-from statetier.protocol.ownership import owned_key  # noqa: E402
-from statetier.protocol.sealed import decode_header, layout_payload, seal  # noqa: E402
-from statetier.tiers.base import ObjectMeta  # noqa: E402
-from statetier.tiers.redis.layout import Manifest, RedisKeys  # noqa: E402
-from statetier.launch.processes import free_port  # noqa: E402
+from statetier.clients import AsyncClient
+from statetier.clients.tensors import tensor_to_spec_and_view
+from statetier.daemon.server.auth import token_sha256
+from statetier.launch.processes import free_port
+from statetier.protocol.errors import BadSignature, Forbidden, Unauthorized, Unavailable, UnknownKey
+from statetier.protocol.identity import Provenance, StateKey, StateRef, new_state_id
+from statetier.protocol.keyring import Keyring, SigningKey
+from statetier.protocol.ownership import owned_key
+from statetier.protocol.sealed import decode_header, layout_payload, seal
+from statetier.tiers.base import ObjectMeta
+from statetier.tiers.redis.layout import Manifest, RedisKeys
+from tests.support.daemons import daemon_fixture
+from tests.support.jamba import assert_same_tensors, jamba_namespace, kv_page, snapshot
 
 TOKEN = "tenant-a-secret-token"
 NOBODY = 65534

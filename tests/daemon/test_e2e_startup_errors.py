@@ -11,18 +11,15 @@
 from __future__ import annotations
 
 import socket
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling daemon_procs.py
-
-from daemon_procs import daemon_fixture, jamba_namespace, kv_page  # noqa: E402
-from statetier.clients import Client  # noqa: E402
-from statetier.daemon.cli import main  # noqa: E402
-from statetier.launch.daemons import DaemonFailed, DaemonProcess  # noqa: E402
-from statetier.protocol.errors import FrameTooLarge  # noqa: E402
+from statetier.clients import Client
+from statetier.daemon.cli import main
+from statetier.launch.daemons import DaemonFailed, DaemonProcess
+from statetier.protocol.errors import FrameTooLarge
+from tests.support.daemons import daemon_fixture
+from tests.support.jamba import jamba_namespace, kv_page
 
 
 def test_a_metrics_port_in_use_names_the_setting_and_leaves_no_socket_behind() -> None:

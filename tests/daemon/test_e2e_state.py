@@ -18,23 +18,33 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling daemon_procs.py
-
-from daemon_procs import (  # noqa: E402
-    ATTENTION_LAYERS, BLOCK, SSM_LAYERS, assert_same_tensors, daemon_fixture, jamba_namespace, kv_page, snapshot,
-    token_ids)
-from statetier.clients import AsyncClient, PutItem  # noqa: E402
-from statetier.protocol.errors import (FingerprintMismatch, MisroutedState, NamespaceMismatch, NotFound,  # noqa: E402
-                                       PlacementMismatch, PositionMismatch, StaleState)
-from statetier.protocol.identity import prefix_hashes  # noqa: E402
-from statetier.protocol.keyring import Keyring  # noqa: E402
-from statetier.protocol.ownership import owned_key  # noqa: E402
+from statetier.clients import AsyncClient, PutItem
+from statetier.protocol.errors import (
+    FingerprintMismatch,
+    MisroutedState,
+    NamespaceMismatch,
+    NotFound,
+    PlacementMismatch,
+    PositionMismatch,
+    StaleState,
+)
+from statetier.protocol.identity import prefix_hashes
+from statetier.protocol.ownership import owned_key
+from tests.support.daemons import daemon_fixture
+from tests.support.jamba import (
+    ATTENTION_LAYERS,
+    BLOCK,
+    SSM_LAYERS,
+    assert_same_tensors,
+    jamba_namespace,
+    kv_page,
+    snapshot,
+    token_ids,
+)
+from tests.support.keyrings import keyring_file
 
 TOKENS = 256
 ATTENTION = tuple(range(SSM_LAYERS, SSM_LAYERS + ATTENTION_LAYERS))  # layers 28..31
@@ -48,12 +58,8 @@ def daemon(request):
 
 @pytest.fixture(scope="module")
 def shared_keyring():
-    directory = Path(tempfile.mkdtemp(prefix="st-keys-", dir="/tmp"))
-    path = directory / "keyring.json"
-    Keyring.generate().save(path)
-    yield path
-    path.unlink(missing_ok=True)
-    directory.rmdir()
+    with keyring_file() as path:
+        yield path
 
 
 @pytest.fixture(scope="module")

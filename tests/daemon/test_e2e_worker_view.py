@@ -6,7 +6,7 @@ A deployment runs the daemon under its own service group and adds each worker to
 so it can reach the 0660 socket (docs/operations.md). Here the daemon runs with gid
 ``GID_DAEMON`` in a directory of that group (mode 0750, as a state directory a worker may
 enter), tenant A and tenant B are workers of their own uids with ``GID_DAEMON`` as a
-supplementary group (``tenant_worker.py``: fork + setuid). A puts a page (durable, so it
+supplementary group (``tests/support/tenant_worker.py``: fork + setuid). A puts a page (durable, so it
 reaches the disk tier too) and loads it back; B then searches, as its own uid, every file
 under the daemon's directory and in ``/dev/shm`` it can open, every descriptor in
 ``/proc/<pid>/fd`` and every mapping in ``/proc/<pid>/mem`` of the daemon and of A that it
@@ -24,11 +24,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -37,8 +34,10 @@ import torch
 from statetier.clients import Client
 from statetier.launch.daemons import DaemonProcess
 from statetier.protocol.identity import NamespaceSpec
+from tests.support.folders import short_folder
+from tests.support.scripts import REPO, module_command
 
-WORKER = Path(__file__).resolve().parent / "tenant_worker.py"
+WORKER = "tests.support.tenant_worker"
 UID_A, UID_B = 61301, 61302
 GID_A, GID_B, GID_DAEMON = 61301, 61302, 61300
 
@@ -47,12 +46,12 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="runs processes as oth
 
 def worker_argv(job: str, uid: int, gid: int, **fields) -> list[str]:
     spec = {"uid": uid, "gid": gid, "groups": [gid, GID_DAEMON], **fields}
-    return [sys.executable, str(WORKER), job, json.dumps(spec)]
+    return module_command(WORKER, job, json.dumps(spec))
 
 
 def scan_as_b(probe: str, daemon: DaemonProcess, *pids: int) -> dict:
     done = subprocess.run(worker_argv("scan", UID_B, GID_B, probe=probe, roots=[str(daemon.directory)],
-                                      pids=list(pids)), capture_output=True, text=True, timeout=120)
+                                      pids=list(pids)), cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.splitlines()[-1])
 
@@ -61,21 +60,19 @@ def scan_as_b(probe: str, daemon: DaemonProcess, *pids: int) -> dict:
 def daemon():
     if os.geteuid() != 0:
         pytest.skip("runs processes as other uids: needs root")
-    directory = Path(tempfile.mkdtemp(prefix="st-view-", dir="/tmp"))
-    os.chown(directory, 0, GID_DAEMON)
-    directory.chmod(0o750)  # the daemon's group may enter (the socket is here)
-    config = {"tenants": [{"name": "a", "uids": [UID_A]}, {"name": "b", "uids": [UID_B]}]}
-    process = DaemonProcess(config, directory=directory, group=GID_DAEMON)
-    process.start()
-    yield process
-    process.close()
-    shutil.rmtree(directory, ignore_errors=True)
+    with short_folder("st-view-", mode=0o750) as directory:  # the daemon's group may enter (the socket is here)
+        os.chown(directory, 0, GID_DAEMON)
+        config = {"tenants": [{"name": "a", "uids": [UID_A]}, {"name": "b", "uids": [UID_B]}]}
+        process = DaemonProcess(config, directory=directory, group=GID_DAEMON)
+        process.start()
+        yield process
+        process.close()
 
 
 @needs_root
 def test_a_worker_of_another_tenant_in_the_daemons_group_finds_none_of_a_tenants_bytes(daemon):
     a = subprocess.Popen(worker_argv("put", UID_A, GID_A, url=daemon.url, model="view", tenant_in_spec="",
-                                     seed=5, hold_seconds=120), stdout=subprocess.PIPE, text=True)
+                                     seed=5, hold_seconds=120), cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         put = json.loads(a.stdout.readline())
         assert put["uses_shm"]  # A went through its shared-memory windows

@@ -14,16 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import sys
-from pathlib import Path
 
 import pytest
 
 from statetier.daemon.server.eager import start_eagerly
 from statetier.protocol.frames import Op
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling server_harness.py
-from server_harness import running_daemon  # noqa: E402
+from tests.support.server_harness import running_daemon
 
 MARK = contextvars.ContextVar("mark", default="unset")
 

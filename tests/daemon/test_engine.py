@@ -29,30 +29,15 @@ from statetier.protocol.errors import (
     StaleState,
     UnsupportedFormat,
 )
-from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, prefix_hashes
+from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey
 from statetier.protocol.keyring import Keyring
-from statetier.protocol.sealed import layout_payload, parse_header, verify_payload_only
+from statetier.protocol.sealed import parse_header, verify_payload_only
 from statetier.tiers.disk import DiskTier, DiskTierOptions
 from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.registry import MemoryVersionRegistry
+from tests.support.engine_objects import CHAIN, NS, SPECS, payload_for, ssm_put
 
-NS = NamespaceSpec("jamba-tiny", kv_dtype="bfloat16").namespace()
 OTHER_NS = NamespaceSpec("bamba-tiny").namespace()
-SPECS = (TensorSpec("conv", "bfloat16", (3, 256)), TensorSpec("ssm", "float32", (256, 16)))
-TOKENS = list(range(64))
-CHAIN = prefix_hashes(TOKENS, 16)
-
-
-def payload_for(seed: int) -> bytes:
-    layout = layout_payload(SPECS)
-    return bytes((seed * 31 + i) % 251 for i in range(256)) * (layout.payload_len // 256) + bytes(
-        layout.payload_len % 256)
-
-
-def ssm_put(layer: int = 0, boundary: int = 3, request: str = "req-1", seed: int = 1, version=None,
-            tenant: str = "default", ns=NS) -> tuple[PutRequest, bytes]:
-    key = StateKey(ns, Kind.SSM, layer, CHAIN[boundary], 0, 16 * (boundary + 1))
-    return PutRequest(tenant, key, Provenance(request, step=boundary), SPECS, version=version), payload_for(seed)
 
 
 def kv_put(layer: int, block: int, request: str = "req-1") -> tuple[PutRequest, bytes]:

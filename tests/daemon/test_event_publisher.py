@@ -9,22 +9,18 @@ start with ``ConfigError``.
 from __future__ import annotations
 
 import asyncio
-import shutil
-import sys
-import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling schema
-
-import kv_event_schema as vllm  # noqa: E402
-from statetier.daemon.config_events import EventsConfig  # noqa: E402
-from statetier.daemon.events import EventPublisher  # noqa: E402
-from statetier.daemon.events.publisher import MAX_BATCH_EVENTS  # noqa: E402
-from statetier.protocol.errors import ConfigError  # noqa: E402
-from statetier.protocol.kv_events import BlockRemoved, BlockStored  # noqa: E402
+from statetier.daemon.config_events import EventsConfig
+from statetier.daemon.events import EventPublisher
+from statetier.daemon.events.publisher import MAX_BATCH_EVENTS
+from statetier.protocol.errors import ConfigError
+from statetier.protocol.kv_events import BlockRemoved, BlockStored
+from tests.support import kv_event_schema as vllm
+from tests.support.folders import short_folder
+from tests.support.waiting import eventually
 
 NS_1, NS_2 = b"\x01" * 32, b"\x02" * 32
 
@@ -35,9 +31,8 @@ def stored(n: int, medium: str = "CPU") -> BlockStored:
 
 @pytest.fixture
 def folder():
-    made = Path(tempfile.mkdtemp(prefix="st-ev-", dir="/tmp"))  # AF_UNIX paths are short
-    yield made
-    shutil.rmtree(made, ignore_errors=True)
+    with short_folder("st-ev-") as made:
+        yield made
 
 
 def publisher_for(folder: Path, tenants=("a", "b")) -> EventPublisher:
@@ -47,10 +42,8 @@ def publisher_for(folder: Path, tenants=("a", "b")) -> EventPublisher:
 
 
 async def listening(publisher: EventPublisher, *subscribers: vllm.Subscriber) -> None:
-    deadline = time.monotonic() + 20
-    while publisher.stats()["subscriptions"] < len(subscribers):
-        assert time.monotonic() < deadline, "the subscriptions never reached the publisher"
-        await asyncio.sleep(0.01)
+    await eventually(lambda: publisher.stats()["subscriptions"] >= len(subscribers),
+                     "the subscriptions reached the publisher")
 
 
 async def test_one_loop_iteration_is_one_batch_per_topic_with_equal_neighbours_merged(folder):

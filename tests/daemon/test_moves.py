@@ -15,7 +15,6 @@ import asyncio
 import uuid
 
 import pytest
-import redis
 
 from statetier.daemon.engine import Engine, EngineOptions
 from statetier.daemon.requests import LoadRequest, PutRequest
@@ -27,6 +26,7 @@ from statetier.tiers.disk import DiskTier, DiskTierOptions
 from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.redis import RedisTier, RedisTierOptions
 from statetier.tiers.registry import MemoryVersionRegistry
+from tests.support.redis_tier import erase_prefix
 
 SPECS = (TensorSpec("ssm", "float32", (64, 60)),)  # 15 KiB of payload: one 16 KiB extent with its header
 OBJECT_EXTENT = 16 * 1024
@@ -59,14 +59,6 @@ async def lower(request, tmp_path):
     prefix = f"moves-{uuid.uuid4().hex[:10]}"
     yield keyring, RedisTier(RedisTierOptions(server.url, key_prefix=prefix), keyring=keyring), prefix
     erase_prefix(server.url, prefix)
-
-
-def erase_prefix(url: str, prefix: str) -> None:
-    """Every key a Redis tier with ``prefix`` wrote on the server behind ``url``."""
-    with redis.Redis.from_url(url) as raw:
-        for pattern in (f"{prefix}:*", f"{{{prefix}}}:*"):
-            for name in list(raw.scan_iter(match=pattern, count=500)):
-                raw.delete(name)
 
 
 async def engine_over(keyring, tiers, *, write_behind: bool = True, **options) -> Engine:

@@ -16,9 +16,7 @@ real Redis, told on two engines (prefill: host arena + Redis; decode: host arena
 from __future__ import annotations
 
 import os
-import sys
 import uuid
-from pathlib import Path
 
 import torch
 from statetier.clients.copies import laid_out, land
@@ -33,8 +31,7 @@ from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.redis import RedisTier, RedisTierOptions
 from statetier.tiers.registry import MemoryVersionRegistry
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling test_moves.py
-from test_moves import erase_prefix
+from tests.support.redis_tier import erase_prefix
 
 NS = NamespaceSpec("passes").namespace()
 SPECS = (TensorSpec("k", "bfloat16", (4, 8, 16, 128)), TensorSpec("v", "bfloat16", (4, 8, 16, 128)))

@@ -10,9 +10,7 @@ the same streams supersedes the first one (the older refs are refused as stale).
 from __future__ import annotations
 
 import os
-import sys
 import uuid
-from pathlib import Path
 
 import pytest
 from statetier.daemon.engine import Engine, EngineOptions
@@ -25,8 +23,7 @@ from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.redis import RedisTier, RedisTierOptions
 from statetier.tiers.redis.registry import RedisVersionRegistry
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling test_moves.py
-from test_moves import erase_prefix
+from tests.support.redis_tier import erase_prefix
 
 NS = NamespaceSpec("publish-batches").namespace()
 KV = (TensorSpec("kv", "bfloat16", (2, 8, 16, 128)),)  # 64 KiB

@@ -15,13 +15,7 @@ its claim (over quota) gives back the version it made remembered with the claim.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling test_engine.py
-from test_engine import NS, SPECS, payload_for, ssm_put  # noqa: E402
 
 from statetier.daemon.engine import Engine, EngineOptions
 from statetier.daemon.requests import Incoming, LoadRequest
@@ -31,6 +25,7 @@ from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.redis import RedisVersionRegistry
 from statetier.tiers.redis.layout import RedisKeys
 from statetier.tiers.registry import MemoryVersionRegistry
+from tests.support.engine_objects import NS, SPECS, payload_for, ssm_put
 
 assert SPECS  # the engine's objects are test_engine's
 

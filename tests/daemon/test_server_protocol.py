@@ -11,19 +11,14 @@ import os
 import socket
 import stat
 import struct
-import sys
-from pathlib import Path
 
 import pytest
 import uvloop
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling server_harness.py
-
-from server_harness import NS, WireClient, answer, eventually, load_meta, metric, put_meta, running_daemon
 from statetier.daemon.config import TenantConfig
 from statetier.daemon.server import Server
-from statetier.protocol.errors import ConfigError
 from statetier.daemon.server.frame_writer import ConnectionClosed, FrameWriter
+from statetier.protocol.errors import ConfigError
 from statetier.protocol.frames import FLAG_BINARY, HEADER_SIZE, Frame, FrameDecoder, Op
 from statetier.protocol.messages import ref_to_wire
 from statetier.protocol.sealed import decode_header
@@ -43,6 +38,8 @@ from statetier.protocol.wire_meta import (
     ref_of,
     wire_ref,
 )
+from tests.support.server_harness import NS, WireClient, answer, load_meta, metric, put_meta, running_daemon
+from tests.support.waiting import eventually
 
 STRANGER_UID = os.getuid() + 12345
 

@@ -6,7 +6,6 @@ import asyncio
 import datetime
 import ipaddress
 import ssl
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,13 +15,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling server_harness.py
-
-from server_harness import metric, running_daemon
-from statetier.daemon.server.auth import server_ssl_context, token_sha256
 from statetier.daemon.config import ListenConfig, TenantConfig
+from statetier.daemon.server.auth import server_ssl_context, token_sha256
 from statetier.protocol.errors import ConfigError
 from statetier.protocol.frames import Op
+from tests.support.server_harness import metric, running_daemon
 
 TOKEN = "tenant-a-token"
 TENANTS = (TenantConfig(name="a", token_sha256=token_sha256(TOKEN)), TenantConfig(name="default"))

@@ -18,15 +18,12 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling deploy_files.py
-
-from deploy_files import DEPLOY, REPO, containerfile_instructions, load_yaml_documents, pod_specs  # noqa: E402
-
-from statetier.clients.vllm.layout import ConnectorConfig  # noqa: E402
-from statetier.daemon.cli import build_parser  # noqa: E402
-from statetier.daemon.cli.serve import config_overrides  # noqa: E402
-from statetier.daemon.config import Config  # noqa: E402
-from statetier.daemon.config_loading import load_config  # noqa: E402
+from statetier.clients.vllm.layout import ConnectorConfig
+from statetier.daemon.cli import build_parser
+from statetier.daemon.cli.serve import config_overrides
+from statetier.daemon.config import Config
+from statetier.daemon.config_loading import load_config
+from tests.support.deploy_files import DEPLOY, REPO, containerfile_instructions, load_yaml_documents, pod_specs
 
 CONTAINERFILE = DEPLOY / "Containerfile"
 KUBE = DEPLOY / "kubernetes"

@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,15 +25,13 @@ import pytest
 import torch
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling helpers
-
-from deploy_files import DEPLOY, REPO, exported_metric_names, metric_names_in  # noqa: E402
-from prometheus_proc import PROMETHEUS, PROMTOOL, SKIP_REASON, PrometheusServer, wait_for  # noqa: E402
-
-from statetier.clients import Client  # noqa: E402
-from statetier.protocol.errors import NamespaceMismatch  # noqa: E402
-from statetier.protocol.identity import NamespaceSpec  # noqa: E402
-from statetier.launch import DaemonProcess  # noqa: E402
+from statetier.clients import Client
+from statetier.launch import DaemonProcess
+from statetier.protocol.errors import NamespaceMismatch
+from statetier.protocol.identity import NamespaceSpec
+from tests.support.deploy_files import DEPLOY, REPO, exported_metric_names, metric_names_in
+from tests.support.prometheus_proc import PROMETHEUS, PROMTOOL, SKIP_REASON, PrometheusServer
+from tests.support.waiting import wait_until
 
 SCRAPE_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
 KUBERNETES_SCRAPE_CONFIG = DEPLOY / "prometheus" / "prometheus-kubernetes.yml"
@@ -137,7 +134,7 @@ def stack(daemon: tuple[str, int], tmp_path_factory) -> Iterator[Stack]:
     with PrometheusServer(scrape_config_for(metrics_port), tmp_path_factory.mktemp("prometheus")) as prometheus:
         job = 'job="statetier"'
         # Scraped once before any traffic: every rejection reason is already there at 0.
-        wait_for(lambda: prometheus.value(f'statetier_rejections_total{{{job},reason="namespace"}}') == 0,
+        wait_until(lambda: prometheus.value(f'statetier_rejections_total{{{job},reason="namespace"}}') == 0,
                  "a first scrape of the idle daemon")
         load_bytes = drive_traffic(url, prometheus)
         yield Stack(prometheus, job, load_bytes)
@@ -161,7 +158,7 @@ def drive_traffic(url: str, prometheus: PrometheusServer) -> dict[str, int]:
             got = client.load(ref)
             assert torch.equal(got[ref.key.kind.name.lower()], tensors[ref.key.kind.name.lower()])
             loaded[ref.key.kind.name.lower()] += tensors[ref.key.kind.name.lower()].nbytes
-        wait_for(lambda: prometheus.value('sum(statetier_hits_total{job="statetier"})') == 5, "the first round scraped")
+        wait_until(lambda: prometheus.value('sum(statetier_hits_total{job="statetier"})') == 5, "the first round scraped")
         assert torch.equal(client.load(kv_refs[0].key)["kv"], pages[0]["kv"])  # by key: prefix reuse
         loaded["kv"] += pages[0]["kv"].nbytes
     with Client(url, namespace=consumer_ns) as consumer, pytest.raises(NamespaceMismatch):
@@ -172,7 +169,7 @@ def drive_traffic(url: str, prometheus: PrometheusServer) -> dict[str, int]:
 @needs_prometheus
 def test_the_series_arrive_with_the_values_of_the_traffic(stack: Stack) -> None:
     prom, job = stack.prometheus, stack.job
-    wait_for(lambda: prom.value(f'sum(statetier_rejections_total{{{job}}})') == 1, "the refused load scraped")
+    wait_until(lambda: prom.value(f'sum(statetier_rejections_total{{{job}}})') == 1, "the refused load scraped")
     assert prom.by_label(f'sum by (tier, kind) (statetier_operations_total{{{job},tier!="daemon",op="put"}})',
                          "tier", "kind") == {("host", "kv"): 3, ("host", "ssm"): 2}
     assert prom.by_label(f'sum by (tier, kind) (statetier_operations_total{{{job},tier!="daemon",op="load"}})',
@@ -189,7 +186,7 @@ def test_the_series_arrive_with_the_values_of_the_traffic(stack: Stack) -> None:
     assert prom.by_label(f'statetier_tier_capacity_bytes{{{job}}}', "tier") == {
         ("host",): HOST_CAPACITY, ("disk",): DISK_CAPACITY}
     assert prom.value(f'statetier_tier_objects{{{job},tier="host"}}') == 5
-    wait_for(lambda: prom.value(f'statetier_tier_objects{{{job},tier="disk"}}') == 5, "write-behind to disk")
+    wait_until(lambda: prom.value(f'statetier_tier_objects{{{job},tier="disk"}}') == 5, "write-behind to disk")
     assert prom.value(f'statetier_leases_expired_total{{{job},tier="host"}}') == 0
     assert prom.value(f'statetier_client_leases{{{job}}}') == 0
     # what STATS knew, exported too (issue 27 item 10)
@@ -211,7 +208,7 @@ def test_the_rejection_alert_fires_with_its_reason_and_nothing_else_does(stack: 
     def firing() -> dict[str, dict]:
         return {a["labels"]["alertname"]: a["labels"] for a in prom.api("alerts")["alerts"] if a["state"] == "firing"}
 
-    wait_for(lambda: "StatetierStateRejected" in firing(), "StatetierStateRejected firing", timeout=60)
+    wait_until(lambda: "StatetierStateRejected" in firing(), "StatetierStateRejected firing", timeout=60)
     alerts = firing()
     assert set(alerts) == {"StatetierStateRejected"}
     assert alerts["StatetierStateRejected"] == {"alertname": "StatetierStateRejected", "severity": "page",

@@ -29,19 +29,55 @@ import uuid
 
 import pytest
 
-from fault_harness import (ARCHS, K_EARLIER, NEW_TOKENS, PROMPT_LEN, Counters, ForwardCounter, changes, flip_disk_bit,
-                           flip_redis_bit, flip_site, forged_blob, is_in_redis, other_weights, overwrite_in_arena,
-                           payload_offset, prefilled, redis_blob, scenario, write_redis_blob, write_under_another_key)
+from examples.tiny_hybrids import greedy_decode, prompt
 from statetier.clients import Client, LayerGroup
-from statetier.clients.transformers import (SavedState, groups_of, lookup_state, namespace_for, put_items,
-                                            restore_cache, save_cache, ssm_tensors)
-from statetier.protocol.errors import (BadSignature, CorruptPayload, FingerprintMismatch, MisroutedState,
-                                       NamespaceMismatch, NotFound, PlacementMismatch, PositionMismatch, StaleState,
-                                       StatetierError)
+from statetier.clients.transformers import (
+    SavedState,
+    groups_of,
+    lookup_state,
+    namespace_for,
+    put_items,
+    restore_cache,
+    save_cache,
+    ssm_tensors,
+)
+from statetier.protocol.errors import (
+    BadSignature,
+    CorruptPayload,
+    FingerprintMismatch,
+    MisroutedState,
+    NamespaceMismatch,
+    NotFound,
+    PlacementMismatch,
+    PositionMismatch,
+    StaleState,
+    StatetierError,
+)
 from statetier.protocol.identity import Kind, prefix_hash
 from statetier.protocol.keyring import Keyring, SigningKey
 from statetier.protocol.sealed import Expectation, decode_header, open_sealed
-from tiny_hybrids import greedy_decode, prompt
+from tests.support.fault_harness import (
+    ARCHS,
+    K_EARLIER,
+    NEW_TOKENS,
+    PROMPT_LEN,
+    Counters,
+    ForwardCounter,
+    changes,
+    flip_disk_bit,
+    flip_redis_bit,
+    flip_site,
+    forged_blob,
+    is_in_redis,
+    other_weights,
+    overwrite_in_arena,
+    payload_offset,
+    prefilled,
+    redis_blob,
+    scenario,
+    write_redis_blob,
+    write_under_another_key,
+)
 
 RUN = uuid.uuid4().hex[:6]  # request ids of this run (the session's Redis outlives a module)
 

@@ -22,7 +22,9 @@ import uuid
 import pytest
 import torch
 
-from fault_harness import (
+from examples.tiny_hybrids import greedy_decode, reference_tokens
+from statetier.clients.transformers import apply_kv, apply_ssm, cache_plan, kv_tensors, new_cache, ssm_tensors
+from tests.support.fault_harness import (
     ARCHS,
     K_EARLIER,
     NEW_TOKENS,
@@ -32,8 +34,6 @@ from fault_harness import (
     prefilled,
     scenario,
 )
-from statetier.clients.transformers import apply_kv, apply_ssm, cache_plan, kv_tensors, new_cache, ssm_tensors
-from tiny_hybrids import greedy_decode, reference_tokens
 
 RUN = uuid.uuid4().hex[:6]
 

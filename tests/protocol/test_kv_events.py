@@ -9,17 +9,12 @@ tenant and the owned namespace, whatever the client's spec said.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import msgspec
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "daemon"))  # the schema's Structs
-
-import kv_event_schema as vllm  # noqa: E402
-from statetier.protocol.errors import InvalidRequest  # noqa: E402
-from statetier.protocol.kv_events import (  # noqa: E402
+from statetier.protocol.errors import InvalidRequest
+from statetier.protocol.identity import NamespaceSpec
+from statetier.protocol.kv_events import (
     MAX_TAG_HASH_BYTES,
     MAX_TAG_TOKENS,
     AllBlocksCleared,
@@ -30,9 +25,9 @@ from statetier.protocol.kv_events import (  # noqa: E402
     encode_batch,
     event_topic,
 )
-from statetier.protocol.identity import NamespaceSpec  # noqa: E402
-from statetier.protocol.ownership import owned_namespace  # noqa: E402
-from statetier.protocol.wire_meta import Key, Origin, PutMeta, decode, encode  # noqa: E402
+from statetier.protocol.ownership import owned_namespace
+from statetier.protocol.wire_meta import Key, Origin, PutMeta, decode, encode
+from tests.support import kv_event_schema as vllm
 
 EVENTS = [BlockStored((b"\x01" * 32,), None, (5, 6, 7), 16, "CPU"),
           BlockStored((7,), 6, (), 16, "DISK", lora_id=3),

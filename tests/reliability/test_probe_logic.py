@@ -10,25 +10,19 @@
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 
+import chaos_report
+import probe_corruption
+import probe_fuzz
 import pytest
+from harness import ProbeResult
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "reliability"))
-sys.path.insert(0, str(REPO / "tests" / "tiers"))  # disk_crash_writer.py
-
-import chaos_report  # noqa: E402
-import probe_corruption  # noqa: E402
-import probe_fuzz  # noqa: E402
-from disk_crash_writer import KEYRING, load, make_object, object_id_for, store  # noqa: E402
-from harness import ProbeResult  # noqa: E402
-from statetier.protocol.errors import NotFound, ProtocolError, RejectedState  # noqa: E402
-from statetier.protocol.frames import PROTOCOL_VERSIONS, Frame, FrameDecoder, encode_frame_bytes, hello_frame  # noqa: E402
-from statetier.protocol.identity import Kind, StateKey, StateRef  # noqa: E402
-from statetier.protocol.messages import ref_to_wire  # noqa: E402
-from statetier.tiers.disk import DiskTier, DiskTierOptions  # noqa: E402
+from statetier.protocol.errors import NotFound, ProtocolError, RejectedState
+from statetier.protocol.frames import PROTOCOL_VERSIONS, Frame, FrameDecoder, encode_frame_bytes, hello_frame
+from statetier.protocol.identity import Kind, StateKey, StateRef
+from statetier.protocol.messages import ref_to_wire
+from statetier.tiers.disk import DiskTier, DiskTierOptions
+from tests.support.disk_crash_writer import KEYRING, load, make_object, object_id_for, store
 
 
 def result(**counts) -> ProbeResult:

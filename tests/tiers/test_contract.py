@@ -14,10 +14,7 @@ object (issue 21) comes back with its group key and every layer's regions.
 
 from __future__ import annotations
 
-import asyncio
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -28,9 +25,7 @@ from statetier.protocol.groups import LayerGroup, region_name, split_region_name
 from statetier.protocol.identity import Kind, Provenance, new_state_id
 from statetier.protocol.sealed import decode_header, seal_object
 from statetier.tiers.base import ObjectMeta
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling contract_fixtures.py
-from contract_fixtures import (  # noqa: F401  (fixtures are used by name)
+from tests.support.tier_contract import (  # noqa: F401  (fixtures are used by name)
     CAPACITY,
     KEYRING,
     NAMESPACE,
@@ -185,13 +180,13 @@ async def test_a_completed_lease_can_no_longer_read(tier):
     await assert_quiet(tier, 1, meta.size)
 
 
-async def test_an_expired_lease_fails_and_is_dropped(tier):
+async def test_an_expired_lease_fails_and_is_dropped(tier, clock):
     meta, blob = make_object()
     await store(tier, meta, blob)
     lease = await tier.prepare_load(meta.object_id, owner="slow", ttl=0.05)
     assert tier.stats().leases == 1
 
-    await asyncio.sleep(0.1)
+    clock.advance(0.1)
 
     with pytest.raises(LeaseError):
         await tier.read(lease)
@@ -239,13 +234,13 @@ async def test_deleting_a_leased_object_hides_it_and_frees_it_after_the_last_lea
     await assert_full_capacity_fits(tier)
 
 
-async def test_a_deleted_object_whose_lease_expired_is_freed(tier):
+async def test_a_deleted_object_whose_lease_expired_is_freed(tier, clock):
     meta, blob = make_object()
     await store(tier, meta, blob)
     lease = await tier.prepare_load(meta.object_id, owner="slow", ttl=0.05)
     assert await tier.delete(meta.object_id)
 
-    await asyncio.sleep(0.1)
+    clock.advance(0.1)
 
     try:
         with pytest.raises(LeaseError):

@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from pathlib import Path
 
 import pytest
 
 from statetier.tiers.redis import RedisTier
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling contract_fixtures.py
-from contract_fixtures import (  # noqa: F401  (fixtures are used by name)
+from tests.support.tier_contract import (  # noqa: F401  (fixtures are used by name)
     assert_full_capacity_fits,
     assert_invisible,
     assert_quiet,

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 import os
 import random
 from concurrent.futures import ThreadPoolExecutor
-
-from pathlib import Path
 
 import pytest
 
@@ -21,10 +18,13 @@ from statetier.protocol.keyring import dev_keyring  # noqa: E402
 from statetier.protocol.sealed import decode_header, open_sealed, seal_object  # noqa: E402
 from statetier.tiers.base import ObjectMeta  # noqa: E402
 from statetier.tiers.memory import DeviceTier, DeviceTierOptions  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).parent))
-from contract_fixtures import (  # noqa: E402
-    assert_cancelled_store_leaves_nothing, assert_invisible, assert_read_view_released, assert_visible, fragment, load,
+from tests.support.tier_contract import (  # noqa: E402
+    assert_cancelled_store_leaves_nothing,
+    assert_invisible,
+    assert_read_view_released,
+    assert_visible,
+    fragment,
+    load,
     store,
 )
 
@@ -131,14 +131,14 @@ async def test_evict_returns_least_recently_used_unleased_objects_with_their_byt
         await tier.complete_load(held)
 
 
-async def test_leases_expire_belong_to_owners_and_defer_deletes() -> None:
-    async with DeviceTier(DeviceTierOptions(1 * MIB, lease_ttl=0.05)) as tier:
+async def test_leases_expire_belong_to_owners_and_defer_deletes(clock) -> None:
+    async with DeviceTier(DeviceTierOptions(1 * MIB, lease_ttl=0.05, clock=clock)) as tier:
         meta, blob = sealed(30_000)
         await put(tier, meta, blob)
         short = await tier.prepare_load(meta.object_id, owner="a")
         mine = await tier.prepare_load(meta.object_id, owner="b", ttl=60)
         other = await tier.prepare_load(meta.object_id, owner="c", ttl=60)
-        await asyncio.sleep(0.1)
+        clock.advance(0.1)
         with pytest.raises(LeaseError):
             await tier.read(short)
         assert await tier.delete(meta.object_id)

@@ -13,34 +13,30 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import lmdb
 import pytest
 
 from statetier.protocol.errors import (
-    CapacityError, CorruptPayload, InternalError, InvalidRequest, LeaseError, NotFound, Unavailable,
+    CapacityError,
+    CorruptPayload,
+    InternalError,
+    InvalidRequest,
+    LeaseError,
+    NotFound,
+    Unavailable,
 )
 from statetier.tiers.crypto import AtRestCipher
 from statetier.tiers.disk import DiskTier, DiskTierOptions
 from statetier.tiers.disk.index import DiskIndex, IndexEntry, Location, Put
 from statetier.tiers.disk.jobs import translate_error
 from statetier.tiers.disk.segments import RECORD_HEADER_BYTES
+from tests.support.disk_crash_writer import KEYRING, load, make_object, object_id_for, store
+from tests.support.disk_files import objects, segment_files
+from tests.support.scripts import REPO, module_command
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling disk_crash_writer.py
-from disk_crash_writer import KEYRING, load, make_object, object_id_for, store  # noqa: E402
-
-WRITER = Path(__file__).with_name("disk_crash_writer.py")
-
-
-def objects(count: int, size: int | None = None, run: int = 0):
-    return [make_object(object_id_for(1, run, i), size) for i in range(count)]
-
-
-def segment_files(directory: Path) -> list[Path]:
-    return sorted((directory / "segments").glob("seg-*.dat"))
+WRITER = "tests.support.disk_crash_writer"
 
 
 # ---------------------------------------------------------------------------- lifecycle
@@ -286,7 +282,7 @@ async def test_the_at_rest_cipher_keeps_payload_bytes_off_the_disk(open_disk, tm
 
 async def test_a_full_filesystem_gives_a_clean_capacity_error_and_loses_nothing(open_disk, tmp_path):
     directory = tmp_path / "disk"
-    run = subprocess.run([sys.executable, str(WRITER), "fill", str(directory), str(1 << 20)],
+    run = subprocess.run(module_command(WRITER, "fill", directory, 1 << 20), cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()

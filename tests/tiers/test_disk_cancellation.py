@@ -9,18 +9,15 @@ cancelled at any point leave the tier sound; concurrent stores share one durable
 from __future__ import annotations
 
 import asyncio
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
 from statetier.tiers.disk.stores import BUFFERED_BYTES
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the siblings disk_crash_writer.py and test_disk.py
-from disk_crash_writer import load, store  # noqa: E402
-from test_disk import objects  # noqa: E402
+from tests.support.disk_crash_writer import load, store
+from tests.support.disk_files import objects
+from tests.support.waiting import eventually
 
 
 class GatedExecutor(ThreadPoolExecutor):
@@ -146,9 +143,9 @@ async def test_concurrent_stores_share_one_durable_index_commit(open_disk):
     stores = [asyncio.create_task(store(tier, meta, blob)) for meta, blob in batch]
     try:
         await executor.held.wait()
-        async with asyncio.timeout(30):  # every store is in the held batch or queued behind it
-            while tier.stats().extra["index_ops"] + tier.stats().extra["index_ops_waiting"] < 16:
-                await asyncio.sleep(0.005)
+        extra = lambda: tier.stats().extra  # noqa: E731
+        await eventually(lambda: extra()["index_ops"] + extra()["index_ops_waiting"] >= 16,
+                         "every store in the held batch or queued behind it", timeout=30)
     finally:
         executor.open()
     await asyncio.gather(*stores)

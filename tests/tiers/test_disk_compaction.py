@@ -10,18 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import random
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from statetier.protocol.errors import NotFound
 from statetier.protocol.sealed import open_sealed
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the siblings disk_crash_writer.py and test_disk.py
-from disk_crash_writer import KEYRING, load, make_object, object_id_for, store  # noqa: E402
-from test_disk import objects, segment_files  # noqa: E402
-
+from tests.support.disk_crash_writer import KEYRING, load, make_object, object_id_for, store
+from tests.support.disk_files import objects, segment_files
+from tests.support.waiting import eventually
 
 # ---------------------------------------------------------------------------- compaction
 
@@ -85,10 +81,8 @@ async def test_compaction_deletes_a_file_only_once_the_delete_that_emptied_it_is
 
     deleting = asyncio.create_task(tier.delete(batch[0][0].object_id))  # empties the first segment
     compacting = asyncio.create_task(tier.compact())
-    async with asyncio.timeout(30):
-        while not executor.held:
-            await asyncio.sleep(0.005)
-    await asyncio.sleep(0.1)
+    await eventually(lambda: executor.held, "the delete's commit held", timeout=30)
+    await asyncio.sleep(0.1)  # the behaviour: given time, compaction still keeps the file (no event says "did not")
 
     assert first_segment.exists() and not compacting.done()  # a restart could still need it
     executor.gate.set()
@@ -180,7 +174,7 @@ async def test_compaction_under_concurrent_transfers_never_serves_a_wrong_byte(o
     async def compactor() -> None:
         for _ in range(400):
             await tier.compact()
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(0.005)  # the workload's pace: churn and readers run between compactions
             stats = tier.stats()
             if stats.compactions_run >= 20 and stats.compactions_blocked > 0 and stats.extra["objects_moved"] > 20:
                 break

@@ -21,32 +21,30 @@ import asyncio
 import os
 import random
 import signal
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling disk_crash_writer.py
-from disk_crash_writer import crash_size, load, make_object, object_id_for, open_tier  # noqa: E402
+from statetier.tiers.disk.index import DiskIndex
+from statetier.tiers.disk.segments import list_segments
+from tests.support.disk_crash_writer import crash_size, load, make_object, object_id_for, open_tier
+from tests.support.scripts import REPO, module_command
 
-from statetier.tiers.disk.index import DiskIndex  # noqa: E402
-from statetier.tiers.disk.segments import list_segments  # noqa: E402
-
-WRITER = Path(__file__).with_name("disk_crash_writer.py")
+WRITER = "tests.support.disk_crash_writer"
 BUDGET_SECONDS = 40
 
 
 async def run_and_kill(directory: Path, seed: int, run: int, delay: float) -> tuple[int, int, list[bytes]]:
     """One writer life: start, let it work ``delay`` seconds, SIGKILL. Its complete lines."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(WRITER), "crash", str(directory), str(seed), str(run),
+        *module_command(WRITER, "crash", directory, seed, run), cwd=REPO,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         ready = await asyncio.wait_for(proc.stdout.readline(), 30)
         if not ready.startswith(b"READY "):
             raise AssertionError(f"writer did not start: {ready!r} {await proc.stderr.read()!r}")
-        await asyncio.sleep(delay)
+        await asyncio.sleep(delay)  # the behaviour under test: a kill at a random moment of its work
     finally:
         if proc.returncode is None:
             proc.send_signal(signal.SIGKILL)

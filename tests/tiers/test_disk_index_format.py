@@ -9,8 +9,7 @@ import struct
 
 from statetier.tiers.base import ObjectMeta
 from statetier.tiers.disk.index import IndexEntry, Location
-
-from disk_crash_writer import NAMESPACE, load, make_object, object_id_for, store
+from tests.support.disk_crash_writer import NAMESPACE, load, make_object, object_id_for, store
 
 
 def test_format_2_round_trips_namespace_and_tenant_and_format_1_still_reads() -> None:

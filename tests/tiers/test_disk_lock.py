@@ -18,10 +18,8 @@ import pytest
 
 from statetier.protocol.errors import ConfigError
 from statetier.tiers.disk import DiskTier, DiskTierOptions
-
 from statetier.tiers.disk.dirlock import DirectoryLock
-
-from disk_crash_writer import KEYRING, load, make_object, object_id_for, store
+from tests.support.disk_crash_writer import KEYRING, load, make_object, object_id_for, store
 
 
 async def test_a_second_tier_on_a_held_directory_is_refused_naming_the_holder(tmp_path, open_disk) -> None:

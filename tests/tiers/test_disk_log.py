@@ -12,20 +12,17 @@ from __future__ import annotations
 
 import functools
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 from statetier.tiers.disk import DiskTier
+from statetier.tiers.disk.body import RecordBody
 from statetier.tiers.disk.index import Delete, DiskIndex, IndexEntry, Location, Mark, Put
 from statetier.tiers.disk.log import decode_ops, encode_ops, encoded_len
-from statetier.tiers.disk.body import RecordBody
-from statetier.tiers.disk.records import RecordCodec
-from statetier.tiers.disk.segments import RECORD_HEADER_BYTES, SegmentFile
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling disk_crash_writer.py
-from disk_crash_writer import KEYRING, load, make_object, object_id_for, store  # noqa: E402
+from statetier.tiers.disk.segments import RECORD_HEADER_BYTES
+from tests.support.disk_crash_writer import KEYRING, load, make_object, object_id_for, store
+from tests.support.disk_files import flip_bit, segment_file
 
 NEVER = {"checkpoint_ops": 1 << 30, "checkpoint_seconds": 3600.0}  # only close checkpoints
 
@@ -153,25 +150,12 @@ def segment_holding(tmp_path: Path, object_id: bytes) -> Path:
     return segment
 
 
-def segment_file(segment: Path, keyring=KEYRING) -> SegmentFile:
-    """The segment file at ``segment``, its records authenticated under ``keyring``."""
-    return SegmentFile(segment.parent, int(segment.stem.split("-")[1]), RecordCodec(keyring))
-
-
 def records_of(segment: Path) -> list[tuple[int, object]]:
     file = segment_file(segment)
     try:
         return list(file.walk())
     finally:
         file.close()
-
-
-def flip_bit(path: Path, offset: int, bit: int = 0x10) -> None:
-    with open(path, "r+b") as handle:
-        handle.seek(offset)
-        byte = handle.read(1)
-        handle.seek(offset)
-        handle.write(bytes([byte[0] ^ bit]))
 
 
 async def stored_after_a_checkpoint(open_disk, tmp_path, count: int, run: int = 4, deleted: int | None = None):

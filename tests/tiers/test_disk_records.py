@@ -29,7 +29,6 @@ import logging
 import shutil
 import stat
 import struct
-import sys
 from pathlib import Path
 
 import pytest
@@ -41,10 +40,8 @@ from statetier.tiers.disk import DiskTier, DiskTierOptions
 from statetier.tiers.disk.index import Delete
 from statetier.tiers.disk.log import encode_ops, encoded_len
 from statetier.tiers.disk.records import RECORD_HEADER_BYTES
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling disk_crash_writer.py
-from disk_crash_writer import load, make_object, object_id_for, store  # noqa: E402
-from test_disk_log import flip_bit, segment_file  # noqa: E402
+from tests.support.disk_crash_writer import load, make_object, object_id_for, store
+from tests.support.disk_files import flip_bit, segment_file
 
 NEVER = {"checkpoint_ops": 1 << 30, "checkpoint_seconds": 3600.0, "segment_bytes": 1 << 20}
 FORGED_SEQ = 1_000_000  # newer than any checkpoint: a restart replays it if it believes it

@@ -6,31 +6,29 @@ from __future__ import annotations
 
 import asyncio
 import random
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
 from statetier.protocol.errors import CapacityError, InvalidRequest, LeaseError, NotFound
 from statetier.protocol.sealed import open_sealed
 from statetier.tiers.memory.host import HostTier, HostTierOptions
-
-sys.path.insert(0, str(Path(__file__).parent))
-from contract_fixtures import (  # noqa: E402
-    KEYRING, assert_cancelled_store_leaves_nothing, assert_invisible, assert_read_view_released, assert_visible, fragment,
-    load, make_object, store,
+from tests.support.host_tier import MIB, tier  # noqa: F401  (a fixture, used by name)
+from tests.support.tier_contract import (
+    KEYRING,
+    assert_cancelled_store_leaves_nothing,
+    assert_invisible,
+    assert_read_view_released,
+    assert_visible,
+    fragment,
+    load,
+    make_object,
+    store,
 )
 
-KIB, MIB = 1024, 1024 * 1024
+KIB = 1024
 put, read_bytes = store, load  # the shared store/load steps of the contract suite
-
-
-@pytest.fixture
-async def tier():
-    async with HostTier(HostTierOptions(4 * MIB, pin_memory=False)) as host:
-        yield host
 
 
 # ---------------------------------------------------------------------------- lifecycle
@@ -208,13 +206,13 @@ async def test_eviction_leaves_out_the_bytes_of_victims_a_lower_tier_already_hol
 # ---------------------------------------------------------------------------- leases
 
 
-async def test_an_expired_lease_cannot_read() -> None:
-    async with HostTier(HostTierOptions(1 * MIB, pin_memory=False, lease_ttl=0.05)) as tier:
+async def test_an_expired_lease_cannot_read(clock) -> None:
+    async with HostTier(HostTierOptions(1 * MIB, pin_memory=False, lease_ttl=0.05, clock=clock)) as tier:
         meta, blob = make_object(1000)
         await put(tier, meta, blob)
         lease = await tier.prepare_load(meta.object_id)
         fresh = await tier.prepare_load(meta.object_id, ttl=60)
-        await asyncio.sleep(0.1)
+        clock.advance(0.1)
         with pytest.raises(LeaseError):
             await tier.read(lease)
         assert bytes(await tier.read(fresh)) == blob
@@ -224,7 +222,7 @@ async def test_an_expired_lease_cannot_read() -> None:
         forgotten = await tier.prepare_load(meta.object_id, owner="gone")  # never completed
         assert await tier.delete(meta.object_id)
         assert tier.stats().bytes_used == meta.size  # still pinned by the forgotten lease
-        await asyncio.sleep(0.1)
+        clock.advance(0.1)
         assert tier.expire_leases() == 1
         stats = tier.stats()
         assert (stats.leases, stats.bytes_used, stats.extra["extent_bytes_allocated"]) == (0, 0, 0)

@@ -24,11 +24,8 @@ import pytest
 
 from statetier.protocol.errors import ConfigError
 from statetier.tiers.memory.host import HostTier, HostTierOptions, open_unlinked_shm
-
-sys.path.insert(0, str(Path(__file__).parent))  # the siblings contract_fixtures.py and test_host.py
-from contract_fixtures import load, make_object, store  # noqa: E402
-from test_host import MIB, tier  # noqa: E402,F401
-
+from tests.support.host_tier import MIB, tier  # noqa: F401  (a fixture, used by name)
+from tests.support.tier_contract import load, make_object, store
 
 _CHILD = """
 import hashlib, mmap, sys
@@ -82,7 +79,7 @@ async def main(directory):
     tier = HostTier(HostTierOptions(1 << 20, shm_dir=directory, pin_memory=False))
     await tier.start()
     print(os.readlink(f"/proc/self/fd/{tier.arena_fd}"), flush=True)
-    await asyncio.sleep(3600)  # until killed
+    await asyncio.sleep(3600)  # the behaviour: a live daemon holding the arena, until the test kills it
 
 asyncio.run(main(sys.argv[1]))
 """

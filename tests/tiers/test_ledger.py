@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from statetier.protocol.errors import LeaseError
 from statetier.protocol.identity import Kind
 from statetier.tiers.base import ObjectMeta
 from statetier.tiers.ledger import Ledger
@@ -63,3 +66,22 @@ def test_forget_all_leaves_an_empty_ledger_and_keeps_the_counters():
     ledger.forget_all()
     assert (len(ledger.index), ledger.stores, ledger.hidden, ledger.bytes_used) == (0, {}, {}, 0)
     assert (ledger.evictions, ledger.corrupt_dropped) == (2, 1)
+
+
+def test_leases_expire_on_the_ledgers_clock_and_only_on_it(clock):
+    ledger: Ledger[str] = Ledger("t", lease_ttl=30.0, clock=clock)
+    object_ = meta(1, 100)
+    default, short = ledger.leases.grant(object_, "a"), ledger.leases.grant(object_, "b", ttl=5.0)
+    assert (default.deadline, short.deadline) == (clock() + 30.0, clock() + 5.0)
+
+    clock.advance(5.0)  # a deadline is the last instant a lease still holds
+    assert ledger.leases.check(short) is short and ledger.leases.expire() == 0
+    clock.advance(0.5)
+    with pytest.raises(LeaseError):
+        ledger.leases.check(short)
+    assert ledger.leases.check(default) is default and ledger.leases.is_leased(object_.object_id)
+
+    clock.advance(25.0)
+    assert (ledger.leases.expire(), ledger.leases.expired_total, len(ledger.leases)) == (1, 2, 0)
+    assert not ledger.leases.is_leased(object_.object_id)
+

@@ -12,16 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 import time
-import uuid
-from pathlib import Path
 
 import pytest
-import redis
-import redis.cluster
 
-from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.errors import (
     BadSignature,
     CapacityError,
@@ -31,70 +25,12 @@ from statetier.protocol.errors import (
     NotFound,
     UnknownKey,
 )
-from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, new_state_id
-from statetier.protocol.keyring import Keyring, SigningKey, dev_keyring
-from statetier.protocol.sealed import decode_header, seal_object
-from statetier.tiers.base import ObjectMeta
+from statetier.protocol.keyring import Keyring, SigningKey
 from statetier.tiers.crypto import AtRestCipher
-from statetier.tiers.redis import RedisTier, RedisTierOptions
-from statetier.tiers.redis.layout import PENDING_CHUNK_TTL, Manifest, RedisKeys
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling contract_fixtures.py
-from contract_fixtures import assert_invisible, assert_visible, load, store  # noqa: E402
-
-KEYRING = dev_keyring()
-NAMESPACE = NamespaceSpec("redis-tier-test").namespace()
-
-
-def make_object(size: int, *, keyring: Keyring = KEYRING, layer: int = 0, request_id: str = "req") -> tuple[ObjectMeta, bytes]:
-    """A sealed KV page with ``size`` random payload bytes, and its metadata."""
-    key = StateKey(NAMESPACE, Kind.KV, layer, bytes(32), 0, 16)
-    blob = seal_object(key, Provenance(request_id, 0, "test", time.time_ns()),
-                       [(TensorSpec("kv", "uint8", (size,)), os.urandom(size))],
-                       keyring=keyring, state_id=new_state_id(), version=1)
-    return ObjectMeta.from_header(decode_header(blob)), blob
-
-
-def raw_client(url: str, is_cluster: bool):
-    return redis.cluster.RedisCluster.from_url(url) if is_cluster else redis.Redis.from_url(url)
-
-
-def object_keys(raw, prefix: str, object_id: bytes) -> list[bytes]:
-    return sorted(raw.scan_iter(match=f"{prefix}:{{{object_id.hex()}}}:*", count=1000))
-
-
-def keys_of(tier: RedisTier) -> RedisKeys:
-    return RedisKeys(tier.key_prefix)
-
-
-class Backend:
-    def __init__(self, url: str, is_cluster: bool) -> None:
-        self.url, self.is_cluster = url, is_cluster
-        self.raw = raw_client(url, is_cluster)
-
-
-@pytest.fixture(params=["single", "cluster"])
-def backend(request):
-    if request.param == "single":
-        found = Backend(request.getfixturevalue("redis_server").url, False)
-    else:
-        found = Backend(request.getfixturevalue("redis_cluster").url, True)
-    yield found
-    found.raw.close()
-
-
-@pytest.fixture
-def make_tier(started):
-    """``await make_tier(url, **options)`` → a started ``RedisTier`` under a prefix of its
-    own (the servers are shared), closed after the test."""
-    def make(url: str, **options):
-        options.setdefault("key_prefix", f"rt-{uuid.uuid4().hex[:16]}")
-        runtime = {name: options.pop(name) for name in ("keyring", "cipher", "executor") if name in options}
-        runtime.setdefault("keyring", KEYRING)
-        return started(RedisTier(RedisTierOptions(url, **options), **runtime))
-
-    return make
-
+from statetier.tiers.redis.layout import PENDING_CHUNK_TTL, Manifest
+from tests.support.redis_tier import KEYRING, keys_of, make_object, object_keys
+from tests.support.tier_contract import assert_invisible, assert_visible, load, store
+from tests.support.waiting import eventually
 
 # -- lifecycle and visibility -----------------------------------------------------------
 
@@ -232,12 +168,12 @@ async def test_leases_pin_reads_and_delete_under_a_lease_hides_at_once(backend, 
     assert await tier.delete(other.object_id) is False
 
 
-async def test_an_expired_lease_cannot_read(backend, make_tier) -> None:
-    tier = await make_tier(backend.url)
+async def test_an_expired_lease_cannot_read(backend, make_tier, clock) -> None:
+    tier = await make_tier(backend.url, clock=clock)
     meta, blob = make_object(1000)
     await store(tier, meta, blob)
     lease = await tier.prepare_load(meta.object_id, ttl=0.05)
-    await asyncio.sleep(0.1)
+    clock.advance(0.1)
     with pytest.raises(LeaseError):
         await tier.read(lease)
 
@@ -343,9 +279,15 @@ async def test_objects_expire_with_their_ttl(backend, make_tier) -> None:
     tier = await make_tier(backend.url, ttl_seconds=1, capacity_bytes=1 << 20)
     meta, blob = make_object(1000)
     await store(tier, meta, blob)
-    assert backend.raw.ttl(keys_of(tier).manifest(meta.object_id)) in (0, 1)
+    # Redis expires on its own clock, which a test cannot drive: the servers are local processes
+    # on this machine's clock, and every key and budget entry of the object got its 1 s TTL before
+    # now (on a cluster they live on different nodes, stamped at different moments of the store).
+    expired_by = time.time() + 1 + 0.001
+    manifest = keys_of(tier).manifest(meta.object_id)
+    assert backend.raw.ttl(manifest) in (0, 1)
     assert tier.stats().objects == 1
-    await asyncio.sleep(2.2)
+    await eventually(lambda: time.time() > expired_by and not backend.raw.exists(manifest),
+                     "the object's TTL passed and Redis expired its manifest", timeout=10)
 
     with pytest.raises(NotFound):
         await tier.prepare_load(meta.object_id)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -20,10 +18,8 @@ from statetier.launch.redis_servers import RedisServer, TlsFiles
 from statetier.protocol.errors import ConfigError, Forbidden, Unauthorized
 from statetier.tiers.redis import RedisTier, RedisTierOptions
 from statetier.tiers.redis.connect import redact, take_cluster_option
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the siblings test_redis.py and contract_fixtures.py
-from contract_fixtures import load, store  # noqa: E402
-from test_redis import KEYRING, make_object, make_tier  # noqa: E402,F401
+from tests.support.redis_tier import KEYRING, make_object  # noqa: F401  (fixtures are used by name)
+from tests.support.tier_contract import load, store
 
 
 async def test_the_url_can_state_the_deployment(redis_server, make_tier) -> None:

@@ -13,9 +13,7 @@ duplicate. A full connection pool waits, in bounded time, for a free one.
 from __future__ import annotations
 
 import asyncio
-import sys
 import uuid
-from pathlib import Path
 
 import pytest
 import redis.asyncio.connection
@@ -28,9 +26,8 @@ from statetier.tiers.redis.layout import RedisKeys
 from statetier.tiers.redis.registry import RedisVersionRegistry
 from statetier.tiers.redis.scripts import Scripts
 from statetier.tiers.registry import StreamHead
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the helpers of the sibling test_redis.py
-from test_redis import backend, keys_of, load, make_object, make_tier, object_keys, store  # noqa: E402,F401
+from tests.support.redis_tier import keys_of, make_object, object_keys  # noqa: F401  (fixtures are used by name)
+from tests.support.tier_contract import load, store  # noqa: F401  (fixtures are used by name)
 
 
 async def test_an_object_another_node_stored_is_refused_at_commit_and_stays_whole(backend, make_tier) -> None:

@@ -1,13 +1,13 @@
 """Opt-in, with vLLM (``.venv-vllm``): vLLM's own KV event stream carries the connector's events
 for a saved prompt (issue 26).
 
-    .venv-vllm/bin/python tests/vllm_e2e/events_e2e.py
+    .venv-vllm/bin/python -m tests.vllm_e2e.events_e2e    (from the checkout's root)
 
 A statetier daemon (subprocess, ``[events]`` on) and, in this process, one vLLM engine (CPU)
 serving the tiny Llama of ``tiny_models.py`` with the statetier connector as producer
 (``events_endpoint``: the daemon's stream) and vLLM's KV events on (ZMQ, prefix caching on, so
 vLLM announces its own GPU blocks too). A SUB socket on vLLM's stream, decoded with the Structs
-written from vLLM's schema (``tests/daemon/kv_event_schema.py``), must see, for the prompt's
+written from vLLM's schema (``tests/support/kv_event_schema.py``), must see, for the prompt's
 two full blocks of 128 tokens: vLLM's ``GPU`` ``BlockStored`` and the connector's ``CPU`` (host
 arena) and ``DISK`` (write-behind) ones, under the same block hashes, parents and tokens.
 Exit status 0 when it does, 1 otherwise.
@@ -23,15 +23,11 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "daemon"))
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # before vLLM is imported (in main)
 
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-
-from kv_event_schema import BlockStored, Subscriber  # noqa: E402
 from statetier.launch.daemons import DaemonProcess  # noqa: E402
-from tiny_models import VOCAB, write_llama  # noqa: E402
+from tests.support.kv_event_schema import BlockStored, Subscriber  # noqa: E402
+from tests.vllm_e2e.tiny_models import VOCAB, write_llama  # noqa: E402
 
 BLOCK = 128
 PROMPT_TOKENS = 2 * BLOCK + 32

@@ -58,12 +58,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "daemon"))
+from statetier.launch.daemons import DaemonProcess
+from tests.vllm_e2e.tiny_models import VOCAB, write_granite_hybrid, write_llama
 
-from statetier.launch.daemons import DaemonProcess  # noqa: E402
-from tiny_models import VOCAB, write_granite_hybrid, write_llama  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 PROMPT_TOKENS = 288     # two full blocks of 128 and a partial third
 RESTORED = 256

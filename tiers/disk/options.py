@@ -2,18 +2,20 @@
 
 - ``DiskTierOptions(directory, capacity_bytes, …)`` — a frozen value, checked when made
   (``ConfigError``): the directory, the live bytes it may hold, segment size, watermarks,
-  compaction threshold, lease TTL, fsync, checkpoint cadence, the most bytes one eviction
-  reads; ``free_space_reserve`` is derived (2 segments, between 1 and 64 MiB).
+  compaction threshold, lease TTL (on ``clock``), fsync, checkpoint cadence, the most bytes
+  one eviction reads; ``free_space_reserve`` is derived (2 segments, between 1 and 64 MiB).
 - ``EVICTION_BATCH_BYTES`` — the default of ``eviction_batch_bytes``.
 """
 
 from __future__ import annotations
 
-from dataclasses import KW_ONLY, dataclass
+import time
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 
 from statetier.protocol.errors import ConfigError
 
+from ..base import Clock
 from .records import RECORD_HEADER_BYTES
 
 # One eviction reads its victims into memory (to hand them to the tier below): it takes at
@@ -39,6 +41,7 @@ class DiskTierOptions:
     checkpoint_ops: int = 4096
     checkpoint_seconds: float = 2.0
     eviction_batch_bytes: int = EVICTION_BATCH_BYTES
+    clock: Clock = field(default=time.monotonic, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.capacity_bytes <= 0 or self.segment_bytes <= RECORD_HEADER_BYTES:

@@ -66,7 +66,7 @@ class DiskTier(IndexedTier):
                  executor: Executor | None = None) -> None:
         self.options = options
         self.capacity = options.capacity_bytes
-        self._ledger: Ledger[Location] = Ledger(options.name, options.lease_ttl)
+        self._ledger: Ledger[Location] = Ledger(options.name, options.lease_ttl, options.clock)
         self._volume = DiskVolume(options, RecordBody(keyring, cipher), executor)
         self._removal = DiskRemoval(self._ledger, self._volume)
         self._loads = DiskLoads(self._ledger, self._volume, self._removal)

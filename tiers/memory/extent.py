@@ -1,7 +1,7 @@
 """An extent tier: objects in extents of one preallocated region (the host arena, the device pool).
 
-- ``ExtentTierOptions`` — capacity, watermarks, lease TTL, granularity, the inline copy
-  size, name; ``HostTierOptions`` and ``DeviceTierOptions`` extend it.
+- ``ExtentTierOptions`` — capacity, watermarks, lease TTL and the clock leases run on,
+  granularity, the inline copy size, name; ``HostTierOptions`` and ``DeviceTierOptions`` extend it.
 - ``ExtentTier(config, medium, executor, offers_store_view)`` — a ``ComposedTier``
   (``tiers.composed``) over one ``Ledger`` (``tiers.ledger``) and one ``ExtentRegion``
   (``tiers.memory.region``), of parts that each receive both: ``ExtentStores`` (reservations counted against
@@ -21,12 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Coroutine
 from concurrent.futures import Executor
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from statetier.protocol.errors import ConfigError
 
-from ..base import Buffer, EvictedObject, Lease, TierStats
+from ..base import Buffer, Clock, EvictedObject, Lease, TierStats
 from ..composed import IndexedTier
 from ..ledger import Ledger
 from .compaction import ExtentCompaction
@@ -52,6 +53,7 @@ class ExtentTierOptions:
     granularity: int = 4096
     inline_copy_bytes: int = DEFAULT_INLINE_COPY_BYTES
     name: str = "extent"
+    clock: Clock = field(default=time.monotonic, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.capacity_bytes < self.granularity:
@@ -70,7 +72,7 @@ class ExtentTier(IndexedTier):
                  offers_store_view: bool) -> None:
         self.capacity = config.capacity_bytes
         self.config = config
-        self._ledger: Ledger[ObjectExtent] = Ledger(config.name, config.lease_ttl)
+        self._ledger: Ledger[ObjectExtent] = Ledger(config.name, config.lease_ttl, config.clock)
         self._region = ExtentRegion(medium, config.name, config.capacity_bytes, config.granularity,
                                     config.inline_copy_bytes, executor)
         self._loads = ExtentLoads(self._ledger, self._region)

@@ -13,8 +13,6 @@ leased keeps its extent until its last lease ends (``Ledger.reap``).
 
 from __future__ import annotations
 
-import time
-
 from statetier.protocol.errors import InternalError, InvalidRequest, LeaseError, NotFound
 
 from ..base import Buffer, Lease
@@ -78,7 +76,7 @@ class ExtentLoads:
 
         ``evict`` and ``compact`` call it first; a lease is also refused on use once late.
         """
-        now = time.monotonic()
+        now = self._ledger.leases.now()
         stale = [state.lease for state in self._states.values() if state.lease.deadline < now]
         for lease in stale:
             self._ledger.leases.expired_total += 1

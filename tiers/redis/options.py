@@ -3,15 +3,17 @@
 - ``RedisTierOptions(url, …)`` — a frozen value, checked when made (``ConfigError``): the
   server (``cluster=None`` detects a Cluster at start), the key prefix every node sharing
   objects uses, chunk size, TTL (None: no expiry), the byte budget (None: none) and its
-  watermarks, lease TTL, socket timeout and retries.
+  watermarks, lease TTL (on ``clock``), socket timeout and retries.
 """
 
 from __future__ import annotations
 
-from dataclasses import KW_ONLY, dataclass
+import time
+from dataclasses import KW_ONLY, dataclass, field
 
 from statetier.protocol.errors import ConfigError
 
+from ..base import Clock
 from .layout import CHUNK_BYTES
 
 
@@ -32,6 +34,7 @@ class RedisTierOptions:
     socket_timeout: float = 5.0
     retries: int = 3
     name: str = "redis"
+    clock: Clock = field(default=time.monotonic, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.chunk_bytes < 1:

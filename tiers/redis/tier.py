@@ -56,7 +56,7 @@ class RedisTier(ComposedTier):
                  executor: concurrent.futures.Executor | None = None) -> None:
         self.options = options
         self.key_prefix = options.key_prefix
-        self._ledger: Ledger[Manifest] = Ledger(options.name, options.lease_ttl)
+        self._ledger: Ledger[Manifest] = Ledger(options.name, options.lease_ttl, options.clock)
         self._medium = RedisMedium(options, keyring, cipher, executor)
         self._removal = RedisRemoval(self._ledger, self._medium)
         self._stores = RedisStores(self._ledger, self._medium, self._removal)

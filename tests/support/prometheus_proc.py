@@ -6,8 +6,6 @@
   runs ``prometheus`` on ``127.0.0.1:<free port>`` and waits for ``/-/ready``; ``stop()``
   sends SIGTERM to that pid (SIGKILL after a bounded wait). A context manager too.
   ``query(expr)`` → the ``result`` list of ``/api/v1/query``; ``api(path)`` → ``data``.
-- ``wait_for(probe, what, timeout)`` — calls ``probe()`` until it returns something truthy,
-  at most ``timeout`` seconds; the assertion names ``what`` and the last value seen.
 
 Never the system service: no port 9090, no /var/lib/prometheus.
 """
@@ -17,31 +15,19 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 
 from statetier.launch.processes import free_port, stop_process
+from tests.support.waiting import wait_until
 
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
 SKIP_REASON = ("prometheus/promtool not installed: run `bash scripts/ensure_prometheus.sh` "
                "(installs Debian's prometheus package where apt-get is usable)")
-
-
-def wait_for(probe: Callable[[], object], what: str, timeout: float = 60.0, pause: float = 0.25):
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(pause)
-    raise AssertionError(f"{what}: not within {timeout:g} s (last seen: {last!r})")
 
 
 class PrometheusServer:
@@ -67,7 +53,7 @@ class PrometheusServer:
              f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
             stdout=self._log, stderr=subprocess.STDOUT, cwd=self.workdir,
         )
-        wait_for(self._is_ready, "prometheus /-/ready", timeout=60)
+        wait_until(self._is_ready, "prometheus /-/ready", timeout=60, interval=0.25)
 
     def _is_ready(self) -> bool:
         if self.proc.poll() is not None:

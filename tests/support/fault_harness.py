@@ -29,24 +29,18 @@ from __future__ import annotations
 
 import functools
 import struct
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-for _extra in (REPO / "examples", REPO / "tests" / "daemon"):
-    if str(_extra) not in sys.path:
-        sys.path.insert(0, str(_extra))
-
-from daemon_procs import arena_copy  # noqa: E402
-from statetier.clients.transformers import CachePlan, cache_plan  # noqa: E402
-from statetier.protocol.groups import region_name  # noqa: E402
-from statetier.protocol.keyring import Keyring  # noqa: E402
-from statetier.protocol.sealed import decode_header, layout_payload, seal  # noqa: E402
-from statetier.tiers.redis.layout import Manifest, RedisKeys  # noqa: E402
-from tiny_hybrids import build_model, prefill, prompt, reference_tokens  # noqa: E402
+from examples.tiny_hybrids import build_model, prefill, prompt, reference_tokens
+from statetier.clients.transformers import CachePlan, cache_plan
+from statetier.protocol.groups import region_name
+from statetier.protocol.keyring import Keyring
+from statetier.protocol.sealed import decode_header, layout_payload, seal
+from statetier.tiers.redis.layout import Manifest, RedisKeys
+from tests.support.daemons import arena_copy
 
 ARCHS = ("jamba", "bamba", "zamba2", "qwen3_next", "mamba2")
 PROMPT_LEN = 20

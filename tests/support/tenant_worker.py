@@ -1,4 +1,4 @@
-"""A worker of one tenant, as a uid of its own: ``python tenant_worker.py JOB JSON``.
+"""A worker of one tenant, as a uid of its own: ``python -m tests.support.tenant_worker JOB JSON``.
 
 Started as root by the ownership and isolation tests, it imports everything it will use,
 then drops to the uid, gid and supplementary groups ``JSON`` names (fork + setuid, the way a
@@ -36,9 +36,6 @@ import mmap  # noqa: F401 - the SDK maps its windows after the privileges are dr
 import os
 import sys
 from pathlib import Path
-
-if __name__ == "__main__":  # run as a script from anywhere: find the checkout
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch
 
@@ -88,7 +85,7 @@ async def put(job: dict) -> None:
                           "uses_shm": client.uses_shm}), flush=True)
         if job.get("hold_seconds"):
             print(json.dumps({"holding": True}), flush=True)
-            await asyncio.sleep(job["hold_seconds"])
+            await asyncio.sleep(job["hold_seconds"])  # the behaviour: a live connection, until the test kills it
 
 
 async def outcome(call) -> str:

@@ -2,7 +2,8 @@
 stack to import: the same buffers, layouts and ``get_page_buffer_meta`` pointer arithmetic
 as ``MHATokenToKVPoolHost`` and ``MambaPoolHost`` in sglang 0.5.23, page-first layout; and
 the fields of SGLang's config, extra-info and transfer values the backend reads, plus
-``chain(seed, pages)``, SGLang's page keys. Used by the tests and ``benchmarks/workload_sglang``.
+``chain(seed, pages)``, SGLang's page keys; ``PAGE`` tokens a page, ``slots(first, pages)``
+the token slots of ``pages`` pages. Used by the tests and ``benchmarks/workload_sglang``.
 """
 
 from __future__ import annotations
@@ -168,3 +169,10 @@ class MambaPoolHost:
 
     def slot(self, slot: int) -> list[torch.Tensor]:
         return [self.temporal_buffer[slot].clone()] + [buf[slot].clone() for buf in self.conv_buffer]
+
+
+PAGE = 16
+
+
+def slots(first_slot: int, pages: int, page_size: int = PAGE) -> torch.Tensor:
+    return torch.arange(first_slot, first_slot + pages * page_size, dtype=torch.int64)

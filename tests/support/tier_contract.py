@@ -2,7 +2,8 @@
 
 - ``TIER_KINDS``       — ``host``, ``device-cpu``, ``disk``, ``redis``, ``redis-cluster``.
 - ``tier`` (fixture)   — one started tier of each kind, with room for ``SLOTS`` test objects
-                         (``CAPACITY`` bytes, ``capacity_bytes`` set on Redis too), closed after.
+                         (``CAPACITY`` bytes, ``capacity_bytes`` set on Redis too), its leases on
+                         the test's ``clock`` (tests/conftest.py), closed after.
                          Redis tiers get a fresh ``key_prefix`` and their keys are deleted after.
 - ``executor`` (fixture) — the one-thread executor the tier runs its blocking work in;
                          ``settle(executor)`` waits until every job queued before now has ended.
@@ -45,9 +46,8 @@ from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKe
 from statetier.protocol.keyring import Keyring
 from statetier.protocol.sealed import decode_header, open_sealed, seal_object
 from statetier.tiers.base import Lease, ObjectMeta, Tier
-from statetier.tiers.memory import DeviceTier, DeviceTierOptions
 from statetier.tiers.disk import DiskTier, DiskTierOptions
-from statetier.tiers.memory import HostTier, HostTierOptions
+from statetier.tiers.memory import DeviceTier, DeviceTierOptions, HostTier, HostTierOptions
 from statetier.tiers.redis import RedisTier, RedisTierOptions
 
 TIER_KINDS = ["host", "device-cpu", "disk", "redis", "redis-cluster"]
@@ -201,7 +201,7 @@ async def store_then_cancel(tier: Tier, meta: ObjectMeta, blob: bytes, where: st
     await reached.wait()
     await asyncio.sleep(0)  # let the task reach its next await
     if where == "write_copying":
-        await asyncio.sleep(0.002)
+        await asyncio.sleep(0.002)  # the behaviour: a cancel landing 2 ms into the copy
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -259,28 +259,28 @@ def _drop_keys(url: str, is_cluster: bool, prefix: str) -> None:
         client.close()
 
 
-def _build(kind: str, request, tmp_path, executor) -> tuple[Tier, object]:
+def _build(kind: str, request, tmp_path, executor, clock) -> tuple[Tier, object]:
     """The tier, and a cleanup to run after it is closed (or ``None``)."""
     if kind == "host":
-        return HostTier(HostTierOptions(CAPACITY, pin_memory=False, inline_copy_bytes=INLINE_COPY_BYTES),
+        return HostTier(HostTierOptions(CAPACITY, pin_memory=False, inline_copy_bytes=INLINE_COPY_BYTES, clock=clock),
             executor=executor), None
     if kind == "device-cpu":
-        return DeviceTier(DeviceTierOptions(CAPACITY, device="cpu", inline_copy_bytes=INLINE_COPY_BYTES),
+        return DeviceTier(DeviceTierOptions(CAPACITY, device="cpu", inline_copy_bytes=INLINE_COPY_BYTES, clock=clock),
             executor=executor), None
     if kind == "disk":
-        return DiskTier(DiskTierOptions(tmp_path / "disk", CAPACITY, segment_bytes=1 << 20),
+        return DiskTier(DiskTierOptions(tmp_path / "disk", CAPACITY, segment_bytes=1 << 20, clock=clock),
             keyring=KEYRING, executor=executor), None
     is_cluster = kind == "redis-cluster"
     url = request.getfixturevalue("redis_cluster" if is_cluster else "redis_server").url
     prefix = f"contract-{uuid.uuid4().hex}"
-    tier = RedisTier(RedisTierOptions(url, cluster=is_cluster, key_prefix=prefix, capacity_bytes=CAPACITY),
-        keyring=KEYRING, executor=executor)
+    tier = RedisTier(RedisTierOptions(url, cluster=is_cluster, key_prefix=prefix, capacity_bytes=CAPACITY,
+                                      clock=clock), keyring=KEYRING, executor=executor)
     return tier, lambda: _drop_keys(url, is_cluster, prefix)
 
 
 @pytest.fixture(params=TIER_KINDS)
-async def tier(request, tmp_path, executor):
-    built, cleanup = _build(request.param, request, tmp_path, executor)
+async def tier(request, tmp_path, executor, clock):
+    built, cleanup = _build(request.param, request, tmp_path, executor, clock)
     await built.start()
     try:
         yield built

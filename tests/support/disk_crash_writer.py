@@ -6,14 +6,15 @@
 - ``crash_size(object_id)`` — the size the crash writer gives it: mostly small objects
   (buffered, written by the commit), one in eight past ``BUFFERED_BYTES`` (written by
   ``write`` itself, in a segment of its own).
-- ``python disk_crash_writer.py crash DIR SEED RUN`` — opens the tier (checkpointing the
-  index after every op, every few ops, or never: chosen per run), prints ``READY
-  <entries dropped by recovery> <objects re-indexed from the log>``, then stores objects
+- ``python -m tests.support.disk_crash_writer crash DIR SEED RUN`` (from the checkout's
+  root) — opens the tier (checkpointing the index after every op, every few ops, or never:
+  chosen per run), prints ``READY <entries dropped by recovery> <objects re-indexed from
+  the log>``, then stores objects
   from three concurrent writers forever, deleting and compacting now and then. It prints
   (flushed) ``S <id>`` right after ``complete_store`` returns, ``d <id>`` before a
   ``delete`` and ``D <id>`` right after it returns, until the test kills it with SIGKILL.
-- ``python disk_crash_writer.py fill DIR LIMIT`` — caps its file size at LIMIT bytes
-  (RLIMIT_FSIZE, SIGXFSZ ignored) and stores until the tier says ``CapacityError``, then
+- ``python -m tests.support.disk_crash_writer fill DIR LIMIT`` — caps its file size at
+  LIMIT bytes (RLIMIT_FSIZE, SIGXFSZ ignored) and stores until the tier says ``CapacityError``, then
   checks in-process that nothing broke: prints ``S <id>`` per stored object,
   ``FULL <id> <error class>`` for the refused one, ``DELETED <id> <log fallbacks>`` once
   it deleted the first object (a delete must work on a full disk), ``OK`` when every other
@@ -26,10 +27,6 @@ import asyncio
 import hashlib
 import random
 import sys
-from pathlib import Path
-
-if __name__ == "__main__":  # run as a script from anywhere: find the checkout
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.errors import CapacityError

@@ -8,7 +8,6 @@
 - ``put_meta(...)`` — the ``PutMeta`` of a valid PUT, and its payload length; ``load_meta``
   — a LOAD by ref or key; ``answer(frame, cls)`` — a hot op's binary reply, decoded.
 - ``metric(metrics, name, **labels)`` — one sample of a scrape.
-- ``eventually(predicate)`` — waits (bounded) until a server-side effect is visible.
 """
 
 from __future__ import annotations
@@ -177,12 +176,3 @@ def metric(metrics: Metrics, name: str, **labels: str) -> float:
             if sample.name == name and sample.labels == labels:
                 return sample.value
     return 0.0
-
-
-async def eventually(predicate, timeout: float = 10.0) -> None:
-    """Wait until ``predicate()`` holds: for effects a reply cannot order (cleanup tasks)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        assert loop.time() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
