@@ -18,10 +18,6 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .digests import Bytes  # digests imports this module: for the checker only
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +56,7 @@ class Passes:
 PASSES = Passes()
 
 
-def copy_into(dest: memoryview, source: Bytes) -> None:
+def copy_into(dest: memoryview, source: bytes | bytearray | memoryview) -> None:
     """``dest[:] = source`` (the same size), counted as one copy of its bytes."""
     dest[:] = source
     PASSES.count_copied(dest.nbytes)
