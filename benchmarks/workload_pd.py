@@ -105,7 +105,8 @@ class _Handoff:
         self.refs = []
 
 
-async def _measure_case(prefill, decode, redis_url: str, model: Model, tokens: int, reps: int, progress) -> list[dict]:
+async def _measure_case(prefill, decode, redis_url: str, model: Model, tokens: int, reps: int,
+                        progress) -> tuple[list[dict], dict[str, PassCount]]:
     state = request_state(model, tokens, seed=tokens)
     views = byte_views(state.tensors())
     memory, red, best = MemoryRaw(views), RedisRaw(redis_url), RedisRaw(redis_url, BEST_CONNECTIONS)

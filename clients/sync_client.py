@@ -93,6 +93,7 @@ class Client:
             return refusing
         self._is_closed = True
         loop, client = self._loop, self._client
+        assert loop is not None  # made with the thread, in _start_loop
 
         async def wind_down() -> None:
             try:
@@ -171,6 +172,7 @@ class Client:
                 raise ClientClosedError("the statetier client is closed")
             return await getattr(client, name)(*args, **kwargs)
 
+        assert self._loop is not None  # _start_loop made it above
         return asyncio.run_coroutine_threadsafe(call(), self._loop)
 
     async def _connected_on_loop(self) -> None:

@@ -186,8 +186,9 @@ class Transfers:
     def _layout_of(self, pairs: Sequence[tuple[str, torch.Tensor]]) -> tuple:
         """The payload layout and wire specs of a put's tensors, built once per distinct
         (name, dtype, shape) list: a batch's items, and an engine's pages, repeat one."""
+        key: tuple | None
         try:
-            key: tuple | None = tuple((name, tensor.dtype, tensor.shape) for name, tensor in pairs)
+            key = tuple((name, tensor.dtype, tensor.shape) for name, tensor in pairs)
             found = self._layouts.get(key)
         except (AttributeError, TypeError):  # not a tensor, or a name that is no str: spec_of says why
             key, found = None, None

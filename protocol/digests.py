@@ -23,12 +23,9 @@ from __future__ import annotations
 
 import enum
 import struct
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import Protocol, Sequence
 
 import blake3
-
-if TYPE_CHECKING:
-    import xxhash
 
 from .passes import PASSES
 from .thresholds import PARALLEL_HASH_BYTES

@@ -8,8 +8,8 @@
 Who uses it: the version registry's heads and streams (``tiers.registry``), the Redis tier's
 objects seen stored and manifests a lookup fetched, ``VerifiedHeaders`` (``protocol.sealed``),
 the engine's state_id → stream and stream → newest version seen (``daemon.engine.fencing``)
-and the client's parsed headers (``protocol.sealed.ParsedHeaders``). Safe to share between the event loop and executor threads:
-each call holds a lock for a few dictionary operations.
+and the client's parsed headers (``protocol.sealed.ParsedHeaders``). Safe to share between the event loop
+and executor threads: each call holds a lock for a few dictionary operations.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ class Passes:
 PASSES = Passes()
 
 
-def copy_into(dest: memoryview, source) -> None:
+def copy_into(dest: memoryview, source: bytes | bytearray | memoryview) -> None:
     """``dest[:] = source`` (the same size), counted as one copy of its bytes."""
     dest[:] = source
     PASSES.count_copied(dest.nbytes)

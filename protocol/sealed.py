@@ -282,7 +282,7 @@ class ParsedHeaders:
     def __len__(self) -> int:
         return len(self._headers)
 
-    def parse(self, header_bytes) -> SealedHeader:
+    def parse(self, header_bytes: Bytes) -> SealedHeader:
         key = bytes(header_bytes)
         header = self._headers.get(key)
         if header is None:
@@ -293,8 +293,8 @@ class ParsedHeaders:
 
 __all__ = [
     "ALIGN", "DigestAlg", "Expectation", "FORMAT_VERSION", "MAGIC", "Opened", "PREFIX_BYTES", "ParsedHeaders",
-    "PayloadLayout", "SealedHeader", "TensorDescriptor", "VerifiedHeaders", "check_payload", "check_payload_digest", "decode_header",
-    "hash_chunk", "header_length", "layout_payload", "open_sealed", "parse_header", "payload_digest_of",
-    "region_hasher", "seal",
+    "PayloadLayout", "SealedHeader", "TensorDescriptor", "VerifiedHeaders", "check_payload", "check_payload_digest",
+    "decode_header", "hash_chunk", "header_length", "layout_payload", "open_sealed", "parse_header",
+    "payload_digest_of", "region_hasher", "seal",
     "seal_object", "verify_payload_only",
 ]

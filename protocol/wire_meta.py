@@ -282,7 +282,7 @@ def wire_ref(ref: StateRef) -> Ref:
 
 
 _SPECS_KEPT = 1024
-_SPECS: dict[tuple, tuple[TensorSpec, ...]] = {}  # wire specs -> the checked specs (frozen values)
+_SPECS: dict[tuple[object, ...], tuple[TensorSpec, ...]] = {}  # wire specs -> the checked specs (frozen values)
 
 
 def specs_of(items: tuple[Spec, ...]) -> tuple[TensorSpec, ...]:

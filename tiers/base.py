@@ -223,6 +223,11 @@ class Tier(abc.ABC):
         ``reads_in_place`` has it."""
         raise NotImplementedError(f"the {self.name} tier does not read in place")
 
+    async def read_into_unhashed(self, lease: Lease, dest: memoryview) -> object:
+        """``read_into`` without the pass over the payload, as ``read_unhashed``: only a
+        tier that ``reads_in_place`` has it."""
+        raise NotImplementedError(f"the {self.name} tier does not read in place")
+
     async def read_unhashed(self, lease: Lease) -> memoryview:
         """``read`` without a pass over the payload: framing and signature checked as
         ``read`` checks them, the payload digests not recomputed. For a load whose client

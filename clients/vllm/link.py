@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from statetier.protocol.errors import ClientClosedError, Unavailable
 from statetier.protocol.identity import NamespaceSpec
 
 from .layout import ConnectorConfig
+
+if TYPE_CHECKING:
+    from ..sync_client import Client
 
 log = logging.getLogger("statetier.vllm")
 
@@ -35,9 +38,9 @@ class DaemonLink:
     def __init__(self, cfg: ConnectorConfig, spec: NamespaceSpec, *, use_shm: bool = True,
                  producer_id: str = "") -> None:
         self.cfg, self.spec = cfg, spec
-        self._options = dict(namespace=spec, tenant=cfg.tenant, token=cfg.token, use_shm=use_shm,
-                             timeout=cfg.timeout, producer_id=producer_id)
-        self._client = None
+        self._options: dict[str, Any] = dict(namespace=spec, tenant=cfg.tenant, token=cfg.token, use_shm=use_shm,
+                                             timeout=cfg.timeout, producer_id=producer_id)
+        self._client: Client | None = None
         self._probe: concurrent.futures.Future | None = None  # set: suspect until it answers
 
     @property

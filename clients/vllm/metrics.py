@@ -61,11 +61,12 @@ def summary(data: dict[str, float]) -> dict[str, int | float]:
 
 
 def _build() -> dict[str, type]:
-    base = importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.metrics")
+    # vLLM's classes, looked up at run time (vLLM is optional): Any to the checker
+    base: Any = importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.metrics")
 
     class StatetierConnectorStats(base.KVConnectorStats):
         def reset(self) -> None:
-            self.data = {}
+            self.data: dict[str, float] = {}
 
         def is_empty(self) -> bool:
             return not self.data
@@ -99,7 +100,8 @@ def _build() -> dict[str, type]:
                 values = list(self.per_engine_labelvalues[engine_idx]) + ([suffix] if label else [])
                 self._families[metric].labels(*values).inc(value)
 
-    built = {"StatetierConnectorStats": StatetierConnectorStats, "StatetierPromMetrics": StatetierPromMetrics}
+    built: dict[str, type] = {"StatetierConnectorStats": StatetierConnectorStats,
+                              "StatetierPromMetrics": StatetierPromMetrics}
     for name, cls in built.items():
         cls.__qualname__, cls.__module__ = name, __package__
     return built

@@ -20,7 +20,6 @@ view (``build_kv_connector_stats``, ``build_prom_metrics``).
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Mapping
 
 from statetier.protocol.errors import ClientClosedError, StatetierError, Unavailable
@@ -28,17 +27,17 @@ from statetier.protocol.errors import ClientClosedError, StatetierError, Unavail
 
 class ConnectorCounts:
     def __init__(self) -> None:
-        self._values: Counter[str] = Counter()
+        self._values: dict[str, float] = {}
 
     def add(self, name: str, n: float = 1) -> None:
-        self._values[name] += n
+        self._values[name] = self._values.get(name, 0) + n
 
     def get(self, name: str) -> float:
         return self._values.get(name, 0)
 
     def take(self) -> dict[str, float]:
         """Every counter since the last ``take``; then zero."""
-        out, self._values = dict(self._values), Counter()
+        out, self._values = self._values, {}
         return out
 
 

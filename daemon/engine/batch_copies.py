@@ -55,7 +55,8 @@ async def copy_all_into(placement: Placement, target: Tier, items: Sequence[Copy
                     pending.append(_Pending(index, item, chunks, item.chunks is None))
             await _prepare(placement, target, pending, out)
             written = [p for p in pending if p.ticket is not None and await _write(target, p, out)]
-            committed = await target.complete_stores([p.ticket for p in written]) if written else []
+            tickets = [p.ticket for p in written if p.ticket is not None]  # all: a written copy keeps its ticket
+            committed = await target.complete_stores(tickets) if written else []
             seconds = (time.perf_counter() - started) / max(1, len(written))
             for p, error in zip(written, committed):
                 p.ticket = None
@@ -111,11 +112,13 @@ async def _prepare(placement: Placement, target: Tier, pending: list[_Pending], 
 
 
 async def _write(target: Tier, p: _Pending, out: list) -> bool:
+    ticket = p.ticket
+    assert ticket is not None  # written only once prepared: the caller skips a copy without a ticket
     try:
-        await target.write(p.ticket, p.chunks)
+        await target.write(ticket, p.chunks)
         return True
     except StatetierError as exc:
-        ticket, p.ticket = p.ticket, None
+        p.ticket = None
         await target.complete_store(ticket, False)
         out[p.index] = exc
         return False

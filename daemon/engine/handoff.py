@@ -90,6 +90,7 @@ class PutCompletion:
         items = [item for item in stored if item.req.publish and target is not None and item.tier is not target]
         if len(items) < 2:
             return {}
+        assert target is not None  # every item kept above names it
         copies = [CopyItem(item.tier, item.meta, item.chunks) for item in items]
         try:
             errors = await copy_all_into(self.stack.placement, target, copies)

@@ -30,7 +30,7 @@ import socket
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from statetier.daemon.server.auth import (PeerCredentials, TenantDirectory, check_peer, is_operator,
                                            peer_credentials)

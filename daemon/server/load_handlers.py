@@ -54,6 +54,7 @@ async def handle_load(session: Session, meta: LoadMeta, data: FrameData) -> Repl
     (result,) = await engine.load_batch([request], owner)
     if isinstance(result, StatetierError):
         raise result
+    assert result is not None  # None only for a request after a failed one: this batch has one
     kind = kind_of(result.header.key)
     if request.layers is None and not wants_shm:
         blob = memoryview(result.blob).cast("B")  # sent as it lies: no copy, released once sent

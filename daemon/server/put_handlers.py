@@ -41,6 +41,7 @@ async def handle_put(session: Session, meta: PutMeta, data: FrameData) -> Reply:
         (answer,) = await session.engine.put_batch([item])
     if isinstance(answer, StatetierError):
         raise answer
+    assert answer is not None  # None only for an item after a failed one: this batch has one
     return Reply(put_answer(answer), kind=kind_of(item.req.key))
 
 

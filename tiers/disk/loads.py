@@ -18,6 +18,7 @@ returned, for the engine.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from statetier.protocol.cancellation import wait_out_cancellation
 from statetier.protocol.classify import is_damage
@@ -27,8 +28,14 @@ from ..base import Lease
 from ..ledger import Ledger
 from .index import Location
 from .removal import DiskRemoval
+from .segments import SegmentFile
 from .space import SegmentState
 from .volume import DiskVolume, OpenVolume
+
+#: ``DiskBody.read_verified`` / ``read_signed``: (file, location, object id) → the sealed bytes
+_ReadBody = Callable[[SegmentFile, Location, bytes], bytes | bytearray]
+#: ``DiskBody.read_verified_into`` / ``read_signed_into``: the same into ``dest``
+_ReadBodyInto = Callable[[SegmentFile, Location, bytes, memoryview], None]
 
 
 class DiskLoads:
@@ -70,7 +77,7 @@ class DiskLoads:
         """``read_into`` without the pass over the payload, as ``read_unhashed``."""
         await self._read_into(lease, dest, self._body.read_signed_into)
 
-    async def _read(self, lease: Lease, read_body) -> memoryview:
+    async def _read(self, lease: Lease, read_body: _ReadBody) -> memoryview:
         volume, lease, location, segment = self._leased_record(lease)
         try:
             blob = await volume.call(read_body, segment.file, location, lease.object_id, pins=(segment,))
@@ -80,7 +87,7 @@ class DiskLoads:
             raise
         return memoryview(blob)
 
-    async def _read_into(self, lease: Lease, dest: memoryview, read_body_into) -> None:
+    async def _read_into(self, lease: Lease, dest: memoryview, read_body_into: _ReadBodyInto) -> None:
         volume, lease, location, segment = self._leased_record(lease)
         job = asyncio.ensure_future(volume.call(read_body_into, segment.file, location, lease.object_id, dest,
                                                 pins=(segment,)))

@@ -2,7 +2,8 @@
 
 - ``RedisLoads(ledger, medium, removal)`` — ``prepare_load`` / ``read`` (and
   ``read_unhashed``, ``read_into``, ``read_into_unhashed``: a promotion's chunks copied
-  straight into its arena reservation, no joined buffer) / ``complete_load`` / ``release_owner`` and ``leases_in_memory`` of ``RedisTier`` (``tiers.redis.tier``),
+  straight into its arena reservation, no joined buffer) / ``complete_load`` / ``release_owner``
+  and ``leases_in_memory`` of ``RedisTier`` (``tiers.redis.tier``),
   called by the daemon's loads; ``fetch`` also serves eviction, ``expire_leases`` /
   ``settle`` end what leases held (the chunks of objects deleted under a lease go then).
 - ``FOUND_FRESH_S``, ``PREFETCH_BYTES``, ``FETCH_CONNECTIONS`` — what a lease takes from a

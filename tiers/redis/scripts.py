@@ -154,8 +154,8 @@ ACCOUNTING_LUA = _ACCOUNT_FN + """
 return account(KEYS, ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]))
 """
 
-_SOURCES = {"commit": COMMIT_LUA, "commit_indexed": COMMIT_INDEXED_LUA, "commit_batch_indexed": COMMIT_BATCH_INDEXED_LUA,
-            "accounting": ACCOUNTING_LUA}
+_SOURCES = {"commit": COMMIT_LUA, "commit_indexed": COMMIT_INDEXED_LUA,
+            "commit_batch_indexed": COMMIT_BATCH_INDEXED_LUA, "accounting": ACCOUNTING_LUA}
 
 
 class Scripts:

@@ -257,7 +257,8 @@ class RedisStores:
                 commands.append(("EXPIRE", index, ttl))
         for meta in metas:
             accounted.append(["add", meta.object_id.hex(), meta.size, ttl or 0])
-        replies = await connect.exchange(client, [*commands, *(scripts.command("accounting", keys, a) for a in accounted)])
+        replies = await connect.exchange(client, [*commands,
+                                                  *(scripts.command("accounting", keys, a) for a in accounted)])
         raise_first_error(replies[: len(commands)])
         reply = None
         for answer, args in zip(replies[len(commands):], accounted):
