@@ -15,7 +15,13 @@ printed), made here, served by three engine processes against one statetier daem
    against the deadline); 8 requests at once, half of them hits (their TTFT and tokens).
 
 Every engine: block 128, chunks of 128 tokens (a producer's steps end on block ends),
-prefix caching off, ``mamba_cache_mode="none"``. Figures are wall seconds on a shared
+prefix caching off, ``mamba_cache_mode="none"``, and the same OpenMP binding: vLLM's CPU
+worker reserves one core more for an engine with a KV connector than for one without, and on
+a machine of two cores reserves none at all, binding OpenMP to both (its second thread then
+waits out every other process on that core at each barrier: the producer ran at 0.08 of the
+plain engine at load 17), so ``VLLM_CPU_NUM_OF_RESERVED_CPU`` is set alike for all of them
+(``--reserved-cpus``, default 1: OpenMP on the first cores, the last one for the scheduler
+process, the connector's threads and the daemon; ``auto`` leaves vLLM's choice). Figures are wall seconds on a shared
 machine: the load average is recorded beside them; compare the ratios.
 """
 
@@ -132,15 +138,38 @@ def run_phase(engine, phase: dict, params, prompt_cls) -> dict:
 def run_engine(work: Path, label: str, spec: dict) -> dict:
     spec_path, out_path = work / f"{label}.spec.json", work / f"{label}.out.json"
     spec_path.write_text(json.dumps(spec))
+    env = dict(os.environ)
+    if spec["reserved_cpus"] != "auto":  # "auto": vLLM's own binding, which differs with a connector
+        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = spec["reserved_cpus"]
     with open(work / f"{label}.log", "w") as log:
         done = subprocess.run([sys.executable, "-m", "statetier.benchmarks.workload_vllm", "--engine", str(spec_path),
-                               str(out_path)], stdout=log, stderr=subprocess.STDOUT, timeout=3600)
+                               str(out_path)], stdout=log, stderr=subprocess.STDOUT, timeout=3600, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"engine {label} exited {done.returncode}: {(work / f'{label}.log').read_text()[-3000:]}")
     return json.loads(out_path.read_text())["phases"]
 
 
-def workload(tokens: int, hidden: int, layers: int, work: Path) -> dict:
+def producer_only(tokens: int, hidden: int, layers: int, work: Path, prompts: int, reserved_cpus: str) -> dict:
+    """Only the producer's phase, without and with the connector (same prompts): its ratio."""
+    from statetier.launch.daemons import DaemonProcess
+
+    params = write_model(work / "model", hidden=hidden, layers=layers)
+    rng = random.Random(22)
+    produce = {"name": "produce", "max_tokens": 1,
+               "prompts": [(f"P{i}", [rng.randrange(1, VOCAB) for _ in range(tokens)]) for i in range(prompts)]}
+    base = {"model": str(work / "model"), "tokens": tokens, "reserved_cpus": reserved_cpus}
+    with DaemonProcess(name="vllmbench", metrics=False, host_capacity="4GiB") as daemon:
+        plain = run_engine(work, "plain", {**base, "role": None, "phases": [produce]})
+        produced = run_engine(work, "producer", {**base, "role": "kv_producer", "url": daemon.url, "phases": [produce]})
+    n_prompt_tokens = tokens * prompts
+    return {"params": params, "tokens": tokens, "prompts": prompts, "reserved_cpus": reserved_cpus,
+            "loadavg": os.getloadavg(),
+            "plain_tokens_per_s": n_prompt_tokens / plain["produce"]["seconds"],
+            "producer_tokens_per_s": n_prompt_tokens / produced["produce"]["seconds"],
+            "producer_ratio": plain["produce"]["seconds"] / produced["produce"]["seconds"]}
+
+
+def workload(tokens: int, hidden: int, layers: int, work: Path, reserved_cpus: str) -> dict:
     from statetier.launch.daemons import DaemonProcess
 
     params = write_model(work / "model", hidden=hidden, layers=layers)
@@ -149,7 +178,7 @@ def workload(tokens: int, hidden: int, layers: int, work: Path) -> dict:
     saved = [f"P{i}" for i in range(CONCURRENT // 2)]                # the producer's: hits later
     fresh = [f"P{i}" for i in range(CONCURRENT // 2, CONCURRENT)]    # never saved: misses
     restored = f"P{CONCURRENT}"                                      # R
-    base = {"model": str(work / "model"), "tokens": tokens}
+    base = {"model": str(work / "model"), "tokens": tokens, "reserved_cpus": reserved_cpus}
     produce = {"name": "produce", "max_tokens": 1, "prompts": [(p, prompt[p]) for p in saved]}
     with DaemonProcess(name="vllmbench", metrics=False, host_capacity="4GiB") as daemon:
         plain = run_engine(work, "plain", {**base, "role": None, "phases": [
@@ -162,7 +191,7 @@ def workload(tokens: int, hidden: int, layers: int, work: Path) -> dict:
             {"name": "restore", "max_tokens": 8, "prompts": [(restored, prompt[restored])]},
             {"name": "stalled", "max_tokens": 8, "prompts": [(restored, prompt[restored])], "stop_daemon": daemon.pid},
             {"name": "concurrent", "max_tokens": 8, "prompts": half, "together": True}]})
-    return figures(params, tokens, plain, produced, consumed, prompt)
+    return {**figures(params, tokens, plain, produced, consumed, prompt), "reserved_cpus": reserved_cpus}
 
 
 def figures(params: int, tokens: int, plain: dict, produced: dict, consumed: dict, prompt: dict) -> dict:
@@ -210,12 +239,24 @@ def main() -> int:
     parser.add_argument("--hidden", type=int, default=768)
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--reserved-cpus", default="1",
+                        help="VLLM_CPU_NUM_OF_RESERVED_CPU of every engine (the same OpenMP binding for all), "
+                             "or 'auto': vLLM's own choice per engine")
+    parser.add_argument("--producer-only", type=int, metavar="PROMPTS",
+                        help="only the producer's phase of PROMPTS prompts, without and with the connector")
     args = parser.parse_args()
     if args.engine:
         engine_main(*args.engine)
         return 0
     work = Path(tempfile.mkdtemp(prefix="st-vllm-bench-", dir="/tmp"))
-    result = workload(args.tokens, args.hidden, args.layers, work)
+    if args.producer_only:
+        result = producer_only(args.tokens, args.hidden, args.layers, work, args.producer_only, args.reserved_cpus)
+        print(json.dumps(result, indent=1))
+        print(f"producer only ({args.producer_only} x {args.tokens} tokens, load {result['loadavg'][0]:.1f}): "
+              f"ratio {result['producer_ratio']:.2f} ({result['producer_tokens_per_s']:.0f} vs "
+              f"{result['plain_tokens_per_s']:.0f} tokens/s)")
+        return 0
+    result = workload(args.tokens, args.hidden, args.layers, work, args.reserved_cpus)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))

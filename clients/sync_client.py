@@ -12,6 +12,11 @@ For callers that must never wait on the daemon (vLLM's scheduler step): ``submit
 starts a call and returns a ``concurrent.futures.Future`` of its result (connecting first
 when needed, without waiting either); ``close_nowait()`` closes the connection (its pending
 calls fail with ``ClientClosedError``), lets them finish, and stops the loop, returning at once.
+
+``thread_cpus``: the CPUs the client's loop thread runs on (Linux; threads it starts, such as
+the copy thread, inherit them). Without it the thread inherits its creator's affinity: inside
+vLLM's CPU worker that is the main thread's pin to one OpenMP core (see
+``clients/vllm/link.py``'s ``connector_cpus``).
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import os
 import threading
-from typing import Any, Callable, Coroutine
+from typing import Any, Callable, Collection, Coroutine
 
 from statetier.protocol.errors import ClientClosedError
 
@@ -48,9 +54,11 @@ def _blocking(name: str) -> Callable:
 class Client:
     """A blocking statetier client; see ``AsyncClient`` for the calls and their options."""
 
-    def __init__(self, url: str, *, use_uvloop: bool = True, **options: Any) -> None:
+    def __init__(self, url: str, *, use_uvloop: bool = True, thread_cpus: Collection[int] | None = None,
+                 **options: Any) -> None:
         self._client = AsyncClient(url, **options)
         self._use_uvloop = use_uvloop
+        self._thread_cpus = frozenset(thread_cpus) if thread_cpus else None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._is_closed = False
@@ -129,6 +137,8 @@ class Client:
     def _serve_loop(self) -> None:
         loop = self._loop
         assert loop is not None  # made before this thread starts
+        if self._thread_cpus:
+            os.sched_setaffinity(0, self._thread_cpus)  # this thread, and those it starts
         asyncio.set_event_loop(loop)  # this thread only
         try:
             loop.run_forever()

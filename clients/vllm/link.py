@@ -15,12 +15,21 @@
 
 While suspect, the caller treats the daemon as absent (a miss, a skipped save): a stopped
 daemon costs each engine step at most one deadline, and afterwards nothing. ``close()``.
+
+The client's threads (its event loop, its copy thread) run on ``connector_cpus()``: the
+CPUs this machine lets the process use that vLLM's CPU worker did not bind OpenMP threads to
+(vLLM reserves one per worker for a connector when it has cores to spare), else all of them.
+Without this they inherit the thread that starts them: in vLLM's CPU worker, the main
+thread, which libgomp pins to the first OpenMP core, so every save ran on the core of the
+forward pass.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import logging
+import os
+import re
 from typing import TYPE_CHECKING, Any
 
 from statetier.protocol.errors import ClientClosedError, Unavailable
@@ -39,7 +48,8 @@ class DaemonLink:
                  producer_id: str = "") -> None:
         self.cfg, self.spec = cfg, spec
         self._options: dict[str, Any] = dict(namespace=spec, tenant=cfg.tenant, token=cfg.token, use_shm=use_shm,
-                                             timeout=cfg.timeout, producer_id=producer_id)
+                                             timeout=cfg.timeout, producer_id=producer_id,
+                                             thread_cpus=connector_cpus())
         self._client: Client | None = None
         self._probe: concurrent.futures.Future | None = None  # set: suspect until it answers
 
@@ -111,3 +121,39 @@ class DaemonLink:
         if self._client is not None:
             self._client.close_nowait()
             self._client = None
+
+
+def connector_cpus(environ=os.environ) -> frozenset[int]:
+    """The CPUs for the connector's threads: those allowed to this process (its cgroup's
+    cpuset, else every online CPU) less those OpenMP threads are bound to (``OMP_PLACES``,
+    ``GOMP_CPU_AFFINITY``, ``KMP_AFFINITY``'s proclist, as vLLM's CPU worker sets them), or
+    all of the allowed ones when OpenMP holds them all."""
+    allowed = _allowed_cpus()
+    free = allowed - _openmp_cpus(environ)
+    return frozenset(free or allowed)
+
+
+def _allowed_cpus() -> frozenset[int]:
+    for path in ("/sys/fs/cgroup/cpuset.cpus.effective", "/sys/fs/cgroup/cpuset/cpuset.effective_cpus"):
+        try:
+            with open(path) as f:
+                cpus = _cpu_ids(f.read())
+        except OSError:
+            continue
+        if cpus:
+            return cpus
+    return frozenset(range(os.cpu_count() or 1))
+
+
+def _openmp_cpus(environ) -> frozenset[int]:
+    kmp = re.search(r"proclist=\[([^\]]*)\]", environ.get("KMP_AFFINITY", ""))
+    return (_cpu_ids(environ.get("OMP_PLACES", "")) | _cpu_ids(environ.get("GOMP_CPU_AFFINITY", ""))
+            | _cpu_ids(kmp.group(1) if kmp else ""))
+
+
+def _cpu_ids(text: str) -> frozenset[int]:
+    """CPU ids in a list such as ``0-3,8`` / ``{0,1}`` / ``0 1 2`` (named places give none)."""
+    ids: set[int] = set()
+    for first, last in re.findall(r"(\d+)(?:-(\d+))?", text):
+        ids.update(range(int(first), int(last or first) + 1))
+    return frozenset(ids)

@@ -13,7 +13,9 @@ A call that blocked on the stopped daemon would hang the test: the hang is the f
 
 from __future__ import annotations
 
+import os
 import signal
+import threading
 import time
 from contextlib import contextmanager
 
@@ -25,6 +27,7 @@ from tests.support.vllm_connector import (
     ATTN, CONSUMER_BLOCKS, MAMBA, PRODUCER_BLOCKS, FakeRequest, ask, hybrid_layout, load, make_engine, prefill, tokens)
 
 from statetier.clients import Client
+from statetier.clients.vllm.link import _allowed_cpus, _cpu_ids, connector_cpus
 from statetier.clients.vllm.scheduler import ScheduledStep
 from statetier.protocol.errors import ClientClosedError
 
@@ -218,3 +221,41 @@ def test_the_clients_submitted_calls_never_wait_and_close_nowait_fails_them(daem
         assert client.submit("ping").result(timeout=30) >= 0
         with pytest.raises(AttributeError):
             client.submit("_request")
+
+
+def _thread_cpus(thread) -> frozenset[int]:
+    with open(f"/proc/self/task/{thread.native_id}/status") as status:
+        (line,) = [line for line in status if line.startswith("Cpus_allowed_list:")]
+    return _cpu_ids(line.split(":", 1)[1])
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="thread affinity is Linux's")
+@pytest.mark.parametrize("openmp", ["", "first"])
+def test_the_connectors_threads_leave_the_pinned_openmp_core(engines, daemon, monkeypatch, openmp) -> None:
+    """vLLM's CPU worker pins its main thread to the first OpenMP core; the connector's client
+    threads, started from it, run on the CPUs OpenMP was not bound to (all of them when none
+    is free), never on the inherited pin."""
+    first = min(os.sched_getaffinity(0))
+    if openmp:
+        monkeypatch.setenv("GOMP_CPU_AFFINITY", str(first))
+    expected = connector_cpus()
+    assert expected == ((_allowed_cpus() - {first} or _allowed_cpus()) if openmp else _allowed_cpus())
+    seen: dict = {}
+
+    def worker_main_thread() -> None:
+        os.sched_setaffinity(0, {first})  # what libgomp does to vLLM's worker
+        producer = engines(role="producer", seed=31)
+        request = FakeRequest("p-pin", tokens(31, 40))
+        prefill(producer, request, PRODUCER_BLOCKS)
+        seen["main"] = _thread_cpus(threading.current_thread())
+        client = producer.worker.link._client
+        copy_threads = client._client._executor._threads  # started once a copy went off the loop
+        seen.update({t.name: _thread_cpus(t) for t in [client._thread, *copy_threads]})
+
+    pinned = threading.Thread(target=worker_main_thread)
+    pinned.start()
+    pinned.join()
+    assert seen["main"] == {first}
+    assert "statetier-client" in seen
+    assert {name: cpus for name, cpus in seen.items() if name != "main"} == {
+        name: expected for name in seen if name != "main"}
