@@ -17,12 +17,15 @@ tens of MiB each, not a torch import each.
 
 from __future__ import annotations
 
+import msgspec
+
 from statetier.clients.transport import connect
+from statetier.protocol.errors import CorruptPayload
 from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.frames import Op
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey
 from statetier.protocol.messages import ref_from_wire, ref_to_wire
-from statetier.protocol.sealed import decode_header, layout_payload
+from statetier.protocol.sealed import check_payload, decode_header, layout_payload
 from statetier.protocol.wire_meta import (
     LoadMeta,
     LookupMeta,
@@ -66,11 +69,22 @@ class Wire:
                 "durable": answer.durable}
 
     async def load(self, *, ref: dict | None = None, key: StateKey | None = None) -> bytes:
+        """The payload, verified where it landed as every SDK load is (docs/protocol.md §6.1:
+        the daemon digests no payload on a load): a damaged one is asked for once more with
+        ``recheck`` (the daemon then digests what it serves and drops a damaged copy), and
+        ``CorruptPayload`` is raised when that one is damaged too."""
         meta = LoadMeta(self.namespace.digest, ref=wire_ref(ref_from_wire(ref)) if ref is not None else None,
                         key=wire_key(key) if key is not None else None)
+        try:
+            return await self._load_verified(meta)
+        except CorruptPayload:
+            return await self._load_verified(msgspec.structs.replace(meta, recheck=True))
+
+    async def _load_verified(self, meta: LoadMeta) -> bytes:
         reply = await self.conn.request(Op.LOAD, meta)
         data = memoryview(reply.data)
         header = decode_header(data)  # inline: the signed header, then the payload
+        check_payload(header, data[header.header_len : header.header_len + header.payload_len])
         (tensor,) = header.tensors
         start = header.header_len + tensor.offset
         return bytes(data[start : start + tensor.nbytes])
