@@ -62,19 +62,6 @@ def daemon(request):
     return daemon_fixture(request, metrics=False, name="vllmconn")
 
 
-@pytest.fixture
-def engines(daemon):
-    made = []
-
-    def make(layout=None, **kwargs) -> Engine:
-        made.append(make_engine(daemon, layout or hybrid_layout(), **kwargs))
-        return made[-1]
-
-    yield make
-    for engine in made:
-        engine.close()
-
-
 def prefilled_pair(engines, seed: int, length: int = 40) -> tuple[Engine, Engine, list[int]]:
     """A producer that has prefilled ``tokens(seed, length)`` as request ``p-<seed>`` into
     ``PRODUCER_BLOCKS``, a consumer that has seen nothing, and the prompt."""

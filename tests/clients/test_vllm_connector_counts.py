@@ -15,7 +15,7 @@ import pytest
 
 from tests.support.daemons import daemon_fixture
 from tests.support.vllm_connector import (
-    BLOCK, CONSUMER_BLOCKS, HEAD, HEADS, STATE_BYTES, FakeRequest, ask, hybrid_layout, make_engine, prefill,
+    BLOCK, CONSUMER_BLOCKS, HEAD, HEADS, STATE_BYTES, FakeRequest, ask, prefill,
     restore, tokens)
 
 from statetier.clients.vllm.metrics import summary
@@ -29,19 +29,6 @@ BLOCKS = ([9], [1, 2, 3, 4, 6])
 @pytest.fixture(scope="module")
 def daemon(request):
     return daemon_fixture(request, metrics=False, name="vllmcounts")
-
-
-@pytest.fixture
-def engines(daemon):
-    made = []
-
-    def make(**kwargs):
-        made.append(make_engine(daemon, hybrid_layout(), **kwargs))
-        return made[-1]
-
-    yield make
-    for engine in made:
-        engine.close()
 
 
 @dataclass

@@ -24,7 +24,7 @@ import torch
 
 from tests.support.daemons import daemon_fixture
 from tests.support.vllm_connector import (
-    ATTN, CONSUMER_BLOCKS, MAMBA, PRODUCER_BLOCKS, FakeRequest, ask, hybrid_layout, load, make_engine, prefill, tokens)
+    ATTN, CONSUMER_BLOCKS, MAMBA, PRODUCER_BLOCKS, FakeRequest, ask, load, prefill, tokens)
 
 from statetier.clients import Client
 from statetier.clients.vllm.link import _allowed_cpus, _cpu_ids, connector_cpus
@@ -46,19 +46,6 @@ def stopped(daemon):
         yield
     finally:
         daemon.send_signal(signal.SIGCONT)
-
-
-@pytest.fixture
-def engines(daemon):
-    made = []
-
-    def make(**kwargs):
-        made.append(make_engine(daemon, hybrid_layout(), **kwargs))
-        return made[-1]
-
-    yield make
-    for engine in made:
-        engine.close()
 
 
 def past_deadline() -> None:
