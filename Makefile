@@ -1,5 +1,12 @@
 # Developer and CI entry points. `make test` is all CI runs (.ci/run).
-#   make venv    .venv with torch (CPU, from /opt/wheels) and the project, editable
+#   make venv    .venv with exactly the locked set (requirements/lock.txt: every dependency, direct
+#                and transitive, torch's CPU wheel from /opt/wheels) and the project, editable;
+#                checked against the lock after the install (scripts/lock_diff.py --check)
+#   make lock    regenerate requirements/lock.txt with uv (pinned, in build/uv): the newest releases
+#                inside pyproject.toml's ranges, for every Python the project supports (universal)
+#   make test-latest  opt-in, not in CI: .venv-latest with the newest release of every dependency
+#                inside pyproject.toml's ranges, then `make test` in it; its last line names the
+#                versions that differ from the lock
 #   make test    venv, `make typecheck` and `make lint`, a redis-server (scripts/ensure_redis.sh),
 #                prometheus/promtool when apt-get can install them (scripts/ensure_prometheus.sh),
 #                then pytest $(PYTEST_ARGS), then `make chaos-short`
@@ -28,6 +35,13 @@ VENV        ?= .venv
 PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.installed
 TORCH       := torch==2.13.0
+# pip itself is no dependency, so the lock cannot hold it: pinned here.
+PIP         := pip==26.3
+LOCK        := requirements/lock.txt
+UV_VENV     := build/uv
+UV          := $(UV_VENV)/bin/uv
+UV_VERSION  := uv==0.13.8
+LATEST_VENV ?= .venv-latest
 WHEELS      := /opt/wheels
 PYTEST_ARGS ?=
 RUN_ARGS    ?=
@@ -48,16 +62,43 @@ SGLANG      := sglang==0.5.23
 SGLANG_DEPS := orjson psutil pybase64 requests numpy triton packaging pillow starlette msgspec \
                typing_extensions pyzmq ipython aiohttp
 
-.PHONY: venv test typecheck lint chaos chaos-short run bench report clean distclean test-vllm bench-vllm test-sglang
+.PHONY: venv lock test-latest test typecheck lint chaos chaos-short run bench report clean distclean test-vllm bench-vllm test-sglang
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The locked set first (torch's CPU wheel from /opt/wheels where it lies; elsewhere pass
+# PIP_ARGS='--extra-index-url <a CPU torch index>'), then the project alone, built with the
+# locked setuptools (no build isolation: nothing unlocked is fetched), then the check.
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet $(FIND_LINKS) '$(TORCH)'
-	$(PY) -m pip install --quiet $(FIND_LINKS) -e '.[test,bench]'
+	$(PY) -m pip install --quiet '$(PIP)'
+	$(PY) -m pip install --quiet $(FIND_LINKS) $(PIP_ARGS) -r $(LOCK)
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(PY) scripts/lock_diff.py --check $(LOCK)
 	touch $@
+
+# uv resolves universally (one file for every supported Python and platform, with markers),
+# which pip-tools cannot; the file it writes is a plain requirements file that pip installs.
+lock:
+	test -x $(UV) || (python3 -m venv $(UV_VENV) && $(UV_VENV)/bin/pip install --quiet '$(UV_VERSION)')
+	$(UV) pip compile pyproject.toml --universal --python-version 3.11 --extra test --extra bench \
+		$(FIND_LINKS) --override requirements/torch-cpu.txt --custom-compile-command 'make lock' \
+		--upgrade --quiet -o $(LOCK)
+
+# A fresh venv each run: pip takes the newest release inside every range (torch's range tops
+# at the CPU wheel on disk). The lock's comparison is printed before the suite and again last,
+# whether the suite passed or not.
+test-latest:
+	rm -rf $(LATEST_VENV)
+	python3 -m venv $(LATEST_VENV)
+	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(LATEST_VENV)/bin/python -m pip install --quiet $(FIND_LINKS) $(PIP_ARGS) --upgrade --upgrade-strategy eager \
+		'$(TORCH)' -e '.[test,bench]'
+	touch $(LATEST_VENV)/.installed
+	$(LATEST_VENV)/bin/python scripts/lock_diff.py $(LOCK)
+	status=0; $(MAKE) --no-print-directory test VENV=$(LATEST_VENV) || status=$$?; \
+		printf 'test-latest: make test %s; ' "$$( [ $$status = 0 ] && echo passed || echo FAILED)"; \
+		$(LATEST_VENV)/bin/python scripts/lock_diff.py $(LOCK); exit $$status
 
 test: $(STAMP)
 	$(MAKE) --no-print-directory typecheck lint
@@ -125,8 +166,8 @@ report: $(STAMP)
 
 clean:
 	rm -rf build dist .pytest_cache .hypothesis statetier-data statetier.sock
-	find . \( -path ./$(VENV) -o -path ./$(VLLM_VENV) -o -path ./$(SGLANG_VENV) \) -prune -o \( -name __pycache__ -o -name '*.egg-info' \) -type d -print0 \
+	find . \( -path ./$(VENV) -o -path ./$(VLLM_VENV) -o -path ./$(SGLANG_VENV) -o -path ./$(LATEST_VENV) \) -prune -o \( -name __pycache__ -o -name '*.egg-info' \) -type d -print0 \
 		| xargs -0 rm -rf
 
 distclean: clean
-	rm -rf $(VENV) $(VLLM_VENV) $(SGLANG_VENV)
+	rm -rf $(VENV) $(VLLM_VENV) $(SGLANG_VENV) $(LATEST_VENV) $(UV_VENV)

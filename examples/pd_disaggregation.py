@@ -160,7 +160,7 @@ def _state_bytes(model, cache, tokens: int) -> int:
     for plan in cache_plan(model.config).layers:
         layer = cache.layers[plan.index]
         tensors = [*kv_tensors(plan.index, layer, tokens).values()] if plan.has_kv else []
-        tensors += [*ssm_tensors(plan.index, layer).values()] if plan.has_ssm else []
+        tensors += [*ssm_tensors(plan.index, layer, tokens).values()] if plan.has_ssm else []
         total += sum(t.numel() * t.element_size() for t in tensors)
     return total
 

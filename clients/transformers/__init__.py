@@ -15,7 +15,9 @@ must be built with ``namespace=namespace_for(model)`` (config + weights fingerpr
   ``put_items``, ``saved_from_refs``, ``saved_from_lookup``, ``expected_refs``, ``fill_cache``).
 - ``cache.py`` — a ``DynamicCache``'s layers read and written as records: ``cache_plan``
   (``CachePlan``, ``LayerPlan``), ``kv_tensors``, ``ssm_tensors``, ``apply_kv``, ``apply_ssm``,
-  ``new_cache``, ``forward_from``; per-architecture ``Quirks`` (``quirks_for``, ``QUIRKS``).
+  ``new_cache``, ``forward_from``; per-architecture ``Quirks`` (``quirks_for``, ``QUIRKS``);
+  ``TENSOR_TABLE`` (every tensor a layer may hold) and ``CHECKED_ON`` (the transformers
+  releases it was read against), ``LINEAR_COUNTER``.
 - ``identity.py`` — who a model is: ``namespace_for``, ``weights_fingerprint``, ``config_digest``.
 """
 
@@ -42,7 +44,10 @@ from .adapter import (
     state_key,
 )
 from .cache import (
+    CHECKED_ON,
+    LINEAR_COUNTER,
     QUIRKS,
+    TENSOR_TABLE,
     CachePlan,
     LayerPlan,
     Quirks,
@@ -58,7 +63,7 @@ from .cache import (
 from .identity import config_digest, namespace_for, weights_fingerprint
 
 __all__ = [
-    "QUIRKS", "CachePlan", "LayerPlan", "Quirks", "SavedState",
+    "CHECKED_ON", "LINEAR_COUNTER", "QUIRKS", "TENSOR_TABLE", "CachePlan", "LayerPlan", "Quirks", "SavedState",
     "apply_kv", "apply_ssm", "boundaries_for", "cache_plan", "check_client", "config_digest", "expected_refs",
     "fill_cache", "forward_from", "groups_of", "kv_tensors", "lookup_restorable", "lookup_restorable_async",
     "lookup_state", "lookup_state_async", "namespace_for", "new_cache", "put_items", "quirks_for", "restore_cache",

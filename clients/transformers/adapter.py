@@ -119,7 +119,7 @@ def put_items(namespace: Namespace, spec: NamespaceSpec, plan: CachePlan, cache,
         if kind is Kind.KV:
             regions = {layer: kv_tensors(layer, cache.layers[layer], tokens) for layer in group.layers}
         else:
-            regions = {layer: ssm_tensors(layer, cache.layers[layer]) for layer in group.layers}
+            regions = {layer: ssm_tensors(layer, cache.layers[layer], tokens) for layer in group.layers}
         items.append(PutItem(state_key(namespace, group, prefix, tokens), regions, request_id, step, publish))
     return items
 
@@ -183,7 +183,7 @@ def fill_cache(model, plan: CachePlan, tokens: int, loaded: Sequence[tuple[Kind,
             if kind is Kind.KV:
                 apply_kv(plan.layer(index), cache.layers[index], tensors, tokens)
             else:
-                apply_ssm(plan.layer(index), cache.layers[index], tensors)
+                apply_ssm(plan.layer(index), cache.layers[index], tensors, tokens)
     return cache
 
 

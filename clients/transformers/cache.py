@@ -8,11 +8,16 @@ and Falcon-H1's hybrid layers), or nothing (``DummyLayer``: MLP/MoE-only layers)
 
 - ``cache_plan(config)`` → ``CachePlan``: per layer, whether it has KV and/or SSM state
   (``attention_layers``, ``ssm_layers``); read from a fresh ``DynamicCache(config)``.
-- ``kv_tensors(layer, tokens)`` / ``ssm_tensors(layer)`` — a layer's state as ``{name: tensor}``
-  (``keys``, ``values``; ``conv_states.<i>``, ``recurrent_states.<i>``), refusing layers that
-  hold tensors this module does not know how to restore, or are not at ``tokens``.
-- ``apply_kv(layer, tensors, tokens)`` / ``apply_ssm(layer, tensors, states)`` — write them into
-  a fresh layer object through the layer's own update methods, exactly.
+- ``kv_tensors(index, layer, tokens)`` / ``ssm_tensors(index, layer, tokens)`` — a layer's state as
+  ``{name: tensor}`` (``keys``, ``values``; ``conv_states.<i>``, ``recurrent_states.<i>``), refusing
+  layers that hold tensors this module does not know how to restore (by name), or whose
+  position counters are not at ``tokens`` (``PositionMismatch``).
+- ``apply_kv(plan, layer, tensors, tokens)`` / ``apply_ssm(plan, layer, tensors, tokens)`` — write
+  them into a fresh layer object through the layer's own update methods, exactly, and set the
+  layer's position counters from ``tokens``.
+- ``TENSOR_TABLE`` — every tensor attribute a layer may hold and what it is (state, derived
+  from the config, or a position counter); ``CHECKED_ON``, the transformers releases it was read
+  against (their ``cache_utils.py`` whole). Anything else is refused by name, never dropped.
 - ``Quirks`` / ``quirks_for(config)`` — the per-architecture table (``QUIRKS``).
 - ``forward_from(model, cache, token_ids, position)`` — run tokens on a cache that already
   absorbed ``position`` tokens, honouring the quirks; returns the last token's logits.
@@ -29,14 +34,29 @@ from typing import Sequence
 
 import torch
 
-from statetier.protocol.errors import CorruptPayload, InvalidRequest
+from statetier.protocol.errors import CorruptPayload, InvalidRequest, PositionMismatch
 
 KV_NAMES = ("keys", "values")
 CONV = "conv_states"
 RECURRENT = "recurrent_states"
-# Tensor attributes a layer may hold that are derived from its config, not its state.
-_DERIVED_TENSORS = frozenset({"_sliding_window_tensor"})
-_STATE_TENSORS = frozenset({*KV_NAMES, CONV, RECURRENT})
+#: The linear-attention layers' token count (transformers 5.25+): zeroed on reset,
+#: ``+= conv_states.shape[-1]`` on prefill, ``+= 1`` per decoded token; a function of the
+#: snapshot's position, so it is checked against ``tokens`` on save and set from it on restore.
+LINEAR_COUNTER = "cumulative_length_linear"
+
+#: The transformers releases whose ``cache_utils.py`` (every layer class) ``TENSOR_TABLE`` was
+#: read against, and the tests run on (tests/clients/test_transformers_adapter.py). A new
+#: release's new tensor is refused by name until it is read and added here.
+CHECKED_ON = ("5.24.0", "5.25.0")
+
+#: Every tensor attribute (or dict of tensors) a cache layer may hold, and what it is:
+#: ``state`` is saved and restored; ``derived`` comes from the config and is rebuilt by a fresh
+#: layer; ``position`` is a token count that must equal the snapshot's ``tokens``.
+TENSOR_TABLE: dict[str, str] = {
+    "keys": "state", "values": "state", CONV: "state", RECURRENT: "state",
+    "_sliding_window_tensor": "derived",
+    LINEAR_COUNTER: "position",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,13 +139,33 @@ def _layer_plan(index: int, layer) -> LayerPlan:
 # -- reading a layer ---------------------------------------------------------------------
 
 
+def _holds_tensors(value) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, dict):
+        return any(_holds_tensors(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_holds_tensors(v) for v in value)
+    return False
+
+
 def _check_known_tensors(index: int, layer) -> None:
     for name, value in vars(layer).items():
-        holds = isinstance(value, torch.Tensor) or (
-            isinstance(value, dict) and any(isinstance(v, torch.Tensor) for v in value.values()))
-        if holds and name not in _STATE_TENSORS and name not in _DERIVED_TENSORS:
-            raise InvalidRequest(f"cache layer {index} ({type(layer).__name__}) holds tensor {name!r}, "
-                                 "which statetier does not know how to restore")
+        if _holds_tensors(value) and name not in TENSOR_TABLE:
+            raise InvalidRequest(f"cache layer {index} ({type(layer).__name__}) holds tensor {name!r}, which "
+                                 f"statetier does not know how to restore (its tensor table was read on "
+                                 f"transformers {', '.join(CHECKED_ON)})")
+
+
+def _check_position(index: int, what: str, absorbed: int, tokens: int) -> None:
+    if absorbed != tokens:
+        raise PositionMismatch(f"{what} layer {index} absorbed {absorbed} tokens, not {tokens}")
+
+
+def _check_linear_counter(index: int, layer, tokens: int) -> None:
+    counter = getattr(layer, LINEAR_COUNTER, None)
+    if counter is not None:
+        _check_position(index, "SSM", int(counter), tokens)
 
 
 def kv_tensors(index: int, layer, tokens: int) -> dict[str, torch.Tensor]:
@@ -138,16 +178,18 @@ def kv_tensors(index: int, layer, tokens: int) -> dict[str, torch.Tensor]:
         raise InvalidRequest(f"attention layer {index} records past states; crop the cache first")
     if keys.shape[0] != 1:
         raise InvalidRequest(f"attention layer {index} has batch {keys.shape[0]}; a request is one sequence")
-    if layer.get_seq_length() != tokens:
-        raise InvalidRequest(f"attention layer {index} absorbed {layer.get_seq_length()} tokens, not {tokens}")
+    # a hybrid layer's get_seq_length is its attention part's (5.24: by inheritance, 5.25: declared)
+    _check_position(index, "attention", int(layer.get_seq_length()), tokens)
     return {"keys": keys, "values": values}
 
 
-def ssm_tensors(index: int, layer) -> dict[str, torch.Tensor]:
-    """``conv_states.<i>`` / ``recurrent_states.<i>`` of every initialised state of the layer."""
+def ssm_tensors(index: int, layer, tokens: int) -> dict[str, torch.Tensor]:
+    """``conv_states.<i>`` / ``recurrent_states.<i>`` of every initialised state of a layer that
+    absorbed exactly ``tokens`` tokens (where the layer counts them)."""
     _check_known_tensors(index, layer)
     if layer.record_past:
         raise InvalidRequest(f"SSM layer {index} records past conv states; crop the cache first")
+    _check_linear_counter(index, layer, tokens)
     out: dict[str, torch.Tensor] = {}
     for i in range(layer.number_of_states):
         conv, recurrent = layer.conv_states[i], layer.recurrent_states[i]
@@ -183,8 +225,9 @@ def apply_kv(plan: LayerPlan, layer, tensors: dict[str, torch.Tensor], tokens: i
         layer.cumulative_length = tokens
 
 
-def apply_ssm(plan: LayerPlan, layer, tensors: dict[str, torch.Tensor]) -> None:
-    """Fill a fresh SSM layer with its conv and recurrent states, marked as having absorbed tokens."""
+def apply_ssm(plan: LayerPlan, layer, tensors: dict[str, torch.Tensor], tokens: int) -> None:
+    """Fill a fresh SSM layer with its conv and recurrent states, marked as having absorbed
+    ``tokens`` tokens (the layer's token counter, where it keeps one, set to ``tokens``)."""
     expected = {f"{name}.{i}" for i in range(plan.states) for name in (CONV, RECURRENT)}
     unknown = set(tensors) - expected
     if unknown or not tensors:
@@ -198,6 +241,9 @@ def apply_ssm(plan: LayerPlan, layer, tensors: dict[str, torch.Tensor]) -> None:
             layer.update_recurrent_state(recurrent, state_idx=i)
         if conv is not None or recurrent is not None:
             layer.has_previous_state[i] = True
+    counter = getattr(layer, LINEAR_COUNTER, None)
+    if isinstance(counter, torch.Tensor):  # the conv update above counted the kernel's width
+        counter.fill_(tokens)
 
 
 # -- running a cache ---------------------------------------------------------------------

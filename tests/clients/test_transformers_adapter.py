@@ -22,6 +22,8 @@ from examples.tiny_hybrids import ARCHITECTURES, build_model, prefill, prompt
 from statetier.clients import AsyncClient, Client, LayerGroup
 from statetier.clients.transformers import (
     SavedState,
+    CHECKED_ON,
+    LINEAR_COUNTER,
     cache_plan,
     forward_from,
     lookup_restorable,
@@ -144,7 +146,7 @@ def test_a_group_object_of_another_layer_set_is_refused_with_the_placement_reaso
     layers = saved.ssm.key.group_layers[1:]  # the same snapshots but one: another layer set
     with Client(daemon_url, namespace=namespace_for(model)) as client:
         other = client.put_group(client.group_key(LayerGroup(Kind.SSM, 0, layers), saved.prefix_hash, 0, PROMPT_LEN),
-                                 {layer: ssm_tensors(layer, cache.layers[layer]) for layer in layers},
+                                 {layer: ssm_tensors(layer, cache.layers[layer], PROMPT_LEN) for layer in layers},
                                  request_id="layer-set")
         handed = dataclasses.replace(saved, ssm=dataclasses.replace(saved.ssm, state_id=other.state_id))
         with pytest.raises(PlacementMismatch):
@@ -192,8 +194,68 @@ def test_a_cache_layer_holding_unknown_tensors_is_not_saved(daemon_url):
 def test_a_cache_saved_under_other_tokens_is_refused(daemon_url):
     model, tokens, cache = prefilled("lfm2", seed=9)
     with Client(daemon_url, namespace=namespace_for(model)) as client:
-        with pytest.raises(InvalidRequest, match="absorbed 20 tokens, not 19"):
+        with pytest.raises(PositionMismatch, match="attention layer .* absorbed 20 tokens, not 19"):
             save_cache(client, model, cache, tokens[:-1], request_id="wrong-length")
+
+
+# -- the linear-attention token counter (transformers 5.25+) -------------------------------
+
+
+def counters(cache) -> dict[int, int]:
+    """``cumulative_length_linear`` of every layer that keeps one."""
+    return {i: int(getattr(layer, LINEAR_COUNTER)) for i, layer in enumerate(cache.layers)
+            if hasattr(layer, LINEAR_COUNTER)}
+
+
+def transformers_release() -> tuple[int, int]:
+    import transformers
+
+    major, minor = transformers.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+#: 5.25 added the counter to every linear-attention layer; before it there is nothing to check.
+keeps_counter = pytest.mark.skipif(transformers_release() < (5, 25),
+                                   reason=f"transformers before 5.25 keeps no {LINEAR_COUNTER}")
+
+
+@keeps_counter
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_the_linear_counter_is_restored_from_the_snapshot_position(daemon_url, arch):
+    tokens = prompt(seed=21, length=PROMPT_LEN)
+    model, cache, first, saved = saved_request(daemon_url, arch, f"counter-{arch}", tokens)
+    ssm_layers = cache_plan(model.config).ssm_layers
+    assert ssm_layers and sorted(counters(cache)) == ssm_layers  # every SSM layer counts, no other
+    assert set(counters(cache).values()) == {PROMPT_LEN}
+    with Client(daemon_url, namespace=namespace_for(model)) as client:
+        restored = restore_cache(client, model, saved, tokens)
+    # set from the snapshot's tokens, not what the conv update counted (the kernel's width)
+    assert counters(restored) == counters(cache)
+    forward_from(model, restored, [first], PROMPT_LEN)
+    forward_from(model, cache, [first], PROMPT_LEN)
+    assert set(counters(restored).values()) == {PROMPT_LEN + 1} and counters(restored) == counters(cache)
+
+
+@keeps_counter
+@pytest.mark.parametrize("arch", ["mamba2", "zamba2", "qwen3_next"])
+def test_a_linear_counter_that_disagrees_with_tokens_is_refused_with_the_position_reason(daemon_url, arch):
+    model, tokens, cache = prefilled(arch, seed=22)
+    layer = cache_plan(model.config).ssm_layers[-1]
+    getattr(cache.layers[layer], LINEAR_COUNTER).add_(1)  # one token more than the state absorbed
+    with Client(daemon_url, namespace=namespace_for(model)) as client:
+        with pytest.raises(PositionMismatch, match=rf"SSM layer {layer} absorbed {PROMPT_LEN + 1} tokens, "
+                                                   rf"not {PROMPT_LEN}"):
+            save_cache(client, model, cache, tokens, request_id=f"counter-off-{arch}")
+        assert lookup_restorable(client, model, tokens) == 0  # refused before anything was stored
+
+
+def test_an_unknown_tensor_is_refused_by_name_with_the_checked_releases(daemon_url):
+    model, tokens, cache = prefilled("qwen3_next", seed=23)
+    layer = next(i for i, p in enumerate(cache_plan(model.config).layers) if p.has_ssm)
+    cache.layers[layer].cumulative_length_mamba = [torch.tensor(3)]  # a tensor a future release might add
+    with Client(daemon_url, namespace=namespace_for(model)) as client:
+        with pytest.raises(InvalidRequest, match=rf"'cumulative_length_mamba'.*{CHECKED_ON[-1]}"):
+            save_cache(client, model, cache, tokens, request_id="unknown-list")
 
 
 # -- identity ------------------------------------------------------------------------------

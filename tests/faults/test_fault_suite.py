@@ -118,7 +118,7 @@ def publish_as_other_group(nodes, sc, request_id: str):
     with Client(nodes.prefill.url, namespace=namespace_for(sc.model)) as client:
         prefix = prefix_hash(sc.prompt, block_size=client.spec.kv_block_size)
         key = client.group_key(LayerGroup(Kind.SSM, 1, layers), prefix, 0, len(sc.prompt))
-        return client.put_group(key, {layer: ssm_tensors(layer, cache.layers[layer]) for layer in layers},
+        return client.put_group(key, {layer: ssm_tensors(layer, cache.layers[layer], len(sc.prompt)) for layer in layers},
                                 request_id=request_id, publish=True)
 
 
@@ -281,7 +281,7 @@ def test_an_older_version_after_a_newer_one_is_stale(pd_nodes, arch):
     before = Counters.of(pd_nodes.decode)
     with Client(pd_nodes.decode.url, namespace=namespace_for(sc.model)) as client, \
             pytest.raises(StatetierError) as replay:
-        client.put_group(first.ssm.key, {layer: ssm_tensors(layer, old_cache.layers[layer])
+        client.put_group(first.ssm.key, {layer: ssm_tensors(layer, old_cache.layers[layer], len(sc.other_prompt))
                                          for layer in first.ssm.key.group_layers},
                          request_id=request_id, version=1, publish=True)
     assert type(replay.value) is StaleState
@@ -324,7 +324,7 @@ def test_a_flipped_bit_in_redis_is_corrupt(pd_nodes, arch):
     handoff = publish(pd_nodes, sc.model, sc.prompt, f"{RUN}-{arch}-redis-bit")
     cache, _ = prefilled(sc.model, sc.prompt)
     damaged = handoff.ssm.state_id
-    flip_redis_bit(pd_nodes.redis, damaged, ssm_tensors(sc.target, cache.layers[sc.target]), sc.target)
+    flip_redis_bit(pd_nodes.redis, damaged, ssm_tensors(sc.target, cache.layers[sc.target], len(sc.prompt)), sc.target)
     assert_refused(pd_nodes, sc.model, handoff, sc.prompt, sc.first, CorruptPayload)
     assert not is_in_redis(pd_nodes.redis, damaged)  # a copy failing an integrity check is removed
     # the decode daemon did not digest it (its client verifies where the bytes land) and
@@ -339,7 +339,7 @@ def test_a_flipped_bit_in_the_arena_is_dropped_and_the_published_copy_served(pd_
     cache, _ = prefilled(sc.model, sc.prompt)
     target = handoff.ssm.state_id
     blob = bytearray(redis_blob(pd_nodes.redis, target))
-    name, byte, mask = flip_site(ssm_tensors(sc.target, cache.layers[sc.target]), sc.target)
+    name, byte, mask = flip_site(ssm_tensors(sc.target, cache.layers[sc.target], len(sc.prompt)), sc.target)
     blob[payload_offset(bytes(blob), name) + byte] ^= mask
     overwrite_in_arena(pd_nodes.prefill, handoff.ssm, bytes(blob))
     with Client(pd_nodes.prefill.url, namespace=namespace_for(sc.model)) as client:
@@ -381,7 +381,7 @@ def test_a_flipped_bit_on_disk_is_corrupt(pd_nodes, on_decode_disk, arch):
     handoff = on_decode_disk[arch]
     cache, _ = prefilled(sc.model, sc.prompt)
     flip_disk_bit(pd_nodes.decode.disk_dir, handoff.ssm.state_id,
-                  ssm_tensors(sc.target, cache.layers[sc.target]), sc.target)
+                  ssm_tensors(sc.target, cache.layers[sc.target], len(sc.prompt)), sc.target)
     assert_refused(pd_nodes, sc.model, handoff, sc.prompt, sc.first, CorruptPayload)
     with Client(pd_nodes.decode.url) as client, pytest.raises(NotFound):  # dropped, promoted copy too
         client.inspect(handoff.ssm.state_id)

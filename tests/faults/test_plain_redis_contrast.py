@@ -52,7 +52,7 @@ class PlainConnector:
             for plan in cache_plan(model.config).layers:
                 layer = cache.layers[plan.index]
                 parts = [("kv", kv_tensors(plan.index, layer, tokens))] if plan.has_kv else []
-                parts += [("ssm", ssm_tensors(plan.index, layer))] if plan.has_ssm else []
+                parts += [("ssm", ssm_tensors(plan.index, layer, tokens))] if plan.has_ssm else []
                 for kind, tensors in parts:
                     for name, tensor in tensors.items():
                         assert tensor.dtype == torch.float32
@@ -77,7 +77,7 @@ class PlainConnector:
             if kind == "kv":
                 apply_kv(plan.layer(layer), cache.layers[layer], tensors, handoff["tokens"])
             else:
-                apply_ssm(plan.layer(layer), cache.layers[layer], tensors)
+                apply_ssm(plan.layer(layer), cache.layers[layer], tensors, handoff["tokens"])
         return cache
 
 
@@ -169,7 +169,7 @@ def test_a_flipped_bit_decodes_other_tokens(plain, plain_redis, arch):
     sc = scenario(arch)
     handoff = save(plain, sc.model, sc.prompt, f"{arch}-bit")
     cache, _ = prefilled(sc.model, sc.prompt)
-    name, byte, mask = flip_site(ssm_tensors(sc.target, cache.layers[sc.target]))
+    name, byte, mask = flip_site(ssm_tensors(sc.target, cache.layers[sc.target], len(sc.prompt)))
     key = ssm_keys(handoff, sc.target)[name]
     old = plain_redis.getrange(key, byte, byte)
     plain_redis.setrange(key, byte, bytes([old[0] ^ mask]))
