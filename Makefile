@@ -98,7 +98,7 @@ test-latest:
 	$(LATEST_VENV)/bin/python scripts/lock_diff.py $(LOCK)
 	status=0; $(MAKE) --no-print-directory test VENV=$(LATEST_VENV) || status=$$?; \
 		printf 'test-latest: make test %s; ' "$$( [ $$status = 0 ] && echo passed || echo FAILED)"; \
-		$(LATEST_VENV)/bin/python scripts/lock_diff.py $(LOCK); exit $$status
+		$(LATEST_VENV)/bin/python scripts/lock_diff.py $(LOCK) --name transformers --name torch; exit $$status
 
 test: $(STAMP)
 	$(MAKE) --no-print-directory typecheck lint

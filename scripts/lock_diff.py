@@ -9,6 +9,7 @@ installed here (``importlib.metadata``). Prints one line:
 - ``environment matches the lock (N packages)``, or
 - ``differs from the lock (N): transformers 5.25.0 -> 5.26.0, foo (not locked) 1.2, bar 3.4 -> absent``
 
+``--name PKG`` (repeatable) adds ``; PKG VERSION`` for each, as installed here.
 ``--check`` exits 1 when anything differs (``make venv`` uses it: the test venv is exactly
 the lock); without it the line is information (``make test-latest`` ends with it).
 The project itself (statetier) and pip are not part of the lock.
@@ -74,13 +75,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("lock", nargs="?", default=str(Path(__file__).resolve().parent.parent
                                                        / "requirements" / "lock.txt"))
     parser.add_argument("--check", action="store_true", help="exit 1 when the environment differs")
+    parser.add_argument("--name", action="append", default=[], help="also print this package's version")
     args = parser.parse_args(argv)
-    pins = locked(Path(args.lock))
-    diff = differences(pins, installed())
+    pins, have = locked(Path(args.lock)), installed()
+    diff = differences(pins, have)
+    named = "".join(f"; {name} {have.get(canonicalize_name(name), 'absent')}" for name in args.name)
     if not diff:
-        print(f"environment matches the lock ({len(pins)} packages)")
+        print(f"environment matches the lock ({len(pins)} packages){named}")
         return 0
-    print(f"differs from the lock ({len(diff)}): {', '.join(diff)}")
+    print(f"differs from the lock ({len(diff)}): {', '.join(diff)}{named}")
     return 1 if args.check else 0
 
 

@@ -87,3 +87,6 @@ def test_check_passes_on_a_lock_of_this_environment_and_names_a_changed_pin(tmp_
     assert lock_diff.main(["--check", str(lock)]) == 1
     assert capsys.readouterr().out.strip() == f"differs from the lock (1): {name} 0.0.0 -> {have[name]}"
     assert lock_diff.main([str(lock)]) == 0  # without --check, information only
+    capsys.readouterr()
+    lock_diff.main([str(lock), "--name", name, "--name", "no-such-package"])
+    assert capsys.readouterr().out.strip().endswith(f"; {name} {have[name]}; no-such-package absent")
