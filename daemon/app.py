@@ -1,9 +1,10 @@
 """The composition root: the one place that builds concrete tiers and wires the daemon.
 
 - ``build(config) -> App``  — keyring, tiers (device, host, disk, redis as configured),
-                              version registry, metrics, the KV event publisher (``[events]``)
-                              and the engine's announcements into it, engine, server,
-                              metrics HTTP.
+                              version registry (with Redis: kept answering through an
+                              outage, and its health probe ``daemon.redis_watch``), metrics,
+                              the KV event publisher (``[events]``) and the engine's
+                              announcements into it, engine, server, metrics HTTP.
 - ``App.start()`` → ``App.serve_until(stop)`` → ``App.shutdown()`` — three awaited phases:
   start tiers, listen; serve; stop accepting, finish or cancel in-flight requests within
   the grace period, flush write-behind, close tiers in reverse order.
@@ -29,17 +30,19 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from statetier.protocol.errors import ConfigError, StatetierError
+from statetier.protocol.errors import ConfigError, StatetierError, Unavailable
 from statetier.protocol.keyring import Keyring
 from statetier.tiers.base import Tier
 from statetier.tiers.crypto import AtRestCipher
 from statetier.tiers.registry import MemoryVersionRegistry, VersionRegistry
+from statetier.tiers.tolerant_registry import TolerantRegistry
 
 from .config import Config
 from .engine import Announcements, Engine, EngineOptions
 from .events import EventPublisher
 from .http import MetricsServer
 from .metrics import Metrics
+from .redis_watch import RedisWatch
 from .server import Server
 
 log = logging.getLogger("statetier")
@@ -54,10 +57,22 @@ class App:
     http: MetricsServer | None
     executor: ThreadPoolExecutor
     events: EventPublisher | None = None
+    watch: RedisWatch | None = None
     maintenance: list[asyncio.Task] = field(default_factory=list)
 
     async def start(self) -> None:
-        await self.engine.start()
+        try:
+            await self.engine.start()
+        except Unavailable as exc:
+            if self.config.redis.url is None:
+                raise
+            from statetier.tiers.redis.connect import redact
+
+            raise Unavailable(f"redis.url {redact(self.config.redis.url)!r} did not answer at start and "
+                              f"redis.start_unreachable = \"refuse\": {exc.message}") from exc
+        if self.watch is not None:
+            await self.watch.check()  # redis_up and /readyz true from the first scrape
+            self.maintenance.append(asyncio.create_task(self.watch.run(), name="redis-health"))
         try:
             if self.events is not None:
                 self.events.start()
@@ -195,7 +210,8 @@ def build_tiers(config: Config, keyring: Keyring, executor) -> tuple[list[Tier],
         redis_tier = RedisTier(RedisTierOptions(
             config.redis.url, cluster=config.redis.cluster, ttl_seconds=config.redis.ttl_seconds,
             capacity_bytes=config.redis.capacity_bytes, chunk_bytes=config.redis.chunk_bytes,
-            lease_ttl=limits.lease_ttl_seconds, socket_timeout=config.redis.socket_timeout),
+            lease_ttl=limits.lease_ttl_seconds, socket_timeout=config.redis.socket_timeout,
+            start_unreachable=config.redis.start_unreachable),
             keyring=keyring, cipher=cipher if config.redis.encrypt else None, executor=executor)
         tiers.append(redis_tier)
         roles["publish"] = redis_tier
@@ -209,11 +225,9 @@ def build(config: Config) -> App:
     executor = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)), thread_name_prefix="statetier-io")
     tiers, roles = build_tiers(config, keyring, executor)
     metrics = Metrics()
+    watch = None
     if roles["publish"] is not None:
-        from statetier.tiers.redis import RedisVersionRegistry
-
-        assert config.redis.url is not None  # the publish tier is Redis, built from this URL
-        registry: VersionRegistry = RedisVersionRegistry(config.redis.url, ttl_seconds=config.redis.ttl_seconds)
+        registry, watch = _shared_registry(config, roles["publish"], metrics)
     else:
         registry = MemoryVersionRegistry()
     quotas = {t.name: dict(t.quota_bytes) for t in config.tenants if t.quota_bytes}
@@ -230,15 +244,36 @@ def build(config: Config) -> App:
     engine = Engine(tiers, keyring=keyring, registry=registry, metrics=metrics, options=options,
                     executor=executor, announcements=announcements, **roles)
     server = Server(engine, config, metrics)
-    metrics.track(_tier_stats_reporting_redis(engine, metrics, roles["publish"]),
+    metrics.track(engine.tier_stats,
                   lambda: {**server.stats(), "leases": engine.lease_count,
                            "write_behind_pending": engine.placement.write_behind_pending,
                            "write_behind_limit": config.limits.write_behind_queue,
                            "tenants": _tenant_accounts(engine.tenancy.usage(), quotas)})
     http = None
     if config.metrics.enabled:
-        http = MetricsServer(metrics, config.metrics.host, config.metrics.port, ready=lambda: engine.ready)
-    return App(config, engine, server, metrics, http, executor, events)
+        http = MetricsServer(metrics, config.metrics.host, config.metrics.port, ready=_readiness(engine, watch))
+    return App(config, engine, server, metrics, http, executor, events, watch=watch)
+
+
+def _shared_registry(config: Config, redis_tier, metrics: Metrics) -> tuple[VersionRegistry, RedisWatch]:
+    """The version registry in Redis, on the tier's edge (one deadline, one health probe),
+    kept answering through an outage (``tiers.tolerant_registry``), and its probe."""
+    from statetier.tiers.redis import RedisVersionRegistry
+
+    assert config.redis.url is not None  # the publish tier is Redis, built from this URL
+    shared = RedisVersionRegistry(config.redis.url, ttl_seconds=config.redis.ttl_seconds,
+                                  socket_timeout=config.redis.socket_timeout, edge=redis_tier.edge)
+    registry = TolerantRegistry(shared, on_outage=config.redis.on_outage)
+    return registry, RedisWatch(redis_tier, registry, metrics, config.redis.probe_interval_seconds)
+
+
+def _readiness(engine: Engine, watch: RedisWatch | None):
+    def ready() -> bool | tuple[bool, str]:
+        if not engine.ready or watch is None:
+            return engine.ready
+        return watch.readiness()
+
+    return ready
 
 
 def _tenant_accounts(usage: dict[str, dict[str, int]], quotas: dict[str, dict[str, int]]) -> dict:
@@ -249,20 +284,6 @@ def _tenant_accounts(usage: dict[str, dict[str, int]], quotas: dict[str, dict[st
             accounts.setdefault(tenant, {})[tier] = {"used": usage.get(tenant, {}).get(tier, 0),
                                                      "quota": quotas.get(tenant, {}).get(tier)}
     return accounts
-
-
-def _tier_stats_reporting_redis(engine: Engine, metrics: Metrics, redis_tier: Tier | None):
-    """Tier stats for the scrape, setting ``statetier_redis_up`` from the Redis tier's view."""
-
-    def read():
-        stats = engine.tier_stats()
-        if redis_tier is not None:
-            for item in stats:
-                if item.tier == redis_tier.name:
-                    metrics.set_redis_available(bool(item.extra.get("available", True)))
-        return stats
-
-    return read
 
 
 async def serve(config: Config, stop: asyncio.Event | None = None) -> None:

@@ -34,7 +34,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from statetier.protocol.errors import InvalidRequest, PlacementMismatch, StatetierError, Unavailable
+from statetier.protocol.errors import (
+    InvalidRequest,
+    PlacementMismatch,
+    RegistryUnavailable,
+    StatetierError,
+    Unavailable,
+)
 from statetier.protocol.groups import check_regions
 from statetier.protocol.identity import Kind, Provenance, fingerprint, new_state_id, stream_id
 from statetier.protocol.passes import PASSES, copy_into
@@ -121,6 +127,10 @@ class Puts:
         if req.publish and stack.publish is None and not stack.options.tolerate_unpublished:
             raise Unavailable("publish requested but this daemon has no cross-node tier (Redis): nothing "
                               "was stored or published")
+        if req.publish and stack.publish is not None and stack.registry.is_degraded:
+            raise RegistryUnavailable("publish requested while the shared registry (Redis) is unreachable: "
+                                      "nothing was stored or published (a local put is served; retry the "
+                                      "publish once /readyz says ready)")
         if req.key.kind is Kind.SSM and req.key.token_start != 0:
             raise InvalidRequest("an SSM snapshot must start at token 0")
         if req.tag is not None and len(req.tag.tokens) > req.key.token_end - req.key.token_start:

@@ -17,7 +17,9 @@ Every hot-path round trip is one ``connect.exchange``. Leases are local to this 
 accounting call; capacity 0 = no budget; ``extra["available"]`` = the last call reached
 Redis. A failure to reach Redis is ``Unavailable``, wrong credentials ``Unauthorized``.
 Public beyond ``Tier``: ``client`` (for a ``RedisVersionRegistry`` sharing the connection),
-``is_cluster``, ``is_available``, ``key_prefix``.
+``edge`` (to share with it), ``probe()`` (one bounded health check, which marks the edge up
+or down: while down every call fails at once), ``is_cluster``, ``is_available``,
+``key_prefix``. Every call is held to ``options.socket_timeout``, retries included.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from ..composed import ComposedTier
 from ..crypto import AtRestCipher
 from ..ledger import Ledger
 from ..registry import VersionRegistry
+from .errors import RedisEdge
 from .evict import RedisEviction
 from .layout import Manifest
 from .loads import RedisLoads
@@ -91,6 +94,16 @@ class RedisTier(ComposedTier):
     def is_available(self) -> bool:
         return self._medium.edge.is_available
 
+    @property
+    def edge(self) -> RedisEdge:
+        """The error edge of every call (share it with a ``RedisVersionRegistry`` on the
+        same server, so the health probe speaks for both)."""
+        return self._medium.edge
+
+    def probe(self) -> Coroutine[Any, Any, bool]:
+        """One bounded health check; the edge is marked up or down (``RedisMedium.probe``)."""
+        return self._medium.probe()
+
     # ------------------------------------------------------------------ beyond ComposedTier
 
     def leases_in_memory(self, object_id: bytes) -> bool:
@@ -128,7 +141,8 @@ class RedisTier(ComposedTier):
             capacity=self.options.capacity_bytes or 0, leases=len(ledger.leases),
             inflight=len(ledger.stores) + len(ledger.leases), evictions=ledger.evictions,
             extra={
-                "available": medium.edge.is_available,
+                "available": medium.edge.is_available and not medium.edge.is_down,
+                "refused_while_down": medium.edge.refused_while_down,
                 "unavailable_total": medium.edge.unavailable_total,
                 "corrupt_dropped": ledger.corrupt_dropped,
                 "stale_pruned": self._eviction.stale_pruned,
