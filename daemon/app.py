@@ -243,6 +243,8 @@ def build(config: Config) -> App:
         metrics.track_events(events.stats)
     engine = Engine(tiers, keyring=keyring, registry=registry, metrics=metrics, options=options,
                     executor=executor, announcements=announcements, **roles)
+    if watch is not None:
+        watch.on_purge_marks = engine.honour_purge_marks
     server = Server(engine, config, metrics)
     metrics.track(engine.tier_stats,
                   lambda: {**server.stats(), "leases": engine.lease_count,

@@ -7,8 +7,10 @@ bounded by the tier's probe timeout). The probe marks the tier's edge, which the
 registry shares: while Redis is down every Redis call fails at once instead of waiting for
 its deadline. A probe that fails marks the registry's outage (``mark_outage``: versions and
 reads come from this daemon's own view, publish is refused); one that answers writes the
-claims made meanwhile back into Redis (``reconcile``). Each change sets ``statetier_redis_up``
-at once and is logged.
+claims made meanwhile back into Redis (``reconcile``), then reads the cluster's purge marks
+and hands new ones to ``on_purge_marks`` (the engine removes the copies they name: a purge
+on another daemon reaches this one within a probe interval). Each change sets
+``statetier_redis_up`` at once and is logged.
 
 ``readiness()`` → ``(is_ready, body)`` for ``/readyz``: ready; or degraded (503), naming
 what is still served during the outage and since when (``DEGRADED_SERVES``).
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from statetier.protocol.errors import StatetierError
@@ -37,6 +40,8 @@ DEGRADED_SERVES = ("served: loads and lookups of copies this daemon holds (when 
 class Probed(Protocol):
     async def probe(self) -> bool: ...
 
+    async def purge_marks(self) -> dict[str, int]: ...
+
 
 class RedisWatch:
     def __init__(self, tier: Probed, registry: TolerantRegistry, metrics: Metrics | NullMetrics,
@@ -45,6 +50,8 @@ class RedisWatch:
         self.is_up: bool | None = None  # None: not probed yet
         self.down_since: float | None = None  # wall clock of the change to down
         self.changes = 0
+        self.on_purge_marks: Callable[[dict[str, int]], Awaitable[object]] | None = None
+        self._marks_honoured: dict[str, int] = {}
 
     async def run(self) -> None:
         while True:
@@ -62,10 +69,25 @@ class RedisWatch:
                 pending = -1
             if pending:
                 is_up = False
+            else:
+                await self._honour_purges()
         else:
             self.registry.mark_outage()
         self._set(is_up)
         return is_up
+
+    async def _honour_purges(self) -> None:
+        """New purge marks (another daemon's purges): this daemon's copies they name removed."""
+        if self.on_purge_marks is None:
+            return
+        try:
+            marks = await self.tier.purge_marks()
+            fresh = {s: c for s, c in marks.items() if self._marks_honoured.get(s) != c}
+            if fresh:
+                await self.on_purge_marks(fresh)
+                self._marks_honoured.update(fresh)
+        except StatetierError as exc:
+            log.warning("reading or honouring the cluster's purge marks failed (next probe retries): %s", exc)
 
     def _set(self, is_up: bool) -> None:
         self.metrics.set_redis_available(is_up)

@@ -17,7 +17,11 @@
   one (``daemon.engine.deletion``): under tombstones, so no move copies them meanwhile, swept,
   moves settled, swept again. A tier deletes a leased copy only once its lease ends, so a load
   in flight finishes with the bytes it was given; a load that starts later finds nothing.
-  What is put into the namespace while the purge runs stays.
+  What is put into the namespace while the purge runs stays. With a shared registry (Redis)
+  the purge is cluster-wide: a purge mark (scope, cutoff time) is written there
+  (``marked`` in the reply), and every daemon sharing it removes its own copies created up
+  to the cutoff when it reads the mark (``honour_marks``; ``daemon.redis_watch`` reads them
+  on every probe, and at start).
 
 Called by ``Engine.list_objects`` / ``Engine.purge`` (the LIST and PURGE admin frames).
 """
@@ -25,6 +29,7 @@ Called by ``Engine.list_objects`` / ``Engine.purge`` (the LIST and PURGE admin f
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass, field
 
 from statetier.protocol.errors import Forbidden, InvalidRequest, StatetierError, Unavailable
@@ -128,13 +133,51 @@ async def purge(stack: Stack, tenant: str, *, namespace: Namespace | None = None
     others = {copy.tenant for copy in picked if copy.tenant} - {tenant}
     if others and not is_operator:  # recorded at the put: holds after a restart, and on other nodes' Redis copies
         raise Forbidden("objects of that namespace belong to another tenant")
+    cutoff = time.time_ns()
+    report = await _remove_picked(stack, picked, walked.unavailable)
+    scope = f"ns:{namespace.digest.hex()}" if namespace is not None else f"tenant:{of_tenant}"
+    await _mark_everywhere(stack, scope, cutoff, report)
+    return report
+
+
+async def honour_marks(stack: Stack, marks: dict[str, int]) -> dict:
+    """Remove this daemon's copies that purge marks (another daemon's purges, through the
+    shared registry) name: objects of the scope created up to its cutoff. One walk."""
+    namespaces = {bytes.fromhex(s[3:]): c for s, c in marks.items() if s.startswith("ns:")}
+    tenants = {s[7:]: c for s, c in marks.items() if s.startswith("tenant:")}
+
+    def marked(copy: Copy) -> bool:
+        created = copy.meta.created_at_ns
+        return created <= namespaces.get(copy.namespace, -1) or created <= tenants.get(copy.tenant, -1)
+
+    walked = await walk(stack)
+    picked = [copy for copy in walked.copies if marked(copy)]
+    return await _remove_picked(stack, picked, walked.unavailable)
+
+
+async def _remove_picked(stack: Stack, picked: list[Copy], unavailable: list[str]) -> dict:
     ids = list(dict.fromkeys(copy.meta.object_id for copy in picked))
-    removed = await _remove_all(stack, ids, walked.unavailable)
+    removed = await _remove_all(stack, ids, unavailable)
     for tier_name, count in removed.items():
         stack.metrics.count_purged(tier_name, count)
     sizes = {copy.meta.object_id: copy.meta.size for copy in picked}
     return {"objects": len(ids), "bytes": sum(sizes.values()), "copies": sum(removed.values()), "by_tier": removed,
-            "namespaces": len({copy.namespace for copy in picked}), "unavailable": walked.unavailable}
+            "namespaces": len({copy.namespace for copy in picked}), "unavailable": unavailable}
+
+
+async def _mark_everywhere(stack: Stack, scope: str, cutoff: int, report: dict) -> None:
+    """The purge mark in the shared registry, so every daemon sharing Redis removes its copies
+    too; ``report["marked"]`` says whether it was written (Redis down: purge again later)."""
+    mark = getattr(stack.publish, "mark_purge", None)
+    report["marked"] = False
+    if mark is None:
+        return
+    try:
+        await mark(scope, cutoff)
+        report["marked"] = True
+    except Unavailable:
+        if stack.publish is not None and stack.publish.name not in report["unavailable"]:
+            report["unavailable"].append(stack.publish.name)
 
 
 async def _remove_all(stack: Stack, ids: list[bytes], unavailable: list[str]) -> dict[str, int]:

@@ -211,6 +211,10 @@ class Engine:
         return await catalog.purge(self.stack, tenant, namespace=namespace, of_tenant=of_tenant,
                                    is_operator=is_operator)
 
+    async def honour_purge_marks(self, marks: dict[str, int]) -> dict:
+        """Remove the copies other daemons' purges marked in the shared registry (``catalog``)."""
+        return await catalog.honour_marks(self.stack, marks)
+
     async def inspect(self, tenant: str, state_id: bytes) -> dict:
         return await audit.inspect(self.stack, tenant, state_id)
 

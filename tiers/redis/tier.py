@@ -17,9 +17,10 @@ Every hot-path round trip is one ``connect.exchange``. Leases are local to this 
 accounting call; capacity 0 = no budget; ``extra["available"]`` = the last call reached
 Redis. A failure to reach Redis is ``Unavailable``, wrong credentials ``Unauthorized``.
 Public beyond ``Tier``: ``client`` (for a ``RedisVersionRegistry`` sharing the connection),
-``edge`` (to share with it), ``probe()`` (one bounded health check, which marks the edge up
-or down: while down every call fails at once), ``is_cluster``, ``is_available``,
-``key_prefix``. Every call is held to ``options.socket_timeout``, retries included.
+``edge`` (to share with it), ``mark_purge``/``purge_marks`` (cluster-wide purges),
+``probe()`` (one bounded health check, which marks the edge up or down: while down every
+call fails at once), ``is_cluster``, ``is_available``, ``key_prefix``. Every call is held to
+``options.socket_timeout``, retries included.
 """
 
 from __future__ import annotations
@@ -100,6 +101,20 @@ class RedisTier(ComposedTier):
         same server, so the health probe speaks for both)."""
         return self._medium.edge
 
+    async def mark_purge(self, scope: str, cutoff_ns: int) -> None:
+        """Record a cluster-wide purge: every object of ``scope`` ("ns:<namespace hex>" or
+        "tenant:<name>") created up to ``cutoff_ns`` is gone, on every daemon sharing Redis."""
+        medium = self._medium
+        async with medium.edge.call("purge mark"):
+            await medium.client.hset(medium.keys.purges(), scope, str(cutoff_ns))
+
+    async def purge_marks(self) -> dict[str, int]:
+        """Every purge mark: scope → cutoff (ns since the epoch); one round trip."""
+        medium = self._medium
+        async with medium.edge.call("purge marks"):
+            raw = await medium.client.hgetall(medium.keys.purges())
+        return {_text(scope): int(cutoff) for scope, cutoff in raw.items()}
+
     def probe(self) -> Coroutine[Any, Any, bool]:
         """One bounded health check; the edge is marked up or down (``RedisMedium.probe``)."""
         return self._medium.probe()
@@ -150,3 +165,7 @@ class RedisTier(ComposedTier):
                 "cluster": bool(medium.is_cluster),
             },
         )
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
