@@ -12,7 +12,8 @@
                               SIGTERM/SIGINT stops gracefully, a second exits at once).
 
 Keys: the signing keyring is read from ``keys.keyring_file`` (default
-``<disk dir>/keyring.json``), generated with mode 0600 on first start — with a warning, or
+``<disk dir>/keyring.json``), generated with mode 0600 on first start (saved once the start
+succeeded: a start that fails leaves none behind) — with a warning, or
 a refusal (``keys.new_keyring_with_redis``), when a Redis tier is configured: daemons that
 share Redis must share one keyring. The at-rest key likewise when a tier encrypts.
 """
@@ -58,6 +59,7 @@ class App:
     executor: ThreadPoolExecutor
     events: EventPublisher | None = None
     watch: RedisWatch | None = None
+    new_keyring: tuple[Keyring, Path] | None = None  # generated here: saved once started
     maintenance: list[asyncio.Task] = field(default_factory=list)
 
     async def start(self) -> None:
@@ -72,7 +74,6 @@ class App:
                               f"redis.start_unreachable = \"refuse\": {exc.message}") from exc
         if self.watch is not None:
             await self.watch.check()  # redis_up and /readyz true from the first scrape
-            self.maintenance.append(asyncio.create_task(self.watch.run(), name="redis-health"))
         try:
             if self.events is not None:
                 self.events.start()
@@ -85,7 +86,12 @@ class App:
             if self.events is not None:
                 self.events.close()
             raise
+        if self.watch is not None:
+            self.maintenance.append(asyncio.create_task(self.watch.run(), name="redis-health"))
         self.maintenance.append(asyncio.create_task(self._maintain(), name="maintenance"))
+        if self.new_keyring is not None:
+            save_new_keyring(*self.new_keyring, shared=self.config.redis.url is not None)
+            self.new_keyring = None
 
     async def serve_until(self, stop: asyncio.Event) -> None:
         await stop.wait()
@@ -127,8 +133,11 @@ class App:
             if stats.tier == "host" and self.config.host.capacity_bytes is None:
                 sized = (" (25% of this machine's available memory, allocated now; host.capacity_bytes or "
                          "--host-capacity sets it)")
-            lines.append(f"  tier {stats.tier}: capacity {stats.capacity} bytes ({_gib(stats.capacity)}), "
-                         f"{stats.objects} objects{sized}")
+            if stats.capacity == 0 and stats.tier == "redis" and self.config.redis.url is not None:
+                capacity = "unbounded (redis.capacity_bytes unset: Redis's TTL and maxmemory bound it)"
+            else:
+                capacity = f"{stats.capacity} bytes ({_gib(stats.capacity)})"
+            lines.append(f"  tier {stats.tier}: capacity {capacity}, {stats.objects} objects{sized}")
         return "\n".join(lines)
 
 
@@ -136,18 +145,22 @@ def _gib(nbytes: int) -> str:
     return f"{nbytes / (1 << 30):.1f} GiB" if nbytes >= 1 << 30 else f"{nbytes / (1 << 20):.0f} MiB"
 
 
-def load_or_create_keyring(config: Config) -> Keyring:
+def load_or_create_keyring(config: Config) -> tuple[Keyring, Path | None]:
+    """The keyring at ``keys.keyring_file``, or a new one and the path it is to be saved at
+    once the daemon started (``App.start``): a start that fails leaves no keyring behind."""
     path = config.keyring_path()
     if path.exists():
-        return Keyring.load(path)
-    shared = config.redis.url is not None
-    if shared and config.keys.new_keyring_with_redis == "refuse":
+        return Keyring.load(path), None
+    if config.redis.url is not None and config.keys.new_keyring_with_redis == "refuse":
         raise ConfigError(f"keys.keyring_file: {path} does not exist and redis.url is set: daemons that share "
                           f"Redis must share one keyring (statetier keygen --out FILE, then keys.keyring_file = FILE "
                           f"on every one of them); keys.new_keyring_with_redis = \"refuse\" forbids generating one "
                           f"here")
+    return Keyring.generate(), path
+
+
+def save_new_keyring(keyring: Keyring, path: Path, *, shared: bool) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    keyring = Keyring.generate()
     keyring.save(path)
     if shared:
         log.warning("generated a new signing keyring at %s while a Redis tier is configured: daemons that share "
@@ -156,7 +169,6 @@ def load_or_create_keyring(config: Config) -> Keyring:
                     "Set keys.new_keyring_with_redis = \"refuse\" to stop instead", path)
     else:
         log.info("generated a new signing keyring at %s", path)
-    return keyring
 
 
 def load_or_create_cipher(path: Path) -> AtRestCipher:
@@ -188,6 +200,7 @@ def build_tiers(config: Config, keyring: Keyring, executor) -> tuple[list[Tier],
             config.device.capacity_bytes, device=config.device.device, high_watermark=config.device.high_watermark,
             low_watermark=config.device.low_watermark, lease_ttl=limits.lease_ttl_seconds), executor))
     if config.host.enabled:
+        _warn_if_beyond_memory(config.host.capacity_bytes)
         host = HostTier(HostTierOptions(
             config.host.resolved_capacity(), shm_dir=config.host.shm_dir, high_watermark=config.host.high_watermark,
             low_watermark=config.host.low_watermark, lease_ttl=limits.lease_ttl_seconds), executor)
@@ -220,8 +233,25 @@ def build_tiers(config: Config, keyring: Keyring, executor) -> tuple[list[Tier],
     return tiers, roles
 
 
+def _warn_if_beyond_memory(capacity: int | None) -> None:
+    """A host arena sized past this machine's available memory starts (the memfd fills as
+    it is used), but it will be killed or swap once full: said at start."""
+    from .config import read_mem_available
+
+    if capacity is None:
+        return
+    try:
+        available = read_mem_available()
+    except ConfigError:
+        return
+    if capacity > available:
+        log.warning("host.capacity_bytes is %s, more than this machine's available memory (%s): the host arena "
+                    "fills as it is used, and once past what the machine has the daemon swaps or is killed; "
+                    "set host.capacity_bytes (--host-capacity) below it", _gib(capacity), _gib(available))
+
+
 def build(config: Config) -> App:
-    keyring = load_or_create_keyring(config)
+    keyring, new_keyring_path = load_or_create_keyring(config)
     executor = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)), thread_name_prefix="statetier-io")
     tiers, roles = build_tiers(config, keyring, executor)
     metrics = Metrics()
@@ -254,7 +284,10 @@ def build(config: Config) -> App:
     http = None
     if config.metrics.enabled:
         http = MetricsServer(metrics, config.metrics.host, config.metrics.port, ready=_readiness(engine, watch))
-    return App(config, engine, server, metrics, http, executor, events, watch=watch)
+    app = App(config, engine, server, metrics, http, executor, events, watch=watch)
+    if new_keyring_path is not None:
+        app.new_keyring = (keyring, new_keyring_path)
+    return app
 
 
 def _shared_registry(config: Config, redis_tier, metrics: Metrics) -> tuple[VersionRegistry, RedisWatch]:

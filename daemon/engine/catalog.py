@@ -7,7 +7,8 @@
   owner in ``Tenancy``. A tier that cannot be walked (Redis down) is named in ``unavailable``.
 - ``listing(stack, tenant, *, everyone)`` → ``{"namespaces": [...], "unavailable": [...]}``: one
   row per (tenant, namespace): objects and bytes (each object once), per tier the copies and
-  their bytes, objects per kind, the oldest and newest ``created_at_ns``. A tenant sees its own
+  their bytes, objects per kind, the oldest and newest ``created_at_ns``, and the state ids of
+  its ``NEWEST_IDS`` newest objects (``newest_ids``: what ``statetier inspect`` takes). A tenant sees its own
   rows; ``everyone`` (an operator) sees all.
 - ``purge(stack, tenant, *, namespace=None, of_tenant=None, is_operator=False)`` → counts: every
   copy on every tier of the objects of one namespace (which must be the asking tenant's, by
@@ -38,6 +39,8 @@ from statetier.protocol.sealed import decode_header
 from statetier.tiers.base import ObjectMeta, Tier
 
 from .stack import Stack
+
+NEWEST_IDS = 3  # state ids listed per row: what `statetier inspect` takes
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +94,7 @@ async def listing(stack: Stack, tenant: str, *, everyone: bool) -> dict:
             continue
         row = rows.setdefault((copy.tenant, copy.namespace), {
             "tenant": copy.tenant, "namespace": copy.namespace.hex(), "objects": 0, "bytes": 0, "tiers": {},
-            "kinds": {}, "oldest_ns": None, "newest_ns": None})
+            "kinds": {}, "oldest_ns": None, "newest_ns": None, "newest_ids": []})
         on_tier = row["tiers"].setdefault(copy.tier.name, {"objects": 0, "bytes": 0})
         on_tier["objects"] += 1
         on_tier["bytes"] += copy.meta.size
@@ -107,8 +110,18 @@ async def listing(stack: Stack, tenant: str, *, everyone: bool) -> dict:
         created = meta.created_at_ns
         row["oldest_ns"] = created if row["oldest_ns"] is None else min(row["oldest_ns"], created)
         row["newest_ns"] = created if row["newest_ns"] is None else max(row["newest_ns"], created)
+        _keep_newest(row["newest_ids"], meta)
+    for row in rows.values():
+        row["newest_ids"] = [object_id.hex() for _, object_id in sorted(row["newest_ids"], reverse=True)]
     ordered = sorted(rows.values(), key=lambda r: (r["tenant"], -r["bytes"], r["namespace"]))
     return {"namespaces": ordered, "unavailable": walked.unavailable}
+
+
+def _keep_newest(kept: list, meta: ObjectMeta) -> None:
+    """The ``NEWEST_IDS`` newest objects of a row, as (created_at_ns, object_id)."""
+    kept.append((meta.created_at_ns, meta.object_id))
+    if len(kept) > NEWEST_IDS:
+        kept.remove(min(kept))
 
 
 async def purge(stack: Stack, tenant: str, *, namespace: Namespace | None = None, of_tenant: str | None = None,
