@@ -9,8 +9,9 @@
 
 A batch is the unit of work; a single put is a batch of one through the same code:
 
-1. each item checked (namespace, publish, group regions, payload length, a tag's tokens within
-   the key's span) and stamped
+1. each item checked (namespace, publish — refused as ``RegistryUnavailable`` while the
+   shared registry is unreachable, before anything is stored —, group regions, payload
+   length, a tag's tokens within the key's span) and stamped
    (producer, time, state_id, fingerprint);
 2. every version claimed in one registry call (``Fences.claim_many``);
 3. room reserved for each in the first tier within its tenant's quota, in order: the host
