@@ -10,8 +10,11 @@ a dependency of the local path).
   ``newest_many``, ``read_many``, ``stream_of``) with the newest version this daemon knows,
   so a load is never served an older version than one this daemon claimed or saw (the
   staleness promise); claims, with ``on_outage="local"``, take the next version above the
-  newest known here (and above ``past``) and wait in ``pending`` for the shared registry,
-  or with ``"refuse"`` raise ``RegistryUnavailable``. ``local_answers`` counts both.
+  newest known here (and above ``past``) — a stream's first one in an outage
+  ``OUTAGE_STRIDE`` ahead, above any claim still on its way to Redis — and wait in
+  ``pending`` for the shared registry, or with ``"refuse"`` raise ``RegistryUnavailable``.
+  ``local_answers`` counts both. Once a call met the outage, none goes to the shared
+  registry until ``reconcile`` (the probe's, when Redis answers again) succeeds.
 - ``reconcile()`` (the daemon's health probe calls it when Redis answers again) writes each
   pending claim into the shared registry with its exact version, a compare-and-set that
   takes it only when newer than the shared head. A claim another daemon beat (its head as
@@ -23,13 +26,17 @@ a dependency of the local path).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Literal
+from collections.abc import Coroutine
+from typing import Any, Literal, TypeVar
 
 from statetier.protocol.errors import RegistryUnavailable, StaleState, Unavailable
 
 from .registry import Claim, Claimed, MemoryVersionRegistry, StreamHead, VersionRegistry
 
+T = TypeVar("T")
+
 MAX_PENDING = 1 << 16  # claims made during one outage, at most; past it, refused
+OUTAGE_STRIDE = 1 << 16  # how far ahead a stream's first version in an outage is taken
 
 
 class TolerantRegistry(VersionRegistry):
@@ -43,6 +50,7 @@ class TolerantRegistry(VersionRegistry):
         self.pending: dict[bytes, tuple[Claim, int]] = {}  # state_id -> its claim, the version taken
         self.local_answers = self.lost = self.reconciled = 0
         self._outage = False
+        self._jumped: set[bytes] = set()  # streams whose outage versions are ahead already
 
     @property
     def is_degraded(self) -> bool:
@@ -61,6 +69,8 @@ class TolerantRegistry(VersionRegistry):
         return answer.version
 
     async def claim_many(self, claims: list[Claim]) -> list[Claimed | StaleState | None]:
+        if self._outage:  # until reconcile: a claim sent now could land after those made here
+            return self._claim_locally(claims, Unavailable("redis unavailable during claim"))
         try:
             answers = await self.shared.claim_many(claims)
         except Unavailable as exc:
@@ -91,11 +101,24 @@ class TolerantRegistry(VersionRegistry):
             if out and not isinstance(out[-1], Claimed):
                 out.append(None)
                 continue
-            out.append(self.mirror.claim_now(claim))
+            out.append(self.mirror.claim_now(self._fenced(claim)))
         return out
+
+    def _fenced(self, claim: Claim) -> Claim:
+        """The first claim of a stream in an outage takes a version ``OUTAGE_STRIDE`` ahead:
+        claims that were on their way when Redis stopped answering may still be made there
+        (a frozen server runs them when it wakes), each one version ahead of what was known;
+        this one must be newer than all of them, or reconcile would find it lost."""
+        if claim.version is not None or claim.stream_id in self._jumped:
+            return claim
+        self._jumped.add(claim.stream_id)
+        head = self.mirror.head_now(claim.stream_id)
+        known = max(head.version if head else 0, claim.past or 0)
+        return replace(claim, past=known + OUTAGE_STRIDE - 1)
 
     async def withdraw(self, claims: list[tuple[Claim, Claimed]]) -> None:
         local = [(c, a) for c, a in claims if self.pending.pop(c.state_id, None) is not None]
+        self._jumped.difference_update(c.stream_id for c, _ in local)  # the next claim jumps again
         shared = [(c, a) for c, a in claims if (c, a) not in local]
         if shared:
             await self.shared.withdraw(shared)
@@ -108,7 +131,7 @@ class TolerantRegistry(VersionRegistry):
 
     async def newest_many(self, stream_ids: list[bytes]) -> list[StreamHead | None]:
         try:
-            heads = await self.shared.newest_many(stream_ids)
+            heads = await self._shared_unless_outage(self.shared.newest_many(stream_ids))
         except Unavailable:
             self._outage = True
             self.local_answers += len(stream_ids)
@@ -119,7 +142,7 @@ class TolerantRegistry(VersionRegistry):
     async def read_many(self, stream_ids: list[bytes], state_ids: list[bytes]
                         ) -> tuple[list[StreamHead | None], list[bytes | None]]:
         try:
-            heads, streams = await self.shared.read_many(stream_ids, state_ids)
+            heads, streams = await self._shared_unless_outage(self.shared.read_many(stream_ids, state_ids))
         except Unavailable:
             self._outage = True
             self.local_answers += len(stream_ids) + len(state_ids)
@@ -155,10 +178,18 @@ class TolerantRegistry(VersionRegistry):
                 else:
                     self.reconciled += 1
         self._outage = False
+        self._jumped.clear()
         return 0
 
     async def close(self) -> None:
         await self.shared.close()
+
+    async def _shared_unless_outage(self, call: Coroutine[Any, Any, T]) -> T:
+        """The shared registry's answer; during an outage (until ``reconcile``) none is asked."""
+        if self._outage:
+            call.close()
+            raise Unavailable("redis unavailable: answered from this daemon's view until the probe reconnects")
+        return await call
 
     def _mirror(self, stream: bytes, head: StreamHead, state_id: bytes) -> None:
         self.mirror.remember(stream, head)

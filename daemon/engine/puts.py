@@ -164,7 +164,21 @@ class Puts:
             w.claimed = claimed
             w.meta = _meta(w, claimed.version)
             kept.append(w)
-        return kept
+        return await self._unless_publishing_in_an_outage(kept, answers)
+
+    async def _unless_publishing_in_an_outage(self, kept: list[_Work], answers: list) -> list[_Work]:
+        """Claims that met an unreachable registry were made from this daemon's view: a publish
+        among them would be half done (stored here, not in Redis), so it is refused before
+        anything is stored; the batch ends there and its claims and the later ones are withdrawn."""
+        if not self.stack.registry.is_degraded:
+            return kept
+        cut = next((n for n, w in enumerate(kept) if w.req.publish), None)
+        if cut is None:
+            return kept
+        answers[kept[cut].index] = RegistryUnavailable(
+            "publish requested while the shared registry (Redis) became unreachable: nothing was stored or published")
+        await self.fences.withdraw([(w.claim, w.claimed) for w in kept[cut:] if w.claimed is not None])
+        return kept[:cut]
 
     # -- 3. reserve -------------------------------------------------------------------------
 

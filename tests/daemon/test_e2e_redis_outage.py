@@ -12,7 +12,8 @@ the background; no timing assertion beyond "within N s" of a change.
 - Redis frozen (SIGSTOP): the same, and a load in flight costs at most the call deadline.
 - Started with Redis down: degraded, then ready once Redis answers (the default); with
   ``redis.start_unreachable = "refuse"`` it exits 2 naming ``redis.url``.
-- A published put gets a disk copy too (write-behind), so it outlives Redis.
+- A published put gets a disk copy too (write-behind), so it outlives Redis; a publish whose
+  claim meets the outage before the probe finds it is refused with nothing stored.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from statetier.launch.daemons import DaemonFailed, DaemonProcess
 from statetier.launch.processes import free_port
 from statetier.launch.redis_servers import RedisServer
 from statetier.protocol.errors import RegistryUnavailable
+from statetier.tiers.tolerant_registry import OUTAGE_STRIDE
 from tests.support.daemons import daemon_fixture
 from tests.support.jamba import assert_same_tensors, jamba_namespace, kv_page, snapshot
 from tests.support.waiting import wait_until
@@ -70,7 +72,7 @@ def local_ops_are_served(daemon, client: Client, kv_ref, ssm_ref) -> object:
     found = client.lookup([0], [1], [(64, PREFIX)], kv_layout="prefix", lease=False)
     assert found.tokens == 64
     new = client.put_ssm(1, PREFIX, 64, snapshot(3), request_id="r")
-    assert new.version == ssm_ref.version + 1
+    assert new.version == ssm_ref.version + OUTAGE_STRIDE  # ahead of any claim still on its way to Redis
     assert_same_tensors(client.load(new), snapshot(3))
     with pytest.raises(RegistryUnavailable):
         client.put_kv(0, PREFIX, 64, 128, kv_page(4, 64), request_id="r", publish=True)
@@ -144,3 +146,22 @@ def test_a_published_put_gets_a_disk_copy_and_outlives_redis(daemon, fresh_redis
     daemon.start()
     with Client(daemon.url, namespace=SPEC) as client:
         assert_same_tensors(client.load(ref), snapshot(7))
+
+
+def test_a_publish_whose_claim_meets_the_outage_is_refused_before_anything_is_stored(request, fresh_redis) -> None:
+    """Before the probe finds Redis frozen (it probes once a minute here): the claim waits its
+    deadline, is made from this daemon's view, and the publish is refused, nothing stored."""
+    daemon = daemon_fixture(request, name="half-publish", redis_url=fresh_redis.url,
+                            settings={"redis.socket_timeout": 1.0, "redis.probe_interval_seconds": 60})
+    with Client(daemon.url, namespace=SPEC) as client:
+        os.kill(fresh_redis.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(RegistryUnavailable, match="nothing was stored or published"):
+                client.put_ssm(1, PREFIX, 64, snapshot(8), request_id="r", publish=True)
+            assert client.list_objects()["namespaces"] == []
+            local = client.put_ssm(1, PREFIX, 64, snapshot(9), request_id="r")
+            # ahead of the refused publish's claim, which the frozen server still makes when it wakes
+            assert local.version == OUTAGE_STRIDE
+            assert_same_tensors(client.load(local), snapshot(9))
+        finally:
+            os.kill(fresh_redis.pid, signal.SIGCONT)
