@@ -6,7 +6,7 @@ the background; no timing assertion beyond "within N s" of a change.
 
 - Redis killed: ``statetier_redis_up`` goes 0 and ``/readyz`` 503 with a ``degraded`` body
   naming what is served; loads of local copies (by ref and by key), lookups and local puts
-  are served, each counted in ``statetier_outage_served_total{op}``; a put with publish is
+  are served — never a version older than one this daemon acknowledged —, each counted in ``statetier_outage_served_total{op}``; a put with publish is
   refused (``RegistryUnavailable``) and leaves nothing; Redis restarted without its data:
   up and ready again, and the outage's claim is written back (the only head there).
 - Redis frozen (SIGSTOP): the same, and a load in flight costs at most the call deadline.
@@ -27,7 +27,7 @@ from statetier.clients import Client
 from statetier.launch.daemons import DaemonFailed, DaemonProcess
 from statetier.launch.processes import free_port
 from statetier.launch.redis_servers import RedisServer
-from statetier.protocol.errors import RegistryUnavailable
+from statetier.protocol.errors import RegistryUnavailable, StaleState
 from statetier.tiers.tolerant_registry import OUTAGE_STRIDE
 from tests.support.daemons import daemon_fixture
 from tests.support.jamba import assert_same_tensors, jamba_namespace, kv_page, snapshot
@@ -74,6 +74,9 @@ def local_ops_are_served(daemon, client: Client, kv_ref, ssm_ref) -> object:
     new = client.put_ssm(1, PREFIX, 64, snapshot(3), request_id="r")
     assert new.version == ssm_ref.version + OUTAGE_STRIDE  # ahead of any claim still on its way to Redis
     assert_same_tensors(client.load(new), snapshot(3))
+    with pytest.raises(StaleState):  # the staleness promise holds through the outage
+        client.load(ssm_ref)
+    assert_same_tensors(client.load(ssm_ref.key), snapshot(3))  # by key: the newest this daemon holds
     with pytest.raises(RegistryUnavailable):
         client.put_kv(0, PREFIX, 64, 128, kv_page(4, 64), request_id="r", publish=True)
     assert (served(daemon, "load"), served(daemon, "put"), served(daemon, "lookup")) >= (3, 1, 1)
