@@ -14,6 +14,8 @@ the background; no timing assertion beyond "within N s" of a change.
   ``redis.start_unreachable = "refuse"`` it exits 2 naming ``redis.url``.
 - A published put gets a disk copy too (write-behind), so it outlives Redis; a publish whose
   claim meets the outage before the probe finds it is refused with nothing stored.
+- Two daemons, one cut off from Redis (a held proxy): the version it claimed locally, taken
+  by the other in Redis first, is lost on reconnect, and its object refused as stale.
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ from statetier.clients import Client
 from statetier.launch.daemons import DaemonFailed, DaemonProcess
 from statetier.launch.processes import free_port
 from statetier.launch.redis_servers import RedisServer
+from statetier.launch.tcp_proxy import DelayProxy
 from statetier.protocol.errors import RegistryUnavailable, StaleState
 from statetier.tiers.tolerant_registry import OUTAGE_STRIDE
 from tests.support.daemons import daemon_fixture
 from tests.support.jamba import assert_same_tensors, jamba_namespace, kv_page, snapshot
+from tests.support.keyrings import keyring_file
 from tests.support.waiting import wait_until
 
 SPEC = jamba_namespace("outage")
@@ -168,3 +172,25 @@ def test_a_publish_whose_claim_meets_the_outage_is_refused_before_anything_is_st
             assert_same_tensors(client.load(local), snapshot(9))
         finally:
             os.kill(fresh_redis.pid, signal.SIGCONT)
+
+
+def test_an_outage_put_another_daemon_beat_is_refused_as_stale_after_the_reconnect(request, fresh_redis) -> None:
+    """Prefill cut off from Redis (a held proxy) puts a stream's next version locally; decode,
+    still on Redis, puts the same version of that stream first. On reconnect prefill's claim is
+    lost to decode's, and a load by ref of prefill's object is refused (``StaleState``)."""
+    with keyring_file() as keyring, DelayProxy(fresh_redis.port) as proxy:
+        prefill = daemon_fixture(request, name="cut-off", redis_url=proxy.url, keyring=keyring, settings=SETTINGS)
+        decode = daemon_fixture(request, name="on-redis", redis_url=fresh_redis.url, keyring=keyring,
+                                settings=SETTINGS)
+        with Client(prefill.url, namespace=SPEC) as cut_off, Client(decode.url, namespace=SPEC) as on_redis:
+            proxy.hold()
+            wait_degraded(prefill)
+            mine = cut_off.put_ssm(1, PREFIX, 64, snapshot(10), request_id="race")
+            theirs = on_redis.put_ssm(1, PREFIX, 64, snapshot(11), request_id="race", version=mine.version)
+            assert theirs.version == mine.version
+            proxy.release()
+            wait_ready(prefill)
+            assert "1 lost to newer ones" in prefill.log_text()
+            with pytest.raises(StaleState):
+                cut_off.load(mine)
+            assert_same_tensors(on_redis.load(theirs), snapshot(11))
