@@ -57,9 +57,9 @@ class Walked:
     unavailable: list[str] = field(default_factory=list)
 
 
-async def walk(stack: Stack) -> Walked:
+async def walk(stack: Stack, tiers: list[Tier] | None = None) -> Walked:
     walked = Walked()
-    for tier in stack.tiers:
+    for tier in stack.tiers if tiers is None else tiers:
         try:
             metas = [meta async for meta in tier.iter_objects()]
         except Unavailable:
@@ -163,14 +163,16 @@ async def honour_marks(stack: Stack, marks: dict[str, int]) -> dict:
         created = copy.meta.created_at_ns
         return created <= namespaces.get(copy.namespace, -1) or created <= tenants.get(copy.tenant, -1)
 
-    walked = await walk(stack)
+    own = [tier for tier in stack.tiers if tier is not stack.publish]  # Redis's went with the purge
+    walked = await walk(stack, own)
     picked = [copy for copy in walked.copies if marked(copy)]
-    return await _remove_picked(stack, picked, walked.unavailable)
+    return await _remove_picked(stack, picked, walked.unavailable, own)
 
 
-async def _remove_picked(stack: Stack, picked: list[Copy], unavailable: list[str]) -> dict:
+async def _remove_picked(stack: Stack, picked: list[Copy], unavailable: list[str],
+                         tiers: list[Tier] | None = None) -> dict:
     ids = list(dict.fromkeys(copy.meta.object_id for copy in picked))
-    removed = await _remove_all(stack, ids, unavailable)
+    removed = await _remove_all(stack, ids, unavailable, stack.tiers if tiers is None else tiers)
     for tier_name, count in removed.items():
         stack.metrics.count_purged(tier_name, count)
     sizes = {copy.meta.object_id: copy.meta.size for copy in picked}
@@ -193,19 +195,20 @@ async def _mark_everywhere(stack: Stack, scope: str, cutoff: int, report: dict) 
             report["unavailable"].append(stack.publish.name)
 
 
-async def _remove_all(stack: Stack, ids: list[bytes], unavailable: list[str]) -> dict[str, int]:
+async def _remove_all(stack: Stack, ids: list[bytes], unavailable: list[str], tiers: list[Tier]) -> dict[str, int]:
     removed: dict[str, int] = {}
     async with contextlib.AsyncExitStack() as tombstones:
         for object_id in ids:
             await tombstones.enter_async_context(stack.placement.deleting(object_id))
-        await _sweep(stack, ids, removed, unavailable)
+        await _sweep(stack, tiers, ids, removed, unavailable)
         await stack.placement.settle_moves()  # a move begun before may hold a copy between two tiers
-        await _sweep(stack, ids, removed, unavailable)
+        await _sweep(stack, tiers, ids, removed, unavailable)
     return removed
 
 
-async def _sweep(stack: Stack, ids: list[bytes], removed: dict[str, int], unavailable: list[str]) -> None:
-    for tier in stack.tiers:
+async def _sweep(stack: Stack, tiers: list[Tier], ids: list[bytes], removed: dict[str, int],
+                 unavailable: list[str]) -> None:
+    for tier in tiers:
         if tier.name in unavailable:
             continue
         for object_id in ids:
