@@ -1,9 +1,10 @@
 """The composition root: the one place that builds concrete tiers and wires the daemon.
 
 - ``build(config) -> App``  — keyring, tiers (device, host, disk, redis as configured),
-                              version registry, metrics, the KV event publisher (``[events]``)
-                              and the engine's announcements into it, engine, server,
-                              metrics HTTP.
+                              version registry (with Redis: kept answering through an
+                              outage, and its health probe ``daemon.redis_watch``), metrics,
+                              the KV event publisher (``[events]``) and the engine's
+                              announcements into it, engine, server, metrics HTTP.
 - ``App.start()`` → ``App.serve_until(stop)`` → ``App.shutdown()`` — three awaited phases:
   start tiers, listen; serve; stop accepting, finish or cancel in-flight requests within
   the grace period, flush write-behind, close tiers in reverse order.
@@ -11,7 +12,8 @@
                               SIGTERM/SIGINT stops gracefully, a second exits at once).
 
 Keys: the signing keyring is read from ``keys.keyring_file`` (default
-``<disk dir>/keyring.json``), generated with mode 0600 on first start — with a warning, or
+``<disk dir>/keyring.json``), generated with mode 0600 on first start (saved once the start
+succeeded: a start that fails leaves none behind) — with a warning, or
 a refusal (``keys.new_keyring_with_redis``), when a Redis tier is configured: daemons that
 share Redis must share one keyring. The at-rest key likewise when a tier encrypts.
 """
@@ -29,17 +31,19 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from statetier.protocol.errors import ConfigError, StatetierError
+from statetier.protocol.errors import ConfigError, StatetierError, Unavailable
 from statetier.protocol.keyring import Keyring
 from statetier.tiers.base import Tier
 from statetier.tiers.crypto import AtRestCipher
 from statetier.tiers.registry import MemoryVersionRegistry, VersionRegistry
+from statetier.tiers.tolerant_registry import TolerantRegistry
 
 from .config import Config
 from .engine import Announcements, Engine, EngineOptions
 from .events import EventPublisher
 from .http import MetricsServer
 from .metrics import Metrics
+from .redis_watch import RedisWatch
 from .server import Server
 
 log = logging.getLogger("statetier")
@@ -54,10 +58,22 @@ class App:
     http: MetricsServer | None
     executor: ThreadPoolExecutor
     events: EventPublisher | None = None
+    watch: RedisWatch | None = None
+    new_keyring: tuple[Keyring, Path] | None = None  # generated here: saved once started
     maintenance: list[asyncio.Task] = field(default_factory=list)
 
     async def start(self) -> None:
-        await self.engine.start()
+        try:
+            await self.engine.start()
+        except Unavailable as exc:
+            if self.config.redis.url is None:
+                raise
+            from statetier.tiers.redis.connect import redact
+
+            raise Unavailable(f"redis.url {redact(self.config.redis.url)!r} did not answer at start and "
+                              f"redis.start_unreachable = \"refuse\": {exc.message}") from exc
+        if self.watch is not None:
+            await self.watch.check()  # redis_up and /readyz true from the first scrape
         try:
             if self.events is not None:
                 self.events.start()
@@ -70,7 +86,12 @@ class App:
             if self.events is not None:
                 self.events.close()
             raise
+        if self.watch is not None:
+            self.maintenance.append(asyncio.create_task(self.watch.run(), name="redis-health"))
         self.maintenance.append(asyncio.create_task(self._maintain(), name="maintenance"))
+        if self.new_keyring is not None:
+            save_new_keyring(*self.new_keyring, shared=self.config.redis.url is not None)
+            self.new_keyring = None
 
     async def serve_until(self, stop: asyncio.Event) -> None:
         await stop.wait()
@@ -112,8 +133,11 @@ class App:
             if stats.tier == "host" and self.config.host.capacity_bytes is None:
                 sized = (" (25% of this machine's available memory, allocated now; host.capacity_bytes or "
                          "--host-capacity sets it)")
-            lines.append(f"  tier {stats.tier}: capacity {stats.capacity} bytes ({_gib(stats.capacity)}), "
-                         f"{stats.objects} objects{sized}")
+            if stats.capacity == 0 and stats.tier == "redis" and self.config.redis.url is not None:
+                capacity = "unbounded (redis.capacity_bytes unset: Redis's TTL and maxmemory bound it)"
+            else:
+                capacity = f"{stats.capacity} bytes ({_gib(stats.capacity)})"
+            lines.append(f"  tier {stats.tier}: capacity {capacity}, {stats.objects} objects{sized}")
         return "\n".join(lines)
 
 
@@ -121,18 +145,22 @@ def _gib(nbytes: int) -> str:
     return f"{nbytes / (1 << 30):.1f} GiB" if nbytes >= 1 << 30 else f"{nbytes / (1 << 20):.0f} MiB"
 
 
-def load_or_create_keyring(config: Config) -> Keyring:
+def load_or_create_keyring(config: Config) -> tuple[Keyring, Path | None]:
+    """The keyring at ``keys.keyring_file``, or a new one and the path it is to be saved at
+    once the daemon started (``App.start``): a start that fails leaves no keyring behind."""
     path = config.keyring_path()
     if path.exists():
-        return Keyring.load(path)
-    shared = config.redis.url is not None
-    if shared and config.keys.new_keyring_with_redis == "refuse":
+        return Keyring.load(path), None
+    if config.redis.url is not None and config.keys.new_keyring_with_redis == "refuse":
         raise ConfigError(f"keys.keyring_file: {path} does not exist and redis.url is set: daemons that share "
                           f"Redis must share one keyring (statetier keygen --out FILE, then keys.keyring_file = FILE "
                           f"on every one of them); keys.new_keyring_with_redis = \"refuse\" forbids generating one "
                           f"here")
+    return Keyring.generate(), path
+
+
+def save_new_keyring(keyring: Keyring, path: Path, *, shared: bool) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    keyring = Keyring.generate()
     keyring.save(path)
     if shared:
         log.warning("generated a new signing keyring at %s while a Redis tier is configured: daemons that share "
@@ -141,7 +169,6 @@ def load_or_create_keyring(config: Config) -> Keyring:
                     "Set keys.new_keyring_with_redis = \"refuse\" to stop instead", path)
     else:
         log.info("generated a new signing keyring at %s", path)
-    return keyring
 
 
 def load_or_create_cipher(path: Path) -> AtRestCipher:
@@ -173,6 +200,7 @@ def build_tiers(config: Config, keyring: Keyring, executor) -> tuple[list[Tier],
             config.device.capacity_bytes, device=config.device.device, high_watermark=config.device.high_watermark,
             low_watermark=config.device.low_watermark, lease_ttl=limits.lease_ttl_seconds), executor))
     if config.host.enabled:
+        _warn_if_beyond_memory(config.host.capacity_bytes)
         host = HostTier(HostTierOptions(
             config.host.resolved_capacity(), shm_dir=config.host.shm_dir, high_watermark=config.host.high_watermark,
             low_watermark=config.host.low_watermark, lease_ttl=limits.lease_ttl_seconds), executor)
@@ -195,7 +223,8 @@ def build_tiers(config: Config, keyring: Keyring, executor) -> tuple[list[Tier],
         redis_tier = RedisTier(RedisTierOptions(
             config.redis.url, cluster=config.redis.cluster, ttl_seconds=config.redis.ttl_seconds,
             capacity_bytes=config.redis.capacity_bytes, chunk_bytes=config.redis.chunk_bytes,
-            lease_ttl=limits.lease_ttl_seconds, socket_timeout=config.redis.socket_timeout),
+            lease_ttl=limits.lease_ttl_seconds, socket_timeout=config.redis.socket_timeout,
+            start_unreachable=config.redis.start_unreachable),
             keyring=keyring, cipher=cipher if config.redis.encrypt else None, executor=executor)
         tiers.append(redis_tier)
         roles["publish"] = redis_tier
@@ -204,16 +233,31 @@ def build_tiers(config: Config, keyring: Keyring, executor) -> tuple[list[Tier],
     return tiers, roles
 
 
+def _warn_if_beyond_memory(capacity: int | None) -> None:
+    """A host arena sized past this machine's available memory starts (the memfd fills as
+    it is used), but it will be killed or swap once full: said at start."""
+    from .config import read_mem_available
+
+    if capacity is None:
+        return
+    try:
+        available = read_mem_available()
+    except ConfigError:
+        return
+    if capacity > available:
+        log.warning("host.capacity_bytes is %s, more than this machine's available memory (%s): the host arena "
+                    "fills as it is used, and once past what the machine has the daemon swaps or is killed; "
+                    "set host.capacity_bytes (--host-capacity) below it", _gib(capacity), _gib(available))
+
+
 def build(config: Config) -> App:
-    keyring = load_or_create_keyring(config)
+    keyring, new_keyring_path = load_or_create_keyring(config)
     executor = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)), thread_name_prefix="statetier-io")
     tiers, roles = build_tiers(config, keyring, executor)
     metrics = Metrics()
+    watch = None
     if roles["publish"] is not None:
-        from statetier.tiers.redis import RedisVersionRegistry
-
-        assert config.redis.url is not None  # the publish tier is Redis, built from this URL
-        registry: VersionRegistry = RedisVersionRegistry(config.redis.url, ttl_seconds=config.redis.ttl_seconds)
+        registry, watch = _shared_registry(config, roles["publish"], metrics)
     else:
         registry = MemoryVersionRegistry()
     quotas = {t.name: dict(t.quota_bytes) for t in config.tenants if t.quota_bytes}
@@ -229,16 +273,42 @@ def build(config: Config) -> App:
         metrics.track_events(events.stats)
     engine = Engine(tiers, keyring=keyring, registry=registry, metrics=metrics, options=options,
                     executor=executor, announcements=announcements, **roles)
+    if watch is not None:
+        watch.on_purge_marks = engine.honour_purge_marks
     server = Server(engine, config, metrics)
-    metrics.track(_tier_stats_reporting_redis(engine, metrics, roles["publish"]),
+    metrics.track(engine.tier_stats,
                   lambda: {**server.stats(), "leases": engine.lease_count,
                            "write_behind_pending": engine.placement.write_behind_pending,
                            "write_behind_limit": config.limits.write_behind_queue,
                            "tenants": _tenant_accounts(engine.tenancy.usage(), quotas)})
     http = None
     if config.metrics.enabled:
-        http = MetricsServer(metrics, config.metrics.host, config.metrics.port, ready=lambda: engine.ready)
-    return App(config, engine, server, metrics, http, executor, events)
+        http = MetricsServer(metrics, config.metrics.host, config.metrics.port, ready=_readiness(engine, watch))
+    app = App(config, engine, server, metrics, http, executor, events, watch=watch)
+    if new_keyring_path is not None:
+        app.new_keyring = (keyring, new_keyring_path)
+    return app
+
+
+def _shared_registry(config: Config, redis_tier, metrics: Metrics) -> tuple[VersionRegistry, RedisWatch]:
+    """The version registry in Redis, on the tier's edge (one deadline, one health probe),
+    kept answering through an outage (``tiers.tolerant_registry``), and its probe."""
+    from statetier.tiers.redis import RedisVersionRegistry
+
+    assert config.redis.url is not None  # the publish tier is Redis, built from this URL
+    shared = RedisVersionRegistry(config.redis.url, ttl_seconds=config.redis.ttl_seconds,
+                                  socket_timeout=config.redis.socket_timeout, edge=redis_tier.edge)
+    registry = TolerantRegistry(shared, on_outage=config.redis.on_outage)
+    return registry, RedisWatch(redis_tier, registry, metrics, config.redis.probe_interval_seconds)
+
+
+def _readiness(engine: Engine, watch: RedisWatch | None):
+    def ready() -> bool | tuple[bool, str]:
+        if not engine.ready or watch is None:
+            return engine.ready
+        return watch.readiness()
+
+    return ready
 
 
 def _tenant_accounts(usage: dict[str, dict[str, int]], quotas: dict[str, dict[str, int]]) -> dict:
@@ -249,20 +319,6 @@ def _tenant_accounts(usage: dict[str, dict[str, int]], quotas: dict[str, dict[st
             accounts.setdefault(tenant, {})[tier] = {"used": usage.get(tenant, {}).get(tier, 0),
                                                      "quota": quotas.get(tenant, {}).get(tier)}
     return accounts
-
-
-def _tier_stats_reporting_redis(engine: Engine, metrics: Metrics, redis_tier: Tier | None):
-    """Tier stats for the scrape, setting ``statetier_redis_up`` from the Redis tier's view."""
-
-    def read():
-        stats = engine.tier_stats()
-        if redis_tier is not None:
-            for item in stats:
-                if item.tier == redis_tier.name:
-                    metrics.set_redis_available(bool(item.extra.get("available", True)))
-        return stats
-
-    return read
 
 
 async def serve(config: Config, stop: asyncio.Event | None = None) -> None:

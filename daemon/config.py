@@ -107,7 +107,17 @@ class RedisTierConfig(_Section):
                                          "(TTL/maxmemory).")
     chunk_bytes: Bytes = Field(2 * MiB, description="Large sealed values are split into chunks of this size.")
     encrypt: bool = Field(False, description="Encrypt payloads at rest (AES-256-GCM, keys.at_rest_key_file).")
-    socket_timeout: Seconds = Field(5.0, description="Seconds before a Redis call counts as unavailable.")
+    socket_timeout: Seconds = Field(5.0, description="Deadline of one Redis call, every retry and the wait for a "
+                                    "connection included: what a hung Redis may cost a request.")
+    on_outage: Literal["local", "refuse"] = Field(
+        "local", description='Puts while Redis is unreachable: "local" (versions from what this daemon knows, '
+        'written to Redis when it answers again) or "refuse" (RegistryUnavailable, nothing stored). Loads and '
+        'lookups of local copies are served either way; a put with publish=true is refused.')
+    start_unreachable: Literal["degraded", "refuse"] = Field(
+        "degraded", description='Redis not answering at start: "degraded" (start, serve what is local, reconnect '
+        'with the health probe) or "refuse" (exit naming redis.url).')
+    probe_interval_seconds: Seconds = Field(1.0, description="How often the health probe PINGs Redis "
+                                            "(statetier_redis_up, /readyz).")
     publish_without_redis: Literal["refuse", "local"] = Field(
         "refuse", description='A put with publish=true when no Redis tier is configured: "refuse" (Unavailable, '
         'nothing stored) or "local" (stored here only; the reply says published=false and '

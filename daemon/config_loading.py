@@ -15,6 +15,7 @@ commands' ``$STATETIER_URL``/``$STATETIER_TOKEN``: ``daemon.client_env``). Calle
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import tomllib
@@ -32,6 +33,11 @@ from statetier.protocol.errors import ConfigError
 
 ENV_PREFIX = "STATETIER_"
 ENV_CONFIG_FILE = "STATETIER_CONFIG"
+#: STATETIER_* variables that are not settings: the clients' (``daemon.client_env``), the
+#: container build's and the test tooling's. Any other unknown one is refused, as an unknown
+#: TOML key is: a misspelt setting must not be ignored.
+ENV_NOT_CONFIG = frozenset({"STATETIER_CONFIG", "STATETIER_URL", "STATETIER_TOKEN", "STATETIER_DEPS",
+                            "STATETIER_REDIS_SERVER", "STATETIER_REDIS_CLI"})
 
 
 def load_config(
@@ -96,16 +102,26 @@ def _read_toml(path: Path) -> dict:
 
 def _env_entries(env: Mapping[str, str]):
     """``STATETIER_DISK__DIRECTORY`` → ("disk", "directory"); single-level names only when
-    they are ``Config`` fields, so ``STATETIER_URL``/``STATETIER_CONFIG`` are not config."""
+    they are ``Config`` fields; ``ENV_NOT_CONFIG`` are skipped, any other is refused."""
     for name in sorted(env):
         if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG_FILE:
             continue
         keys = tuple(part.lower() for part in name[len(ENV_PREFIX):].split("__"))
         if len(keys) == 1 and keys[0] not in Config.model_fields:
-            continue
+            if name in ENV_NOT_CONFIG:
+                continue
+            raise ConfigError(_unknown_variable(name))
         if any(not part for part in keys):
             raise ConfigError(f"environment {name}: empty name segment")
         yield name, keys, parse_env_value(env[name], _annotation_at(keys), is_mode=_is_mode_at(keys))
+
+
+def _unknown_variable(name: str) -> str:
+    settings = [ENV_PREFIX + field.upper() for field in Config.model_fields]
+    close = difflib.get_close_matches(name, settings, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return (f"environment {name}: no such setting{hint}; sections take two underscores "
+            f"(STATETIER_<SECTION>__<FIELD>, e.g. STATETIER_REDIS__URL)")
 
 
 def _annotation_at(keys: tuple[str, ...]) -> object:

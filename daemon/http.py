@@ -7,7 +7,9 @@ open connections. Routes, GET or HEAD:
 - ``/metrics`` — ``prometheus_client.generate_latest(metrics.registry)``; the scrape-time
   collector reads tier stats here, on the loop, so it sees a consistent state.
 - ``/healthz`` — 200 "ok" while the loop answers.
-- ``/readyz``  — 200 when ``ready()`` is true, else 503 (started, not yet serving; draining).
+- ``/readyz``  — 200 when ``ready()`` is true, else 503 (started, not yet serving; draining);
+  a ``ready()`` that answers ``(is_ready, body)`` says why in the body (degraded: Redis is
+  unreachable, and what is still served: ``daemon.redis_watch``).
 
 One request per connection, then the connection closes. A request that is malformed,
 too large or too slow gets a 4xx (or is dropped) and changes nothing else.
@@ -48,7 +50,7 @@ class MetricsServer:
         metrics: Metrics,
         host: str = "127.0.0.1",
         port: int = 9464,
-        ready: Callable[[], bool] = lambda: True,
+        ready: Callable[[], bool | tuple[bool, str]] = lambda: True,
         *,
         read_timeout: float = 10.0,
         max_connections: int = 64,
@@ -132,11 +134,14 @@ class MetricsServer:
             return 200, b"ok\n", _TEXT
         if path == "/readyz":
             try:
-                is_ready = bool(self.ready())
+                answer = self.ready()
             except Exception:
                 log.exception("metrics: ready() raised")
-                is_ready = False
-            return (200, b"ready\n", _TEXT) if is_ready else (503, b"not ready\n", _TEXT)
+                answer = False
+            if isinstance(answer, tuple):  # (is_ready, body): a readiness that says why
+                is_ready, body = answer
+                return (200 if is_ready else 503), body.encode(), _TEXT
+            return (200, b"ready\n", _TEXT) if answer else (503, b"not ready\n", _TEXT)
         return 404, b"not found: try /metrics, /healthz, /readyz\n", _TEXT
 
 

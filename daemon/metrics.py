@@ -27,6 +27,9 @@ Counted by the daemon as things happen:
                                                                (all at 0)
     statetier_unpublished_puts_total                counter    puts that asked to publish, stored here only (no
                                                                Redis tier, redis.publish_without_redis = "local")
+    statetier_outage_served_total{op}               counter    loads, puts and lookups served while the shared
+                                                               registry (Redis) was unreachable (op: load, put,
+                                                               lookup; all at 0)
     statetier_demotions_total{src,dst}              counter    objects moved to a slower tier
     statetier_promotions_total{src,dst}             counter    objects copied to a faster tier
     statetier_purged_objects_total{tier}            counter    copies removed by a purge
@@ -122,6 +125,11 @@ class Metrics:
         self._unpublished = Counter(
             "statetier_unpublished_puts_total", "Puts that asked to publish, stored here only (no Redis tier; "
             "redis.publish_without_redis = \"local\").", registry=r)
+        self._outage_served = Counter(
+            "statetier_outage_served_total", "Requests served while the shared registry (Redis) was unreachable, "
+            "from this daemon's own copies and versions.", ["op"], registry=r)
+        for op in ("load", "put", "lookup"):
+            self._outage_served.labels(op)
         self._demotions = Counter("statetier_demotions_total", "Objects demoted.", ["src", "dst"], registry=r)
         self._promotions = Counter("statetier_promotions_total", "Objects promoted.", ["src", "dst"], registry=r)
         self._purged = Counter(
@@ -192,6 +200,10 @@ class Metrics:
     def count_unpublished(self) -> None:
         self._unpublished.inc()
 
+    def count_outage_served(self, op: str, n: int = 1) -> None:
+        if n:
+            self._outage_served.labels(op).inc(n)
+
     def count_demotion(self, src: str, dst: str, n: int = 1) -> None:
         self._demotions.labels(src, dst).inc(n)
 
@@ -256,6 +268,9 @@ class NullMetrics:
         pass
 
     def count_unpublished(self) -> None:
+        pass
+
+    def count_outage_served(self, op: str, n: int = 1) -> None:
         pass
 
     def count_demotion(self, src: str, dst: str, n: int = 1) -> None:

@@ -10,7 +10,7 @@ that knows how to start, wait for, signal and clean up a daemon.
   as ``config.toml`` there and passed with ``--config``; ``settings`` become ``--set
   KEY=VALUE`` flags; ``keyring`` a ``--keyring`` file; ``group`` a gid to run it with (a
   service group: what it creates belongs to that group). ``start()`` returns once
-  ``/readyz`` answers 200 (the metrics server starts after the listeners; without metrics:
+  ``/readyz`` answers 200 or degraded (the metrics server starts after the listeners; without metrics:
   once PING answers), else raises ``DaemonFailed`` with the log tail; ``stop(sig=SIGTERM)``
   → exit code; ``send_signal``/``wait``; ``kill()`` (SIGKILL); ``start()`` again, or
   ``restart()``, runs on the same directory; ``close()`` stops it and removes the
@@ -156,9 +156,11 @@ class DaemonProcess:
             if self.metrics_port is None:
                 return False
             try:
-                return self.http_get("/readyz", timeout=5.0)[0] == 200 and self.socket_path.exists()
+                status, body = self.http_get("/readyz", timeout=5.0)
             except OSError:
                 return False
+            # degraded (Redis unreachable) still serves what is local: started
+            return (status == 200 or body.startswith(b"degraded")) and self.socket_path.exists()
         try:
             with Client(self.url, use_shm=False, timeout=5.0) as probe:
                 probe.ping()

@@ -23,6 +23,8 @@ Every class has a stable wire ``code`` (u16, sent in error frames) and a ``reaso
     ├── QuotaExceeded                   301    quota
     ├── Busy                            302    busy              (byte budget exhausted)
     ├── Unavailable                     310    unavailable       (a backend is unreachable)
+    │   └── RegistryUnavailable         311    registry_unavailable (the shared version registry
+    │                                                          is unreachable and this op needs it)
     ├── ProtocolError                   400    protocol          (wire frames)
     │   ├── FrameTooLarge               401    frame_too_large
     │   ├── MalformedFrame              402    malformed_frame
@@ -166,6 +168,11 @@ class Busy(StatetierError):
 class Unavailable(StatetierError):
     code = 310
     reason = "unavailable"
+
+
+class RegistryUnavailable(Unavailable):
+    code = 311
+    reason = "registry_unavailable"
 
 
 class ProtocolError(StatetierError):

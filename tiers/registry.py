@@ -12,7 +12,11 @@ registry also records, per state_id, the stream it was issued for (``MisroutedSt
   head is behind it, rolled back); ``Claimed`` — its version and the head it superseded
   (what ``withdraw`` puts back).
 - ``MemoryVersionRegistry`` — one process; bounded (oldest streams forgotten past a limit).
+  ``claim_now``/``head_now`` without awaiting; ``remember``/``remember_stream`` feed it what
+  another registry answered (a mirror).
 - ``RedisVersionRegistry``  — in ``tiers.redis.registry``: across nodes, atomic in Redis.
+- ``TolerantRegistry``      — in ``tiers.tolerant_registry``: a shared registry and, through
+  its outages, this process's mirror of it (``is_degraded``).
 """
 
 from __future__ import annotations
@@ -47,6 +51,12 @@ class Claimed:
 class VersionRegistry(abc.ABC):
     #: True when answers come from this process's memory (no I/O): see ``Tier.answers_in_memory``.
     answers_in_memory: bool = False
+
+    @property
+    def is_degraded(self) -> bool:
+        """True while a shared registry is unreachable and answers come from what this
+        process knows (``tiers.tolerant_registry``); a registry of one process never is."""
+        return False
 
     @abc.abstractmethod
     async def claim(self, stream_id: bytes, state_id: bytes, version: int | None = None) -> int:
@@ -98,7 +108,7 @@ class MemoryVersionRegistry(VersionRegistry):
         self._streams: BoundedLru[bytes, bytes] = BoundedLru(max_streams)
 
     async def claim(self, stream_id: bytes, state_id: bytes, version: int | None = None) -> int:
-        claimed = self._claim(Claim(stream_id, state_id, version))
+        claimed = self.claim_now(Claim(stream_id, state_id, version))
         if isinstance(claimed, StaleState):
             raise claimed
         return claimed.version
@@ -109,7 +119,7 @@ class MemoryVersionRegistry(VersionRegistry):
             if out and not isinstance(out[-1], Claimed):
                 out.append(None)
                 continue
-            out.append(self._claim(claim))
+            out.append(self.claim_now(claim))
         return out
 
     async def withdraw(self, claims: list[tuple[Claim, Claimed]]) -> None:
@@ -123,7 +133,7 @@ class MemoryVersionRegistry(VersionRegistry):
                 self._heads.put(claim.stream_id, claimed.previous)
             self._streams.discard(claim.state_id)
 
-    def _claim(self, claim: Claim) -> Claimed | StaleState:
+    def claim_now(self, claim: Claim) -> Claimed | StaleState:
         previous = self._heads.peek(claim.stream_id)
         newest = previous.version if previous else 0
         version = claim.version
@@ -140,6 +150,18 @@ class MemoryVersionRegistry(VersionRegistry):
 
     async def stream_of(self, state_id: bytes) -> bytes | None:
         return self._streams.peek(state_id)
+
+    def remember(self, stream_id: bytes, head: StreamHead) -> None:
+        """Take ``head`` as the stream's newest unless a newer one is held (a mirror's feed)."""
+        held = self._heads.peek(stream_id)
+        if held is None or head.version >= held.version:
+            self._heads.put(stream_id, head)
+
+    def head_now(self, stream_id: bytes) -> StreamHead | None:
+        return self._heads.peek(stream_id)
+
+    def remember_stream(self, state_id: bytes, stream_id: bytes) -> None:
+        self._streams.put(state_id, stream_id)
 
     async def newest_many(self, stream_ids: list[bytes]) -> list[StreamHead | None]:
         return [self._heads.peek(stream) for stream in stream_ids]

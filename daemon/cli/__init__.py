@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from pathlib import Path
 
 from statetier.daemon.client_env import client_token_from_env, client_url_from_env
 
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader left
 EXIT_ERROR = 2
 LOG_LEVELS = ["debug", "info", "warning", "error", "critical"]
 
@@ -41,7 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     module, _, function = args.run.partition(":")
     try:
         run = getattr(importlib.import_module(f"{__name__}.{module}"), function)
-        return int(run(args) or 0)
+        code = int(run(args) or 0)
+        sys.stdout.flush()  # here, so that a closed pipe is met inside this try
+        return code
+    except BrokenPipeError:  # `statetier stats --json | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+        return EXIT_BROKEN_PIPE
     except StatetierError as exc:
         print(f"error: {exc.reason}: {exc.message}", file=sys.stderr)
         return EXIT_ERROR

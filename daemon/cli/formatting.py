@@ -48,7 +48,8 @@ def table(rows: Sequence[tuple[str, ...]]) -> list[str]:
 
 
 def format_stats(stats: dict) -> str:
-    rows = [("tier", "objects", "used", "capacity", "use", "leases", "inflight", "evictions", "compactions")]
+    # per tier its copies: an object held in host and disk counts in both (`ls` counts objects)
+    rows = [("tier", "copies", "used", "capacity", "use", "leases", "inflight", "evictions", "compactions")]
     for tier in stats.get("tiers") or []:
         used, capacity = int(tier.get("bytes_used", 0)), int(tier.get("capacity", 0))
         rows.append((
@@ -57,6 +58,7 @@ def format_stats(stats: dict) -> str:
             str(tier.get("inflight", 0)), str(tier.get("evictions", 0)), str(tier.get("compactions_run", 0)),
         ))
     lines = table(rows)
+    lines.append("(copies per tier: an object in two tiers counts in both; statetier ls counts each object once)")
     for key in sorted(k for k in stats if k != "tiers"):
         value = stats[key]
         if isinstance(value, dict) and value:
@@ -76,6 +78,10 @@ def format_listing(reply: dict, now_ns: int | None = None) -> str:
                      format_bytes(row.get("bytes", 0)), tiers, kinds, format_time(row.get("oldest_ns"), now_ns),
                      format_time(row.get("newest_ns"), now_ns)))
     lines = table(rows) if len(rows) > 1 else ["nothing stored (for this tenant)"]
+    for row in reply.get("namespaces") or []:
+        if row.get("newest_ids"):
+            lines.append(f"newest in {(row.get('namespace') or '?')[:16]}…: {' '.join(row['newest_ids'])} "
+                         f"(statetier inspect STATE_ID)")
     if reply.get("unavailable"):
         lines.append(f"not listed: tiers {', '.join(reply['unavailable'])} did not answer")
     return "\n".join(lines)

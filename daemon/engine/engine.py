@@ -22,6 +22,9 @@ hold the rules; the server calls, per request, and the engine forwards to:
   removing a namespace's or a tenant's objects from every tier)
 - ``start`` / ``close``, ``stats``, ``lease_count``
 
+While the version registry ``is_degraded`` (a shared one unreachable), every load, put and
+lookup answered is counted as served during the outage (``statetier_outage_served_total``).
+
 ``EngineOptions`` (defined in ``daemon.engine.stack``) is exported here. Eviction and demotion
 are ``daemon.engine.placement``'s; tenant bytes follow every copy (``daemon.engine.tenancy``).
 Every request is taken into its tenant's own namespaces first, a batch item by item
@@ -129,7 +132,9 @@ class Engine:
 
     async def put_batch(self, items: list[Incoming]) -> list[PutResult | StatetierError | None]:
         """Many puts as one unit of work: an answer per item, None after a failure (not attempted)."""
-        return await self._puts.put_batch([own_incoming(item) for item in items])
+        answers = await self._puts.put_batch([own_incoming(item) for item in items])
+        self._count_outage("put", answers)
+        return answers
 
     async def put(self, req: PutRequest, payload) -> PutResult:
         return _one(await self.put_batch([Incoming(req, memoryview(payload).cast("B"))]))
@@ -142,7 +147,9 @@ class Engine:
 
     async def load_batch(self, reqs: list[LoadRequest], owner) -> list[LoadResult | StatetierError | None]:
         """Many loads as one unit of work: an answer per request, None after a failure."""
-        return await self._loads.load_batch([own_load(req) for req in reqs], owner)
+        answers = await self._loads.load_batch([own_load(req) for req in reqs], owner)
+        self._count_outage("load", answers)
+        return answers
 
     async def load(self, req: LoadRequest, owner) -> LoadResult:
         return _one(await self.load_batch([req], owner))
@@ -171,7 +178,15 @@ class Engine:
         result = await joint_hit(self.stack, self._leases, req, owner)
         requested = req.boundaries[-1][0] if req.boundaries else 0
         self.metrics.observe_lookup(result.tokens, time.perf_counter() - started, requested)
+        self._count_outage("lookup", [result])
         return result
+
+    def _count_outage(self, op: str, answers: list) -> None:
+        """Answers given while the shared registry is unreachable: from this daemon's own
+        copies and versions (``tiers.tolerant_registry``), counted per op."""
+        if self.registry.is_degraded:
+            self.metrics.count_outage_served(op, sum(1 for a in answers if a is not None
+                                                     and not isinstance(a, BaseException)))
 
     async def locate(self, key: StateKey, *, allow_speculative: bool = False) -> list[tuple[ObjectMeta, Tier]]:
         """Objects stored under ``key`` that may be served (the fastest tier holding each),
@@ -195,6 +210,10 @@ class Engine:
             namespace = owned_namespace(tenant, namespace)
         return await catalog.purge(self.stack, tenant, namespace=namespace, of_tenant=of_tenant,
                                    is_operator=is_operator)
+
+    async def honour_purge_marks(self, marks: dict[str, int]) -> dict:
+        """Remove the copies other daemons' purges marked in the shared registry (``catalog``)."""
+        return await catalog.honour_marks(self.stack, marks)
 
     async def inspect(self, tenant: str, state_id: bytes) -> dict:
         return await audit.inspect(self.stack, tenant, state_id)

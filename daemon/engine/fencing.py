@@ -24,6 +24,12 @@ carries it (``Claim.past``), so a claim without a version gets one above it from
 in the same call, which writes the head forward again. ``rollbacks_seen`` counts the heads found
 behind (``Engine.stats``: ``registry_heads_behind``). A withdrawn claim gives back what it
 made remembered. A daemon that never saw the newer version has only the registry to go by.
+
+A head of the ref's own version held by another state_id, the ref's own issued for the same
+stream, means two attempts took one version where the registry could not order them
+(claimed by two daemons while Redis was unreachable, ``tiers.tolerant_registry``; or after
+a Redis that lost its data): the registry's is the one kept, so a load by ref of the other
+is refused as ``StaleState``.
 """
 
 from __future__ import annotations
@@ -105,8 +111,12 @@ class Fences:
             if stream is not None:
                 self._remember_stream(state_id, stream)
         for (i, req, ref), head, stream in zip(by_ref, heads, streams):
+            newest = self._newest_of(stream, head)
+            if head is not None and newest == head.version == ref.version and head.state_id != ref.state_id \
+                    and self._issued.get(ref.state_id) == stream:
+                newest = ref.version + 1  # another attempt of this stream holds this version: this one lost
             out[i] = Expectation.for_ref(
-                ref, req.namespace, newest_version=self._newest_of(stream, head),
+                ref, req.namespace, newest_version=newest,
                 state_id_stream=self._issued.get(ref.state_id), tensors=req.tensors,
                 allow_speculative=req.allow_speculative, stream=stream)
         return out

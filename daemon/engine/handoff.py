@@ -9,7 +9,7 @@ started)`` answers each ``Stored`` item of a batch with its ``PutResult``:
   when there is none or it could not take the object); ``publish``: it is written through
   to the cross-node tier (a batch's publishes together: ``daemon.engine.batch_copies``, one
   commit round trip on Redis), or — tolerated without one — stored locally, said and counted;
-  otherwise a write-behind copy is scheduled (no wait);
+  and a write-behind copy is scheduled (no wait) for every put, published ones too;
 - one metric update for the whole batch (``observe_ops``, per tier, kind and op: ``put``,
   and ``store`` for what went into its arena reservation).
 
@@ -106,7 +106,8 @@ class PutCompletion:
             return PutResult(ref, tier.name, False, tier.is_durable)
         durable = tier.is_durable or (req.durable and await self._store_durably(item))
         is_published = await self._publish(item, published) if req.publish else False
-        if not req.publish:
+        if not req.publish or (is_published and tier is not self.stack.publish):
+            # a published object is written behind too: the local copy outlives its Redis TTL
             self.stack.placement.schedule_copy_down(meta.object_id, tier)
         return PutResult(ref, tier.name, is_published, durable)
 

@@ -164,7 +164,7 @@ class Loads:
             return await self._load_object(wanted, counted=counted, may_wait=False)
         if counted:
             stack.count_miss(wanted.expectation.key)
-        raise NotFound(f"state {wanted.state_id.hex()} is in no tier")
+        raise NotFound(f"state {wanted.state_id.hex()} is in no tier{_no_shared_tier_hint(stack)}")
 
     async def _try_copy(self, tier: Tier, index: int, wanted: Wanted, passed: _Passed) -> LoadResult | None:
         """``tier``'s copy served, or None with why it was passed over noted in ``passed``."""
@@ -214,3 +214,11 @@ class Loads:
             self.stack.count_rejection(exc)
         else:
             self.stack.count_skip(skip_reason(exc))
+
+
+def _no_shared_tier_hint(stack) -> str:
+    """What a miss means on a daemon without a cross-node tier: only its own puts are found."""
+    if stack.publish is not None:
+        return ""
+    return (" of this daemon, and it has no Redis tier (redis.url unset): only objects put through this daemon "
+            "are found here; a ref from another node needs both daemons on one Redis")

@@ -9,8 +9,9 @@
 
 A batch is the unit of work; a single put is a batch of one through the same code:
 
-1. each item checked (namespace, publish, group regions, payload length, a tag's tokens within
-   the key's span) and stamped
+1. each item checked (namespace, publish — refused as ``RegistryUnavailable`` while the
+   shared registry is unreachable, before anything is stored —, group regions, payload
+   length, a tag's tokens within the key's span) and stamped
    (producer, time, state_id, fingerprint);
 2. every version claimed in one registry call (``Fences.claim_many``);
 3. room reserved for each in the first tier within its tenant's quota, in order: the host
@@ -34,7 +35,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from statetier.protocol.errors import InvalidRequest, PlacementMismatch, StatetierError, Unavailable
+from statetier.protocol.errors import (
+    InvalidRequest,
+    PlacementMismatch,
+    RegistryUnavailable,
+    StatetierError,
+    Unavailable,
+)
 from statetier.protocol.groups import check_regions
 from statetier.protocol.identity import Kind, Provenance, fingerprint, new_state_id, stream_id
 from statetier.protocol.passes import PASSES, copy_into
@@ -121,6 +128,10 @@ class Puts:
         if req.publish and stack.publish is None and not stack.options.tolerate_unpublished:
             raise Unavailable("publish requested but this daemon has no cross-node tier (Redis): nothing "
                               "was stored or published")
+        if req.publish and stack.publish is not None and stack.registry.is_degraded:
+            raise RegistryUnavailable("publish requested while the shared registry (Redis) is unreachable: "
+                                      "nothing was stored or published (a local put is served; retry the "
+                                      "publish once /readyz says ready)")
         if req.key.kind is Kind.SSM and req.key.token_start != 0:
             raise InvalidRequest("an SSM snapshot must start at token 0")
         if req.tag is not None and len(req.tag.tokens) > req.key.token_end - req.key.token_start:
@@ -153,7 +164,21 @@ class Puts:
             w.claimed = claimed
             w.meta = _meta(w, claimed.version)
             kept.append(w)
-        return kept
+        return await self._unless_publishing_in_an_outage(kept, answers)
+
+    async def _unless_publishing_in_an_outage(self, kept: list[_Work], answers: list) -> list[_Work]:
+        """Claims that met an unreachable registry were made from this daemon's view: a publish
+        among them would be half done (stored here, not in Redis), so it is refused before
+        anything is stored; the batch ends there and its claims and the later ones are withdrawn."""
+        if not self.stack.registry.is_degraded:
+            return kept
+        cut = next((n for n, w in enumerate(kept) if w.req.publish), None)
+        if cut is None:
+            return kept
+        answers[kept[cut].index] = RegistryUnavailable(
+            "publish requested while the shared registry (Redis) became unreachable: nothing was stored or published")
+        await self.fences.withdraw([(w.claim, w.claimed) for w in kept[cut:] if w.claimed is not None])
+        return kept[:cut]
 
     # -- 3. reserve -------------------------------------------------------------------------
 

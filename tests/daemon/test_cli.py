@@ -155,9 +155,10 @@ def test_stats_table() -> None:
         "tenants": {},
     })
     assert table.splitlines() == [
-        "tier  objects     used  capacity    use  leases  inflight  evictions  compactions",
-        "host        3  3.0 MiB  12.0 MiB  25.0%       1         0          2            0",
-        "disk       10      0 B       0 B      -       0         0          0            5",
+        "tier  copies     used  capacity    use  leases  inflight  evictions  compactions",
+        "host       3  3.0 MiB  12.0 MiB  25.0%       1         0          2            0",
+        "disk      10      0 B       0 B      -       0         0          0            5",
+        "(copies per tier: an object in two tiers counts in both; statetier ls counts each object once)",
         "daemon:",
         "  budget_bytes_in_use: 0",
         "  connections: 2",
@@ -210,7 +211,7 @@ def test_client_commands_against_a_running_daemon(tmp_path: Path, capsys) -> Non
         assert [tier["tier"] for tier in stats["tiers"]] == ["disk"]
 
         assert main(["stats", "--url", url]) == 0
-        assert capsys.readouterr().out.splitlines()[0].split()[:3] == ["tier", "objects", "used"]
+        assert capsys.readouterr().out.splitlines()[0].split()[:3] == ["tier", "copies", "used"]
 
         assert main(["verify", "--url", url]) == 0
         report = json.loads(capsys.readouterr().out)

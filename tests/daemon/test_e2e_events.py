@@ -3,7 +3,7 @@
 A real ZMQ SUB socket decodes each tenant's stream with the Structs of vLLM's published schema
 (``kv_event_schema.py``, not the daemon's encoder):
 
-- tenant A's puts (one published), the write-behind copies, an eviction from the host arena
+- tenant A's puts (one published), the write-behind copies (the published one's too), an eviction from the host arena
   (a 1 MiB arena that holds three pages), a delete, and at the end a purge of the namespace:
   per medium (``CPU``, ``DISK``, ``REDIS``) exactly those events, in order, naming the blocks
   by the tags A's client attached; a subscriber of A's namespace topic sees the same, and
@@ -117,14 +117,14 @@ async def test_a_router_sees_puts_write_behind_eviction_delete_and_purge_per_med
             await subscribed(daemon, 3)
             stored = [await put_page(a, 1), await put_page(a, 2, publish=True), await put_page(a, 3)]
             assert {ref.key.namespace for ref in stored} == {a.owned_namespace}
-            # write-behind copies 1 and 3 to disk (2 went to Redis instead)
+            # write-behind copies 1, 2 and 3 to disk (2, published, is in Redis too: issue 35)
             seen = a_all.take(1)
             seen += await asyncio.to_thread(_until, a_all, seen, lambda m: m.get("DISK", []) == [
-                ("BlockStored", h) for h in hashes(1, 3)])
+                ("BlockStored", h) for h in hashes(1, 2, 3)])
             await put_page(a, 4)  # the arena is full: page 1, held on disk already, leaves it
-            seen += await asyncio.to_thread(_until, a_all, seen, lambda m: len(m.get("DISK", [])) == 3)
-            await a.delete(stored[2])
             seen += await asyncio.to_thread(_until, a_all, seen, lambda m: len(m.get("DISK", [])) == 4)
+            await a.delete(stored[2])
+            seen += await asyncio.to_thread(_until, a_all, seen, lambda m: len(m.get("DISK", [])) == 5)
             other = NamespaceSpec(model_id="events-a-other", kv_block_size=TOKENS_PER_PAGE)
             async with AsyncClient(daemon.url, namespace=other, tenant="a", token=TOKENS["a"]) as a2:
                 await put_page(a2, 9)
@@ -135,7 +135,7 @@ async def test_a_router_sees_puts_write_behind_eviction_delete_and_purge_per_med
                                                                    ("BlockRemoved", hashes(3)[0]),
                                                                    ("BlockStored", hashes(9)[0])],
             "REDIS": [("BlockStored", hashes(2)[0])],
-            "DISK": [("BlockStored", h) for h in hashes(1, 3)] + [("BlockStored", hashes(4)[0]),
+            "DISK": [("BlockStored", h) for h in hashes(1, 2, 3)] + [("BlockStored", hashes(4)[0]),
                                                                  ("BlockRemoved", hashes(3)[0]),
                                                                  ("BlockStored", hashes(9)[0])],
         }
@@ -165,11 +165,11 @@ async def test_a_router_sees_puts_write_behind_eviction_delete_and_purge_per_med
         # A clears its namespace (a purge): every copy left goes, on every medium, and nothing else
         async with AsyncClient(daemon.url, namespace=spec_a, tenant="a", token=TOKENS["a"]) as a:
             purged = await a.purge()
-        assert purged["objects"] == 3 and purged["copies"] == 4
+        assert purged["objects"] == 3 and purged["copies"] == 5
         cleared = a_all.take(1) + a_all.drain()
         assert {medium: sorted(events) for medium, events in per_medium(cleared).items()} == {
             "CPU": [("BlockRemoved", hashes(4)[0])],
-            "DISK": sorted(("BlockRemoved", h) for h in hashes(1, 4)),
+            "DISK": sorted(("BlockRemoved", h) for h in hashes(1, 2, 4)),
             "REDIS": [("BlockRemoved", hashes(2)[0])]}  # in the purge's order within a medium
         seen += cleared
         assert b_all.drain() == []

@@ -10,10 +10,12 @@
       BusyLoading, ReadOnly, cluster topology errors, OSError      → Unavailable
       any other RedisError                                         → InternalError
 
-- ``RedisEdge`` — wraps every call of one tier or registry: ``with edge.call("read"):``
-  translates what escapes (chained with ``from``) and keeps ``edge.is_available``, the
-  flag the daemon exports as a gauge: false after an ``Unavailable``, true after any call
-  that reached the server.
+- ``RedisEdge(deadline)`` — wraps every call of one tier or registry: ``async with
+  edge.call("read"):`` holds it to one deadline (retries included), fails it at once while
+  the health probe has the server marked down, and translates what escapes (chained with
+  ``from``); it keeps ``edge.is_available``, the flag the daemon exports as a gauge: false
+  after an ``Unavailable``, true after any call that reached the server. A tier and its
+  registry share one edge, so one probe speaks for both.
 
 Wrong credentials are ``Unauthorized``, not ``Unavailable``: the server answered, and
 retrying will not help until the URL changes.
@@ -22,10 +24,9 @@ retrying will not help until the URL changes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from typing import Iterator
-
+from types import TracebackType
 from redis import exceptions as rx
+from redis.exceptions import TimeoutError as RedisTimeout
 
 from statetier.protocol.errors import (
     CapacityError,
@@ -69,26 +70,85 @@ def translate_redis_error(exc: BaseException, op: str) -> StatetierError:
     return InternalError(f"redis {op} failed: {exc}")
 
 
-_FOREIGN = (rx.RedisError, rx.RedisClusterException, OSError, asyncio.TimeoutError)
+FOREIGN_ERRORS = (rx.RedisError, rx.RedisClusterException, OSError, asyncio.TimeoutError)
+_FOREIGN = FOREIGN_ERRORS
 
 
 class RedisEdge:
-    """Translates at the edge and remembers whether the server was reachable last time."""
+    """Translates at the edge, bounds every call, and keeps what is known of the server.
 
-    def __init__(self) -> None:
+    ``call(op)`` is a context manager both ways: ``with`` translates what escapes (for code
+    that only reads replies already in hand); ``async with`` also holds the call to one
+    deadline (``deadline`` seconds, every retry and the wait for a pooled connection
+    included: what a hung server may cost a call) and, while the health probe says the
+    server is down (``mark_down``), fails at once without a round trip. ``is_available`` is
+    the flag the daemon exports (false after an ``Unavailable``, true after any call that
+    reached the server); ``is_down`` the probe's verdict, cleared by ``mark_up``.
+    """
+
+    def __init__(self, deadline: float | None = None) -> None:
+        self.deadline = deadline
         self.is_available = False
+        self.is_down = False
         self.unavailable_total = 0
+        self.refused_while_down = 0  # calls failed at once: the probe had marked the server down
 
-    @contextlib.contextmanager
-    def call(self, op: str) -> Iterator[None]:
-        try:
-            yield
-        except _FOREIGN as exc:
-            error = translate_redis_error(exc, op)
-            if isinstance(error, Unavailable):
-                self.is_available = False
-                self.unavailable_total += 1
-            else:
-                self.is_available = True  # it answered, even if with a refusal
-            raise error from exc
-        self.is_available = True
+    def call(self, op: str) -> _EdgeCall:
+        return _EdgeCall(self, op)
+
+    def mark_down(self) -> None:
+        self.is_down, self.is_available = True, False
+
+    def mark_up(self) -> None:
+        self.is_down, self.is_available = False, True
+
+    def translated(self, exc: BaseException, op: str) -> StatetierError:
+        error = translate_redis_error(exc, op)
+        if isinstance(error, Unavailable):
+            self.is_available = False
+            self.unavailable_total += 1
+        else:
+            self.is_available = True  # it answered, even if with a refusal
+        return error
+
+
+class _EdgeCall:
+    """One call through a ``RedisEdge`` (see there)."""
+
+    __slots__ = ("edge", "op", "_timeout")
+
+    def __init__(self, edge: RedisEdge, op: str) -> None:
+        self.edge, self.op = edge, op
+        self._timeout: asyncio.Timeout | None = None
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc is None:
+            self.edge.is_available = True
+        elif isinstance(exc, _FOREIGN):
+            raise self.edge.translated(exc, self.op) from exc
+
+    async def __aenter__(self) -> None:
+        edge = self.edge
+        if edge.is_down:
+            edge.refused_while_down += 1
+            raise Unavailable(f"redis unavailable during {self.op}: the health probe found it down "
+                              f"(not tried; the probe reconnects)")
+        if edge.deadline is not None:
+            self._timeout = asyncio.timeout(edge.deadline)
+            await self._timeout.__aenter__()
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        timeout, self._timeout = self._timeout, None
+        if timeout is not None:
+            try:
+                await timeout.__aexit__(kind, exc, tb)
+            except TimeoutError as expired:
+                raise self.edge.translated(
+                    RedisTimeout(f"Timeout: no answer within the call's deadline of {self.edge.deadline:g} s"),
+                    self.op) from expired
+        self.__exit__(kind, exc, tb)

@@ -54,7 +54,7 @@ class RedisEviction:
         offset, seen = 0, set[bytes]()
         lru = medium.accounting_keys[0]
         while medium.bytes_used + need_bytes > low:
-            with medium.edge.call("evict"):
+            async with medium.edge.call("evict"):
                 batch = cast("list[bytes]", await client.zrange(lru, offset, offset + _EVICT_BATCH - 1))
             if not batch:
                 break

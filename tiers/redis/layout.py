@@ -15,6 +15,8 @@ lives in one cluster slot and a single pipeline reads or writes it:
                                 ``{st}:clock``), sizes, total bytes, expiry times (with TTL)
     st:v:{<stream_id hex>}      hash version, state_id: a stream's newest attempt
     st:s:{<state_id hex>}       the stream a state_id was claimed for
+    {st}:purges                 hash "ns:<namespace hex>" or "tenant:<name>" → ns since epoch:
+                                cluster-wide purge marks (objects created up to then are gone)
 
 - ``RedisKeys``   — the names above for one prefix.
 - ``CHUNK_BYTES``, ``INLINE_BYTES`` — the default chunk size; the size up to which an object
@@ -100,6 +102,9 @@ class RedisKeys:
 
     def stream_of(self, state_id: bytes) -> str:
         return f"{self.prefix}:s:{{{state_id.hex()}}}"
+
+    def purges(self) -> str:
+        return f"{{{self.prefix}}}:purges"
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,7 +85,7 @@ class RedisLoads:
         a budget, the LRU touch too)."""
         keys = self._medium.keys
         commands = [("GET", keys.manifest(oid)), ("GETRANGE", keys.chunk(oid, 0), 0, PREFETCH_BYTES - 1)]
-        with self._medium.edge.call("prepare_load"):
+        async with self._medium.edge.call("prepare_load"):
             replies = await self._medium.exchange_touching(oid, commands)
             raise_first_error(replies)
         raw, head = replies
@@ -197,7 +197,7 @@ class RedisLoads:
         held = [head] if head is not None and len(head) == _first_chunk_len(manifest) else []
         commands = [("GET", key) for key in medium.keys.chunks(oid, manifest.chunks)[len(held):]]
         if commands or (touch and medium.options.capacity_bytes is not None):
-            with medium.edge.call(op):
+            async with medium.edge.call(op):
                 parts = await self._get_chunks(client, oid, commands, touch)
                 raise_first_error(parts)
         else:

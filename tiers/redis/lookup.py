@@ -20,6 +20,7 @@ from redis.asyncio import Redis, RedisCluster
 
 from ..base import KeyMatches, ObjectMeta
 from ..registry import StreamHead, VersionRegistry
+from ..tolerant_registry import TolerantRegistry
 from . import connect
 from .connect import raise_first_error
 from .layout import Manifest, stored_under
@@ -36,13 +37,13 @@ class RedisLookup:
         self._edge = medium.edge
 
     async def contains(self, object_id: bytes) -> bool:
-        with self._edge.call("contains"):
+        async with self._edge.call("contains"):
             found = bool(await self._medium.client.exists(self._keys.manifest(object_id)))
         self._medium.seen.remember(object_id, found)
         return found
 
     async def get_meta(self, object_id: bytes) -> ObjectMeta | None:
-        with self._edge.call("get_meta"):
+        async with self._edge.call("get_meta"):
             raw = cast("bytes | None", await self._medium.client.get(self._keys.manifest(object_id)))
         manifest = stored_under(Manifest.try_decode(raw), object_id)
         self._medium.seen.remember(object_id, raw is not None)
@@ -55,12 +56,13 @@ class RedisLookup:
         manifest is gone (expired, evicted, deleted by another node) are pruned after."""
         client = self._medium.client
         indexes = [self._keys.key_index(digest) for digest in key_digests]
-        with self._edge.call("find_by_key"):
+        async with self._edge.call("find_by_key"):
             replies = await connect.exchange(client, [("HGETALL", index) for index in indexes]) if indexes else []
             raise_first_error(replies)
         listed = [_index_entries(reply) for reply in replies]
-        riding = registry if isinstance(registry, RedisVersionRegistry) \
-            and registry.lives_on(self._medium.options.url, client) else None
+        shared = registry.shared if isinstance(registry, TolerantRegistry) else registry
+        riding = shared if isinstance(shared, RedisVersionRegistry) \
+            and shared.lives_on(self._medium.options.url, client) else None
         streams = list(dict.fromkeys(s for entries in listed for _, s in entries if s is not None)) if riding else []
         oids = [oid for entries in listed for oid, _ in entries]
         raws, heads = await self._manifests_and_heads(client, oids, riding, streams)
@@ -79,7 +81,7 @@ class RedisLookup:
                 self._medium.seen.found.put(oid, (manifest, now))
             metas.append(sorted(found, key=lambda m: m.version))
         if gone:  # their objects expired or were evicted: prune lazily
-            with self._edge.call("find_by_key"):
+            async with self._edge.call("find_by_key"):
                 await connect.exchange(client, gone)
         return KeyMatches(metas, heads)
 
@@ -90,7 +92,7 @@ class RedisLookup:
         if not oids:
             return [], {}
         asked = registry.head_commands(streams) if registry is not None and streams else []
-        with self._edge.call("find_by_key"):
+        async with self._edge.call("find_by_key"):
             replies = await connect.exchange(client, [*(("GET", self._keys.manifest(oid)) for oid in oids), *asked])
             raise_first_error(replies[: len(oids)])
         heads = dict(zip(streams, registry.heads_from(replies[len(oids):]))) if registry is not None and streams else {}
@@ -100,7 +102,7 @@ class RedisLookup:
         client, seen = self._medium.client, set()
         scan = client.scan_iter(match=self._keys.manifest_pattern(), count=512)
         while True:
-            with self._edge.call("iter_objects"):
+            async with self._edge.call("iter_objects"):
                 batch = [key async for key in _take(scan, 256)]
                 keys = [key for key in batch if key not in seen]  # SCAN may repeat a key
                 raws = await self._get_all(client, keys)

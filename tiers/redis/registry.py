@@ -22,7 +22,9 @@ a ``RedisTier`` on the same server (``lives_on``) carry those commands in a roun
 its own (a lookup's manifests and heads travel together).
 
 Pass the client of a started ``RedisTier`` (``tier.client``) to share its connections,
-or a URL: the registry then connects on first use and closes in ``close()``.
+or a URL: the registry then connects on first use and closes in ``close()``. ``edge``: the
+tier's (``tier.edge``), so every call is held to its deadline and fails at once while the
+tier's health probe has the server marked down; by default an edge of its own.
 """
 
 from __future__ import annotations
@@ -91,7 +93,8 @@ return 1
 
 class RedisVersionRegistry(VersionRegistry):
     def __init__(self, client_or_url: Redis | RedisCluster | str, *, key_prefix: str = "st",
-                 ttl_seconds: int | None = None, socket_timeout: float = 5.0, retries: int = 3) -> None:
+                 ttl_seconds: int | None = None, socket_timeout: float = 5.0, retries: int = 3,
+                 edge: RedisEdge | None = None) -> None:
         self._url = client_or_url if isinstance(client_or_url, str) else None
         self._client: Redis | RedisCluster | None = None if isinstance(client_or_url, str) else client_or_url
         self._owns_client = self._url is not None
@@ -100,7 +103,7 @@ class RedisVersionRegistry(VersionRegistry):
         self._socket_timeout, self._retries = socket_timeout, retries
         self._script: AsyncScript | None = None
         self._connecting: asyncio.Lock | None = None
-        self._edge = RedisEdge()
+        self._edge = edge if edge is not None else RedisEdge(socket_timeout)
 
     @property
     def is_available(self) -> bool:
@@ -110,7 +113,7 @@ class RedisVersionRegistry(VersionRegistry):
         if version is not None and not (isinstance(version, int) and 0 <= version <= MAX_VERSION):
             raise InvalidRequest(f"version must be an integer in [0, 2^64), not {version!r}")
         client, script = await self._ready()
-        with self._edge.call("claim"):
+        async with self._edge.call("claim"):
             claimed, value, *_ = await script(
                 keys=[self._keys.stream_head(stream_id)],
                 args=[state_id, "" if version is None else str(version), self._ttl or 0])
@@ -118,7 +121,7 @@ class RedisVersionRegistry(VersionRegistry):
             newest = int(value)
             raise StaleState(f"version {version} is not newer than the registry's {newest}",
                              newest_version=newest)
-        with self._edge.call("claim"):
+        async with self._edge.call("claim"):
             await client.set(self._keys.stream_of(state_id), stream_id, ex=self._ttl)
         return int(value)
 
@@ -133,7 +136,7 @@ class RedisVersionRegistry(VersionRegistry):
         for claim in claims:
             commands.append(("EVALSHA", script.sha, 1, *self._claim_args(claim)))
             commands.append(self._stream_of_command(claim))
-        with self._edge.call("claim"):
+        async with self._edge.call("claim"):
             replies = await exchange(client, commands)
             answers = [await self._claim_reply(script, claim, reply) for claim, reply in zip(claims, replies[::2])]
             for reply in replies[1::2]:
@@ -161,7 +164,7 @@ class RedisVersionRegistry(VersionRegistry):
             previous = claimed.previous
             commands.append(("EVAL", WITHDRAW_LUA, 1, self._keys.stream_head(claim.stream_id), claim.state_id,
                              str(previous.version) if previous else "0", previous.state_id if previous else b""))
-        with self._edge.call("claim"):
+        async with self._edge.call("claim"):
             for reply in await exchange(client, commands):
                 if isinstance(reply, BaseException):
                     raise reply
@@ -190,7 +193,7 @@ class RedisVersionRegistry(VersionRegistry):
 
     async def newest(self, stream_id: bytes) -> StreamHead | None:
         client, _ = await self._ready()
-        with self._edge.call("newest"):
+        async with self._edge.call("newest"):
             version, state_id = await client.hmget(self._keys.stream_head(stream_id), "version", "state_id")
         if version is None or state_id is None:
             return None
@@ -200,7 +203,7 @@ class RedisVersionRegistry(VersionRegistry):
         if not stream_ids:
             return []
         client, _ = await self._ready()
-        with self._edge.call("newest"):
+        async with self._edge.call("newest"):
             replies = await exchange(client, self.head_commands(stream_ids))
         return self.heads_from(replies)
 
@@ -210,7 +213,7 @@ class RedisVersionRegistry(VersionRegistry):
             return [], []
         client, _ = await self._ready()
         commands = self.head_commands(stream_ids) + [("GET", self._keys.stream_of(s)) for s in state_ids]
-        with self._edge.call("newest"):
+        async with self._edge.call("newest"):
             replies = await exchange(client, commands)
             streams = []
             for reply in replies[len(stream_ids):]:
@@ -244,7 +247,7 @@ class RedisVersionRegistry(VersionRegistry):
 
     async def stream_of(self, state_id: bytes) -> bytes | None:
         client, _ = await self._ready()
-        with self._edge.call("stream_of"):
+        async with self._edge.call("stream_of"):
             stream = await client.get(self._keys.stream_of(state_id))
         return _as_bytes(stream) if stream is not None else None
 
@@ -263,7 +266,7 @@ class RedisVersionRegistry(VersionRegistry):
             client = self._client
             if client is None:
                 assert self._url is not None  # a registry given a client keeps it until close
-                with self._edge.call("connect"):
+                async with self._edge.call("connect"):
                     client, _ = await open_client(self._url, socket_timeout=self._socket_timeout,
                                                   retries=self._retries)
                 self._client = client

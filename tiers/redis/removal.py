@@ -35,14 +35,14 @@ class RedisRemoval:
     async def delete(self, object_id: bytes) -> bool:
         medium = self._medium
         client = medium.client
-        with medium.edge.call("delete"):
+        async with medium.edge.call("delete"):
             raw = cast("bytes | None", await client.get(medium.keys.manifest(object_id)))
         medium.seen.remember(object_id, False)
         if raw is None:
             return False
         manifest = Manifest.try_decode(raw)
         if manifest is not None and self._ledger.leases.is_leased(object_id):
-            with medium.edge.call("delete"):
+            async with medium.edge.call("delete"):
                 await client.delete(medium.keys.manifest(object_id))
                 await client.hdel(medium.keys.key_index(manifest.meta.key_digest), object_id.hex())
             self._ledger.hide(manifest.meta, manifest)
@@ -52,7 +52,7 @@ class RedisRemoval:
 
     async def get_manifest(self, client: Redis | RedisCluster, oid: bytes, op: str) -> Manifest | None:
         """The object's manifest; one that cannot be parsed drops the object."""
-        with self._medium.edge.call(op):
+        async with self._medium.edge.call(op):
             raw = cast("bytes | None", await client.get(self._medium.keys.manifest(oid)))
         return None if raw is None else await self.decode_manifest(client, oid, raw)
 
@@ -75,7 +75,7 @@ class RedisRemoval:
         """
         keys = self._medium.keys
         first, count = 0, _PROBE_BATCH if chunks is None else chunks
-        with self._medium.edge.call("delete"):
+        async with self._medium.edge.call("delete"):
             async with client.pipeline(transaction=False) as pipe:
                 pipe.delete(keys.manifest(oid))
                 for index in range(count):

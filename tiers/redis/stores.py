@@ -64,7 +64,7 @@ class RedisStores:
         if oid in self._medium.seen.known:  # seen stored: confirm, another node may have deleted it since
             self._checking.add(oid)
             try:
-                with self._edge.call("prepare_store"):
+                async with self._edge.call("prepare_store"):
                     (exists,) = await connect.exchange(client, [("EXISTS", self._keys.manifest(oid))])
                     raise_first_error([exists])
             finally:
@@ -95,7 +95,7 @@ class RedisStores:
         if pending.staged is None:
             oid = ticket.meta.object_id
             try:
-                with self._edge.call("write"):
+                async with self._edge.call("write"):
                     raise_first_error(await connect.exchange(client, _sets(self._pending_keys(oid, pending), pieces)))
             except StatetierError:
                 await self._try_drop_pending(client, oid, pending)
@@ -181,7 +181,7 @@ class RedisStores:
             keys = [self._keys.manifest(oid), self._keys.key_index(meta.key_digest), *medium.accounting_keys, *moves]
             args = [manifest.encode(), ttl, oid.hex(), meta.size, index_value(meta)]
         sets = [] if pending.staged is None else _sets(pending_keys, pending.staged)
-        with self._edge.call("complete_store"):
+        async with self._edge.call("complete_store"):
             replies = await connect.exchange(client, [*sets, medium.scripts.command(name, keys, args)])
             raise_first_error(replies[:-1])
             reply = await medium.scripts.result_of(replies[-1], name, keys, args)
@@ -211,7 +211,7 @@ class RedisStores:
                      *self._pending_keys(oid, pending), *self._keys.chunks(oid, pending.chunks)]
             args += [pending.chunks, manifest.encode(), oid.hex(), meta.size, index_value(meta)]
         name = "commit_batch_indexed"
-        with self._edge.call("complete_store"):
+        async with self._edge.call("complete_store"):
             replies = await connect.exchange(client, [*sets, medium.scripts.command(name, keys, args)])
             raise_first_error(replies[:-1])
             reply = await medium.scripts.result_of(replies[-1], name, keys, args)
@@ -229,7 +229,7 @@ class RedisStores:
             oid = manifest.meta.object_id
             calls.append(([self._keys.manifest(oid), *self._pending_keys(oid, pending),
                            *self._keys.chunks(oid, pending.chunks)], [manifest.encode(), ttl]))
-        with self._edge.call("complete_store"):
+        async with self._edge.call("complete_store"):
             replies = await connect.exchange(client, [*sets, *(scripts.command("commit", k, a) for k, a in calls)])
             raise_first_error(replies[: len(sets)])
             statuses = [int((await scripts.result_of(reply, "commit", k, a))[0])
@@ -284,7 +284,7 @@ class RedisStores:
         if pending.staged is not None or not pending.chunks:
             return  # nothing was sent
         try:
-            with self._edge.call("delete"):
+            async with self._edge.call("delete"):
                 await client.delete(*self._pending_keys(oid, pending))
         except StatetierError:
             pass
@@ -294,7 +294,7 @@ class RedisStores:
         when the commit did land, the object (only if its manifest names this store)."""
         oid = manifest.meta.object_id
         try:
-            with self._edge.call("delete"):
+            async with self._edge.call("delete"):
                 replies = await connect.exchange(client, [("DEL", *self._pending_keys(oid, pending)),
                                                   ("GET", self._keys.manifest(oid))])
                 raise_first_error(replies)

@@ -17,7 +17,10 @@ Every hot-path round trip is one ``connect.exchange``. Leases are local to this 
 accounting call; capacity 0 = no budget; ``extra["available"]`` = the last call reached
 Redis. A failure to reach Redis is ``Unavailable``, wrong credentials ``Unauthorized``.
 Public beyond ``Tier``: ``client`` (for a ``RedisVersionRegistry`` sharing the connection),
-``is_cluster``, ``is_available``, ``key_prefix``.
+``edge`` (to share with it), ``mark_purge``/``purge_marks`` (cluster-wide purges),
+``probe()`` (one bounded health check, which marks the edge up or down: while down every
+call fails at once), ``is_cluster``, ``is_available``, ``key_prefix``. Every call is held to
+``options.socket_timeout``, retries included.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from ..composed import ComposedTier
 from ..crypto import AtRestCipher
 from ..ledger import Ledger
 from ..registry import VersionRegistry
+from .errors import RedisEdge
 from .evict import RedisEviction
 from .layout import Manifest
 from .loads import RedisLoads
@@ -91,6 +95,30 @@ class RedisTier(ComposedTier):
     def is_available(self) -> bool:
         return self._medium.edge.is_available
 
+    @property
+    def edge(self) -> RedisEdge:
+        """The error edge of every call (share it with a ``RedisVersionRegistry`` on the
+        same server, so the health probe speaks for both)."""
+        return self._medium.edge
+
+    async def mark_purge(self, scope: str, cutoff_ns: int) -> None:
+        """Record a cluster-wide purge: every object of ``scope`` ("ns:<namespace hex>" or
+        "tenant:<name>") created up to ``cutoff_ns`` is gone, on every daemon sharing Redis."""
+        medium = self._medium
+        async with medium.edge.call("purge mark"):
+            await medium.client.hset(medium.keys.purges(), scope, str(cutoff_ns))
+
+    async def purge_marks(self) -> dict[str, int]:
+        """Every purge mark: scope → cutoff (ns since the epoch); one round trip."""
+        medium = self._medium
+        async with medium.edge.call("purge marks"):
+            raw = await medium.client.hgetall(medium.keys.purges())
+        return {_text(scope): int(cutoff) for scope, cutoff in raw.items()}
+
+    def probe(self) -> Coroutine[Any, Any, bool]:
+        """One bounded health check; the edge is marked up or down (``RedisMedium.probe``)."""
+        return self._medium.probe()
+
     # ------------------------------------------------------------------ beyond ComposedTier
 
     def leases_in_memory(self, object_id: bytes) -> bool:
@@ -128,7 +156,8 @@ class RedisTier(ComposedTier):
             capacity=self.options.capacity_bytes or 0, leases=len(ledger.leases),
             inflight=len(ledger.stores) + len(ledger.leases), evictions=ledger.evictions,
             extra={
-                "available": medium.edge.is_available,
+                "available": medium.edge.is_available and not medium.edge.is_down,
+                "refused_while_down": medium.edge.refused_while_down,
                 "unavailable_total": medium.edge.unavailable_total,
                 "corrupt_dropped": ledger.corrupt_dropped,
                 "stale_pruned": self._eviction.stale_pruned,
@@ -136,3 +165,7 @@ class RedisTier(ComposedTier):
                 "cluster": bool(medium.is_cluster),
             },
         )
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
