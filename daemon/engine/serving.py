@@ -18,7 +18,7 @@
 
 No copy is digested here, from any tier, unless ``full_check`` (a client's recheck): the
 client verifies the payload where it lands (the hashing rule, docs/protocol.md §6.1). The
-tiers below read with ``read_unhashed`` (framing and signature checked), and a promotion
+tiers below read with ``verify=False`` (framing and signature checked), and a promotion
 stores what it read unhashed: every later load of the promoted copy is verified by its
 client too, and a damaged one is dropped by the recheck. Headers of hot objects are checked
 once (``VerifiedHeaders``).
@@ -33,7 +33,7 @@ import msgspec
 from statetier.protocol.classify import classify
 from statetier.protocol.errors import InvalidRequest
 from statetier.protocol.sealed import Expectation, VerifiedHeaders
-from statetier.tiers.base import Buffer, Lease, ObjectMeta, Tier
+from statetier.tiers.base import Lease, ObjectMeta, Tier
 
 from .leases import Held, Leases
 from .placement import Promotion
@@ -87,7 +87,7 @@ class CopyServer:
             # the hashing rule (docs/protocol.md §6.1): the client verifies the payload where
             # it lands, so a load digests nothing here; ``full_check`` (a client found a payload
             # that did not match) digests every copy, so a damaged one is dropped and the next served
-            blob = await _read(tier, lease, wanted.full_check)
+            blob = await tier.read(lease, verify=wanted.full_check)
             opened = await self._classify(blob, wanted, _trusted(tier, wanted))
             kept = True
             lease_id, held = self.leases.hold(tier, lease, wanted.owner)
@@ -127,17 +127,16 @@ class CopyServer:
         view = memoryview(await target.read(held_lease)).cast("B")
         return self._result(lease_id, held, opened.header, view)
 
-    async def _read_into_reservation(self, promotion: Promotion, lease: Lease, verify: bool) -> Buffer | None:
+    async def _read_into_reservation(self, promotion: Promotion, lease: Lease, verify: bool) -> memoryview | None:
         """The source copy's bytes in the promotion's reservation: read straight into its
         view where the target has one, else read and written; None when the bytes stored
         are not the size the tier's index says (read as usual: judged there)."""
         source, ticket = promotion.source, promotion.ticket
         try:
-            if ticket.view is not None and source.reads_in_place:
+            if ticket.view is not None:
                 with phase("read_into_arena"):
-                    await (source.read_into if verify else source.read_into_unhashed)(lease, ticket.view)
-                return ticket.view
-            blob = await _read(source, lease, verify)
+                    return await source.read(lease, into=ticket.view, verify=verify)
+            blob = await source.read(lease, verify=verify)
             await promotion.target.write(ticket, [blob])
             return blob
         except InvalidRequest:
@@ -153,10 +152,6 @@ class CopyServer:
 
     def _result(self, lease_id: int, held: Held, header, blob: memoryview) -> LoadResult:
         return LoadResult(header, blob[header.header_len :], lease_id, held.tier.name, blob)
-
-
-async def _read(tier: Tier, lease: Lease, verify: bool) -> memoryview:
-    return await (tier.read(lease) if verify else tier.read_unhashed(lease))
 
 
 def _trusted(tier: Tier, wanted: Wanted) -> bool:

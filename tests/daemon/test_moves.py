@@ -218,15 +218,16 @@ async def test_a_load_that_read_a_lower_copy_before_a_delete_never_promotes_it_b
         await host.delete(ref.state_id)  # the Redis copy is the only one, as on another node
         for layer in range(8):  # bob fills the arena: no free room for a promotion
             assert (await put(engine, "bob", layer)).tier == "host"
-        read, reading, opened = cross.read_unhashed, asyncio.Event(), asyncio.Event()  # what a load reads with
+        read, reading, opened = cross.read, asyncio.Event(), asyncio.Event()
 
-        async def read_at_the_gate(lease):
-            blob = await read(lease)
-            reading.set()
-            await opened.wait()
+        async def read_at_the_gate(lease, *, into=None, verify=True):
+            blob = await read(lease, into=into, verify=verify)
+            if not verify:  # what a load reads with (the worker's copy verifies)
+                reading.set()
+                await opened.wait()
             return blob
 
-        cross.read_unhashed = read_at_the_gate
+        cross.read = read_at_the_gate
         loading = asyncio.create_task(engine.load(LoadRequest("alice", NAMESPACES["alice"], ref=ref), owner="c"))
         await reading.wait()
         assert await engine.delete("alice", ref) == 1
@@ -255,14 +256,16 @@ async def test_a_delete_during_a_read_into_the_arena_waits_for_it_and_removes_th
     try:
         ref = (await put(engine, "alice", 1, publish=True)).ref
         await host.delete(ref.state_id)  # the Redis copy is the only one, as on another node
-        read_into, reading, opened = cross.read_into_unhashed, asyncio.Event(), asyncio.Event()
+        read, reading, opened = cross.read, asyncio.Event(), asyncio.Event()
 
-        async def read_at_the_gate(lease, dest):
-            await read_into(lease, dest)
-            reading.set()
-            await opened.wait()
+        async def read_at_the_gate(lease, *, into=None, verify=True):
+            blob = await read(lease, into=into, verify=verify)
+            if into is not None:  # the promotion's read into its arena reservation
+                reading.set()
+                await opened.wait()
+            return blob
 
-        cross.read_into_unhashed = read_at_the_gate
+        cross.read = read_at_the_gate
         loading = asyncio.create_task(engine.load(LoadRequest("alice", NAMESPACES["alice"], ref=ref), owner="c"))
         await reading.wait()
         deleting = asyncio.create_task(engine.delete("alice", ref))

@@ -119,12 +119,12 @@ async def test_large_writes_and_reads_go_through_the_executor() -> None:
         assert await read_bytes(tier, meta.object_id) == blob
         lease = await tier.prepare_load(meta.object_id)
         dest = bytearray(meta.size + 10)
-        assert await tier.read_into(lease, dest) == meta.size
+        assert bytes(await tier.read(lease, into=memoryview(dest))) == blob
         assert dest[: meta.size] == blob
         with pytest.raises(InvalidRequest):
-            await tier.read_into(lease, bytearray(10))
+            await tier.read(lease, into=memoryview(bytearray(10)))
         with pytest.raises(InvalidRequest):
-            await tier.read_into(lease, bytes(meta.size))
+            await tier.read(lease, into=memoryview(bytes(meta.size)))
         await tier.complete_load(lease)
 
 
