@@ -47,7 +47,7 @@ from statetier.protocol.errors import (Forbidden, InternalError, ProtocolError, 
 from statetier.protocol.frames import Frame, FrameDecoder, Op, error_frame, hello_ok_frame
 
 if TYPE_CHECKING:
-    from statetier.daemon.metrics import Metrics
+    from statetier.daemon.metrics import Metrics, NullMetrics
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class ConnectionContext:
     listen: object  # config.listen: the peer-credential rules
     max_frame: int
     max_inflight: int
-    metrics: Metrics | None
+    metrics: Metrics | NullMetrics
     is_unix: bool
     daemon_stats: Callable[[], dict]
     window_bytes: int  # each of a same-host connection's two shared-memory windows; 0: none
@@ -247,8 +247,7 @@ class Connection(asyncio.BufferedProtocol):
     def _refuse(self, exc: StatetierError) -> None:
         if isinstance(exc, (Unauthorized, Forbidden)):
             log.warning("connection refused: %s", bounded_text(exc.message))
-            if self._ctx.metrics is not None:
-                self._ctx.metrics.count_auth_failure(str(exc.detail.get("auth", exc.reason)))
+            self._ctx.metrics.count_auth_failure(str(exc.detail.get("auth", exc.reason)))
         else:
             self._count_error(exc)
         self._fail(exc)
@@ -281,8 +280,7 @@ class Connection(asyncio.BufferedProtocol):
         elif frame.op is Op.PING and frame.request_id and not frame.is_error:
             # answered at once, with no task: a ping measures the path, not the scheduler
             self._writer.send_nowait(Frame(Op.PONG, frame.request_id, {}))
-            if self._ctx.metrics is not None:
-                self._ctx.metrics.count_ping()
+            self._ctx.metrics.count_ping()
         else:
             self._pending.append(frame)
             self._start_pending()

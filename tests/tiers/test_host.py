@@ -14,6 +14,7 @@ import pytest
 from statetier.protocol.errors import CapacityError, InvalidRequest, LeaseError, NotFound
 from statetier.protocol.sealed import open_sealed
 from statetier.tiers.memory.host import HostTier, HostTierOptions
+from statetier.tiers.memory.records import PendingStore
 from tests.support.host_tier import MIB, tier  # noqa: F401  (a fixture, used by name)
 from tests.support.tier_contract import (
     KEYRING,
@@ -50,11 +51,12 @@ async def test_an_object_is_visible_only_after_complete_store(tier: HostTier) ->
 async def test_zero_copy_store_fills_the_arena_in_place(tier: HostTier) -> None:
     meta, blob = make_object(50_000)
     ticket = await tier.prepare_store(meta)
-    assert isinstance(ticket.location, int) and len(ticket.view) == meta.size
+    assert isinstance(ticket.location, PendingStore) and len(ticket.view) == meta.size
+    offset = ticket.location.offset
     ticket.view[:] = blob  # what a client does through its own mapping
     await tier.complete_store(ticket, True)
     assert ticket.view is None
-    assert bytes(tier.arena_view[ticket.location : ticket.location + meta.size]) == blob
+    assert bytes(tier.arena_view[offset : offset + meta.size]) == blob
     assert await read_bytes(tier, meta.object_id) == blob
 
 

@@ -10,7 +10,6 @@
   frees deferred past the last lease), ``ExtentRemoval`` (delete, exact LRU eviction) and
   ``ExtentCompaction`` (``compact()``). ``HostTier`` and ``DeviceTier`` are this with their
   medium (``HostArena``, ``DevicePool``) and the calls only they offer.
-- ``DEFAULT_INLINE_COPY_BYTES`` — copies up to this size run on the event loop.
 
 Bookkeeping runs on
 the event loop only; executor threads only copy bytes, and a free waits for the jobs
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from statetier.protocol.errors import ConfigError
+from statetier.protocol.thresholds import INLINE_COPY_BYTES
 
 from ..base import Clock, EvictedObject, TierStats
 from ..composed import IndexedTier
@@ -39,11 +39,6 @@ from .region import ExtentMedium, ExtentRegion
 from .removal import ExtentRemoval
 from .stores import ExtentStores
 
-#: Copies up to this size run on the loop (memoryview slice assignment); larger ones in the
-#: executor with the GIL released. A thread hop costs about as much as copying 512 KiB.
-DEFAULT_INLINE_COPY_BYTES = 512 * 1024
-
-
 @dataclass(frozen=True, slots=True)
 class ExtentTierOptions:
     """What every extent tier is configured with."""
@@ -53,7 +48,7 @@ class ExtentTierOptions:
     low_watermark: float = 0.75
     lease_ttl: float = 30.0
     granularity: int = 4096
-    inline_copy_bytes: int = DEFAULT_INLINE_COPY_BYTES
+    inline_copy_bytes: int = INLINE_COPY_BYTES  # the rule of ``protocol.thresholds``
     name: str = "extent"
     clock: Clock = field(default=time.monotonic, repr=False, compare=False)
     #: makes the order eviction takes objects in (``tiers.eviction``): least recently used first

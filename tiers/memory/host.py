@@ -11,7 +11,7 @@ their own, ``daemon/server/windows.py``; none of them opens or maps the arena).
   ``mmap``'d once at ``start()``.
 - ``arena_fd`` / ``arena_size`` / ``arena_view`` — the arena's descriptor and a writable
   view of it, for the daemon's own copies (and tests); no client is given either.
-  ``StoreTicket.location`` is the arena offset of a store in progress and
+  ``StoreTicket.location`` is the ``PendingStore`` (its arena offset) of a store in progress and
   ``Lease.location`` is ``(offset, generation)``: the daemon fills ``ticket.view`` in place
   and calls ``complete_store`` with no ``write()`` at all.
 - ``read(lease)`` is a read-only view of the arena, no copy, valid until ``complete_load``.
