@@ -15,8 +15,8 @@
   ``Promotion`` holding a reservation in ``target`` taken from *free* room only (a load never
   evicts), or None (a delete runs or ended since the load began, a copy is already there, the
   tenant's quota, no room). The load path reads into it, classifies, and ends it with
-  ``complete_promotion(promotion, ok, owner=, ttl=)`` → the lease on the promoted copy (None
-  when not kept). With no free room the object is queued for the write-behind worker, which
+  ``promotion.complete(ok, owner=, ttl=)`` (``daemon.engine.promotion``) → the lease on the
+  promoted copy (None when not kept). With no free room the object is queued for the write-behind worker, which
   makes room by the tier's watermark policy (evicting and demoting) and promotes it then.
 - ``copy_down(state_id, source)``  — write-behind: a copy into the next persistent tier,
   queued (bounded) by ``schedule_copy_down`` and run by the worker ``run_write_behind``.
@@ -25,7 +25,7 @@ Every store is ``prepare_store`` → ``write`` → ``complete_store(success)`` w
 completion in ``finally``, so a cancelled move leaves nothing half visible.
 
 Moves and deletes: every move (an eviction with its demotions, a write-behind copy, a
-promotion through ``move``) runs as a numbered *cycle*. ``deleting(object_id)`` puts a
+promotion) runs as a numbered *cycle* (``daemon.engine.cycles``). ``deleting(object_id)`` puts a
 tombstone up for the length of a delete: no cycle starts a copy of a tombstoned object, and
 ``settle_moves()`` waits for every cycle begun before it, so a delete that sweeps the tiers,
 settles, and sweeps again leaves no copy behind, whatever eviction was doing meanwhile;
@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import time
 from dataclasses import dataclass
@@ -53,29 +52,17 @@ from typing import AsyncIterator, Sequence
 
 from statetier.protocol.errors import CapacityError, InvalidRequest, NotFound, StatetierError
 from statetier.protocol.lru import BoundedLru
-from statetier.tiers.base import EvictedObject, Lease, ObjectMeta, StoreTicket, Tier
+from statetier.tiers.base import EvictedObject, Lease, ObjectMeta, Tier
 
 from ..metrics import Metrics, NullMetrics
+from .cycles import MoveCycles
+from .promotion import Promotion
 
 log = logging.getLogger("statetier.placement")
 
 #: Ended deletes remembered by object id (``deleted_since``); a load that began before more
 #: than this many ended takes its object for deleted.
 DELETES_REMEMBERED = 1 << 16
-
-
-@dataclass(frozen=True, slots=True)
-class Promotion:
-    """A load's promotion under way (``Placement.promote``): the reservation ``ticket`` in
-    ``target`` (its ``view`` when the tier is written in place, the host arena) for the copy
-    leased in ``source``; ended by ``Placement.complete_promotion``."""
-
-    source: Tier
-    target: Tier
-    ticket: StoreTicket
-    tenant: str
-    cycle_id: int
-    started: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,9 +102,7 @@ class Placement:
         self.tiers = list(tiers)
         self.metrics = NullMetrics() if metrics is None else metrics
         self.tenancy = tenancy if tenancy is not None else _NoTenants()
-        self._cycle_ids = itertools.count(1)
-        self._open_cycles: set[int] = set()
-        self._cycle_ended = asyncio.Condition()
+        self._cycles = MoveCycles()
         self._tombstones: dict[bytes, int] = {}
         self._deletes_ended = 0
         self._ended_at: BoundedLru[bytes, int] = BoundedLru(DELETES_REMEMBERED)  # object id -> its delete's end
@@ -160,7 +145,7 @@ class Placement:
     async def promote(self, source: Tier, lease: Lease, target: Tier, *, tenant: str,
                       delete_mark: int) -> Promotion | None:
         """Room in ``target`` for the copy ``lease`` pins in ``source``, taken from free room
-        only, inside a cycle that ``complete_promotion`` ends; None when it may not be
+        only, inside a cycle that ``Promotion.complete`` ends; None when it may not be
         promoted now: ``target`` is not above ``source``, a delete of it runs or ended since
         ``delete_mark`` (its lease still serves the load; a promotion would bring a deleted
         object back), a copy is already there (unjudged: never served in place of this one),
@@ -169,7 +154,7 @@ class Placement:
         if target is source or self.tiers.index(target) > self.tiers.index(source):
             return None
         meta = lease.meta
-        cycle_id = self._open_cycle()
+        cycle = self._cycles.begin()
         try:
             if self.is_deleting(meta.object_id) or self.deleted_since(meta.object_id, delete_mark) \
                     or self.tenancy.would_exceed(tenant, target.name, meta.size) \
@@ -184,47 +169,15 @@ class Placement:
             log.debug("promotion of %s into %s skipped: %s", meta.object_id.hex(), target.name, exc)
             ticket = None
         if ticket is None:
-            await self._close_cycle(cycle_id)
+            await cycle.end()
             return None
-        return Promotion(source, target, ticket, tenant, cycle_id, time.perf_counter())
-
-    async def complete_promotion(self, promotion: Promotion, ok: bool, *, owner: object,
-                                 ttl: float | None) -> Lease | None:
-        """End ``promotion``: its copy becomes visible when ``ok``, charged to its tenant and
-        leased to ``owner`` (the lease the load serves from); None when it was not kept."""
-        target, meta = promotion.target, promotion.ticket.meta
-        try:
-            await target.complete_store(promotion.ticket, ok)
-            if not ok:
-                return None
-            self.tenancy.charge(promotion.tenant, target.name, meta.object_id, meta.size)
-            self.metrics.observe_op(target.name, meta.kind.name.lower(), "store", meta.size,
-                                    time.perf_counter() - promotion.started)
-            self.metrics.count_promotion(promotion.source.name, target.name)
-            return await target.prepare_load(meta.object_id, owner=owner, ttl=ttl)
-        finally:
-            await self._close_cycle(promotion.cycle_id)
+        return Promotion(source, target, ticket, tenant, self.tenancy, self.metrics, cycle)
 
     # ---------------------------------------------------------------- moves vs deletes
 
-    @contextlib.asynccontextmanager
-    async def cycle(self) -> AsyncIterator[None]:
+    def cycle(self) -> contextlib.AbstractAsyncContextManager[None]:
         """One move (an eviction and its demotions, a copy): ``settle_moves`` waits for it."""
-        cycle_id = self._open_cycle()
-        try:
-            yield
-        finally:
-            await self._close_cycle(cycle_id)
-
-    def _open_cycle(self) -> int:
-        cycle_id = next(self._cycle_ids)
-        self._open_cycles.add(cycle_id)
-        return cycle_id
-
-    async def _close_cycle(self, cycle_id: int) -> None:
-        self._open_cycles.discard(cycle_id)
-        async with self._cycle_ended:
-            self._cycle_ended.notify_all()
+        return self._cycles.cycle()
 
     @contextlib.asynccontextmanager
     async def deleting(self, object_id: bytes) -> AsyncIterator[None]:
@@ -257,13 +210,11 @@ class Placement:
 
     @property
     def has_moves(self) -> bool:
-        return bool(self._open_cycles)
+        return self._cycles.has_moves
 
     async def settle_moves(self) -> None:
         """Wait until every cycle that began before this call has ended."""
-        cutoff = next(self._cycle_ids)
-        async with self._cycle_ended:
-            await self._cycle_ended.wait_for(lambda: not any(c < cutoff for c in self._open_cycles))
+        await self._cycles.settle()
 
     async def prepare_all(self, tier: Tier, metas: list[ObjectMeta]) -> list:
         """Room for a batch in ``tier``: ``prepare_with_room`` of each meta in order, with one

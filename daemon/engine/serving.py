@@ -11,7 +11,7 @@
                                     room only (``Placement.promote``: never an eviction on a
                                     load), run straight through: read into the reservation
                                     (the arena's view: no fresh buffer), classified there,
-                                    ``complete_promotion(ok)``, the promoted copy leased and
+                                    ``Promotion.complete(ok)``, the promoted copy leased and
                                     served. With no room the copy from below is served and
                                     the promotion left to the write-behind worker. Damage
                                     and refusals raise as ``protocol.classify`` found them.
@@ -36,7 +36,7 @@ from statetier.protocol.sealed import Expectation, VerifiedHeaders
 from statetier.tiers.base import Lease, ObjectMeta, Tier
 
 from .leases import Held, Leases
-from .placement import Promotion
+from .promotion import Promotion
 from ..requests import LoadResult
 from .stack import Stack
 from ..trace import phase
@@ -118,8 +118,7 @@ class CopyServer:
                 # the verified header says what this is: kept only if the index entry agrees
                 ok = ObjectMeta.from_header(opened.header) == lease.meta
         finally:
-            held_lease = await self.stack.placement.complete_promotion(
-                promotion, ok, owner=wanted.owner, ttl=self.stack.options.lease_ttl)
+            held_lease = await promotion.complete(ok, owner=wanted.owner, ttl=self.stack.options.lease_ttl)
         if held_lease is None or opened is None:
             return None
         target = promotion.target
