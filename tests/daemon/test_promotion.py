@@ -12,13 +12,27 @@ from __future__ import annotations
 import asyncio
 
 from statetier.daemon.engine import Engine, EngineOptions
-from statetier.daemon.requests import LoadRequest
+from statetier.daemon.requests import LoadRequest, PutRequest
+from statetier.protocol.dtypes import TensorSpec
+from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, prefix_hashes
 from statetier.protocol.keyring import Keyring
 from statetier.tiers.disk import DiskTier, DiskTierOptions
 from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.registry import MemoryVersionRegistry
 
-from .test_moves import NAMESPACES, OBJECT_EXTENT, data, put
+SPECS = (TensorSpec("ssm", "float32", (64, 60)),)  # 15 KiB of payload: one 16 KiB extent with its header
+OBJECT_EXTENT = 16 * 1024
+CHAIN = prefix_hashes(list(range(64)), 16)
+NAMESPACES = {"alice": NamespaceSpec("promotion", tenant="alice").namespace()}
+
+
+def data(seed: int) -> bytes:
+    return bytes((seed * 7 + i) % 251 for i in range(SPECS[0].nbytes))
+
+
+async def put(engine: Engine, tenant: str, layer: int):
+    key = StateKey(NAMESPACES[tenant], Kind.SSM, layer, CHAIN[3], 0, 64)
+    return await engine.put(PutRequest(tenant, key, Provenance(f"{tenant}-{layer}", 3), SPECS), data(layer))
 
 
 async def test_a_load_promotes_into_free_room_only_and_leaves_the_rest_to_the_write_behind_worker(tmp_path):
