@@ -370,14 +370,17 @@ class Placement:
         assert target is not None  # only a promotion's job names one
         if await target.contains(job.object_id):
             return
-        await self.copy_between(job.object_id, job.source, target, missing_ok=True, charge_to=job.tenant)
+        await self.copy_between(job.object_id, job.source, target, missing_ok=True, promoted_for=job.tenant)
 
     async def copy_between(self, object_id: bytes, source: Tier, target: Tier, *, missing_ok: bool = False,
-                           charge_to: str | None = None) -> None:
+                           promoted_for: str | None = None) -> None:
         """Copy one object from ``source`` into ``target`` under a lease on the source.
 
-        The tenant's bytes in ``target`` are charged (the source copy's tenant, or
-        ``charge_to``: a promotion's); a copy past its quota there is skipped.
+        The tenant's bytes in ``target`` are charged: the source copy's tenant, or, for a
+        promotion the write-behind worker makes, ``promoted_for`` (the tenant whose load asked
+        for it; its bytes are read without the pass over the payload, as the load path reads
+        them: every load of the promoted copy is verified where it lands). A copy past the
+        tenant's quota there is skipped.
         """
         async with self.cycle():
             if self.is_deleting(object_id):
@@ -391,16 +394,16 @@ class Placement:
             try:
                 size = lease.meta.size
                 over_quota = (not self.tenancy.may_copy(source.name, target.name, object_id, size)
-                              if charge_to is None else self.tenancy.would_exceed(charge_to, target.name, size))
+                              if promoted_for is None else self.tenancy.would_exceed(promoted_for, target.name, size))
                 if over_quota:
                     self.write_behind_skipped += 1
                     return
-                blob = await source.read(lease)
+                blob = await source.read(lease, verify=promoted_for is None)
                 await self.store_in(target, [blob], lease.meta)
-                if charge_to is None:
+                if promoted_for is None:
                     self.tenancy.copied(source.name, target.name, object_id)
                 else:
-                    self.tenancy.charge(charge_to, target.name, object_id, size)
+                    self.tenancy.charge(promoted_for, target.name, object_id, size)
                     self.metrics.count_promotion(source.name, target.name)
                 if not await source.contains(object_id):
                     # removed from the source while the copy ran (a damaged copy dropped;
