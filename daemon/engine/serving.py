@@ -88,7 +88,8 @@ class CopyServer:
             # it lands, so a load digests nothing here; ``full_check`` (a client found a payload
             # that did not match) digests every copy, so a damaged one is dropped and the next served
             blob = await tier.read(lease, verify=wanted.full_check)
-            opened = await self._classify(blob, wanted, _trusted(tier, wanted))
+            # the recheck's digest was taken by a tier that ``verifies_on_read``, else it is taken here
+            opened = await self._classify(blob, wanted, not wanted.full_check or tier.verifies_on_read)
             kept = True
             lease_id, held = self.leases.hold(tier, lease, wanted.owner)
             return self._result(lease_id, held, opened.header, memoryview(blob).cast("B"))
@@ -114,7 +115,8 @@ class CopyServer:
         try:
             landed = await self._read_into_reservation(promotion, lease, wanted.full_check)
             if landed is not None:
-                opened = await self._classify(landed, wanted, _trusted(promotion.source, wanted))
+                opened = await self._classify(landed, wanted,
+                                              not wanted.full_check or promotion.source.verifies_on_read)
                 # the verified header says what this is: kept only if the index entry agrees
                 ok = ObjectMeta.from_header(opened.header) == lease.meta
         finally:
@@ -152,8 +154,3 @@ class CopyServer:
     def _result(self, lease_id: int, held: Held, header, blob: memoryview) -> LoadResult:
         return LoadResult(header, blob[header.header_len :], lease_id, held.tier.name, blob)
 
-
-def _trusted(tier: Tier, wanted: Wanted) -> bool:
-    """Whether a copy read from ``tier`` needs no payload digest here: none is taken unless
-    ``full_check``, and then the tier that ``verifies_on_read`` took it."""
-    return not wanted.full_check or tier.verifies_on_read
