@@ -222,7 +222,7 @@ async def test_a_load_that_read_a_lower_copy_before_a_delete_never_promotes_it_b
 
         async def read_at_the_gate(lease, *, into=None, verify=True):
             blob = await read(lease, into=into, verify=verify)
-            if not verify:  # what a load reads with (the worker's copy verifies)
+            if lease.owner == "c":  # the load's read (not the write-behind worker's promotion)
                 reading.set()
                 await opened.wait()
             return blob
@@ -230,7 +230,8 @@ async def test_a_load_that_read_a_lower_copy_before_a_delete_never_promotes_it_b
         cross.read = read_at_the_gate
         loading = asyncio.create_task(engine.load(LoadRequest("alice", NAMESPACES["alice"], ref=ref), owner="c"))
         await reading.wait()
-        assert await engine.delete("alice", ref) == 1
+        # the Redis copy; and the arena's, when the write-behind worker's promotion landed first
+        assert await engine.delete("alice", ref) in (1, 2)
         opened.set()
         served = await loading
         assert bytes(served.payload) == data(1)  # a load in flight finishes with the bytes it was given
