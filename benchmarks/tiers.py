@@ -9,7 +9,7 @@ For sealed objects of 64 KiB, 2 MiB and 32 MiB payload (one at a time, batch 1) 
 - ``load``  — ``prepare_load`` + ``read`` + ``complete_load``; disk and Redis verify in
   ``read`` (``open_sealed``, signature and payload digest); host and device hand out a
   view, so the load adds ``open_sealed`` (one digest pass, as a client does where it lands);
-- ``serve`` — disk and Redis only: ``prepare_load`` + ``read_unhashed`` + ``complete_load``,
+- ``serve`` — disk and Redis only: ``prepare_load`` + ``read(verify=False)`` + ``complete_load``,
   the tier's part of a daemon load under the hashing rule (docs/protocol.md §6.1: the
   payload digest is the client's, where the bytes land).
 
@@ -198,7 +198,7 @@ def tier_serve(tier: Tier, object_id: bytes):
     async def op():
         lease = await tier.prepare_load(object_id, owner="bench")
         try:
-            await tier.read_unhashed(lease)
+            await tier.read(lease, verify=False)
         finally:
             await tier.complete_load(lease)
     return op

@@ -39,6 +39,7 @@ from statetier.protocol.errors import (
     StatetierError,
     Unavailable,
 )
+from statetier.protocol.phases import ConnectionPhase, Event
 from statetier.protocol.frames import (
     DEFAULT_MAX_FRAME,
     FLAG_ERROR,
@@ -109,7 +110,7 @@ class Connection(asyncio.BufferedProtocol):
         self._background: set[asyncio.Task] = set()
         self._next_id = 1
         self._slots = asyncio.Semaphore(DEFAULT_MAX_INFLIGHT)
-        self._is_closed = False  # close() was called
+        self._phase = ConnectionPhase()  # handshake → open → failed / closing → closed
         self._failure: BaseException | None = None  # why the connection is unusable
         self._is_paused = False
         self._drain_waiters: list[asyncio.Future] = []
@@ -119,7 +120,7 @@ class Connection(asyncio.BufferedProtocol):
 
     @property
     def is_usable(self) -> bool:
-        return not self._is_closed and self._failure is None and self._transport is not None
+        return self._phase.reads_requests and self._failure is None and self._transport is not None
 
     async def request(
         self,
@@ -183,9 +184,12 @@ class Connection(asyncio.BufferedProtocol):
 
     async def close(self, timeout: float = 5.0) -> None:
         """Say GOODBYE and close; pending requests fail with ``ClientClosedError``."""
-        if self._is_closed:
+        if self._phase.is_closing:
             return
-        self._is_closed = True
+        if self._phase.is_gone:  # lost before: what is asked now is misuse, not an outage
+            self._failure = ClientClosedError("the statetier client is closed")
+        else:
+            self._phase.advance(Event.CLOSE)
         transport = self._transport
         if transport is not None and not transport.is_closing():
             try:
@@ -254,6 +258,7 @@ class Connection(asyncio.BufferedProtocol):
         self.hello, self.max_frame, self.shm = terms.meta, terms.max_frame, terms.shm
         self._decoder.max_frame_size = max(self._decoder.max_frame_size, terms.max_frame)
         self._slots = asyncio.Semaphore(terms.max_inflight)
+        self._phase.advance(Event.ADMIT)
 
     # -- writing ------------------------------------------------------------------------
 
@@ -292,7 +297,7 @@ class Connection(asyncio.BufferedProtocol):
                 self._drain_waiters.remove(waiter)
 
     def _raise_if_unusable(self) -> None:
-        if self._is_closed:
+        if self._phase.is_closing:
             raise ClientClosedError("the statetier client is closed")
         if self._failure is not None:
             raise self._failure_for_caller()
@@ -356,12 +361,13 @@ class Connection(asyncio.BufferedProtocol):
         self._wake_drainers(failed=False)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._is_closed:
+        if self._phase.is_closing:
             self._fail(ClientClosedError("the statetier client was closed"))
         else:
             lost = Unavailable("connection to the daemon lost")
             lost.__cause__ = exc
             self._fail(lost)
+        self._phase.advance(Event.LOSE)
         self._orphans.clear()
         if not self._lost.done():
             self._lost.set_result(None)
@@ -392,6 +398,8 @@ class Connection(asyncio.BufferedProtocol):
         """Make the connection unusable and fail every pending request with ``error``."""
         if self._failure is None:
             self._failure = error
+        if not self._phase.is_gone:
+            self._phase.advance(Event.FAIL)
         pending, self._pending = self._pending, {}
         for future in pending.values():
             if not future.done():
@@ -415,7 +423,8 @@ class Connection(asyncio.BufferedProtocol):
         task.add_done_callback(_forget_task(self._background))
 
     def _abort(self) -> None:
-        self._is_closed = True
+        if not self._phase.is_gone:
+            self._phase.advance(Event.CLOSE)
         if self._transport is not None:
             self._transport.abort()
         for task in list(self._background):

@@ -114,11 +114,8 @@ class App:
         while True:
             await asyncio.sleep(interval)
             for tier in self.engine.tiers:
-                compact = getattr(tier, "compact", None)
-                if compact is None:
-                    continue
                 try:
-                    await compact()
+                    await tier.compact()
                 except StatetierError as exc:
                     log.warning("compaction of %s failed: %s", tier.name, exc)
 

@@ -28,7 +28,8 @@ Every class has a stable wire ``code`` (u16, sent in error frames) and a ``reaso
     ├── ProtocolError                   400    protocol          (wire frames)
     │   ├── FrameTooLarge               401    frame_too_large
     │   ├── MalformedFrame              402    malformed_frame
-    │   └── UnsupportedProtocol         403    unsupported_protocol
+    │   ├── UnsupportedProtocol         403    unsupported_protocol
+    │   └── IllegalTransition           404    illegal_transition (a connection event its phase forbids)
     ├── InvalidRequest                  410    invalid_request
     │   └── DestinationMismatch         411    destination_mismatch (a load's ``into`` differs)
     ├── Unauthorized                    420    unauthorized
@@ -193,6 +194,13 @@ class MalformedFrame(ProtocolError):
 class UnsupportedProtocol(ProtocolError):
     code = 403
     reason = "unsupported_protocol"
+
+
+class IllegalTransition(ProtocolError):
+    """An event a connection's phase does not allow (``protocol.phases``)."""
+
+    code = 404
+    reason = "illegal_transition"
 
 
 class InvalidRequest(StatetierError):

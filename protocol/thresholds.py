@@ -17,6 +17,12 @@
   and no gain at 16–32 MiB where both are bound by memory bandwidth. Below 1 MiB starting
   the threads costs most of what they save.
 
+- ``INLINE_COPY_BYTES`` — a plain copy *between memory regions by address* (the memory
+  tiers' extents: ``ctypes.memmove`` in an executor thread releases the GIL, where a
+  memoryview slice assignment on the loop does not) runs on the loop up to this size, in the
+  executor above it: a thread hop costs about as much as copying 512 KiB. The memory tiers'
+  ``inline_copy_bytes`` default.
+
 ``run_work(executor, hashed, fn)`` applies the first rule (``hashed``: the bytes ``fn``
 digests); ``protocol.digests`` the second.
 """
@@ -30,6 +36,7 @@ from typing import Callable, TypeVar
 from statetier.protocol.cancellation import wait_out_cancellation
 
 INLINE_WORK_BYTES = 256 << 10
+INLINE_COPY_BYTES = 512 << 10
 PARALLEL_HASH_BYTES = 1 << 20
 
 T = TypeVar("T")

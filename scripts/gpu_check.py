@@ -130,7 +130,7 @@ async def check_size(torch, host, device, payload_bytes: int, report: Report) ->
     report.check("device store from the arena, load via staging: bytes verify", bytes(open_sealed(
         await device.read(lease), None, dev_keyring()).payload) == blob[meta.header_len:])
     landing = await host.prepare_store(renamed(meta))
-    await device.read_into(lease, landing.view)
+    await device.read(lease, into=landing.view)
     report.check("device read_into the arena: bytes equal", bytes(landing.view) == blob)
     await host.complete_store(landing, False)
     await device.complete_load(lease)
@@ -176,7 +176,7 @@ async def check_size(torch, host, device, payload_bytes: int, report: Report) ->
     report.ratio("load device→host, pinned staging", nbytes, await timed(read_staged, repeats),
                  await timed(raw.d2h, repeats))
     report.ratio("load device→host, into the arena", nbytes,
-                 await timed(lambda: device.read_into(lease, landing.view), repeats), await timed(raw.d2h, repeats))
+                 await timed(lambda: device.read(lease, into=landing.view), repeats), await timed(raw.d2h, repeats))
     await host.complete_store(landing, False)
     await device.complete_load(lease)
     await device.delete(meta.object_id)

@@ -11,7 +11,7 @@ under their ``object_id`` (the 16-byte state_id) and indexes them by ``key_diges
 
     lease = await tier.prepare_load(object_id, owner=conn_id)   # pins bytes, or NotFound
     data = await tier.read(lease)                   # memoryview valid until complete_load
-                                                    # (read_unhashed: without the payload digest)
+    data = await tier.read(lease, into=view, verify=False)  # into the caller's buffer; no payload digest
     await tier.complete_load(lease)                 # unpins
 
 ``find_by_keys(digests, registry)`` finds many keys at once (one round trip for a tier
@@ -23,7 +23,8 @@ request's lookup costs the same few round trips whatever its number of objects.
 watermark and returns them *with their bytes*, so the caller can demote rather than drop;
 ``evict_sparing_copies(need, is_held_below)`` may leave out the bytes of victims a lower
 tier already holds.
-``compact()`` (disk segments, host arena) never moves or frees bytes under a lease.
+``compact()`` (disk segments, the memory tiers' regions; a no-op returning None elsewhere)
+never moves or frees bytes under a lease; its report is a ``CompactionReport``.
 Foreign exceptions never leave a tier: each translates them into ``statetier`` errors.
 ``Clock`` is what a tier reads lease deadlines on (``time.monotonic`` unless its options say).
 """
@@ -49,6 +50,14 @@ class Clock(Protocol):
     by hand instead of sleeping past a lease's TTL)."""
 
     def __call__(self) -> float: ...
+
+
+class CompactionReport(Protocol):
+    """What one ``compact`` pass did, in each tier's own report (``SegmentCompactionReport``,
+    ``ExtentCompactionReport``); every one says how many objects it moved."""
+
+    @property
+    def objects_moved(self) -> int: ...
 
 
 @dataclass(slots=True)
@@ -153,22 +162,13 @@ class Tier(abc.ABC):
     """Every tier: device, host, disk, redis. See the module docstring for the lifecycle."""
 
     name: str = "tier"
-    #: True when ``read`` itself verifies signature and payload digest (disk, Redis), so the
-    #: engine need not hash the payload a second time.
+    #: True when ``read(verify=True)`` itself checks signature and payload digest (disk,
+    #: Redis), so the engine need not hash the payload a second time (a client's recheck).
     verifies_on_read: bool = False
-    #: True when the tier has ``read_into(lease, dest)``: ``read`` straight into a buffer
-    #: of the caller's (the object's exact size), verified there (disk, Redis), so a promotion
-    #: reads into its arena reservation instead of a fresh buffer and a copy; and
-    #: ``read_into_unhashed(lease, dest)``, the same without the pass over the payload.
-    reads_in_place: bool = False
     #: True when ``complete_store(True)`` returns only once the object is on stable storage
     #: and survives a crash of the daemon (the disk tier with fsync): what a put's
     #: ``durable`` reply promises.
     is_durable: bool = False
-    #: True when the tier's bytes live in memory only the daemon can write, and got there
-    #: sealed or verified (host arena, device pool): a load from it needs no digest pass in
-    #: the daemon (the client verifies where the bytes land).
-    holds_verified_bytes: bool = False
     #: True when ``find_by_key`` and ``prepare_load`` answer from this process's memory (no
     #: I/O): a caller asking for many keys awaits them one by one instead of a task each.
     answers_in_memory: bool = False
@@ -215,25 +215,14 @@ class Tier(abc.ABC):
         return self.answers_in_memory
 
     @abc.abstractmethod
-    async def read(self, lease: Lease) -> memoryview:
-        """The sealed object's bytes, valid until ``complete_load(lease)``."""
-
-    async def read_into(self, lease: Lease, dest: memoryview) -> object:
-        """``read`` straight into ``dest`` (the object's exact size): only a tier that
-        ``reads_in_place`` has it."""
-        raise NotImplementedError(f"the {self.name} tier does not read in place")
-
-    async def read_into_unhashed(self, lease: Lease, dest: memoryview) -> object:
-        """``read_into`` without the pass over the payload, as ``read_unhashed``: only a
-        tier that ``reads_in_place`` has it."""
-        raise NotImplementedError(f"the {self.name} tier does not read in place")
-
-    async def read_unhashed(self, lease: Lease) -> memoryview:
-        """``read`` without a pass over the payload: framing and signature checked as
-        ``read`` checks them, the payload digests not recomputed. For a load whose client
-        verifies the payload where it lands (docs/protocol.md §6.1, the hashing rule); a
-        tier that digests nothing on ``read`` (memory) answers ``read``."""
-        return await self.read(lease)
+    async def read(self, lease: Lease, *, into: memoryview | None = None, verify: bool = True) -> memoryview:
+        """The sealed object's bytes, valid until ``complete_load(lease)``: with ``into`` (a
+        writable buffer of the object's size, a promotion's reservation) read straight into
+        it and returned as a view of it, no fresh buffer. ``verify=False`` skips the pass over
+        the payload (framing and signature are checked as ever): for a load whose client
+        verifies the payload where it lands (docs/protocol.md §6.1, the hashing rule); a tier
+        that digests nothing on a read (memory) reads the same either way. A tier that
+        ``verifies_on_read`` drops a damaged object and raises its rejection."""
 
     @abc.abstractmethod
     async def complete_load(self, lease: Lease) -> None: ...
@@ -279,6 +268,11 @@ class Tier(abc.ABC):
     async def release_owner(self, owner: object) -> int:
         """Drop every lease held by ``owner`` (a client connection that went away)."""
         return 0
+
+    async def compact(self) -> CompactionReport | None:
+        """One compaction pass (never moving or freeing leased bytes); None where the tier
+        has nothing to compact (Redis)."""
+        return None
 
     async def __aenter__(self) -> Self:
         await self.start()

@@ -38,7 +38,7 @@ class StorePart(Protocol):
 class LoadPart(Protocol):
     async def prepare_load(self, object_id: bytes, owner: object = None, ttl: float | None = None) -> Lease: ...
 
-    async def read(self, lease: Lease) -> memoryview: ...
+    async def read(self, lease: Lease, *, into: memoryview | None = None, verify: bool = True) -> memoryview: ...
 
     async def complete_load(self, lease: Lease) -> None: ...
 
@@ -75,8 +75,9 @@ class ComposedTier(Tier):
                      ttl: float | None = None) -> Coroutine[Any, Any, Lease]:
         return self._load_part.prepare_load(object_id, owner, ttl)
 
-    def read(self, lease: Lease) -> Coroutine[Any, Any, memoryview]:
-        return self._load_part.read(lease)
+    def read(self, lease: Lease, *, into: memoryview | None = None,
+             verify: bool = True) -> Coroutine[Any, Any, memoryview]:
+        return self._load_part.read(lease, into=into, verify=verify)
 
     def complete_load(self, lease: Lease) -> Coroutine[Any, Any, None]:
         return self._load_part.complete_load(lease)

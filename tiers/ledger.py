@@ -14,7 +14,8 @@
   - ``evictions`` and ``corrupt_dropped``, the counters every tier reports.
 - ``LeaseTable`` — leases by id, by object and by owner, with deadlines on the tier's
   ``Clock`` (``now()``; ``time.monotonic`` unless the tier's options name another).
-- ``LruIndex`` — object metadata in LRU order with a key-digest index beside it.
+- ``LruIndex`` — object metadata by id and by key digest, in the order its eviction policy
+  keeps (``tiers.eviction``: ``LruPolicy`` unless the tier hands the ``Ledger`` another).
 
 Bookkeeping runs on the event loop only: nothing here awaits or blocks.
 """
@@ -23,12 +24,12 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections import OrderedDict
 from typing import Generic, TypeVar
 
 from statetier.protocol.errors import LeaseError
 
 from .base import Clock, Lease, ObjectMeta, StoreTicket
+from .eviction import EvictionPolicy, LruPolicy
 
 P = TypeVar("P")
 
@@ -36,9 +37,10 @@ P = TypeVar("P")
 class Ledger(Generic[P]):
     """See the module docstring."""
 
-    def __init__(self, name: str, lease_ttl: float, clock: Clock = time.monotonic) -> None:
+    def __init__(self, name: str, lease_ttl: float, clock: Clock = time.monotonic,
+                 policy: EvictionPolicy | None = None) -> None:
         self.name = name
-        self.index = LruIndex()
+        self.index = LruIndex(policy)
         self.leases = LeaseTable(lease_ttl, clock)
         self.stores: dict[int, StoreTicket] = {}  # in progress, by ticket id
         self.reserved_bytes = 0  # what the stores in progress will hold
@@ -204,10 +206,12 @@ class LeaseTable:
 
 
 class LruIndex:
-    """Object metadata in least-recently-used order, with a key-digest index beside it."""
+    """Object metadata by id and by key digest, in the order of its eviction policy
+    (least recently used first, unless the tier chose another)."""
 
-    def __init__(self) -> None:
-        self._objects: OrderedDict[bytes, ObjectMeta] = OrderedDict()
+    def __init__(self, policy: EvictionPolicy | None = None) -> None:
+        self._policy: EvictionPolicy = policy if policy is not None else LruPolicy()
+        self._objects: dict[bytes, ObjectMeta] = {}
         self._by_key: dict[bytes, dict[bytes, ObjectMeta]] = {}
         self.bytes_used = 0
 
@@ -223,6 +227,7 @@ class LruIndex:
     def add(self, meta: ObjectMeta) -> None:
         self.remove(meta.object_id)
         self._objects[meta.object_id] = meta
+        self._policy.added(meta)
         self._by_key.setdefault(meta.key_digest, {})[meta.object_id] = meta
         self.bytes_used += meta.size
 
@@ -230,6 +235,7 @@ class LruIndex:
         meta = self._objects.pop(object_id, None)
         if meta is None:
             return None
+        self._policy.removed(object_id)
         by_key = self._by_key.get(meta.key_digest)
         if by_key is not None:
             by_key.pop(object_id, None)
@@ -239,11 +245,11 @@ class LruIndex:
         return meta
 
     def touch(self, object_id: bytes) -> None:
-        if object_id in self._objects:
-            self._objects.move_to_end(object_id)
+        self._policy.touched(object_id)
 
     def by_key(self, key_digest: bytes) -> list[ObjectMeta]:
         return list(self._by_key.get(key_digest, {}).values())
 
     def lru_order(self) -> list[ObjectMeta]:
-        return list(self._objects.values())
+        """The objects, the first to evict first (the policy's order)."""
+        return self._policy.order()

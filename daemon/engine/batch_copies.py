@@ -86,7 +86,7 @@ async def _bytes_of(placement: Placement, target: Tier, item: CopyItem, leases: 
         out[index] = exc
         return None
     leases.append((item.source, lease))
-    if not placement.ledger.may_copy(item.source.name, target.name, oid, lease.meta.size):
+    if not placement.tenancy.may_copy(item.source.name, target.name, oid, lease.meta.size):
         placement.write_behind_skipped += 1
         return None
     try:
@@ -132,7 +132,7 @@ async def _account(placement: Placement, target: Tier, p: _Pending, seconds: flo
     oid = meta.object_id
     if placement.metrics is not None:
         placement.metrics.observe_op(target.name, meta.kind.name.lower(), "store", meta.size, seconds)
-    placement.ledger.copied(source.name, target.name, oid)
+    placement.tenancy.copied(source.name, target.name, oid)
     if p.leased and not await source.contains(oid):
         await target.delete(oid)
-        placement.ledger.dropped(target.name, oid)
+        placement.tenancy.dropped(target.name, oid)

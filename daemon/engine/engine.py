@@ -86,7 +86,7 @@ class Engine:
         self.tenancy = Tenancy(self.options.quotas, observer=announcements)
         self.placement = Placement(self.tiers, metrics, write_behind_limit=self.options.write_behind_limit,
                                    write_behind_from=volatile, write_behind_to=write_behind_to,
-                                   ledger=self.tenancy)
+                                   tenancy=self.tenancy)
         self.stack = Stack(self.tiers, keyring, registry, self.options, self.placement, self.tenancy, metrics,
                            arena, publish, executor, announcements)
         self._leases = Leases(itertools.count(1))

@@ -14,7 +14,9 @@ shard of every layer is). A model with SSM layers never gets a KV-only answer, b
 SSM condition is part of every boundary's test. The objects behind the answer are leased
 to ``owner`` (when ``req.lease``, held in ``leases``) so they cannot be evicted or compacted
 away before the caller loads or releases them; a load then verifies each one fully.
-Keys are located by ``daemon.engine.candidates.locate_many`` (each key's newest servable
+An answer short of the largest boundary while moves are under way (a demotion holds an
+object between two tiers) is looked for again once they settled, as a load that finds
+nothing does. Keys are located by ``daemon.engine.candidates.locate_many`` (each key's newest servable
 object), on the engine's ``Stack`` (tiers, registry, options, the skipped count).
 
 Round trips: when a tier answers over the network (Redis), the keys of every boundary are
@@ -137,6 +139,20 @@ async def joint_hit(stack: Stack, leases: Leases, req: LookupRequest, owner) -> 
     bounds = _checked(req.boundaries)
     if not bounds or not (req.attention_layers or req.ssm_layers or req.groups):
         return JointHit(0)
+    hit = await _best_hit(stack, leases, req, owner, bounds)
+    if hit.tokens < max(tokens for tokens, _ in bounds) and stack.placement.has_moves:
+        # as a load that finds nothing: an object may be between two tiers (a demotion)
+        for _, lease_id in hit.objects:
+            if lease_id is not None:
+                await leases.release(lease_id, owner)
+        await stack.placement.settle_moves()
+        hit = await _best_hit(stack, leases, req, owner, bounds)
+    return hit
+
+
+async def _best_hit(stack: Stack, leases: Leases, req: LookupRequest, owner, bounds: list[tuple[int, bytes]]
+                    ) -> JointHit:
+    """The largest boundary at which every object is found (and leased, when asked)."""
     finder, needed = _Finder(stack), _Needed(req, bounds)
     if not all(tier.answers_in_memory for tier in stack.tiers):  # a batch costs what one key does
         await finder.prefetch(needed.everything())

@@ -10,9 +10,14 @@
   Returns the tier used.
 - ``prepare_all(tier, metas)`` — room for a batch of puts in one tier (one eviction for
   all of them): the store tickets of those that fit, in order.
-- ``store_in(tier, chunks, meta)`` — into one given tier (publish, promotion);
-  ``store_filled(tier, meta, fill)`` the same with the bytes put in place by ``fill`` (a
-  promotion read straight into the arena).
+- ``store_in(tier, chunks, meta)`` — into one given tier (publish, a write-behind copy).
+- ``promote(source, lease, target, tenant=, delete_mark=)`` — a load's promotion: a
+  ``Promotion`` holding a reservation in ``target`` taken from *free* room only (a load never
+  evicts), or None (a delete runs or ended since the load began, a copy is already there, the
+  tenant's quota, no room). The load path reads into it, classifies, and ends it with
+  ``promotion.complete(ok, owner=, ttl=)`` (``daemon.engine.promotion``) → the lease on the
+  promoted copy (None when not kept). With no free room the object is queued for the write-behind worker, which
+  makes room by the tier's watermark policy (evicting and demoting) and promotes it then.
 - ``copy_down(state_id, source)``  — write-behind: a copy into the next persistent tier,
   queued (bounded) by ``schedule_copy_down`` and run by the worker ``run_write_behind``.
 
@@ -20,7 +25,7 @@ Every store is ``prepare_store`` → ``write`` → ``complete_store(success)`` w
 completion in ``finally``, so a cancelled move leaves nothing half visible.
 
 Moves and deletes: every move (an eviction with its demotions, a write-behind copy, a
-promotion through ``move``) runs as a numbered *cycle*. ``deleting(object_id)`` puts a
+promotion) runs as a numbered *cycle* (``daemon.engine.cycles``). ``deleting(object_id)`` puts a
 tombstone up for the length of a delete: no cycle starts a copy of a tombstoned object, and
 ``settle_moves()`` waits for every cycle begun before it, so a delete that sweeps the tiers,
 settles, and sweeps again leaves no copy behind, whatever eviction was doing meanwhile;
@@ -29,26 +34,29 @@ again: its object may be between two tiers). A load may hold a lease on a copy t
 removed meanwhile: ``delete_mark`` (taken when it begins) and ``deleted_since(object_id,
 mark)`` say whether a delete of that object ended since, so it does not promote it back.
 
-Tenant bytes follow the copies: ``ledger`` (``daemon.engine.tenancy.Tenancy``) hears of every
-copy (``copied``), move (``moved``) and drop (``dropped``), and refuses a copy past the
-tenant's quota in the target tier (``may_copy``): such a write-behind is skipped and such
-a demotion goes further down, or drops the object (counted in ``dropped``).
+Tenant bytes follow the copies: ``tenancy`` (``daemon.engine.tenancy.Tenancy``) hears of every
+copy (``copied``), move (``moved``), promotion (``charge``) and drop (``dropped``), and refuses
+a copy past the tenant's quota in the target tier (``may_copy``, ``would_exceed``): such a
+write-behind or promotion is skipped and such a demotion goes further down, or drops the
+object (counted in ``dropped``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import time
+from dataclasses import dataclass
 from typing import AsyncIterator, Sequence
 
 from statetier.protocol.errors import CapacityError, InvalidRequest, NotFound, StatetierError
 from statetier.protocol.lru import BoundedLru
-from statetier.tiers.base import EvictedObject, ObjectMeta, Tier
+from statetier.tiers.base import EvictedObject, Lease, ObjectMeta, Tier
 
 from ..metrics import Metrics, NullMetrics
+from .cycles import MoveCycles
+from .promotion import Promotion
 
 log = logging.getLogger("statetier.placement")
 
@@ -57,11 +65,27 @@ log = logging.getLogger("statetier.placement")
 DELETES_REMEMBERED = 1 << 16
 
 
-class _NoLedger:
+@dataclass(frozen=True, slots=True)
+class _Queued:
+    """One job of the write-behind worker: a copy of ``object_id`` down from ``source``, or,
+    with ``promote_to``, a promotion up into it that found no free room on the load path."""
+
+    object_id: bytes
+    source: Tier
+    promote_to: Tier | None = None
+    tenant: str = ""
+
+
+class _NoTenants:
     """Placement without tenants (tests of placement alone): every copy is allowed."""
 
     def may_copy(self, src: str, dst: str, object_id: bytes, nbytes: int) -> bool:
         return True
+
+    def would_exceed(self, tenant: str, tier: str, nbytes: int) -> bool:
+        return False
+
+    def charge(self, tenant: str, tier: str, object_id: bytes, nbytes: int) -> None: ...
 
     def copied(self, src: str, dst: str, object_id: bytes) -> None: ...
 
@@ -74,18 +98,16 @@ class Placement:
     def __init__(self, tiers: Sequence[Tier], metrics: Metrics | NullMetrics | None = None, *,
                  write_behind_limit: int = 256,
                  write_behind_from: Sequence[Tier] = (), write_behind_to: Tier | None = None,
-                 ledger=None) -> None:
+                 tenancy=None) -> None:
         self.tiers = list(tiers)
         self.metrics = NullMetrics() if metrics is None else metrics
-        self.ledger = ledger if ledger is not None else _NoLedger()
-        self._cycle_ids = itertools.count(1)
-        self._open_cycles: set[int] = set()
-        self._cycle_ended = asyncio.Condition()
+        self.tenancy = tenancy if tenancy is not None else _NoTenants()
+        self._cycles = MoveCycles()
         self._tombstones: dict[bytes, int] = {}
         self._deletes_ended = 0
         self._ended_at: BoundedLru[bytes, int] = BoundedLru(DELETES_REMEMBERED)  # object id -> its delete's end
         self._eviction_locks: dict[int, asyncio.Lock] = {}
-        self._queue: asyncio.Queue[tuple[bytes, Tier]] = asyncio.Queue(maxsize=max(1, write_behind_limit))
+        self._queue: asyncio.Queue[_Queued] = asyncio.Queue(maxsize=max(1, write_behind_limit))
         self._write_behind_from = set(id(t) for t in write_behind_from)
         self._write_behind_to = write_behind_to
         self.dropped = 0
@@ -118,35 +140,44 @@ class Placement:
             await tier.complete_store(ticket, ok)
         self.metrics.observe_op(tier.name, meta.kind.name.lower(), "store", meta.size, time.perf_counter() - started)
 
-    async def store_filled(self, tier: Tier, meta: ObjectMeta, fill):
-        """``store_in`` whose bytes ``await fill(view)`` puts in place in the tier's own
-        memory (a read straight into the host arena); the object stays only when ``fill``
-        returns something other than None, which is returned."""
-        started = time.perf_counter()
-        ticket = await self.prepare_with_room(tier, meta)
-        kept = None
+    # ---------------------------------------------------------------- a load's promotion
+
+    async def promote(self, source: Tier, lease: Lease, target: Tier, *, tenant: str,
+                      delete_mark: int) -> Promotion | None:
+        """Room in ``target`` for the copy ``lease`` pins in ``source``, taken from free room
+        only, inside a cycle that ``Promotion.complete`` ends; None when it may not be
+        promoted now: ``target`` is not above ``source``, a delete of it runs or ended since
+        ``delete_mark`` (its lease still serves the load; a promotion would bring a deleted
+        object back), a copy is already there (unjudged: never served in place of this one),
+        the tenant's quota. With no free room the object is queued for the write-behind
+        worker (``_promote_later``), which makes room by the tier's watermarks."""
+        if target is source or self.tiers.index(target) > self.tiers.index(source):
+            return None
+        meta = lease.meta
+        cycle = self._cycles.begin()
         try:
-            kept = await fill(ticket.view)
-        finally:
-            await tier.complete_store(ticket, kept is not None)
-        if kept is not None:
-            self.metrics.observe_op(tier.name, meta.kind.name.lower(), "store", meta.size,
-                                    time.perf_counter() - started)
-        return kept
+            if self.is_deleting(meta.object_id) or self.deleted_since(meta.object_id, delete_mark) \
+                    or self.tenancy.would_exceed(tenant, target.name, meta.size) \
+                    or await target.contains(meta.object_id):
+                ticket = None
+            else:
+                ticket = await target.prepare_store(meta)
+        except CapacityError:
+            self._queue_nowait(_Queued(meta.object_id, source, promote_to=target, tenant=tenant))
+            ticket = None
+        except StatetierError as exc:  # a concurrent promotion of it won, the tier failed
+            log.debug("promotion of %s into %s skipped: %s", meta.object_id.hex(), target.name, exc)
+            ticket = None
+        if ticket is None:
+            await cycle.end()
+            return None
+        return Promotion(source, target, ticket, tenant, self.tenancy, self.metrics, cycle)
 
     # ---------------------------------------------------------------- moves vs deletes
 
-    @contextlib.asynccontextmanager
-    async def cycle(self) -> AsyncIterator[None]:
+    def cycle(self) -> contextlib.AbstractAsyncContextManager[None]:
         """One move (an eviction and its demotions, a copy): ``settle_moves`` waits for it."""
-        cycle_id = next(self._cycle_ids)
-        self._open_cycles.add(cycle_id)
-        try:
-            yield
-        finally:
-            self._open_cycles.discard(cycle_id)
-            async with self._cycle_ended:
-                self._cycle_ended.notify_all()
+        return self._cycles.cycle()
 
     @contextlib.asynccontextmanager
     async def deleting(self, object_id: bytes) -> AsyncIterator[None]:
@@ -179,13 +210,11 @@ class Placement:
 
     @property
     def has_moves(self) -> bool:
-        return bool(self._open_cycles)
+        return self._cycles.has_moves
 
     async def settle_moves(self) -> None:
         """Wait until every cycle that began before this call has ended."""
-        cutoff = next(self._cycle_ids)
-        async with self._cycle_ended:
-            await self._cycle_ended.wait_for(lambda: not any(c < cutoff for c in self._open_cycles))
+        await self._cycles.settle()
 
     async def prepare_all(self, tier: Tier, metas: list[ObjectMeta]) -> list:
         """Room for a batch in ``tier``: ``prepare_with_room`` of each meta in order, with one
@@ -242,24 +271,24 @@ class Placement:
         for item in evicted:
             oid = item.meta.object_id
             if self.is_deleting(oid):
-                self.ledger.dropped(source.name, oid)
+                self.tenancy.dropped(source.name, oid)
                 continue
             holder = await self._holder_below(lower, oid)
             if holder is not None:
-                self.ledger.dropped(source.name, oid)
+                self.tenancy.dropped(source.name, oid)
                 continue
             if item.blob is None:  # its copy below went away while the eviction ran
                 self.dropped += 1
-                self.ledger.dropped(source.name, oid)
+                self.tenancy.dropped(source.name, oid)
                 log.info("dropped %s: its copy below left during its eviction", oid.hex())
                 continue
             target = await self._demote_one(source, lower, item)
             if target is None:
                 self.dropped += 1
-                self.ledger.dropped(source.name, oid)
+                self.tenancy.dropped(source.name, oid)
                 log.info("dropped %s: no lower tier could take it", oid.hex())
                 continue
-            self.ledger.moved(source.name, target.name, oid)
+            self.tenancy.moved(source.name, target.name, oid)
             self.metrics.count_demotion(source.name, target.name)
 
     async def _is_held_below(self, lower: list[Tier], object_id: bytes) -> bool:
@@ -277,7 +306,7 @@ class Placement:
     async def _demote_one(self, source: Tier, lower: list[Tier], item: EvictedObject) -> Tier | None:
         oid, size = item.meta.object_id, item.meta.size
         for tier in lower:
-            if not self.ledger.may_copy(source.name, tier.name, oid, size):
+            if not self.tenancy.may_copy(source.name, tier.name, oid, size):
                 continue  # over the tenant's quota there: the next tier down, or dropped
             try:
                 await self.store_in(tier, [item.blob], item.meta)
@@ -293,22 +322,30 @@ class Placement:
     def schedule_copy_down(self, object_id: bytes, source: Tier) -> None:
         if self._write_behind_to is None or id(source) not in self._write_behind_from:
             return
+        self._queue_nowait(_Queued(object_id, source))
+
+    def _queue_nowait(self, job: _Queued) -> None:
         try:
-            self._queue.put_nowait((object_id, source))
+            self._queue.put_nowait(job)
         except asyncio.QueueFull:
-            self.write_behind_skipped += 1  # eviction will demote it instead
+            self.write_behind_skipped += 1  # eviction will demote it instead; a later load promotes it
 
     async def run_write_behind(self) -> None:
+        """The worker: each queued write-behind copy, and each promotion a load found no free
+        room for (room made here, by the target's watermarks, then the copy)."""
         while True:
-            object_id, source = await self._queue.get()
+            job = await self._queue.get()
             try:
-                await self.copy_down(object_id, source)
+                if job.promote_to is None:
+                    await self.copy_down(job.object_id, job.source)
+                else:
+                    await self._promote_later(job)
             except asyncio.CancelledError:
                 raise
             except StatetierError as exc:
-                log.debug("write-behind of %s skipped: %s", object_id.hex(), exc)
+                log.debug("write-behind of %s skipped: %s", job.object_id.hex(), exc)
             except Exception:  # a worker must survive one bad object
-                log.exception("write-behind of %s failed", object_id.hex())
+                log.exception("write-behind of %s failed", job.object_id.hex())
             finally:
                 self._queue.task_done()
 
@@ -325,10 +362,25 @@ class Placement:
             return
         await self.copy_between(object_id, source, target, missing_ok=True)
 
-    async def copy_between(self, object_id: bytes, source: Tier, target: Tier, *, missing_ok: bool = False) -> None:
+    async def _promote_later(self, job: _Queued) -> None:
+        """A promotion a load found no free room for: room made in the target by its
+        watermarks (evicting and demoting, as a put does), then the copy, charged to the
+        tenant whose load asked for it."""
+        target = job.promote_to
+        assert target is not None  # only a promotion's job names one
+        if await target.contains(job.object_id):
+            return
+        await self.copy_between(job.object_id, job.source, target, missing_ok=True, promoted_for=job.tenant)
+
+    async def copy_between(self, object_id: bytes, source: Tier, target: Tier, *, missing_ok: bool = False,
+                           promoted_for: str | None = None) -> None:
         """Copy one object from ``source`` into ``target`` under a lease on the source.
 
-        The tenant's bytes in ``target`` are charged; a copy past its quota there is skipped.
+        The tenant's bytes in ``target`` are charged: the source copy's tenant, or, for a
+        promotion the write-behind worker makes, ``promoted_for`` (the tenant whose load asked
+        for it; its bytes are read without the pass over the payload, as the load path reads
+        them: every load of the promoted copy is verified where it lands). A copy past the
+        tenant's quota there is skipped.
         """
         async with self.cycle():
             if self.is_deleting(object_id):
@@ -340,17 +392,24 @@ class Placement:
                     return
                 raise
             try:
-                if not self.ledger.may_copy(source.name, target.name, object_id, lease.meta.size):
+                size = lease.meta.size
+                over_quota = (not self.tenancy.may_copy(source.name, target.name, object_id, size)
+                              if promoted_for is None else self.tenancy.would_exceed(promoted_for, target.name, size))
+                if over_quota:
                     self.write_behind_skipped += 1
                     return
-                blob = await source.read(lease)
+                blob = await source.read(lease, verify=promoted_for is None)
                 await self.store_in(target, [blob], lease.meta)
-                self.ledger.copied(source.name, target.name, object_id)
+                if promoted_for is None:
+                    self.tenancy.copied(source.name, target.name, object_id)
+                else:
+                    self.tenancy.charge(promoted_for, target.name, object_id, size)
+                    self.metrics.count_promotion(source.name, target.name)
                 if not await source.contains(object_id):
                     # removed from the source while the copy ran (a damaged copy dropped;
                     # our lease rules out eviction): the copy must not outlive it
                     await target.delete(object_id)
-                    self.ledger.dropped(target.name, object_id)
+                    self.tenancy.dropped(target.name, object_id)
             except InvalidRequest:
                 pass  # already there
             finally:

@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+from statetier.daemon.metrics import Metrics, NullMetrics
 from statetier.protocol.errors import Busy, InvalidRequest
 
 
@@ -36,14 +37,14 @@ class _Waiter:
 class ByteBudget:
     """Admits payload bytes up to ``limit_bytes``; see the module docstring."""
 
-    def __init__(self, limit_bytes: int, wait_seconds: float, metrics=None) -> None:
+    def __init__(self, limit_bytes: int, wait_seconds: float, metrics: Metrics | NullMetrics | None = None) -> None:
         if limit_bytes <= 0:
             raise ValueError("limit_bytes must be positive")
         if wait_seconds < 0:
             raise ValueError("wait_seconds must not be negative")
         self.limit = limit_bytes
         self.wait_seconds = wait_seconds
-        self._metrics = metrics
+        self._metrics = NullMetrics() if metrics is None else metrics
         self._in_use = 0
         self._waiters: deque[_Waiter] = deque()
 
@@ -132,8 +133,7 @@ class ByteBudget:
         self._forget(waiter)
 
     def _raise_busy(self, nbytes: int) -> None:
-        if self._metrics is not None:
-            self._metrics.count_busy()
+        self._metrics.count_busy()
         raise Busy(
             f"byte budget exhausted: {nbytes} bytes did not fit within {self.wait_seconds}s "
             f"({self._in_use} of {self.limit} bytes in use, {len(self._waiters)} waiting)"

@@ -20,6 +20,9 @@
   connection still holds.
 - ``Server`` uses ``stop_accepting()``, ``request_tasks``, ``close(reason)``, ``abort()``
   and the ``closed`` future (resolved once the owner is released) to shut down.
+- The connection's phase (handshake, open, draining, stopping, failed, closing, closed) is a
+  ``protocol.phases.ConnectionPhase``: each rule above is a transition of its table, shared
+  with the SDK's end; what the connection reads, drops or closes follows from the phase.
 """
 
 from __future__ import annotations
@@ -45,9 +48,10 @@ from statetier.daemon.server.windows import Windows
 from statetier.protocol.errors import (Forbidden, InternalError, ProtocolError, StatetierError, Unauthorized,
                                        bounded_text)
 from statetier.protocol.frames import Frame, FrameDecoder, Op, error_frame, hello_ok_frame
+from statetier.protocol.phases import ConnectionPhase, Event
 
 if TYPE_CHECKING:
-    from statetier.daemon.metrics import Metrics
+    from statetier.daemon.metrics import Metrics, NullMetrics
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +70,7 @@ class ConnectionContext:
     listen: object  # config.listen: the peer-credential rules
     max_frame: int
     max_inflight: int
-    metrics: Metrics | None
+    metrics: Metrics | NullMetrics
     is_unix: bool
     daemon_stats: Callable[[], dict]
     window_bytes: int  # each of a same-host connection's two shared-memory windows; 0: none
@@ -91,11 +95,8 @@ class Connection(asyncio.BufferedProtocol):
         self._tasks: set[asyncio.Task] = set()
         self._running = 0  # a request being run in the callback that received it (``start_eagerly``)
         self._pending: deque[Frame] = deque()
-        self._accepting = True  # False after GOODBYE, a connection error or shutdown
-        self._draining = False  # GOODBYE: close once every received request is answered
-        self._reading = True
-        self._failed = False
-        self._lost = False
+        self._phase = ConnectionPhase()  # handshake → open → draining / stopping / failed → closed
+        self._reading = True  # flow control: the transport reads (not a phase)
         self._sink: memoryview | None = None
         self._cleanup: asyncio.Task | None = None
         self._windows: Windows | None = None
@@ -114,7 +115,7 @@ class Connection(asyncio.BufferedProtocol):
 
     @property
     def is_reading_paused(self) -> bool:
-        return not self._reading and not self._lost
+        return not self._reading and not self._phase.is_gone
 
     @property
     def window_regions(self) -> int:
@@ -149,14 +150,14 @@ class Connection(asyncio.BufferedProtocol):
         self._hello_timer = loop.call_later(HANDSHAKE_TIMEOUT_SECONDS, self._handshake_timed_out)
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        if self._failed:  # bytes after a connection error are read and dropped
+        if self._phase.drops_input:  # bytes after a connection error (or our close) are read and dropped
             if self._sink is None:
                 self._sink = memoryview(bytearray(64 * 1024))
             return self._sink
         return self._decoder.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
-        if self._failed:
+        if self._phase.drops_input:
             return
         try:
             frames = self._decoder.buffer_updated(nbytes)
@@ -179,8 +180,7 @@ class Connection(asyncio.BufferedProtocol):
         self._writer.resume()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._lost = True
-        self._accepting = False
+        self._phase.advance(Event.LOSE)
         self._pending.clear()
         for timer in (self._hello_timer, self._linger):
             if timer is not None:
@@ -229,6 +229,7 @@ class Connection(asyncio.BufferedProtocol):
             self._ctx.max_frame, is_operator=self._peer is not None and is_operator(self._peer, self._ctx.listen),
         )
         self._answers = RequestRunner(self._session, self._writer, self._ctx.budget, self._ctx.metrics)
+        self._phase.advance(Event.ADMIT)
         ok = hello_ok_frame(
             admitted.version, max_frame=self._ctx.max_frame, tenant=tenant,
             max_inflight=self._ctx.max_inflight, shm=windows.hello() if windows is not None else None,
@@ -241,24 +242,22 @@ class Connection(asyncio.BufferedProtocol):
             self._writer.send_nowait(ok)
 
     def _handshake_timed_out(self) -> None:
-        if self._session is None and not self._lost:
+        if self._session is None and not self._phase.is_gone:
             self._fail(ProtocolError(f"no HELLO within {HANDSHAKE_TIMEOUT_SECONDS:g}s"))
 
     def _refuse(self, exc: StatetierError) -> None:
         if isinstance(exc, (Unauthorized, Forbidden)):
             log.warning("connection refused: %s", bounded_text(exc.message))
-            if self._ctx.metrics is not None:
-                self._ctx.metrics.count_auth_failure(str(exc.detail.get("auth", exc.reason)))
+            self._ctx.metrics.count_auth_failure(str(exc.detail.get("auth", exc.reason)))
         else:
             self._count_error(exc)
         self._fail(exc)
 
     def _fail(self, exc: StatetierError) -> None:
         """A connection-level error: report it with request id 0, then close."""
-        if self._failed:
+        if self._phase.is_failed or self._phase.is_closing or self._phase.is_gone:
             return
-        self._failed = True
-        self._accepting = False
+        self._phase.advance(Event.FAIL)
         self._pending.clear()
         if self._transport.is_closing():
             return
@@ -272,7 +271,7 @@ class Connection(asyncio.BufferedProtocol):
     # -- requests ---------------------------------------------------------------------
 
     def _on_frame(self, frame: Frame) -> None:
-        if not self._accepting:
+        if not self._phase.reads_requests:
             return
         if self._session is None:
             self._handshake(frame)
@@ -281,8 +280,7 @@ class Connection(asyncio.BufferedProtocol):
         elif frame.op is Op.PING and frame.request_id and not frame.is_error:
             # answered at once, with no task: a ping measures the path, not the scheduler
             self._writer.send_nowait(Frame(Op.PONG, frame.request_id, {}))
-            if self._ctx.metrics is not None:
-                self._ctx.metrics.count_ping()
+            self._ctx.metrics.count_ping()
         else:
             self._pending.append(frame)
             self._start_pending()
@@ -306,7 +304,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def _update_reading(self) -> None:
         should_read = (
-            self._accepting and not self._pending and len(self._tasks) < self._ctx.max_inflight
+            self._phase.reads_requests and not self._pending and len(self._tasks) < self._ctx.max_inflight
         )
         if should_read == self._reading or self._transport.is_closing():
             return
@@ -318,18 +316,17 @@ class Connection(asyncio.BufferedProtocol):
 
     def _on_task_done(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
-        if self._lost:
+        if self._phase.is_gone:
             return
         self._start_pending()
-        if self._draining and self._is_idle() and not self._transport.is_closing():
+        if self._phase.is_draining and self._is_idle() and not self._transport.is_closing():
             self._transport.close()
 
     def _is_idle(self) -> bool:
         return not self._tasks and not self._pending
 
     def _begin_draining(self) -> None:
-        self._accepting = False
-        self._draining = True
+        self._phase.advance(Event.GOODBYE)
         self._update_reading()
         if self._is_idle() and not self._transport.is_closing():
             self._transport.close()
@@ -341,26 +338,27 @@ class Connection(asyncio.BufferedProtocol):
 
     def stop_accepting(self) -> None:
         """Read no further requests; those already running go on."""
-        if self._lost:
+        if self._phase.is_gone:
             return
-        self._accepting = False
+        self._phase.advance(Event.STOP)
         self._pending.clear()
         self._update_reading()
 
     def close(self, reason: str) -> None:
         """Cancel what still runs, say GOODBYE and close (flushing what was written)."""
-        if self._lost:
+        if self._phase.is_gone:
             return
-        self._accepting = False
+        failed = self._phase.is_failed  # a failed connection already said why (and wrote EOF)
+        self._phase.advance(Event.CLOSE)
         for task in self._tasks:
             task.cancel()
         if not self._transport.is_closing():
-            if not self._failed:  # a failed connection already said why (and wrote EOF)
+            if not failed:
                 self._writer.send_nowait(Frame(Op.GOODBYE, 0, {"reason": reason}))
             self._transport.close()
 
     def abort(self) -> None:
-        if not self._lost:
+        if not self._phase.is_gone:
             self._transport.abort()
 
 

@@ -1,6 +1,7 @@
 """The daemon's listeners: a Unix socket (always) and TCP, optionally with TLS (DESIGN §7).
 
-``Server(engine: EngineCalls, config, metrics=None)`` — two awaited phases around the app's serving:
+``Server(engine: EngineCalls, config, metrics=None)`` (``NullMetrics`` when None: no part checks
+for None) — two awaited phases around the app's serving:
 
 - ``await start()``         listen. A stale socket file is removed only when nothing
                             answers on it (a live daemon there is a ``ConfigError``); the
@@ -31,6 +32,7 @@ import stat
 from statetier.daemon.server.auth import TenantDirectory, server_ssl_context
 from statetier.daemon.server.budget import ByteBudget
 from statetier.daemon.config_values import split_host_port
+from statetier.daemon.metrics import Metrics, NullMetrics
 from statetier.daemon.server.connection import SOCKET_BUFFER_BYTES, Connection, ConnectionContext
 from statetier.daemon.server.engine_calls import EngineCalls
 from statetier.protocol.errors import ConfigError
@@ -44,12 +46,12 @@ _CLOSE_WAIT_SECONDS = 2.0  # after GOODBYE+close, before aborting a peer that do
 class Server:
     """The listeners and the connections of one daemon; see the module docstring."""
 
-    def __init__(self, engine: EngineCalls, config, metrics=None) -> None:
+    def __init__(self, engine: EngineCalls, config, metrics: Metrics | NullMetrics | None = None) -> None:
         self._engine = engine
         self._config = config
-        self._metrics = metrics
+        self._metrics = NullMetrics() if metrics is None else metrics
         limits = config.limits
-        self.budget = ByteBudget(limits.byte_budget, limits.busy_wait_seconds, metrics)
+        self.budget = ByteBudget(limits.byte_budget, limits.busy_wait_seconds, self._metrics)
         self._tenants = TenantDirectory(config.tenants)
         self._connections: set[Connection] = set()
         self._listeners: list[asyncio.AbstractServer] = []
@@ -163,8 +165,7 @@ class Server:
 
     def _refused_handshake(self, exc: ssl.SSLError) -> None:
         log.warning("connection refused: TLS handshake failed: %s", getattr(exc, "reason", None) or exc)
-        if self._metrics is not None:
-            self._metrics.count_auth_failure("tls")
+        self._metrics.count_auth_failure("tls")
 
     def _context(self, *, is_unix: bool) -> ConnectionContext:
         limits = self._config.limits

@@ -7,7 +7,7 @@
   ERROR frame (a ``StatetierError`` by its code; anything else as ``InternalError`` with
   the traceback logged). A request id already in flight is refused. Time and bytes are
   observed per op (a batch as its items, in one update per kind and op).
-- ``count_error(metrics, exc)`` — one error counted by its reason (``metrics`` may be None).
+- ``count_error(metrics, exc)`` — one error counted by its reason (``NullMetrics``: none counted).
 
 ``connection.Connection`` runs each request frame as a task of ``run``; it decides when
 (flow control), this module what the answer is.
@@ -30,20 +30,20 @@ from statetier.protocol.errors import InternalError, InvalidRequest, StatetierEr
 from statetier.protocol.frames import Frame, error_frame
 
 if TYPE_CHECKING:
-    from statetier.daemon.metrics import Metrics
+    from statetier.daemon.metrics import Metrics, NullMetrics
 
 log = logging.getLogger(__name__)
 
 
-def count_error(metrics: Metrics | None, exc: StatetierError) -> None:
-    if metrics is not None:
-        metrics.count_error(exc.reason)
+def count_error(metrics: Metrics | NullMetrics, exc: StatetierError) -> None:
+    metrics.count_error(exc.reason)
 
 
 class RequestRunner:
     """Answers the request frames of one admitted connection; see the module docstring."""
 
-    def __init__(self, session: Session, writer: FrameWriter, budget: ByteBudget, metrics: Metrics | None) -> None:
+    def __init__(self, session: Session, writer: FrameWriter, budget: ByteBudget,
+                 metrics: Metrics | NullMetrics) -> None:
         self._session = session
         self._writer = writer
         self._budget = budget
@@ -70,15 +70,14 @@ class RequestRunner:
             log.exception("%s (request %d) failed", frame.op.name, request_id)
             await self._send_error(request_id, InternalError(f"{frame.op.name} failed in the daemon"))
         else:
-            if self._metrics is not None:
-                nbytes = len(frame.data) + len(reply.data)
-                seconds = time.perf_counter() - started
-                if reply.items is None:
-                    self._metrics.observe_op("daemon", reply.kind, frame.op.name.lower(), nbytes, seconds)
-                elif reply.items:  # a batch counts as its items, each with its share of the time and bytes
-                    share = len(reply.items)
-                    for (kind, op), count in Counter(reply.items).items():  # one update per label set
-                        self._metrics.observe_ops("daemon", kind, op, count, nbytes // share * count, seconds / share)
+            nbytes = len(frame.data) + len(reply.data)
+            seconds = time.perf_counter() - started
+            if reply.items is None:
+                self._metrics.observe_op("daemon", reply.kind, frame.op.name.lower(), nbytes, seconds)
+            elif reply.items:  # a batch counts as its items, each with its share of the time and bytes
+                share = len(reply.items)
+                for (kind, op), count in Counter(reply.items).items():  # one update per label set
+                    self._metrics.observe_ops("daemon", kind, op, count, nbytes // share * count, seconds / share)
 
     async def _dispatch(self, frame: Frame) -> Reply:
         if frame.request_id == 0:

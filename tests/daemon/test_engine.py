@@ -36,6 +36,7 @@ from statetier.tiers.disk import DiskTier, DiskTierOptions
 from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.registry import MemoryVersionRegistry
 from tests.support.engine_objects import CHAIN, NS, SPECS, payload_for, ssm_put
+from tests.support.host_tier import offset_in_arena
 
 OTHER_NS = NamespaceSpec("bamba-tiny").namespace()
 
@@ -85,11 +86,9 @@ async def test_a_put_is_loaded_back_verified_from_the_host_arena(engine):
 
 async def _damage_host_copy(engine, state_id: bytes, at) -> None:
     host = engine.arena
-    lease = await host.prepare_load(state_id)
-    offset = host.arena_offset(lease)
-    await host.complete_load(lease)
+    offset = await offset_in_arena(host, state_id)
     arena = host.arena_view
-    arena[offset + at(lease.meta)] ^= 0x01  # one flipped payload bit in the daemon's own arena
+    arena[offset + at(await host.get_meta(state_id))] ^= 0x01  # one flipped payload bit in the daemon's own arena
     arena.release()
 
 
@@ -253,9 +252,7 @@ async def test_verify_all_drops_what_no_longer_verifies(engine):
     put = await engine.put(*ssm_put())
     await engine.placement.flush_write_behind(10)
     host = engine.arena
-    lease = await host.prepare_load(put.ref.state_id)
-    offset = host.arena_offset(lease)
-    await host.complete_load(lease)
+    offset = await offset_in_arena(host, put.ref.state_id)
     arena = host.arena_view
     arena[offset + 100] ^= 0x01  # inside the signed header
     arena.release()

@@ -43,6 +43,7 @@ from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.redis import RedisTier, RedisTierOptions
 from statetier.tiers.redis.layout import Manifest, RedisKeys
 from statetier.tiers.registry import MemoryVersionRegistry
+from tests.support.host_tier import offset_in_arena
 
 NS = NamespaceSpec("mixup-model").namespace()
 OTHER_NS = NamespaceSpec("mixup-model", revision="other-weights").namespace()
@@ -174,9 +175,7 @@ async def plant(bench: Bench, under: StateRef, blob: bytes, *, rewrite_index: bo
         return
     mine = await bench.tier.get_meta(oid)
     if bench.tier.name == "host" and not rewrite_index and theirs is not None and len(blob) <= mine.size:
-        lease = await bench.tier.prepare_load(oid, owner="connector")
-        offset = bench.tier.arena_offset(lease)
-        await bench.tier.complete_load(lease)
+        offset = await offset_in_arena(bench.tier, oid)
         arena = bench.tier.arena_view
         arena[offset : offset + len(blob)] = blob
         arena.release()

@@ -26,6 +26,7 @@ from statetier.tiers.base import ObjectMeta
 from statetier.tiers.disk import DiskTier, DiskTierOptions
 from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.registry import MemoryVersionRegistry
+from tests.support.host_tier import offset_in_arena
 
 NS = NamespaceSpec("serving-rules", tp_size=2).namespace()
 BOB_NS = NamespaceSpec("serving-rules", tenant="bob").namespace()
@@ -153,9 +154,8 @@ async def test_a_damaged_newest_candidate_is_skipped_for_the_next_valid_one(engi
     newer = await put(engine, key, request="second", seed=2)
     assert await engine.placement.flush_write_behind(10)
     await engine.tiers[1].delete(newer.ref.state_id)  # its arena copy is the only one
-    lease = await engine.arena.prepare_load(newer.ref.state_id)
-    offset = engine.arena.arena_offset(lease) + lease.meta.size - 1
-    await engine.arena.complete_load(lease)
+    offset = await offset_in_arena(engine.arena, newer.ref.state_id) \
+        + (await engine.arena.get_meta(newer.ref.state_id)).size - 1
     arena = engine.arena.arena_view
     arena[offset] ^= 0x01
     arena.release()

@@ -130,7 +130,7 @@ async def test_another_objects_intact_bytes_under_an_id_read_back_as_found(tier)
 
 
 async def test_a_read_unhashed_skips_the_payload_digest_and_nothing_else(tier):
-    # what a load reads with (the hashing rule, docs/protocol.md §6.1): a flipped payload
+    # ``read(verify=False)``, what a load reads with (the hashing rule, docs/protocol.md §6.1): a flipped payload
     # byte comes back as stored, for the client's check where it lands; ``read`` of a tier
     # that verifies on read finds it and drops the copy; a flipped header byte fails the
     # signature on either read of such a tier
@@ -140,7 +140,7 @@ async def test_a_read_unhashed_skips_the_payload_digest_and_nothing_else(tier):
     await store(tier, meta, bytes(damaged))
     lease = await tier.prepare_load(meta.object_id)
     try:
-        assert bytes(await tier.read_unhashed(lease)) == bytes(damaged)
+        assert bytes(await tier.read(lease, verify=False)) == bytes(damaged)
     finally:
         await tier.complete_load(lease)
     assert await tier.contains(meta.object_id)
@@ -157,7 +157,7 @@ async def test_a_read_unhashed_skips_the_payload_digest_and_nothing_else(tier):
         lease = await tier.prepare_load(forged.object_id)
         try:
             with pytest.raises(BadSignature):
-                await tier.read_unhashed(lease)
+                await tier.read(lease, verify=False)
         finally:
             await tier.complete_load(lease)
     else:

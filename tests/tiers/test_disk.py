@@ -225,7 +225,7 @@ async def test_read_into_lands_the_verified_object_in_the_callers_buffer_and_ref
     await store(tier, other, other_blob)
     dest = memoryview(bytearray(meta.size))
     lease = await tier.prepare_load(meta.object_id)
-    await tier.read_into(lease, dest)
+    assert (await tier.read(lease, into=dest)).obj is dest.obj
     await tier.complete_load(lease)
     assert bytes(dest) == blob
 
@@ -237,7 +237,7 @@ async def test_read_into_lands_the_verified_object_in_the_callers_buffer_and_ref
         handle.write(bytes([byte[0] ^ 0x01]))
     lease = await tier.prepare_load(other.object_id)
     with pytest.raises(CorruptPayload):
-        await tier.read_into(lease, memoryview(bytearray(other.size)))
+        await tier.read(lease, into=memoryview(bytearray(other.size)))
     await tier.complete_load(lease)
     assert not await tier.contains(other.object_id)
     assert tier.stats().extra["corrupt_dropped"] == 1

@@ -14,6 +14,7 @@ import pytest
 from statetier.protocol.errors import CapacityError, InvalidRequest, LeaseError, NotFound
 from statetier.protocol.sealed import open_sealed
 from statetier.tiers.memory.host import HostTier, HostTierOptions
+from statetier.tiers.memory.records import PendingStore
 from tests.support.host_tier import MIB, tier  # noqa: F401  (a fixture, used by name)
 from tests.support.tier_contract import (
     KEYRING,
@@ -50,11 +51,12 @@ async def test_an_object_is_visible_only_after_complete_store(tier: HostTier) ->
 async def test_zero_copy_store_fills_the_arena_in_place(tier: HostTier) -> None:
     meta, blob = make_object(50_000)
     ticket = await tier.prepare_store(meta)
-    assert isinstance(ticket.location, int) and len(ticket.view) == meta.size
+    assert isinstance(ticket.location, PendingStore) and len(ticket.view) == meta.size
+    offset = ticket.location.offset
     ticket.view[:] = blob  # what a client does through its own mapping
     await tier.complete_store(ticket, True)
     assert ticket.view is None
-    assert bytes(tier.arena_view[ticket.location : ticket.location + meta.size]) == blob
+    assert bytes(tier.arena_view[offset : offset + meta.size]) == blob
     assert await read_bytes(tier, meta.object_id) == blob
 
 
@@ -119,12 +121,12 @@ async def test_large_writes_and_reads_go_through_the_executor() -> None:
         assert await read_bytes(tier, meta.object_id) == blob
         lease = await tier.prepare_load(meta.object_id)
         dest = bytearray(meta.size + 10)
-        assert await tier.read_into(lease, dest) == meta.size
+        assert bytes(await tier.read(lease, into=memoryview(dest))) == blob
         assert dest[: meta.size] == blob
         with pytest.raises(InvalidRequest):
-            await tier.read_into(lease, bytearray(10))
+            await tier.read(lease, into=memoryview(bytearray(10)))
         with pytest.raises(InvalidRequest):
-            await tier.read_into(lease, bytes(meta.size))
+            await tier.read(lease, into=memoryview(bytes(meta.size)))
         await tier.complete_load(lease)
 
 

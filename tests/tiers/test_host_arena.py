@@ -45,7 +45,7 @@ async def test_another_process_maps_the_arena_and_sees_and_fills_the_same_bytes(
     incoming, incoming_blob = make_object(200_000)
     ticket = await tier.prepare_store(incoming)
     fd = tier.arena_fd
-    args = [str(v) for v in (fd, tier.arena_size, offset, stored.size, ticket.location)]
+    args = [str(v) for v in (fd, tier.arena_size, offset, stored.size, ticket.location.offset)]
     child = await asyncio.create_subprocess_exec(sys.executable, "-c", _CHILD, *args, pass_fds=[fd],
                                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     out, _ = await child.communicate(incoming_blob)

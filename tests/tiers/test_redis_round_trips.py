@@ -221,8 +221,8 @@ async def test_a_batch_of_objects_commits_in_one_script_call(backend, make_tier)
 
 async def test_a_read_into_lands_every_chunk_in_place_and_checks_it_there(backend, make_tier) -> None:
     # a promotion reads straight into its arena reservation: the chunks copied into place one
-    # by one (no joined buffer); a flipped payload byte is found there by ``read_into`` and
-    # the object dropped, passed on by ``read_into_unhashed`` (the client checks it); another
+    # by one (no joined buffer); a flipped payload byte is found there by ``read(into=…)`` and
+    # the object dropped, passed on with ``verify=False`` (the client checks it); another
     # size than the destination's is refused before a byte is written, and nothing is dropped
     tier = await make_tier(backend.url, chunk_bytes=1 << 20)
     (whole, whole_blob), (flipped, flipped_blob) = (make_object(3 << 20, layer=i) for i in range(2))
@@ -231,20 +231,20 @@ async def test_a_read_into_lands_every_chunk_in_place_and_checks_it_there(backen
     chunk = keys_of(tier).chunk(flipped.object_id, 2)
     backend.raw.setrange(chunk, 100, bytes([backend.raw.getrange(chunk, 100, 100)[0] ^ 0x01]))
 
-    async def read_into(meta, method, size=None):
+    async def read_into(meta, verify, size=None):
         dest = memoryview(bytearray(size or meta.size))
         lease = await tier.prepare_load(meta.object_id)
         try:
-            await getattr(tier, method)(lease, dest)
+            await tier.read(lease, into=dest, verify=verify)
         finally:
             await tier.complete_load(lease)
         return bytes(dest)
 
-    assert await read_into(whole, "read_into") == whole_blob
-    assert await read_into(flipped, "read_into_unhashed") != flipped_blob
+    assert await read_into(whole, True) == whole_blob
+    assert await read_into(flipped, False) != flipped_blob
     with pytest.raises(InvalidRequest):
-        await read_into(whole, "read_into", whole.size + 1)
+        await read_into(whole, True, whole.size + 1)
     with pytest.raises(CorruptPayload):
-        await read_into(flipped, "read_into")
+        await read_into(flipped, True)
     assert not await tier.contains(flipped.object_id)
     assert await tier.contains(whole.object_id)

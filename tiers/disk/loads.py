@@ -1,13 +1,13 @@
 """The load path of ``DiskTier``: leases, a read-ahead hint, verified reads.
 
-- ``DiskLoads(ledger, volume, removal)`` — ``prepare_load`` / ``read`` / ``read_into`` /
-  ``complete_load`` / ``release_owner`` of ``DiskTier`` (``tiers.disk.tier``), called by the
-  daemon's loads and promotions; ``read_unhashed`` / ``read_into_unhashed``: the same
-  without the pass over the payload, for a load whose client verifies it where it lands.
+- ``DiskLoads(ledger, volume, removal)`` — ``prepare_load`` / ``read`` / ``complete_load`` /
+  ``release_owner`` of ``DiskTier`` (``tiers.disk.tier``), called by the daemon's loads and
+  promotions; ``read(verify=False)`` without the pass over the payload, for a load whose
+  client verifies it where it lands.
 
 ``prepare_load`` asks the kernel to start reading the record (``POSIX_FADV_WILLNEED``);
 ``read`` preads it, opens its at-rest envelope if it has one and checks its integrity
-(``tiers.disk.body``: the header's own lengths, signature, payload digest); ``read_into``
+(``tiers.disk.body``: the header's own lengths, signature, payload digest); with ``into`` it
 does the same straight into a caller's buffer and returns only once no thread writes there
 any more. Damage drops the object for good (``stats().extra["corrupt_dropped"]``) and
 raises the rejection; a key id the keyring cannot verify with (``UnknownKey``: another
@@ -60,22 +60,15 @@ class DiskLoads:
         space.segment_of(location).file.advise_willneed(location.offset, location.record_len)
         return lease
 
-    async def read(self, lease: Lease) -> memoryview:
-        return await self._read(lease, self._body.read_verified)
-
-    async def read_unhashed(self, lease: Lease) -> memoryview:
-        """``read`` without the pass over the payload (framing and signature checked): the
-        client verifies it where it lands."""
-        return await self._read(lease, self._body.read_signed)
-
-    async def read_into(self, lease: Lease, dest: memoryview) -> None:
-        """``read`` straight into ``dest`` (the object's exact size), verified there. Returns
-        only once no thread writes into ``dest`` any more, even when cancelled."""
-        await self._read_into(lease, dest, self._body.read_verified_into)
-
-    async def read_into_unhashed(self, lease: Lease, dest: memoryview) -> None:
-        """``read_into`` without the pass over the payload, as ``read_unhashed``."""
-        await self._read_into(lease, dest, self._body.read_signed_into)
+    async def read(self, lease: Lease, *, into: memoryview | None = None, verify: bool = True) -> memoryview:
+        """The record's sealed object, its integrity checked (without the pass over the
+        payload unless ``verify``); with ``into`` (the object's exact size) read straight
+        into it, returning only once no thread writes there any more, even when cancelled."""
+        body = self._body
+        if into is None:
+            return await self._read(lease, body.read_verified if verify else body.read_signed)
+        await self._read_into(lease, into, body.read_verified_into if verify else body.read_signed_into)
+        return into
 
     async def _read(self, lease: Lease, read_body: _ReadBody) -> memoryview:
         volume, lease, location, segment = self._leased_record(lease)

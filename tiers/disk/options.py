@@ -3,19 +3,22 @@
 - ``DiskTierOptions(directory, capacity_bytes, …)`` — a frozen value, checked when made
   (``ConfigError``): the directory, the live bytes it may hold, segment size, watermarks,
   compaction threshold, lease TTL (on ``clock``), fsync, checkpoint cadence, the most bytes
-  one eviction reads; ``free_space_reserve`` is derived (2 segments, between 1 and 64 MiB).
+  one eviction reads, the eviction policy (``LruPolicy``); ``free_space_reserve`` is derived
+  (2 segments, between 1 and 64 MiB).
 - ``EVICTION_BATCH_BYTES`` — the default of ``eviction_batch_bytes``.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 
 from statetier.protocol.errors import ConfigError
 
 from ..base import Clock
+from ..eviction import EvictionPolicy, LruPolicy
 from .records import RECORD_HEADER_BYTES
 
 # One eviction reads its victims into memory (to hand them to the tier below): it takes at
@@ -42,6 +45,8 @@ class DiskTierOptions:
     checkpoint_seconds: float = 2.0
     eviction_batch_bytes: int = EVICTION_BATCH_BYTES
     clock: Clock = field(default=time.monotonic, repr=False, compare=False)
+    #: makes the order eviction takes objects in (``tiers.eviction``): least recently used first
+    eviction_policy: Callable[[], EvictionPolicy] = field(default=LruPolicy, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.capacity_bytes <= 0 or self.segment_bytes <= RECORD_HEADER_BYTES:

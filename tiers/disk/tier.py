@@ -1,8 +1,8 @@
 """The disk tier: sealed objects in append-only segment files on NVMe, indexed in LMDB.
 
 ``DiskTier(DiskTierOptions(directory, capacity_bytes, …), *, keyring, cipher=None,
-executor=None)`` implements ``Tier`` (lifecycle in ``tiers.base``), plus ``read_into``
-(and ``read_into_unhashed``) and ``compact() -> SegmentCompactionReport``. Its medium is a
+executor=None)`` implements ``Tier`` (lifecycle in ``tiers.base``; ``read(into=…)`` preads
+straight into a caller's buffer), with ``compact() -> SegmentCompactionReport``. Its medium is a
 ``DiskVolume`` (``tiers.disk.volume``: the directory while started); its bookkeeping one ``Ledger``
 (``tiers.ledger``); as a ``ComposedTier`` (``tiers.composed``) each call goes to its part:
 ``DiskStores`` (``tiers.disk.stores``: reserved ranges, the group commit), ``DiskLoads``
@@ -34,13 +34,11 @@ OSError and lmdb.Error into statetier errors; the record body codec is ``tiers.d
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
 from concurrent.futures import Executor
-from typing import Any
 
 from statetier.protocol.keyring import Keyring
 
-from ..base import Lease, TierStats
+from ..base import TierStats
 from ..composed import IndexedTier
 from ..crypto import AtRestCipher
 from ..ledger import Ledger
@@ -60,13 +58,13 @@ class DiskTier(IndexedTier):
     """See the module docstring."""
 
     verifies_on_read = True  # read() checks every record's signature and payload digest (tiers.disk.body)
-    reads_in_place = True
 
     def __init__(self, options: DiskTierOptions, *, keyring: Keyring, cipher: AtRestCipher | None = None,
                  executor: Executor | None = None) -> None:
         self.options = options
         self.capacity = options.capacity_bytes
-        self._ledger: Ledger[Location] = Ledger(options.name, options.lease_ttl, options.clock)
+        self._ledger: Ledger[Location] = Ledger(options.name, options.lease_ttl, options.clock,
+                                                     options.eviction_policy())
         self._volume = DiskVolume(options, RecordBody(keyring, cipher), executor)
         self._removal = DiskRemoval(self._ledger, self._volume)
         self._loads = DiskLoads(self._ledger, self._volume, self._removal)
@@ -88,17 +86,6 @@ class DiskTier(IndexedTier):
         await self._volume.close()
 
     # ------------------------------------------------------------------ beyond ComposedTier
-
-    def read_into(self, lease: Lease, dest: memoryview) -> Coroutine[Any, Any, None]:
-        """``read`` straight into ``dest`` (the object's exact size), verified there. Returns
-        only once no thread writes into ``dest`` any more, even when cancelled."""
-        return self._loads.read_into(lease, dest)
-
-    def read_unhashed(self, lease: Lease) -> Coroutine[Any, Any, memoryview]:
-        return self._loads.read_unhashed(lease)
-
-    def read_into_unhashed(self, lease: Lease, dest: memoryview) -> Coroutine[Any, Any, None]:
-        return self._loads.read_into_unhashed(lease, dest)
 
     async def compact(self) -> SegmentCompactionReport:
         """Rewrite sparse sealed segments; delete old files no lease can still read."""

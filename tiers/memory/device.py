@@ -8,7 +8,7 @@
 - ``read(lease)`` gives host bytes: on ``cpu`` a read-only view of the pool itself (no
   copy; the pool is a tensor over an anonymous mapping, which outlives ``close()`` while
   a view of it is held); on CUDA a pinned staging buffer held until ``complete_load``.
-  ``read_into(lease, dest)`` copies into a caller's buffer instead (the host arena).
+  ``read(lease, into=dest)`` copies into a caller's buffer instead (the host arena).
 - ``compact()``, eviction and leases come from ``ExtentTier``; on ``cpu`` the bytes move
   with ``HostBytes`` (``tiers.memory.hostbytes``), on CUDA with ``TorchBytes``
   (``tiers.memory.torchbytes``).
@@ -123,8 +123,6 @@ class DevicePool:
 
 class DeviceTier(ExtentTier):
     """Torch pool tier. See the module docstring."""
-
-    holds_verified_bytes = True  # device memory of the daemon's own process
 
     def __init__(self, config: DeviceTierOptions, executor: Executor | None = None) -> None:
         self._pool = DevicePool(config)

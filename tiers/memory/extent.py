@@ -1,7 +1,8 @@
 """An extent tier: objects in extents of one preallocated region (the host arena, the device pool).
 
 - ``ExtentTierOptions`` — capacity, watermarks, lease TTL and the clock leases run on,
-  granularity, the inline copy size, name; ``HostTierOptions`` and ``DeviceTierOptions`` extend it.
+  granularity, the inline copy size, name, the eviction policy (``LruPolicy``);
+  ``HostTierOptions`` and ``DeviceTierOptions`` extend it.
 - ``ExtentTier(config, medium, executor, offers_store_view)`` — a ``ComposedTier``
   (``tiers.composed``) over one ``Ledger`` (``tiers.ledger``) and one ``ExtentRegion``
   (``tiers.memory.region``), of parts that each receive both: ``ExtentStores`` (reservations counted against
@@ -9,7 +10,6 @@
   frees deferred past the last lease), ``ExtentRemoval`` (delete, exact LRU eviction) and
   ``ExtentCompaction`` (``compact()``). ``HostTier`` and ``DeviceTier`` are this with their
   medium (``HostArena``, ``DevicePool``) and the calls only they offer.
-- ``DEFAULT_INLINE_COPY_BYTES`` — copies up to this size run on the event loop.
 
 Bookkeeping runs on
 the event loop only; executor threads only copy bytes, and a free waits for the jobs
@@ -26,9 +26,11 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from statetier.protocol.errors import ConfigError
+from statetier.protocol.thresholds import INLINE_COPY_BYTES
 
-from ..base import Buffer, Clock, EvictedObject, Lease, TierStats
+from ..base import Clock, EvictedObject, TierStats
 from ..composed import IndexedTier
+from ..eviction import EvictionPolicy, LruPolicy
 from ..ledger import Ledger
 from .compaction import ExtentCompaction
 from .loads import ExtentLoads
@@ -36,11 +38,6 @@ from .records import ExtentCompactionReport, ObjectExtent
 from .region import ExtentMedium, ExtentRegion
 from .removal import ExtentRemoval
 from .stores import ExtentStores
-
-#: Copies up to this size run on the loop (memoryview slice assignment); larger ones in the
-#: executor with the GIL released. A thread hop costs about as much as copying 512 KiB.
-DEFAULT_INLINE_COPY_BYTES = 512 * 1024
-
 
 @dataclass(frozen=True, slots=True)
 class ExtentTierOptions:
@@ -51,9 +48,11 @@ class ExtentTierOptions:
     low_watermark: float = 0.75
     lease_ttl: float = 30.0
     granularity: int = 4096
-    inline_copy_bytes: int = DEFAULT_INLINE_COPY_BYTES
+    inline_copy_bytes: int = INLINE_COPY_BYTES  # the rule of ``protocol.thresholds``
     name: str = "extent"
     clock: Clock = field(default=time.monotonic, repr=False, compare=False)
+    #: makes the order eviction takes objects in (``tiers.eviction``): least recently used first
+    eviction_policy: Callable[[], EvictionPolicy] = field(default=LruPolicy, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.capacity_bytes < self.granularity:
@@ -72,7 +71,8 @@ class ExtentTier(IndexedTier):
                  offers_store_view: bool) -> None:
         self.capacity = config.capacity_bytes
         self.config = config
-        self._ledger: Ledger[ObjectExtent] = Ledger(config.name, config.lease_ttl, config.clock)
+        self._ledger: Ledger[ObjectExtent] = Ledger(config.name, config.lease_ttl, config.clock,
+                                                         config.eviction_policy())
         self._region = ExtentRegion(medium, config.name, config.capacity_bytes, config.granularity,
                                     config.inline_copy_bytes, executor)
         self._loads = ExtentLoads(self._ledger, self._region)
@@ -99,10 +99,6 @@ class ExtentTier(IndexedTier):
         await self._region.finish_close(space)
 
     # ------------------------------------------------------------------ beyond ComposedTier
-
-    def read_into(self, lease: Lease, dest: Buffer) -> Coroutine[Any, Any, int]:
-        """Copy the leased object into ``dest`` (writable, at least its size); returns the size."""
-        return self._loads.read_into(lease, dest)
 
     def expire_leases(self) -> int:
         """Drop leases past their deadline (and free what they alone kept); for maintenance."""

@@ -8,11 +8,10 @@ their own, ``daemon/server/windows.py``; none of them opens or maps the arena).
   0600, owned by the daemon, held under an exclusive ``flock`` while the daemon lives and
   removed at ``close()``; arena files a dead daemon left in ``shm_dir`` (their lock free)
   are removed at ``start()`` (``remove_dead_arenas``). Sized with ``ftruncate`` and
-  ``mmap``'d once at ``start()``. ``arena_offset(ticket_or_lease)`` → where that object's
-  bytes start.
+  ``mmap``'d once at ``start()``.
 - ``arena_fd`` / ``arena_size`` / ``arena_view`` — the arena's descriptor and a writable
   view of it, for the daemon's own copies (and tests); no client is given either.
-  ``StoreTicket.location`` is the arena offset of a store in progress and
+  ``StoreTicket.location`` is the ``PendingStore`` (its arena offset) of a store in progress and
   ``Lease.location`` is ``(offset, generation)``: the daemon fills ``ticket.view`` in place
   and calls ``complete_store`` with no ``write()`` at all.
 - ``read(lease)`` is a read-only view of the arena, no copy, valid until ``complete_load``.
@@ -41,7 +40,7 @@ from typing import Any
 
 from statetier.protocol.errors import CapacityError, ConfigError, InternalError, StatetierError, Unavailable
 
-from ..base import Lease, StoreTicket, TierStats
+from ..base import TierStats
 from .extent import ExtentTier, ExtentTierOptions
 from .hostbytes import HostBytes
 from .pins import PinnedJobs
@@ -265,8 +264,6 @@ class HostArena:
 class HostTier(ExtentTier):
     """Shared-memory arena tier. See the module docstring."""
 
-    holds_verified_bytes = True  # clients never map the arena (daemon/server/windows.py)
-
     def __init__(self, config: HostTierOptions, executor: Executor | None = None) -> None:
         self._arena = HostArena(config)
         super().__init__(config, self._arena, executor, offers_store_view=True)
@@ -288,15 +285,6 @@ class HostTier(ExtentTier):
         self._region.require_open()
         assert self._arena.region is not None
         return self._arena.region[:]
-
-    def arena_offset(self, handle: StoreTicket | Lease) -> int:
-        """Arena offset of a store ticket or a lease (where its object's bytes start)."""
-        location = handle.location
-        if isinstance(location, tuple):  # a lease: (offset, generation)
-            return int(location[0])
-        if isinstance(location, int):
-            return location
-        raise TypeError(f"not a {self.name} tier ticket or lease")
 
     @property
     def is_pinned(self) -> bool:

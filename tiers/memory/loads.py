@@ -1,7 +1,7 @@
 """The load path of an extent tier: leases, reads, and frees deferred past the last lease.
 
-- ``ExtentLoads(ledger, region)`` — ``prepare_load`` / ``read`` / ``read_into`` /
-  ``complete_load`` / ``release_owner`` / ``expire_leases`` of ``ExtentTier``
+- ``ExtentLoads(ledger, region)`` — ``prepare_load`` / ``read`` (``into``: copied into a
+  caller's buffer) / ``complete_load`` / ``release_owner`` / ``expire_leases`` of ``ExtentTier``
   (``tiers.memory.extent``), called by the daemon's loads and its maintenance; ``end_all``
   when the tier closes; ``lease_violations`` counts leased objects found moved (a bug).
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from statetier.protocol.errors import InternalError, InvalidRequest, LeaseError, NotFound
 
-from ..base import Buffer, Lease
+from ..base import Lease
 from ..ledger import Ledger
 from .rawmemory import exported_for_write, release_quietly
 from .records import LeaseState, ObjectExtent
@@ -43,24 +43,27 @@ class ExtentLoads:
         space.touch(place)
         return lease
 
-    async def read(self, lease: Lease) -> memoryview:
+    async def read(self, lease: Lease, *, into: memoryview | None = None, verify: bool = True) -> memoryview:
+        """A view of the leased object (nothing is digested here: ``verify`` reads the same),
+        or, with ``into``, the object copied into it (writable, at least its size) and that
+        part of it returned."""
         place = self._leased_place(lease)
+        if into is not None:
+            return await self._copy_into(lease, place, into)
         view = await self._region.space.bytes.read_view(self._states[lease.lease_id], place)
         return self._track_view(lease, view)
 
-    async def read_into(self, lease: Lease, dest: Buffer) -> int:
-        """Copy the leased object into ``dest`` (writable, at least its size); returns the size."""
-        place = self._leased_place(lease)
+    async def _copy_into(self, lease: Lease, place: ObjectExtent, dest: memoryview) -> memoryview:
         try:
             with exported_for_write(dest) as (_, room):
                 pass
         except (BufferError, TypeError) as exc:
-            raise InvalidRequest(f"read_into needs a writable contiguous buffer: {exc}") from exc
+            raise InvalidRequest(f"a read into a buffer needs a writable contiguous one: {exc}") from exc
         if room < place.nbytes:
             raise InvalidRequest(f"destination holds {room} bytes; the object has {place.nbytes}")
         await self._region.space.bytes.copy_to(place, dest)
         self._leased_place(lease)  # still leased: the copy is what the lease pinned
-        return place.nbytes
+        return dest.cast("B")[: place.nbytes]
 
     async def complete_load(self, lease: Lease) -> None:
         self.end_lease(lease)

@@ -37,6 +37,10 @@ class ExtentCompactionReport:
     largest_free_before: int
     largest_free_after: int
 
+    @property
+    def objects_moved(self) -> int:
+        return self.moved
+
 
 @dataclass(slots=True)
 class PendingStore:

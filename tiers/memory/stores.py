@@ -6,7 +6,8 @@
   The daemon's placement calls them in that order, per object.
 
 ``prepare_store`` allocates the extent (``CapacityError`` when none is free; the ticket's
-``location`` is its offset) and, for the host arena, hands out a view of it to fill in
+``location`` is its ``PendingStore``: the offset, whether a write runs or tore; the
+``Ledger`` holds the ticket, nothing beside it) and, for the host arena, hands out a view of it to fill in
 place; ``complete_store(success=True)`` makes the object visible only when every byte was
 written; ``success=False`` frees the extent. A write that failed or was cancelled tears the
 store: only ``success=False`` may follow.
@@ -34,7 +35,6 @@ class ExtentStores:
         self._ledger = ledger
         self._region = region
         self._offers_view = offers_store_view
-        self._pending: dict[int, PendingStore] = {}  # by ticket id; ``StoreTicket.location`` is the offset
 
     async def prepare_store(self, meta: ObjectMeta) -> StoreTicket:
         space = self._region.space
@@ -49,9 +49,7 @@ class ExtentStores:
                                 need=meta.size, free_bytes=space.alloc.free_bytes,
                                 largest_free=space.alloc.largest_free)
         view = space.bytes.view(offset, meta.size) if self._offers_view else None
-        ticket = self._ledger.open_store(meta, offset, view)
-        self._pending[ticket.ticket_id] = PendingStore(offset)
-        return ticket
+        return self._ledger.open_store(meta, PendingStore(offset), view)
 
     async def write(self, ticket: StoreTicket, chunks: Sequence[Buffer]) -> None:
         try:
@@ -88,7 +86,6 @@ class ExtentStores:
                 raise InvalidRequest("unknown or already completed store ticket")
             return
         self._ledger.close_store(ticket)
-        del self._pending[ticket.ticket_id]
         meta = ticket.meta
         release_quietly(ticket.view)
         ticket.view = None
@@ -108,7 +105,8 @@ class ExtentStores:
         """Forget every store in progress, releasing the views handed out (the tier closes)."""
         for ticket in self._ledger.close_all_stores():
             release_quietly(ticket.view)
-        self._pending.clear()
 
     def _pending_store(self, ticket: StoreTicket) -> PendingStore | None:
-        return self._pending.get(ticket.ticket_id) if self._ledger.is_open(ticket) else None
+        """The store in progress ``ticket`` names (its ``location``), if the ledger has it open."""
+        store = ticket.location
+        return store if isinstance(store, PendingStore) and self._ledger.is_open(ticket) else None

@@ -1,8 +1,8 @@
 """The load path of ``RedisTier``: leases, the prefetch, the parallel chunk read, verification.
 
-- ``RedisLoads(ledger, medium, removal)`` — ``prepare_load`` / ``read`` (and
-  ``read_unhashed``, ``read_into``, ``read_into_unhashed``: a promotion's chunks copied
-  straight into its arena reservation, no joined buffer) / ``complete_load`` / ``release_owner``
+- ``RedisLoads(ledger, medium, removal)`` — ``prepare_load`` / ``read`` (with ``into``: a
+  promotion's chunks copied straight into its arena reservation, no joined buffer; with
+  ``verify=False``: no pass over the payload) / ``complete_load`` / ``release_owner``
   and ``leases_in_memory`` of ``RedisTier`` (``tiers.redis.tier``),
   called by the daemon's loads; ``fetch`` also serves eviction, ``expire_leases`` /
   ``settle`` end what leases held (the chunks of objects deleted under a lease go then).
@@ -111,23 +111,14 @@ class RedisLoads:
         manifest, when = found
         return Leased(manifest) if time.monotonic() - when < FOUND_FRESH_S else None
 
-    async def read(self, lease: Lease) -> memoryview:
-        return await self._read(lease, verify_payload=True)
-
-    async def read_unhashed(self, lease: Lease) -> memoryview:
-        """``read`` without the pass over the payload (framing, signature): the client
-        verifies it where it lands."""
-        return await self._read(lease, verify_payload=False)
-
-    async def read_into(self, lease: Lease, dest: memoryview) -> None:
-        """``read`` straight into ``dest`` (the object's exact size): each chunk copied into
-        place as it came, no joined buffer; verified there. Returns only once no thread
-        writes into ``dest`` any more, even when cancelled."""
-        await self._read_into(lease, dest, verify_payload=True)
-
-    async def read_into_unhashed(self, lease: Lease, dest: memoryview) -> None:
-        """``read_into`` without the pass over the payload, as ``read_unhashed``."""
-        await self._read_into(lease, dest, verify_payload=False)
+    async def read(self, lease: Lease, *, into: memoryview | None = None, verify: bool = True) -> memoryview:
+        """The object, its integrity checked (the payload digest only when ``verify``); with
+        ``into`` (the object's exact size) each chunk copied into place as it came, no joined
+        buffer, returning only once no thread writes there any more, even when cancelled."""
+        if into is None:
+            return await self._read(lease, verify_payload=verify)
+        await self._read_into(lease, into, verify_payload=verify)
+        return into
 
     async def _read(self, lease: Lease, *, verify_payload: bool) -> memoryview:
         found = self._found_for(lease)
@@ -180,7 +171,7 @@ class RedisLoads:
         """The verified sealed bytes, or ``None`` (cleaned up) when chunks have expired.
         ``head``: the first bytes of chunk 0 fetched before (used when they are all of it).
         ``touch``: the object's LRU entry is touched in the same round trip (with a budget).
-        ``verify_payload=False``: framing and signature only (``read_unhashed``)."""
+        ``verify_payload=False``: framing and signature only (``read(verify=False)``)."""
         parts = await self._fetch_parts(client, manifest, op, head, touch)
         if parts is None:
             return None

@@ -34,7 +34,7 @@ from redis.asyncio import Redis, RedisCluster
 from statetier.protocol.errors import StatetierError
 from statetier.protocol.keyring import Keyring
 
-from ..base import KeyMatches, Lease, ObjectMeta, StoreTicket, TierStats
+from ..base import KeyMatches, ObjectMeta, StoreTicket, TierStats
 from ..composed import ComposedTier
 from ..crypto import AtRestCipher
 from ..ledger import Ledger
@@ -54,7 +54,6 @@ class RedisTier(ComposedTier):
     """See the module docstring."""
 
     verifies_on_read = True  # read() checks every object's signature and payload digest (RedisLoads)
-    reads_in_place = True  # read_into: a promotion's chunks land in its arena reservation, no join
 
     def __init__(self, options: RedisTierOptions, *, keyring: Keyring, cipher: AtRestCipher | None = None,
                  executor: concurrent.futures.Executor | None = None) -> None:
@@ -123,15 +122,6 @@ class RedisTier(ComposedTier):
 
     def leases_in_memory(self, object_id: bytes) -> bool:
         return self._loads.leases_in_memory(object_id)
-
-    def read_unhashed(self, lease: Lease) -> Coroutine[Any, Any, memoryview]:
-        return self._loads.read_unhashed(lease)
-
-    def read_into(self, lease: Lease, dest: memoryview) -> Coroutine[Any, Any, None]:
-        return self._loads.read_into(lease, dest)
-
-    def read_into_unhashed(self, lease: Lease, dest: memoryview) -> Coroutine[Any, Any, None]:
-        return self._loads.read_into_unhashed(lease, dest)
 
     def complete_stores(self, tickets: Sequence[StoreTicket]) -> Coroutine[Any, Any, list[StatetierError | None]]:
         return self._stores.complete_stores(tickets)
