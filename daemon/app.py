@@ -225,9 +225,35 @@ def build_tiers(config: Config, keyring: Keyring, executor) -> tuple[list[Tier],
             keyring=keyring, cipher=cipher if config.redis.encrypt else None, executor=executor)
         tiers.append(redis_tier)
         roles["publish"] = redis_tier
+        if config.peers.enabled:
+            _add_peer_tier(config, keyring, tiers, roles)
     if not tiers:
         raise ConfigError("no tier is enabled: enable host, disk, device or set redis.url")
     return tiers, roles
+
+
+def _add_peer_tier(config: Config, keyring: Keyring, tiers: list[Tier], roles: dict) -> None:
+    """The peer tier, before Redis: a copy a peer holds is pulled from it before Redis is
+    read; a publish describes the object in the directory, and copies its bytes to Redis
+    too only for the namespaces whose policy is ``descriptor+bytes``."""
+    from statetier.tiers.peer import PeerTier, PeerTierOptions
+
+    peers, redis_tier = config.peers, roles["publish"]
+    local = [t for t in tiers if t is not redis_tier and t.name != "device"]
+
+    async def holds_locally(object_id: bytes) -> bool:
+        return any([await t.contains(object_id) for t in local])
+
+    host, _, port = peers.listen.rpartition(":")
+    assert config.redis.url is not None  # validated: peers need the directory
+    peer = PeerTier(PeerTierOptions(
+        config.redis.url, owner_id=f"{config.resolved_producer_id()}/{os.urandom(4).hex()}",
+        listen_host=host.strip("[]"), listen_port=int(port), advertise=peers.advertise,
+        pull_timeout=peers.pull_timeout_seconds, ttl_seconds=config.redis.ttl_seconds,
+        socket_buffer_bytes=peers.socket_buffer_bytes, lease_ttl=config.limits.lease_ttl_seconds),
+        keyring=keyring, local_tiers=local, holds_locally=holds_locally)
+    tiers.insert(tiers.index(redis_tier), peer)
+    roles.update(publish=peer, publish_bytes=redis_tier, keeps_bytes=peers.keeps_bytes)
 
 
 def _warn_if_beyond_memory(capacity: int | None) -> None:
@@ -254,7 +280,7 @@ def build(config: Config) -> App:
     metrics = Metrics()
     watch = None
     if roles["publish"] is not None:
-        registry, watch = _shared_registry(config, roles["publish"], metrics)
+        registry, watch = _shared_registry(config, roles.get("publish_bytes") or roles["publish"], metrics)
     else:
         registry = MemoryVersionRegistry()
     quotas = {t.name: dict(t.quota_bytes) for t in config.tenants if t.quota_bytes}

@@ -132,6 +132,26 @@ class RedisTierConfig(_Section):
 
 
 
+class PeersConfig(_Section):
+    enabled: bool = Field(False, description="Serve this daemon's published objects to the other daemons of the "
+                          "cluster and pull theirs (the peer tier); needs redis.url (the directory).")
+    listen: str = Field("127.0.0.1:0", pattern=r"^.+:\d{1,5}$",
+                        description="host:port the peer listener binds (port 0: any free port).")
+    advertise: str = Field("", description="host:port other daemons dial; empty = the listener's bound address.")
+    policy: Literal["descriptor", "descriptor+bytes"] = Field(
+        "descriptor", description='What a publish puts in Redis: "descriptor" (header, size, owner: the bytes stay '
+        'here and peers pull them) or "descriptor+bytes" (also a Redis copy that outlives this daemon).')
+    namespace_policies: dict[str, Literal["descriptor", "descriptor+bytes"]] = Field(
+        default_factory=dict, description="Per-namespace policy, by the namespace digest in hex (as `statetier ls` "
+        "shows it); the others follow policy.")
+    pull_timeout_seconds: Seconds = Field(5.0, description="Deadline of one pull from a peer (connect, handshake, "
+                                          "bytes): past it the owner is fenced and the load goes on (PeerLost).")
+    socket_buffer_bytes: Bytes = Field(8 * MiB, description="SO_RCVBUF / SO_SNDBUF of peer connections.")
+
+    def keeps_bytes(self, namespace: bytes) -> bool:
+        return self.namespace_policies.get(namespace.hex(), self.policy) == "descriptor+bytes"
+
+
 class ListenConfig(_Section):
     socket_path: Path = Field(Path("./statetier.sock"), description="Unix socket the daemon listens on.")
     socket_mode: FileMode = Field(
@@ -248,6 +268,8 @@ class Config(_Section):
     device: DeviceTierConfig = Field(default_factory=DeviceTierConfig, description="GPU-memory tier.")
     disk: DiskTierConfig = Field(default_factory=DiskTierConfig, description="Disk tier.")
     redis: RedisTierConfig = Field(default_factory=RedisTierConfig, description="Redis tier (cross-node).")
+    peers: PeersConfig = Field(default_factory=PeersConfig, description="Daemon-to-daemon pulls, Redis the "
+                               "directory.")
     listen: ListenConfig = Field(default_factory=ListenConfig, description="Sockets and transport security.")
     tenants: tuple[TenantConfig, ...] = Field(
         default_factory=lambda: (TenantConfig(name="default"),),
@@ -280,6 +302,14 @@ class Config(_Section):
                     raise ValueError(f"uid {uid} is mapped to both {uids[uid]!r} and {tenant.name!r}")
                 uids[uid] = tenant.name
         return tenants
+
+    @field_validator("peers")
+    @classmethod
+    def _peers_need_a_directory(cls, peers: PeersConfig, info) -> PeersConfig:
+        redis = info.data.get("redis")
+        if peers.enabled and redis is not None and redis.url is None:
+            raise ValueError("peers.enabled needs redis.url: the directory of who holds what lives in Redis")
+        return peers
 
     @field_validator("events")
     @classmethod

@@ -23,8 +23,10 @@ Every class has a stable wire ``code`` (u16, sent in error frames) and a ``reaso
     ├── QuotaExceeded                   301    quota
     ├── Busy                            302    busy              (byte budget exhausted)
     ├── Unavailable                     310    unavailable       (a backend is unreachable)
-    │   └── RegistryUnavailable         311    registry_unavailable (the shared version registry
-    │                                                          is unreachable and this op needs it)
+    │   ├── RegistryUnavailable         311    registry_unavailable (the shared version registry
+    │   │                                                      is unreachable and this op needs it)
+    │   └── PeerLost                    312    peer_lost         (the daemon holding an object
+    │                                                          died, hung or broke off mid-pull)
     ├── ProtocolError                   400    protocol          (wire frames)
     │   ├── FrameTooLarge               401    frame_too_large
     │   ├── MalformedFrame              402    malformed_frame
@@ -174,6 +176,14 @@ class Unavailable(StatetierError):
 class RegistryUnavailable(Unavailable):
     code = 311
     reason = "registry_unavailable"
+
+
+class PeerLost(Unavailable):
+    """The daemon that holds an object (the peer tier's owner) refused the connection, broke
+    it off or did not answer within the pull's deadline: nothing it sent is served."""
+
+    code = 312
+    reason = "peer_lost"
 
 
 class ProtocolError(StatetierError):

@@ -172,6 +172,9 @@ class Tier(abc.ABC):
     #: True when ``find_by_key`` and ``prepare_load`` answer from this process's memory (no
     #: I/O): a caller asking for many keys awaits them one by one instead of a task each.
     answers_in_memory: bool = False
+    #: False for a tier that describes objects held elsewhere (the peer tier): placement
+    #: never stores, demotes or writes behind into it; a copy found there is pulled.
+    holds_bytes: bool = True
 
     @abc.abstractmethod
     async def start(self) -> None: ...

@@ -40,6 +40,7 @@ import itertools
 import logging
 import time
 from concurrent.futures import Executor
+from typing import Callable
 
 from statetier.protocol.errors import InvalidRequest, StatetierError
 from statetier.protocol.identity import Namespace, StateKey, StateRef
@@ -70,7 +71,8 @@ class Engine:
                  metrics: Metrics | NullMetrics | None = None,
                  options: EngineOptions | None = None, arena: Tier | None = None, publish: Tier | None = None,
                  write_behind_to: Tier | None = None, executor: Executor | None = None,
-                 announcements: Announcements | None = None) -> None:
+                 announcements: Announcements | None = None, publish_bytes: Tier | None = None,
+                 keeps_bytes: Callable[[bytes], bool] | None = None) -> None:
         if not tiers:
             raise InvalidRequest("the engine needs at least one tier")
         self.tiers = list(tiers)
@@ -88,7 +90,8 @@ class Engine:
                                    write_behind_from=volatile, write_behind_to=write_behind_to,
                                    tenancy=self.tenancy)
         self.stack = Stack(self.tiers, keyring, registry, self.options, self.placement, self.tenancy, metrics,
-                           arena, publish, executor, announcements)
+                           arena, publish, executor, announcements, publish_bytes,
+                           keeps_bytes or (lambda namespace: False))
         self._leases = Leases(itertools.count(1))
         fences = Fences(self.stack)
         self._puts = Puts(self.stack, fences)

@@ -128,6 +128,9 @@ class PutCompletion:
                 raise error
         else:
             await self._copy(item, target)
+        extra = stack.publish_bytes
+        if extra is not None and extra is not tier and stack.keeps_bytes(meta.namespace):
+            await self._copy(item, extra)  # descriptor+bytes: a Redis copy that outlives this daemon
         return True
 
     async def _store_durably(self, item: Stored) -> bool:

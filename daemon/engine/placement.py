@@ -114,13 +114,14 @@ class Placement:
         self.write_behind_skipped = 0
 
     def below(self, tier: Tier) -> list[Tier]:
-        return self.tiers[self.tiers.index(tier) + 1 :]
+        """The tiers under ``tier`` that hold bytes (a demotion's and a copy's targets)."""
+        return [t for t in self.tiers[self.tiers.index(tier) + 1 :] if t.holds_bytes]
 
     async def store(self, chunks: Sequence, meta: ObjectMeta, first: int = 0, *,
                     skip: Sequence[Tier] = ()) -> Tier:
         last_error: StatetierError | None = None
         for tier in self.tiers[first:]:
-            if tier in skip:
+            if tier in skip or not tier.holds_bytes:
                 continue
             try:
                 await self.store_in(tier, chunks, meta)

@@ -67,6 +67,15 @@ class Stack:
     publish: Tier | None = None
     executor: Executor | None = None
     announcements: Announcements | None = None
+    #: with a peer tier as ``publish``: the Redis tier, and the namespaces whose publishes
+    #: also copy their bytes there (policy ``descriptor+bytes``: a copy outliving this daemon)
+    publish_bytes: Tier | None = None
+    keeps_bytes: Callable[[bytes], bool] = field(default=lambda namespace: False)
+
+    @property
+    def shared_tier(self) -> Tier | None:
+        """The tier on the shared Redis (the publish target, or beside a peer tier's)."""
+        return self.publish_bytes or self.publish
 
     async def run_work(self, nbytes: int, fn: Callable[[], T]) -> T:
         return await run_work(self.executor, nbytes, fn)

@@ -1,0 +1,127 @@
+"""End to end: objects pulled from the daemon that holds them, Redis the directory (issue 34).
+
+Real processes throughout: a redis-server on a free port, two or three ``statetier serve``
+daemons with ``peers.enabled`` and one keyring, real sockets between them. A publish on
+prefill puts a descriptor in Redis (no bytes under the default ``descriptor`` policy);
+decode finds it through the directory (by key, by ref) and pulls it from prefill into its
+own arena, verified where it lands. Faults: prefill killed (kill -9) or stopped (SIGSTOP)
+before the pull → the load fails as ``PeerLost`` within the pull's deadline and the lost
+owner's entry is fenced out of the directory (the next load is a plain miss: recompute), or,
+under ``descriptor+bytes``, it is served from the Redis copy. A daemon with another keyring pulls nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+
+import pytest
+import redis
+
+from statetier.clients import Client
+from statetier.launch import DaemonProcess
+from statetier.protocol.errors import NotFound, PeerLost, StatetierError
+from tests.support.jamba import assert_same_tensors, jamba_namespace, snapshot
+from tests.support.keyrings import keyring_file
+
+SPEC = jamba_namespace("peers")
+PREFIX = bytes(range(32))
+PEERS = {"peers.enabled": "true", "peers.pull_timeout_seconds": 1.0}
+
+
+@contextlib.contextmanager
+def daemon(name: str, redis_url: str, keyring, **settings):
+    proc = DaemonProcess(name=name, redis_url=redis_url, keyring=keyring, settings={**PEERS, **settings})
+    try:
+        yield proc.start()
+    finally:
+        print(f"--- log tail of {name}:\n{proc.log_tail()}")
+        proc.close()
+
+
+def put_published(owner: DaemonProcess, seed: int = 10):
+    with Client(owner.url, namespace=SPEC) as client:
+        return [client.put_ssm(layer, PREFIX, 64, snapshot(seed + layer), request_id="r", publish=True)
+                for layer in (1, 3)]
+
+
+def redis_keys(url: str, pattern: str) -> list[bytes]:
+    with contextlib.closing(redis.Redis.from_url(url)) as r:
+        return sorted(r.scan_iter(pattern))
+
+
+def data_keys(url: str) -> list[bytes]:
+    """What Redis holds besides the directory and the version registry: the Redis tier's copies."""
+    return [k for k in redis_keys(url, "st:{*}:m")]
+
+
+def test_a_published_object_is_pulled_from_its_owner_and_redis_holds_only_its_descriptor(fresh_redis):
+    with keyring_file() as keyring, daemon("prefill", fresh_redis.url, keyring) as prefill, \
+            daemon("decode", fresh_redis.url, keyring) as decode:
+        refs = put_published(prefill)
+        assert len(redis_keys(fresh_redis.url, "st:peer:obj:*")) == 2
+        assert data_keys(fresh_redis.url) == []  # policy descriptor: no bytes in Redis
+        before = decode.counters()
+        with Client(decode.url, namespace=SPEC) as client:
+            for index, ref in enumerate(refs):
+                assert_same_tensors(client.load(ref), snapshot(10 + 2 * index + 1))
+        after = decode.counters()
+        assert after.get("hits peer", 0) - before.get("hits peer", 0) == 2
+        assert after.get("promotions peer->host", 0) - before.get("promotions peer->host", 0) == 2
+        assert "hits redis" not in after
+        with Client(decode.url, namespace=SPEC) as client:  # promoted: served from decode's arena now
+            assert_same_tensors(client.load(refs[0]), snapshot(11))
+        assert decode.counters().get("hits host", 0) - after.get("hits host", 0) == 1
+
+
+def test_a_load_by_key_finds_the_object_on_the_peer_through_the_directory(fresh_redis):
+    with keyring_file() as keyring, daemon("prefill", fresh_redis.url, keyring) as prefill, \
+            daemon("decode", fresh_redis.url, keyring) as decode:
+        put_published(prefill, seed=40)
+        with Client(decode.url, namespace=SPEC) as client:
+            key = client.ssm_key(3, PREFIX, 64)
+            assert_same_tensors(client.load(key), snapshot(43))
+        assert decode.counters().get("hits peer", 0) == 1
+
+
+@pytest.mark.parametrize("fault", ["kill", "stop"])
+def test_an_owner_lost_before_the_pull_is_a_typed_miss_and_its_entry_is_fenced(fresh_redis, fault):
+    with keyring_file() as keyring, daemon("prefill", fresh_redis.url, keyring) as prefill, \
+            daemon("decode", fresh_redis.url, keyring) as decode:
+        refs = put_published(prefill)
+        prefill.send_signal(signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+        try:
+            with Client(decode.url, namespace=SPEC) as client:
+                with pytest.raises(PeerLost):  # within peers.pull_timeout_seconds
+                    client.load(refs[0])
+                assert redis_keys(fresh_redis.url, f"st:peer:obj:{refs[0].state_id.hex()}") == []
+                with pytest.raises(NotFound):  # the owner is fenced here: no second wait on it
+                    client.load(refs[1])
+        finally:
+            if fault == "stop":
+                prefill.send_signal(signal.SIGCONT)
+
+
+def test_descriptor_and_bytes_falls_back_to_the_redis_copy_when_the_owner_dies(fresh_redis):
+    with keyring_file() as keyring, \
+            daemon("prefill", fresh_redis.url, keyring, **{"peers.policy": "descriptor+bytes"}) as prefill, \
+            daemon("decode", fresh_redis.url, keyring) as decode:
+        refs = put_published(prefill, seed=20)
+        assert data_keys(fresh_redis.url) != []
+        prefill.send_signal(signal.SIGKILL)
+        with Client(decode.url, namespace=SPEC) as client:
+            for index, ref in enumerate(refs):
+                assert_same_tensors(client.load(ref), snapshot(20 + 2 * index + 1))
+        counted = decode.counters()
+        assert counted.get("hits redis", 0) == 2 and counted.get("hits peer", 0) == 0
+
+
+def test_a_daemon_with_another_keyring_pulls_nothing(fresh_redis):
+    with keyring_file() as keyring, keyring_file() as stranger_keys, \
+            daemon("prefill", fresh_redis.url, keyring) as prefill, \
+            daemon("stranger", fresh_redis.url, stranger_keys) as stranger:
+        refs = put_published(prefill)
+        with Client(stranger.url, namespace=SPEC) as client:
+            with pytest.raises(StatetierError):
+                client.load(refs[0])
+        assert stranger.counters().get("hits peer", 0) == 0

@@ -1,0 +1,38 @@
+"""The peer tier's options: where this daemon serves its objects, where the directory lives.
+
+``PeerTierOptions`` is checked when made (``ConfigError`` naming the field). ``owner_id``
+names this daemon in the directory (its entries, the fence of a lost owner); ``advertise``
+is the ``host:port`` other daemons dial (the listener's when empty, once bound).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from statetier.protocol.errors import ConfigError
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class PeerTierOptions:
+    redis_url: str
+    owner_id: str
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 0
+    advertise: str = ""
+    pull_timeout: float = 5.0  # one pull (connect, handshake, the object's bytes) or PeerLost
+    ttl_seconds: int | None = 3600  # of a directory entry
+    socket_buffer_bytes: int = 8 * MiB
+    idle_connections: int = 4  # per owner, kept for the next pull
+    lease_ttl: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not self.owner_id:
+            raise ConfigError("peers: owner_id must not be empty")
+        if not 0 <= self.listen_port < 65536:
+            raise ConfigError(f"peers.listen: port {self.listen_port} is out of range")
+        if self.pull_timeout <= 0:
+            raise ConfigError("peers.pull_timeout_seconds must be positive")
+        if self.socket_buffer_bytes < 64 * 1024:
+            raise ConfigError("peers.socket_buffer_bytes must be at least 64 KiB")

@@ -1,0 +1,143 @@
+"""The owner's side: this daemon's objects served to the other daemons of the cluster.
+
+``PeerServer(keyring, options, local_tiers)`` — ``start()`` binds the TCP listener
+(``address`` then says where it listens); each connection first runs the handshake of
+``tiers.peer.wire`` (a daemon without this cluster's keyring is dropped), then answers
+pulls one after the other: the object leased in the first local tier holding it, refused
+(``FORBIDDEN``) unless its namespace is owned by the tenant the request names, sent as it
+lies under the lease (``verify=False``: the puller verifies where the bytes land), the
+lease released once written. ``close()`` stops listening and drops the connections.
+Counted: ``served``, ``bytes_served``, ``refused``, ``handshakes_failed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from typing import Sequence
+
+from statetier.protocol.errors import NotFound, StatetierError, Unauthorized
+from statetier.protocol.identity import NAMESPACE_BYTES
+from statetier.protocol.keyring import Keyring
+from statetier.protocol.ownership import TAG_BYTES
+from statetier.protocol.sealed import parse_header
+from statetier.tiers.base import Lease, Tier
+
+from . import wire
+from .options import PeerTierOptions
+from .transport import tune
+
+log = logging.getLogger("statetier.peer")
+
+
+class PeerServer:
+    def __init__(self, keyring: Keyring, options: PeerTierOptions, local_tiers: Sequence[Tier]) -> None:
+        self._keyring = keyring
+        self._options = options
+        self._local = list(local_tiers)
+        self._server: asyncio.base_events.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self.address = ""
+        self.served = 0
+        self.bytes_served = 0
+        self.refused = 0
+        self.handshakes_failed = 0
+
+    async def start(self) -> None:
+        opts = self._options
+        self._server = await asyncio.start_server(self._on_connection, opts.listen_host, opts.listen_port,
+                                                  limit=wire.PULL_BYTES * 4)
+        host, port = self._server.sockets[0].getsockname()[:2]
+        self.address = opts.advertise or f"{host}:{port}"
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+
+    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            tune(sock, self._options.socket_buffer_bytes)
+        try:
+            session = await self._handshake(reader, writer)
+            seq = 0
+            while True:
+                frame = await reader.readexactly(wire.PULL_BYTES)
+                seq += 1
+                object_id, tenant_tag, size = wire.unpack_pull(session, frame, seq)
+                await self._answer(writer, object_id, tenant_tag, size)
+        except Unauthorized as exc:
+            self.handshakes_failed += 1
+            log.warning("peer connection refused: %s", exc.message)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError, StatetierError):
+            pass  # the puller went away or sent what does not parse: the connection ends
+        finally:
+            self._connections.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
+        async with asyncio.timeout(self._options.pull_timeout):
+            hello = await reader.readexactly(wire.HELLO_BYTES)
+            if hello[: len(wire.MAGIC)] != wire.MAGIC:
+                raise Unauthorized("peer: not a statetier daemon's hello")
+            key_id, nonce_p = hello[len(wire.MAGIC) : len(wire.MAGIC) + 8], hello[len(wire.MAGIC) + 8 :]
+            puller_key = wire.key_for(self._keyring, key_id)
+            active = self._keyring.active
+            own_key = wire.auth_key(active)
+            nonce_o = os.urandom(wire.NONCE_BYTES)
+            writer.write(active.key_id + nonce_o + wire.mac(own_key, b"owner", nonce_p, nonce_o))
+            proof = await reader.readexactly(wire.MAC_BYTES)
+            if wire.mac(puller_key, b"puller", nonce_p, nonce_o) != proof:
+                raise Unauthorized("peer: the puller did not prove it holds this cluster's keyring")
+            return wire.session_key(puller_key, nonce_p, nonce_o)
+
+    async def _answer(self, writer: asyncio.StreamWriter, object_id: bytes, tenant_tag: bytes, size: int) -> None:
+        found = await self._lease(object_id)
+        if found is None:
+            writer.write(wire.ANSWER.pack(wire.NOT_HERE, 0))
+            return
+        tier, lease = found
+        try:
+            data = await tier.read(lease, verify=False)
+            if _tenant_tag_of(lease, data) != tenant_tag:
+                self.refused += 1
+                writer.write(wire.ANSWER.pack(wire.FORBIDDEN, 0))
+                return
+            writer.write(wire.ANSWER.pack(wire.OK, len(data)))
+            writer.write(data)
+            await writer.drain()  # the lease holds the bytes until they are written
+            self.served += 1
+            self.bytes_served += len(data)
+        finally:
+            await tier.complete_load(lease)
+
+    async def _lease(self, object_id: bytes) -> tuple[Tier, Lease] | None:
+        for tier in self._local:
+            try:
+                return tier, await tier.prepare_load(object_id, owner="peer", ttl=self._options.lease_ttl)
+            except NotFound:
+                continue
+            except StatetierError as exc:
+                log.debug("peer pull of %s: %s passed over: %s", object_id.hex(), tier.name, exc)
+        return None
+
+
+def _tenant_tag_of(lease: Lease, data: memoryview) -> bytes:
+    namespace = lease.meta.namespace
+    if not namespace:
+        namespace = parse_header(data[: lease.meta.header_len]).key.namespace.digest
+    return bytes(namespace[NAMESPACE_BYTES - TAG_BYTES :])
+
+
+__all__ = ["PeerServer"]

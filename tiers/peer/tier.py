@@ -1,0 +1,190 @@
+"""``PeerTier``: objects other daemons of the cluster hold, found through the directory and
+pulled straight from their owner; and this daemon's published objects, described there.
+
+- ``find_by_keys`` — one directory round trip for all the keys: the objects other live
+  owners hold (this daemon's own entries and fenced owners left out).
+- ``prepare_load`` → ``read(lease, into=…, verify=…)`` → ``complete_load`` — the bytes
+  pulled from the owner with the ``PeerTransport`` into ``into`` (a promotion's
+  reservation in this daemon's arena) or a fresh buffer; framing and signature checked
+  here, the payload digest too with ``verify`` (the load path's client verifies where the
+  bytes land). An owner lost mid-pull (``PeerLost``) is fenced — its entry removed from the
+  directory, its address remembered — and the load goes on to the next copy.
+- ``prepare_store`` → ``write`` → ``complete_store`` — the publish of an object this
+  daemon holds (``holds_locally``): its descriptor (header, size, this owner) into the
+  directory, its bytes staying where they are. A peer tier never takes bytes it does not
+  hold locally (a demotion into it is ``CapacityError``: it goes further down).
+- ``contains`` / ``get_meta`` — a copy another owner holds. Nothing to evict or compact.
+Serving this daemon's objects to the others is ``tiers.peer.serve.PeerServer``, started here.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import AsyncIterator, Awaitable, Callable, Sequence
+
+from statetier.protocol.errors import CapacityError, NotFound, PeerLost
+from statetier.protocol.identity import NAMESPACE_BYTES
+from statetier.protocol.keyring import Keyring
+from statetier.protocol.lru import BoundedLru
+from statetier.protocol.ownership import TAG_BYTES
+from statetier.protocol.sealed import open_sealed
+from statetier.tiers.base import (Buffer, EvictedObject, KeyMatches, Lease, ObjectMeta, StoreTicket, Tier,
+                                  TierStats)
+from statetier.tiers.registry import VersionRegistry
+
+from .directory import Descriptor, Directory
+from .options import PeerTierOptions
+from .serve import PeerServer
+from .transport import PeerTransport, TcpTransport
+
+SEEN = 65536  # descriptors a lookup brought, each serving the lease that follows
+FENCED = 4096  # owners found lost
+
+
+class PeerTier(Tier):
+    name = "peer"
+    holds_bytes = False
+
+    def __init__(self, options: PeerTierOptions, *, keyring: Keyring, local_tiers: Sequence[Tier],
+                 holds_locally: Callable[[bytes], Awaitable[bool]],
+                 transport: PeerTransport | None = None) -> None:
+        self.options = options
+        self._keyring = keyring
+        self._holds_locally = holds_locally
+        self.directory = Directory(options.redis_url, options.ttl_seconds)
+        self.server = PeerServer(keyring, options, local_tiers)
+        self.transport: PeerTransport = transport or TcpTransport(keyring, options)
+        self._seen: BoundedLru[bytes, Descriptor] = BoundedLru(SEEN)
+        self._fenced: BoundedLru[str, bool] = BoundedLru(FENCED)
+        self._leases: dict[int, Lease] = {}
+        self._ids = itertools.count(1)
+        self.pulls_lost = 0
+        self.published = 0
+
+    async def start(self) -> None:
+        await self.server.start()
+        await self.directory.start()
+
+    async def close(self) -> None:
+        await self.server.close()
+        await self.transport.close()
+        await self.directory.close()
+
+    # ---------------------------------------------------------------- publish
+    async def prepare_store(self, meta: ObjectMeta) -> StoreTicket:
+        if not await self._holds_locally(meta.object_id):
+            raise CapacityError("a peer tier describes objects this daemon holds; it takes no bytes")
+        return StoreTicket(meta, next(self._ids))
+
+    async def write(self, ticket: StoreTicket, chunks: Sequence[Buffer]) -> None:
+        header = bytearray()
+        for chunk in chunks:
+            header += memoryview(chunk).cast("B")[: ticket.meta.header_len - len(header)]
+            if len(header) >= ticket.meta.header_len:
+                break
+        ticket.location = bytes(header)
+        ticket.written = ticket.meta.size
+
+    async def complete_store(self, ticket: StoreTicket, success: bool) -> None:
+        if not success or not isinstance(ticket.location, bytes):
+            return
+        await self.directory.publish(Descriptor(self.options.owner_id, self.server.address, ticket.meta,
+                                                ticket.location))
+        self.published += 1
+
+    # ---------------------------------------------------------------- lookups
+    def _offered(self, descriptor: Descriptor | None) -> bool:
+        return descriptor is not None and descriptor.owner != self.options.owner_id \
+            and descriptor.address not in self._fenced
+
+    async def find_by_keys(self, key_digests: Sequence[bytes],
+                           registry: VersionRegistry | None = None) -> KeyMatches:
+        found = await self.directory.find(key_digests)
+        metas: list[list[ObjectMeta]] = []
+        for descriptors in found:
+            offered = [d for d in descriptors if self._offered(d)]
+            for d in offered:
+                self._seen.put(d.meta.object_id, d)
+            metas.append(sorted((d.meta for d in offered), key=lambda m: (m.version, m.created_at_ns)))
+        return KeyMatches(metas)
+
+    async def _descriptor(self, object_id: bytes) -> Descriptor | None:
+        descriptor = self._seen.get(object_id) or await self.directory.get(object_id)
+        return descriptor if self._offered(descriptor) else None
+
+    async def contains(self, object_id: bytes) -> bool:
+        return await self._descriptor(object_id) is not None
+
+    async def get_meta(self, object_id: bytes) -> ObjectMeta | None:
+        descriptor = await self._descriptor(object_id)
+        return None if descriptor is None else descriptor.meta
+
+    # ---------------------------------------------------------------- loads
+    async def prepare_load(self, object_id: bytes, owner: object = None, ttl: float | None = None) -> Lease:
+        descriptor = await self._descriptor(object_id)
+        if descriptor is None:
+            raise NotFound(f"no live peer holds {object_id.hex()}")
+        lease = Lease(next(self._ids), descriptor.meta, owner, 0.0, descriptor)
+        self._leases[lease.lease_id] = lease
+        return lease
+
+    async def read(self, lease: Lease, *, into: memoryview | None = None, verify: bool = True) -> memoryview:
+        descriptor = lease.location
+        assert isinstance(descriptor, Descriptor)
+        meta = descriptor.meta
+        view = into if into is not None else memoryview(bytearray(meta.size))
+        try:
+            await self.transport.pull(descriptor.address, meta.object_id,
+                                      meta.namespace[NAMESPACE_BYTES - TAG_BYTES:], view)
+        except PeerLost:
+            await self._fence(descriptor)
+            raise
+        except NotFound:
+            self._seen.pop(meta.object_id)
+            raise
+        open_sealed(view, None, self._keyring, verify_payload=verify)
+        return view
+
+    async def _fence(self, descriptor: Descriptor) -> None:
+        self.pulls_lost += 1
+        self._fenced.put(descriptor.address, True)
+        self._seen.pop(descriptor.meta.object_id)
+        forget = getattr(self.transport, "forget", None)
+        if forget is not None:
+            forget(descriptor.address)
+        try:
+            await self.directory.fence(descriptor)
+        except Exception:  # noqa: BLE001 - the fence is best effort; the local one holds
+            pass
+
+    async def complete_load(self, lease: Lease) -> None:
+        self._leases.pop(lease.lease_id, None)
+
+    async def release_owner(self, owner: object) -> int:
+        mine = [lid for lid, lease in self._leases.items() if lease.owner == owner]
+        for lid in mine:
+            del self._leases[lid]
+        return len(mine)
+
+    # ---------------------------------------------------------------- the rest of the interface
+    async def delete(self, object_id: bytes) -> bool:
+        descriptor = await self.directory.get(object_id)
+        if descriptor is None or descriptor.owner != self.options.owner_id:
+            return False
+        await self.directory.withdraw(object_id, descriptor.meta.key_digest)
+        return True
+
+    async def iter_objects(self) -> AsyncIterator[ObjectMeta]:
+        return
+        yield  # an async generator of nothing: a peer tier lists none of its own
+
+    async def evict(self, need_bytes: int = 0) -> list[EvictedObject]:
+        return []
+
+    def stats(self) -> TierStats:
+        server = self.server
+        return TierStats("peer", 0, 0, 0, len(self._leases), 0, extra={
+            "published": self.published, "served": server.served, "bytes_served": server.bytes_served,
+            "refused": server.refused, "handshakes_failed": server.handshakes_failed,
+            "pulls_lost": self.pulls_lost, "owners_fenced": len(self._fenced),
+            "directory_commands": self.directory.commands})

@@ -1,0 +1,73 @@
+"""The daemon-to-daemon frames and the handshake that authenticates both ends.
+
+Handshake (both ends hold the cluster keyring; HMAC-SHA256 keys only), every MAC under the
+peer-auth key ``K = HMAC(secret, "statetier/peer-auth/1")`` derived from the signing key
+named by id (never the signing key itself, so no handshake MAC is a valid object signature):
+
+    puller → owner   HELLO   magic(8) key_id(8) nonce_p(32)
+    owner  → puller  WELCOME key_id(8) nonce_o(32) HMAC(K, "owner" | nonce_p | nonce_o)
+    puller → owner   PROVE   HMAC(K, "puller" | nonce_p | nonce_o)
+
+then the session key ``S = HMAC(K, "session" | nonce_p | nonce_o)`` authenticates every
+request: ``PULL object_id(16) tenant_tag(16) size(8) seq(8) HMAC(S, the 48 bytes)(32)``
+(``seq`` counts up, so a request cannot be replayed on the connection). The answer is
+``status(1) length(8)`` then ``length`` bytes: the sealed object as the owner holds it,
+whose signed header and digests the puller verifies where the bytes land.
+"""
+
+from __future__ import annotations
+
+import hmac
+import struct
+
+from statetier.protocol.errors import ConfigError, Unauthorized
+from statetier.protocol.keyring import Keyring, SigAlg, SigningKey
+
+MAGIC = b"STPEER01"
+NONCE_BYTES = 32
+MAC_BYTES = 32
+HELLO_BYTES = len(MAGIC) + 8 + NONCE_BYTES
+WELCOME_BYTES = 8 + NONCE_BYTES + MAC_BYTES
+PULL = struct.Struct("<16s16sQQ")
+PULL_BYTES = PULL.size + MAC_BYTES
+ANSWER = struct.Struct("<BQ")
+
+OK, NOT_HERE, FORBIDDEN = 0, 1, 2
+
+
+def auth_key(key: SigningKey) -> bytes:
+    if key.alg is not SigAlg.HMAC_SHA256 or key.secret is None:
+        raise ConfigError("peers: daemon-to-daemon authentication needs an HMAC-SHA256 cluster keyring "
+                          "(an Ed25519 trust store holds no secret both ends share)")
+    return hmac.digest(key.secret, b"statetier/peer-auth/1", "sha256")
+
+
+def key_for(keyring: Keyring, key_id: bytes) -> bytes:
+    """The peer-auth key of ``key_id`` (a key in its rotation grace is accepted too)."""
+    key = keyring.get_for_verify(key_id)
+    if key is None:
+        raise Unauthorized(f"peer: key id {key_id.hex()} is not in this cluster's keyring")
+    return auth_key(key)
+
+
+def mac(key: bytes, *parts: bytes) -> bytes:
+    return hmac.digest(key, b"".join(parts), "sha256")
+
+
+def session_key(key: bytes, nonce_p: bytes, nonce_o: bytes) -> bytes:
+    return mac(key, b"session", nonce_p, nonce_o)
+
+
+def pack_pull(session: bytes, object_id: bytes, tenant_tag: bytes, size: int, seq: int) -> bytes:
+    body = PULL.pack(object_id, tenant_tag, size, seq)
+    return body + mac(session, body)
+
+
+def unpack_pull(session: bytes, frame: bytes, expected_seq: int) -> tuple[bytes, bytes, int]:
+    body, tag = frame[: PULL.size], frame[PULL.size :]
+    if not hmac.compare_digest(mac(session, body), tag):
+        raise Unauthorized("peer: a pull request's MAC does not verify")
+    object_id, tenant_tag, size, seq = PULL.unpack(body)
+    if seq != expected_seq:
+        raise Unauthorized("peer: a pull request out of sequence (replayed?)")
+    return object_id, tenant_tag, size
