@@ -7,7 +7,8 @@ decode finds it through the directory (by key, by ref) and pulls it from prefill
 own arena, verified where it lands. Faults: prefill killed (kill -9) or stopped (SIGSTOP)
 before the pull → the load fails as ``PeerLost`` within the pull's deadline and the lost
 owner's entry is fenced out of the directory (the next load is a plain miss: recompute), or,
-under ``descriptor+bytes``, it is served from the Redis copy. A daemon with another keyring pulls nothing.
+under ``descriptor+bytes``, it is served from the Redis copy. A daemon with another keyring pulls nothing (``Unauthorized``) and fences nothing. A lookup
+on decode finds the joint hit of prefill's objects through the directory.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import redis
 
 from statetier.clients import Client
 from statetier.launch import DaemonProcess
-from statetier.protocol.errors import NotFound, PeerLost, StatetierError
+from statetier.protocol.errors import NotFound, PeerLost, Unauthorized
 from tests.support.jamba import assert_same_tensors, jamba_namespace, snapshot
 from tests.support.keyrings import keyring_file
 
@@ -122,6 +123,17 @@ def test_a_daemon_with_another_keyring_pulls_nothing(fresh_redis):
             daemon("stranger", fresh_redis.url, stranger_keys) as stranger:
         refs = put_published(prefill)
         with Client(stranger.url, namespace=SPEC) as client:
-            with pytest.raises(StatetierError):
+            with pytest.raises(Unauthorized):
                 client.load(refs[0])
         assert stranger.counters().get("hits peer", 0) == 0
+        # a stranger's refusal is no sign of a lost owner: nothing fenced
+        assert len(redis_keys(fresh_redis.url, "st:peer:obj:*")) == 2
+
+
+def test_a_lookup_finds_the_joint_hit_on_the_peer(fresh_redis):
+    with keyring_file() as keyring, daemon("prefill", fresh_redis.url, keyring) as prefill, \
+            daemon("decode", fresh_redis.url, keyring) as decode:
+        put_published(prefill, seed=50)
+        with Client(decode.url, namespace=SPEC) as client:
+            found = client.lookup(ssm_layers=[1, 3], boundaries=[(64, PREFIX)], lease=False)
+        assert found.tokens == 64 and len(found.objects) == 2

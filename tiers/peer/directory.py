@@ -8,7 +8,7 @@
   (one round trip for any number of keys: an HGETALL each, pipelined); ``get(object_id)``;
   ``fence(descriptor)`` (a lost owner's entry removed, so no lookup offers it again);
   ``withdraw(object_id, key_digest)`` (this daemon's own entry, on delete). Redis errors
-  become ``Unavailable`` here, chained. ``commands`` and ``bytes_sent`` count what it sent
+  become ``Unavailable`` here, chained. ``commands``, ``round_trips`` and ``bytes_sent`` count what it sent
   (the benchmark's per-handoff figures).
 
 Keys: ``st:peer:dir:{key digest}`` (hash: object id → descriptor) and
@@ -66,6 +66,7 @@ class Directory:
         self._timeout = socket_timeout
         self._client: Redis | None = None
         self.commands = 0
+        self.round_trips = 0
         self.bytes_sent = 0
 
     async def start(self) -> None:
@@ -80,6 +81,7 @@ class Directory:
         if self._client is None:
             raise RuntimeError("the directory is not started")
         self.commands += len(commands)
+        self.round_trips += 1
         self.bytes_sent += sum(len(a) if isinstance(a, (bytes, str)) else 8 for c in commands for a in c)
         try:
             async with self._client.pipeline(transaction=False) as pipe:

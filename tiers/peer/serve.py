@@ -92,7 +92,12 @@ class PeerServer:
             if hello[: len(wire.MAGIC)] != wire.MAGIC:
                 raise Unauthorized("peer: not a statetier daemon's hello")
             key_id, nonce_p = hello[len(wire.MAGIC) : len(wire.MAGIC) + 8], hello[len(wire.MAGIC) + 8 :]
-            puller_key = wire.key_for(self._keyring, key_id)
+            try:
+                puller_key = wire.key_for(self._keyring, key_id)
+            except Unauthorized:
+                writer.write(wire.REFUSED)  # said, so the puller does not take this owner for lost
+                await writer.drain()
+                raise
             active = self._keyring.active
             own_key = wire.auth_key(active)
             nonce_o = os.urandom(wire.NONCE_BYTES)

@@ -132,6 +132,8 @@ class TcpTransport:
         await loop.sock_sendall(sock, wire.MAGIC + active.key_id + nonce_p)
         welcome = bytearray(wire.WELCOME_BYTES)
         await recv_exact(sock, memoryview(welcome))
+        if welcome == wire.REFUSED:
+            raise Unauthorized("peer: the owner does not know this daemon's key: not the same cluster keyring")
         owner_key_id, nonce_o, proof = bytes(welcome[:8]), bytes(welcome[8:40]), bytes(welcome[40:])
         owner_key = wire.key_for(self._keyring, owner_key_id) if owner_key_id != active.key_id else key
         if wire.mac(owner_key, b"owner", nonce_p, nonce_o) != proof:

@@ -6,6 +6,7 @@ named by id (never the signing key itself, so no handshake MAC is a valid object
 
     puller → owner   HELLO   magic(8) key_id(8) nonce_p(32)
     owner  → puller  WELCOME key_id(8) nonce_o(32) HMAC(K, "owner" | nonce_p | nonce_o)
+                     (all zeros: REFUSED, the puller's key id is not in this keyring)
     puller → owner   PROVE   HMAC(K, "puller" | nonce_p | nonce_o)
 
 then the session key ``S = HMAC(K, "session" | nonce_p | nonce_o)`` authenticates every
@@ -33,6 +34,7 @@ PULL_BYTES = PULL.size + MAC_BYTES
 ANSWER = struct.Struct("<BQ")
 
 OK, NOT_HERE, FORBIDDEN = 0, 1, 2
+REFUSED = bytes(WELCOME_BYTES)  # the WELCOME to a puller whose key id this keyring lacks
 
 
 def auth_key(key: SigningKey) -> bytes:
