@@ -9,6 +9,10 @@ Four parts, in this order (``--only`` picks some), each with a progress bar on s
 - ``pd``      — prefill → decode handoff of whole requests through Redis for Jamba-mini,
   Nemotron-H-8B and Qwen3-Next-80B at 2k and 8k tokens (``workload_pd``), two daemons
   and a redis-server (``statetier.launch.PDCluster``);
+- ``peers``   — the same handoff with the daemons' peer tiers on (Redis the directory, the
+  bytes pulled from prefill), against a plain loopback socket + BLAKE3 and redis-py
+  SET+GET of the same bytes, with Redis's command and byte counts per handoff
+  (``workload_peers``);
 - ``prefix``  — multi-turn conversations restored by joint hits (``workload_prefix``);
 - ``clients`` — 1, 4 and 16 client processes putting and loading 2 MiB pages
   (``workload_clients``);
@@ -38,7 +42,7 @@ from .machine import background
 from .workload_models import MODELS
 from .workload_prefix import PrefixPlan
 
-PARTS = ("limits", "pd", "prefix", "clients", "sglang")
+PARTS = ("limits", "pd", "peers", "prefix", "clients", "sglang")
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,15 @@ def run_pd(plan: WorkloadPlan, directory: Path, progress) -> list[dict]:
         return _run_async(measure(cluster, cases, plan.pd_reps, progress))
 
 
+def run_peers(plan: WorkloadPlan, directory: Path, progress) -> list[dict]:
+    from .workload_peers import run_peers as measure
+    from statetier.launch import PDCluster
+
+    cases = [(model, tokens) for tokens in plan.pd_tokens for model in MODELS]
+    with PDCluster(host_capacity="1GiB", log_level="warning", settings={"peers.enabled": "true"}) as cluster:
+        return _run_async(measure(cluster, cases, plan.pd_reps, progress))
+
+
 def run_prefix(plan: WorkloadPlan, directory: Path, progress) -> list[dict]:
     from .workload_prefix import run_prefix as measure
     from statetier.launch import PDCluster
@@ -154,6 +167,7 @@ def run_sglang(plan: WorkloadPlan, directory: Path, progress) -> list[dict]:
 
 def steps(plan: WorkloadPlan, part: str) -> int:
     return {"limits": 1, "pd": len(plan.pd_tokens) * len(MODELS) * (plan.pd_reps + 1),
+            "peers": len(plan.pd_tokens) * len(MODELS) * (plan.pd_reps + 1),
             "prefix": plan.prefix.conversations * plan.prefix.turns,
             "clients": len(plan.client_levels) * (plan.client_reps + 1),
             "sglang": plan.sglang_reps + 1}[part]
@@ -169,7 +183,7 @@ def run(plan: WorkloadPlan, parts: list[str], directory: Path) -> list[dict]:
             if part == "limits":
                 start = run_limits(plan, directory, progress)
                 continue
-            found = {"pd": run_pd, "prefix": run_prefix, "clients": run_clients,
+            found = {"pd": run_pd, "peers": run_peers, "prefix": run_prefix, "clients": run_clients,
                      "sglang": run_sglang}[part](plan, directory, progress)
         finally:
             progress.close()

@@ -1,7 +1,8 @@
 """A prefill/decode pair on one machine: one Redis, a shared keyring, one daemon per side.
 
-``PDCluster(redis_url=None, *, host_capacity="256MiB", log_level=None)`` — a context
-manager. ``start()``: a ``redis-server`` on a free port in its own temp dir (unless
+``PDCluster(redis_url=None, *, host_capacity="256MiB", log_level=None, settings=None)`` — a
+context manager (``settings``: ``--set`` values both daemons get, e.g. ``peers.enabled``).
+``start()``: a ``redis-server`` on a free port in its own temp dir (unless
 ``redis_url`` names one), a signing keyring (as ``statetier keygen`` writes it), then two
 ``DaemonProcess`` es, ``prefill`` and ``decode``, each with its own Unix socket, disk dir and
 metrics port, both with ``--redis-url`` and the keyring; returns once both serve.
@@ -23,8 +24,9 @@ from .redis_servers import RedisServer
 
 class PDCluster:
     def __init__(self, redis_url: str | None = None, *, host_capacity: str = "256MiB",
-                 log_level: str | None = None) -> None:
+                 log_level: str | None = None, settings: dict[str, object] | None = None) -> None:
         self.redis_url = redis_url
+        self.settings = dict(settings or {})
         self.host_capacity, self.log_level = host_capacity, log_level
         self.directory: Path | None = None
         self.prefill: DaemonProcess | None = None
@@ -51,7 +53,8 @@ class PDCluster:
         Keyring.generate().save(keyring)  # what ``statetier keygen --out`` writes (mode 0600)
         self.prefill, self.decode = (
             DaemonProcess(name=side, directory=self.directory / side, host_capacity=self.host_capacity,
-                          redis_url=self.redis_url, keyring=keyring, log_level=self.log_level)
+                          redis_url=self.redis_url, keyring=keyring, log_level=self.log_level,
+                          settings=self.settings)
             for side in ("prefill", "decode"))
         self.prefill.start()
         self.decode.start()

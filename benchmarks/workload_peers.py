@@ -1,0 +1,140 @@
+"""PD handoff and prefix restore across two daemons over the peer transport (issue 34).
+
+``run_peers(cluster, cases, reps, progress) -> rows`` (async), ``cluster`` a ``PDCluster``
+whose daemons run with ``peers.enabled`` (policy ``descriptor``). Per case (model, tokens),
+every repetition does the handoff of ``workload_pd`` (``put_many`` with ``publish=True`` on
+prefill: descriptors into Redis; the joint-hit ``lookup`` and ``load_many`` on decode: the
+bytes pulled from prefill into decode's arena, verified, copied out), and in the same
+repetition its raw limits:
+
+- ``socket+blake3``: the same bytes sent over a plain loopback TCP connection (one thread
+  sends, this one receives into a preallocated buffer with ``recv_into``) and hashed with
+  keyed BLAKE3 on the receiving side;
+- ``redis-py SET+GET`` of the same bytes (``workload_raw.RedisRaw``): the Redis path's limit.
+
+Rows (``suite="peers"``, ``tier="peer"``): ``handoff`` (against both raws), ``lookup+load``
+(the prefix restore from a peer, against ``socket+blake3``) and ``put+publish``. Each row
+carries ``redis_commands`` and ``redis_bytes`` per handoff: what redis-server counted
+(``INFO stats``: commands processed, network bytes in and out) over the put and the
+lookup+load, the daemons' health probes (a PING a second each) included.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import threading
+import time
+
+import blake3
+
+from .workload_pd import _Handoff, _namespace
+from .workload_raw import DIGEST_KEY, RedisRaw, atimed, byte_views, paired_row, timed
+
+SOCKET_BUFFER = 8 << 20
+
+
+class SocketRaw:
+    """The bytes over a plain loopback socket, received into one buffer and hashed there."""
+
+    def __init__(self, views: list[memoryview]) -> None:
+        self.views = views
+        self.size = sum(len(v) for v in views)
+        self.buffer = memoryview(bytearray(self.size))
+
+    def run(self) -> None:
+        listener = socket.create_server(("127.0.0.1", 0))
+        sender = threading.Thread(target=self._send, args=(listener,), daemon=True)
+        sender.start()
+        with socket.create_connection(listener.getsockname()) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)
+            got = 0
+            while got < self.size:
+                n = sock.recv_into(self.buffer[got:])
+                if n == 0:
+                    raise RuntimeError("the raw sender closed early")
+                got += n
+        blake3.blake3(self.buffer, key=DIGEST_KEY).digest()
+        sender.join()
+        listener.close()
+
+    def _send(self, listener: socket.socket) -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
+            for view in self.views:
+                conn.sendall(view)
+
+
+def redis_counts(url: str) -> tuple[int, int]:
+    """(commands processed, network bytes in + out) as redis-server counts them."""
+    import redis
+
+    with redis.Redis.from_url(url) as r:
+        stats = r.info("stats")
+    return int(stats["total_commands_processed"]), int(stats["total_net_input_bytes"]) + \
+        int(stats["total_net_output_bytes"])
+
+
+async def _measure_case(prefill, decode, redis_url: str, model, tokens: int, reps: int, progress) -> list[dict]:
+    from .workload_models import request_state
+
+    state = request_state(model, tokens, seed=tokens)
+    views = byte_views(state.tensors())
+    raw_socket, red = SocketRaw(views), RedisRaw(redis_url)
+    handoff = _Handoff(prefill, decode, model, state)
+    times: dict[str, list[float]] = {name: [] for name in ("socket", "set_get", "put", "load")}
+    counts: list[tuple[int, int]] = []
+    try:
+        for rep in range(reps + 1):  # repetition 0 warms up and checks the bytes
+            t_socket = timed(raw_socket.run)
+            t_set = await atimed(lambda: red.set_all(views))
+            t_get = await atimed(red.get_all)
+            await red.clear()
+            prefix = os.urandom(32)
+            commands, nbytes = redis_counts(redis_url)
+            t_put = await atimed(lambda: handoff.put(prefix))
+            started = time.perf_counter()
+            await handoff.lookup_load(prefix, check=rep == 0)
+            t_load = time.perf_counter() - started
+            after = redis_counts(redis_url)
+            await handoff.delete()
+            if rep:
+                for name, value in zip(times, (t_socket, t_set + t_get, t_put, t_load)):
+                    times[name].append(value)
+                counts.append((after[0] - commands - 1, after[1] - nbytes))  # less the INFO itself
+            progress(1)
+    finally:
+        await handoff.delete()
+        await red.close()
+    size, objects = state.nbytes(), state.objects()
+    extra = {"model": model.display, "tokens": tokens, "case": f"{model.display} {tokens // 1024}k",
+             "objects": objects, "reps": reps, "transport": "tcp",
+             "redis_commands": statistics.median(c for c, _ in counts),
+             "redis_bytes": statistics.median(b for _, b in counts)}
+    handoff_t = [p + lo for p, lo in zip(times["put"], times["load"])]
+    return [paired_row("peers", "peer", "handoff", size, objects, handoff_t, "socket+blake3", times["socket"],
+                       **extra),
+            paired_row("peers", "peer", "handoff", size, objects, handoff_t, "redis-py SET+GET", times["set_get"],
+                       **extra),
+            paired_row("peers", "peer", "lookup+load", size, objects, times["load"], "socket+blake3",
+                       times["socket"], **extra),
+            paired_row("peers", "peer", "put+publish", size, objects, times["put"], "socket+blake3",
+                       times["socket"], **extra)]
+
+
+async def run_peers(cluster, cases: list, reps: int, progress) -> list[dict]:
+    from statetier.clients import AsyncClient
+    from statetier.launch import served_by_tier
+
+    rows: list[dict] = []
+    for model, tokens in cases:
+        namespace = _namespace(model)
+        before = cluster.decode.counters()
+        async with AsyncClient(cluster.prefill.url, namespace=namespace) as prefill, \
+                AsyncClient(cluster.decode.url, namespace=namespace) as decode:
+            case_rows = await _measure_case(prefill, decode, cluster.redis_url, model, tokens, reps, progress)
+        served = served_by_tier(before, cluster.decode.counters())
+        rows += [{**row, "served_by_tier": served} for row in case_rows]
+    return rows

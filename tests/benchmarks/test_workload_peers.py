@@ -1,0 +1,26 @@
+"""The peer workload's pieces: its raw limit moves exactly the bytes, and the part is planned.
+
+No timing thresholds: the socket raw's receive buffer holds the very bytes sent, and
+``statetier bench workloads --only peers`` has its steps in both plans (the whole quick run
+is ``test_bench.py``'s).
+"""
+
+from __future__ import annotations
+
+import os
+
+from statetier.benchmarks import workloads
+from statetier.benchmarks.workload_peers import SocketRaw
+
+
+def test_the_socket_raw_receives_the_very_bytes_sent() -> None:
+    chunks = [os.urandom(n) for n in (1, 4096, 3 << 20)]
+    raw = SocketRaw([memoryview(c) for c in chunks])
+    raw.run()
+    assert bytes(raw.buffer) == b"".join(chunks)
+
+
+def test_the_peers_part_is_planned_like_the_pd_part() -> None:
+    assert "peers" in workloads.PARTS
+    for plan in (workloads.QUICK, workloads.FULL):
+        assert workloads.steps(plan, "peers") == workloads.steps(plan, "pd")
