@@ -1,4 +1,4 @@
-"""``make chaos`` / ``make chaos-short``: run the seven probes, print the table, write the page.
+"""``make chaos`` / ``make chaos-short``: run the eight probes, print the table, write the page.
 
 ``python reliability/run.py [--minutes 20] [--short] [--only crash,fuzz] [--write PATH]``
 
@@ -30,6 +30,7 @@ import probe_crash  # noqa: E402
 import probe_faults  # noqa: E402
 import probe_fuzz  # noqa: E402
 import probe_load  # noqa: E402
+import probe_owner  # noqa: E402
 import probe_redis  # noqa: E402
 import probe_security  # noqa: E402
 import chaos_report as report  # noqa: E402
@@ -37,9 +38,9 @@ from harness import REPO, Budget, ProbeResult  # noqa: E402
 from statetier.benchmarks.machine import background, cpu_model  # noqa: E402
 
 PROBES = {"crash": probe_crash, "fuzz": probe_fuzz, "corruption": probe_corruption, "faults": probe_faults,
-          "load": probe_load, "security": probe_security, "redis": probe_redis}
+          "load": probe_load, "security": probe_security, "redis": probe_redis, "owner": probe_owner}
 SHARES = {"crash": 0.40, "fuzz": 0.15, "corruption": 0.12, "faults": 0.12, "load": 0.14, "security": 0.02,
-          "redis": 0.10}
+          "redis": 0.10, "owner": 0.08}
 SHORT_SECONDS = 110.0
 
 
