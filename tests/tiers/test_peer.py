@@ -16,8 +16,8 @@ import os
 
 import pytest
 
-from statetier.protocol.errors import Forbidden, PeerLost, Unauthorized
-from statetier.protocol.keyring import Keyring
+from statetier.protocol.errors import ConfigError, Forbidden, PeerLost, Unauthorized
+from statetier.protocol.keyring import Keyring, SigAlg
 from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.peer import PeerTier, PeerTierOptions
 from statetier.tiers.peer import wire
@@ -145,3 +145,12 @@ async def test_a_torn_transfer_is_peer_lost_never_served_and_the_owner_is_fenced
         assert not await puller.contains(meta.object_id)  # fenced: no lookup offers it again
         assert await puller.directory.get(meta.object_id) is None
         assert puller.stats().extra["pulls_lost"] == 1
+
+
+async def test_an_ed25519_keyring_cannot_start_a_peer_tier(fresh_redis):
+    async with HostTier(HostTierOptions(1 * MIB, pin_memory=False)) as host:
+        peer = PeerTier(PeerTierOptions(fresh_redis.url, owner_id="signer"), keyring=Keyring.generate(SigAlg.ED25519),
+                        local_tiers=[host], holds_locally=host.contains)
+        with pytest.raises(ConfigError, match="HMAC"):
+            await peer.start()
+        await peer.close()

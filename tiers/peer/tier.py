@@ -32,6 +32,7 @@ from statetier.tiers.base import (Buffer, EvictedObject, KeyMatches, Lease, Obje
                                   TierStats)
 from statetier.tiers.registry import VersionRegistry
 
+from . import wire
 from .directory import Descriptor, Directory
 from .options import PeerTierOptions
 from .serve import PeerServer
@@ -62,6 +63,7 @@ class PeerTier(Tier):
         self.published = 0
 
     async def start(self) -> None:
+        wire.auth_key(self._keyring.active)  # an Ed25519 or keyless keyring: ConfigError before listening
         await self.server.start()
         await self.directory.start()
 
