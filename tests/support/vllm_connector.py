@@ -114,7 +114,13 @@ def prefill(engine: Engine, request: FakeRequest, block_ids, chunk: int = BLOCK,
         engine.worker.save(meta.saves)
         metas.append(meta)
     engine.worker.wait_idle()
+    report_saved(engine)
     return metas
+
+
+def report_saved(engine: Engine) -> None:
+    """What vLLM's worker -> scheduler metadata carries each step: the refs saves were answered with."""
+    engine.scheduler.refs_saved(engine.worker.take_saved_refs())
 
 
 def ask(scheduler: SchedulerSide, request: FakeRequest, num_computed: int = 0) -> int:
