@@ -65,7 +65,7 @@ class ConnectorEvents:
 
     def remember(self, request, keys: list[StateKey], block_size: int) -> None:
         hashes = list(getattr(request, "block_hashes", None) or ())
-        all_tokens = getattr(request, "all_token_ids", None) or request.prompt_token_ids
+        all_tokens = getattr(request, "all_token_ids", None) or request.prompt_token_ids or ()
         for key in keys:
             if key.prefix_hash in self._blocks:
                 self._blocks.move_to_end(key.prefix_hash)

@@ -185,7 +185,12 @@ class SchedulerSide:
             log.warning("statetier: request %s: %s", request.request_id, exc)
             return self._missed("handoff")
         if handoff is not None:
-            plan = self._plan_from_handoff(request.request_id, handoff, keys, hashes)
+            differs = other_field(keys.digests, dict(handoff.keys))
+            if differs is not None:
+                log.warning("statetier: request %s: the handoff is of another %s: refused", request.request_id,
+                            differs)
+                return self._missed(f"handoff_{differs}")
+            plan = self._plan_from_handoff(handoff, hashes)
             if plan is not None:
                 return self._counted(plan)
         return self._look_up(request.request_id, hashes)
@@ -267,18 +272,13 @@ class SchedulerSide:
             self.counts.add("misses.none")
         return plan
 
-    def _plan_from_handoff(self, rid: str, handoff: Handoff, keys: RequestKeys, hashes: list[bytes]) -> _Plan | None:
+    def _plan_from_handoff(self, handoff: Handoff, hashes: list[bytes]) -> _Plan | None:
         """The largest boundary the handed refs cover for every layer and shard; ``None``: look
         the request up instead (the refs cover less than the producer saved).
 
-        A handoff of another salt, adapter, image or embeddings is refused by that name. The
-        refs' own prefix hashes are not compared here: each load states this request's hash
+        The refs' own prefix hashes are not compared here: each load states this request's hash
         (extra keys folded in), so a ref of another prefix is refused by the daemon, loudly.
         """
-        differs = other_field(keys.digests, dict(handoff.keys))
-        if differs is not None:
-            log.warning("statetier: request %s: the handoff is of another %s: refused", rid, differs)
-            return self._missed(f"handoff_{differs}")
         size = self.layout.block_size
         if handoff.block_size != size:
             log.warning("statetier: handoff in blocks of %d tokens, this engine uses %d", handoff.block_size, size)

@@ -56,10 +56,20 @@ def engine_buffers(layout: EngineLayout, seed: int | None) -> dict[str, torch.Te
 
 @dataclass
 class FakeRequest:
+    """What the connector reads of vLLM's ``Request`` (``vllm/v1/request.py``)."""
+
     request_id: str
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int] | None
     kv_transfer_params: dict | None = None
     num_computed_tokens: int = 0
+    cache_salt: str | None = None
+    lora_request: object | None = None     # vLLM's LoRARequest: lora_name, lora_int_id, lora_path
+    mm_features: list | None = None        # vLLM's MultiModalFeatureSpec: identifier, mm_position
+    prompt_embeds: torch.Tensor | None = None
+
+    @property
+    def prompt_length(self) -> int:
+        return len(self.prompt_token_ids) if self.prompt_token_ids is not None else len(self.prompt_embeds)
 
 
 def tokens(seed: int, n: int) -> list[int]:
@@ -100,8 +110,8 @@ def prefill(engine: Engine, request: FakeRequest, block_ids, chunk: int = BLOCK,
     the Mamba slot gets new random states (what the model would have computed)."""
     engine.scheduler.after_alloc(request, block_ids, 0)
     metas, done = [], 0
-    while done < len(request.prompt_token_ids):
-        n = min(chunk, len(request.prompt_token_ids) - done)
+    while done < request.prompt_length:
+        n = min(chunk, request.prompt_length - done)
         meta = engine.scheduler.build_meta([ScheduledStep(request, done, n, block_ids)])
         done += n
         for group in engine.layout.mamba_groups:
