@@ -10,17 +10,18 @@ model's), not by its path, which differs between nodes.
 
 - ``AdapterIdentities(allow_unidentified)`` — ``of(lora_request)``: ``name`` + weights
   identity, derived once per (name, path); an adapter with no derivable identity raises
-  ``Unkeyable`` unless ``allow_unidentified`` (then its path stands in, logged).
+  ``unkeyable`` unless ``allow_unidentified`` (then its path stands in, logged).
 - ``request_keys(request, adapters)`` → ``RequestKeys``: ``tokens`` (the prompt's ids; zeros
   where prompt embeddings stand, as vLLM's ``all_token_ids``), ``hashes(tokens, block_size,
   seed)`` (the chained prefix hashes with each block's extra keys: ``protocol.identity.
   prefix_hashes(extra_keys=…)``; a request with none hashes exactly as its token ids alone)
   and ``digests`` (per field present: ``cache_salt``, ``lora``, ``mm``, ``prompt_embeds``, a
-  hex digest naming its value, for a handoff's check). Raises ``Unkeyable``.
+  hex digest naming its value, for a handoff's check). Raises ``unkeyable(…)``.
 - ``other_field(mine, theirs)`` — the first field whose digests differ (present on one side
   only included), or ``None``.
-- ``Unkeyable(field, why)`` — ``InvalidRequest`` with ``field``: the connector refuses the
-  request by name (a counted miss ``misses.unkeyed_<field>``, nothing saved), never serves it.
+- ``unkeyable(field, why)`` → an ``InvalidRequest`` whose ``unkeyed_field(exc)`` is ``field``:
+  the connector refuses the request by that name (a counted miss ``misses.unkeyed_<field>``,
+  nothing saved), never serves it.
 """
 
 from __future__ import annotations
@@ -41,12 +42,14 @@ log = logging.getLogger("vllm.statetier")
 FIELDS = ("cache_salt", "lora", "mm", "prompt_embeds")
 
 
-class Unkeyable(InvalidRequest):
-    """A request whose identity the connector cannot derive: refused, never served."""
+def unkeyable(field_name: str, why: str) -> InvalidRequest:
+    """A request whose identity the connector cannot derive: refused, never served.
+    ``unkeyed_field(exc)`` names the field."""
+    return InvalidRequest(f"{field_name}: {why}", unkeyed=field_name)
 
-    def __init__(self, field_name: str, why: str) -> None:
-        super().__init__(f"{field_name}: {why}")
-        self.field = field_name
+
+def unkeyed_field(exc: InvalidRequest) -> str:
+    return str(exc.detail.get("unkeyed", "request"))
 
 
 def _item(*parts: bytes | str | int) -> bytes:
@@ -72,14 +75,17 @@ class AdapterIdentities:
         name = str(getattr(lora_request, "lora_name", "") or "")
         path = str(getattr(lora_request, "lora_path", "") or "")
         if not name:
-            raise Unkeyable("lora", "a LoRA request without a name")
+            raise unkeyable("lora", "a LoRA request without a name")
         known = self._known.get((name, path))
         if known is None:
             known = self._known[(name, path)] = self._derived(name, path)
         return known
 
     def _derived(self, name: str, path: str) -> str:
-        found = weights_identity(path) if path else None
+        try:
+            found = weights_identity(path) if path else None
+        except InvalidRequest as exc:  # a weight file that is not what its name says
+            raise unkeyable("lora", f"adapter {name!r}: {exc}") from exc
         if found is not None:
             log.info("statetier connector: LoRA adapter %s: weights identity %s (%s)", name, found.value, found.source)
             return found.value
@@ -87,7 +93,7 @@ class AdapterIdentities:
             log.warning("statetier connector: LoRA adapter %s: no weights identity for %r; allow_unidentified_weights "
                         "is set, so its path stands in (other weights at that path would share its state)", name, path)
             return f"path:{path}"
-        raise Unkeyable("lora", f"cannot tell which weights adapter {name!r} is ({path!r}: no weight files, no hub "
+        raise unkeyable("lora", f"cannot tell which weights adapter {name!r} is ({path!r}: no weight files, no hub "
                                 f"commit in the local cache)")
 
 
@@ -162,7 +168,7 @@ def request_keys(request, adapters: AdapterIdentities) -> RequestKeys:
     salt = getattr(request, "cache_salt", None)
     if salt:
         if not isinstance(salt, str):
-            raise Unkeyable("cache_salt", f"expected a string, got {type(salt).__name__}")
+            raise unkeyable("cache_salt", f"expected a string, got {type(salt).__name__}")
         keys.salt = salt
         keys.digests["cache_salt"] = _hex("cache_salt", salt)
     keys.features = _features(getattr(request, "mm_features", None) or ())
@@ -170,7 +176,7 @@ def request_keys(request, adapters: AdapterIdentities) -> RequestKeys:
         keys.digests["mm"] = _hex("mm", *(p for f in keys.features for p in (f.identifier, f.offset, f.length)))
     if embeds is not None:
         if not hasattr(embeds, "shape") or len(embeds.shape) < 1:
-            raise Unkeyable("prompt_embeds", f"expected a tensor, got {type(embeds).__name__}")
+            raise unkeyable("prompt_embeds", f"expected a tensor, got {type(embeds).__name__}")
         keys.embeds = embeds
         keys.digests["prompt_embeds"] = tensor_digest(embeds).hex()[:32]
     return keys
@@ -181,7 +187,7 @@ def _keyed_tokens(request, embeds) -> list[int]:
     ids = getattr(request, "prompt_token_ids", None)
     if ids is None:
         if embeds is None:
-            raise Unkeyable("prompt_embeds", "a prompt with neither token ids nor embeddings")
+            raise unkeyable("prompt_embeds", "a prompt with neither token ids nor embeddings")
         return [0] * int(embeds.shape[0])
     mask = getattr(request, "prompt_is_token_ids", None)
     if mask is None:
@@ -195,7 +201,7 @@ def _features(mm_features) -> tuple[_Feature, ...]:
         identifier = getattr(feature, "identifier", None)
         position = getattr(feature, "mm_position", None)
         if not isinstance(identifier, str) or not identifier or position is None:
-            raise Unkeyable("mm", "a multimodal input without a content hash (identifier) or placeholder position")
+            raise unkeyable("mm", "a multimodal input without a content hash (identifier) or placeholder position")
         out.append(_Feature(identifier, int(position.offset), int(position.length)))
     return tuple(sorted(out, key=lambda f: f.offset))
 

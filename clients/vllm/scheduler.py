@@ -57,7 +57,7 @@ from typing import Any, Sequence
 from statetier.protocol.errors import ClientClosedError, InvalidRequest, StatetierError
 from statetier.protocol.identity import Kind, NamespaceSpec, StateKey, StateRef
 
-from .extra_keys import AdapterIdentities, RequestKeys, Unkeyable, other_field, request_keys
+from .extra_keys import AdapterIdentities, RequestKeys, other_field, request_keys, unkeyed_field
 from .handoff import SavedRefs, Spans, span_of
 from .jobs import Handoff, LoadItem, LoadJob, SaveItem, SaveJob, StepMeta, handoff_from_params, handoff_params
 from .layout import ConnectorConfig, EngineLayout
@@ -123,7 +123,7 @@ class SchedulerSide:
         self.adapters = AdapterIdentities(cfg.allow_unidentified_weights)
         self.link = DaemonLink(cfg, spec, use_shm=False)
         self.counts = ConnectorCounts()
-        self._keys: dict[str, RequestKeys | Unkeyable] = {}
+        self._keys: dict[str, RequestKeys | InvalidRequest] = {}
         self._asking: dict[str, _Asking] = {}
         self._plans: dict[str, _Plan] = {}
         self._tried: set[str] = set()
@@ -136,17 +136,17 @@ class SchedulerSide:
     # -- identity -------------------------------------------------------------------------
 
     def _request_keys(self, request) -> RequestKeys:
-        """The request's extra keys, derived once; ``Unkeyable`` (remembered) when they cannot be."""
+        """The request's extra keys, derived once; ``InvalidRequest`` (remembered) when they cannot be."""
         rid = request.request_id
         known = self._keys.get(rid)
         if known is None:
             try:
                 known = request_keys(request, self.adapters)
-            except Unkeyable as exc:
+            except InvalidRequest as exc:
                 log.warning("statetier: request %s is not keyed (%s): computed here, not saved", rid, exc)
                 known = exc
             self._keys[rid] = known
-        if isinstance(known, Unkeyable):
+        if isinstance(known, InvalidRequest):
             raise known
         return known
 
@@ -176,8 +176,8 @@ class SchedulerSide:
         self.counts.add("lookups")
         try:
             keys = self._request_keys(request)
-        except Unkeyable as exc:
-            return self._missed(f"unkeyed_{exc.field}")
+        except InvalidRequest as exc:
+            return self._missed(f"unkeyed_{unkeyed_field(exc)}")
         hashes = self._hashes(keys, keys.tokens)[:(len(keys.tokens) - 1) // self.layout.block_size]
         try:
             handoff = handoff_from_params(getattr(request, "kv_transfer_params", None))
@@ -315,8 +315,8 @@ class SchedulerSide:
     def _track(self, request) -> None:
         try:
             keys = self._request_keys(request)
-        except Unkeyable as exc:
-            self.counts.add(f"saves_unkeyed.{exc.field}")
+        except InvalidRequest as exc:
+            self.counts.add(f"saves_unkeyed.{unkeyed_field(exc)}")
             return
         self._tracked[request.request_id] = _Tracked(request, keys, self._hashes(keys, keys.tokens))
 
