@@ -29,7 +29,7 @@ the vLLM adapter calls, in vLLM's order:
 - ``refs_saved(by_request)`` — the refs the workers' saves were answered with (vLLM's worker
   metadata, every rank's): what a handoff names.
 - ``loads_finished(request_ids)`` — the workers are done with these loads: leases released.
-- ``hit_tokens(request_id)`` — the tokens of the load planned for a request (vLLM's hit source).
+- ``hit_source(request_id)`` — where its hit comes from (vLLM's ``CacheHitSource``: ``p2p``, ``host``).
 - ``reset_cache()`` — this namespace's objects purged from the daemon.
 - ``request_finished(request)`` → ``(delay_free, kv_transfer_params)``: ``delay_free`` when
   saves of the request were scheduled (the workers report it in ``finished_sending`` once
@@ -86,6 +86,7 @@ class _Plan:
     refs: list[StateRef] = field(default_factory=list)   # expected refs, every shard
     leases: list[int] = field(default_factory=list)
     local: int = 0                                       # num_computed when asked
+    source: str = "host"                                 # vLLM's CacheHitSource: "p2p" for a handoff
 
 
 @dataclass
@@ -127,7 +128,7 @@ class SchedulerSide:
         self._asking: dict[str, _Asking] = {}
         self._plans: dict[str, _Plan] = {}
         self._tried: set[str] = set()
-        self._hit_tokens: dict[str, int] = {}
+        self._sources: dict[str, str] = {}
         self._leases: dict[str, list[int]] = {}
         self._tracked: dict[str, _Tracked] = {}
         self._pending: list[LoadJob] = []
@@ -289,7 +290,7 @@ class SchedulerSide:
         have = {span_of(r.key): r for r in handoff.refs}
         blocks, refs = self.spans.largest(have, min(handoff.tokens // size, len(hashes)), by_layer=True)
         tokens, refs = self._unstable_tail_dropped(blocks * size, refs)
-        return _Plan(tokens, [self._expected(ref, hashes) for ref in refs])
+        return _Plan(tokens, [self._expected(ref, hashes) for ref in refs], source="p2p")
 
     def _expected(self, found: StateRef, hashes: list[bytes]) -> StateRef:
         """What loading ``found`` must find: this engine's namespace and this prompt's hash."""
@@ -309,7 +310,7 @@ class SchedulerSide:
             return
         self._tried.add(rid)
         self._leases[rid] = plan.leases
-        self._hit_tokens[rid] = num_external
+        self._sources[rid] = plan.source
         self._pending.append(self._load_job(rid, plan, block_ids, num_external))
 
     def _track(self, request) -> None:
@@ -343,9 +344,10 @@ class SchedulerSide:
                 written.add(block_ids[group.index][block])
         return LoadJob(rid, plan.tokens, tuple(items), tuple(sorted(written)))
 
-    def hit_tokens(self, request_id: str) -> int:
-        """The tokens vLLM took from the load planned for this request (0: none)."""
-        return self._hit_tokens.get(request_id, 0)
+    def hit_source(self, request_id: str) -> str:
+        """Where the request's hit comes from, as vLLM's ``CacheHitSource`` names it: ``p2p`` (a
+        producer's handoff) or ``host`` (the sidecar daemon, whose first tier is host memory)."""
+        return self._sources.get(request_id, "host")
 
     # -- every step -----------------------------------------------------------------------
 
@@ -430,7 +432,7 @@ class SchedulerSide:
         self._release(self._leases.pop(rid, []))
         self._tried.discard(rid)
         self._keys.pop(rid, None)
-        self._hit_tokens.pop(rid, None)
+        self._sources.pop(rid, None)
         tracked = self._tracked.pop(rid, None)
         if tracked is None or not tracked.saved:
             return False, None

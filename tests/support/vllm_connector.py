@@ -93,12 +93,13 @@ class Engine:
 
 
 def make_engine(daemon, layout, *, role: str, seed: int | None, tp_size: int = 1, shard: int = 0,
-                tenant: str = "default", deadline: float = 60.0, model: str = "tiny-hybrid") -> Engine:
+                tenant: str = "default", deadline: float = 60.0, model: str = "tiny-hybrid",
+                drops_last_block: bool = False) -> Engine:
     cfg = ConnectorConfig.from_extra({"url": daemon.url, "tenant": tenant, "deadline": deadline})
     spec = namespace_spec(cfg, layout, model=model, revision="", config_digest="c0ffee",
                           weight_dtype="float32", tp_size=tp_size, engine_tag="vllm-0.32/cpu")
     scheduler = SchedulerSide(cfg, layout, spec, tp_size=tp_size, loads=role != "producer",
-                              saves=role != "consumer")
+                              saves=role != "consumer", drops_last_block=drops_last_block)
     worker = WorkerSide(cfg, layout, spec, shard=shard)
     buffers = engine_buffers(layout, seed)
     worker.register(buffers)

@@ -1,6 +1,6 @@
 """One vLLM engine in its own process: run a list of token-id prompts greedily, write the outputs.
 
-    python tests/vllm_e2e/engine_run.py SPEC.json OUT.json
+    python -m tests.vllm_e2e.engine_run SPEC.json OUT.json   (the checkout on PYTHONPATH: run_e2e.child_env)
 
 SPEC: ``model`` (folder), ``hybrid`` (bool), ``tp`` (tensor parallel size, default 1), ``connector`` (null for a run without any
 connector, ``{"role": "kv_producer" | "kv_consumer", "extra": {...}}``, or ``{"multi":

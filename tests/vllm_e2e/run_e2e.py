@@ -62,6 +62,7 @@ from statetier.launch.daemons import DaemonProcess
 from tests.vllm_e2e.tiny_models import VOCAB, write_granite_hybrid, write_llama
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]  # the checkout: the opt-in scripts are modules of its ``tests`` package
 
 PROMPT_TOKENS = 288     # two full blocks of 128 and a partial third
 RESTORED = 256
@@ -78,13 +79,27 @@ def prompts() -> dict[str, list[int]]:
     return {name: [rng.randrange(1, VOCAB) for _ in range(PROMPT_TOKENS)] for name in ("A", "B", "C", "D")}
 
 
+def child_command(module: str, *args: str) -> list[str]:
+    """An opt-in script as ``make test-vllm`` starts it: ``python -m tests.vllm_e2e.<module>``."""
+    return [sys.executable, "-m", f"tests.vllm_e2e.{module}", *args]
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a child script: the checkout importable wherever it runs (its cwd is
+    the work folder), so ``tests.support`` and ``tests.vllm_e2e`` resolve as under pytest."""
+    import os
+
+    path = os.environ.get("PYTHONPATH", "")
+    return {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{path}" if path else str(ROOT)}
+
+
 def run_engine(work: Path, label: str, spec: dict) -> dict:
     spec_path, out_path, log_path = work / f"{label}.spec.json", work / f"{label}.out.json", work / f"{label}.log"
     spec_path.write_text(json.dumps(spec))
     started = time.monotonic()
     with open(log_path, "w") as log:
-        done = subprocess.run([sys.executable, str(HERE / "engine_run.py"), str(spec_path), str(out_path)],
-                              stdout=log, stderr=subprocess.STDOUT, timeout=ENGINE_TIMEOUT, cwd=work)
+        done = subprocess.run(child_command("engine_run", str(spec_path), str(out_path)), stdout=log,
+                              stderr=subprocess.STDOUT, timeout=ENGINE_TIMEOUT, cwd=work, env=child_env())
     if done.returncode != 0:
         tail = log_path.read_text(errors="replace")[-4000:]
         raise AssertionError(f"engine {label} exited with {done.returncode}; log tail:\n{tail}")
@@ -347,8 +362,8 @@ def check_model(work: Path, daemon: DaemonProcess, name: str, model_dir: Path, h
 def check_events() -> list[str]:
     """vLLM's own KV event stream carries the connector's events (``events_e2e.py``, its own engine)."""
     print("events: vLLM's KV event stream (events_e2e.py)", flush=True)
-    done = subprocess.run([sys.executable, str(HERE / "events_e2e.py")], capture_output=True, text=True,
-                          timeout=ENGINE_TIMEOUT)
+    done = subprocess.run(child_command("events_e2e"), capture_output=True, text=True, timeout=ENGINE_TIMEOUT,
+                          cwd=ROOT, env=child_env())
     lines = [line for line in done.stdout.splitlines() if line.startswith(("vLLM's stream", "PASSED", "FAILED"))]
     for line in lines:
         print(f"  {line}", flush=True)
@@ -364,7 +379,7 @@ def check_benchmark(work: Path) -> tuple[list[str], str]:
     print("benchmark: statetier.benchmarks.workload_vllm", flush=True)
     out = work / "workload_vllm.json"
     done = subprocess.run([sys.executable, "-m", "statetier.benchmarks.workload_vllm", "--out", str(out)],
-                          capture_output=True, text=True, timeout=4 * ENGINE_TIMEOUT)
+                          capture_output=True, text=True, timeout=4 * ENGINE_TIMEOUT, cwd=ROOT, env=child_env())
     if done.returncode != 0:
         return [f"benchmark: exit {done.returncode}; {(done.stdout + done.stderr)[-2000:]}"], "benchmark failed"
     figures = json.loads(out.read_text())
