@@ -6,7 +6,7 @@ SPEC: ``model`` (folder), ``hybrid`` (bool), ``tp`` (tensor parallel size, defau
 connector, ``{"role": "kv_producer" | "kv_consumer", "extra": {...}}``, or ``{"multi":
 [{"kv_connector", "kv_connector_module_path"?, "kv_role", "kv_connector_extra_config"}, ...]}``
 for vLLM's ``MultiConnector``) and ``requests``: ``[{"name", "prompt": [ids], "max_tokens",
-"params": kv_transfer_params or null, "stop_daemon": pid or absent}]``, run one after
+"params": kv_transfer_params or null, "cache_salt": str or absent, "stop_daemon": pid or absent}]``, run one after
 another, each through the engine's own step loop; with ``stop_daemon`` the daemon is
 SIGSTOPped for that request (and SIGCONTed after). OUT: per request ``name``,
 ``request_id``, ``tokens``, ``kv_transfer_params``, ``num_cached_tokens``, ``seconds`` (to
@@ -64,6 +64,8 @@ def main(spec_path: str, out_path: str) -> None:
         params = SamplingParams(max_tokens=request["max_tokens"], temperature=0.0, ignore_eos=True, detokenize=False,
                                 extra_args={"kv_transfer_params": request["params"]} if request.get("params") else None)
         prompt = TokensPrompt(prompt_token_ids=request["prompt"])
+        if request.get("cache_salt"):  # vLLM folds it into the first block's hash; the connector too
+            prompt["cache_salt"] = request["cache_salt"]
         stopped = request.get("stop_daemon")
         if stopped:
             os.kill(stopped, signal.SIGSTOP)

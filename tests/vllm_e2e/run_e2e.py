@@ -69,7 +69,9 @@ RESTORED = 256
 MAX_TOKENS = 12
 ENGINE_TIMEOUT = 900
 REFUSALS = {"position", "placement", "fingerprint", "stale", "misrouted", "namespace"}
-PROMPT_OF = {"lookup": "A", "handoff": "B", "swapped": "A", "stale": "A", "control": "C", "stalled": "A"}
+PROMPT_OF = {"lookup": "A", "handoff": "B", "swapped": "A", "stale": "A", "control": "C", "stalled": "A",
+             "salt_other": "A", "salt_same": "A"}
+SALT = "tenant-a"
 DEADLINE = 5.0          # the connector's deadline here: generous, the machine is shared
 PRODUCED = ("A", "B", "C")
 
@@ -195,6 +197,7 @@ def run_engines(work: Path, daemon: DaemonProcess, name: str, model_dir: Path, h
         {"name": p, "prompt": text[p], "max_tokens": MAX_TOKENS} for p in text]})
     produced = run_engine(work, f"{name}-producer", {**base, "connector": connector("kv_producer"), "requests": [
         *({"name": p, "prompt": text[p], "max_tokens": 2} for p in PRODUCED),
+        *([{"name": "A-salted", "prompt": text["A"], "max_tokens": 2, "cache_salt": SALT}] if hybrid else []),
         {"name": "stalled", "prompt": text["D"], "max_tokens": MAX_TOKENS, "stop_daemon": daemon.pid}]})
     runs = Runs(reference, produced, audit_records(work / f"{name}-kv_producer.audit.jsonl"))
     for p in PRODUCED:
@@ -211,7 +214,9 @@ def run_engines(work: Path, daemon: DaemonProcess, name: str, model_dir: Path, h
         requests.append({"name": "control", "prompt": text["C"], "max_tokens": MAX_TOKENS,
                          "params": forged_handoff(daemon, produced)})
     consumer = connector("kv_consumer")
-    if hybrid:
+    if hybrid:  # A again under tenant b's salt, then tenant a's: only the second may load what A-salted saved
+        requests += [{"name": "salt_other", "prompt": text["A"], "max_tokens": MAX_TOKENS, "cache_salt": "tenant-b"},
+                     {"name": "salt_same", "prompt": text["A"], "max_tokens": MAX_TOKENS, "cache_salt": SALT}]
         requests.append({"name": "stalled", "prompt": text["A"], "max_tokens": MAX_TOKENS,
                          "stop_daemon": daemon.pid})
     else:  # beside vLLM's own ExampleConnector, under MultiConnector
@@ -243,6 +248,23 @@ def check_tokens(runs: Runs) -> list[str]:
             failures.append(f"{case}: tokens {out['tokens']} != reference {want}")
     if len(set(runs.reference["A"]["tokens"])) < 2:
         failures.append("the reference decodes one repeated token: the model is too degenerate to compare")
+    return failures
+
+
+def check_salted(runs: Runs) -> list[str]:
+    """Tenant b's request of A's token ids loaded nothing (A was saved unsalted and under tenant a's
+    salt); tenant a's loaded the whole hit. Prefix caching is off: every cached token is the connector's."""
+    if "salt_same" not in runs.consumed:
+        return []
+    other, same = runs.consumed["salt_other"], runs.consumed["salt_same"]
+    loaded_other = page_digests(runs.loads, "load", other["request_id"])
+    print(f"  salted   another salt: cached {other['num_cached_tokens']}, {len(loaded_other)} objects loaded; "
+          f"the same salt: cached {same['num_cached_tokens']} of {PROMPT_TOKENS}", flush=True)
+    failures = []
+    if other["num_cached_tokens"] or loaded_other:
+        failures.append(f"salt_other: served {other['num_cached_tokens']} tokens of another salt")
+    if same["num_cached_tokens"] != RESTORED:
+        failures.append(f"salt_same: cached {same['num_cached_tokens']} tokens, not {RESTORED}")
     return failures
 
 
@@ -355,7 +377,7 @@ def check_model(work: Path, daemon: DaemonProcess, name: str, model_dir: Path, h
     except AssertionError as exc:
         return [f"{name}: {exc}"]
     found = (check_tokens(runs) + check_accepted(runs) + check_refused(runs, uses_example(work, name))
-             + check_stalled(runs, figures) + check_beside_example(work, name, runs))
+             + check_stalled(runs, figures) + check_beside_example(work, name, runs) + check_salted(runs))
     return [f"{name}/{failure}" for failure in found]
 
 
