@@ -21,7 +21,7 @@
 Transfers run across steps, as vLLM's offload connectors do (``scheduler.py``, ``worker.py``):
 lookups are never waited on, loads are reported by a later ``get_finished`` (the request waits
 in ``WAITING_FOR_REMOTE_KVS``), saves keep their blocks until ``finished_sending``, and a
-refused load is recomputed by vLLM. Mamba state requires ``mamba_cache_mode="none"``.
+refused load is recomputed by vLLM. Mamba state: ``mamba_cache_mode`` ``"none"`` or ``"align"``.
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ def layout_from_vllm(kv_cache_config) -> EngineLayout:
             count = len(spec.shapes)
             names = [*STATE_NAMES[:count], *(f"state{i}" for i in range(len(STATE_NAMES), count))]
             states = tuple(StateSpec(n, dtype_name(d), tuple(s)) for n, d, s in zip(names, spec.dtypes, spec.shapes))
-            groups.append(CacheGroup(index, Kind.SSM, spec.block_size, layers, states))
+            groups.append(CacheGroup(index, Kind.SSM, spec.block_size, layers, states,
+                                     is_aligned=spec.mamba_cache_mode == "align"))
         elif type(spec) is FullAttentionSpec and getattr(spec, "sliding_window", None) is None:
             # exactly: its subclasses (MLA latents, sinks, ring windows) lay pages out otherwise
             kv = StateSpec("kv", dtype_name(spec.dtype), (spec.num_kv_heads, spec.head_size))

@@ -9,8 +9,10 @@
   - ``pipeline_parallel_size`` must be 1: a pipeline stage holds only some layers, and the
     connector's group objects and joint hits cover every layer of a cache group;
 - ``check_mamba_spec(spec)`` — a Mamba cache group the connector restores: ``mamba_cache_mode``
-  ``"none"`` (``"align"`` is refused: not handled), and no speculative blocks (hybrid MTP:
-  refused by name, its draft states are not keyed);
+  ``"none"`` (one state slot per request, saved at step ends on block ends) or ``"align"``
+  (vLLM's mode under prefix caching: the boundary states vLLM hands over,
+  ``boundary_state_offloads``), and no speculative blocks (hybrid MTP: refused by name, its
+  draft states are not keyed);
 - ``drops_last_block(vllm_config)`` — EAGLE (vLLM's ``use_eagle_block_drop``): a hit's last
   block is dropped, as vLLM drops it from its own prefix-cache hits;
 - ``saves_decode_tokens(cfg, vllm_config)`` — whether producers save decoded tokens' blocks:
@@ -44,10 +46,9 @@ def check_mamba_spec(spec) -> None:
         raise InvalidRequest(f"the statetier connector does not support hybrid MTP (speculative decoding on a model "
                              f"with Mamba state: num_speculative_blocks={spec.num_speculative_blocks}): its draft "
                              f"states are not keyed")
-    if spec.mamba_cache_mode != "none":
-        raise InvalidRequest(f"the statetier connector restores Mamba state with mamba_cache_mode='none' (it is "
-                             f"{spec.mamba_cache_mode!r}; vLLM uses 'align' when prefix caching is on for a Mamba "
-                             f"model: run with --no-enable-prefix-caching)")
+    if spec.mamba_cache_mode not in ("none", "align"):
+        raise InvalidRequest(f"the statetier connector restores Mamba state with mamba_cache_mode 'none' or 'align' "
+                             f"(it is {spec.mamba_cache_mode!r})")
 
 
 def drops_last_block(vllm_config) -> bool:

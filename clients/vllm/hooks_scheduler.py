@@ -7,7 +7,8 @@ vLLM's scheduler thread and none waits on the daemon:
   — admission: ``(None, False)`` while the lookup is on its way, then the hit, loaded async;
 - ``get_external_cache_hit_sources`` — the hit's source: ``p2p`` for a producer's handoff,
   ``host`` for the sidecar daemon's lookup (its tiers are host memory, then disk and Redis);
-- ``build_connector_meta`` — each step's loads, saves and preempted requests (``StepMeta``);
+- ``build_connector_meta`` — each step's loads, saves and preempted requests (``StepMeta``); in
+  align mode the Mamba boundary states vLLM hands over (``boundary_state_offloads``);
 - ``update_connector_output`` — loads done (leases back) and, through the worker metadata
   (``StatetierWorkerMetadata``), the refs every rank's saves were answered with;
 - ``request_finished`` / ``request_finished_all_groups`` — ``(delay_free, handoff)`` from those
@@ -69,7 +70,8 @@ class SchedulerHooks:
             # before vLLM adds this step's tokens: build_connector_meta runs first
             steps.append(ScheduledStep(request, request.num_computed_tokens, count, block_ids))
         preempted = getattr(scheduler_output, "preempted_req_ids", None) or ()
-        step = self._scheduler_side.build_meta(steps, tuple(preempted))
+        boundary_states = getattr(state, "boundary_state_offloads", None) if state is not None else None
+        step = self._scheduler_side.build_meta(steps, tuple(preempted), boundary_states)
         return connector_classes()["StatetierConnectorMetadata"](step)
 
     def update_connector_output(self, connector_output) -> None:

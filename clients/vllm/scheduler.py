@@ -52,7 +52,7 @@ import concurrent.futures
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from statetier.protocol.errors import ClientClosedError, InvalidRequest, StatetierError
 from statetier.protocol.identity import Kind, NamespaceSpec, StateKey, StateRef
@@ -336,7 +336,8 @@ class SchedulerSide:
             except InvalidRequest as exc:  # a handoff of another engine's groups: refused, recomputed
                 return LoadJob(rid, plan.tokens, (), (), str(exc))
             if ref.key.kind is Kind.SSM:
-                items.append(LoadItem(group.index, ref, block_ids[group.index][0]))
+                block = group.state_block(block_ids[group.index], plan.tokens, self.layout.block_size)
+                items.append(LoadItem(group.index, ref, block))
                 continue
             block = ref.key.token_start // self.layout.block_size
             if block >= first_block:
@@ -356,7 +357,11 @@ class SchedulerSide:
         tracked = self._tracked.get(request_id)
         return tracked.request if tracked is not None else None
 
-    def build_meta(self, steps: Sequence[ScheduledStep], preempted: Sequence[str] = ()) -> StepMeta:
+    def build_meta(self, steps: Sequence[ScheduledStep], preempted: Sequence[str] = (),
+                   boundary_states: Mapping[str, Sequence[tuple[int, int, int]]] | None = None) -> StepMeta:
+        """``boundary_states``: vLLM's align-mode ``boundary_state_offloads``, ``{request id:
+        [(group, block id, boundary tokens)]}``: the exact blocks holding a Mamba state at a
+        block end, saved from those blocks (in this step, before vLLM reuses them)."""
         loads, self._pending = tuple(self._pending), []
         saves = []
         for step in steps:
@@ -367,6 +372,11 @@ class SchedulerSide:
                     saves.append(job)
                     if self.events is not None:
                         self.events.remember(step.request, [item.key for item in job.items], self.layout.block_size)
+        for rid, entries in (boundary_states or {}).items():
+            tracked = self._tracked.get(rid)
+            job = self._boundary_saves(tracked, entries) if tracked is not None else None
+            if job is not None:
+                saves.append(job)
         flushed = tuple(rid for rid in preempted if rid in self._tracked and self._tracked[rid].saved)
         return StepMeta(loads, tuple(saves), flushed)
 
@@ -387,13 +397,36 @@ class SchedulerSide:
         tracked.next_block = max(tracked.next_block, last)
         if absorbed % size == 0 and 0 < absorbed <= len(known) and step.num_scheduled > 0:
             for group in self.layout.mamba_groups:
-                key = group.layer_group.key(self.namespace, tracked.hashes[absorbed // size - 1], 0, absorbed)
-                items.append(SaveItem(group.index, key, step.block_ids[group.index][0]))
+                if not group.is_aligned:  # align mode: vLLM names each boundary state (boundary_states)
+                    key = group.layer_group.key(self.namespace, tracked.hashes[absorbed // size - 1], 0, absorbed)
+                    items.append(SaveItem(group.index, key, step.block_ids[group.index][0]))
             tracked.state_ends.add(absorbed)
         if not items:
             return None
         tracked.saved = True
         return SaveJob(tracked.request.request_id, absorbed, tuple(items))
+
+    def _boundary_saves(self, tracked: _Tracked, entries: Sequence[tuple[int, int, int]]) -> SaveJob | None:
+        """One save of each align-mode Mamba state vLLM handed over at a block end of the saved tokens."""
+        size, known = self.layout.block_size, self._saved_tokens(tracked)
+        items = []
+        for group_index, block_id, boundary in entries:
+            try:
+                group = self.layout.group(group_index)
+            except InvalidRequest:
+                continue
+            if (group.kind is not Kind.SSM or not group.is_aligned or block_id <= 0 or boundary <= 0
+                    or boundary % size or boundary > len(known)):
+                continue  # block 0 is vLLM's null block: nothing there
+            if boundary // size > len(tracked.hashes):
+                tracked.hashes = self._hashes(tracked.keys, known[:boundary])
+            key = group.layer_group.key(self.namespace, tracked.hashes[boundary // size - 1], 0, boundary)
+            items.append(SaveItem(group.index, key, block_id))
+            tracked.state_ends.add(boundary)
+        if not items:
+            return None
+        tracked.saved = True
+        return SaveJob(tracked.request.request_id, max(item.key.token_end for item in items), tuple(items))
 
     def _saved_tokens(self, tracked: _Tracked) -> Sequence[int]:
         """The tokens whose blocks this producer saves: the prompt, and with ``saves_decode`` the

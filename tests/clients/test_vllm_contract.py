@@ -43,12 +43,13 @@ def test_pipeline_parallelism_is_refused_at_start_with_what_to_change() -> None:
         check_engine(engine_config(stages=2))
 
 
-def test_hybrid_mtp_and_align_mode_are_refused_by_name() -> None:
+def test_hybrid_mtp_is_refused_by_name_and_align_mode_accepted() -> None:
     check_mamba_spec(SimpleNamespace(num_speculative_blocks=0, mamba_cache_mode="none"))
+    check_mamba_spec(SimpleNamespace(num_speculative_blocks=0, mamba_cache_mode="align"))  # test_vllm_align.py
     with pytest.raises(InvalidRequest, match="hybrid MTP.*num_speculative_blocks=2"):
-        check_mamba_spec(SimpleNamespace(num_speculative_blocks=2, mamba_cache_mode="none"))
-    with pytest.raises(InvalidRequest, match="mamba_cache_mode='none'.*'align'"):
-        check_mamba_spec(SimpleNamespace(num_speculative_blocks=0, mamba_cache_mode="align"))
+        check_mamba_spec(SimpleNamespace(num_speculative_blocks=2, mamba_cache_mode="align"))
+    with pytest.raises(InvalidRequest, match="'none' or 'align'.*'all'"):
+        check_mamba_spec(SimpleNamespace(num_speculative_blocks=0, mamba_cache_mode="all"))
 
 
 def test_eagle_drops_the_last_block_and_speculation_saves_no_decoded_tokens() -> None:
