@@ -35,7 +35,7 @@ the vLLM adapter calls, in vLLM's order:
   saves of the request were scheduled (the workers report it in ``finished_sending`` once
   they are done, and vLLM keeps its blocks until then); the handoff (producers) or ``None``,
   built from ``refs_saved`` with no daemon call (``handoff.py``); its cost is counted
-  (``calls.request_finished``, ``seconds.request_finished``).
+  (``calls.request_finished``, ``scheduler_seconds.request_finished``).
 - ``counts`` — ``stats.ConnectorCounts``: lookups, hits, misses by reason, deadline misses.
 - ``take_events()`` / ``events_topic(template)`` — the daemon's KV events of the blocks this
   side saved, named by vLLM's block hashes (``events.py``); the topic of this side's namespace.
@@ -452,7 +452,7 @@ class SchedulerSide:
             return self._finished(request)
         finally:
             self.counts.add("calls.request_finished")
-            self.counts.add("seconds.request_finished", time.perf_counter() - started)
+            self.counts.add("scheduler_seconds.request_finished", time.perf_counter() - started)
 
     def _finished(self, request) -> tuple[bool, dict | None]:
         rid = request.request_id

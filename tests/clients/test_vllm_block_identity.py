@@ -242,7 +242,7 @@ def test_request_finished_asks_the_daemon_nothing_and_is_counted(engines, daemon
     assert delay_free and handoff_from_params(params).tokens == 32
     counted = producer.scheduler.counts.take()
     assert counted["calls.request_finished"] == 1 and counted["handoffs.by_ref"] == 1
-    assert counted["seconds.request_finished"] > 0
+    assert "scheduler_seconds.request_finished" in counted  # its cost, in the stats vLLM logs
 
 
 def test_a_request_finished_before_its_saves_were_answered_hands_off_by_key(engines) -> None:
