@@ -2,7 +2,7 @@
 
     python -m tests.vllm_e2e.engine_run SPEC.json OUT.json   (the checkout on PYTHONPATH: run_e2e.child_env)
 
-SPEC: ``model`` (folder), ``hybrid`` (bool), ``align`` (bool: prefix caching, ``mamba_cache_mode="align"``), ``tp`` (tensor parallel size, default 1), ``connector`` (null for a run without any
+SPEC: ``model`` (folder), ``hybrid`` (bool), ``align`` (bool: prefix caching, ``mamba_cache_mode="align"``; ``chunk``: tokens per step, default one block), ``tp`` (tensor parallel size, default 1), ``connector`` (null for a run without any
 connector, ``{"role": "kv_producer" | "kv_consumer", "extra": {...}}``, or ``{"multi":
 [{"kv_connector", "kv_connector_module_path"?, "kv_role", "kv_connector_extra_config"}, ...]}``
 for vLLM's ``MultiConnector``) and ``requests``: ``[{"name", "prompt": [ids], "max_tokens",
@@ -45,8 +45,9 @@ def main(spec_path: str, out_path: str) -> None:
                    enable_prefix_caching=False, max_num_seqs=4, seed=0)
     if spec["hybrid"]:
         options["mamba_cache_mode"] = "none"
-    if spec.get("align"):  # prefix caching on a hybrid: vLLM's "align" mode, chunks of two blocks
-        options.update(mamba_cache_mode="align", enable_prefix_caching=True, max_num_batched_tokens=2 * BLOCK)
+    if spec.get("align"):  # prefix caching on a hybrid: vLLM's "align" mode, chunks of ``chunk`` tokens
+        options.update(mamba_cache_mode="align", enable_prefix_caching=True,
+                       max_num_batched_tokens=spec.get("chunk", BLOCK))
     if spec.get("tp", 1) > 1:
         options["tensor_parallel_size"] = spec["tp"]
     connector = spec["connector"]
