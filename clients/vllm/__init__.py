@@ -14,8 +14,8 @@ Load it out of tree (docs/integration.md has the whole command)::
 - ``extra_keys.py`` — what vLLM folds into a block's identity (LoRA, images, ``cache_salt``,
   prompt embeddings), keyed alike on every node; ``handoff.py`` — the objects a restore needs,
   the refs a producer's workers report.
-- ``scheduler.py`` — ``SchedulerSide``: what to load (handoff or joint-hit lookup), what each
-  step saves, the handoff a producer returns. No vLLM, no torch.
+- ``scheduler.py`` — ``SchedulerSide``: what to load (handoff or joint-hit lookup);
+  ``producer.py`` — what each step saves, the handoff a producer returns. No vLLM, no torch.
 - ``worker.py`` — ``WorkerSide``: loads straight into vLLM's blocks and Mamba slots, saves
   from them. torch, no vLLM.
 - ``link.py`` — ``DaemonLink``: calls started, never waited on past ``deadline``.

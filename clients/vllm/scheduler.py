@@ -52,14 +52,15 @@ import concurrent.futures
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from statetier.protocol.errors import ClientClosedError, InvalidRequest, StatetierError
 from statetier.protocol.identity import Kind, NamespaceSpec, StateKey, StateRef
 
 from .extra_keys import AdapterIdentities, RequestKeys, other_field, request_keys, unkeyed_field
-from .handoff import SavedRefs, Spans, span_of
-from .jobs import Handoff, LoadItem, LoadJob, SaveItem, SaveJob, StepMeta, handoff_from_params, handoff_params
+from .handoff import Spans, span_of
+from .jobs import Handoff, LoadItem, LoadJob, StepMeta, handoff_from_params
+from .producer import Producer, ScheduledStep
 from .layout import ConnectorConfig, EngineLayout
 from .link import DaemonLink
 from .stats import ConnectorCounts, reason_of
@@ -68,16 +69,6 @@ log = logging.getLogger("statetier.vllm")
 
 #: what a daemon call may end with that is the daemon's (or its connection's) doing: a miss
 _DAEMON_FAILURES = (StatetierError, OSError, ClientClosedError, concurrent.futures.CancelledError)
-
-
-@dataclass(frozen=True)
-class ScheduledStep:
-    """One request in one engine step: ``num_computed`` before it, ``num_scheduled`` in it."""
-
-    request: Any
-    num_computed: int
-    num_scheduled: int
-    block_ids: Sequence[Sequence[int]]
 
 
 @dataclass
@@ -99,17 +90,6 @@ class _Asking:
     by_layer: bool = False  # the second lookup: per-layer objects
 
 
-@dataclass
-class _Tracked:
-    request: Any
-    keys: RequestKeys
-    hashes: list[bytes]            # the chained hash at each full block end (prompt, then decoded tokens)
-    next_block: int | None = None  # first block not yet saved
-    saved: bool = False
-    state_ends: set[int] = field(default_factory=set)  # boundaries whose Mamba states were scheduled
-    refs: SavedRefs = field(default_factory=SavedRefs)
-
-
 class SchedulerSide:
     def __init__(self, cfg: ConnectorConfig, layout: EngineLayout, spec: NamespaceSpec, *, tp_size: int = 1,
                  loads: bool = True, saves: bool = True, saves_decode: bool = False,
@@ -118,7 +98,6 @@ class SchedulerSide:
         self.namespace = spec.namespace()
         self.tp_size = tp_size
         self.does_load, self.does_save = loads, saves
-        self.saves_decode = saves_decode
         self.drops_last_block = drops_last_block
         self.spans = Spans(layout, tp_size)
         self.adapters = AdapterIdentities(cfg.allow_unidentified_weights)
@@ -130,9 +109,19 @@ class SchedulerSide:
         self._tried: set[str] = set()
         self._sources: dict[str, str] = {}
         self._leases: dict[str, list[int]] = {}
-        self._tracked: dict[str, _Tracked] = {}
+        self.producer = Producer(layout, self.namespace, self.spans, self.counts, self._hashes,
+                                 saves_decode=saves_decode)
         self._pending: list[LoadJob] = []
         self.events = None  # the connector sets an ``events.ConnectorEvents`` (``connector.connector_events``)
+
+    @property
+    def saves_decode(self) -> bool:
+        """Whether decoded tokens' blocks are saved too (the producer's setting)."""
+        return self.producer.saves_decode
+
+    @saves_decode.setter
+    def saves_decode(self, value: bool) -> None:
+        self.producer.saves_decode = value
 
     # -- identity -------------------------------------------------------------------------
 
@@ -301,7 +290,7 @@ class SchedulerSide:
 
     def after_alloc(self, request, block_ids: Sequence[Sequence[int]], num_external: int) -> None:
         rid = request.request_id
-        if self.does_save and rid not in self._tracked:
+        if self.does_save and self.producer.tracked_request(rid) is None:
             self._track(request)
         plan = self._plans.pop(rid, None)
         if num_external <= 0 or plan is None or plan.tokens == 0:
@@ -319,7 +308,7 @@ class SchedulerSide:
         except InvalidRequest as exc:
             self.counts.add(f"saves_unkeyed.{unkeyed_field(exc)}")
             return
-        self._tracked[request.request_id] = _Tracked(request, keys, self._hashes(keys, keys.tokens))
+        self.producer.track(request, keys)
 
     def _load_job(self, rid: str, plan: _Plan, block_ids: Sequence[Sequence[int]], num_external: int) -> LoadJob:
         if plan.local + num_external != plan.tokens:
@@ -354,8 +343,7 @@ class SchedulerSide:
 
     def saving_request(self, request_id: str):
         """The request whose prompt this producer saves, or ``None``."""
-        tracked = self._tracked.get(request_id)
-        return tracked.request if tracked is not None else None
+        return self.producer.tracked_request(request_id)
 
     def build_meta(self, steps: Sequence[ScheduledStep], preempted: Sequence[str] = (),
                    boundary_states: Mapping[str, Sequence[tuple[int, int, int]]] | None = None) -> StepMeta:
@@ -363,84 +351,17 @@ class SchedulerSide:
         [(group, block id, boundary tokens)]}``: the exact blocks holding a Mamba state at a
         block end, saved from those blocks (in this step, before vLLM reuses them)."""
         loads, self._pending = tuple(self._pending), []
-        saves = []
-        for step in steps:
-            tracked = self._tracked.get(step.request.request_id)
-            if tracked is not None:
-                job = self._saves_of(tracked, step)
-                if job is not None:
-                    saves.append(job)
-                    if self.events is not None:
-                        self.events.remember(step.request, [item.key for item in job.items], self.layout.block_size)
-        for rid, entries in (boundary_states or {}).items():
-            tracked = self._tracked.get(rid)
-            job = self._boundary_saves(tracked, entries) if tracked is not None else None
-            if job is not None:
-                saves.append(job)
-        flushed = tuple(rid for rid in preempted if rid in self._tracked and self._tracked[rid].saved)
+        saves = self.producer.saves(steps, boundary_states)
+        if self.events is not None:
+            for job in saves:
+                request = self.producer.tracked_request(job.request_id)
+                self.events.remember(request, [item.key for item in job.items], self.layout.block_size)
+        flushed = tuple(rid for rid in preempted if self.producer.has_saved(rid))
         return StepMeta(loads, tuple(saves), flushed)
-
-    def _saves_of(self, tracked: _Tracked, step: ScheduledStep) -> SaveJob | None:
-        size = self.layout.block_size
-        known = self._saved_tokens(tracked)
-        absorbed = step.num_computed + step.num_scheduled
-        if tracked.next_block is None:
-            tracked.next_block = step.num_computed // size  # blocks below came from a load or the prefix cache
-        last = min(absorbed, len(known)) // size
-        if last > len(tracked.hashes):  # decoded tokens completed a block
-            tracked.hashes = self._hashes(tracked.keys, known[:last * size])
-        items = []
-        for block in range(tracked.next_block, last):
-            for group in self.layout.attention_groups:
-                key = group.layer_group.key(self.namespace, tracked.hashes[block], block * size, (block + 1) * size)
-                items.append(SaveItem(group.index, key, step.block_ids[group.index][block]))
-        tracked.next_block = max(tracked.next_block, last)
-        if absorbed % size == 0 and 0 < absorbed <= len(known) and step.num_scheduled > 0:
-            for group in self.layout.mamba_groups:
-                if not group.is_aligned:  # align mode: vLLM names each boundary state (boundary_states)
-                    key = group.layer_group.key(self.namespace, tracked.hashes[absorbed // size - 1], 0, absorbed)
-                    items.append(SaveItem(group.index, key, step.block_ids[group.index][0]))
-            tracked.state_ends.add(absorbed)
-        if not items:
-            return None
-        tracked.saved = True
-        return SaveJob(tracked.request.request_id, absorbed, tuple(items))
-
-    def _boundary_saves(self, tracked: _Tracked, entries: Sequence[tuple[int, int, int]]) -> SaveJob | None:
-        """One save of each align-mode Mamba state vLLM handed over at a block end of the saved tokens."""
-        size, known = self.layout.block_size, self._saved_tokens(tracked)
-        items = []
-        for group_index, block_id, boundary in entries:
-            try:
-                group = self.layout.group(group_index)
-            except InvalidRequest:
-                continue
-            if (group.kind is not Kind.SSM or not group.is_aligned or block_id <= 0 or boundary <= 0
-                    or boundary % size or boundary > len(known)):
-                continue  # block 0 is vLLM's null block: nothing there
-            if boundary // size > len(tracked.hashes):
-                tracked.hashes = self._hashes(tracked.keys, known[:boundary])
-            key = group.layer_group.key(self.namespace, tracked.hashes[boundary // size - 1], 0, boundary)
-            items.append(SaveItem(group.index, key, block_id))
-            tracked.state_ends.add(boundary)
-        if not items:
-            return None
-        tracked.saved = True
-        return SaveJob(tracked.request.request_id, max(item.key.token_end for item in items), tuple(items))
-
-    def _saved_tokens(self, tracked: _Tracked) -> Sequence[int]:
-        """The tokens whose blocks this producer saves: the prompt, and with ``saves_decode`` the
-        decoded ones too (vLLM's ``all_token_ids``: a next turn's prompt starts with them)."""
-        if self.saves_decode:
-            return getattr(tracked.request, "all_token_ids", None) or tracked.keys.tokens
-        return tracked.keys.tokens
 
     def refs_saved(self, by_request) -> None:
         """The refs the workers' saves were answered with, by request (worker metadata)."""
-        for rid, refs in (by_request or {}).items():
-            tracked = self._tracked.get(rid)
-            if tracked is not None:
-                tracked.refs.add(refs)
+        self.producer.refs_saved(by_request)
 
     def loads_finished(self, request_ids) -> None:
         for rid in request_ids:
@@ -466,24 +387,7 @@ class SchedulerSide:
         self._tried.discard(rid)
         self._keys.pop(rid, None)
         self._sources.pop(rid, None)
-        tracked = self._tracked.pop(rid, None)
-        if tracked is None or not tracked.saved:
-            return False, None
-        return True, self._handoff(tracked)
-
-    def _handoff(self, tracked: _Tracked) -> dict | None:
-        """The refs of the joint hit this request's saves made (all shards), as its workers
-        reported them: at most the block end a consumer can use (short of the last token), and
-        the boundary saved (the consumer looks up what the refs do not cover yet)."""
-        size = self.layout.block_size
-        usable = min((len(tracked.keys.tokens) - 1) // size, tracked.next_block or 0)
-        saved = next((b for b in range(usable, 0, -1)
-                      if not self.layout.mamba_groups or b * size in tracked.state_ends), 0)
-        if saved == 0:
-            return None
-        blocks, refs = self.spans.largest(tracked.refs.refs, saved)
-        self.counts.add("handoffs.by_ref" if blocks == saved else "handoffs.by_key")
-        return handoff_params((blocks or saved) * size, size, refs, keys=tracked.keys.digests, saved=saved * size)
+        return self.producer.finish(rid)
 
     # -- the daemon -----------------------------------------------------------------------
 

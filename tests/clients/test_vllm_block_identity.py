@@ -252,7 +252,7 @@ def test_a_request_finished_before_its_saves_were_answered_hands_off_by_key(engi
     prompt = tokens(38, 40)
     produced = FakeRequest("p-38", prompt)
     prefill(producer, produced, PRODUCER_BLOCKS, seed=38)
-    producer.scheduler._tracked["p-38"].refs.refs.clear()  # as if vLLM had not yet delivered them
+    producer.scheduler.producer.tracked["p-38"].refs.refs.clear()  # as if vLLM had not yet delivered them
     _, params = producer.scheduler.request_finished(produced)
     handoff = handoff_from_params(params)
     assert (handoff.tokens, handoff.saved, handoff.refs) == (32, 32, ())
