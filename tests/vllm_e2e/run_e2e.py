@@ -408,7 +408,7 @@ def check_align() -> dict[str, list[str]]:
                               cwd=ROOT, env=child_env())
         for line in done.stdout.splitlines():
             if line.startswith(("vLLM offered", "the connector saved", "consumer:", "  lookup", "  handoff",
-                                "PASSED", "FAILED")):
+                                "refused at start", "PASSED", "FAILED")):
                 print(f"  {line.strip()}", flush=True)
         found[module] = [] if done.returncode == 0 else [
             f"{module}: exit {done.returncode}; {(done.stdout + done.stderr)[-2000:]}"]

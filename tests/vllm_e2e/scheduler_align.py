@@ -11,9 +11,12 @@ attention group. A statetier daemon (subprocess) is behind the connector (``kv_b
 Mamba boundary state vLLM hands over (``boundary_state_offloads``: group, block id, boundary;
 vLLM 0.32 offers the state at the prompt's last block end) must be in that step's save jobs,
 at that block id and keyed at that boundary, and every attention block saved as the steps
-complete it; the finished request's handoff must name the boundary saved. No worker runs (no
-forward pass), so nothing reaches the daemon: the save jobs are what is checked. Exit status 0
-when it holds, 1 otherwise.
+complete it; the finished request's handoff must name the boundary saved, by ref (the worker
+side runs in this process over real buffers, no forward pass: it saves and loads). Another
+Scheduler (another engine, its prefix cache empty) then asks for the prompt: the joint hit's
+state must be loaded into the block vLLM allocated for that boundary, bytes equal. And on
+vLLM's own configs: ``requires_kv_delivery`` False, pipeline parallelism and the "fail" load
+policy refused at start by name. Exit status 0 when it all holds, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -245,6 +248,33 @@ def check_load(scheduler, worker, producer_worker, block: int) -> list[str]:
     return failures
 
 
+def check_contract(scheduler) -> list[str]:
+    """On vLLM's own configs: the connector is best effort (``requires_kv_delivery`` False),
+    reports its hits' source, and refuses pipeline parallelism and the "fail" policy by name."""
+    import copy
+
+    from statetier.clients.vllm.contract import check_engine
+    from statetier.protocol.errors import InvalidRequest
+
+    failures = []
+    if scheduler.connector.requires_kv_delivery is not False:
+        failures.append("requires_kv_delivery is not False")
+    for change, wanted in ((("parallel_config", "pipeline_parallel_size", 2), "pipeline parallelism"),
+                           (("kv_transfer_config", "kv_load_failure_policy", "fail"), "kv_load_failure_policy")):
+        config = copy.copy(scheduler.vllm_config)
+        part, name, value = change
+        setattr(config, part, copy.copy(getattr(config, part)))
+        object.__setattr__(getattr(config, part), name, value)
+        try:
+            check_engine(config)
+            failures.append(f"{name}={value!r} was not refused")
+        except InvalidRequest as exc:
+            print(f"refused at start: {exc}", flush=True)
+            if wanted not in str(exc):
+                failures.append(f"{name}={value!r} refused without naming {wanted}: {exc}")
+    return failures
+
+
 def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="st-vllm-align-", dir="/tmp"))
     try:
@@ -258,7 +288,8 @@ def main() -> int:
             producer, consumer = (scheduler_of(config, kv_cache_config(config)) for _ in range(2))
             producer_worker, consumer_worker = worker_of(producer), worker_of(consumer)
             try:
-                failures = check_saves(producer, producer_worker, block)
+                failures = check_contract(producer)
+                failures += check_saves(producer, producer_worker, block)
                 failures += check_load(consumer, consumer_worker, producer_worker, block)
             finally:
                 for side in (producer, consumer, producer_worker, consumer_worker):
