@@ -90,7 +90,7 @@ def test_every_opt_in_vllm_script_imports_as_make_test_vllm_starts_it(tmp_path) 
 
     assert child_command("events_e2e") == [sys.executable, "-m", "tests.vllm_e2e.events_e2e"]
     probe = ("import importlib; [importlib.import_module(f'tests.vllm_e2e.{m}').main for m in "
-             "('run_e2e', 'events_e2e', 'engine_run', 'scheduler_align', 'align_e2e')]; import tests.vllm_e2e.tiny_models")
+             "('run_e2e', 'events_e2e', 'engine_run', 'scheduler_align', 'align_e2e', 'tp2_e2e')]; import tests.vllm_e2e.tiny_models")
     done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=child_env(), capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr

