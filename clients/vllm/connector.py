@@ -141,6 +141,9 @@ def _build_classes() -> dict[str, type]:
     class StatetierConnector(SchedulerHooks, WorkerHooks, base.KVConnectorBase_V1, base.SupportsHMA):
         """vLLM's connector interface over ``SchedulerSide`` / ``WorkerSide``."""
 
+        _step_meta_class = StatetierConnectorMetadata
+        _worker_meta_class = StatetierWorkerMetadata
+
         def __init__(self, vllm_config, role, kv_cache_config=None) -> None:
             super().__init__(vllm_config, role, kv_cache_config)
             _start(self, vllm_config, role == base.KVConnectorRole.SCHEDULER, kv_cache_config)

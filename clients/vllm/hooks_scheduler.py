@@ -28,6 +28,7 @@ class SchedulerHooks:
     _kv_cache_config: object
     _kv_cache_manager: object
     _event_kinds: dict[int, str]
+    _step_meta_class: type  # StatetierConnectorMetadata (connector.py): vLLM's class, built with vLLM
 
     @property
     def _scheduler_side(self) -> SchedulerSide:
@@ -56,7 +57,6 @@ class SchedulerHooks:
         return tuple(range(len(self._kv_cache_config.kv_cache_groups)))  # type: ignore[attr-defined]
 
     def build_connector_meta(self, scheduler_output):
-        from .connector import connector_classes
         from .scheduler import ScheduledStep
 
         state = scheduler_output.kv_connector_block_state
@@ -72,7 +72,7 @@ class SchedulerHooks:
         preempted = getattr(scheduler_output, "preempted_req_ids", None) or ()
         boundary_states = getattr(state, "boundary_state_offloads", None) if state is not None else None
         step = self._scheduler_side.build_meta(steps, tuple(preempted), boundary_states)
-        return connector_classes()["StatetierConnectorMetadata"](step)
+        return self._step_meta_class(step)
 
     def update_connector_output(self, connector_output) -> None:
         worker_meta = getattr(connector_output, "kv_connector_worker_meta", None)

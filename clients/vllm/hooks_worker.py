@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 class WorkerHooks:
     _worker: WorkerSide | None
     _layout: EngineLayout
+    _worker_meta_class: type  # StatetierWorkerMetadata (connector.py): vLLM's class, built with vLLM
 
     @property
     def _worker_side(self) -> WorkerSide:
@@ -69,9 +70,7 @@ class WorkerHooks:
         return set() if self._layout.has_several_groups else blocks
 
     def build_connector_worker_meta(self):
-        from .connector import connector_classes
-
         if self._worker is None:
             return None
         refs = self._worker.take_saved_refs()
-        return connector_classes()["StatetierWorkerMetadata"](refs) if refs else None
+        return self._worker_meta_class(refs) if refs else None
