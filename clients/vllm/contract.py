@@ -5,7 +5,8 @@
   - ``kv_load_failure_policy`` must be ``"recompute"``: the connector refuses a load whose
     state is not the request's (that is its purpose), and under vLLM's default ``"fail"`` a
     refused or late load fails the user's request; with ``"recompute"`` vLLM computes the
-    refused blocks and the user sees no difference;
+    refused blocks and the user sees no difference. Under ``MultiConnector`` the connector sees
+    only its own entry's config, so the policy must be set there too (vLLM acts on the outer one);
   - ``pipeline_parallel_size`` must be 1: a pipeline stage holds only some layers, and the
     connector's group objects and joint hits cover every layer of a cache group;
 - ``check_mamba_spec(spec)`` — a Mamba cache group the connector restores: ``mamba_cache_mode``
@@ -31,8 +32,9 @@ def check_engine(vllm_config) -> None:
     policy = getattr(vllm_config.kv_transfer_config, "kv_load_failure_policy", "fail")
     if policy != "recompute":
         raise InvalidRequest(f"the statetier connector needs kv_transfer_config.kv_load_failure_policy='recompute' "
-                             f"(it is {policy!r}): a load statetier refuses (another request's state, a late "
-                             f"answer) must be recomputed, not fail the request")
+                             f"(it is {policy!r}; under MultiConnector, in statetier's entry of 'connectors' too: "
+                             f"the connector sees only its own): a load statetier refuses (another request's "
+                             f"state, a late answer) must be recomputed, not fail the request")
     stages = getattr(vllm_config.parallel_config, "pipeline_parallel_size", 1)
     if stages != 1:
         raise InvalidRequest(f"the statetier connector does not support pipeline parallelism "

@@ -227,7 +227,8 @@ def run_engines(work: Path, daemon: DaemonProcess, name: str, model_dir: Path, h
     else:  # beside vLLM's own ExampleConnector, under MultiConnector
         consumer = {"multi": [
             {"kv_connector": "StatetierConnector", "kv_connector_module_path": "statetier.clients.vllm",
-             "kv_role": "kv_consumer", "kv_connector_extra_config": consumer["extra"]},
+             "kv_role": "kv_consumer", "kv_load_failure_policy": "recompute",  # what the connector sees
+             "kv_connector_extra_config": consumer["extra"]},
             {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
              "kv_connector_extra_config": {"shared_storage_path": str(work / f"{name}-example-storage")}}]}
     runs.consumed = run_engine(work, f"{name}-consumer", {**base, "connector": consumer, "requests": requests})
