@@ -76,7 +76,7 @@ class Handoff:
     block_size: int
     refs: tuple[StateRef, ...] = field(default_factory=tuple)
     keys: Mapping[str, str] = field(default_factory=dict)  # extra_keys.RequestKeys.digests of the producer's request
-    saved: int = 0                                        # the boundary saved; 0: ``tokens``
+    saved: int = 0                                        # the boundary saves were scheduled to; 0: ``tokens``
 
 
 def handoff_params(tokens: int, block_size: int, refs, *, keys: Mapping[str, str] | None = None,

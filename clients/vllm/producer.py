@@ -158,7 +158,8 @@ class Producer:
     def _handoff(self, tracked: Tracked) -> dict | None:
         """The refs of the joint hit this request's saves made (all shards), as its workers
         reported them: at most the block end a consumer can use (short of the last token), and
-        the boundary saved (the consumer looks up what the refs do not cover yet)."""
+        the boundary its saves were scheduled to (the consumer looks up what the refs do not cover:
+        a save that then failed is a miss there, never a wrong load)."""
         size = self.layout.block_size
         usable = min((len(tracked.keys.tokens) - 1) // size, tracked.next_block or 0)
         saved = next((b for b in range(usable, 0, -1)
