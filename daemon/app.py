@@ -297,7 +297,7 @@ def build(config: Config) -> App:
     engine = Engine(tiers, keyring=keyring, registry=registry, metrics=metrics, options=options,
                     executor=executor, announcements=announcements, **roles)
     if watch is not None:
-        watch.on_purge_marks = engine.honour_purge_marks
+        watch.on_purge_marks = engine.take_purge_marks
     server = Server(engine, config, metrics)
     metrics.track(engine.tier_stats,
                   lambda: {**server.stats(), "leases": engine.lease_count,

@@ -8,8 +8,10 @@ registry shares: while Redis is down every Redis call fails at once instead of w
 its deadline. A probe that fails marks the registry's outage (``mark_outage``: versions and
 reads come from this daemon's own view, publish is refused); one that answers writes the
 claims made meanwhile back into Redis (``reconcile``), then reads the cluster's purge marks
-and hands new ones to ``on_purge_marks`` (the engine removes the copies they name: a purge
-on another daemon reaches this one within a probe interval). Each change sets
+and hands them to ``on_purge_marks`` (the engine's ``PurgeMarks.take``: it removes the copies
+new ones name; the engine also reads them before each load and lookup, so a purge on another
+daemon is honoured from this one's next load or lookup on, and swept within a probe interval
+when none comes). Each change sets
 ``statetier_redis_up`` at once and is logged.
 
 ``readiness()`` → ``(is_ready, body)`` for ``/readyz``: ready; or degraded (503), naming
@@ -51,7 +53,6 @@ class RedisWatch:
         self.down_since: float | None = None  # wall clock of the change to down
         self.changes = 0
         self.on_purge_marks: Callable[[dict[str, int]], Awaitable[object]] | None = None
-        self._marks_honoured: dict[str, int] = {}
 
     async def run(self) -> None:
         while True:
@@ -81,11 +82,7 @@ class RedisWatch:
         if self.on_purge_marks is None:
             return
         try:
-            marks = await self.tier.purge_marks()
-            fresh = {s: c for s, c in marks.items() if self._marks_honoured.get(s) != c}
-            if fresh:
-                await self.on_purge_marks(fresh)
-                self._marks_honoured.update(fresh)
+            await self.on_purge_marks(await self.tier.purge_marks())  # only new marks are acted on
         except StatetierError as exc:
             log.warning("reading or honouring the cluster's purge marks failed (next probe retries): %s", exc)
 

@@ -56,6 +56,7 @@ from .leases import Leases
 from .loads import Loads
 from .lookup import joint_hit
 from .placement import Placement
+from .purge_marks import PurgeMarks
 from .puts import Puts
 from ..requests import Incoming, JointHit, LoadRequest, LoadResult, LookupRequest, PutRequest, PutResult
 from .stack import EngineOptions, Stack
@@ -95,7 +96,9 @@ class Engine:
         self._leases = Leases(itertools.count(1))
         fences = Fences(self.stack)
         self._puts = Puts(self.stack, fences)
-        self._loads = Loads(self.stack, fences, self._leases)
+        read_marks = getattr(publish, "purge_marks", None)  # a shared tier that keeps purge marks
+        self.purges = PurgeMarks(read_marks, self.honour_purge_marks) if read_marks is not None else None
+        self._loads = Loads(self.stack, fences, self._leases, self.purges)
         self._fences = fences
         self._tasks: list[asyncio.Task] = []
         self.ready = False
@@ -178,6 +181,8 @@ class Engine:
         started = time.perf_counter()
         req = own_lookup(req)
         self.tenancy.check_namespace(req.tenant, req.namespace)
+        if self.purges is not None:  # another daemon's purge is honoured before anything is located
+            await self.purges.before_serving()
         result = await joint_hit(self.stack, self._leases, req, owner)
         requested = req.boundaries[-1][0] if req.boundaries else 0
         self.metrics.observe_lookup(result.tokens, time.perf_counter() - started, requested)
@@ -217,6 +222,11 @@ class Engine:
     async def honour_purge_marks(self, marks: dict[str, int]) -> dict:
         """Remove the copies other daemons' purges marked in the shared registry (``catalog``)."""
         return await catalog.honour_marks(self.stack, marks)
+
+    async def take_purge_marks(self, marks: dict[str, int]) -> None:
+        """The marks the health probe read: the new ones honoured (``purge_marks.PurgeMarks``)."""
+        if self.purges is not None:
+            await self.purges.take(marks)
 
     async def inspect(self, tenant: str, state_id: bytes) -> dict:
         return await audit.inspect(self.stack, tenant, state_id)

@@ -1,13 +1,14 @@
 """The load path: find, verify in DESIGN §4 order, serve the first copy that passes.
 
-``Loads(stack, fences, leases)`` — one per engine; ``Engine.load_batch`` forwards here:
+``Loads(stack, fences, leases, purges)`` — one per engine; ``Engine.load_batch`` forwards here:
 
 - ``load_batch(reqs, owner)`` → per request, in order, a ``LoadResult`` leased to ``owner``
   until released, its ``StatetierError``, or None (not attempted: a load before it failed).
   What the loads by ref expect is read from the registry in one call
-  (``Fences.expect_refs``); each load is then served by ref or by key (the best valid
-  candidate of ``daemon.engine.candidates.locate``, newest first, each refusal skipped and
-  counted); one metric update for the batch. A single load is a batch of one.
+  (``Fences.expect_refs``), beside it the cluster's purge marks (``purges``, when a shared
+  tier keeps them: a new one's copies are removed before any is located); each load is then
+  served by ref or by key (the best valid candidate of ``daemon.engine.candidates.locate``,
+  newest first, each refusal skipped and counted); one metric update for the batch. A single load is a batch of one.
 
 Each copy, fastest tier first, is served by ``daemon.engine.serving.CopyServer`` and judged by
 ``protocol.classify`` (a hit is counted, for the tier that held the copy, only once a copy is
@@ -22,6 +23,7 @@ no tier while moves are under way settles them and looks again.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from dataclasses import dataclass
@@ -46,6 +48,7 @@ from .candidates import locate
 from .deletion import drop_copy
 from .fencing import Fences
 from .leases import Leases
+from .purge_marks import PurgeMarks
 from ..requests import LoadRequest, LoadResult
 from .serving import CopyServer, Wanted
 from .stack import Stack
@@ -61,16 +64,17 @@ class _Passed:
 
 
 class Loads:
-    def __init__(self, stack: Stack, fences: Fences, leases: Leases) -> None:
+    def __init__(self, stack: Stack, fences: Fences, leases: Leases, purges: PurgeMarks | None = None) -> None:
         self.stack = stack
         self.fences = fences
         self.leases = leases
+        self.purges = purges
         self.copies = CopyServer(stack, leases)
 
     async def load_batch(self, reqs: list[LoadRequest], owner) -> list[LoadResult | StatetierError | None]:
         started, stack = time.perf_counter(), self.stack
         out: list[LoadResult | StatetierError | None] = [None] * len(reqs)
-        expected = await self.fences.expect_refs(reqs)
+        expected = await self._expect(reqs)
         for index, (req, expectation) in enumerate(zip(reqs, expected)):
             try:
                 stack.tenancy.check_namespace(req.tenant, req.namespace)
@@ -90,6 +94,14 @@ class Loads:
                 break
         self._observe([r for r in out if isinstance(r, LoadResult)], started)
         return out
+
+    async def _expect(self, reqs: list[LoadRequest]) -> list:
+        """What each load by ref expects; meanwhile (one round trip each, side by side) the
+        cluster's new purge marks honoured, before any copy is located."""
+        if self.purges is None:
+            return await self.fences.expect_refs(reqs)
+        expected, _ = await asyncio.gather(self.fences.expect_refs(reqs), self.purges.before_serving())
+        return expected
 
     def _observe(self, results: list[LoadResult], started: float) -> None:
         """One metric update for a batch's loads (per tier and kind)."""

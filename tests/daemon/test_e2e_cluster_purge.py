@@ -71,3 +71,36 @@ def test_a_purge_on_one_daemon_removes_the_promoted_copies_on_the_other(daemons)
     with Client(decode.url, namespace=KEPT) as client:
         for index, ref in enumerate(kept):
             assert_same_tensors(client.load(ref), snapshot(20 + 2 * index + 1))
+
+
+@pytest.fixture
+def slow_probe_daemons(request, fresh_redis):
+    """As ``daemons``, but the health probe comes once an hour: what honours a mark here is
+    the next load or lookup itself."""
+    hourly = {"redis.probe_interval_seconds": 3600.0}
+    with keyring_file() as keyring:
+        yield (daemon_fixture(request, name="prefill", redis_url=fresh_redis.url, keyring=keyring, settings=hourly),
+               daemon_fixture(request, name="decode", redis_url=fresh_redis.url, keyring=keyring, settings=hourly))
+
+
+def test_the_next_load_and_lookup_after_another_daemons_purge_find_nothing_it_purged(slow_probe_daemons) -> None:
+    prefill, decode = slow_probe_daemons
+    refs, kept = put_published(prefill, PURGED, 30), put_published(prefill, KEPT, 40)
+    with Client(decode.url, namespace=PURGED) as client:
+        for ref in refs:
+            client.load(ref)  # promoted into decode's host arena
+        assert client.lookup([], [1, 3], [(64, PREFIX)], kv_layout="prefix", lease=False).tokens == 64
+    assert objects_of(decode, PURGED) == 2
+
+    with Client(prefill.url, namespace=PURGED) as client:
+        assert client.purge()["marked"] is True
+
+    with Client(decode.url, namespace=PURGED) as client:  # at once: no probe has run since
+        assert client.lookup([], [1, 3], [(64, PREFIX)], kv_layout="prefix", lease=False).tokens == 0
+        for ref in refs:
+            with pytest.raises(NotFound):
+                client.load(ref)
+    assert objects_of(decode, PURGED) == 0  # swept, not only hidden
+    with Client(decode.url, namespace=KEPT) as client:  # another namespace's copies stay
+        for index, ref in enumerate(kept):
+            assert_same_tensors(client.load(ref), snapshot(40 + 2 * index + 1))
