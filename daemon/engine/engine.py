@@ -96,7 +96,7 @@ class Engine:
         self._leases = Leases(itertools.count(1))
         fences = Fences(self.stack)
         self._puts = Puts(self.stack, fences)
-        read_marks = getattr(publish, "purge_marks", None)  # a shared tier that keeps purge marks
+        read_marks = getattr(self.stack.shared_tier, "purge_marks", None)  # a shared tier that keeps them
         self.purges = PurgeMarks(read_marks, self.honour_purge_marks) if read_marks is not None else None
         self._loads = Loads(self.stack, fences, self._leases, self.purges)
         self._fences = fences
