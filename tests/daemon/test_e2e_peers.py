@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from statetier.clients import Client
-from statetier.launch import DaemonProcess
+from statetier.launch import DaemonProcess, free_port
 from statetier.protocol.errors import NotFound, PeerLost, Unauthorized
 from tests.support.jamba import assert_same_tensors, jamba_namespace, snapshot
 from tests.support.keyrings import keyring_file
@@ -137,3 +137,19 @@ def test_a_lookup_finds_the_joint_hit_on_the_peer(fresh_redis):
         with Client(decode.url, namespace=SPEC) as client:
             found = client.lookup(ssm_layers=[1, 3], boundaries=[(64, PREFIX)], lease=False)
         assert found.tokens == 64 and len(found.objects) == 2
+
+
+def test_an_owner_restarted_on_its_address_is_offered_again(fresh_redis):
+    listen = {"peers.listen": f"127.0.0.1:{free_port()}"}  # a fixed port, as a deployment has
+    with keyring_file() as keyring, daemon("prefill", fresh_redis.url, keyring, **listen) as prefill, \
+            daemon("decode", fresh_redis.url, keyring) as decode:
+        lost = put_published(prefill, seed=60)
+        prefill.kill()
+        with Client(decode.url, namespace=SPEC) as client:
+            with pytest.raises(PeerLost):
+                client.load(lost[0])
+        prefill.start()  # the same address, a new process: a new owner id
+        fresh = put_published(prefill, seed=70)
+        with Client(decode.url, namespace=SPEC) as client:
+            assert_same_tensors(client.load(fresh[0]), snapshot(71))
+        assert decode.counters().get("hits peer", 0) == 1

@@ -8,7 +8,9 @@ pulled straight from their owner; and this daemon's published objects, described
   reservation in this daemon's arena) or a fresh buffer; framing and signature checked
   here, the payload digest too with ``verify`` (the load path's client verifies where the
   bytes land). An owner lost mid-pull (``PeerLost``) is fenced — its entry removed from the
-  directory, its address remembered — and the load goes on to the next copy.
+  directory, its owner id (one process of a daemon) remembered, so none of its entries is
+  offered here again — and the load goes on to the next copy. A daemon restarted on the same
+  address is a new owner id, offered again.
 - ``prepare_store`` → ``write`` → ``complete_store`` — the publish of an object this
   daemon holds (``holds_locally``): its descriptor (header, size, this owner) into the
   directory, its bytes staying where they are. A peer tier never takes bytes it does not
@@ -39,7 +41,7 @@ from .serve import PeerServer
 from .transport import PeerTransport, TcpTransport
 
 SEEN = 65536  # descriptors a lookup brought, each serving the lease that follows
-FENCED = 4096  # owners found lost
+FENCED = 4096  # owners found lost (an owner id names one process: a restart is a new one)
 
 
 class PeerTier(Tier):
@@ -97,7 +99,7 @@ class PeerTier(Tier):
     # ---------------------------------------------------------------- lookups
     def _offered(self, descriptor: Descriptor | None) -> bool:
         return descriptor is not None and descriptor.owner != self.options.owner_id \
-            and descriptor.address not in self._fenced
+            and descriptor.owner not in self._fenced
 
     async def find_by_keys(self, key_digests: Sequence[bytes],
                            registry: VersionRegistry | None = None) -> KeyMatches:
@@ -149,7 +151,7 @@ class PeerTier(Tier):
 
     async def _fence(self, descriptor: Descriptor) -> None:
         self.pulls_lost += 1
-        self._fenced.put(descriptor.address, True)
+        self._fenced.put(descriptor.owner, True)  # this process of it: restarted, it is a new owner
         self._seen.pop(descriptor.meta.object_id)
         forget = getattr(self.transport, "forget", None)
         if forget is not None:
