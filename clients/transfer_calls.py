@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
 import time
@@ -100,10 +101,8 @@ class TransferCalls(ClientSession):
         prepared = [self._put_meta(item.key, item.tensors, item.request_id, item.step, item.publish,
                                    item.version, item.speculative, item.durable, item.tag)
                     for item in items]
-        refs: list[StateRef] = []
-        for batch in batches_of(prepared, self._batch_bytes(), lambda entry: pairs_bytes(entry[1])):
-            with items_from(len(refs)):
-                refs.extend(await transfers.put_batch(batch, trace))
+        refs = await _put_streamed(transfers, batches_of(prepared, self._batch_bytes(),
+                                                         lambda entry: pairs_bytes(entry[1])), trace)
         if trace is not None:
             trace["items"] = len(refs)
         return refs
@@ -236,6 +235,31 @@ class TransferCalls(ClientSession):
         if windows is not None:
             limit = min(limit, windows.put_window.nbytes // 2)
         return max(limit, 1)
+
+
+async def _put_streamed(transfers, batches: list[list], trace: dict | None) -> list[StateRef]:
+    """Each batch in one ``PUT_BATCH``, in order, the next one filled into the put window
+    while this one is in flight (each is at most half the window: ``_batch_bytes``)."""
+    refs: list[StateRef] = []
+    filled = await transfers.fill_put_batch(batches[0]) if batches else None
+    for n, _batch in enumerate(batches):
+        assert filled is not None  # filled for every batch before it is sent
+        sending = asyncio.ensure_future(transfers.send_put_batch(filled, trace))
+        filled = None
+        try:
+            await asyncio.sleep(0)  # written before the next fill holds the loop
+            if n + 1 < len(batches):
+                filled = await transfers.fill_put_batch(batches[n + 1])
+            with items_from(len(refs)):
+                refs.extend(await sending)
+        except BaseException:
+            if filled is not None:
+                filled.free()
+            if not sending.done():
+                sending.cancel()
+            await asyncio.gather(sending, return_exceptions=True)
+            raise
+    return refs
 
 
 def _expected_specs(expect: Expect) -> list[TensorSpec]:
