@@ -63,6 +63,7 @@ from statetier.protocol.wire_meta import (
 
 from .copies import LandJob, destinations, fill, inline_parts, laid_out, land, land_all, target_of
 from .replies import batch_answers, decoded, once, raise_item_error, record, stored_ref
+from .results import ResultPool
 from .shm import ClientWindows
 from .tensors import spec_of
 
@@ -81,6 +82,7 @@ class Transfers:
         self._headers = ParsedHeaders(HEADER_CACHE)  # a hot object is loaded again and again
         self._layouts: dict[tuple, tuple] = {}  # (name, dtype, shape)... -> (payload layout, wire specs)
         self._staging: torch.Tensor | None = None
+        self.results = ResultPool()  # the memory of large results a load allocates, recycled
         self._to_free: list[int] = []  # load-window regions done with, not yet given back
         self._flush_scheduled = False
 
@@ -307,7 +309,7 @@ class Transfers:
                 layers = metas[index].layers
                 header, source = self._header_and_payload(answer, data[answer.at : answer.at + answer.len], layers)
                 parts = laid_out(header, layers)
-                jobs.append((header, source, parts, destinations(parts, intos[index], target)))
+                jobs.append((header, source, parts, destinations(parts, intos[index], target, self.results.empty)))
                 nbytes += source.nbytes
                 on_gpu = on_gpu or target.type != "cpu"
             if failure is not None:
@@ -353,7 +355,7 @@ class Transfers:
         try:
             header, source = self._header_and_payload(answer, memoryview(frame.data).cast("B"), meta.layers)
             parts = laid_out(header, meta.layers)
-            dests = destinations(parts, into, target)
+            dests = destinations(parts, into, target, self.results.empty)
             on_gpu = target.type != "cpu"
             await self._copy(lambda: land(header, source, parts, dests, self._staging_for, trace),
                              source.nbytes, on_gpu)
