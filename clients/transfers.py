@@ -161,11 +161,11 @@ class Transfers:
                 layout, meta.tensors = self._layout_of(pairs)
                 offset = self.windows.allocate(layout.payload_len) if self.windows and layout.payload_len else None
                 if offset is None:
-                    meta.data_len = layout.payload_len
+                    meta.data_len, meta.window = layout.payload_len, None
                     filled.inline.extend(inline_parts(pairs, layout))
                 else:
                     filled.regions.append((offset, layout, [t for _, t in pairs]))
-                    meta.window = offset
+                    meta.window, meta.data_len = offset, None
                     filled.on_gpu = filled.on_gpu or any(t.device.type != "cpu" for _, t in pairs)
             filled.started = time.perf_counter()
             if filled.regions:
@@ -202,6 +202,14 @@ class Transfers:
         reply = decoded(PutBatchReply, frame)
         record(trace, reply, request=filled.copied, client_copy=(filled.started, filled.copied))
         return [stored_ref(answer) for answer in batch_answers(reply.items, len(filled.items))]
+
+    def fits_beside_another(self, items: Sequence[tuple[PutMeta, Sequence[tuple[str, torch.Tensor]]]]) -> bool:
+        """Whether the payloads of ``items`` fit half the put window (so they can be filled
+        while another batch of that size is in flight); True without windows."""
+        if self.windows is None:
+            return True
+        nbytes = sum(self._layout_of(pairs)[0].payload_len for _, pairs in items)
+        return nbytes <= self.windows.put_window.nbytes // 2
 
     def _layout_of(self, pairs: Sequence[tuple[str, torch.Tensor]]) -> tuple:
         """The payload layout and wire specs of a put's tensors, built once per distinct

@@ -17,6 +17,7 @@ import torch
 
 from statetier.clients import AsyncClient, PutItem
 from statetier.launch import DaemonProcess
+from statetier.protocol.errors import InvalidRequest, NotFound
 from statetier.protocol.frames import Op
 from statetier.protocol.identity import NamespaceSpec
 from statetier.protocol.wire_meta import LoadBatchReply, decode_reply
@@ -109,3 +110,21 @@ async def test_a_put_batch_larger_than_the_window_streams_through_it(small_windo
         monkeypatch.undo()
         loaded = await client.load_many(refs)
         assert all(torch.equal(got["kv"], want["kv"]) for got, want in zip(loaded, pages))
+
+
+async def test_a_put_batch_that_cannot_be_filled_fails_in_its_turn(small_windows):
+    """The fifth of eight pages cannot be laid out (a quantized tensor): the four before it
+    are stored and none after it, as when the frames were filled one after the other,
+    though its fill was first tried while the fourth was in flight."""
+    async with AsyncClient(small_windows, namespace=NamespaceSpec("window-put-fails")) as client:
+        pages = [{"kv": torch.randint(-100, 100, (1024, 1024), dtype=torch.int16)} for _ in range(8)]  # 2 MiB
+        pages[4] = {"kv": torch.quantize_per_tensor(torch.zeros(1024, 1024), 0.1, 0, torch.qint8)}
+        items = [PutItem(client.kv_key(layer, bytes(32), 0, 16), page, request_id="put-fails")
+                 for layer, page in enumerate(pages)]
+        with pytest.raises(InvalidRequest, match="quantized"):
+            await client.put_many(items)
+        stored = [await client.load(client.kv_key(layer, bytes(32), 0, 16)) for layer in range(4)]
+        assert all(torch.equal(got["kv"], want["kv"]) for got, want in zip(stored, pages))
+        for layer in range(4, 8):
+            with pytest.raises(NotFound):
+                await client.load(client.kv_key(layer, bytes(32), 0, 16))
