@@ -94,6 +94,21 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        self._serving_metrics(r)
+        self._refusal_metrics(r)
+        self._movement_metrics(r)
+        self._scrape_view = ScrapeTimeCollector()
+        r.register(self._scrape_view)
+        r.register(_PassesCollector())
+        build = Gauge("statetier_build_info", "The running release: version, sealed-object format, frame protocols.",
+                      ["version", "format", "protocols"], registry=r)
+        build.labels(_version(), str(FORMAT_VERSION), ",".join(map(str, PROTOCOL_VERSIONS))).set(1)
+        ProcessCollector(registry=r)
+        self._op_children: dict[tuple[str, str, str], tuple] = {}
+        self._hit_children: dict[tuple[str, str], Counter] = {}
+
+    def _serving_metrics(self, r: CollectorRegistry) -> None:
+        """Operations, bytes, latencies, hits and misses, lookups."""
         self._operations = Counter(
             "statetier_operations_total", "Operations finished.", ["tier", "kind", "op"], registry=r
         )
@@ -110,6 +125,15 @@ class Metrics:
             "statetier_lookup_requested_tokens_total", "Tokens lookups asked for (their last boundary).", registry=r)
         self._restored_tokens = Counter(
             "statetier_lookup_restored_tokens_total", "Tokens lookups could restore (the joint hit).", registry=r)
+        self._lookup_seconds = Histogram(
+            "statetier_lookup_seconds", "Latency of a joint-hit lookup.", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self._lookup_tokens = Histogram(
+            "statetier_lookup_hit_tokens", "Tokens a lookup could restore.", buckets=TOKEN_BUCKETS, registry=r
+        )
+
+    def _refusal_metrics(self, r: CollectorRegistry) -> None:
+        """Rejections, skipped candidates, requests served or refused apart from the rule."""
         self._rejections = Counter(
             "statetier_rejections_total", "Objects refused on load or put.", ["reason"], registry=r
         )
@@ -130,30 +154,18 @@ class Metrics:
             "from this daemon's own copies and versions.", ["op"], registry=r)
         for op in ("load", "put", "lookup"):
             self._outage_served.labels(op)
-        self._demotions = Counter("statetier_demotions_total", "Objects demoted.", ["src", "dst"], registry=r)
-        self._promotions = Counter("statetier_promotions_total", "Objects promoted.", ["src", "dst"], registry=r)
-        self._purged = Counter(
-            "statetier_purged_objects_total", "Copies removed by a purge (statetier purge).", ["tier"], registry=r)
         self._busy = Counter("statetier_busy_total", "Requests answered Busy.", registry=r)
         self._errors = Counter("statetier_errors_total", "Requests that ended in an error.", ["reason"], registry=r)
         self._auth_failures = Counter(
             "statetier_auth_failures_total", "Connections refused at HELLO.", ["reason"], registry=r
         )
-        self._lookup_seconds = Histogram(
-            "statetier_lookup_seconds", "Latency of a joint-hit lookup.", buckets=LATENCY_BUCKETS, registry=r
-        )
-        self._lookup_tokens = Histogram(
-            "statetier_lookup_hit_tokens", "Tokens a lookup could restore.", buckets=TOKEN_BUCKETS, registry=r
-        )
-        self._scrape_view = ScrapeTimeCollector()
-        r.register(self._scrape_view)
-        r.register(_PassesCollector())
-        build = Gauge("statetier_build_info", "The running release: version, sealed-object format, frame protocols.",
-                      ["version", "format", "protocols"], registry=r)
-        build.labels(_version(), str(FORMAT_VERSION), ",".join(map(str, PROTOCOL_VERSIONS))).set(1)
-        ProcessCollector(registry=r)
-        self._op_children: dict[tuple[str, str, str], tuple] = {}
-        self._hit_children: dict[tuple[str, str], Counter] = {}
+
+    def _movement_metrics(self, r: CollectorRegistry) -> None:
+        """Copies moved between tiers, and removed by purges."""
+        self._demotions = Counter("statetier_demotions_total", "Objects demoted.", ["src", "dst"], registry=r)
+        self._promotions = Counter("statetier_promotions_total", "Objects promoted.", ["src", "dst"], registry=r)
+        self._purged = Counter(
+            "statetier_purged_objects_total", "Copies removed by a purge (statetier purge).", ["tier"], registry=r)
 
     def observe_op(self, tier: str, kind: str, op: str, nbytes: int, seconds: float) -> None:
         self.observe_ops(tier, kind, op, 1, nbytes, seconds)

@@ -313,7 +313,8 @@ def new_state_id() -> bytes:
 
 
 def prefix_hashes(
-    token_ids: Sequence[int], block_size: int, *, seed: int = 0, include_partial: bool = False
+    token_ids: Sequence[int], block_size: int, *, seed: int = 0, include_partial: bool = False,
+    extra_keys: Sequence[bytes] | None = None,
 ) -> list[bytes]:
     """Chained hashes at each block boundary: element i covers tokens ``[0, (i+1)*block_size)``.
 
@@ -321,6 +322,12 @@ def prefix_hashes(
     u32 n || n × u32 token)``, n = tokens in the block. Token ids are encoded as u32 little
     endian, so any process on any machine derives the same chain. With ``include_partial``
     a trailing partial block also gets a hash (covering all tokens).
+
+    ``extra_keys[i]`` (bytes; ``b""`` or absent: none) is what else an engine folds into
+    block i's identity (DESIGN §2: an adapter, an image, a salt): ``h_{i+1} = BLAKE2b-256(h_i
+    || u32 n || n × u32 token || u32 m || m extra bytes)``. A block without extra keys hashes
+    exactly as without the argument; one with them never equals one without (the payload is
+    longer for the same n).
     """
     if block_size <= 0:
         raise InvalidRequest("block_size must be positive")
@@ -328,8 +335,10 @@ def prefix_hashes(
     out: list[bytes] = []
     full = len(token_ids) - len(token_ids) % block_size
     end = len(token_ids) if include_partial else full
-    for start in range(0, end, block_size):
-        chain = _chain(chain, token_ids[start : min(start + block_size, end)])
+    extras = list(extra_keys or ())
+    for index, start in enumerate(range(0, end, block_size)):
+        extra = extras[index] if index < len(extras) else b""
+        chain = _chain(chain, token_ids[start : min(start + block_size, end)], extra)
         out.append(chain)
     return out
 
@@ -350,9 +359,13 @@ def _seed_hash(seed: int) -> bytes:
     return hashlib.blake2b(struct.pack("<Q", seed), digest_size=PREFIX_HASH_BYTES).digest()
 
 
-def _chain(previous: bytes, block: Iterable[int]) -> bytes:
+def _chain(previous: bytes, block: Iterable[int], extra: bytes = b"") -> bytes:
     tokens = list(block)
     for t in tokens:
         _check_uint(t, MAX_U32, "token id")
     payload = previous + struct.pack(f"<I{len(tokens)}I", len(tokens), *tokens)
+    if extra:
+        if not isinstance(extra, bytes):
+            raise InvalidRequest("a block's extra keys must be bytes")
+        payload += struct.pack("<I", len(extra)) + extra
     return hashlib.blake2b(payload, digest_size=PREFIX_HASH_BYTES).digest()

@@ -68,6 +68,9 @@ class KeyMatches:
 
     metas: list[list["ObjectMeta"]]
     heads: dict[bytes, StreamHead | None] = field(default_factory=dict)
+    #: the cluster's purge marks (scope → cutoff), read on the way by a shared tier that keeps
+    #: them (``tiers.redis``: in the same round trip); None where not asked
+    purge_marks: dict[str, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,11 +6,16 @@ Load it out of tree (docs/integration.md has the whole command)::
                      kv_role="kv_both", kv_load_failure_policy="recompute",
                      kv_connector_extra_config={"url": "unix:///run/statetier.sock", "tenant": "default"})
 
-- ``StatetierConnector`` (and its ``StatetierConnectorMetadata``) — built on first access of
-  the name (``connector.py``), so importing this package needs neither vLLM nor torch;
-  ``layout_from_vllm`` and ``namespace_from_vllm`` translate vLLM's configs (``connector.py``).
-- ``scheduler.py`` — ``SchedulerSide``: what to load (handoff or joint-hit lookup), what each
-  step saves, the handoff a producer returns. No vLLM, no torch.
+- ``StatetierConnector`` (and its ``StatetierConnectorMetadata`` / ``StatetierWorkerMetadata``)
+  — built on first access of the name (``connector.py``, over ``hooks_scheduler.py`` and
+  ``hooks_worker.py``), so importing this package needs neither vLLM nor torch;
+  ``layout_from_vllm`` and ``namespace_from_vllm`` translate vLLM's configs (``connector.py``);
+  ``contract.py``: what the connector requires of an engine, checked at start.
+- ``extra_keys.py`` — what vLLM folds into a block's identity (LoRA, images, ``cache_salt``,
+  prompt embeddings), keyed alike on every node; ``handoff.py`` — the objects a restore needs,
+  the refs a producer's workers report.
+- ``scheduler.py`` — ``SchedulerSide``: what to load (handoff or joint-hit lookup);
+  ``producer.py`` — what each step saves, the handoff a producer returns. No vLLM, no torch.
 - ``worker.py`` — ``WorkerSide``: loads straight into vLLM's blocks and Mamba slots, saves
   from them. torch, no vLLM.
 - ``link.py`` — ``DaemonLink``: calls started, never waited on past ``deadline``.
@@ -35,7 +40,7 @@ __all__ = ["StatetierConnector", "layout_from_vllm", "namespace_from_vllm", "Con
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("StatetierConnector", "StatetierConnectorMetadata"):
+    if name in ("StatetierConnector", "StatetierConnectorMetadata", "StatetierWorkerMetadata"):
         return connector_classes()[name]
     if name in ("StatetierConnectorStats", "StatetierPromMetrics"):
         from .metrics import metric_classes

@@ -20,8 +20,10 @@ statetier's prefix hash; this module renames them to vLLM's block hashes.
   and counted in ``unmapped``), once per change of the media a block is in (a block is one
   object per layer: the first stored in a medium brings it there, the first removed takes it
   away); ``AllBlocksCleared`` is never passed on (a router would drop this engine's GPU blocks).
-- ``as_vllm_events(events)`` → vLLM's ``BlockStored`` / ``BlockRemoved`` (vLLM imported here,
-  hashes through vLLM's ``maybe_convert_block_hash``): what ``take_events()`` yields.
+- ``group_of(vllm_hash)`` — the attention group (vLLM's index) a remembered block was saved for.
+- ``as_vllm_events(events, source, kinds)`` → vLLM's ``BlockStored`` / ``BlockRemoved`` (vLLM
+  imported here, hashes through vLLM's ``maybe_convert_block_hash``), with ``group_idx`` and
+  ``kv_cache_spec_kind`` as vLLM 0.32 writes them: what ``take_events()`` yields.
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from statetier.protocol.errors import InvalidRequest
-from statetier.protocol.identity import StateKey
+from statetier.protocol.identity import Kind, StateKey
 from statetier.protocol.kv_events import BlockRemoved, BlockStored, Event, decode_batch
 
 log = logging.getLogger("vllm.statetier")
@@ -55,6 +58,7 @@ class ConnectorEvents:
         self._zmq = zmq
         self.hash_block_size = hash_block_size
         self._blocks: OrderedDict[bytes, _Block] = OrderedDict()
+        self._groups: dict[bytes, int] = {}  # vLLM's hash of a block -> its attention group (vLLM's index)
         self._tokens = 0
         self.unmapped = 0
         self._context = zmq.Context()
@@ -65,7 +69,7 @@ class ConnectorEvents:
 
     def remember(self, request, keys: list[StateKey], block_size: int) -> None:
         hashes = list(getattr(request, "block_hashes", None) or ())
-        all_tokens = getattr(request, "all_token_ids", None) or request.prompt_token_ids
+        all_tokens = getattr(request, "all_token_ids", None) or request.prompt_token_ids or ()
         for key in keys:
             if key.prefix_hash in self._blocks:
                 self._blocks.move_to_end(key.prefix_hash)
@@ -78,9 +82,17 @@ class ConnectorEvents:
             block = _Block(bytes(hashes[at]), None if parent is None else bytes(parent),
                            tuple(all_tokens[start:end]))
             self._blocks[key.prefix_hash] = block
+            if key.group_layers and key.kind is Kind.KV:
+                self._groups[block.hash] = key.layer
             self._tokens += len(block.tokens)
         while self._tokens > REMEMBERED_TOKENS and self._blocks:
-            self._tokens -= len(self._blocks.popitem(last=False)[1].tokens)
+            forgotten = self._blocks.popitem(last=False)[1]
+            self._tokens -= len(forgotten.tokens)
+            self._groups.pop(forgotten.hash, None)
+
+    def group_of(self, vllm_hash: bytes) -> int | None:
+        """The KV cache group (vLLM's index) of a remembered block, by vLLM's hash of it."""
+        return self._groups.get(vllm_hash)
 
     def take(self) -> list[BlockStored | BlockRemoved]:
         out: list[BlockStored | BlockRemoved] = []
@@ -126,19 +138,26 @@ class ConnectorEvents:
         self._context.term()
 
 
-def as_vllm_events(events: list[BlockStored | BlockRemoved]) -> list:
-    """``take()``'s events as vLLM's own event classes (vLLM must be importable)."""
+def as_vllm_events(events: list[BlockStored | BlockRemoved], source: ConnectorEvents | None = None,
+                   kinds: Mapping[int, str] | None = None) -> list:
+    """``take()``'s events as vLLM's own event classes (vLLM must be importable), with the
+    block's ``group_idx`` (``source.group_of``) and, on a store, that group's
+    ``kv_cache_spec_kind`` (``kinds``: ``connector.event_kinds``), as vLLM 0.32 writes them."""
     from vllm.distributed.kv_events import BlockRemoved as VllmRemoved
     from vllm.distributed.kv_events import BlockStored as VllmStored
     from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
 
     out = []
     for event in events:
+        first = event.block_hashes[0] if event.block_hashes else None
+        group = source.group_of(first) if source is not None and isinstance(first, bytes) else None
         hashes = [maybe_convert_block_hash(h) for h in event.block_hashes]
         if isinstance(event, BlockRemoved):
-            out.append(VllmRemoved(block_hashes=hashes, medium=event.medium))
+            out.append(VllmRemoved(block_hashes=hashes, medium=event.medium, group_idx=group))
         else:
             parent = None if event.parent_block_hash is None else maybe_convert_block_hash(event.parent_block_hash)
+            kind = (kinds or {}).get(group) if group is not None else None
             out.append(VllmStored(block_hashes=hashes, parent_block_hash=parent, token_ids=list(event.token_ids),
-                                  block_size=event.block_size, lora_id=None, medium=event.medium, lora_name=None))
+                                  block_size=event.block_size, lora_id=None, medium=event.medium, lora_name=None,
+                                  group_idx=group, kv_cache_spec_kind=kind))
     return out

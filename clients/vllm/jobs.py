@@ -11,9 +11,14 @@
 - ``StepMeta`` — the loads and saves of one engine step, and the requests vLLM preempted
   in it (their saves are flushed before their blocks are reused). Plain picklable values:
   vLLM sends them to worker processes.
-- ``handoff_params(tokens, block_size, refs)`` / ``handoff_from_params(params)`` → ``Handoff`` — the
-  ``kv_transfer_params`` a producer returns for a finished request (``{"statetier":
-  {"tokens", "block_size", "refs"}}``, JSON) and their parsing on the consumer.
+- ``handoff_params(tokens, block_size, refs, *, keys, saved)`` / ``handoff_from_params(params)`` →
+  ``Handoff`` — the ``kv_transfer_params`` a producer returns for a finished request
+  (``{"statetier": {"tokens", "block_size", "refs", "keys", "saved"}}``, JSON) and their parsing
+  on the consumer: ``keys`` names the request's extra keys (``extra_keys.RequestKeys.digests``:
+  a consumer of another salt, adapter or image refuses the handoff by that name), ``saved`` the
+  boundary the producer saved up to (its refs may cover less: then the consumer looks the rest
+  up). Both are optional on parsing (a handoff of an earlier producer: no extra keys, ``saved``
+  = ``tokens``).
 """
 
 from __future__ import annotations
@@ -70,12 +75,16 @@ class Handoff:
     tokens: int
     block_size: int
     refs: tuple[StateRef, ...] = field(default_factory=tuple)
+    keys: Mapping[str, str] = field(default_factory=dict)  # extra_keys.RequestKeys.digests of the producer's request
+    saved: int = 0                                        # the boundary saves were scheduled to; 0: ``tokens``
 
 
-def handoff_params(tokens: int, block_size: int, refs) -> dict[str, Any]:
+def handoff_params(tokens: int, block_size: int, refs, *, keys: Mapping[str, str] | None = None,
+                   saved: int | None = None) -> dict[str, Any]:
     """``kv_transfer_params`` for a consumer: the refs of a joint hit at ``tokens``."""
     return {HANDOFF_KEY: {"tokens": int(tokens), "block_size": int(block_size),
-                          "refs": [ref_to_wire(ref) for ref in refs]}}
+                          "refs": [ref_to_wire(ref) for ref in refs], "keys": dict(keys or {}),
+                          "saved": int(tokens if saved is None else saved)}}
 
 
 def handoff_from_params(params: Mapping[str, Any] | None) -> Handoff | None:
@@ -88,9 +97,12 @@ def handoff_from_params(params: Mapping[str, Any] | None) -> Handoff | None:
     raw = params[HANDOFF_KEY]
     try:
         refs = tuple(ref_from_wire(item) for item in raw["refs"])
-        tokens, block_size = raw["tokens"], raw["block_size"]
-    except (KeyError, TypeError, StatetierError) as exc:
+        tokens, block_size, saved = raw["tokens"], raw["block_size"], raw.get("saved", raw["tokens"])
+        keys = dict(raw.get("keys") or {})
+    except (KeyError, TypeError, ValueError, AttributeError, StatetierError) as exc:
         raise InvalidRequest(f"kv_transfer_params[{HANDOFF_KEY!r}] is not a statetier handoff: {exc}") from exc
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (tokens, block_size)):
-        raise InvalidRequest("a statetier handoff needs positive integer tokens and block_size")
-    return Handoff(tokens, block_size, refs)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (tokens, block_size, saved)):
+        raise InvalidRequest("a statetier handoff needs positive integer tokens, block_size and saved")
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in keys.items()):
+        raise InvalidRequest("a statetier handoff's keys are names and digests (strings)")
+    return Handoff(tokens, block_size, refs, keys, saved)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from statetier.protocol.errors import InvalidRequest
 from statetier.protocol.groups import LayerGroup
@@ -93,7 +93,8 @@ class CacheGroup:
 
     Attention (``Kind.KV``): ``states`` is one ``kv`` spec of (kv heads, head size) for the
     namespace; a page is one block of ``block_size`` tokens. Mamba (``Kind.SSM``): one slot
-    per request (its first block), ``states`` in the slot's byte order.
+    per request (its first block), ``states`` in the slot's byte order; in vLLM's align mode
+    (``is_aligned``) one block per block end, and vLLM names the boundary states to save.
     """
 
     index: int
@@ -101,6 +102,12 @@ class CacheGroup:
     block_size: int
     layers: tuple[tuple[str, int], ...]
     states: tuple[StateSpec, ...] = ()
+    is_aligned: bool = False  # Mamba in vLLM's "align" mode: one state block per block end, not one slot
+
+    def state_block(self, block_ids: Sequence[int], tokens: int, block_size: int) -> int:
+        """The block holding this Mamba group's state after ``tokens`` tokens: the request's one
+        slot, or in align mode the block of that boundary (vLLM allocates them by position)."""
+        return block_ids[tokens // block_size - 1] if self.is_aligned else block_ids[0]
 
     @property
     def layer_group(self) -> LayerGroup:

@@ -13,7 +13,9 @@ once (vLLM imported) on first call, and named under the package like the connect
   ``vllm:statetier_refusals_total{reason}``, ``vllm:statetier_deadline_misses_total{op}``,
   ``vllm:statetier_transfer_bytes_total{direction}``,
   ``vllm:statetier_transfer_seconds_total{direction}``,
-  ``vllm:statetier_transfer_objects_total{direction}``, ``vllm:statetier_saves_lost_total{reason}``.
+  ``vllm:statetier_transfer_objects_total{direction}``, ``vllm:statetier_saves_lost_total{reason}``,
+  ``vllm:statetier_saves_unkeyed_total{field}``, ``vllm:statetier_handoffs_total{how}``,
+  ``vllm:statetier_scheduler_calls_total{call}``, ``vllm:statetier_scheduler_seconds_total{call}``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,12 @@ METRICS = {
     "objects": ("transfer_objects", "Objects loaded and saved, by direction.", "direction"),
     "saves_failed": ("saves_lost", "Saves lost (a later miss), by reason.", "reason"),
     "saves_skipped": ("saves_lost", "Saves lost (a later miss), by reason.", "reason"),
+    "saves_unkeyed": ("saves_unkeyed", "Requests not saved: what vLLM keys them by cannot be keyed, by field.",
+                      "field"),
+    "handoffs": ("handoffs", "Handoffs built by ref or by key (producer), or looked up instead (consumer).", "how"),
+    "calls": ("scheduler_calls", "vLLM scheduler-thread calls the connector times, by call.", "call"),
+    "scheduler_seconds": ("scheduler_seconds", "Seconds vLLM's scheduler thread spent in those calls, by call.",
+                          "call"),
 }
 
 

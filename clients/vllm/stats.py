@@ -6,7 +6,13 @@
 - ``lookups``, ``hits``, ``hit_tokens`` (scheduler) — admissions asked, answered with a hit;
 - ``misses.<reason>`` — ``none`` (nothing stored), ``deadline`` (no answer in time),
   ``unavailable`` (the daemon cannot be reached, or is suspect), ``error``, ``handoff``
-  (a malformed handoff);
+  (a malformed handoff), ``handoff_<field>`` (a handoff of another ``cache_salt``, ``lora``,
+  ``mm`` or ``prompt_embeds``), ``unkeyed_<field>`` (a request whose identity cannot be keyed);
+- ``saves_unkeyed.<field>`` (scheduler) — requests not saved, for the same reason;
+- ``handoffs.<how>`` — ``by_ref``, ``by_key`` (producer: the refs not all reported yet),
+  ``looked_up`` (consumer: such a handoff, looked up instead);
+- ``calls.<call>``, ``scheduler_seconds.<call>`` — ``request_finished`` on vLLM's scheduler
+  thread: how often, how long (it makes no daemon call);
 - ``refusals.<reason>`` (worker) — a load refused by the daemon or the client (the
   statetier reason: ``position``, ``stale``, ``fingerprint`` …, or ``trimmed``,
   ``unavailable``, ``deadline``), the request recomputed;

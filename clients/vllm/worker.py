@@ -28,6 +28,8 @@
   finished requests whose saves are all done (``finished_sending``).
   ``take_failed_blocks()`` → the attention blocks of failed loads (vLLM takes block ids
   only from single-group layouts).
+- ``take_saved_refs()`` → ``{request id: refs}`` of the saves answered since the last call:
+  what the connector's worker metadata carries to the scheduler side (its handoffs).
 - ``counts`` — ``stats.ConnectorCounts``: refusals by reason, bytes, seconds and objects per
   direction, deadline misses; ``wait_idle(timeout)`` — every transfer ended (tests, shutdown);
   ``close()``.
@@ -104,6 +106,7 @@ class WorkerSide:
         self._finished: set[str] = set()                     # requests vLLM finished, saves pending
         self._results = Results()
         self._failed_blocks: set[int] = set()
+        self._saved_refs: dict[str, list] = {}              # request → refs answered, not yet reported
 
     # -- buffers --------------------------------------------------------------------------
 
@@ -227,6 +230,12 @@ class WorkerSide:
         blocks, self._failed_blocks = self._failed_blocks, set()
         return blocks
 
+    def take_saved_refs(self) -> dict[str, list]:
+        """The refs of the saves answered since the last call, by request (worker metadata)."""
+        self._harvest_saves()
+        refs, self._saved_refs = self._saved_refs, {}
+        return refs
+
     # -- saves ----------------------------------------------------------------------------
 
     def save(self, jobs: Sequence[SaveJob]) -> None:
@@ -284,8 +293,10 @@ class WorkerSide:
             self.link.failed(exc)
             self.counts.add("saves_failed")
             return
+        answered = list(save.future.result())
+        self._saved_refs.setdefault(save.job.request_id, []).extend(answered)
         sent = [(item, put, ref, self._by_layer(item.group, put.key, put.tensors))
-                for item, put, ref in zip(save.job.items, save.puts, save.future.result())]
+                for item, put, ref in zip(save.job.items, save.puts, answered)]
         self._count("save", len(save.puts), save.started,
                     [t for *_, layers in sent for _, views in layers for t in views.values()])
         if self.cfg.audit_path:

@@ -3,7 +3,9 @@
 - ``locate_many(stack, keys, allow_speculative=False)`` → per key, ``[(ObjectMeta, Tier)]``:
   every servable object under it (the fastest tier holding each), newest first. Each tier
   is asked once for all the keys (``Tier.find_by_keys``: on Redis two round trips, the
-  stream heads riding along), the registry once for the heads no tier brought.
+  stream heads and the cluster's purge marks riding along), the registry once for the heads
+  no tier brought. A purge mark new here (``stack.purges``) is honoured first, and the keys
+  are located again: nothing another daemon's purge named is served.
 - ``locate(stack, key, allow_speculative=False)`` — ``locate_many`` of one key
   (``Engine.locate``; a load by key tries them in that order, ``daemon.engine.loads``);
   ``daemon.engine.lookup`` takes the first of each key's for the joint hit.
@@ -26,7 +28,7 @@ from collections.abc import Iterable
 
 from statetier.protocol.errors import Unavailable
 from statetier.protocol.identity import StateKey
-from statetier.tiers.base import ObjectMeta, Tier
+from statetier.tiers.base import KeyMatches, ObjectMeta, Tier
 
 from .stack import Stack
 
@@ -75,6 +77,11 @@ async def locate_many(stack: Stack, keys: list[StateKey], *, allow_speculative: 
     registry, tiers, heads = stack.registry, stack.tiers, {}
     answers = await each(all(tier.answers_in_memory for tier in tiers),
                          [tier.find_by_keys(digests, registry) for tier in tiers])
+    marks = [matches.purge_marks for matches in answers
+             if isinstance(matches, KeyMatches) and matches.purge_marks is not None]
+    if marks and stack.purges is not None and await stack.purges.take(marks[0]):
+        # another daemon's purge, new here: its copies are gone now; what was located may have been them
+        return await locate_many(stack, keys, allow_speculative=allow_speculative)
     for tier, matches in zip(tiers, answers):
         if isinstance(matches, Unavailable):
             continue

@@ -88,13 +88,14 @@ class Engine:
         self.placement = Placement(self.tiers, metrics, write_behind_limit=self.options.write_behind_limit,
                                    write_behind_from=volatile, write_behind_to=write_behind_to,
                                    tenancy=self.tenancy)
+        read_marks = getattr(publish, "purge_marks", None)  # a shared tier that keeps purge marks
+        self.purges = PurgeMarks(read_marks, self.honour_purge_marks) if read_marks is not None else None
+        # lookups and loads by key: the marks ride on their locate; loads by ref read them beside the registry
         self.stack = Stack(self.tiers, keyring, registry, self.options, self.placement, self.tenancy, metrics,
-                           arena, publish, executor, announcements)
+                           arena, publish, executor, announcements, self.purges)
         self._leases = Leases(itertools.count(1))
         fences = Fences(self.stack)
         self._puts = Puts(self.stack, fences)
-        read_marks = getattr(publish, "purge_marks", None)  # a shared tier that keeps purge marks
-        self.purges = PurgeMarks(read_marks, self.honour_purge_marks) if read_marks is not None else None
         self._loads = Loads(self.stack, fences, self._leases, self.purges)
         self._fences = fences
         self._tasks: list[asyncio.Task] = []
@@ -178,8 +179,6 @@ class Engine:
         started = time.perf_counter()
         req = own_lookup(req)
         self.tenancy.check_namespace(req.tenant, req.namespace)
-        if self.purges is not None:  # another daemon's purge is honoured before anything is located
-            await self.purges.before_serving()
         result = await joint_hit(self.stack, self._leases, req, owner)
         requested = req.boundaries[-1][0] if req.boundaries else 0
         self.metrics.observe_lookup(result.tokens, time.perf_counter() - started, requested)

@@ -11,7 +11,9 @@ shared tier keeps marks (``stack.publish.purge_marks``):
   anything: a load or lookup that starts after another daemon's purge returned never finds
   what it purged. With the shared registry unreachable the marks known are the answer (the
   outage rule: copies this daemon holds are served).
-- ``await take(marks)`` — the same for marks read elsewhere (the health probe's tick).
+- ``await take(marks)`` — the same for marks read elsewhere: a lookup's own round trip to the
+  shared tier brings them (``KeyMatches.purge_marks``, ``candidates.locate_many``), and the
+  health probe's tick; whether a new one was honoured (what was located must be again).
 
 Concurrent callers share one honour of a new mark (a lock); ``honoured`` counts the marks taken.
 """
@@ -39,15 +41,16 @@ class PurgeMarks:
             return  # the outage rule: what this daemon holds is served, counted by the engine
         await self.take(marks)
 
-    async def take(self, marks: dict[str, int]) -> None:
+    async def take(self, marks: dict[str, int]) -> bool:
         if not self._fresh(marks):
-            return
+            return False
         async with self._lock:
             fresh = self._fresh(marks)  # another caller may have honoured them meanwhile
             if fresh:
                 await self._honour(fresh)
                 self._known.update(fresh)
                 self.honoured += len(fresh)
+        return True
 
     def _fresh(self, marks: dict[str, int]) -> dict[str, int]:
         return {scope: cutoff for scope, cutoff in marks.items() if self._known.get(scope) != cutoff}

@@ -37,6 +37,7 @@ from statetier.tiers.registry import VersionRegistry
 from ..metrics import Metrics, NullMetrics
 from .announcements import Announcements
 from .placement import Placement
+from .purge_marks import PurgeMarks
 from .tenancy import Tenancy
 
 T = TypeVar("T")
@@ -67,6 +68,8 @@ class Stack:
     publish: Tier | None = None
     executor: Executor | None = None
     announcements: Announcements | None = None
+    #: the cluster's purge marks, honoured before what is located is served (``purge_marks``)
+    purges: PurgeMarks | None = None
 
     async def run_work(self, nbytes: int, fn: Callable[[], T]) -> T:
         return await run_work(self.executor, nbytes, fn)

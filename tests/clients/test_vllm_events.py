@@ -12,6 +12,8 @@ connection tells. vLLM's own event classes are built from them when vLLM is here
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from dataclasses import dataclass, field
 
 import pytest
@@ -121,6 +123,8 @@ def test_take_events_returns_the_daemons_events_of_the_saved_blocks_under_vllms_
             "CPU": [first, second],
             "DISK": [BlockStored(e.block_hashes, e.parent_block_hash, e.token_ids, BLOCK, "DISK")
                      for e in (first, second)]}
+        # the attention group each block was saved for (vLLM's group_idx in its events)
+        assert [scheduler.events.group_of(h) for h in vllm_hashes] == [LAYOUT.attention_groups[0].index] * 2
 
         # a block of this namespace the connector did not save is not passed on; a delete is
         ours = prefix_hashes(prompt, BLOCK)
@@ -147,7 +151,9 @@ def test_the_events_become_vllms_own_classes():
     from vllm.distributed.kv_events import BlockRemoved as VllmRemoved
     from vllm.distributed.kv_events import BlockStored as VllmStored
 
+    source = SimpleNamespace(group_of={b"h" * 32: 1}.get)  # what ConnectorEvents.group_of answers
     stored, removed = as_vllm_events([BlockStored((b"h" * 32,), b"p" * 32, (1, 2), 2, "DISK"),
-                                      BlockRemoved((b"h" * 32,), "DISK")])
+                                      BlockRemoved((b"h" * 32,), "DISK")], source, {0: "mamba", 1: "full_attention"})
     assert isinstance(stored, VllmStored) and isinstance(removed, VllmRemoved)
     assert (stored.token_ids, stored.block_size, stored.medium, removed.medium) == ([1, 2], 2, "DISK", "DISK")
+    assert (stored.group_idx, stored.kv_cache_spec_kind, removed.group_idx) == (1, "full_attention", 1)

