@@ -103,7 +103,8 @@ def format_row(row: dict) -> str:
             f" {'-' if latency else _num(row['gbps'], '.2f'):>7} {raw:<15}"
             f" {'-' if latency else _num(row['raw_gbps'], '.2f'):>8} {_num(row['ratio'], '.2f'):>6}"
             f" {'' if target is None else '≥' + format(target, '.2f'):>6}{mark:1}"
-            f" {_num(row['p50_us'], '.0f'):>9} {_num(row['p99_us'], '.0f'):>9}")
+            f" {_num(row['p50_us'], '.0f'):>9} {_num(row['p99_us'], '.0f'):>9}"
+            + (f"  2t {row['ratio_2t']:.2f}" if row.get("ratio_2t") is not None else ""))
 
 
 def format_phases(row: dict) -> str | None:
@@ -111,11 +112,13 @@ def format_phases(row: dict) -> str | None:
     phases = row.get("phases_us")
     if not phases:
         return None
-    order = ["client_copy", "round_trip", "frames", "daemon", "daemon_copy_and_seal", "daemon_seal",
+    order = ["client_copy", "round_trip", "frames", "daemon", "daemon_per_item", "daemon_copy_and_seal", "daemon_seal",
              "daemon_open", "daemon_open_and_hash", "daemon_window_copy", "client_hash"]
-    names = [n for n in order if n in phases] + sorted(set(phases) - set(order))
+    names = [n for n in order if n in phases] + sorted(set(phases) - set(order) - {"window_steps"})
     load = row.get("load_average")
+    steps = phases.get("window_steps")
     return ("         phases µs: " + "  ".join(f"{n}={phases[n]:.0f}" for n in names)
+            + (f"  (frames per call: {steps:.0f})" if steps is not None else "")
             + (f"  (load {load[0]:.2f})" if load else ""))
 
 

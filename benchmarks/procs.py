@@ -21,7 +21,8 @@ from pathlib import Path
 from statetier.launch.daemons import DaemonProcess
 from statetier.launch.processes import stop_process
 
-DAEMON_ARENA = "768MiB"
+DAEMON_ARENA_BYTES = 768 << 20
+DAEMON_ARENA = f"{DAEMON_ARENA_BYTES >> 20}MiB"
 
 
 @contextlib.asynccontextmanager
@@ -33,9 +34,26 @@ async def own_daemon(directory: Path):
                            settings={"disk.enabled": "false"})
     await asyncio.to_thread(daemon.start)
     try:
+        await _populated(daemon.pid, DAEMON_ARENA_BYTES)
         yield daemon
     finally:
         await asyncio.to_thread(daemon.close)
+
+
+async def _populated(pid: int | None, arena_bytes: int, timeout: float = 20.0) -> None:
+    """Until the daemon's arena is faulted in (``host.populate``: its shared-memory RSS, from
+    /proc, reaches the arena's size), so that no row is measured beside the populating
+    thread; at most ``timeout`` seconds (a kernel without MADV_POPULATE_WRITE never gets there)."""
+    deadline = time.monotonic() + timeout
+    while pid is not None and time.monotonic() < deadline:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if int(fields.get("RssShmem", "0 kB").split()[0]) * 1024 >= arena_bytes:
+            return
+        await asyncio.sleep(0.05)
 
 
 def serve_echo(path: str) -> None:

@@ -252,15 +252,17 @@ def sglang_section(rows: list[dict]) -> list[str]:
 
 
 SDK_ORDER = {"put": 0, "load": 1, "load_into": 2}
-PHASE_ORDER = ["client_copy", "round_trip", "frames", "daemon", "daemon_copy_and_seal", "daemon_seal", "daemon_open",
-               "daemon_window_copy", "client_hash"]
+PHASE_ORDER = ["client_copy", "round_trip", "frames", "daemon", "daemon_per_item", "daemon_copy_and_seal",
+               "daemon_seal", "daemon_open", "daemon_window_copy", "client_hash"]
 
 
 def _phases_text(phases: dict | None) -> str:
     if not phases:
         return "–"
-    names = [n for n in PHASE_ORDER if n in phases] + sorted(set(phases) - set(PHASE_ORDER))
-    return ", ".join(f"{n.replace('_', ' ')} {phases[n]:.0f}" for n in names)
+    names = [n for n in PHASE_ORDER if n in phases] + sorted(set(phases) - set(PHASE_ORDER) - {"window_steps"})
+    steps = phases.get("window_steps")
+    return (", ".join(f"{n.replace('_', ' ')} {phases[n]:.0f}" for n in names)
+            + (f"; {steps:.0f} frames per call" if steps is not None else ""))
 
 
 def sdk_section(rows: list[dict]) -> list[str]:
@@ -278,10 +280,11 @@ def sdk_section(rows: list[dict]) -> list[str]:
         met = "" if target is None else ("yes" if r["ratio"] >= target else "**no**")
         load = r.get("load_average")
         body.append([f"{r['tier']} {r['op']}", f"{r['size_bytes'] / MiB:g}", str(r["batch"]), _f(r["p50_us"], 0),
-                     _f(r["gbps"]), _f(r["raw_gbps"]), _f(r["ratio"], 3), _f(target), met,
-                     _f(load[0]) if load else "–", _phases_text(r.get("phases_us"))])
-    head = ["path and op", "MiB", "objects/call", "p50 µs", "GB/s", "copy+BLAKE3 GB/s", "ratio", "target", "met",
-            "load (1 min)", "phases of one call, µs (median of traced calls)"]
+                     _f(r["gbps"]), _f(r["raw_gbps"]), _f(r["ratio"], 3), _f(r.get("ratio_2t"), 3), _f(target),
+                     met, _f(load[0]) if load else "–", _phases_text(r.get("phases_us"))])
+    head = ["path and op", "MiB", "objects/call", "p50 µs", "GB/s", "copy+BLAKE3 GB/s", "ratio",
+            "ratio to 2-thread copy+BLAKE3", "target", "met", "load (1 min)",
+            "phases of one call, µs (median of traced calls)"]
     latency = [r for r in found if r.get("metric") == "latency"]
     lat_body = []
     for r in latency:

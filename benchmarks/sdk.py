@@ -16,16 +16,17 @@ one ``put``/``load`` call for a batch of 1, one ``put_many``/``load_many`` (one 
 frame) for more. Loads are timed twice: ``load`` allocates the result tensors,
 ``load_into`` fills preallocated ones (``load(..., into=)``, an engine's paged pool). Its raw
 limit, timed in the same repetition: a copy of the same bytes into a preallocated buffer
-plus (unkeyed) BLAKE3 of them, one thread, ``batch`` times. For every put and load row of
-the shared-memory path the row also carries ``phases_us``: the median over traced calls
+plus (unkeyed) BLAKE3 of them, one thread, ``batch`` times (``ratio``); beside it the
+two-thread ceiling, the same copy and BLAKE3 on every core (``ratio_2t``, ``raw_2t_p50_us``).
+For every put and load row of the shared-memory path the row also carries ``phases_us``: the median over traced calls
 (``trace=``) of each measured phase of one call — the client's copy (and, on a load, its
 verification hash), the round trip, and inside it the daemon's own time and phases
 (``copy_and_seal`` on a put: window → arena copy and digest; ``open`` and
 ``window_copy`` on a load); ``frames`` is the round trip minus the daemon's time (socket,
 frame codec, wake-ups on both sides); for a batch, summed over its frames, and
 ``daemon_per_item`` = the daemon's time divided by the objects (the engine's cost per object).
-The 8 × 32 MiB rows (full plan) are a batch larger than the connection's 64 MiB load window:
-it streams through the window in window-sized steps.
+The 8 × 32 MiB rows (quick and full plans) are a batch larger than the connection's 64 MiB
+windows: it streams through them half a window per step, pipelined.
 Round trips: ``lookup`` of a joint hit (1 attention + 1 SSM layer, 1 boundary, leased; the
 release is outside the timing) and ``ping``, each next to a raw round trip of a request of
 the same size to a uvloop ``Protocol`` echo server in another process over a Unix socket
@@ -51,7 +52,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,7 @@ class SdkPlan:
     warmup: int = 2
 
 
-QUICK = SdkPlan(3, {64 * KiB: 12, 2 * MiB: 5, 32 * MiB: 2}, {64 * KiB: (1, 64), 2 * MiB: (1, 8), 32 * MiB: (1,)}, 150)
+QUICK = SdkPlan(3, {64 * KiB: 12, 2 * MiB: 5, 32 * MiB: 2}, {64 * KiB: (1, 64), 2 * MiB: (1, 8), 32 * MiB: (1, 8)}, 150)
 FULL = SdkPlan(7, {64 * KiB: 40, 2 * MiB: 16, 32 * MiB: 4}, {64 * KiB: (1, 64), 2 * MiB: (1, 8), 32 * MiB: (1, 8)}, 600)
 TRACED_CALLS = 9  # per put/load row of the shm path, after the timed calls
 
@@ -117,6 +118,14 @@ class Payloads:
             dst[:] = src
             blake3.blake3(dst).digest()
 
+    def raw_call_2t(self, batch: int) -> None:
+        """The two-thread ceiling: the same copy, then BLAKE3 on every core (``AUTO``)."""
+        import blake3
+
+        for src, dst in zip(self._sources[:batch], self._targets[:batch]):
+            dst[:] = src
+            blake3.blake3(dst, max_threads=blake3.blake3.AUTO).digest()
+
     def destinations(self, batch: int) -> list[dict]:
         """Preallocated, faulted-in destinations for ``load_into``."""
         import torch
@@ -131,6 +140,7 @@ class Payloads:
 class _Times:
     raw: list[float]
     sdk: list[float]
+    raw_2t: list[float] = field(default_factory=list)  # the two-thread ceiling, when timed
     client_cpu: float = 0.0  # CPU seconds over all timed SDK calls: this process (every thread)
     daemon_cpu: float | None = 0.0  # … and the daemon's, when its pid is known (Linux /proc)
 
@@ -141,14 +151,20 @@ async def _timed(call) -> float:
     return time.perf_counter() - started
 
 
-async def _paired(raw_call, sdk_call, plan: SdkPlan, calls: int, daemon_pid: int | None, after_rep=None) -> _Times:
-    """Per repetition: ``calls`` raw calls, then ``calls`` SDK calls, then ``after_rep`` untimed."""
+async def _paired(raw_call, sdk_call, plan: SdkPlan, calls: int, daemon_pid: int | None, after_rep=None,
+                  raw_call_2t=None) -> _Times:
+    """Per repetition: ``calls`` raw calls (and as many of ``raw_call_2t``), then ``calls`` SDK
+    calls, then ``after_rep`` untimed."""
     times = _Times([], [])
     for _ in range(plan.reps):
         for _ in range(calls):
             started = time.perf_counter()
             raw_call()
             times.raw.append(time.perf_counter() - started)
+            if raw_call_2t is not None:
+                started = time.perf_counter()
+                raw_call_2t()
+                times.raw_2t.append(time.perf_counter() - started)
         client_before, daemon_before = time.process_time(), process_cpu_seconds(daemon_pid)
         for _ in range(calls):
             times.sdk.append(await _timed(sdk_call))
@@ -166,7 +182,10 @@ async def _paired(raw_call, sdk_call, plan: SdkPlan, calls: int, daemon_pid: int
 def _throughput_row(path: str, op: str, size: int, batch: int, times: _Times, phases: dict | None = None) -> dict:
     moved = size * batch
     sdk, raw = statistics.median(times.sdk), statistics.median(times.raw)
-    extra = {"phases_us": phases} if phases else {}
+    extra: dict[str, Any] = {"phases_us": phases} if phases else {}
+    if times.raw_2t:  # the same call against the two-thread ceiling (copy + BLAKE3 on every core)
+        raw_2t = statistics.median(times.raw_2t)
+        extra.update(raw_2t="memcpy+blake3 AUTO", raw_2t_p50_us=raw_2t * 1e6, ratio_2t=raw_2t / sdk)
     return result("sdk", path, op, size, batch, moved / sdk / 1e9, RAW, moved / raw / 1e9, sdk * 1e6,
                   percentile(times.sdk, 99) * 1e6, metric="throughput",
                   target=TARGETS.get((op, size, batch), THROUGHPUT_TARGET), load_average=os.getloadavg(), **extra,
@@ -207,7 +226,8 @@ class _Session:
 def _phases(traces: list[dict], batch: int = 1) -> dict:
     """Median of each phase over traced calls, and ``frames`` = round trip − daemon time; for
     a batch also ``daemon_per_item``, the daemon's time on the call divided by its items (the
-    engine's cost per object, its copies and digests included)."""
+    engine's cost per object, its copies and digests included). ``window_steps`` (a count,
+    not µs): the batch frames a call took (one per half-window step past the windows)."""
     names = {name for trace in traces for name in trace} - {"items"}
     out = {"daemon" if name == "daemon_daemon" else name: statistics.median(trace.get(name, 0.0) for trace in traces)
            for name in sorted(names)}
@@ -234,7 +254,7 @@ async def measure_puts(session: _Session, payloads: Payloads, batch: int, plan: 
         await put_call()
     await drop()
     times = await _paired(lambda: payloads.raw_call(batch), put_call, plan, plan.calls[size], session.daemon_pid,
-                          after_rep=drop)
+                          after_rep=drop, raw_call_2t=lambda: payloads.raw_call_2t(batch))
     phases = None
     if session.path == "shm":
         traces: list[dict[str, Any]] = []
@@ -265,7 +285,7 @@ async def measure_loads(session: _Session, payloads: Payloads, batch: int, plan:
                 payloads.raw_call(batch)
                 await session.load_all(refs, dests)
             times = await _paired(lambda: payloads.raw_call(batch), lambda: session.load_all(refs, dests), plan,
-                                  plan.calls[size], session.daemon_pid)
+                                  plan.calls[size], session.daemon_pid, raw_call_2t=lambda: payloads.raw_call_2t(batch))
             phases = None
             if session.path == "shm":
                 traces: list[dict[str, Any]] = []

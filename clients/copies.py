@@ -15,9 +15,10 @@
 - ``copy_and_digest(dest, source, hasher, trace)`` — the fused copy + digest, in
   chunks of ``protocol.digests.hash_chunk`` (cache-sized; larger for a region hashed on
   several threads, ``thresholds.PARALLEL_HASH_BYTES``); with ``trace`` it also times both.
-- ``target_of(into, device)``, ``destinations(parts, into, device)``, ``into_specs(into)``
+- ``target_of(into, device)``, ``destinations(parts, into, device, empty)``, ``into_specs(into)``
   — where a load lands: the caller's ``into`` tensors (checked: contiguous, one device,
-  the object's names, dtypes and shapes) or fresh ones.
+  the object's names, dtypes and shapes) or fresh ones (``empty``: recycled memory for
+  large results, ``results.ResultPool``).
 
 Copies are single-threaded memmoves (memoryview slice assignment) that never touch
 torch's thread settings; ``transfers.Transfers`` decides on which thread they run.
@@ -178,11 +179,13 @@ def into_specs(into: Mapping[str, torch.Tensor]):
     return [spec_of(name, tensor) for name, tensor in into.items()]
 
 
-def destinations(parts: Sequence[tuple[TensorDescriptor, int]], into, device: torch.device) -> list[torch.Tensor]:
-    """Where each received tensor lands: ``into``'s tensor of its name, or a fresh one."""
+def destinations(parts: Sequence[tuple[TensorDescriptor, int]], into, device: torch.device,
+                 empty: Callable[..., torch.Tensor] = empty_for) -> list[torch.Tensor]:
+    """Where each received tensor lands: ``into``'s tensor of its name, or a fresh one
+    (``empty(spec, device)``: the client's ``results.ResultPool.empty``)."""
     tensors = [t for t, _ in parts]
     if into is None:
-        return [empty_for(t.spec, device) for t in tensors]
+        return [empty(t.spec, device) for t in tensors]
     names = [t.spec.name for t in tensors]
     if sorted(names) != sorted(into):
         raise DestinationMismatch(f"the object holds tensors {names}, not {sorted(into)}")

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
 import time
@@ -18,7 +19,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import torch
 
 from statetier.protocol.dtypes import TensorSpec
-from statetier.protocol.errors import InvalidRequest
+from statetier.protocol.errors import InvalidRequest, StatetierError
 from statetier.protocol.identity import Provenance, StateKey, StateRef
 from statetier.protocol.kv_events import BlockTag
 from statetier.protocol.wire_meta import LoadMeta, PutMeta, wire_key, wire_provenance, wire_ref, wire_specs
@@ -100,10 +101,8 @@ class TransferCalls(ClientSession):
         prepared = [self._put_meta(item.key, item.tensors, item.request_id, item.step, item.publish,
                                    item.version, item.speculative, item.durable, item.tag)
                     for item in items]
-        refs: list[StateRef] = []
-        for batch in batches_of(prepared, self._batch_bytes(), lambda entry: pairs_bytes(entry[1])):
-            with items_from(len(refs)):
-                refs.extend(await transfers.put_batch(batch, trace))
+        batches = batches_of(prepared, self._batch_bytes(), lambda entry: pairs_bytes(entry[1]))
+        refs = await _put_streamed(transfers, batches, trace)
         if trace is not None:
             trace["items"] = len(refs)
         return refs
@@ -236,6 +235,47 @@ class TransferCalls(ClientSession):
         if windows is not None:
             limit = min(limit, windows.put_window.nbytes // 2)
         return max(limit, 1)
+
+
+async def _put_streamed(transfers, batches: list[list], trace: dict | None) -> list[StateRef]:
+    """Each batch in one ``PUT_BATCH``, in order; a batch of at most half the put window is
+    filled into it while the one before is in flight, a larger one (an item alone) once that
+    one was answered. A batch whose early fill fails is filled again in its turn, after the
+    ones before it were stored, so that its error is raised in place (``items_from``)."""
+    refs: list[StateRef] = []
+    filled = None
+    for n, batch in enumerate(batches):
+        with items_from(len(refs)):
+            if filled is None:
+                filled = await transfers.fill_put_batch(batch)
+            sending = asyncio.ensure_future(transfers.send_put_batch(filled, trace))
+        filled = None
+        try:
+            await asyncio.sleep(0)  # written before the next fill holds the loop
+            filled = await _maybe_fill_early(transfers, batches[n + 1] if n + 1 < len(batches) else None)
+            with items_from(len(refs)):
+                refs.extend(await sending)
+        except BaseException:
+            if filled is not None:
+                filled.free()
+            if not sending.done():
+                sending.cancel()
+            await asyncio.gather(sending, return_exceptions=True)
+            raise
+    return refs
+
+
+async def _maybe_fill_early(transfers, batch: list | None):
+    """``batch`` filled into the put window now (``FilledPuts``), or None: no batch, one too
+    large to lie beside another, or one whose fill failed (its turn raises that again)."""
+    if batch is None:
+        return None
+    try:
+        if not transfers.fits_beside_another(batch):
+            return None
+        return await transfers.fill_put_batch(batch)
+    except StatetierError:
+        return None
 
 
 def _expected_specs(expect: Expect) -> list[TensorSpec]:

@@ -11,7 +11,9 @@ Metas are the typed ``protocol.wire_meta`` Structs (the daemon's replies are rea
   daemon answered (it copies before it digests). Without, or when the window is full: one
   inline ``PUT`` whose data are the tensors' own buffers and the zero padding of
   ``layout_payload``, written back to back (no join).
-- ``await put_batch(items)`` — many puts, one ``PUT_BATCH`` frame.
+- ``await put_batch(items)`` — many puts, one ``PUT_BATCH`` frame; in two halves,
+  ``fill_put_batch`` (into the put window, nothing sent) and ``send_put_batch``, so that
+  ``put_many`` fills frame k+1 while frame k is in flight.
 - ``await load(meta, device, into)`` → ``(StateRef, {name: tensor})`` (``meta``: a ``LoadMeta``);
   ``await load_batch(metas, namespace, device, intos)`` — many, one ``LOAD_BATCH`` frame. The reply carries the
   signed header (checked by the daemon) and the payload: in a region of the read-only
@@ -61,6 +63,7 @@ from statetier.protocol.wire_meta import (
 
 from .copies import LandJob, destinations, fill, inline_parts, laid_out, land, land_all, target_of
 from .replies import batch_answers, decoded, once, raise_item_error, record, stored_ref
+from .results import ResultPool
 from .shm import ClientWindows
 from .tensors import spec_of
 
@@ -79,6 +82,7 @@ class Transfers:
         self._headers = ParsedHeaders(HEADER_CACHE)  # a hot object is loaded again and again
         self._layouts: dict[tuple, tuple] = {}  # (name, dtype, shape)... -> (payload layout, wire specs)
         self._staging: torch.Tensor | None = None
+        self.results = ResultPool()  # the memory of large results a load allocates, recycled
         self._to_free: list[int] = []  # load-window regions done with, not yet given back
         self._flush_scheduled = False
 
@@ -143,45 +147,69 @@ class Transfers:
                         trace: dict | None = None) -> list[StateRef]:
         """Many puts, one ``PUT_BATCH`` frame (one round trip): each payload from a put
         window region, or inline when the window is full. Raises the first item's error."""
-        regions: list[tuple[int, PayloadLayout, list[torch.Tensor]]] = []
-        inline: list[memoryview] = []
-        on_gpu = False
-        free = once(lambda: self._free_put([o for o, _, _ in regions]))
-        sent = False
+        return await self.send_put_batch(await self.fill_put_batch(items), trace)
+
+    async def fill_put_batch(self, items: Sequence[tuple[PutMeta, Sequence[tuple[str, torch.Tensor]]]]
+                             ) -> "FilledPuts":
+        """The first half of ``put_batch``: each payload copied into a put-window region (or
+        kept for the frame, inline), nothing sent; ``send_put_batch`` sends it, or
+        ``FilledPuts.free`` gives its regions back. A ``put_many`` fills the next frame while
+        this one is in flight: a batch larger than the window streams through it."""
+        filled = FilledPuts(items, self._free_put)
         try:
             for meta, pairs in items:
                 layout, meta.tensors = self._layout_of(pairs)
                 offset = self.windows.allocate(layout.payload_len) if self.windows and layout.payload_len else None
                 if offset is None:
-                    meta.data_len = layout.payload_len
-                    inline.extend(inline_parts(pairs, layout))
+                    meta.data_len, meta.window = layout.payload_len, None
+                    filled.inline.extend(inline_parts(pairs, layout))
                 else:
-                    regions.append((offset, layout, [t for _, t in pairs]))
-                    meta.window = offset
-                    on_gpu = on_gpu or any(t.device.type != "cpu" for _, t in pairs)
-            started = time.perf_counter()
-            if regions:
+                    filled.regions.append((offset, layout, [t for _, t in pairs]))
+                    meta.window, meta.data_len = offset, None
+                    filled.on_gpu = filled.on_gpu or any(t.device.type != "cpu" for _, t in pairs)
+            filled.started = time.perf_counter()
+            if filled.regions:
                 windows = self.windows
                 assert windows is not None  # the regions lie in its put window
 
                 def fill_regions() -> None:
-                    for o, lay, ts in regions:
+                    for o, lay, ts in filled.regions:
                         fill(windows.put_window[o : o + lay.payload_len], lay, ts)
 
-                await self._copy(fill_regions, 0, on_gpu)  # plain copies: no digest
-            copied = time.perf_counter()
+                await self._copy(fill_regions, 0, filled.on_gpu)  # plain copies: no digest
+            filled.copied = time.perf_counter()
+        except BaseException:
+            filled.free()
+            raise
+        return filled
+
+    async def send_put_batch(self, filled: "FilledPuts", trace: dict | None = None) -> list[StateRef]:
+        """The second half of ``put_batch``: one ``PUT_BATCH`` of what ``filled`` holds; its
+        regions go back once answered (or with the orphaned answer of a cancelled caller)."""
+        sent = False
+        try:
+            batch = self._with_free(PutBatchMeta(tuple(meta for meta, _ in filled.items), trace=trace is not None))
+            if trace is not None:
+                trace["window_steps"] = trace.get("window_steps", 0) + 1
             sent = True  # from here the daemon may read the regions until it answers
-            batch = self._with_free(PutBatchMeta(tuple(meta for meta, _ in items), trace=trace is not None))
-            frame = await self.conn.request(Op.PUT_BATCH, batch, inline, on_orphan=lambda _frame: free(),
-                                            on_unsent=free)
+            frame = await self.conn.request(Op.PUT_BATCH, batch, filled.inline, on_orphan=lambda _frame: filled.free(),
+                                            on_unsent=filled.free)
         except BaseException as exc:
             if not sent or not isinstance(exc, asyncio.CancelledError):
-                free()  # else on_orphan / on_unsent frees them
+                filled.free()  # else on_orphan / on_unsent frees them
             raise
-        free()
+        filled.free()
         reply = decoded(PutBatchReply, frame)
-        record(trace, reply, request=copied, client_copy=(started, copied))
-        return [stored_ref(answer) for answer in batch_answers(reply.items, len(items))]
+        record(trace, reply, request=filled.copied, client_copy=(filled.started, filled.copied))
+        return [stored_ref(answer) for answer in batch_answers(reply.items, len(filled.items))]
+
+    def fits_beside_another(self, items: Sequence[tuple[PutMeta, Sequence[tuple[str, torch.Tensor]]]]) -> bool:
+        """Whether the payloads of ``items`` fit half the put window (so they can be filled
+        while another batch of that size is in flight); True without windows."""
+        if self.windows is None:
+            return True
+        nbytes = sum(self._layout_of(pairs)[0].payload_len for _, pairs in items)
+        return nbytes <= self.windows.put_window.nbytes // 2
 
     def _layout_of(self, pairs: Sequence[tuple[str, torch.Tensor]]) -> tuple:
         """The payload layout and wire specs of a put's tensors, built once per distinct
@@ -212,34 +240,64 @@ class Transfers:
                          intos: Sequence[Mapping[str, torch.Tensor] | None], trace: dict | None = None
                          ) -> list[dict[str, torch.Tensor]]:
         """Many loads in ``LOAD_BATCH`` frames: every payload copied into its destination and
-        verified there. What the load window had no room for is asked again, in the next
-        frame, once this one's regions went back with it: a batch larger than the window
-        streams through it in window-sized steps. Raises the first item's error (after every
-        region was given back), its position among ``metas`` in ``detail["item"]``."""
+        verified there. A batch larger than what is free of the load window is answered half
+        a window at a time (the rest ``retry``): the next step is asked as soon as a reply
+        arrives, so the daemon fills the other half while this process copies and verifies
+        this step (``trace["window_steps"]`` counts the frames). Raises the first item's
+        error (after every region was given back), its position among ``metas`` in
+        ``detail["item"]``."""
         out: list = [None] * len(metas)
-        todo = list(range(len(metas)))
-        while todo:
-            retry, failed = await self._load_step(todo, metas, namespace, device, intos, out, trace)
-            alone = [retry.pop(0)] if retry and len(retry) == len(todo) else []  # nothing fit: others hold the window
-            for index in sorted(failed + alone):  # not intact where it landed (asked with recheck), or alone
-                again = _copy_meta(metas[index], ns=namespace, recheck=metas[index].recheck or index in failed)
-                try:
-                    _, out[index] = await self.load(again, device, intos[index])
-                except StatetierError as exc:
-                    exc.detail["item"] = index
-                    raise
-            todo = retry
+        asked: asyncio.Future | None = self._ask_step(list(range(len(metas))), metas, namespace, trace)
+        held = False  # whether regions of ours were held when the step now answered was asked
+        try:
+            while asked is not None:
+                todo, frame, started = await asked
+                asked = None
+                retry, answered = _retried(frame, todo)
+                if retry and answered:
+                    asked = self._ask_step(retry, metas, namespace, trace)  # pipelined: sent before landing
+                    await asyncio.sleep(0)  # let it be written before the copy holds the loop
+                failed = await self._land_step(todo, frame, started, metas, device, intos, out, trace)
+                alone = [retry.pop(0)] if retry and not answered and not held else []  # others hold the window
+                await self._load_alone(sorted(failed + alone), metas, namespace, device, intos, out)
+                if asked is None and retry:
+                    asked = self._ask_step(retry, metas, namespace, trace)
+                held = asked is not None and answered
+        finally:
+            if asked is not None:
+                await _settled(asked, self._release_batch_orphan)
         return out
 
-    async def _load_step(self, todo: list[int], metas, namespace: bytes, device, intos, out: list,
-                         trace: dict | None) -> tuple[list[int], list[int]]:
-        """One ``LOAD_BATCH`` of the items ``todo``: each landed item's tensors into ``out``;
-        (the items to ask again, the items not intact where they landed)."""
-        targets = [target_of(intos[i], device) for i in todo]
+    def _ask_step(self, todo: list[int], metas, namespace: bytes, trace: dict | None) -> asyncio.Future:
+        """One ``LOAD_BATCH`` of the items ``todo``, sent now: its (todo, reply frame, start)."""
         batch = self._with_free(LoadBatchMeta(namespace, tuple(metas[i] for i in todo), shm=self.windows is not None,
                                               trace=trace is not None))
+        if trace is not None:
+            trace["window_steps"] = trace.get("window_steps", 0) + 1
         started = time.perf_counter()
-        frame = await self.conn.request(Op.LOAD_BATCH, batch, on_orphan=self._release_batch_orphan)
+        sent = self.conn.request(Op.LOAD_BATCH, batch, on_orphan=self._release_batch_orphan)
+
+        async def answered() -> tuple[list[int], Frame, float]:
+            return todo, await sent, started
+
+        return asyncio.ensure_future(answered())
+
+    async def _load_alone(self, indices: list[int], metas, namespace: bytes, device, intos, out: list) -> None:
+        """Each of ``indices`` in a LOAD of its own (not intact where it landed: asked with
+        recheck; or nothing fit the window, which other frames hold)."""
+        for index in indices:
+            again = _copy_meta(metas[index], ns=namespace, recheck=metas[index].recheck or out[index] is _FAILED)
+            try:
+                _, out[index] = await self.load(again, device, intos[index])
+            except StatetierError as exc:
+                exc.detail["item"] = index
+                raise
+
+    async def _land_step(self, todo: list[int], frame: Frame, started: float, metas, device, intos, out: list,
+                         trace: dict | None) -> list[int]:
+        """The items ``todo`` of one ``LOAD_BATCH`` reply landed: each landed item's tensors
+        into ``out``; the items not intact where they landed (marked ``_FAILED`` in ``out``)."""
+        targets = [target_of(intos[i], device) for i in todo]
         reply = decoded(LoadBatchReply, frame)
         record(trace, reply, request=started)
         answers = reply.items
@@ -248,14 +306,10 @@ class Transfers:
             batch_answers(answers, len(todo), raise_first=False)
             data = memoryview(frame.data).cast("B")
             jobs: list[LandJob | None] = []
-            nbytes, on_gpu, failure, retry = 0, False, None, []
+            nbytes, on_gpu, failure = 0, False, None
             for index, answer, target in zip(todo, answers, targets):
-                if answer.error is not None or answer.skipped:
+                if answer.error is not None or answer.skipped or answer.retry:
                     failure = failure or ((index, answer.error) if answer.error is not None else None)
-                    jobs.append(None)
-                    continue
-                if answer.retry:
-                    retry.append(index)
                     jobs.append(None)
                     continue
                 if answer.at + answer.len > data.nbytes:
@@ -263,7 +317,7 @@ class Transfers:
                 layers = metas[index].layers
                 header, source = self._header_and_payload(answer, data[answer.at : answer.at + answer.len], layers)
                 parts = laid_out(header, layers)
-                jobs.append((header, source, parts, destinations(parts, intos[index], target)))
+                jobs.append((header, source, parts, destinations(parts, intos[index], target, self.results.empty)))
                 nbytes += source.nbytes
                 on_gpu = on_gpu or target.type != "cpu"
             if failure is not None:
@@ -274,9 +328,9 @@ class Transfers:
             if regions:
                 self._give_back(regions)
         for index, job in zip(todo, jobs):
-            if job is not None and index not in failed:
-                out[index] = {t.spec.name: d for (t, _), d in zip(job[2], job[3])}
-        return retry, failed
+            if job is not None:
+                out[index] = _FAILED if index in failed else {t.spec.name: d for (t, _), d in zip(job[2], job[3])}
+        return failed
 
     def _release_batch_orphan(self, frame: Frame) -> None:
         try:
@@ -309,7 +363,7 @@ class Transfers:
         try:
             header, source = self._header_and_payload(answer, memoryview(frame.data).cast("B"), meta.layers)
             parts = laid_out(header, meta.layers)
-            dests = destinations(parts, into, target)
+            dests = destinations(parts, into, target, self.results.empty)
             on_gpu = target.type != "cpu"
             await self._copy(lambda: land(header, source, parts, dests, self._staging_for, trace),
                              source.nbytes, on_gpu)
@@ -364,6 +418,45 @@ class Transfers:
         # a cancelled caller still waits for the copy: it touches the window region, which
         # must not be given back before the copy ended
         return await run_work(self._executor, max(hashed, INLINE_WORK_BYTES) if on_gpu else hashed, copy)
+
+
+class FilledPuts:
+    """A ``PUT_BATCH`` filled and not yet answered: its items, their put-window regions
+    ``(offset, layout, tensors)``, the inline parts, and ``free()`` (once) for the regions."""
+
+    def __init__(self, items, free_put: Callable[[Sequence[int]], None]) -> None:
+        self.items = items
+        self.regions: list[tuple[int, PayloadLayout, list[torch.Tensor]]] = []
+        self.inline: list[memoryview] = []
+        self.on_gpu = False
+        self.started = self.copied = time.perf_counter()
+        self.free = once(lambda: free_put([o for o, _, _ in self.regions]))
+
+
+_FAILED = object()  # an item of a load batch not intact where it landed (asked again with recheck)
+
+
+def _retried(frame: Frame, todo: list[int]) -> tuple[list[int], bool]:
+    """The items of a ``LOAD_BATCH`` reply answered ``retry``, and whether any was answered
+    otherwise (``MalformedFrame`` is left to the landing, which decodes it again)."""
+    try:
+        answers = decoded(LoadBatchReply, frame).items
+    except StatetierError:
+        return [], True
+    retry = [index for index, answer in zip(todo, answers) if answer.retry]
+    return retry, len(retry) < len(todo)
+
+
+async def _settled(asked: asyncio.Future, release: Callable[[Frame], None]) -> None:
+    """A step asked and no longer wanted (an error or a cancellation on the way): its
+    reply's regions go back once it comes; nothing it raises matters any more."""
+    if not asked.done():
+        asked.cancel()
+    try:
+        _, frame, _ = await asked
+    except (asyncio.CancelledError, Exception):
+        return
+    release(frame)
 
 
 def _received_bytes(header: SealedHeader, layers) -> int:

@@ -199,7 +199,8 @@ def build_tiers(config: Config, keyring: Keyring, executor) -> tuple[list[Tier],
     if config.host.enabled:
         _warn_if_beyond_memory(config.host.capacity_bytes)
         host = HostTier(HostTierOptions(
-            config.host.resolved_capacity(), shm_dir=config.host.shm_dir, high_watermark=config.host.high_watermark,
+            config.host.resolved_capacity(), shm_dir=config.host.shm_dir, populate=config.host.populate,
+            high_watermark=config.host.high_watermark,
             low_watermark=config.host.low_watermark, lease_ttl=limits.lease_ttl_seconds), executor)
         tiers.append(host)
         roles["arena"] = host

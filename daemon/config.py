@@ -66,6 +66,10 @@ class HostTierConfig(_Watermarks):
         None, description="None = the arena is an anonymous memfd (nothing any other process can open); a directory "
         "(a tmpfs) = a named arena file there, mode 0600, owned by the daemon, removed at exit and, when a dead "
         "daemon left one, at the next start. Clients never map the arena either way.")
+    populate: bool = Field(
+        True, description="Fault the whole arena in at start, on a background thread (madvise "
+        "MADV_POPULATE_WRITE, Linux 5.14+), so a fresh put does not fault page by page; the arena is then charged "
+        "to the daemon's memory from start. False: charged as it is touched.")
     window_bytes: Annotated[int, BeforeValidator(parse_size), Field(ge=0)] = Field(
         64 * MiB, description="Per same-host connection: size of each of its two shared-memory windows (put, "
         "load), passed over the socket; memory is used only where touched. 0 turns the zero-copy path off.")

@@ -12,9 +12,11 @@
   every lease given back at once. Each item is answered with a ``LoadAnswer``: ``tier``,
   ``at``, ``len`` (``data[at:at+len]`` is its header, or header and payload inline) plus
   ``window`` and ``region`` when its payload went to the window; ``retry`` when neither the
-  window (full for now: the client asks again once it gave its regions back, so a batch
-  larger than the window streams through it in window-sized steps) nor this reply had
-  room for it; its ``error``; or ``skipped`` after the first failure.
+  window nor this reply had room for it: a batch larger than what is free takes at most
+  half the window per reply (``Windows.step_bytes``), so the client asks for the next step
+  as soon as this reply arrives and the daemon fills the other half while the client copies
+  and verifies this one (a batch larger than the window streams through it pipelined);
+  its ``error``; or ``skipped`` after the first failure.
 - ``load_request(tenant, meta, namespace)`` — one ``LoadMeta`` as a ``LoadRequest``;
   ``chosen_regions`` — the payload regions a load sends (a group object's chosen ``layers``).
 
@@ -111,22 +113,25 @@ def _copied(session: Session, loaded: list[tuple[LoadRequest, LoadResult]], want
     answers, windowed, inline = [], [], []
     regions_taken: list[int] = []
     windows = session.windows if wants_shm else None
-    cursor = 0
-    for request, result in loaded:
+    chosen_all = [chosen_regions(result, request.layers) for request, result in loaded]
+    sizes = [sum(region.nbytes for region in regions) for regions in chosen_all]
+    share = windows.step_bytes(sizes) if windows is not None else 0  # half the window past it
+    cursor = placed_bytes = 0
+    for (_, result), regions, nbytes in zip(loaded, chosen_all, sizes):
         header = result.blob[: result.header.header_len]
-        regions = chosen_regions(result, request.layers)
-        nbytes = sum(region.nbytes for region in regions)
-        placed = windows.place(nbytes) if windows is not None else None
+        fits = not regions_taken or placed_bytes + nbytes <= share
+        placed = windows.place(nbytes) if windows is not None and fits else None
         window = region_id = None
         if placed is not None:
             region_id, window, dest = placed
             regions_taken.append(region_id)
+            placed_bytes += nbytes
             windowed.append((dest, regions))
             parts = [header]
         elif room is not None and (cursor + header.nbytes + nbytes > room
                                    or (windows is not None and nbytes <= windows.load_bytes)):
-            # the window is full for now (the client asks again once it gave regions back:
-            # a batch larger than the window streams through it), or this reply is
+            # the window (or this reply's share of it) is full for now: the client asks
+            # again, so a batch larger than the window streams through it; or this reply is
             answers.append(LoadAnswer(retry=True))
             continue
         else:

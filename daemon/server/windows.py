@@ -21,7 +21,11 @@ bytes, or another connection's.
   the two descriptors to send (put read/write, load read-only); ``close()``.
 - ``put_view(offset, nbytes)`` — the bytes a client says it wrote (bounds checked).
 - ``place(payload)`` → ``(region_id, offset)`` or ``None`` when the window has no room;
-  ``free(region_id)``; ``regions_in_use``.
+  ``free(region_id)``; ``regions_in_use``; ``free_bytes``.
+- ``step_bytes(sizes)`` — how much of the load window one reply of payloads of ``sizes``
+  may take: all of it when they fit what is free, else half the window, so that a
+  batch larger than the window streams through it pipelined (the next step is placed in
+  the other half while the client copies and verifies this one).
 """
 
 from __future__ import annotations
@@ -128,6 +132,16 @@ class Windows:
             return False
         self._allocator.free(offset)
         return True
+
+    @property
+    def free_bytes(self) -> int:
+        return self._allocator.free_bytes
+
+    def step_bytes(self, sizes: list[int]) -> int:
+        """The load-window bytes one reply of payloads of ``sizes`` may take (see above)."""
+        if sum(self._allocator.rounded(max(n, 1)) for n in sizes) <= self._allocator.free_bytes:
+            return self.load_bytes
+        return self.load_bytes // 2
 
     @property
     def regions_in_use(self) -> int:

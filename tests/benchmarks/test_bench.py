@@ -82,7 +82,8 @@ def test_quick_bench_writes_one_json_object_with_every_suite(tmp_path: Path) -> 
     traced = {(row["op"], row["size_bytes"], row["batch"]) for row in throughput if row.get("phases_us")}
     assert traced == {(op, size, batch) for size, batches in QUICK.batches.items() for batch in batches
                       for op in ("put", "load", "load_into")}
-    for row in throughput:
+    for row in throughput:  # each also against the two-thread ceiling of the same run
+        assert row["ratio_2t"] == pytest.approx(row["raw_2t_p50_us"] / row["p50_us"], rel=1e-9), row
         if row.get("phases_us"):
             assert {"round_trip", "daemon", "frames", "client_copy"} <= set(row["phases_us"]), row
             assert ("daemon_per_item" in row["phases_us"]) == (row["batch"] > 1), row

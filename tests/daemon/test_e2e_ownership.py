@@ -104,15 +104,16 @@ GROUPS_OF_NOBODY = {"uses_shm": True, "batch_by_key": "not_found", "load_batch_f
 
 def groups_of(seed: int, refs: str) -> dict:
     """What ``find_groups`` reports when the finder's own state is seed ``seed``'s, its batch
-    by key streamed through the window in two frames, and the refs asked for are ``refs``."""
-    return {"uses_shm": True, "batch_by_key": f"seed:{seed}", "load_batch_frames": 2, "layer_by_key": f"seed:{seed}",
+    by key streamed through the window in three frames (half the window a step, pipelined: issue
+    33), and the refs asked for are ``refs``."""
+    return {"uses_shm": True, "batch_by_key": f"seed:{seed}", "load_batch_frames": 3, "layer_by_key": f"seed:{seed}",
             "batch_by_ref": refs, "layer_by_ref": refs, "by_lookup": "tokens:64"}
 
 
 def test_batches_group_objects_and_window_streaming_reach_only_the_tenants_own_namespace(place):
     directory, keyring = place
     spec_of_a = {"model": "owned-groups", "tenant_in_spec": "a"}
-    daemon = daemon_in(directory / "groups", keyring, None, window_bytes="2MiB")  # 2.25 MiB of state: two steps
+    daemon = daemon_in(directory / "groups", keyring, None, window_bytes="2MiB")  # 2.25 MiB of state: 3 half-window steps
     try:
         daemon.start()
         refs_of_a = run_worker("put_groups", UID_A, url=daemon.url, seed=1, **spec_of_a)["refs"]

@@ -17,6 +17,8 @@ their own, ``daemon/server/windows.py``; none of them opens or maps the arena).
 - ``read(lease)`` is a read-only view of the arena, no copy, valid until ``complete_load``.
 - ``compact()`` (from ``ExtentTier``) defragments the arena around leased objects.
 - Its bytes move with ``HostBytes`` (``tiers.memory.hostbytes``).
+- ``populate=True``: the arena is faulted in at start on a thread of its own
+  (``tiers.memory.populate``), so a fresh put does not fault; ``arena.population``.
 
 With CUDA present (``pin_memory=None``) or asked for (``True``) the arena is registered as
 pinned memory (``cudaHostRegister``), so device copies from and to it are true DMA; torch
@@ -44,6 +46,7 @@ from ..base import TierStats
 from .extent import ExtentTier, ExtentTierOptions
 from .hostbytes import HostBytes
 from .pins import PinnedJobs
+from .populate import Population
 from .rawmemory import address_of, release_quietly
 
 _GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
@@ -112,6 +115,7 @@ class HostTierOptions(ExtentTierOptions):
     name: str = "host"
     pin_memory: bool | None = None
     shm_dir: str | os.PathLike[str] | None = None
+    populate: bool = False  # fault the whole arena in at start, on a thread (``populate.Population``)
 
 
 class HostArena:
@@ -130,6 +134,8 @@ class HostArena:
         self._address = 0
         self._cudart: Any = None
         self.is_memfd = False
+        self._populate = config.populate
+        self.population = Population(config.name)
 
     @property
     def is_pinned(self) -> bool:
@@ -162,6 +168,8 @@ class HostArena:
         except BaseException:
             self.close()
             raise
+        if self._populate:
+            self.population.start(self._address, self.capacity)
 
     def _open_fd(self) -> int:
         label = f"statetier-{self.name}"
@@ -238,6 +246,7 @@ class HostArena:
             raise Unavailable(f"{self.name}: cudaHostRegister of the arena failed (cudaError {status})")
 
     def close(self) -> None:
+        self.population.stop()  # before the mapping goes
         if self._cudart is not None:
             self._cudart.cudaHostUnregister(self._address)
             self._cudart = None
