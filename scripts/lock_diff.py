@@ -84,7 +84,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"environment matches the lock ({len(pins)} packages){named}")
         return 0
     print(f"differs from the lock ({len(diff)}): {', '.join(diff)}{named}")
-    return 1 if args.check else 0
+    if args.check:  # pip installs what the lock pins, but removes nothing it no longer names
+        print(f"this environment ({sys.prefix}) is not the locked set: remove it and run make venv again",
+              file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
