@@ -15,7 +15,7 @@ shared tier keeps marks (``stack.shared_tier.purge_marks``):
   shared tier brings them (``KeyMatches.purge_marks``, ``candidates.locate_many``), and the
   health probe's tick; whether a new one was honoured (what was located must be again).
 
-Concurrent callers share one honour of a new mark (a lock); ``honoured`` counts the marks taken.
+Concurrent callers share one honour of a new mark (a lock).
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ class PurgeMarks:
         self._read, self._honour = read, honour
         self._known: dict[str, int] = {}  # scope -> the cutoff honoured
         self._lock = asyncio.Lock()
-        self.honoured = 0
 
     async def before_serving(self) -> None:
         try:
@@ -49,7 +48,6 @@ class PurgeMarks:
             if fresh:
                 await self._honour(fresh)
                 self._known.update(fresh)
-                self.honoured += len(fresh)
         return True
 
     def _fresh(self, marks: dict[str, int]) -> dict[str, int]:
