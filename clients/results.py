@@ -2,8 +2,9 @@
 
 - ``ResultPool()`` — one per client connection's ``Transfers``; nothing is mapped until the
   first large result. ``empty(spec, device)`` — an uninitialised tensor of ``spec``: a CPU
-  tensor of ``thresholds.POOLED_RESULT_BYTES`` or more lies in a private anonymous mapping
-  the pool recycles, anything else is ``torch.empty``. ``kept_bytes``, ``handed_out``.
+  tensor of ``thresholds.RECYCLED_BUFFER_BYTES`` or more lies in a private anonymous mapping
+  the pool recycles (``protocol.recycled.RecycledMemory``), anything else is
+  ``torch.empty``. ``kept_bytes``, ``handed_out``.
 
 A fresh 32 MiB ``torch.empty`` is an ``mmap`` of its own (glibc's threshold), so the copy into
 it takes one minor fault per 4 KiB page (8,193 measured) and ``free`` unmaps it again: each
@@ -19,30 +20,30 @@ The SDK changes no allocator setting of the host process (PERFORMANCE.md).
 
 from __future__ import annotations
 
-import ctypes
-import mmap
-import threading
-import weakref
-
 import torch
 
 from statetier.protocol.dtypes import TensorSpec
-from statetier.protocol.thresholds import POOLED_RESULT_BYTES
+from statetier.protocol.recycled import RecycledMemory
+from statetier.protocol.thresholds import RECYCLED_BUFFER_BYTES
 
 from .tensors import empty_for, torch_dtype
 
 KEEP_BYTES = 512 << 20  # freed result memory kept for reuse, at most (the 8 × 32 MiB batch twice)
-_PAGE = mmap.PAGESIZE
 
 
 class ResultPool:
     """See the module docstring. Safe from any thread (finalizers run where a tensor dies)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._free: dict[int, list[mmap.mmap]] = {}  # mapping size -> mappings free for reuse
-        self.kept_bytes = 0
-        self.handed_out = 0
+        self._memory = RecycledMemory(KEEP_BYTES)
+
+    @property
+    def kept_bytes(self) -> int:
+        return self._memory.kept_bytes
+
+    @property
+    def handed_out(self) -> int:
+        return self._memory.handed_out
 
     def empty(self, spec: TensorSpec, device: torch.device | str | None = None) -> torch.Tensor:
         """An uninitialised tensor of ``spec`` on ``device`` (pooled memory when large, on CPU)."""
@@ -50,38 +51,12 @@ class ResultPool:
         numel = 1
         for dim in spec.shape:
             numel *= dim
-        if (nbytes < POOLED_RESULT_BYTES or torch.device(device or "cpu").type != "cpu"
+        if (nbytes < RECYCLED_BUFFER_BYTES or torch.device(device or "cpu").type != "cpu"
                 or numel * dtype.itemsize != nbytes):  # a packed sub-byte dtype: torch lays it out
             return empty_for(spec, device)
-        size = -(-nbytes // _PAGE) * _PAGE
-        with self._lock:
-            free = self._free.get(size)
-            mapping = free.pop() if free else None
-            if mapping is not None:
-                self.kept_bytes -= size
-            self.handed_out += 1
-        if mapping is None:
-            mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
-        anchor = ctypes.c_char.from_buffer(mapping)  # the address only: released right after
-        array = (ctypes.c_uint8 * nbytes).from_address(ctypes.addressof(anchor))
-        del anchor
-        weakref.finalize(array, self._give_back, mapping, size)
-        flat = torch.frombuffer(array, dtype=torch.uint8)  # holds ``array``: its views keep it alive
+        flat = torch.frombuffer(self._memory.array(nbytes), dtype=torch.uint8)  # holds the array
         return flat.view(dtype).view(tuple(spec.shape))
-
-    def _give_back(self, mapping: mmap.mmap, size: int) -> None:
-        with self._lock:
-            self.handed_out -= 1
-            if self.kept_bytes + size <= KEEP_BYTES:
-                self._free.setdefault(size, []).append(mapping)
-                self.kept_bytes += size
-                return
-        mapping.close()  # nothing points into it any more: the array was the last thing
 
     def clear(self) -> None:
         """Unmap what is kept (the tensors handed out keep their mappings until they are gone)."""
-        with self._lock:
-            kept, self._free, self.kept_bytes = self._free, {}, 0
-        for mappings in kept.values():
-            for mapping in mappings:
-                mapping.close()
+        self._memory.clear()

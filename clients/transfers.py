@@ -275,10 +275,10 @@ class Transfers:
         if trace is not None:
             trace["window_steps"] = trace.get("window_steps", 0) + 1
         started = time.perf_counter()
-        sent = self.conn.request(Op.LOAD_BATCH, batch, on_orphan=self._release_batch_orphan)
 
-        async def answered() -> tuple[list[int], Frame, float]:
-            return todo, await sent, started
+        async def answered() -> tuple[list[int], Frame, float]:  # the request made in the task, so that
+            # a step cancelled before it ran leaves no coroutine never awaited
+            return todo, await self.conn.request(Op.LOAD_BATCH, batch, on_orphan=self._release_batch_orphan), started
 
         return asyncio.ensure_future(answered())
 

@@ -16,7 +16,9 @@ Layout, opcodes, handshake and limits are documented byte by byte in ``docs/fram
 - ``FrameDecoder`` — one per connection. ``feed(data)``, or ``get_buffer(sizehint)`` +
   ``buffer_updated(nbytes)`` from an asyncio ``BufferedProtocol``, return the frames
   completed so far. A frame larger than 64 KiB is received straight into its own buffer and
-  its ``data`` is a memoryview of it. Bad input raises ``FrameTooLarge`` or
+  its ``data`` is a memoryview of it; from ``thresholds.RECYCLED_BUFFER_BYTES`` on that
+  buffer is recycled memory (``protocol.recycled``), handed out again once no view of the
+  frame's data is left. Bad input raises ``FrameTooLarge`` or
   ``MalformedFrame`` (and nothing else); the decoder is then poisoned and the connection
   must be closed.
 - Handshake: ``PROTOCOL_VERSIONS``, ``hello_frame``, ``hello_ok_frame``, ``negotiate``.
@@ -40,6 +42,7 @@ from statetier.protocol.errors import (
     UnsupportedProtocol,
     error_from_code,
 )
+from statetier.protocol.recycled import frame_buffer
 
 # 3: the hot ops' meta is MessagePack (protocol.wire_meta); 2 carried it as JSON
 PROTOCOL_VERSIONS: tuple[int, ...] = (3,)
@@ -207,7 +210,7 @@ class FrameDecoder:
         self._start = 0  # unconsumed bytes are self._scratch[_start:_end]
         self._end = 0
         self._header: _Header | None = None  # the frame in progress, once 20 bytes arrived
-        self._body: bytearray | None = None  # meta + data of a large frame in progress
+        self._body: bytearray | memoryview | None = None  # meta + data of a large frame in progress
         self._body_filled = 0
         self._lent = 0  # size of the view handed out by the last get_buffer
         self._failure: ProtocolError | None = None
@@ -312,7 +315,7 @@ class FrameDecoder:
 
     def _start_large(self) -> None:
         assert self._header is not None  # parsed just before
-        body = bytearray(self._header.total - HEADER_SIZE)
+        body = frame_buffer(self._header.total - HEADER_SIZE)  # recycled when large
         take = min(self._end - self._start - HEADER_SIZE, len(body))
         offset = self._start + HEADER_SIZE
         body[:take] = self._view[offset : offset + take]

@@ -33,6 +33,7 @@ from statetier.protocol.frames import FrameData
 from statetier.protocol.groups import check_layers, chosen
 from statetier.protocol.identity import Namespace
 from statetier.protocol.passes import PASSES
+from statetier.protocol.recycled import frame_buffer
 from statetier.protocol.wire_meta import (
     ErrorInfo,
     LoadAnswer,
@@ -107,7 +108,7 @@ async def handle_load_batch(session: Session, meta: LoadBatchMeta, data: FrameDa
 
 
 def _copied(session: Session, loaded: list[tuple[LoadRequest, LoadResult]], wants_shm: bool,
-            room: int | None) -> tuple[list[LoadAnswer], bytes | bytearray]:
+            room: int | None) -> tuple[list[LoadAnswer], bytearray | memoryview]:
     """Every payload of ``loaded`` placed (a load-window region, else this reply's data while
     ``room`` lasts) and copied there in one pass: an answer per load, and the reply's data."""
     answers, windowed, inline = [], [], []
@@ -140,7 +141,7 @@ def _copied(session: Session, loaded: list[tuple[LoadRequest, LoadResult]], want
         answers.append(LoadAnswer(result.tier, cursor, length, window, region_id))
         inline.append(parts)
         cursor += length
-    data = bytearray(cursor)
+    data = frame_buffer(cursor)  # recycled when large: no page faults, no zeroing
     try:
         with phase("window_copy"):
             _copy_all(data, inline, windowed)  # no digest: on the loop (``protocol.thresholds``)
@@ -152,7 +153,7 @@ def _copied(session: Session, loaded: list[tuple[LoadRequest, LoadResult]], want
     return answers, data
 
 
-def _copy_all(data: bytearray, inline: list[list[memoryview]], windowed: list) -> None:
+def _copy_all(data: bytearray | memoryview, inline: list[list[memoryview]], windowed: list) -> None:
     PASSES.count_copied(sum(p.nbytes for parts in inline for p in parts)
                         + sum(r.nbytes for _, regions in windowed for r in regions))
     view, at = memoryview(data), 0

@@ -72,3 +72,32 @@ def test_memory_a_view_still_uses_is_not_handed_out_again():
     assert third.data_ptr() == address and pool.kept_bytes == 0  # the freed mapping, reused
     assert pool.empty(TensorSpec("small", "int16", (1024,))).data_ptr() not in (address, second.data_ptr())
     assert pool.handed_out == 2  # the small one is plain torch.empty
+
+
+def _daemon_faults(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[7])  # minflt, field 10
+
+
+async def test_inline_frames_reuse_faulted_memory_at_both_ends():
+    """Two 8 MiB inline LOAD_BATCH replies in flight at once (8 × 2 MiB, no shared-memory
+    window): the client's frame bodies and the daemon's reply data are recycled memory, so
+    after the first calls neither process faults their pages in again (a fresh 8 MiB buffer
+    is 2,048 faults; the issue 33 regression took 3,600 a call in the client)."""
+    # host.populate off: its thread faults the arena in beside the calls, and minflt counts every thread
+    with DaemonProcess(name="inline-faults", host_capacity="256MiB",
+                       settings={"disk.enabled": "false", "host.populate": "false"}) as daemon:
+        async with AsyncClient(daemon.url, namespace=NamespaceSpec("inline"), use_shm=False) as client:
+            pages = [{"kv": torch.randint(-100, 100, (1 << 20,), dtype=torch.int16)} for _ in range(8)]
+            refs = [await client.put_kv(i * 16, bytes(32), i * 16, i * 16 + 16, page, request_id=f"r{i}")
+                    for i, page in enumerate(pages)]
+            into = [{"kv": torch.empty_like(page["kv"])} for page in pages]
+            for _ in range(3):  # until each end holds as many buffers as it has in flight at once
+                await client.load_many(refs, into=into)
+            counts = []
+            for _ in range(3):
+                before, daemon_before = _faults(), _daemon_faults(daemon.pid)
+                await client.load_many(refs, into=into)
+                counts.append((_faults() - before, _daemon_faults(daemon.pid) - daemon_before))
+                assert all(torch.equal(a["kv"], b["kv"]) for a, b in zip(into, pages))
+    assert sum(c for c, _ in counts) < 2048 // 4 and sum(d for _, d in counts) < 2048 // 4, counts

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import json
 import struct
 
@@ -165,8 +167,11 @@ def test_large_frame_fed_whole_lands_in_a_body_buffer_not_the_scratch():
     payload = b"\xa5" * (5 * 1024 * 1024)
     frame = Frame(Op.LOAD, 3, {}, payload)
     (received,) = FrameDecoder().feed(encode_frame_bytes(frame))
-    assert isinstance(received.data.obj, bytearray)
+    assert isinstance(received.data.obj, ctypes.Array)  # recycled memory (protocol.recycled), from 1 MiB
     assert len(received.data.obj) == len(payload)  # an empty meta takes no bytes
+    small = Frame(Op.LOAD, 4, {}, b"\x5a" * (512 * 1024))  # large (> 64 KiB), below the recycled size
+    (received_small,) = FrameDecoder().feed(encode_frame_bytes(small))
+    assert isinstance(received_small.data.obj, bytearray) and received_small == small
     assert received == frame
 
 
