@@ -140,8 +140,9 @@ class TransferCalls(ClientSession):
             meta.tensors = wire_specs(_expected_specs(expect))
         if into is not None:
             meta.tensors = wire_specs(into_specs(into))
-            return await self._transfers_now().load(meta, device, into, trace)
-        return await self._transfers_now().load(meta, "cpu" if device is None else device, None, trace)
+        elif device is None:
+            device = "cpu"
+        return await self._transfers_now().load(meta, device, into, trace)
 
     async def load_many(self, targets: Iterable[StateRef | StateKey], *, device: torch.device | str | None = None,
                         expect: Expect | None = None, into: Sequence[Mapping[str, torch.Tensor]] | None = None,

@@ -39,6 +39,7 @@ import time
 from concurrent.futures import Executor
 from typing import Any, Callable, Mapping, Sequence
 
+import msgspec
 import torch
 
 from statetier.protocol.errors import CorruptPayload, MalformedFrame, StatetierError
@@ -286,7 +287,8 @@ class Transfers:
         """Each of ``indices`` in a LOAD of its own (not intact where it landed: asked with
         recheck; or nothing fit the window, which other frames hold)."""
         for index in indices:
-            again = _copy_meta(metas[index], ns=namespace, recheck=metas[index].recheck or out[index] is _FAILED)
+            again = msgspec.structs.replace(metas[index], ns=namespace, free_regions=(), trace=False,
+                                            recheck=metas[index].recheck or out[index] is _FAILED)
             try:
                 _, out[index] = await self.load(again, device, intos[index])
             except StatetierError as exc:
@@ -345,12 +347,14 @@ class Transfers:
         """One LOAD, verified where it lands; when that check fails, asked once more with
         ``recheck`` (the daemon then digests every copy it serves, drops a damaged one and
         serves the next): the second answer is verified the same way, or ``CorruptPayload``."""
-        try:
-            return await self._load_once(meta, device, into, trace)
-        except CorruptPayload as exc:
-            if meta.recheck or not exc.detail.get("landed"):
-                raise
-        return await self._load_once(_copy_meta(meta, recheck=True), device, into, trace)
+        while True:
+            try:
+                return await self._load_once(meta, device, into, trace)
+            except CorruptPayload as exc:
+                if meta.recheck or not exc.detail.get("landed"):
+                    raise
+            # asked again with a fresh meta: the one sent was filled in (its free regions, its trace)
+            meta = msgspec.structs.replace(meta, recheck=True, free_regions=(), trace=False)
 
     async def _load_once(self, meta: LoadMeta, device, into, trace) -> tuple[StateRef, dict[str, torch.Tensor]]:
         target = target_of(into, device)
@@ -463,9 +467,3 @@ def _received_bytes(header: SealedHeader, layers) -> int:
     """The payload bytes a load receives: all, or the chosen layers' regions."""
     return header.payload_len if layers is None else sum(t.region for t in chosen(header.tensors, layers))
 
-
-def _copy_meta(meta: LoadMeta, **changes) -> LoadMeta:
-    """A fresh ``LoadMeta`` like ``meta`` (a meta is filled in once it is sent)."""
-    fields = {name: getattr(meta, name) for name in meta.__struct_fields__}
-    fields.update(changes, free_regions=(), trace=False)
-    return LoadMeta(**fields)

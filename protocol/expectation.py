@@ -6,6 +6,9 @@
 - ``check_identity(header, expect)`` — namespace, placement, position (and, for SSM
   snapshots, sealed and not speculative), fingerprint, then version and state id; raises
   the first failing check's ``RejectedState`` subclass.
+- ``registry_refusal(state_id, expect)`` → the ``MisroutedState`` or ``StaleState`` that what
+  the registry knows refuses on its own, or None: what a load by ref is told when no tier
+  holds a copy to judge.
 
 ``sealed.open_sealed`` runs ``check_identity`` after the signature and format checks;
 ``classify`` and the daemon's engine build the expectations.
@@ -81,6 +84,18 @@ def check_identity(header: SealedHeader, expect: Expectation) -> None:
             raise PositionMismatch("snapshot was not sealed at a committed token boundary")
     _check_fingerprint(header, expect)
     _check_version(header, expect)
+
+
+def registry_refusal(state_id: bytes, expect: Expectation) -> MisroutedState | StaleState | None:
+    """Why the version registry refuses a load of ``state_id`` with no copy to judge: the
+    state_id was issued for another stream, or its version was superseded; None when it
+    does not."""
+    if expect.state_id_stream is not None and expect.request_id is not None \
+            and expect.state_id_stream != (expect.stream or stream_id(expect.key, expect.request_id)):
+        return MisroutedState(f"state_id {state_id.hex()} was issued for another stream")
+    if expect.newest_version is not None and expect.version is not None and expect.newest_version > expect.version:
+        return StaleState(f"version {expect.version} was superseded by {expect.newest_version}")
+    return None
 
 
 def _check_fingerprint(header: SealedHeader, expect: Expectation) -> None:

@@ -7,7 +7,7 @@
   are swept again for what such a move left behind. ``Forbidden`` when a tier holds that
   state_id under another key.
 - ``drop_copy(stack, tier, state_id)`` — one damaged copy, its tenant bytes refunded
-  (``daemon.engine.loads`` on damage, ``daemon.engine.audit`` on ``statetier verify``); a tier
+  (``daemon.engine.serving`` on damage, ``daemon.engine.audit`` on ``statetier verify``); a tier
   that cannot delete it is logged, not raised.
 """
 

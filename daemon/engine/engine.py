@@ -11,9 +11,9 @@ hold the rules; the server calls, per request, and the engine forwards to:
 - ``put_batch`` (``put`` / ``put_shared``: a batch of one)   ``daemon.engine.puts`` (checks,
   version claims, reservations, sealing in one job, placement) and ``daemon.engine.handoff``
   (publish, durable copies, write-behind)
-- ``load_batch`` (``load``: a batch of one)   ``daemon.engine.fencing`` (one registry read
-  for the batch) and ``daemon.engine.loads`` (copies fastest first, each judged and promoted
-  by ``daemon.engine.serving``; spec checks)
+- ``load_batch`` (``load``: a batch of one)   ``daemon.engine.loads`` (by ref or by key),
+  ``daemon.engine.fencing`` (one registry read for the batch), ``daemon.engine.serving``
+  (copies fastest first, each judged and promoted; spec checks)
 - ``lookup``, ``locate``         ``daemon.engine.lookup`` (the joint hit), ``daemon.engine.candidates``
 - ``release`` / ``release_many`` / ``release_owner`` ``daemon.engine.leases`` (a connection
   went away: its leases)

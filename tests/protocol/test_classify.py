@@ -24,7 +24,9 @@ from statetier.protocol.errors import (
     StaleState,
     TruncatedState,
 )
-from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, new_state_id, prefix_hash
+from statetier.protocol.expectation import registry_refusal
+from statetier.protocol.identity import (Kind, NamespaceSpec, Provenance, StateKey, StateRef, new_state_id, prefix_hash,
+                                        stream_id)
 from statetier.protocol.keyring import Keyring, SigningKey
 from statetier.protocol.sealed import Expectation, decode_header, seal_object
 
@@ -109,3 +111,17 @@ def test_each_refusal_has_one_bounded_skip_label():
     assert all(skip_reason(cls()) == "damaged" for cls in DAMAGE)
     assert skip_reason(UnknownKey()) == "unknown_key"
     assert set(SKIP_REASONS) == {"speculative", "stale", "damaged", "unknown_key", "misfiled"}
+
+
+def test_registry_refusal_without_a_copy():
+    """With no copy to judge, a ref is refused by what the registry knows alone: its state_id
+    issued for another stream, or its version superseded; a ref it knows nothing against, and
+    any load by key, are not refused."""
+    ref = StateRef(KEY, "req", 1, new_state_id(), 2)
+    mine = stream_id(KEY, "req")
+    assert registry_refusal(ref.state_id, Expectation.for_ref(ref, NS, state_id_stream=mine, newest_version=2)) is None
+    misrouted = registry_refusal(ref.state_id, Expectation.for_ref(ref, NS, state_id_stream=stream_id(KEY, "other")))
+    assert isinstance(misrouted, MisroutedState) and ref.state_id.hex() in str(misrouted)
+    stale = registry_refusal(ref.state_id, Expectation.for_ref(ref, NS, state_id_stream=mine, newest_version=3))
+    assert isinstance(stale, StaleState) and "superseded by 3" in str(stale)
+    assert registry_refusal(ref.state_id, Expectation.for_key(KEY, newest_version=3)) is None
