@@ -26,11 +26,13 @@ class LookupCalls(ClientSession):
                      boundaries: Sequence[tuple[int, bytes]] | None = None, *,
                      token_ids: Sequence[int] | None = None, block_size: int | None = None,
                      kv_layout: str = "blocks", tp_size: int | None = None, lease: bool = True,
-                     groups: Sequence[LayerGroup] = ()) -> LookupResult:
+                     groups: Sequence[LayerGroup] = (), group_shards: Sequence[int] = ()) -> LookupResult:
         """The largest prefix that every listed layer and layer group can restore (DESIGN §4,
         joint hits), on every TP shard: ``tp_size`` defaults to the ``NamespaceSpec``'s (1
         without one). A KV group needs its group objects (one per block, or ``[0, N)`` with
-        ``kv_layout="prefix"``), an SSM group its group object at the boundary.
+        ``kv_layout="prefix"``), an SSM group its group object at the boundary. ``group_shards``
+        (one count per group, or none) says on how many shards (0 … n-1) a group's objects are:
+        1 for a state every TP rank holds the same and stores once, as shard 0.
 
         Give ``boundaries`` as ascending ``(token_end, prefix_hash)`` pairs, or ``token_ids``
         (hashed per ``block_size``, by default the namespace's ``kv_block_size``). Leased
@@ -47,7 +49,7 @@ class LookupCalls(ClientSession):
         meta = lookup_meta(self._own_namespace().digest, attention_layers, ssm_layers, boundaries, kv_layout=kv_layout,
                            lease=lease,
                            tp_size=tp_size if tp_size is not None else (self.spec.tp_size if self.spec else 1),
-                           groups=groups)
+                           groups=groups, group_shards=group_shards)
         reply = decoded(LookupReply, await self._request(Op.LOOKUP, meta))
         return LookupResult(reply.tokens, [(ref_of(ref), lease) for ref, lease in reply.objects])
 

@@ -172,8 +172,10 @@ def boundaries_from_tokens(token_ids: Sequence[int], block_size: int, seed: int 
 
 def lookup_meta(namespace: bytes, attention_layers: Sequence[int], ssm_layers: Sequence[int],
                 boundaries: Sequence[tuple[int, bytes]], *, kv_layout: str, lease: bool, tp_size: int,
-                groups: Sequence[LayerGroup] = ()) -> LookupMeta:
+                groups: Sequence[LayerGroup] = (), group_shards: Sequence[int] = ()) -> LookupMeta:
+    if group_shards and len(group_shards) != len(groups):
+        raise InvalidRequest(f"group_shards: one shard count per group ({len(groups)}), got {len(group_shards)}")
     return LookupMeta(namespace, boundaries_checked(boundaries), tuple(int(x) for x in attention_layers),
                       tuple(int(x) for x in ssm_layers),
                       tuple((g.kind.name.lower(), g.group_id, g.layers) for g in groups),
-                      kv_layout, int(tp_size), bool(lease))
+                      kv_layout, int(tp_size), bool(lease), group_shards=tuple(int(n) for n in group_shards))

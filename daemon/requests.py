@@ -84,6 +84,8 @@ class LookupRequest(msgspec.Struct, frozen=True, gc=False):
     ``shards``: the TP ranks that must all hold every object (``range(tp_size)`` on the wire).
     ``groups``: layer groups whose group objects must hold too (KV: one per block or one
     ``[0, end)``, as ``kv_layout`` says; SSM: one at the boundary), beside per-layer objects.
+    ``group_shards``: per group, how many of ``shards`` (the first ones) hold its objects, e.g.
+    1 for a state every TP rank holds the same and stores once as shard 0; empty: all of them.
     """
 
     tenant: str
@@ -95,6 +97,7 @@ class LookupRequest(msgspec.Struct, frozen=True, gc=False):
     shards: tuple[int, ...] = (0,)
     lease: bool = True
     groups: tuple[LayerGroup, ...] = ()
+    group_shards: tuple[int, ...] = ()
 
 
 class JointHit(msgspec.Struct, gc=False):

@@ -160,6 +160,9 @@ class LookupMeta(Struct, **_OPTIONS):
     lease: bool = True
     trace: bool = False
     free_regions: tuple[U64, ...] = ()
+    # per group of ``groups``, how many TP shards hold its objects (shards 0 … n-1); empty:
+    # every group on every shard of ``tp_size``. 1: a state every rank holds the same, stored once.
+    group_shards: tuple[Annotated[int, Meta(ge=1, le=4096)], ...] = ()
 
 
 class ReleaseMeta(Struct, **_OPTIONS):

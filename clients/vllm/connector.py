@@ -67,7 +67,8 @@ def layout_from_vllm(kv_cache_config) -> EngineLayout:
             names = [*STATE_NAMES[:count], *(f"state{i}" for i in range(len(STATE_NAMES), count))]
             states = tuple(StateSpec(n, dtype_name(d), tuple(s)) for n, d, s in zip(names, spec.dtypes, spec.shapes))
             groups.append(CacheGroup(index, Kind.SSM, spec.block_size, layers, states,
-                                     is_aligned=spec.mamba_cache_mode == "align"))
+                                     is_aligned=spec.mamba_cache_mode == "align",
+                                     is_replicated=bool(getattr(spec, "tp_replicated", False))))
         elif type(spec) is FullAttentionSpec and getattr(spec, "sliding_window", None) is None:
             # exactly: its subclasses (MLA latents, sinks, ring windows) lay pages out otherwise
             kv = StateSpec("kv", dtype_name(spec.dtype), (spec.num_kv_heads, spec.head_size))

@@ -3,9 +3,10 @@ its workers report; no vLLM, no daemon call.
 
 - ``Spans(layout, tp_size)`` — ``groups(blocks)``: the group objects of every KV cache group
   and TP shard a restore at ``blocks`` attention blocks needs (one per attention block, one
-  Mamba state at the boundary); ``layers(blocks)``: the per-layer objects producers saved
-  before group objects; ``largest(have, most)`` → the largest block count ≤ ``most`` whose
-  every group object is in ``have`` (refs by ``span_of``), and those refs.
+  Mamba state at the boundary; a replicated group's on shard 0 only); ``layers(blocks)``: the
+  per-layer objects producers saved before group objects; ``largest(have, most)`` → the
+  largest block count ≤ ``most`` whose every group object is in ``have`` (refs by
+  ``span_of``), and those refs.
 - ``span_of(key)`` — what a ref stands for: kind, layer or group, its layers, shard, span.
 - ``SavedRefs`` — a producer's request: the refs its workers reported saved (vLLM's
   worker → scheduler metadata, ``StatetierWorkerMetadata``, every TP rank's), ``add(refs)``.
@@ -39,6 +40,8 @@ class Spans:
         spans = []
         for shard in range(self.tp_size):
             for group in self.layout.groups:
+                if shard >= group.shard_count(self.tp_size):
+                    continue  # a replicated state: one object, shard 0's
                 layers = group.layer_group.layers
                 if group.kind is Kind.KV:
                     spans += [(Kind.KV, group.index, layers, shard, j * size, (j + 1) * size) for j in range(blocks)]

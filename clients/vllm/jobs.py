@@ -7,7 +7,8 @@
   a job is one request's whole restore, all groups and TP shards.
 - ``SaveItem`` / ``SaveJob`` — one group object to seal under a group key: one block of every
   attention layer of a group, or every Mamba layer's slot of a group at a boundary (the
-  worker puts its TP rank in as the shard).
+  worker puts its TP rank in as the shard; a replicated Mamba group's state is saved by rank
+  0 alone, as shard 0).
 - ``StepMeta`` — the loads and saves of one engine step, and the requests vLLM preempted
   in it (their saves are flushed before their blocks are reused). Plain picklable values:
   vLLM sends them to worker processes.

@@ -9,7 +9,9 @@
   Unknown keys are refused.
 - ``StateSpec`` / ``CacheGroup`` / ``EngineLayout`` — the engine's KV cache groups as plain
   values: an attention group (``Kind.KV``: block size, layers) or a Mamba group (``Kind.SSM``:
-  one state slot per request, typed states ``conv``, ``recurrent``, …). The vLLM adapter
+  one state slot per request, typed states ``conv``, ``recurrent``, …; ``is_replicated`` when
+  every TP rank holds the same state, vLLM's ``MambaSpec.tp_replicated``: saved once, by rank 0,
+  as shard 0, and loaded from that one object by every rank). The vLLM adapter
   (``connector.py``) builds them from ``kv_cache_config``; tests build them by hand.
 - ``layer_id_of(name)`` — the layer index in a vLLM layer name (``model.layers.3.mixer`` → 3).
 - ``namespace_spec(...)`` — the ``NamespaceSpec`` of an engine: model, config digest, weights
@@ -95,6 +97,8 @@ class CacheGroup:
     namespace; a page is one block of ``block_size`` tokens. Mamba (``Kind.SSM``): one slot
     per request (its first block), ``states`` in the slot's byte order; in vLLM's align mode
     (``is_aligned``) one block per block end, and vLLM names the boundary states to save.
+    ``is_replicated``: every TP rank holds the same state (vLLM's ``MambaSpec.tp_replicated``),
+    stored once as shard 0 (``shard_of``), saved by rank 0 alone (``saved_by``).
     """
 
     index: int
@@ -103,6 +107,20 @@ class CacheGroup:
     layers: tuple[tuple[str, int], ...]
     states: tuple[StateSpec, ...] = ()
     is_aligned: bool = False  # Mamba in vLLM's "align" mode: one state block per block end, not one slot
+    is_replicated: bool = False  # every TP rank holds the same state: one object, shard 0
+
+    def shard_of(self, rank: int) -> int:
+        """The shard of this group's objects a TP rank saves and loads: its own, or 0 when replicated."""
+        return 0 if self.is_replicated else rank
+
+    def saved_by(self, rank: int) -> bool:
+        """Whether a TP rank saves this group's objects: every rank its own shard; rank 0 alone
+        a replicated state."""
+        return rank == 0 or not self.is_replicated
+
+    def shard_count(self, tp_size: int) -> int:
+        """How many shards hold this group's objects (0 … n-1): ``tp_size``, or 1 when replicated."""
+        return 1 if self.is_replicated else tp_size
 
     def state_block(self, block_ids: Sequence[int], tokens: int, block_size: int) -> int:
         """The block holding this Mamba group's state after ``tokens`` tokens: the request's one
@@ -173,6 +191,10 @@ class EngineLayout:
     @property
     def layer_groups(self) -> tuple[LayerGroup, ...]:
         return tuple(g.layer_group for g in self.groups)
+
+    def group_shards(self, tp_size: int) -> tuple[int, ...]:
+        """The shard count of each group of ``layer_groups`` (a lookup's ``group_shards``)."""
+        return tuple(g.shard_count(tp_size) for g in self.groups)
 
     def group_of_key(self, key) -> CacheGroup:
         """The cache group an object's key fills: a group key's (the same kind and layers, else

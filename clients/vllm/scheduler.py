@@ -12,7 +12,8 @@ the vLLM adapter calls, in vLLM's order:
   another salt, adapter, image or embeddings is refused by that name, ``misses.handoff_<field>``;
   one whose refs cover less than the producer saved, by its own word, is looked up instead), else from the
   daemon's joint-hit ``lookup`` over every KV cache group's group objects (``groups=``) at the
-  attention block ends and every TP shard (``tp_size``); when that finds nothing, over per-layer
+  attention block ends and every TP shard (``tp_size``; a replicated Mamba group's one object,
+  shard 0: ``group_shards=``); when that finds nothing, over per-layer
   objects (what producers saved before group objects). Started on the first call and never
   waited on: not answered within ``cfg.deadline`` it is a miss (counted). Never the whole
   prompt (vLLM computes at least one token), one answer per request (cached), 0 once a load of
@@ -192,7 +193,8 @@ class SchedulerSide:
             return self._missed("none")
         try:
             future = self.link.submit("lookup", boundaries=bounds, groups=self.layout.layer_groups,
-                                      kv_layout="blocks", tp_size=self.tp_size, lease=True)
+                                      group_shards=self.layout.group_shards(self.tp_size), kv_layout="blocks",
+                                      tp_size=self.tp_size, lease=True)
         except _DAEMON_FAILURES as exc:
             return self._missed(reason_of(exc))
         asking = self._asking[rid] = _Asking(future, time.monotonic(), hashes)

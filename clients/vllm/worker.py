@@ -9,15 +9,17 @@
 - ``flush(request_ids)`` (``handle_preemptions``) — the saves of preempted requests are
   done, or abandoned (their connection dropped, nothing more sent) past ``cfg.deadline``,
   before vLLM reuses their blocks.
-- ``start_loads(jobs)`` (``start_load_kv``) — per request, every object of this TP shard is
-  loaded straight into its block or Mamba slot (``load_many(into=…)``: each load states the
-  expected ref and the destination's names, dtypes and shapes; the daemon refuses another
-  object's identity, position, version or layout before writing, and the payload is
-  verified where it lands), started and not waited on: the request waits in vLLM's
-  ``WAITING_FOR_REMOTE_KVS`` until ``take_results`` reports it.
+- ``start_loads(jobs)`` (``start_load_kv``) — per request, every object of this TP shard (of a
+  replicated Mamba group, ``CacheGroup.is_replicated``: its one object, shard 0) is loaded
+  straight into its block or Mamba slot (``load_many(into=…)``: each load states the expected
+  ref and the destination's names, dtypes and shapes; the daemon refuses another object's
+  identity, position, version or layout before writing, and the payload is verified where it
+  lands), started and not waited on: the request waits in vLLM's ``WAITING_FOR_REMOTE_KVS``
+  until ``take_results`` reports it.
 - ``save(jobs)`` (``wait_for_save``) — Mamba states are copied into staging tensors this side
   owns (vLLM updates the slot in place next step), then one ``put_many`` per request is
-  started, reading the pages from the engine's blocks (kept alive by vLLM until the
+  started (this rank's shard of every group; a replicated group's state by rank 0 alone, as
+  shard 0), reading the pages from the engine's blocks (kept alive by vLLM until the
   request is reported in ``finished_sending``). Earlier saves of requests with none in this
   step are waited on first, for at most the deadline: a handoff after the prompt's last step
   finds them, and a request still saving overlaps its saves with its compute.
@@ -165,8 +167,9 @@ class WorkerSide:
 
     def start_loads(self, jobs: Sequence[LoadJob]) -> None:
         for job in jobs:
-            items = [item for item in job.items if item.ref.key.shard == self.shard]
             try:
+                items = [item for item in job.items
+                         if item.ref.key.shard == self.layout.group(item.group).shard_of(self.shard)]
                 if job.problem:
                     raise InvalidRequest(job.problem)
                 future = self.link.submit("load_many", [item.ref for item in items],
@@ -241,9 +244,14 @@ class WorkerSide:
     def save(self, jobs: Sequence[SaveJob]) -> None:
         self._wait_behind({job.request_id for job in jobs})
         for job in jobs:
-            puts = [PutItem(replace(item.key, shard=self.shard), self._staged(item),
-                            request_id=job.request_id, step=job.step, publish=self.cfg.publish) for item in job.items]
+            job = replace(job, items=tuple(item for item in job.items
+                                           if self.layout.group(item.group).saved_by(self.shard)))
+            puts = [PutItem(replace(item.key, shard=self.layout.group(item.group).shard_of(self.shard)),
+                            self._staged(item), request_id=job.request_id, step=job.step, publish=self.cfg.publish)
+                    for item in job.items]
             saves = self._saves.setdefault(job.request_id, [])  # reported in finished_sending, saved or not
+            if not puts:
+                continue  # a replicated state only: rank 0 saves it
             try:
                 future = self.link.submit("put_many", puts)
             except Exception as exc:  # noqa: BLE001 - a lost save is a later miss, never an engine failure

@@ -10,8 +10,10 @@
   block (or ``[0, N)``), an SSM group one at N,
 
 or 0 — on every TP shard of ``req.shards`` (a request is restorable at N only when every
-shard of every layer is). A model with SSM layers never gets a KV-only answer, because the
-SSM condition is part of every boundary's test. The objects behind the answer are leased
+shard of every layer is), or for a group with a ``req.group_shards`` count n on the first n
+shards (1: a state every rank holds the same, stored once as shard 0). A model with SSM
+layers never gets a KV-only answer, because the SSM condition is part of every boundary's
+test. The objects behind the answer are leased
 to ``owner`` (when ``req.lease``, held in ``leases``) so they cannot be evicted or compacted
 away before the caller loads or releases them; a load then verifies each one fully.
 An answer short of the largest boundary while moves are under way (a demotion holds an
@@ -81,6 +83,7 @@ class _Needed:
 
     def __init__(self, req: LookupRequest, bounds: list[tuple[int, bytes]]) -> None:
         self.req, self.bounds = req, bounds
+        self._shards = _group_shards(req)
         self._at: dict[int, tuple[list, list]] = {}
         self._pages: dict[int, list[StateKey]] = {}  # block j → its page of every (layer, shard)
 
@@ -101,13 +104,17 @@ class _Needed:
     def _build(self, i: int) -> tuple[list, list]:
         req, (end, prefix) = self.req, self.bounds[i]
         ssm = [key for placement in self._placements(Kind.SSM)
-               for key in _keys(req.namespace, Kind.SSM, placement, prefix, 0, end, req.shards)]
+               for key in _keys(req.namespace, Kind.SSM, placement, prefix, 0, end, self.shards(placement))]
         if req.kv_layout == "prefix":
             kv = [key for placement in self._placements(Kind.KV)
-                  for key in _keys(req.namespace, Kind.KV, placement, prefix, 0, end, req.shards)]
+                  for key in _keys(req.namespace, Kind.KV, placement, prefix, 0, end, self.shards(placement))]
             return ssm, kv
         pages = [self._page(j) for j in range(i + 1)]
         return ssm, [page[k] for k in range(len(pages[0])) for page in pages]  # by layer, shard, block
+
+    def shards(self, placement: int | LayerGroup) -> tuple[int, ...]:
+        """The shards holding a layer's (every shard) or a group's objects."""
+        return self._shards.get(placement, self.req.shards) if isinstance(placement, LayerGroup) else self.req.shards
 
     def _placements(self, kind: Kind) -> list:
         """The layers (per-layer objects) and groups (group objects) of ``kind`` asked for."""
@@ -119,8 +126,21 @@ class _Needed:
             req, (end, prefix) = self.req, self.bounds[j]
             start = self.bounds[j - 1][0] if j else 0
             self._pages[j] = [key for placement in self._placements(Kind.KV)
-                              for key in _keys(req.namespace, Kind.KV, placement, prefix, start, end, req.shards)]
+                              for key in _keys(req.namespace, Kind.KV, placement, prefix, start, end,
+                                               self.shards(placement))]
         return self._pages[j]
+
+
+def _group_shards(req: LookupRequest) -> dict[LayerGroup, tuple[int, ...]]:
+    """The shards of each group given a ``group_shards`` count: the first n of ``req.shards``."""
+    if not req.group_shards:
+        return {}
+    if len(req.group_shards) != len(req.groups):
+        raise InvalidRequest(f"group_shards names {len(req.group_shards)} shard counts for {len(req.groups)} groups")
+    for count in req.group_shards:
+        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= len(req.shards):
+            raise InvalidRequest(f"a group's shard count must be 1 … {len(req.shards)} (the TP size), not {count!r}")
+    return {group: req.shards[:count] for group, count in zip(req.groups, req.group_shards)}
 
 
 def _keys(namespace, kind: Kind, placement: int | LayerGroup, prefix: bytes, start: int, end: int,
@@ -137,6 +157,7 @@ async def joint_hit(stack: Stack, leases: Leases, req: LookupRequest, owner) -> 
     if req.kv_layout not in ("blocks", "prefix"):
         raise InvalidRequest("kv_layout must be 'blocks' or 'prefix'")
     bounds = _checked(req.boundaries)
+    _group_shards(req)  # a bad shard count is refused whatever else the request asks
     if not bounds or not (req.attention_layers or req.ssm_layers or req.groups):
         return JointHit(0)
     hit = await _best_hit(stack, leases, req, owner, bounds)

@@ -129,6 +129,7 @@ async def handle_lookup(session: Session, meta: LookupMeta, data) -> Reply:
         shards=tuple(range(meta.tp_size)),
         lease=meta.lease,
         groups=tuple(LayerGroup(Kind.parse(kind), group_id, layers) for kind, group_id, layers in meta.groups),
+        group_shards=meta.group_shards,
     )
     result = await session.engine.lookup(request, session.owner)
     return Reply(LookupReply(result.tokens, tuple((wire_ref(ref), lease) for ref, lease in result.objects)))

@@ -138,6 +138,28 @@ async def test_the_joint_hit_over_groups_needs_every_groups_object_on_every_shar
         assert (await client.lookup(groups=[ATTENTION, other_group], token_ids=prompt, lease=False)).tokens == 0
 
 
+async def test_a_group_stored_once_for_every_shard_is_found_with_its_shard_count(daemon_url):
+    """A state every TP rank holds the same (vLLM's ``MambaSpec.tp_replicated``) stored once, as
+    shard 0: ``group_shards`` says so; the daemon refuses a count past the TP size."""
+    async with AsyncClient(daemon_url, namespace=namespace("once", tp_size=2)) as client:
+        prompt = tokens(8, 2 * BLOCK)
+        chain = prefix_hashes(prompt, BLOCK)
+        for shard in (0, 1):
+            for b in range(2):
+                await client.put_group(client.group_key(ATTENTION, chain[b], b * BLOCK, (b + 1) * BLOCK, shard=shard),
+                                       kv_regions(b), request_id="once")
+        await client.put_group(client.group_key(MAMBA, chain[1], 0, 2 * BLOCK), ssm_regions(1), request_id="once")
+
+        assert (await client.lookup(groups=[ATTENTION, MAMBA], token_ids=prompt, lease=False)).tokens == 0
+        hit = await client.lookup(groups=[ATTENTION, MAMBA], group_shards=[2, 1], token_ids=prompt, lease=False)
+        assert hit.tokens == 2 * BLOCK
+        assert len(hit.refs) == 2 * 2 + 1  # 2 KV blocks on each shard, the SSM object once
+        with pytest.raises(InvalidRequest, match="one shard count per group"):
+            await client.lookup(groups=[ATTENTION, MAMBA], group_shards=[1], token_ids=prompt)
+        with pytest.raises(InvalidRequest, match="shard count must be 1"):  # the daemon's check
+            await client.lookup(groups=[ATTENTION, MAMBA], group_shards=[2, 3], token_ids=prompt)
+
+
 async def test_a_group_object_missing_a_layer_or_holding_another_is_refused(daemon_url):
     async with AsyncClient(daemon_url, namespace=namespace("refuse")) as client:
         prefix = bytes(32)

@@ -13,6 +13,7 @@ step's lookups, loads and saves are let finish (``ask``, ``wait_idle``) before t
 from __future__ import annotations
 
 import copy
+import dataclasses
 import pickle
 
 import pytest
@@ -226,6 +227,80 @@ def _first_block_only(job):
     from statetier.clients.vllm.jobs import SaveJob
 
     return SaveJob(job.request_id, job.step, tuple(i for i in job.items if i.key.token_end == BLOCK))
+
+
+# -- a Mamba state every TP rank holds the same (vLLM's MambaSpec.tp_replicated; issue 32) ------
+# A TP=2 producer (one scheduler, two ranks' workers and buffers) prefills a hybrid prompt. With
+# the Mamba group replicated, rank 0 alone saves its state, as shard 0: one object per boundary in
+# the daemon, none of shard 1; the attention group is still saved by each rank under its own
+# shard. A TP=2 consumer finds the joint hit by lookup and by the producer's handoff, and both of
+# its ranks load that one Mamba object, each its own shard of the pages. A group not replicated
+# is saved by each rank.
+
+
+def tp2_layout(replicated: bool) -> EngineLayout:
+    """The test hybrid, its Mamba group replicated across TP ranks or sharded."""
+    return EngineLayout(tuple(dataclasses.replace(g, is_replicated=replicated) if g.kind is Kind.SSM else g
+                              for g in hybrid_layout().groups))
+
+
+def tp2_pair(engines, role: str, layout: EngineLayout, seed: int | None) -> tuple[Engine, Engine]:
+    """Rank 0 and rank 1 of one TP=2 engine (rank 0's scheduler is the engine's); a producer's
+    attention pages differ by rank (seeds ``seed`` and ``seed + 1``)."""
+    rank0 = engines(layout, role=role, seed=seed, tp_size=2, shard=0)
+    return rank0, engines(layout, role=role, seed=None if seed is None else seed + 1, tp_size=2, shard=1)
+
+
+def ssm_hit(client: Client, layout: EngineLayout, prompt: list[int], **shards) -> int:
+    """The daemon's joint hit over the Mamba group alone at 32 tokens, TP=2 (``group_shards`` given or not)."""
+    hashes = prefix_hashes(prompt, BLOCK)
+    (mamba,) = layout.mamba_groups
+    found = client.lookup(boundaries=[(32, hashes[1])], groups=[mamba.layer_group], tp_size=2, lease=False, **shards)
+    return found.tokens
+
+
+@pytest.mark.parametrize("replicated", [True, False], ids=["replicated", "per_rank"])
+def test_a_replicated_mamba_state_is_saved_once_and_every_rank_restores_it(engines, replicated) -> None:
+    layout, seed = tp2_layout(replicated), 60 if replicated else 70
+    rank0, rank1 = tp2_pair(engines, "producer", layout, seed)
+    prompt = tokens(seed, 40)
+    produced = FakeRequest(f"p-{seed}", prompt)
+    prefill(rank0, produced, PRODUCER_BLOCKS, seed=seed, ranks=(rank1,))
+
+    # two attention blocks on each rank; the Mamba states at 16 and 32 once (rank 0) or on each rank
+    assert rank0.worker.counts.get("objects.save") == 4
+    assert rank1.worker.counts.get("objects.save") == (2 if replicated else 4)
+    _, params = rank0.scheduler.request_finished(produced)
+    handed = params["statetier"]["refs"]
+    assert sorted((r["key"]["kind"], r["key"]["shard"]) for r in handed) == sorted(
+        [("kv", 0), ("kv", 0), ("kv", 1), ("kv", 1), ("ssm", 0)] + ([] if replicated else [("ssm", 1)]))
+    with Client(rank0.scheduler.cfg.url, namespace=rank0.scheduler.spec, use_shm=False) as client:
+        assert ssm_hit(client, layout, prompt, group_shards=[1]) == 32  # shard 0's object
+        assert ssm_hit(client, layout, prompt) == (0 if replicated else 32)  # shard 1's: none when replicated
+
+    consumer0, consumer1 = tp2_pair(engines, "consumer", layout, None)
+    for how, params_given, blocks in (("lookup", None, CONSUMER_BLOCKS), ("handoff", params, ([3], [4, 6, 8]))):
+        request = FakeRequest(f"c-{seed}-{how}", prompt, kv_transfer_params=params_given)
+        assert ask(consumer0.scheduler, request) == 32, how  # the joint hit holds on both ranks
+        consumer0.scheduler.after_alloc(request, blocks, 32)
+        (job,) = consumer0.scheduler.build_meta([]).loads
+        assert sorted((i.ref.key.kind.name, i.ref.key.shard) for i in job.items) == sorted(
+            [("KV", 0), ("KV", 0), ("KV", 1), ("KV", 1), ("SSM", 0)] + ([] if replicated else [("SSM", 1)])), how
+        for consumer, producer in ((consumer0, rank0), (consumer1, rank1)):
+            load(consumer, [job])
+            assert consumer.worker.take_results().failed == set(), how
+            for name in ATTN:  # each rank its own shard of the pages
+                for src, dst in zip(PRODUCER_BLOCKS[1][:2], blocks[1][:2]):
+                    assert torch.equal(consumer.buffers[name][dst], producer.buffers[name][src]), (how, name)
+            for name in MAMBA:  # every rank the state at 32 (replicated: rank 0's one object)
+                want = rank0.snapshots[(produced.request_id, 32, name)]
+                got = consumer.worker.states(name, blocks[0][0])
+                assert all(torch.equal(got[k], want[k]) for k in want), (how, name)
+        # each rank: its 2 pages and one Mamba object (replicated: the same one on both ranks)
+        assert [c.worker.counts.get("objects.load") for c in (consumer0, consumer1)] == [3, 3], how
+        for consumer in (consumer0, consumer1):
+            consumer.worker.counts.take()
+        consumer0.scheduler.loads_finished([request.request_id])
 
 
 def test_a_local_prefix_cache_hit_is_not_overwritten(engines) -> None:

@@ -1,7 +1,8 @@
 """Issue 12: what the engine serves, and to whom, over a real host arena and disk tier.
 
 Stories: a TP=2 lookup with one shard's snapshot missing answers the lower boundary, and a
-rank whose shard has gone since the lookup is refused, never handed a recomputed mix; a
+rank whose shard has gone since the lookup is refused, never handed a recomputed mix; a group
+every rank holds the same (stored once, shard 0) is found with its shard count of 1; a
 speculative snapshot beside a committed one leaves the committed one served (the skip is
 counted); ``publish`` with no cross-node tier is refused before anything is stored, or,
 when tolerated, stored locally, said in the reply and counted; INSPECT and VERIFY see only
@@ -10,6 +11,7 @@ the asking tenant's objects.
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -18,7 +20,8 @@ from statetier.daemon.engine import Engine, EngineOptions
 from statetier.daemon.metrics import Metrics
 from statetier.daemon.requests import LoadRequest, LookupRequest, PutRequest
 from statetier.protocol.dtypes import TensorSpec
-from statetier.protocol.errors import CorruptPayload, Forbidden, NotFound, Unavailable
+from statetier.protocol.errors import CorruptPayload, Forbidden, InvalidRequest, NotFound, Unavailable
+from statetier.protocol.groups import LayerGroup
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, new_state_id, prefix_hashes
 from statetier.protocol.keyring import Keyring
 from statetier.protocol.sealed import decode_header, seal_object, verify_payload_only
@@ -67,8 +70,8 @@ async def engine(tmp_path):
 
 
 async def put(engine: Engine, key: StateKey, *, request: str = "req", seed: int = 1, tenant: str = "default",
-              speculative: bool = False, publish: bool = False):
-    req = PutRequest(tenant, key, Provenance(request, step=key.token_end), SPECS, speculative=speculative,
+              speculative: bool = False, publish: bool = False, specs: tuple[TensorSpec, ...] = SPECS):
+    req = PutRequest(tenant, key, Provenance(request, step=key.token_end), specs, speculative=speculative,
                      publish=publish)
     return await engine.put(req, data(seed))
 
@@ -102,6 +105,26 @@ async def test_a_tp2_lookup_with_one_shard_missing_answers_the_lower_boundary(en
     assert {ref.key.shard for ref, _ in answer.objects} == {0, 1}
     rank0_only = LookupRequest("default", NS, (0,), (1,), BOUNDS, shards=(0,), lease=False)
     assert (await engine.lookup(rank0_only, owner="c")).tokens == 64  # what the old one-shard lookup said
+
+
+async def test_a_group_every_rank_holds_the_same_is_found_once_with_a_shard_count_of_one(engine):
+    """vLLM's ``MambaSpec.tp_replicated``: under a TP=2 namespace, the state saved once, as shard 0."""
+    pages, state = LayerGroup(Kind.KV, 0, (0,)), LayerGroup(Kind.SSM, 1, (1,))
+    for shard in (0, 1):
+        for block in range(4):
+            await put(engine, pages.key(NS, CHAIN[block], 16 * block, 16 * (block + 1), shard),
+                      specs=(TensorSpec("0.kv", "float32", (32, 16)),))
+    await put(engine, state.key(NS, CHAIN[3], 0, 64), specs=(TensorSpec("1.ssm", "float32", (32, 16)),))
+    every_shard = LookupRequest("default", NS, (), (), BOUNDS, shards=(0, 1), lease=False, groups=(pages, state))
+    assert (await engine.lookup(every_shard, owner="c")).tokens == 0  # shard 1's state was never saved
+    once = msgspec.structs.replace(every_shard, group_shards=(2, 1))
+    answer = await engine.lookup(once, owner="c")
+    assert answer.tokens == 64
+    assert sorted((ref.key.kind, ref.key.shard) for ref, _ in answer.objects) == sorted(
+        [(Kind.KV, 0)] * 4 + [(Kind.KV, 1)] * 4 + [(Kind.SSM, 0)])
+    for bad in ((2,), (2, 0), (2, 3)):  # a count per group, each 1 … tp_size
+        with pytest.raises(InvalidRequest, match="shard count"):
+            await engine.lookup(msgspec.structs.replace(every_shard, group_shards=bad), owner="c")
 
 
 async def test_a_rank_whose_shard_went_since_the_lookup_is_refused(engine):

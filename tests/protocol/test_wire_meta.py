@@ -63,7 +63,7 @@ REQUEST_EXAMPLES = [
     LoadMeta(NS.digest, ref=wire_ref(REF), tensors=wire_specs(SPECS), shm=True, layers=(15,)),
     LoadBatchMeta(NS.digest, (LoadMeta(ref=wire_ref(REF)), LoadMeta(key=wire_key(KEY), recheck=True))),
     LookupMeta(NS.digest, ((256, os.urandom(32)), (512, os.urandom(32))), (1, 2), (3,), (("kv", 0, (7, 15)),),
-               "prefix", 2, False),
+               "prefix", 2, False, group_shards=(1,)),
     ReleaseMeta((5, 6), (7,)),
 ]
 REPLY_EXAMPLES = [
@@ -103,11 +103,32 @@ def test_fields_are_positional_and_trailing_defaults_may_be_left_off():
     assert decode(ReleaseMeta, msgspec.msgpack.encode([])) == ReleaseMeta()
 
 
+def test_a_lookups_group_shards_ride_at_the_end_and_peers_without_them_still_decode():
+    meta = LookupMeta(NS.digest, ((256, bytes(32)),), groups=(("ssm", 0, (1, 3)),), tp_size=2, group_shards=(1,))
+    older = msgspec.msgpack.decode(encode(meta))[:-1]  # what a peer sends that has no group_shards
+    assert decode(LookupMeta, msgspec.msgpack.encode(older)) == msgspec.structs.replace(meta, group_shards=())
+
+    class OlderLookupMeta(msgspec.Struct, array_like=True):  # a daemon that has no group_shards: it ignores them
+        ns: bytes
+        boundaries: tuple
+        attention_layers: tuple = ()
+        ssm_layers: tuple = ()
+        groups: tuple = ()
+        kv_layout: str = "blocks"
+        tp_size: int = 1
+        lease: bool = True
+        trace: bool = False
+        free_regions: tuple = ()
+
+    assert msgspec.msgpack.decode(encode(meta), type=OlderLookupMeta).tp_size == 2
+
+
 @pytest.mark.parametrize("raw, field", [
     (msgspec.msgpack.encode([b"short", [1]]), "$[0]"),  # a 5-byte namespace
     (msgspec.msgpack.encode([NS.digest, [[16, b"x" * 31]]]), "$[1][0][1]"),  # a 31-byte prefix hash
     (msgspec.msgpack.encode([NS.digest, [[-1, bytes(32)]]]), "$[1][0][0]"),  # a negative token end
     (msgspec.msgpack.encode([NS.digest, [], [], [], [], "blocks", 5000]), "$[6]"),  # tp_size past 4096
+    (msgspec.msgpack.encode([NS.digest, [], [], [], [], "blocks", 2, True, False, [], [0]]), "$[10][0]"),  # no shard
 ])
 def test_a_bad_field_is_an_invalid_request_naming_its_place(raw, field):
     with pytest.raises(InvalidRequest) as info:

@@ -106,26 +106,33 @@ def make_engine(daemon, layout, *, role: str, seed: int | None, tp_size: int = 1
     return Engine(layout, scheduler, worker, buffers)
 
 
-def prefill(engine: Engine, request: FakeRequest, block_ids, chunk: int = BLOCK, seed: int = 0) -> list[StepMeta]:
+def prefill(engine: Engine, request: FakeRequest, block_ids, chunk: int = BLOCK, seed: int = 0,
+            ranks: tuple[Engine, ...] = ()) -> list[StepMeta]:
     """Run the request's prompt through the scheduler in chunks; before each step's saves,
-    the Mamba slot gets new random states (what the model would have computed)."""
+    the Mamba slot gets new random states (what the model would have computed).
+
+    ``ranks``: the engine's other TP ranks (their own workers and buffers): every rank's worker
+    saves each step that ``engine``'s scheduler plans, its Mamba slot given the same states
+    (as a replicated state is), and the scheduler hears of every rank's refs."""
     engine.scheduler.after_alloc(request, block_ids, 0)
     metas, done = [], 0
     while done < request.prompt_length:
         n = min(chunk, request.prompt_length - done)
         meta = engine.scheduler.build_meta([ScheduledStep(request, done, n, block_ids)])
         done += n
-        for group in engine.layout.mamba_groups:
-            for name, lid in group.layers:
-                gen = torch.Generator().manual_seed(seed * 1000 + done * 10 + lid)
-                for view in engine.worker.states(name, block_ids[group.index][0]).values():
-                    view.copy_(torch.randn(view.shape, generator=gen))
-                engine.snapshots[(request.request_id, done, name)] = {
-                    k: v.clone() for k, v in engine.worker.states(name, block_ids[group.index][0]).items()}
-        engine.worker.save(meta.saves)
+        for rank in (engine, *ranks):
+            for group in rank.layout.mamba_groups:
+                for name, lid in group.layers:
+                    gen = torch.Generator().manual_seed(seed * 1000 + done * 10 + lid)
+                    for view in rank.worker.states(name, block_ids[group.index][0]).values():
+                        view.copy_(torch.randn(view.shape, generator=gen))
+                    rank.snapshots[(request.request_id, done, name)] = {
+                        k: v.clone() for k, v in rank.worker.states(name, block_ids[group.index][0]).items()}
+            rank.worker.save(meta.saves)
         metas.append(meta)
-    engine.worker.wait_idle()
-    report_saved(engine)
+    for rank in (engine, *ranks):
+        rank.worker.wait_idle()
+        engine.scheduler.refs_saved(rank.worker.take_saved_refs())
     return metas
 
 

@@ -23,13 +23,12 @@ connector. The connector itself takes any chunk size in align mode (``scheduler_
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from statetier.launch.daemons import DaemonProcess
-from tests.vllm_e2e.run_e2e import MAX_TOKENS, PROMPT_TOKENS, RESTORED, audit_records, page_digests, prompts, run_engine
+from tests.vllm_e2e.run_e2e import (MAX_TOKENS, PROMPT_TOKENS, RESTORED, audit_records, page_digests, prompts, run_engine,
+                                    script_main)
 from tests.vllm_e2e.tiny_models import write_granite_hybrid
 
 PRODUCED = ("A", "B")
@@ -72,21 +71,9 @@ def run(work: Path, daemon: DaemonProcess) -> list[str]:
 
 
 def main() -> int:
-    work = Path(tempfile.mkdtemp(prefix="st-vllm-align-e2e-", dir="/tmp"))
-    with DaemonProcess(name="align", metrics=False, host_capacity="256MiB") as daemon:
-        try:
-            failures = run(work, daemon)
-        except AssertionError as exc:
-            failures = [f"align: {exc}"]
-    for failure in failures:
-        print(f"FAILED: {failure}")
-    if failures:
-        print(f"engine logs and audit logs kept in {work}")
-        return 1
-    shutil.rmtree(work, ignore_errors=True)
-    print("PASSED: a prefix-cached hybrid (mamba_cache_mode=align, chunks of one block) end to end: the boundary "
-          "states vLLM hands over saved, the joint hit loaded into another engine, bytes and tokens equal")
-    return 0
+    return script_main("align", run, "a prefix-cached hybrid (mamba_cache_mode=align, chunks of one block) end to "
+                       "end: the boundary states vLLM hands over saved, the joint hit loaded into another engine, "
+                       "bytes and tokens equal", work="align-e2e")
 
 
 if __name__ == "__main__":

