@@ -259,8 +259,10 @@ class Placement:
         # the next one finds the room already made.
         lock = self._eviction_locks.setdefault(id(tier), asyncio.Lock())
         lower = self.below(tier)
+        # with no tier below, a victim's bytes have nowhere to go: none is copied out
+        spared = (lambda oid: self._is_held_below(lower, oid)) if lower else _nowhere_to_go
         async with self.cycle(), lock:
-            evicted = await tier.evict_sparing_copies(need_bytes, lambda oid: self._is_held_below(lower, oid))
+            evicted = await tier.evict_sparing_copies(need_bytes, spared)
             if evicted:
                 await self.demote(tier, evicted)
         return bool(evicted)
@@ -273,6 +275,11 @@ class Placement:
             oid = item.meta.object_id
             if self.is_deleting(oid):
                 self.tenancy.dropped(source.name, oid)
+                continue
+            if not lower:  # the last tier that holds bytes: what it evicts is dropped
+                self.dropped += 1
+                self.tenancy.dropped(source.name, oid)
+                log.info("dropped %s: no lower tier could take it", oid.hex())
                 continue
             holder = await self._holder_below(lower, oid)
             if holder is not None:
@@ -420,3 +427,8 @@ class Placement:
     def write_behind_pending(self) -> int:
         return self._queue.qsize()
 
+
+async def _nowhere_to_go(object_id: bytes) -> bool:
+    """An eviction's ``is_held_below`` from the lowest tier that holds bytes: every victim
+    leaves without its bytes being copied out (there is no tier to demote it to)."""
+    return True

@@ -75,3 +75,34 @@ async def test_a_load_promotes_into_free_room_only_and_leaves_the_rest_to_the_wr
             worker.cancel()
             await asyncio.gather(worker, return_exceptions=True)
         await engine.close()
+
+
+async def test_an_eviction_from_the_lowest_tier_copies_no_victim_out():
+    """A daemon whose arena is its only tier: the puts that fill it past its watermark evict,
+    and the victims are dropped without their bytes being copied out first (there is nowhere
+    to demote them: the copy was a whole watermark band of memcpy per eviction, for nothing).
+    Counted on the arena's own byte mover."""
+    keyring = Keyring.generate()
+    host = HostTier(HostTierOptions(4 * OBJECT_EXTENT, pin_memory=False, high_watermark=1.0, low_watermark=0.5))
+    engine = Engine([host], keyring=keyring, registry=MemoryVersionRegistry(),
+                    options=EngineOptions(producer_id="lowest"), arena=host)
+    await host.start()
+    movers = host._region.space.bytes  # the arena's byte mover (tiers.memory.hostbytes)
+    copied_out: list[int] = []
+    real_copy_out = movers.copy_out
+
+    async def counted_copy_out(places):
+        copied_out.append(len(places))
+        return await real_copy_out(places)
+
+    movers.copy_out = counted_copy_out
+    try:
+        refs = [(await put(engine, "alice", layer)).ref for layer in range(8)]
+        assert host.stats().evictions >= 4 and engine.placement.dropped == host.stats().evictions
+        assert sum(copied_out) == 0, copied_out
+        newest = refs[-1]  # still in the arena, and whole
+        result = await engine.load(LoadRequest("alice", NAMESPACES["alice"], ref=newest), owner="c")
+        assert bytes(result.payload) == data(newest.key.layer)
+    finally:
+        await engine.close()
+        await host.close()
