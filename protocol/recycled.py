@@ -16,7 +16,7 @@
 Why: a fresh buffer of a megabyte or more is an ``mmap`` of glibc's (or comes from a heap top
 glibc trims again as soon as two such buffers were freed together), so filling it takes a
 minor fault per 4 KiB page, and ``bytearray(n)`` zeroes it first. With two inline 8 MiB load
-replies in flight a client took 3,600 faults and 12 ms of system time per 8 × 2 MiB call
+replies in flight a client took 4,124 faults and 15 ms of system time per 8 × 2 MiB call
 (issue 33's inline regression); a recycled mapping takes none.
 """
 

@@ -28,7 +28,7 @@
   tensor a load allocates (``clients.results.ResultPool``, else ``torch.empty``), the body a
   frame is received into and the data of the daemon's inline load replies (else a
   ``bytearray``). For frames, measured (8 × 2 MiB inline loads, two 8 MiB replies in flight,
-  counted with ``getrusage``): 3,600 minor faults and 12.5 ms of system time per call in
+  counted with ``getrusage``, load 0.6): 4,124 minor faults and 15.3 ms of system time per call in
   the client with fresh ``bytearray`` bodies, none with recycled ones. For results,
   measured (this machine, AVX-512, load 3.6, median of 15, a fresh destination + copy as a
   ratio to a copy into a warm buffer): ``torch.empty`` 2.9–24× at 2–4 MiB (glibc maps each

@@ -84,7 +84,7 @@ async def test_inline_frames_reuse_faulted_memory_at_both_ends():
     """Two 8 MiB inline LOAD_BATCH replies in flight at once (8 × 2 MiB, no shared-memory
     window): the client's frame bodies and the daemon's reply data are recycled memory, so
     after the first calls neither process faults their pages in again (a fresh 8 MiB buffer
-    is 2,048 faults; the issue 33 regression took 3,600 a call in the client)."""
+    is 2,048 faults; the issue 33 regression took 4,124 a call in the client)."""
     # host.populate off: its thread faults the arena in beside the calls, and minflt counts every thread
     with DaemonProcess(name="inline-faults", host_capacity="256MiB",
                        settings={"disk.enabled": "false", "host.populate": "false"}) as daemon:
