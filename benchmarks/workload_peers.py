@@ -10,10 +10,15 @@ repetition its raw limits:
 - ``socket+blake3``: the same bytes sent over a plain loopback TCP connection (one thread
   sends, this one receives into a preallocated buffer with ``recv_into``) and hashed with
   keyed BLAKE3 on the receiving side;
-- ``redis-py SET+GET`` of the same bytes (``workload_raw.RedisRaw``): the Redis path's limit.
+- ``redis-py SET+GET`` of the same bytes (``workload_raw.RedisRaw``): the Redis path's limit;
+- with ``mooncake`` (the Python of a venv holding Mooncake Store), Mooncake Store's TCP put and
+  get of objects of the same sizes from the process that holds them (``MooncakeRaw``, which
+  runs ``benchmarks/mooncake_peer.py`` there): ``batch_put_from`` / ``batch_get_into`` over
+  its TCP transfer engine, verifying nothing.
 
-Rows (``suite="peers"``, ``tier="peer"``): ``handoff`` (against both raws), ``lookup+load``
-(the prefix restore from a peer, against ``socket+blake3``) and ``put+publish``. Each row
+Rows (``suite="peers"``, ``tier="peer"``): ``handoff`` (against both raws, and Mooncake's
+put+get), ``lookup+load`` (the prefix restore from a peer, against ``socket+blake3`` and
+Mooncake's get) and ``put+publish``. Each row
 carries ``redis_commands`` and ``redis_bytes`` per handoff: what redis-server counted
 (``INFO stats``: commands processed, network bytes in and out) over the put and the
 lookup+load, the daemons' health probes (a PING a second each) included.
@@ -21,11 +26,15 @@ lookup+load, the daemons' health probes (a PING a second each) included.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import statistics
+import subprocess
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import blake3
 
@@ -67,6 +76,57 @@ class SocketRaw:
                 conn.sendall(view)
 
 
+class MooncakeRaw:
+    """Mooncake Store (remote topology, TCP) in a process of its own Python: ``put(sizes)``,
+    ``get()`` (seconds each, as Mooncake's client timed them), ``remove()``, ``close()``."""
+
+    SCRIPT = Path(__file__).with_name("mooncake_peer.py")
+
+    def __init__(self, python: str) -> None:
+        self.log = tempfile.NamedTemporaryFile(prefix="st-mooncake-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen([python, str(self.SCRIPT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.log, text=True)
+        self._answer()  # {"ready": true} once the master and the storage process serve
+
+    def _answer(self) -> dict:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"mooncake stopped: see {self.log.name}")
+        return json.loads(line)
+
+    def _call(self, **command) -> dict:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(command) + "\n")
+        self.proc.stdin.flush()
+        return self._answer()
+
+    def put(self, sizes: list[int]) -> float:
+        return float(self._call(op="put", sizes=sizes)["seconds"])
+
+    def get(self) -> float:
+        answer = self._call(op="get")
+        if not answer["equal"]:
+            raise RuntimeError("mooncake: the bytes got differ from the bytes put")
+        return float(answer["seconds"])
+
+    def remove(self) -> None:
+        self._call(op="remove")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self._call(op="quit")
+            except (OSError, RuntimeError):
+                pass
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
 def redis_counts(url: str) -> tuple[int, int]:
     """(commands processed, network bytes in + out) as redis-server counts them."""
     import redis
@@ -77,14 +137,16 @@ def redis_counts(url: str) -> tuple[int, int]:
         int(stats["total_net_output_bytes"])
 
 
-async def _measure_case(prefill, decode, redis_url: str, model, tokens: int, reps: int, progress) -> list[dict]:
+async def _measure_case(prefill, decode, redis_url: str, model, tokens: int, reps: int, progress,
+                        mooncake: MooncakeRaw | None = None) -> list[dict]:
     from .workload_models import request_state
 
     state = request_state(model, tokens, seed=tokens)
     views = byte_views(state.tensors())
     raw_socket, red = SocketRaw(views), RedisRaw(redis_url)
     handoff = _Handoff(prefill, decode, model, state)
-    times: dict[str, list[float]] = {name: [] for name in ("socket", "set_get", "put", "load")}
+    sizes = [len(v) for v in views]
+    times: dict[str, list[float]] = {name: [] for name in ("socket", "set_get", "put", "load", "mc_put", "mc_get")}
     counts: list[tuple[int, int]] = []
     try:
         for rep in range(reps + 1):  # repetition 0 warms up and checks the bytes
@@ -92,6 +154,11 @@ async def _measure_case(prefill, decode, redis_url: str, model, tokens: int, rep
             t_set = await atimed(lambda: red.set_all(views))
             t_get = await atimed(red.get_all)
             await red.clear()
+            t_mc_put = t_mc_get = 0.0
+            if mooncake is not None:
+                t_mc_put = mooncake.put(sizes)
+                t_mc_get = mooncake.get()
+                mooncake.remove()
             prefix = os.urandom(32)
             commands, nbytes = redis_counts(redis_url)
             t_put = await atimed(lambda: handoff.put(prefix))
@@ -101,7 +168,7 @@ async def _measure_case(prefill, decode, redis_url: str, model, tokens: int, rep
             after = redis_counts(redis_url)
             await handoff.delete()
             if rep:
-                for name, value in zip(times, (t_socket, t_set + t_get, t_put, t_load)):
+                for name, value in zip(times, (t_socket, t_set + t_get, t_put, t_load, t_mc_put, t_mc_get)):
                     times[name].append(value)
                 counts.append((after[0] - commands - 1, after[1] - nbytes))  # less the INFO itself
             progress(1)
@@ -114,7 +181,12 @@ async def _measure_case(prefill, decode, redis_url: str, model, tokens: int, rep
              "redis_commands": statistics.median(c for c, _ in counts),
              "redis_bytes": statistics.median(b for _, b in counts)}
     handoff_t = [p + lo for p, lo in zip(times["put"], times["load"])]
-    return [paired_row("peers", "peer", "handoff", size, objects, handoff_t, "socket+blake3", times["socket"],
+    rows = [] if mooncake is None else [
+        paired_row("peers", "peer", "handoff", size, objects, handoff_t, "mooncake TCP put+get",
+                   [p + g for p, g in zip(times["mc_put"], times["mc_get"])], **extra),
+        paired_row("peers", "peer", "lookup+load", size, objects, times["load"], "mooncake TCP get",
+                   times["mc_get"], **extra)]
+    return rows + [paired_row("peers", "peer", "handoff", size, objects, handoff_t, "socket+blake3", times["socket"],
                        **extra),
             paired_row("peers", "peer", "handoff", size, objects, handoff_t, "redis-py SET+GET", times["set_get"],
                        **extra),
@@ -124,17 +196,23 @@ async def _measure_case(prefill, decode, redis_url: str, model, tokens: int, rep
                        times["socket"], **extra)]
 
 
-async def run_peers(cluster, cases: list, reps: int, progress) -> list[dict]:
+async def run_peers(cluster, cases: list, reps: int, progress, mooncake_python: str | None = None) -> list[dict]:
     from statetier.clients import AsyncClient
     from statetier.launch import served_by_tier
 
     rows: list[dict] = []
-    for model, tokens in cases:
-        namespace = _namespace(model)
-        before = cluster.decode.counters()
-        async with AsyncClient(cluster.prefill.url, namespace=namespace) as prefill, \
-                AsyncClient(cluster.decode.url, namespace=namespace) as decode:
-            case_rows = await _measure_case(prefill, decode, cluster.redis_url, model, tokens, reps, progress)
-        served = served_by_tier(before, cluster.decode.counters())
-        rows += [{**row, "served_by_tier": served} for row in case_rows]
+    mooncake = None if mooncake_python is None else MooncakeRaw(mooncake_python)
+    try:
+        for model, tokens in cases:
+            namespace = _namespace(model)
+            before = cluster.decode.counters()
+            async with AsyncClient(cluster.prefill.url, namespace=namespace) as prefill, \
+                    AsyncClient(cluster.decode.url, namespace=namespace) as decode:
+                case_rows = await _measure_case(prefill, decode, cluster.redis_url, model, tokens, reps, progress,
+                                                mooncake)
+            served = served_by_tier(before, cluster.decode.counters())
+            rows += [{**row, "served_by_tier": served} for row in case_rows]
+    finally:
+        if mooncake is not None:
+            mooncake.close()
     return rows

@@ -11,8 +11,9 @@ Four parts, in this order (``--only`` picks some), each with a progress bar on s
   and a redis-server (``statetier.launch.PDCluster``);
 - ``peers``   — the same handoff with the daemons' peer tiers on (Redis the directory, the
   bytes pulled from prefill), against a plain loopback socket + BLAKE3 and redis-py
-  SET+GET of the same bytes, with Redis's command and byte counts per handoff
-  (``workload_peers``);
+  SET+GET of the same bytes, with Redis's command and byte counts per handoff, and with
+  ``--mooncake-python`` Mooncake Store's TCP put and get of the same objects in the same
+  repetitions (``workload_peers``);
 - ``prefix``  — multi-turn conversations restored by joint hits (``workload_prefix``);
 - ``clients`` — 1, 4 and 16 client processes putting and loading 2 MiB pages
   (``workload_clients``);
@@ -125,13 +126,13 @@ def run_pd(plan: WorkloadPlan, directory: Path, progress) -> list[dict]:
         return _run_async(measure(cluster, cases, plan.pd_reps, progress))
 
 
-def run_peers(plan: WorkloadPlan, directory: Path, progress) -> list[dict]:
+def run_peers(plan: WorkloadPlan, directory: Path, progress, mooncake_python: str | None = None) -> list[dict]:
     from .workload_peers import run_peers as measure
     from statetier.launch import PDCluster
 
     cases = [(model, tokens) for tokens in plan.pd_tokens for model in MODELS]
     with PDCluster(host_capacity="1GiB", log_level="warning", settings={"peers.enabled": "true"}) as cluster:
-        return _run_async(measure(cluster, cases, plan.pd_reps, progress))
+        return _run_async(measure(cluster, cases, plan.pd_reps, progress, mooncake_python))
 
 
 def run_prefix(plan: WorkloadPlan, directory: Path, progress) -> list[dict]:
@@ -173,7 +174,7 @@ def steps(plan: WorkloadPlan, part: str) -> int:
             "sglang": plan.sglang_reps + 1}[part]
 
 
-def run(plan: WorkloadPlan, parts: list[str], directory: Path) -> list[dict]:
+def run(plan: WorkloadPlan, parts: list[str], directory: Path, mooncake_python: str | None = None) -> list[dict]:
     rows: list[dict] = []
     start = None
     for part in parts:
@@ -183,8 +184,11 @@ def run(plan: WorkloadPlan, parts: list[str], directory: Path) -> list[dict]:
             if part == "limits":
                 start = run_limits(plan, directory, progress)
                 continue
-            found = {"pd": run_pd, "peers": run_peers, "prefix": run_prefix, "clients": run_clients,
-                     "sglang": run_sglang}[part](plan, directory, progress)
+            if part == "peers":
+                found = run_peers(plan, directory, progress, mooncake_python)
+            else:
+                found = {"pd": run_pd, "prefix": run_prefix, "clients": run_clients,
+                         "sglang": run_sglang}[part](plan, directory, progress)
         finally:
             progress.close()
         after = background(plan.background_seconds)
@@ -219,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="2k tokens, few turns and repetitions (about a minute)")
     parser.add_argument("--dir", default=None, help="where the raw file writes go (default: system temp)")
     parser.add_argument("--only", nargs="+", choices=PARTS, default=list(PARTS), help="run only these parts")
+    parser.add_argument("--mooncake-python", metavar="PYTHON", default=None,
+                        help="the Python of a venv with Mooncake Store (../shared/peers/setup.sh mooncake: "
+                             "/tmp/venv-mooncake/bin/python): the peers rows gain Mooncake's TCP put and get of the "
+                             "same objects")
     args = parser.parse_args(argv)
     import torch
 
@@ -232,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     directory = Path(tempfile.mkdtemp(prefix="statetier-workloads-", dir=args.dir))
     try:
-        rows = run(plan, [part for part in PARTS if part in args.only], directory)
+        rows = run(plan, [part for part in PARTS if part in args.only], directory, args.mooncake_python)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     elapsed = time.perf_counter() - started
