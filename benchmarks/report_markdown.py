@@ -156,6 +156,29 @@ def pd_section(rows: list[dict], plot: str | None) -> list[str]:
     return lines
 
 
+def peers_section(rows: list[dict]) -> list[str]:
+    """The handoff across daemons over the peer transport, each row beside every raw path of the
+    same repetitions (socket+BLAKE3, redis-py SET+GET, Mooncake Store's TCP put/get when run)."""
+    found = _by(rows, "peers")
+    if not found:
+        return []
+    body = [[r["case"], f"{r['size_bytes'] / MiB:.1f}", str(r["batch"]), r.get("transport", "tcp"), r["op"],
+             _f(r["p50_us"] / 1e6, 3), _f(r["gbps"]), r["raw"], _f(r["raw_gbps"]), _f(r["ratio"])] for r in found]
+    head = ["case", "MiB", "objects", "transport", "op", "s (median)", "GB/s", "raw (same repetitions)", "raw GB/s",
+            "ratio"]
+    return ["## PD handoff across daemons (peer transport)", "",
+            "The same requests as above with both daemons' peer tiers on: the prefill daemon's "
+            "`put_many(publish=True)` "
+            "puts each object's descriptor in Redis (the directory) and keeps the bytes; the decode daemon's joint-hit "
+            "lookup finds them there and its `load_many` pulls the bytes from the prefill daemon over an "
+            "authenticated TCP connection, verifies them and hands them to its client. `handoff` = put+publish and "
+            "lookup+load; `lookup+load` = the restore from a peer alone. Raw paths, in the same repetitions: the same "
+            "bytes over one plain loopback socket with BLAKE3 on receipt, redis-py SET+GET, and (where the run was "
+            "given `--mooncake-python`) Mooncake Store's TCP `batch_put_from` / `batch_get_into` of objects of the "
+            "same sizes from the process that holds them (remote topology, nothing verified).", "",
+            *_table(head, body), "", _served_text(found), ""]
+
+
 def _pd_raw_kind(raw: str) -> str:
     """Which column a PD row's raw limit goes to: plain redis-py, the best redis-py, memcpy."""
     if raw.startswith("memcpy"):
@@ -340,6 +363,7 @@ def render(document: dict, run: dict, plots: dict[str, Path | None], md_dir: Pat
         lines += [f"![Every workload figure as a ratio to its raw limit]({rel['ratios']})", ""]
     lines += limits_section(rows)
     lines += pd_section(rows, rel.get("pd"))
+    lines += peers_section(rows)
     lines += recompute_section(rows)
     lines += prefix_section(rows, rel.get("prefix"))
     lines += clients_section(rows, rel.get("clients"))
