@@ -227,6 +227,30 @@ def prefix_section(rows: list[dict], plot: str | None) -> list[str]:
     return lines
 
 
+def prefix_peers_section(rows: list[dict]) -> list[str]:
+    """The conversations across two daemons (``workload_prefix.run_prefix_across``)."""
+    found = _by(rows, "prefix-peers")
+    if not found:
+        return []
+    first = found[0]
+    rate = "–" if first.get("hit_rate") is None else f"{first['hit_rate'] * 100:.1f}%"
+    hits = ", ".join(f"{tier} {n}" for tier, n in sorted(first.get("hits_by_tier", {}).items())) or "none"
+    body = [[r["op"] + (f" (lookup {r['lookup_ms']:.0f} ms)" if r["op"] == "lookup+load" else ""),
+             f"{r['size_bytes'] / MiB:.0f}", str(r["samples"]), _f(r["gbps"]), r["raw"], _f(r["raw_gbps"]),
+             _f(r["ratio"]), _f(r["p50_us"] / 1e3, 1), _f(r["p99_us"] / 1e3, 1)] for r in found
+            if not r["raw"].startswith("served tier")]
+    return ["## Multi-turn prefix reuse across daemons", "",
+            f"The same {first['conversations']} conversations of {first['turns']} turns against two daemons with "
+            "their peer tiers on, turns alternating between them: every save is published (its descriptor in the "
+            "directory, its bytes kept by the daemon that served the turn), so each turn's joint hit restores the "
+            "conversation's previous turn from the other daemon's memory over the peer transport, verified on "
+            "arrival.", "",
+            f"- Hit rate: **{rate}** — {first['tokens_restored']} of {first['tokens_possible']} tokens",
+            f"- Objects served per tier (both daemons' counters): {hits}", "",
+            *_table(["op", "MiB", "turns", "GB/s", "raw limit", "raw GB/s", "ratio", "p50 ms/turn", "p99 ms/turn"],
+                    body), ""]
+
+
 def _served_tier_limits(found: list[dict]) -> list[str]:
     load = next((r for r in found if r.get("pread_blake3_warm_gbps") is not None), None)
     if load is None:
@@ -366,6 +390,7 @@ def render(document: dict, run: dict, plots: dict[str, Path | None], md_dir: Pat
     lines += peers_section(rows)
     lines += recompute_section(rows)
     lines += prefix_section(rows, rel.get("prefix"))
+    lines += prefix_peers_section(rows)
     lines += clients_section(rows, rel.get("clients"))
     lines += sglang_section(rows)
     lines += sdk_section(rows)

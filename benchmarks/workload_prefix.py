@@ -2,7 +2,13 @@
 
 ``run_prefix(daemon, plan, directory, progress) -> (rows, turns)`` (async), against one
 daemon (host arena + disk + Redis; the arena smaller than the conversations' working set,
-so older turns are evicted to disk and come back from there). Jamba-mini geometry;
+so older turns are evicted to disk and come back from there).
+``run_prefix_across(prefill, decode, plan, directory, progress)`` (async): the same
+conversations across two daemons with their peer tiers on, turns alternating between them
+(every save published: descriptors in the directory, bytes kept by the daemon that served
+the turn), so each turn restores the conversation's previous turn from the other daemon's
+memory over the peer transport (``suite="prefix-peers"``, ``tier="peer"``; one more raw,
+``socket+blake3``: the loaded bytes over a plain loopback socket, hashed on receipt). Jamba-mini geometry;
 every conversation starts with the same system prompt. Conversations take turns round
 robin; each turn
 
@@ -75,6 +81,7 @@ class Turn:
     loaded_by_tier: dict = field(default_factory=dict)  # bytes each tier served (from its hits)
     raw_save_s: float = 0.0
     raw_write_s: float = 0.0
+    raw_socket_s: float = 0.0  # the loaded bytes over a loopback socket + BLAKE3 (the peer workload)
 
 
 @dataclass
@@ -116,10 +123,13 @@ def hits_by_tier_and_kind(daemon) -> dict[tuple[str, str], int]:
 
 
 class _Runner:
-    def __init__(self, client, plan: PrefixPlan, directory, daemon) -> None:
+    """Turns against ``nodes`` (``(client, daemon)`` pairs): turn ``i`` of every conversation on
+    node ``i % len(nodes)``; with ``publish`` every save is published (the peer workload)."""
+
+    def __init__(self, nodes: list, plan: PrefixPlan, directory, publish: bool = False) -> None:
         from statetier.protocol.identity import prefix_hashes
 
-        self.client, self.plan, self.daemon = client, plan, daemon
+        self.nodes, self.plan, self.publish = nodes, plan, publish
         self.pools, self.file, self.reads = _Pools(), FileRaw(directory), ReadRaw(directory)
         self.hashes = prefix_hashes
         self.system_saved = False
@@ -130,10 +140,10 @@ class _Runner:
     async def turn(self, conv: _Conversation, index: int) -> Turn:
         from statetier.clients import PutItem
 
-        client, plan = self.client, self.plan
+        (client, daemon), plan = self.nodes[index % len(self.nodes)], self.plan
         possible = conv.saved or (plan.system_blocks * BLOCK if self.system_saved else 0)
         bounds = self.boundaries(conv.tokens)
-        hits_before = hits_by_tier_and_kind(self.daemon)
+        hits_before = hits_by_tier_and_kind(daemon)
         started = time.perf_counter()
         hit = await client.lookup(MODEL.attention_layers, MODEL.ssm_layers, bounds, kv_layout="blocks")
         lookup_s = time.perf_counter() - started
@@ -144,14 +154,15 @@ class _Runner:
         load_s = time.perf_counter() - started
         record = Turn(conv.index, index, len(conv.tokens), possible, hit.tokens, _nbytes(loaded),
                       lookup_s=lookup_s, load_s=load_s)
-        record.loaded_by_tier = _bytes_by_tier(hits_before, hits_by_tier_and_kind(self.daemon), hit.refs, loaded)
+        record.loaded_by_tier = _bytes_by_tier(hits_before, hits_by_tier_and_kind(daemon), hit.refs, loaded)
         items, groups = [], []
         request = f"chat-{conv.index}-{index}"
         for block in range(hit.tokens // BLOCK, len(bounds)):
             end, prefix = bounds[block]
             for layer in MODEL.attention_layers:
                 page = self.pools.page()
-                items.append(PutItem(client.kv_key(layer, prefix, end - BLOCK, end), page, request))
+                items.append(PutItem(client.kv_key(layer, prefix, end - BLOCK, end), page, request,
+                                     publish=self.publish))
                 groups.append(page)
         ends = [len(conv.tokens)]
         if not self.system_saved and hit.tokens < plan.system_blocks * BLOCK:
@@ -159,7 +170,8 @@ class _Runner:
         for end in ends:
             snapshot = self.pools.snapshots[end % 2]
             for layer in MODEL.ssm_layers:
-                items.append(PutItem(client.ssm_key(layer, bounds[end // BLOCK - 1][1], end), snapshot, request))
+                items.append(PutItem(client.ssm_key(layer, bounds[end // BLOCK - 1][1], end), snapshot, request,
+                                     publish=self.publish))
                 groups.append(snapshot)
         started = time.perf_counter()
         await client.put_many(items)
@@ -174,6 +186,10 @@ class _Runner:
         loaded_views = byte_views([t for group in loaded for t in group.values()])
         saved_views = byte_views([t for group in saved for t in group.values()])
         record.raw_load_s = timed(MemoryRaw(loaded_views).run) if loaded_views else 0.0
+        if loaded_views and self.publish:
+            from .workload_peers import SocketRaw
+
+            record.raw_socket_s = timed(SocketRaw(loaded_views).run)
         if loaded_views:
             self.reads.stage(loaded_views)
             record.raw_read_warm_s = timed(self.reads.run_warm)
@@ -216,16 +232,30 @@ def _grow(conv: _Conversation, plan: PrefixPlan, rng: random.Random) -> None:
 
 
 async def run_prefix(daemon, plan: PrefixPlan, directory, progress) -> tuple[list[dict], list[dict]]:
+    turns, hits = await _converse([daemon], plan, directory, progress, publish=False)
+    return _rows(turns, plan, hits), [asdict(turn) for turn in turns]
+
+
+async def run_prefix_across(prefill, decode, plan: PrefixPlan, directory, progress) -> tuple[list[dict], list[dict]]:
+    """The conversations across two daemons with peer tiers: each turn on the other daemon."""
+    turns, hits = await _converse([prefill, decode], plan, directory, progress, publish=True)
+    return _rows(turns, plan, hits, suite="prefix-peers", tier="peer"), [asdict(turn) for turn in turns]
+
+
+async def _converse(daemons: list, plan: PrefixPlan, directory, progress, publish: bool) -> tuple[list[Turn], dict]:
+    from contextlib import AsyncExitStack
+
     from statetier.clients import AsyncClient
     from statetier.protocol.identity import NamespaceSpec
 
     namespace = NamespaceSpec("bench-prefix/jamba-mini", kv_block_size=BLOCK, kv_dtype="bfloat16")
     rng = random.Random(7)
     conversations = _conversations(plan)
-    before = daemon.counters()
+    before = [daemon.counters() for daemon in daemons]
     turns: list[Turn] = []
-    async with AsyncClient(daemon.url, namespace=namespace) as client:
-        runner = _Runner(client, plan, directory, daemon)
+    async with AsyncExitStack() as stack:
+        nodes = [(await stack.enter_async_context(AsyncClient(d.url, namespace=namespace)), d) for d in daemons]
+        runner = _Runner(nodes, plan, directory, publish)
         try:
             for index in range(plan.turns):
                 for conv in conversations:
@@ -235,12 +265,15 @@ async def run_prefix(daemon, plan: PrefixPlan, directory, progress) -> tuple[lis
         finally:
             runner.file.close()
             runner.reads.close()
-    after = daemon.counters()
-    hits = served_by_tier(before, after)
-    return _rows(turns, plan, hits), [asdict(turn) for turn in turns]
+    hits: dict[str, int] = {}
+    for daemon, counted in zip(daemons, before):
+        for tier, n in served_by_tier(counted, daemon.counters()).items():
+            hits[tier] = hits.get(tier, 0) + n
+    return turns, hits
 
 
-def _rows(turns: list[Turn], plan: PrefixPlan, hits: dict) -> list[dict]:
+def _rows(turns: list[Turn], plan: PrefixPlan, hits: dict, suite: str = "prefix",
+          tier: str = "host+disk") -> list[dict]:
     from .rows import percentile
 
     possible = sum(t.possible for t in turns)
@@ -256,7 +289,7 @@ def _rows(turns: list[Turn], plan: PrefixPlan, hits: dict) -> list[dict]:
         size = sum(size_of(t) for t in chosen)
         spent, raw_spent = sum(time_of(t) for t in chosen), sum(raw_of(t) for t in chosen)
         per_turn = [time_of(t) for t in chosen]
-        return {"suite": "prefix", "tier": "host+disk", "op": op, "size_bytes": size, "batch": len(chosen),
+        return {"suite": suite, "tier": tier, "op": op, "size_bytes": size, "batch": len(chosen),
                 "gbps": size / spent / 1e9, "raw": raw, "raw_gbps": size / raw_spent / 1e9,
                 "ratio": raw_spent / spent, "p50_us": percentile(per_turn, 50) * 1e6,
                 "p99_us": percentile(per_turn, 99) * 1e6, "samples": len(chosen),
@@ -265,6 +298,9 @@ def _rows(turns: list[Turn], plan: PrefixPlan, hits: dict) -> list[dict]:
     if loads:
         rows.append(row("lookup+load", loads, lambda t: t.loaded_bytes, lambda t: t.load_s, "memcpy+blake3",
                         lambda t: t.raw_load_s))
+        if all(t.raw_socket_s for t in loads):  # the peer workload: the bytes crossed a socket
+            rows.append(row("lookup+load", loads, lambda t: t.loaded_bytes, lambda t: t.load_s, "socket+blake3",
+                            lambda t: t.raw_socket_s))
         loaded = sum(t.loaded_bytes for t in loads)
         limits = {"disk_fraction": sum(t.loaded_by_tier.get("disk", 0) for t in loads) / loaded,
                   "pread_blake3_warm_gbps": loaded / sum(t.raw_read_warm_s for t in loads) / 1e9,

@@ -15,6 +15,9 @@ Four parts, in this order (``--only`` picks some), each with a progress bar on s
   ``--mooncake-python`` Mooncake Store's TCP put and get of the same objects in the same
   repetitions (``workload_peers``);
 - ``prefix``  — multi-turn conversations restored by joint hits (``workload_prefix``);
+- ``prefix-peers`` — the same conversations across two daemons with peer tiers, turns
+  alternating between them, each turn restoring the previous one from the other daemon's
+  memory (``workload_prefix.run_prefix_across``);
 - ``clients`` — 1, 4 and 16 client processes putting and loading 2 MiB pages
   (``workload_clients``);
 - ``sglang``  — the SGLang HiCache backend's ``batch_set_v1`` / ``batch_get_v1`` of 64 pages
@@ -43,7 +46,7 @@ from .machine import background
 from .workload_models import MODELS
 from .workload_prefix import PrefixPlan
 
-PARTS = ("limits", "pd", "peers", "prefix", "clients", "sglang")
+PARTS = ("limits", "pd", "peers", "prefix", "prefix-peers", "clients", "sglang")
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,17 @@ def run_prefix(plan: WorkloadPlan, directory: Path, progress) -> list[dict]:
     return rows
 
 
+def run_prefix_peers(plan: WorkloadPlan, directory: Path, progress) -> list[dict]:
+    from .workload_prefix import run_prefix_across as measure
+    from statetier.launch import PDCluster
+
+    with PDCluster(host_capacity="256MiB", log_level="warning", settings={"peers.enabled": "true"}) as cluster:
+        rows, turns = _run_async(measure(cluster.prefill, cluster.decode, plan.prefix, directory, progress))
+    for row in rows:
+        row["per_turn"] = turns
+    return rows
+
+
 def run_clients(plan: WorkloadPlan, directory: Path, progress) -> list[dict]:
     from .workload_clients import run_clients as measure
 
@@ -170,6 +184,7 @@ def steps(plan: WorkloadPlan, part: str) -> int:
     return {"limits": 1, "pd": len(plan.pd_tokens) * len(MODELS) * (plan.pd_reps + 1),
             "peers": len(plan.pd_tokens) * len(MODELS) * (plan.pd_reps + 1),
             "prefix": plan.prefix.conversations * plan.prefix.turns,
+            "prefix-peers": plan.prefix.conversations * plan.prefix.turns,
             "clients": len(plan.client_levels) * (plan.client_reps + 1),
             "sglang": plan.sglang_reps + 1}[part]
 
@@ -187,7 +202,7 @@ def run(plan: WorkloadPlan, parts: list[str], directory: Path, mooncake_python: 
             if part == "peers":
                 found = run_peers(plan, directory, progress, mooncake_python)
             else:
-                found = {"pd": run_pd, "prefix": run_prefix, "clients": run_clients,
+                found = {"pd": run_pd, "prefix": run_prefix, "prefix-peers": run_prefix_peers, "clients": run_clients,
                          "sglang": run_sglang}[part](plan, directory, progress)
         finally:
             progress.close()

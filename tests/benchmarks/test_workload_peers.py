@@ -24,3 +24,9 @@ def test_the_peers_part_is_planned_like_the_pd_part() -> None:
     assert "peers" in workloads.PARTS
     for plan in (workloads.QUICK, workloads.FULL):
         assert workloads.steps(plan, "peers") == workloads.steps(plan, "pd")
+
+
+def test_the_prefix_across_daemons_part_is_planned_like_the_prefix_part() -> None:
+    assert "prefix-peers" in workloads.PARTS
+    for plan in (workloads.QUICK, workloads.FULL):
+        assert workloads.steps(plan, "prefix-peers") == workloads.steps(plan, "prefix")
