@@ -81,10 +81,19 @@ def test_the_image_exposes_and_health_checks_the_metrics_port_of_its_config() ->
         assert re.search(rf"install -d -o statetier -g statetier -m \d+ .*{directory}\b", owned), directory
 
 
+@pytest.mark.parametrize("name", ["Containerfile", "Containerfile.vllm"])
+def test_the_images_install_the_wheel_built_from_the_repository(name: str) -> None:
+    """Regression: ``pip install .``; the wheel file is what users get (issue 41)."""
+    runs = " ".join(arg for word, arg in containerfile_instructions(DEPLOY / name) if word == "RUN")
+    wheel_dir = re.search(r"pip wheel --no-deps --wheel-dir (\S+) \.", runs)
+    assert wheel_dir, runs
+    assert re.search(rf"pip install (--no-deps )?{re.escape(wheel_dir.group(1))}/statetier-\*\.whl", runs), runs
+    assert "pip install ." not in runs and "-e ." not in runs
+
+
 def test_the_image_installs_the_project_from_the_repository_with_a_torch_pyproject_allows() -> None:
     build = containerfile_instructions(CONTAINERFILE)
     runs = " ".join(arg for word, arg in build if word == "RUN")
-    assert "pip install ." in runs
     pins = set(re.findall(r'"(torch[^"]*)"', runs))
     dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     assert pins and pins <= {d for d in dependencies if d.startswith("torch")}
