@@ -41,7 +41,7 @@ from statetier.tiers.tolerant_registry import TolerantRegistry
 from .config import Config
 from .engine import Announcements, Engine, EngineOptions
 from .events import EventPublisher
-from .http import MetricsServer
+from .http import MetricsServer, Readiness
 from .metrics import Metrics
 from .redis_watch import RedisWatch
 from .server import Server
@@ -327,10 +327,10 @@ def _shared_registry(config: Config, redis_tier, metrics: Metrics) -> tuple[Vers
 
 
 def _readiness(engine: Engine, watch: RedisWatch | None):
-    def ready() -> bool | tuple[bool, str]:
+    def ready() -> bool | Readiness:
         if not engine.ready or watch is None:
             return engine.ready
-        return watch.readiness()
+        return watch.readiness()  # degraded is still ready: /readyz/strict alone says 503
 
     return ready
 
