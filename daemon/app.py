@@ -43,6 +43,7 @@ from .engine import Announcements, Engine, EngineOptions
 from .events import EventPublisher
 from .http import MetricsServer, Readiness
 from .metrics import Metrics
+from .peer_address import PeerAddress, joined, resolve_peer_address
 from .redis_watch import RedisWatch
 from .server import Server
 
@@ -60,6 +61,7 @@ class App:
     events: EventPublisher | None = None
     watch: RedisWatch | None = None
     new_keyring: tuple[Keyring, Path] | None = None  # generated here: saved once started
+    peer_address: PeerAddress | None = None  # peers.enabled: where it listens, what it advertises
     maintenance: list[asyncio.Task] = field(default_factory=list)
 
     async def start(self) -> None:
@@ -135,7 +137,15 @@ class App:
             else:
                 capacity = f"{stats.capacity} bytes ({_gib(stats.capacity)})"
             lines.append(f"  tier {stats.tier}: capacity {capacity}, {stats.objects} objects{sized}")
+            if stats.tier == "peer" and self.peer_address is not None:
+                lines.append(peer_banner(self.peer_address, stats.extra.get("address", "")))
         return "\n".join(lines)
+
+
+def peer_banner(address: PeerAddress, advertised: str) -> str:
+    """The start banner's peer line: what other daemons dial, where it listens, and why."""
+    listening = joined(address.host, address.port) if address.port else f"{address.host} (any free port)"
+    return f"  peers: other daemons dial {advertised or address.advertise} (listening on {listening}: {address.note})"
 
 
 def _gib(nbytes: int) -> str:
@@ -184,8 +194,10 @@ def load_or_create_cipher(path: Path) -> AtRestCipher:
         raise ConfigError(f"keys.at_rest_key_file {path}: {exc}") from exc
 
 
-def build_tiers(config: Config, keyring: Keyring, executor) -> tuple[list[Tier], dict]:
-    """Concrete tiers, fastest first, and the roles the engine needs (arena, publish, …)."""
+def build_tiers(config: Config, keyring: Keyring, executor,
+                peer_address: PeerAddress | None = None) -> tuple[list[Tier], dict]:
+    """Concrete tiers, fastest first, and the roles the engine needs (arena, publish, …);
+    the peer tier where ``peer_address`` (``peers.enabled``, resolved) is given."""
     from statetier.tiers.disk import DiskTier, DiskTierOptions
     from statetier.tiers.memory import DeviceTier, DeviceTierOptions, HostTier, HostTierOptions
 
@@ -226,14 +238,14 @@ def build_tiers(config: Config, keyring: Keyring, executor) -> tuple[list[Tier],
             keyring=keyring, cipher=cipher if config.redis.encrypt else None, executor=executor)
         tiers.append(redis_tier)
         roles["publish"] = redis_tier
-        if config.peers.enabled:
-            _add_peer_tier(config, keyring, tiers, roles)
+        if peer_address is not None:
+            _add_peer_tier(config, keyring, tiers, roles, peer_address)
     if not tiers:
         raise ConfigError("no tier is enabled: enable host, disk, device or set redis.url")
     return tiers, roles
 
 
-def _add_peer_tier(config: Config, keyring: Keyring, tiers: list[Tier], roles: dict) -> None:
+def _add_peer_tier(config: Config, keyring: Keyring, tiers: list[Tier], roles: dict, address: PeerAddress) -> None:
     """The peer tier, before Redis: a copy a peer holds is pulled from it before Redis is
     read; a publish describes the object in the directory, and copies its bytes to Redis
     too only for the namespaces whose policy is ``descriptor+bytes``."""
@@ -245,11 +257,10 @@ def _add_peer_tier(config: Config, keyring: Keyring, tiers: list[Tier], roles: d
     async def holds_locally(object_id: bytes) -> bool:
         return any([await t.contains(object_id) for t in local])
 
-    host, _, port = peers.listen.rpartition(":")
     assert config.redis.url is not None  # validated: peers need the directory
     peer = PeerTier(PeerTierOptions(
         config.redis.url, owner_id=f"{config.resolved_producer_id()}/{os.urandom(4).hex()}",
-        listen_host=host.strip("[]"), listen_port=int(port), advertise=peers.advertise,
+        listen_host=address.host, listen_port=address.port, advertise=address.advertise,
         pull_timeout=peers.pull_timeout_seconds, ttl_seconds=config.redis.ttl_seconds,
         socket_buffer_bytes=peers.socket_buffer_bytes, lease_ttl=config.limits.lease_ttl_seconds),
         keyring=keyring, local_tiers=local, holds_locally=holds_locally)
@@ -277,7 +288,10 @@ def _warn_if_beyond_memory(capacity: int | None) -> None:
 def build(config: Config) -> App:
     keyring, new_keyring_path = load_or_create_keyring(config)
     executor = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)), thread_name_prefix="statetier-io")
-    tiers, roles = build_tiers(config, keyring, executor)
+    peer_address = None
+    if config.peers.enabled and config.redis.url is not None:
+        peer_address = resolve_peer_address(config.peers.listen, config.peers.advertise, config.redis.url)
+    tiers, roles = build_tiers(config, keyring, executor, peer_address)
     metrics = Metrics()
     watch = None
     if roles["publish"] is not None:
@@ -308,7 +322,7 @@ def build(config: Config) -> App:
     http = None
     if config.metrics.enabled:
         http = MetricsServer(metrics, config.metrics.host, config.metrics.port, ready=_readiness(engine, watch))
-    app = App(config, engine, server, metrics, http, executor, events, watch=watch)
+    app = App(config, engine, server, metrics, http, executor, events, watch=watch, peer_address=peer_address)
     if new_keyring_path is not None:
         app.new_keyring = (keyring, new_keyring_path)
     return app
