@@ -157,6 +157,7 @@ def load_or_create_keyring(config: Config) -> tuple[Keyring, Path | None]:
     once the daemon started (``App.start``): a start that fails leaves no keyring behind."""
     path = config.keyring_path()
     if path.exists():
+        _warn_if_others_can_read(path)
         return Keyring.load(path), None
     if config.redis.url is not None and config.keys.new_keyring_with_redis == "refuse":
         raise ConfigError(f"keys.keyring_file: {path} does not exist and redis.url is set: daemons that share "
@@ -164,6 +165,16 @@ def load_or_create_keyring(config: Config) -> tuple[Keyring, Path | None]:
                           f"on every one of them); keys.new_keyring_with_redis = \"refuse\" forbids generating one "
                           f"here")
     return Keyring.generate(), path
+
+
+def _warn_if_others_can_read(path: Path) -> None:
+    """A keyring is the cluster's signing and peer-authentication secret: 0600, the daemon's
+    (docs/operations.md §6). One that group or others can read is used, and said at start."""
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        log.warning("keys.keyring_file %s has mode %04o: group or others can read the signing keyring (whoever "
+                    "reads it can forge state every daemon of the cluster accepts); chmod 0600 it, owned by the "
+                    "daemon's user (docs/operations.md §6)", path, mode)
 
 
 def save_new_keyring(keyring: Keyring, path: Path, *, shared: bool) -> None:
