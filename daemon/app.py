@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import errno
 import gc
 import json
 import logging
@@ -74,6 +75,12 @@ class App:
 
             raise Unavailable(f"redis.url {redact(self.config.redis.url)!r} did not answer at start and "
                               f"redis.start_unreachable = \"refuse\": {exc.message}") from exc
+        except OSError as exc:  # the one listener a tier opens: the peer tier's
+            if self.peer_address is None or exc.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
+                raise
+            where = joined(self.peer_address.host, self.peer_address.port)
+            raise ConfigError(f"peers.listen: cannot listen on {where} ({self.peer_address.note}): {exc}; another "
+                              f"daemon on this host? Give each its own port (peers.listen = \"0.0.0.0:PORT\")") from exc
         if self.watch is not None:
             await self.watch.check()  # redis_up and /readyz true from the first scrape
         try:

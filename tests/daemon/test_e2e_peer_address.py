@@ -4,7 +4,8 @@ A redis-server bound to loopback and to this host's non-loopback address, the da
 the latter as redis.url (Redis "elsewhere"). ``peers.enabled = true`` alone: the listener
 on every interface, port 9465, advertised as this host's address toward Redis — printed in
 the start banner and returned by ``stats``; a second daemon pulls a published object by
-that address. ``peers.listen`` on loopback: the start is refused, naming the setting.
+that address. ``peers.listen`` on loopback: the start is refused, naming the setting; so is
+a peer port another process holds (not a traceback).
 Skipped where this host has no non-loopback address (no route).
 """
 
@@ -91,3 +92,18 @@ def test_a_loopback_peer_listener_with_redis_elsewhere_is_refused(remote_redis) 
         assert "peers.listen '127.0.0.1:0' is this host's loopback" in daemon.log_text()
     finally:
         daemon.close()
+
+
+def test_a_peer_port_in_use_is_a_start_refusal_naming_peers_listen(fresh_redis) -> None:
+    with contextlib.closing(socket.socket()) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        daemon = DaemonProcess(name="taken", redis_url=fresh_redis.url,
+                               settings={"peers.enabled": "true", "peers.listen": f"127.0.0.1:{port}"})
+        try:
+            with pytest.raises(DaemonFailed, match=r"exited with 2"):
+                daemon.start()
+            assert f"error: config: peers.listen: cannot listen on 127.0.0.1:{port}" in daemon.log_text()
+        finally:
+            daemon.close()
