@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import errno
 import gc
 import json
 import logging
@@ -41,8 +42,9 @@ from statetier.tiers.tolerant_registry import TolerantRegistry
 from .config import Config
 from .engine import Announcements, Engine, EngineOptions
 from .events import EventPublisher
-from .http import MetricsServer
+from .http import MetricsServer, Readiness
 from .metrics import Metrics
+from .peer_address import PeerAddress, joined, resolve_peer_address
 from .redis_watch import RedisWatch
 from .server import Server
 
@@ -60,6 +62,7 @@ class App:
     events: EventPublisher | None = None
     watch: RedisWatch | None = None
     new_keyring: tuple[Keyring, Path] | None = None  # generated here: saved once started
+    peer_address: PeerAddress | None = None  # peers.enabled: where it listens, what it advertises
     maintenance: list[asyncio.Task] = field(default_factory=list)
 
     async def start(self) -> None:
@@ -72,6 +75,12 @@ class App:
 
             raise Unavailable(f"redis.url {redact(self.config.redis.url)!r} did not answer at start and "
                               f"redis.start_unreachable = \"refuse\": {exc.message}") from exc
+        except OSError as exc:  # the one listener a tier opens: the peer tier's
+            if self.peer_address is None or exc.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
+                raise
+            where = joined(self.peer_address.host, self.peer_address.port)
+            raise ConfigError(f"peers.listen: cannot listen on {where} ({self.peer_address.note}): {exc}; another "
+                              f"daemon on this host? Give each its own port (peers.listen = \"0.0.0.0:PORT\")") from exc
         if self.watch is not None:
             await self.watch.check()  # redis_up and /readyz true from the first scrape
         try:
@@ -135,7 +144,15 @@ class App:
             else:
                 capacity = f"{stats.capacity} bytes ({_gib(stats.capacity)})"
             lines.append(f"  tier {stats.tier}: capacity {capacity}, {stats.objects} objects{sized}")
+            if stats.tier == "peer" and self.peer_address is not None:
+                lines.append(peer_banner(self.peer_address, stats.extra.get("address", "")))
         return "\n".join(lines)
+
+
+def peer_banner(address: PeerAddress, advertised: str) -> str:
+    """The start banner's peer line: what other daemons dial, where it listens, and why."""
+    listening = joined(address.host, address.port) if address.port else f"{address.host} (any free port)"
+    return f"  peers: other daemons dial {advertised or address.advertise} (listening on {listening}: {address.note})"
 
 
 def _gib(nbytes: int) -> str:
@@ -147,6 +164,7 @@ def load_or_create_keyring(config: Config) -> tuple[Keyring, Path | None]:
     once the daemon started (``App.start``): a start that fails leaves no keyring behind."""
     path = config.keyring_path()
     if path.exists():
+        _warn_if_others_can_read(path)
         return Keyring.load(path), None
     if config.redis.url is not None and config.keys.new_keyring_with_redis == "refuse":
         raise ConfigError(f"keys.keyring_file: {path} does not exist and redis.url is set: daemons that share "
@@ -154,6 +172,16 @@ def load_or_create_keyring(config: Config) -> tuple[Keyring, Path | None]:
                           f"on every one of them); keys.new_keyring_with_redis = \"refuse\" forbids generating one "
                           f"here")
     return Keyring.generate(), path
+
+
+def _warn_if_others_can_read(path: Path) -> None:
+    """A keyring is the cluster's signing and peer-authentication secret: 0600, the daemon's
+    (docs/operations.md §6). One that group or others can read is used, and said at start."""
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        log.warning("keys.keyring_file %s has mode %04o: group or others can read the signing keyring (whoever "
+                    "reads it can forge state every daemon of the cluster accepts); chmod 0600 it, owned by the "
+                    "daemon's user (docs/operations.md §6)", path, mode)
 
 
 def save_new_keyring(keyring: Keyring, path: Path, *, shared: bool) -> None:
@@ -184,8 +212,10 @@ def load_or_create_cipher(path: Path) -> AtRestCipher:
         raise ConfigError(f"keys.at_rest_key_file {path}: {exc}") from exc
 
 
-def build_tiers(config: Config, keyring: Keyring, executor) -> tuple[list[Tier], dict]:
-    """Concrete tiers, fastest first, and the roles the engine needs (arena, publish, …)."""
+def build_tiers(config: Config, keyring: Keyring, executor,
+                peer_address: PeerAddress | None = None) -> tuple[list[Tier], dict]:
+    """Concrete tiers, fastest first, and the roles the engine needs (arena, publish, …);
+    the peer tier where ``peer_address`` (``peers.enabled``, resolved) is given."""
     from statetier.tiers.disk import DiskTier, DiskTierOptions
     from statetier.tiers.memory import DeviceTier, DeviceTierOptions, HostTier, HostTierOptions
 
@@ -226,14 +256,14 @@ def build_tiers(config: Config, keyring: Keyring, executor) -> tuple[list[Tier],
             keyring=keyring, cipher=cipher if config.redis.encrypt else None, executor=executor)
         tiers.append(redis_tier)
         roles["publish"] = redis_tier
-        if config.peers.enabled:
-            _add_peer_tier(config, keyring, tiers, roles)
+        if peer_address is not None:
+            _add_peer_tier(config, keyring, tiers, roles, peer_address)
     if not tiers:
         raise ConfigError("no tier is enabled: enable host, disk, device or set redis.url")
     return tiers, roles
 
 
-def _add_peer_tier(config: Config, keyring: Keyring, tiers: list[Tier], roles: dict) -> None:
+def _add_peer_tier(config: Config, keyring: Keyring, tiers: list[Tier], roles: dict, address: PeerAddress) -> None:
     """The peer tier, before Redis: a copy a peer holds is pulled from it before Redis is
     read; a publish describes the object in the directory, and copies its bytes to Redis
     too only for the namespaces whose policy is ``descriptor+bytes``."""
@@ -245,11 +275,10 @@ def _add_peer_tier(config: Config, keyring: Keyring, tiers: list[Tier], roles: d
     async def holds_locally(object_id: bytes) -> bool:
         return any([await t.contains(object_id) for t in local])
 
-    host, _, port = peers.listen.rpartition(":")
     assert config.redis.url is not None  # validated: peers need the directory
     peer = PeerTier(PeerTierOptions(
         config.redis.url, owner_id=f"{config.resolved_producer_id()}/{os.urandom(4).hex()}",
-        listen_host=host.strip("[]"), listen_port=int(port), advertise=peers.advertise,
+        listen_host=address.host, listen_port=address.port, advertise=address.advertise,
         pull_timeout=peers.pull_timeout_seconds, ttl_seconds=config.redis.ttl_seconds,
         socket_buffer_bytes=peers.socket_buffer_bytes, lease_ttl=config.limits.lease_ttl_seconds),
         keyring=keyring, local_tiers=local, holds_locally=holds_locally)
@@ -277,7 +306,10 @@ def _warn_if_beyond_memory(capacity: int | None) -> None:
 def build(config: Config) -> App:
     keyring, new_keyring_path = load_or_create_keyring(config)
     executor = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)), thread_name_prefix="statetier-io")
-    tiers, roles = build_tiers(config, keyring, executor)
+    peer_address = None
+    if config.peers.enabled and config.redis.url is not None:
+        peer_address = resolve_peer_address(config.peers.listen, config.peers.advertise, config.redis.url)
+    tiers, roles = build_tiers(config, keyring, executor, peer_address)
     metrics = Metrics()
     watch = None
     if roles["publish"] is not None:
@@ -308,7 +340,7 @@ def build(config: Config) -> App:
     http = None
     if config.metrics.enabled:
         http = MetricsServer(metrics, config.metrics.host, config.metrics.port, ready=_readiness(engine, watch))
-    app = App(config, engine, server, metrics, http, executor, events, watch=watch)
+    app = App(config, engine, server, metrics, http, executor, events, watch=watch, peer_address=peer_address)
     if new_keyring_path is not None:
         app.new_keyring = (keyring, new_keyring_path)
     return app
@@ -327,10 +359,10 @@ def _shared_registry(config: Config, redis_tier, metrics: Metrics) -> tuple[Vers
 
 
 def _readiness(engine: Engine, watch: RedisWatch | None):
-    def ready() -> bool | tuple[bool, str]:
+    def ready() -> bool | Readiness:
         if not engine.ready or watch is None:
             return engine.ready
-        return watch.readiness()
+        return watch.readiness()  # degraded is still ready: /readyz/strict alone says 503
 
     return ready
 

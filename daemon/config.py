@@ -139,9 +139,12 @@ class RedisTierConfig(_Section):
 class PeersConfig(_Section):
     enabled: bool = Field(False, description="Serve this daemon's published objects to the other daemons of the "
                           "cluster and pull theirs (the peer tier); needs redis.url (the directory).")
-    listen: str = Field("127.0.0.1:0", pattern=r"^.+:\d{1,5}$",
-                        description="host:port the peer listener binds (port 0: any free port).")
-    advertise: str = Field("", description="host:port other daemons dial; empty = the listener's bound address.")
+    listen: str = Field("", pattern=r"^(.+:\d{1,5})?$", description="host:port the peer listener binds (port 0: "
+                        "any free port); empty = chosen from redis.url: 127.0.0.1 on any free port when Redis is on "
+                        "this host, else every interface on port 9465, advertised as this host's address toward "
+                        "Redis (daemon/peer_address.py). A loopback listen with Redis elsewhere is refused.")
+    advertise: str = Field("", pattern=r"^(.+:\d{1,5})?$", description="host:port other daemons dial (in "
+                           "Kubernetes: the pod IP and the peer port); empty = as peers.listen resolves it.")
     policy: Literal["descriptor", "descriptor+bytes"] = Field(
         "descriptor", description='What a publish puts in Redis: "descriptor" (header, size, owner: the bytes stay '
         'here and peers pull them) or "descriptor+bytes" (also a Redis copy that outlives this daemon).')

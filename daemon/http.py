@@ -2,14 +2,18 @@
 
 ``MetricsServer(metrics, host, port, ready)`` — ``await start()`` binds (``port=0`` picks a
 free port, read it back from ``.port``); ``await close()`` stops listening and cancels
-open connections. Routes, GET or HEAD:
+open connections. Routes, GET or HEAD — three separate answers (docs/operations.md §4.1):
 
 - ``/metrics`` — ``prometheus_client.generate_latest(metrics.registry)``; the scrape-time
   collector reads tier stats here, on the loop, so it sees a consistent state.
-- ``/healthz`` — 200 "ok" while the loop answers.
-- ``/readyz``  — 200 when ``ready()`` is true, else 503 (started, not yet serving; draining);
-  a ``ready()`` that answers ``(is_ready, body)`` says why in the body (degraded: Redis is
-  unreachable, and what is still served: ``daemon.redis_watch``).
+- ``/livez`` (and ``/healthz``, the same) — liveness: 200 "ok" while the loop answers.
+- ``/readyz`` — readiness: 200 while the daemon serves its socket (``ready()`` true, or a
+  ``Readiness`` with ``serving``), else 503 (starting, draining). **Degraded is ready**: with
+  Redis unreachable the daemon still serves its own copies, so ``/readyz`` stays 200 and its
+  body starts ``degraded:`` and says what is served (``daemon.redis_watch``): a sidecar's pod
+  is never taken out of its Service by a Redis outage.
+- ``/readyz/strict`` — the front door's readiness: 503 when degraded too (for whatever routes
+  PD work that needs Redis or the peers to daemons: routing away is right there).
 
 One request per connection, then the connection closes. A request that is malformed,
 too large or too slow gets a 4xx (or is dropped) and changes nothing else.
@@ -22,6 +26,7 @@ import contextlib
 import errno
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -44,13 +49,31 @@ class _BadRequest(Exception):
     pass
 
 
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    """What ``ready()`` may answer: serving (``/readyz``), degraded (``/readyz/strict``), why."""
+
+    serving: bool
+    degraded: bool = False
+    body: str = ""
+
+    @classmethod
+    def of(cls, answer: "bool | Readiness") -> "Readiness":
+        return answer if isinstance(answer, Readiness) else cls(bool(answer))
+
+    def answer(self, strict: bool) -> tuple[int, bytes]:
+        is_ready = self.serving and not (strict and self.degraded)
+        body = self.body or ("ready\n" if self.serving and not self.degraded else "not ready\n")
+        return (200 if is_ready else 503), body.encode()
+
+
 class MetricsServer:
     def __init__(
         self,
         metrics: Metrics,
         host: str = "127.0.0.1",
         port: int = 9464,
-        ready: Callable[[], bool | tuple[bool, str]] = lambda: True,
+        ready: Callable[[], bool | Readiness] = lambda: True,
         *,
         read_timeout: float = 10.0,
         max_connections: int = 64,
@@ -130,19 +153,17 @@ class MetricsServer:
             except Exception:
                 log.exception("metrics: generating the exposition failed")
                 return 500, b"metrics unavailable\n", _TEXT
-        if path == "/healthz":
+        if path in ("/livez", "/healthz"):
             return 200, b"ok\n", _TEXT
-        if path == "/readyz":
+        if path in ("/readyz", "/readyz/strict"):
             try:
-                answer = self.ready()
+                readiness = Readiness.of(self.ready())
             except Exception:
                 log.exception("metrics: ready() raised")
-                answer = False
-            if isinstance(answer, tuple):  # (is_ready, body): a readiness that says why
-                is_ready, body = answer
-                return (200 if is_ready else 503), body.encode(), _TEXT
-            return (200, b"ready\n", _TEXT) if answer else (503, b"not ready\n", _TEXT)
-        return 404, b"not found: try /metrics, /healthz, /readyz\n", _TEXT
+                readiness = Readiness(False)
+            status, body = readiness.answer(strict=path == "/readyz/strict")
+            return status, body, _TEXT
+        return 404, b"not found: try /metrics, /livez, /readyz, /readyz/strict\n", _TEXT
 
 
 async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str]:

@@ -14,8 +14,9 @@ daemon is honoured from this one's next load or lookup on, and swept within a pr
 when none comes). Each change sets
 ``statetier_redis_up`` at once and is logged.
 
-``readiness()`` → ``(is_ready, body)`` for ``/readyz``: ready; or degraded (503), naming
-what is still served during the outage and since when (``DEGRADED_SERVES``).
+``readiness()`` → a ``daemon.http.Readiness``: ready; or degraded — still serving, so
+``/readyz`` stays 200 and only ``/readyz/strict`` answers 503 —, its body naming what is
+still served during the outage and since when (``DEGRADED_SERVES``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Protocol
 from statetier.protocol.errors import StatetierError
 from statetier.tiers.tolerant_registry import TolerantRegistry
 
+from .http import Readiness
 from .metrics import Metrics, NullMetrics
 
 log = logging.getLogger("statetier")
@@ -99,8 +101,8 @@ class RedisWatch:
             log.warning("redis is back: %d claims made during the outage written back, %d lost to newer ones",
                         registry.reconciled, registry.lost)
 
-    def readiness(self) -> tuple[bool, str]:
+    def readiness(self) -> Readiness:
         if self.is_up is not False:
-            return True, "ready\n"
+            return Readiness(True)
         since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.down_since or time.time()))
-        return False, f"degraded: redis unreachable since {since}\n{DEGRADED_SERVES}"
+        return Readiness(True, degraded=True, body=f"degraded: redis unreachable since {since}\n{DEGRADED_SERVES}")

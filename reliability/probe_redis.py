@@ -9,7 +9,7 @@ and decode loads by ref; during each fault both keep working locally: prefill pu
 publish and loads its own objects, decode loads what it already holds; publishes are refused
 (typed). Before the hold, a PD round runs through the slowed proxy: served, health up.
 Figures: local ops served during the faults, the time from a fault to
-``/readyz`` degraded and ``statetier_redis_up`` 0 on both daemons (detect) and from its end
+``/readyz/strict`` degraded and ``statetier_redis_up`` 0 on both daemons (detect) and from its end
 to ready and 1 again (recover).
 
 - lost: a put acknowledged (before, during or after a fault) not served byte-exact by the
@@ -62,8 +62,8 @@ class Node:
         self.wire = await Wire.open(self.daemon.url, model=PROBE)
 
     async def health(self) -> tuple[bool, bool]:
-        """(readyz says ready, redis_up is 1)."""
-        status, _ = await asyncio.to_thread(self.daemon.http_get, "/readyz")
+        """(readyz/strict says ready, redis_up is 1): /readyz itself stays 200 while degraded."""
+        status, _ = await asyncio.to_thread(self.daemon.http_get, "/readyz/strict")
         up = (await asyncio.to_thread(self.daemon.scrape)).value("statetier_redis_up")
         return status == 200, up == 1
 

@@ -4,8 +4,8 @@ A daemon subprocess (host, disk, a real redis-server that the tests kill, SIGSTO
 restart). Bounded waits (``wait_until``, generous limits) for what the health probe does in
 the background; no timing assertion beyond "within N s" of a change.
 
-- Redis killed: ``statetier_redis_up`` goes 0 and ``/readyz`` 503 with a ``degraded`` body
-  naming what is served; loads of local copies (by ref and by key), lookups and local puts
+- Redis killed: ``statetier_redis_up`` goes 0, ``/readyz`` stays 200 with a ``degraded`` body
+  naming what is served (degraded is still ready), and ``/readyz/strict`` answers 503; loads of local copies (by ref and by key), lookups and local puts
   are served — never a version older than one this daemon acknowledged —, each counted in ``statetier_outage_served_total{op}``; a put with publish is
   refused (``RegistryUnavailable``) and leaves nothing; Redis restarted without its data:
   up and ready again, and the outage's claim is written back (the only head there).
@@ -55,14 +55,16 @@ def redis_up(daemon) -> float:
 def wait_degraded(daemon) -> bytes:
     def degraded():
         status, body = daemon.http_get("/readyz")
-        return body if status == 503 and body.startswith(b"degraded") and redis_up(daemon) == 0 else None
+        strict, strict_body = daemon.http_get("/readyz/strict")
+        return body if (status, strict) == (200, 503) and body.startswith(b"degraded") and strict_body == body \
+            and redis_up(daemon) == 0 else None
 
     return wait_until(degraded, "readyz degraded and redis_up 0", timeout=WITHIN_S)
 
 
 def wait_ready(daemon) -> None:
-    wait_until(lambda: daemon.http_get("/readyz") == (200, b"ready\n") and redis_up(daemon) == 1,
-               "readyz 200 and redis_up 1", timeout=WITHIN_S)
+    wait_until(lambda: daemon.http_get("/readyz") == daemon.http_get("/readyz/strict") == (200, b"ready\n")
+               and redis_up(daemon) == 1, "readyz and readyz/strict 200 and redis_up 1", timeout=WITHIN_S)
 
 
 def served(daemon, op: str) -> float:

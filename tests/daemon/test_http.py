@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from statetier.daemon.http import MetricsServer
+from statetier.daemon.http import MetricsServer, Readiness
 from statetier.daemon.metrics import Metrics
 from statetier.tiers.base import TierStats
 
@@ -84,6 +84,28 @@ async def test_healthz_and_readyz_flip(served) -> None:
     ready.is_set = True
     status, _, body = await raw_request(server.port, get(server.port, "/readyz?verbose=1"))
     assert (status, body) == (200, b"ready\n")
+
+
+async def test_liveness_readiness_and_degradation_are_three_answers() -> None:
+    """Degraded is ready: /readyz 200 with the degraded body, /readyz/strict 503 (issue 41)."""
+    answer = Readiness(False)
+    server = MetricsServer(Metrics(), "127.0.0.1", 0, lambda: answer, read_timeout=2.0)
+    await server.start()
+    try:
+        async def statuses() -> tuple[int, int, int, int]:
+            found = [await raw_request(server.port, get(server.port, path))
+                     for path in ("/livez", "/healthz", "/readyz", "/readyz/strict")]
+            return tuple(status for status, _, _ in found)  # type: ignore[return-value]
+
+        assert await statuses() == (200, 200, 503, 503)  # starting or draining
+        answer = Readiness(True)
+        assert await statuses() == (200, 200, 200, 200)
+        answer = Readiness(True, degraded=True, body="degraded: redis unreachable\n")
+        assert await statuses() == (200, 200, 200, 503)
+        for path in ("/readyz", "/readyz/strict"):
+            assert (await raw_request(server.port, get(server.port, path)))[2] == b"degraded: redis unreachable\n"
+    finally:
+        await server.close()
 
 
 async def test_urllib_client_in_a_thread(served) -> None:

@@ -1,9 +1,10 @@
 """Deploy files that build and wire (issue 35 item 7); no container engine needed.
 
 - Each Containerfile's build: a wheel built (``pip wheel --no-deps``) from exactly the files
-  its ``COPY`` lines take, as its ``.dockerignore`` filters them, holds every package
-  pyproject.toml maps and the daemon's entry point. Regression: ``launch`` and ``benchmarks``
-  were mapped but not copied ("package directory 'launch' does not exist").
+  its ``COPY`` lines take, as its ``.dockerignore`` filters them, holds every package folder
+  of the tree and the daemon's entry point. Regressions: ``launch`` and ``benchmarks``
+  were mapped but not copied ("package directory 'launch' does not exist"); the hand-written
+  package list lacked ``statetier.tiers.peer`` (setup.py now derives it from the tree).
 - The DaemonSet's worker runs the image with the statetier connector, with the connector
   flags on the daemon's socket (as the sidecar's does). Regression: stock vLLM, no flags.
 - Every Deployment, DaemonSet and ConfigMap name is defined once across the manifests (both
@@ -20,7 +21,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 import zipfile
 from collections import Counter
 from pathlib import Path
@@ -28,7 +28,8 @@ from pathlib import Path
 import pytest
 
 from statetier.clients.vllm.layout import ConnectorConfig
-from tests.support.deploy_files import DEPLOY, REPO, containerfile_instructions, load_yaml_documents, pod_specs
+from tests.support.deploy_files import (DEPLOY, REPO, containerfile_instructions, load_yaml_documents,
+                                        package_folders, pod_specs)
 
 CONTAINERFILES = ("Containerfile", "Containerfile.vllm")
 
@@ -81,9 +82,7 @@ def test_the_wheel_builds_from_exactly_what_the_containerfile_copies(name: str, 
     assert built.returncode == 0, built.stderr[-3000:]
     (wheel,) = out.glob("statetier-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    mapped = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
-    for package in mapped:
-        assert f"{package.replace('.', '/')}/__init__.py" in names, package
+    assert [p for p in package_folders() if f"{p.replace('.', '/')}/__init__.py" not in names] == []
     assert "statetier/daemon/__main__.py" in names
 
 

@@ -23,11 +23,13 @@ from statetier.daemon.cli import build_parser
 from statetier.daemon.cli.serve import config_overrides
 from statetier.daemon.config import Config
 from statetier.daemon.config_loading import load_config
+from statetier.daemon.peer_address import DEFAULT_PORT
 from tests.support.deploy_files import DEPLOY, REPO, containerfile_instructions, load_yaml_documents, pod_specs
 
 CONTAINERFILE = DEPLOY / "Containerfile"
 KUBE = DEPLOY / "kubernetes"
 UNIT = DEPLOY / "systemd" / "statetier.service"
+POD_IP = "10.0.0.7"  # what status.podIP stands for here
 _QUANTITY = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "": 1}
 
 
@@ -71,7 +73,7 @@ def test_the_image_exposes_and_health_checks_the_metrics_port_of_its_config() ->
     assert shipped["deploy/container/statetier.toml"] == env["STATETIER_CONFIG"]
     config = load_config(DEPLOY / "container" / "statetier.toml", env={})
     assert config.metrics.port == Config().metrics.port
-    assert instruction(stage, "EXPOSE") == [str(config.metrics.port)]
+    assert instruction(stage, "EXPOSE") == [f"{config.metrics.port} {DEFAULT_PORT}"]  # metrics, peers
     (health,) = instruction(stage, "HEALTHCHECK")
     assert f"http://127.0.0.1:{config.metrics.port}/healthz" in health
     assert config.metrics.host == "0.0.0.0"  # reachable by the health check and by probes
@@ -81,10 +83,19 @@ def test_the_image_exposes_and_health_checks_the_metrics_port_of_its_config() ->
         assert re.search(rf"install -d -o statetier -g statetier -m \d+ .*{directory}\b", owned), directory
 
 
+@pytest.mark.parametrize("name", ["Containerfile", "Containerfile.vllm"])
+def test_the_images_install_the_wheel_built_from_the_repository(name: str) -> None:
+    """Regression: ``pip install .``; the wheel file is what users get (issue 41)."""
+    runs = " ".join(arg for word, arg in containerfile_instructions(DEPLOY / name) if word == "RUN")
+    wheel_dir = re.search(r"pip wheel --no-deps --wheel-dir (\S+) \.", runs)
+    assert wheel_dir, runs
+    assert re.search(rf"pip install (--no-deps )?{re.escape(wheel_dir.group(1))}/statetier-\*\.whl", runs), runs
+    assert "pip install ." not in runs and "-e ." not in runs
+
+
 def test_the_image_installs_the_project_from_the_repository_with_a_torch_pyproject_allows() -> None:
     build = containerfile_instructions(CONTAINERFILE)
     runs = " ".join(arg for word, arg in build if word == "RUN")
-    assert "pip install ." in runs
     pins = set(re.findall(r'"(torch[^"]*)"', runs))
     dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     assert pins and pins <= {d for d in dependencies if d.startswith("torch")}
@@ -126,12 +137,14 @@ def config_of(container: dict, documents: list[dict], spec: dict, tmp_path: Path
     text = config_map["data"][str(config_path.relative_to(mount["mountPath"]))]
     (tmp_path / "statetier.toml").write_text(text)
     placeholders = {"redis-url": "rediss://statetier:secret@redis.test:6379/0"}
-    for item in container.get("env", []):
+    for item in container.get("env", []):  # in order: $(NAME) expands a variable defined above it
         source = item.get("valueFrom", {})
         if "secretKeyRef" in source:
             env[item["name"]] = placeholders[source["secretKeyRef"]["key"]]
         elif "fieldRef" in source:
-            env[item["name"]] = "node-or-pod-name"
+            env[item["name"]] = POD_IP if source["fieldRef"]["fieldPath"] == "status.podIP" else "node-or-pod-name"
+        elif "$(" in item.get("value", ""):
+            env[item["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], item["value"])
     return load_config(tmp_path / "statetier.toml", env={k: v for k, v in env.items() if k.startswith("STATETIER_")})
 
 
@@ -175,7 +188,9 @@ def test_probes_and_ports_match_the_configured_metrics_endpoint(tmp_path: Path) 
     for name, spec, container, documents in statetier_containers():
         config = config_of(container, documents, spec, tmp_path)
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-        assert ports == {"metrics": config.metrics.port}, name
+        peer_port = int(config.peers.listen.rpartition(":")[2])
+        assert ports == {"metrics": config.metrics.port, "peers": peer_port}, name
+        assert config.peers.enabled and config.peers.advertise == f"{POD_IP}:{peer_port}", name
         assert config.metrics.host == "0.0.0.0", f"{name}: kubelet probes come from outside the pod"
         probes = {kind: container[kind]["httpGet"] for kind in ("startupProbe", "livenessProbe", "readinessProbe")}
         assert {kind: probe["path"] for kind, probe in probes.items()} == {

@@ -7,11 +7,14 @@
   its scrape-time parts are tracked, plus the ``_bucket``/``_count``/``_sum`` sample names.
 - ``metric_names_in(expr)`` — the ``statetier_*`` names a PromQL expression mentions.
 - ``pod_specs(documents)`` — ``(kind/name, pod spec)`` of every workload in manifests.
+- ``package_folders()`` — every import package of the tree (a folder with an ``__init__.py`` under
+  a root pyproject.toml maps), as the wheel must hold it.
 """
 
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import yaml
@@ -91,3 +94,17 @@ def pod_specs(documents: list[dict]) -> list[tuple[str, dict]]:
         spec = doc["spec"] if doc["kind"] == "Pod" else doc["spec"]["template"]["spec"]
         specs.append((f"{doc['kind']}/{doc['metadata']['name']}", spec))
     return specs
+
+
+def package_folders() -> list[str]:
+    """Every import package of the tree: each folder with an ``__init__.py`` under a root that
+    pyproject.toml's ``[tool.setuptools.package-dir]`` maps, named as it is imported."""
+    mapping = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    found = []
+    for name, folder in mapping.items():
+        root = REPO / folder
+        for init in root.rglob("__init__.py"):
+            parts = init.parent.relative_to(root).parts
+            if "__pycache__" not in parts:
+                found.append(".".join((name, *parts)))
+    return sorted(found)
