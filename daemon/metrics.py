@@ -48,6 +48,11 @@ Read at scrape time: the families of ``daemon.metrics_scrape`` (tier usage and c
 recovery, checkpoints, dead segment bytes, daemon gauges, write-behind backlog, tenant usage
 and quotas, the KV event streams once ``track_events`` is called, ``statetier_redis_up``,
 ``statetier_scrape_errors_total``).
+
+``counters()`` → the counted families an operator acts on, as plain numbers (what STATS
+carries as ``counters`` and ``statetier stats`` prints): hits by tier and kind, misses and
+rejections, skipped candidates, outage-served requests, busy answers, errors by reason, the
+lookups' tokens. ``NullMetrics().counters()`` is ``{}``.
 """
 
 from __future__ import annotations
@@ -244,6 +249,24 @@ class Metrics:
     def set_redis_available(self, up: bool) -> None:
         self._scrape_view.redis_up = bool(up)
 
+    def counters(self) -> dict:
+        """What was counted so far (see the module docstring), labels as nested keys."""
+        hits: dict[str, dict[str, int]] = {}
+        for (tier, kind), value in _counted(self._hits):
+            hits.setdefault(tier, {})[kind] = value
+        return {
+            "hits": hits,
+            "misses": {kind: value for (kind,), value in _counted(self._misses)},
+            "rejections": {reason: value for (reason,), value in _counted(self._rejections)},
+            "skipped_candidates": {reason: value for (reason,), value in _counted(self._skipped)},
+            "outage_served": {op: value for (op,), value in _counted(self._outage_served)},
+            "unpublished_puts": _total(self._unpublished),
+            "busy": _total(self._busy),
+            "errors": {reason: value for (reason,), value in _counted(self._errors)},
+            "lookup_tokens": {"requested": _total(self._requested_tokens),
+                              "restored": _total(self._restored_tokens)},
+        }
+
     def track_events(self, event_stats: Callable[[], dict]) -> None:
         """Read the KV event publisher's ``stats()`` at every scrape (``daemon.events``)."""
         self._scrape_view.event_stats = event_stats
@@ -309,11 +332,28 @@ class NullMetrics:
     def set_redis_available(self, up: bool) -> None:
         pass
 
+    def counters(self) -> dict:
+        return {}
+
     def track_events(self, event_stats: Callable[[], dict]) -> None:
         pass
 
     def track(self, tier_stats: Callable[[], list[TierStats]], daemon_stats: Callable[[], dict]) -> None:
         pass
+
+
+def _counted(counter: Counter) -> list[tuple[tuple[str, ...], int]]:
+    """Each label set of ``counter`` with its count so far (those created, at 0 included)."""
+    found = []
+    for family in counter.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                found.append((tuple(sample.labels.values()), int(sample.value)))  # in label order
+    return found
+
+
+def _total(counter: Counter) -> int:
+    return sum(value for _, value in _counted(counter))
 
 
 def _version() -> str:
