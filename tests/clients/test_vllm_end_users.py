@@ -64,3 +64,21 @@ def test_the_connectors_namespace_is_the_one_ls_lists_and_purge_takes(engines, d
     assert logged in listed and engine.scheduler.spec.namespace().hex() not in listed
     assert main(["purge", "--namespace", logged[:16] + "…", "--url", daemon.url]) == 0  # as the log abbreviates it
     assert logged in capsys.readouterr().out
+
+
+def test_the_tiny_model_of_the_recipe_is_written_by_a_module_offline(tmp_path) -> None:
+    """Issue 41 (6): docs/integration.md's vLLM recipe runs on it; nothing is downloaded."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "tiny-granite"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-home")}  # an empty cache
+    done = subprocess.run([sys.executable, "-m", "statetier.clients.vllm.tiny_models", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["GraniteMoeHybridForCausalLM"]
+    assert len(config["layer_types"]) == 4 and config["mamba_n_heads"] == 8  # Mamba2, attention, Mamba2, attention
+    assert (out / "model.safetensors").is_file() and "--skip-tokenizer-init" in done.stdout
