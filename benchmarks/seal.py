@@ -172,9 +172,9 @@ def print_table(rows: list[SealRow]) -> None:
 
 def measure_all(all_cases: list[Case], runs: int, budget: float) -> list[SealRow]:
     """Every case's rows; a bar over the cases on a terminal (the table comes at the end)."""
-    from statetier.daemon.cli.progress import Progress
+    from statetier.daemon.cli.progress import TerminalProgress
 
-    progress = Progress("seal", unit="case")
+    progress = TerminalProgress("seal", unit="case")
     rows: list[SealRow] = []
     try:
         for done, case in enumerate(all_cases):

@@ -378,9 +378,9 @@ def print_table(rows: list[TierRow]) -> None:
 async def run(plan: TierPlan, directory: Path) -> list[TierRow]:
     """Every tier's rows; on a terminal a bar over the tiers says how far it is (the table
     comes at the end)."""
-    from statetier.daemon.cli.progress import Progress
+    from statetier.daemon.cli.progress import TerminalProgress
 
-    progress = Progress("tiers", unit="tier")
+    progress = TerminalProgress("tiers", unit="tier")
     tiers = 6
     try:
         progress(0, tiers)

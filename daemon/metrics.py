@@ -49,10 +49,10 @@ recovery, checkpoints, dead segment bytes, daemon gauges, write-behind backlog, 
 and quotas, the KV event streams once ``track_events`` is called, ``statetier_redis_up``,
 ``statetier_scrape_errors_total``).
 
-``counters()`` → the counted families an operator acts on, as plain numbers (what STATS
+``counted(metrics)`` → the counted families an operator acts on, as plain numbers (what STATS
 carries as ``counters`` and ``statetier stats`` prints): hits by tier and kind, misses and
 rejections, skipped candidates, outage-served requests, busy answers, errors by reason, the
-lookups' tokens. ``NullMetrics().counters()`` is ``{}``.
+lookups' tokens; ``{}`` for ``NullMetrics``.
 """
 
 from __future__ import annotations
@@ -249,24 +249,6 @@ class Metrics:
     def set_redis_available(self, up: bool) -> None:
         self._scrape_view.redis_up = bool(up)
 
-    def counters(self) -> dict:
-        """What was counted so far (see the module docstring), labels as nested keys."""
-        hits: dict[str, dict[str, int]] = {}
-        for (tier, kind), value in _counted(self._hits):
-            hits.setdefault(tier, {})[kind] = value
-        return {
-            "hits": hits,
-            "misses": {kind: value for (kind,), value in _counted(self._misses)},
-            "rejections": {reason: value for (reason,), value in _counted(self._rejections)},
-            "skipped_candidates": {reason: value for (reason,), value in _counted(self._skipped)},
-            "outage_served": {op: value for (op,), value in _counted(self._outage_served)},
-            "unpublished_puts": _total(self._unpublished),
-            "busy": _total(self._busy),
-            "errors": {reason: value for (reason,), value in _counted(self._errors)},
-            "lookup_tokens": {"requested": _total(self._requested_tokens),
-                              "restored": _total(self._restored_tokens)},
-        }
-
     def track_events(self, event_stats: Callable[[], dict]) -> None:
         """Read the KV event publisher's ``stats()`` at every scrape (``daemon.events``)."""
         self._scrape_view.event_stats = event_stats
@@ -332,14 +314,34 @@ class NullMetrics:
     def set_redis_available(self, up: bool) -> None:
         pass
 
-    def counters(self) -> dict:
-        return {}
-
     def track_events(self, event_stats: Callable[[], dict]) -> None:
         pass
 
     def track(self, tier_stats: Callable[[], list[TierStats]], daemon_stats: Callable[[], dict]) -> None:
         pass
+
+
+def counted(metrics: Metrics | NullMetrics) -> dict:
+    """What ``metrics`` counted so far (see the module docstring), labels as nested keys; ``{}``
+    for ``NullMetrics``."""
+    if not isinstance(metrics, Metrics):
+        return {}
+    m = metrics  # the counters are this module's own
+    hits: dict[str, dict[str, int]] = {}
+    for (tier, kind), value in _counted(m._hits):
+        hits.setdefault(tier, {})[kind] = value
+    return {
+        "hits": hits,
+        "misses": {kind: value for (kind,), value in _counted(m._misses)},
+        "rejections": {reason: value for (reason,), value in _counted(m._rejections)},
+        "skipped_candidates": {reason: value for (reason,), value in _counted(m._skipped)},
+        "outage_served": {op: value for (op,), value in _counted(m._outage_served)},
+        "unpublished_puts": _total(m._unpublished),
+        "busy": _total(m._busy),
+        "errors": {reason: value for (reason,), value in _counted(m._errors)},
+        "lookup_tokens": {"requested": _total(m._requested_tokens),
+                          "restored": _total(m._restored_tokens)},
+    }
 
 
 def _counted(counter: Counter) -> list[tuple[tuple[str, ...], int]]:

@@ -31,7 +31,7 @@ from statetier.protocol.errors import Forbidden, InvalidRequest, NotFound, Unava
 from statetier.protocol.identity import NAMESPACE_BYTES, STATE_ID_BYTES
 
 from .formatting import format_bytes, format_listing, format_stats, readable_inspect
-from .progress import Progress
+from .progress import TerminalProgress
 
 _NOBODY_THERE = (ConnectionRefusedError, FileNotFoundError)  # no socket file, or nobody listening
 
@@ -80,7 +80,7 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    progress = Progress("verify", unit="obj")
+    progress = TerminalProgress("verify", unit="obj")
     try:
         report = over_connection(args, lambda conn: admin.verify(conn, progress))
     finally:

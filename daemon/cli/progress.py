@@ -1,4 +1,4 @@
-"""Progress of a long command, on a terminal only: ``Progress(desc, unit="it", stream=None)``.
+"""Progress of a long command, on a terminal only: ``TerminalProgress(desc, unit="it", stream=None)``.
 
 ``progress(done, total)`` moves it, ``close()`` ends its line. On a terminal
 (``stream.isatty()``, stderr by default) it is a tqdm bar when tqdm is installed (the
@@ -13,7 +13,7 @@ import sys
 from typing import IO, Any
 
 
-class Progress:
+class TerminalProgress:
     def __init__(self, desc: str, *, unit: str = "it", stream: IO[str] | None = None) -> None:
         self.desc = desc
         self._stream = stream if stream is not None else sys.stderr

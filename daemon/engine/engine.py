@@ -48,7 +48,7 @@ from statetier.protocol.keyring import Keyring
 from statetier.tiers.base import ObjectMeta, Tier
 from statetier.tiers.registry import VersionRegistry
 
-from ..metrics import Metrics, NullMetrics
+from ..metrics import Metrics, NullMetrics, counted
 from . import audit, candidates, catalog, deletion
 from .announcements import Announcements
 from .fencing import Fences
@@ -250,13 +250,13 @@ class Engine:
     def stats(self) -> dict:
         """The STATS reply's engine part: per tier its copies and usage, ``copies`` in all (an
         object in two tiers counts twice; ``list_objects`` counts objects), and ``counters``:
-        what ``Metrics.counters`` counted so far (hits, misses, rejections by reason, …)."""
+        what ``metrics.counted`` says was counted so far (hits, misses, rejections by reason, …)."""
         tiers = self.tier_stats()
         return {
             "tiers": [dataclasses.asdict(s) for s in tiers],
             "leases": len(self._leases),
             "copies": sum(s.objects for s in tiers),
-            "counters": self.metrics.counters(),
+            "counters": counted(self.metrics),
             "write_behind_pending": self.placement.write_behind_pending,
             "dropped_on_demotion": self.placement.dropped,
             "registry_heads_behind": self._fences.rollbacks_seen,

@@ -23,7 +23,7 @@ import pytest
 from statetier import __version__
 from statetier.clients import Client
 from statetier.daemon.cli import main
-from statetier.daemon.cli.progress import Progress
+from statetier.daemon.cli.progress import TerminalProgress
 from statetier.protocol.ownership import owned_namespace
 from tests.support.daemons import daemon_fixture
 from tests.support.jamba import jamba_namespace, snapshot
@@ -127,7 +127,7 @@ class Terminal(io.StringIO):
 
 def test_progress_is_drawn_on_a_terminal_only() -> None:
     for stream, drawn in ((io.StringIO(), False), (Terminal(), True)):
-        progress = Progress("verify", unit="obj", stream=stream)
+        progress = TerminalProgress("verify", unit="obj", stream=stream)
         progress(1, 2)
         progress(2, 2)
         progress.close()

@@ -15,7 +15,7 @@ import pytest
 from statetier.daemon.cli.formatting import format_listing, format_stats
 from statetier.daemon.engine import Engine, EngineOptions
 from statetier.daemon.engine.refusal_log import RefusalLog
-from statetier.daemon.metrics import Metrics, NullMetrics
+from statetier.daemon.metrics import Metrics, NullMetrics, counted
 from statetier.daemon.requests import LoadRequest
 from statetier.protocol.errors import NotFound, PositionMismatch
 from statetier.protocol.identity import Kind, StateKey
@@ -66,7 +66,7 @@ async def test_stats_carry_hits_misses_and_rejections_by_reason_and_the_cli_prin
     assert "  hits: host ssm 1" in printed
     assert "  misses: ssm 1" in printed
     assert "  rejections: position 2" in printed
-    assert NullMetrics().counters() == {}
+    assert counted(NullMetrics()) == {}
 
 
 async def test_a_refusal_is_said_at_info_once_per_reason_per_interval_with_its_object(engine, caplog):
@@ -99,3 +99,17 @@ async def test_ls_counts_objects_and_copies_apart(engine):
     assert (row["objects"], row["copies"]) == (1, 2)
     header, line = format_listing({"namespaces": [row]}).splitlines()[:2]
     assert header.split()[2:4] == ["objects", "copies"] and line.split()[2:4] == ["1", "2"]
+
+
+def test_stats_print_peer_pulls_losses_and_fences_and_outage_served_counts() -> None:
+    reply = {"tiers": [{"tier": "host", "objects": 1, "bytes_used": 10, "capacity": 100},
+                       {"tier": "peer", "objects": 0, "extra": {"pulls": 9, "pulls_lost": 1, "owners_fenced": 1,
+                                                                "served": 4, "refused": 0}}],
+             "counters": {"hits": {"peer": {"kv": 9}}, "misses": {"kv": 0, "ssm": 0}, "rejections": {},
+                          "outage_served": {"load": 4, "put": 0, "lookup": 2}},
+             "registry_heads_behind": 3}
+    printed = format_stats(reply)
+    assert "  hits: peer kv 9" in printed
+    assert "  peers: pulls 9, lost 1, owners fenced 1, served 4, refused 0" in printed
+    assert "  served while Redis was unreachable: load 4, lookup 2" in printed
+    assert "  registry heads behind (fenced): 3;" in printed
