@@ -31,7 +31,8 @@ class Endpoint:
         """The URL form (``unix://./statetier.sock``, ``tcp://host:port``): what messages name."""
         if self.path is not None:
             return f"unix://{self.path}"
-        return f"{'tcps' if self.tls else 'tcp'}://{self.host}:{self.port}"
+        host = f"[{self.host}]" if self.host and ":" in self.host else self.host  # IPv6
+        return f"{'tcps' if self.tls else 'tcp'}://{host}:{self.port}"
 
 
 def parse_url(url: str) -> Endpoint:
