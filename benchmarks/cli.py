@@ -30,6 +30,13 @@ from .machine import machine_info
 from .rows import KiB, MiB, seal_rows, tier_rows, write_json
 
 SUITES = ("seal", "tiers", "sdk", "workloads")
+SUITE_HELP = {
+    "seal": "sealing and opening objects against copy + BLAKE3 of the same bytes (seconds)",
+    "tiers": "each tier's store and load against its medium: memcpy, pwrite+fdatasync, preadv, redis-py (a minute)",
+    "sdk": "put and load through statetier.clients and a daemon, against a raw echo server (a minute)",
+    "workloads": "serving workloads: PD handoff, multi-turn prefix reuse, concurrent clients (minutes; only "
+                 "when named; its own options: python -m statetier.benchmarks.workloads --help)",
+}
 DEFAULT_SUITES = ("seal", "tiers", "sdk")
 MODULE_SUITES = ("seal", "tiers", "workloads")  # run as ``python -m statetier.benchmarks.<name>``
 
@@ -156,7 +163,11 @@ def print_summary(rows: list[dict], suites: dict) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     from statetier.daemon.client_env import DEFAULT_CLIENT_URL
 
-    parser = argparse.ArgumentParser(prog="statetier bench", description=__doc__.splitlines()[0])
+    suites = "\n".join(f"  {name:<10} {text}" for name, text in SUITE_HELP.items())
+    parser = argparse.ArgumentParser(
+        prog="statetier bench", description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"suites:\n{suites}\n\ne.g. statetier bench --quick sdk; default: {' '.join(DEFAULT_SUITES)}")
     parser.add_argument("--url", default=None,
                         help="benchmark the daemon already running there (default: start a private one)")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (about 40 s in all)")

@@ -170,6 +170,22 @@ def print_table(rows: list[SealRow]) -> None:
     print("GB/s columns; ratios are raw-digest time / seal or open time (target ≥ 0.90; * = below)")
 
 
+def measure_all(all_cases: list[Case], runs: int, budget: float) -> list[SealRow]:
+    """Every case's rows; a bar over the cases on a terminal (the table comes at the end)."""
+    from statetier.daemon.cli.progress import TerminalProgress
+
+    progress = TerminalProgress("seal", unit="case")
+    rows: list[SealRow] = []
+    try:
+        for done, case in enumerate(all_cases):
+            progress(done, len(all_cases))
+            rows += measure(case, runs, budget)
+        progress(len(all_cases), len(all_cases))
+    finally:
+        progress.close()
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", metavar="FILE", help="also write the machine and the results as JSON")
@@ -183,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"each figure: median of {runs} runs, each the best of N calls filling {budget * 1e3:.0f} ms;"
           " ratios: median of the per-run ratios\n")
     started = time.perf_counter()
-    rows = [row for case in cases() for row in measure(case, runs, budget)]
+    rows = measure_all(list(cases()), runs, budget)
     print_table(rows)
     elapsed = time.perf_counter() - started
     after = os.getloadavg()

@@ -376,13 +376,29 @@ def print_table(rows: list[TierRow]) -> None:
 
 
 async def run(plan: TierPlan, directory: Path) -> list[TierRow]:
-    rows = await measure_memory("host", HostTier(HostTierOptions(160 * MiB, pin_memory=False)), plan)
-    rows += await measure_memory("device-cpu", DeviceTier(DeviceTierOptions(160 * MiB, device="cpu")), plan)
-    rows += await measure_disk("disk", directory, None, plan)
-    rows += await measure_disk("disk+aesgcm", directory, AtRestCipher.generate(), plan)
-    with RedisServer() as server:
-        rows += await measure_redis("redis", server.url, None, plan)
-        rows += await measure_redis("redis+aesgcm", server.url, AtRestCipher.generate(), plan)
+    """Every tier's rows; on a terminal a bar over the tiers says how far it is (the table
+    comes at the end)."""
+    from statetier.daemon.cli.progress import TerminalProgress
+
+    progress = TerminalProgress("tiers", unit="tier")
+    tiers = 6
+    try:
+        progress(0, tiers)
+        rows = await measure_memory("host", HostTier(HostTierOptions(160 * MiB, pin_memory=False)), plan)
+        progress(1, tiers)
+        rows += await measure_memory("device-cpu", DeviceTier(DeviceTierOptions(160 * MiB, device="cpu")), plan)
+        progress(2, tiers)
+        rows += await measure_disk("disk", directory, None, plan)
+        progress(3, tiers)
+        rows += await measure_disk("disk+aesgcm", directory, AtRestCipher.generate(), plan)
+        progress(4, tiers)
+        with RedisServer() as server:
+            rows += await measure_redis("redis", server.url, None, plan)
+            progress(5, tiers)
+            rows += await measure_redis("redis+aesgcm", server.url, AtRestCipher.generate(), plan)
+        progress(6, tiers)
+    finally:
+        progress.close()
     return rows
 
 

@@ -68,10 +68,13 @@ QUICK = WorkloadPlan((2048,), 1, PrefixPlan(2, 3, 2, (1, 3)), (1, 4, 16), 2, 1, 
 
 
 class Progress:
-    """A tqdm bar on stderr (a plain line per step where tqdm is not installed)."""
+    """A tqdm bar on stderr when it is a terminal; else (or where tqdm is not installed) a plain
+    line per step, so a log carries no carriage-return bars."""
 
     def __init__(self, name: str, total: int) -> None:
         try:
+            if not sys.stderr.isatty():
+                raise ImportError("not a terminal: plain lines")
             from tqdm import tqdm
         except ImportError:
             self.bar, self.name, self.done, self.total = None, name, 0, total

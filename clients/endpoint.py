@@ -3,6 +3,7 @@
 - ``parse_url(url)`` → ``Endpoint``: ``unix:///abs.sock``, ``unix:rel.sock`` or a bare socket
   path (``path``); ``tcp://host:port`` or ``tcps://host:port`` (``host``, ``port``, ``tls``).
   Anything else is ``InvalidRequest`` naming the URL. Used by ``transport.connect``.
+  ``str(endpoint)`` is its URL again, as messages name it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,13 @@ class Endpoint:
     @property
     def is_unix(self) -> bool:
         return self.path is not None
+
+    def __str__(self) -> str:
+        """The URL form (``unix://./statetier.sock``, ``tcp://host:port``): what messages name."""
+        if self.path is not None:
+            return f"unix://{self.path}"
+        host = f"[{self.host}]" if self.host and ":" in self.host else self.host  # IPv6
+        return f"{'tcps' if self.tls else 'tcp'}://{host}:{self.port}"
 
 
 def parse_url(url: str) -> Endpoint:

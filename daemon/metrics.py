@@ -48,6 +48,11 @@ Read at scrape time: the families of ``daemon.metrics_scrape`` (tier usage and c
 recovery, checkpoints, dead segment bytes, daemon gauges, write-behind backlog, tenant usage
 and quotas, the KV event streams once ``track_events`` is called, ``statetier_redis_up``,
 ``statetier_scrape_errors_total``).
+
+``counted(metrics)`` → the counted families an operator acts on, as plain numbers (what STATS
+carries as ``counters`` and ``statetier stats`` prints): hits by tier and kind, misses and
+rejections, skipped candidates, outage-served requests, busy answers, errors by reason, the
+lookups' tokens; ``{}`` for ``NullMetrics``.
 """
 
 from __future__ import annotations
@@ -314,6 +319,43 @@ class NullMetrics:
 
     def track(self, tier_stats: Callable[[], list[TierStats]], daemon_stats: Callable[[], dict]) -> None:
         pass
+
+
+def counted(metrics: Metrics | NullMetrics) -> dict:
+    """What ``metrics`` counted so far (see the module docstring), labels as nested keys; ``{}``
+    for ``NullMetrics``."""
+    if not isinstance(metrics, Metrics):
+        return {}
+    m = metrics  # the counters are this module's own
+    hits: dict[str, dict[str, int]] = {}
+    for (tier, kind), value in _counted(m._hits):
+        hits.setdefault(tier, {})[kind] = value
+    return {
+        "hits": hits,
+        "misses": {kind: value for (kind,), value in _counted(m._misses)},
+        "rejections": {reason: value for (reason,), value in _counted(m._rejections)},
+        "skipped_candidates": {reason: value for (reason,), value in _counted(m._skipped)},
+        "outage_served": {op: value for (op,), value in _counted(m._outage_served)},
+        "unpublished_puts": _total(m._unpublished),
+        "busy": _total(m._busy),
+        "errors": {reason: value for (reason,), value in _counted(m._errors)},
+        "lookup_tokens": {"requested": _total(m._requested_tokens),
+                          "restored": _total(m._restored_tokens)},
+    }
+
+
+def _counted(counter: Counter) -> list[tuple[tuple[str, ...], int]]:
+    """Each label set of ``counter`` with its count so far (those created, at 0 included)."""
+    found = []
+    for family in counter.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                found.append((tuple(sample.labels.values()), int(sample.value)))  # in label order
+    return found
+
+
+def _total(counter: Counter) -> int:
+    return sum(value for _, value in _counted(counter))
 
 
 def _version() -> str:

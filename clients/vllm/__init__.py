@@ -3,7 +3,7 @@
 Load it out of tree (docs/integration.md has the whole command)::
 
     KVTransferConfig(kv_connector="StatetierConnector", kv_connector_module_path="statetier.clients.vllm",
-                     kv_role="kv_both", kv_load_failure_policy="recompute",
+                     kv_role="kv_both", kv_load_failure_policy="recompute",  # kv_producer: handoffs too
                      kv_connector_extra_config={"url": "unix:///run/statetier.sock", "tenant": "default"})
 
 - ``StatetierConnector`` (and its ``StatetierConnectorMetadata`` / ``StatetierWorkerMetadata``)
@@ -27,6 +27,8 @@ Load it out of tree (docs/integration.md has the whole command)::
 - ``weights.py`` — ``weights_identity`` / ``resolve_fingerprint``: which weights are served
   (safetensors headers, sizes and samples of a local directory, or the hub commit), mixed
   into the namespace; no identity is refused unless ``allow_unidentified_weights``.
+- ``tiny_models.py`` — ``python -m statetier.clients.vllm.tiny_models --out DIR``: the tiny
+  random-weight models the docs' recipe and ``make test-vllm`` run on (torch, transformers).
 """
 
 from __future__ import annotations

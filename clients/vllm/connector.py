@@ -35,7 +35,16 @@ from statetier.protocol.errors import InvalidRequest, StatetierError
 from statetier.protocol.identity import Kind
 
 from .contract import check_mamba_spec
-from .layout import STATE_NAMES, CacheGroup, ConnectorConfig, EngineLayout, StateSpec, layer_id_of, namespace_spec
+from .layout import (
+    STATE_NAMES,
+    CacheGroup,
+    ConnectorConfig,
+    EngineLayout,
+    StateSpec,
+    layer_id_of,
+    namespace_spec,
+    stored_namespace,
+)
 
 if TYPE_CHECKING:
     from .scheduler import SchedulerSide
@@ -183,7 +192,7 @@ def _build_classes() -> dict[str, type]:
 
 def _start(connector, vllm_config, is_scheduler: bool, kv_cache_config) -> None:
     """Both roles' start: the engine checked, its layout and namespace, this role's side."""
-    from .contract import check_engine, drops_last_block, saves_decode_tokens
+    from .contract import check_engine, drops_last_block, returns_handoff, saves_decode_tokens
     from .scheduler import SchedulerSide
     from .worker import WorkerSide
 
@@ -195,13 +204,15 @@ def _start(connector, vllm_config, is_scheduler: bool, kv_cache_config) -> None:
     connector._scheduler = connector._worker = None
     connector._event_kinds = {}
     log.info("statetier connector (%s, %s): %s, attention blocks of %d tokens, %d attention + %d Mamba layers, "
-             "namespace %s", "scheduler" if is_scheduler else "worker", transfer.kv_role, cfg.url, layout.block_size,
-             len(layout.attention_layers), len(layout.ssm_layers), spec.namespace().hex()[:16])
+             "namespace %s (as statetier ls shows it)", "scheduler" if is_scheduler else "worker", transfer.kv_role,
+             cfg.url, layout.block_size, len(layout.attention_layers), len(layout.ssm_layers),
+             stored_namespace(cfg, spec))
     tp_size = vllm_config.parallel_config.tensor_parallel_size
     if is_scheduler:
         side = connector._scheduler = SchedulerSide(
             cfg, layout, spec, tp_size=tp_size, loads=transfer.is_kv_consumer, saves=transfer.is_kv_producer,
-            saves_decode=saves_decode_tokens(cfg, vllm_config), drops_last_block=drops_last_block(vllm_config))
+            saves_decode=saves_decode_tokens(cfg, vllm_config), drops_last_block=drops_last_block(vllm_config),
+            hands_off=returns_handoff(cfg, transfer.kv_role))
         side.events = connector_events(cfg, side, kv_cache_config, layout)
         connector._event_kinds = event_kinds(kv_cache_config)
     else:

@@ -18,7 +18,11 @@
   block is dropped, as vLLM drops it from its own prefix-cache hits;
 - ``saves_decode_tokens(cfg, vllm_config)`` — whether producers save decoded tokens' blocks:
   ``save_decode_tokens``, by default on with prefix caching (multi-turn reuse) and off under
-  speculative decoding (its scheduled tokens are not all kept).
+  speculative decoding (its scheduled tokens are not all kept);
+- ``returns_handoff(cfg, kv_role)`` — whether a finished request's ``kv_transfer_params``
+  carry the handoff (``{"statetier": {refs, …}}``): what a consumer behind a PD proxy needs,
+  and nobody else. ``return_handoff`` when set, else only for ``kv_producer``: a ``kv_both``
+  instance serves end users, whose completions must not carry statetier's refs and digests.
 """
 
 from __future__ import annotations
@@ -62,3 +66,9 @@ def saves_decode_tokens(cfg: ConnectorConfig, vllm_config) -> bool:
     if cfg.save_decode_tokens is not None:
         return cfg.save_decode_tokens
     return bool(vllm_config.cache_config.enable_prefix_caching) and vllm_config.speculative_config is None
+
+
+def returns_handoff(cfg: ConnectorConfig, kv_role: str) -> bool:
+    if cfg.return_handoff is not None:
+        return cfg.return_handoff
+    return kv_role == "kv_producer"

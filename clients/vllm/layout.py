@@ -5,8 +5,9 @@
   ``model_fingerprint`` (else derived: ``weights.py``), ``allow_unidentified_weights``,
   ``publish``, ``audit_path``, ``timeout``, ``deadline`` (seconds an engine step may wait on
   the daemon: ``link.py``), ``save_decode_tokens`` (blocks of decoded tokens saved too, for a
-  next turn; default: when vLLM's prefix caching is on and no speculative decoding).
-  Unknown keys are refused.
+  next turn; default: when vLLM's prefix caching is on and no speculative decoding),
+  ``return_handoff`` (the handoff in a finished request's ``kv_transfer_params``; default:
+  ``kv_producer`` only, ``contract.returns_handoff``). Unknown keys are refused.
 - ``StateSpec`` / ``CacheGroup`` / ``EngineLayout`` — the engine's KV cache groups as plain
   values: an attention group (``Kind.KV``: block size, layers) or a Mamba group (``Kind.SSM``:
   one state slot per request, typed states ``conv``, ``recurrent``, …; ``is_replicated`` when
@@ -16,6 +17,9 @@
 - ``layer_id_of(name)`` — the layer index in a vLLM layer name (``model.layers.3.mixer`` → 3).
 - ``namespace_spec(...)`` — the ``NamespaceSpec`` of an engine: model, config digest, weights
   fingerprint, dtypes, layout (engine tag, KV page and Mamba state shapes), TP size, tenant.
+- ``stored_namespace(cfg, spec)`` — that namespace as the daemon stores it, taken into the
+  tenant (``protocol.ownership``), in hex: what ``statetier ls`` shows, ``statetier purge``
+  takes and the connector logs.
 
 Statetier's boundaries are the attention groups' block ends; every attention group must
 use the same block size, and a model needs at least one attention group.
@@ -31,6 +35,7 @@ from typing import Any, Mapping, Sequence
 from statetier.protocol.errors import InvalidRequest
 from statetier.protocol.groups import LayerGroup
 from statetier.protocol.identity import Kind, NamespaceSpec
+from statetier.protocol.ownership import owned_namespace
 
 #: The names of a Mamba layer's states in payload order (vLLM: conv state, then SSM state).
 STATE_NAMES = ("conv", "recurrent")
@@ -53,6 +58,7 @@ class ConnectorConfig:
     save_decode_tokens: bool | None = None  # blocks of decoded tokens too; None: when prefix caching is on
     events_endpoint: str = ""     # the daemon's KV event stream of this tenant: take_events() (events.py)
     events_topic: str = "{namespace}"  # the daemon's events.topic
+    return_handoff: bool | None = None  # kv_transfer_params to the caller; None: with kv_role kv_producer only
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any] | None) -> "ConnectorConfig":
@@ -70,6 +76,8 @@ class ConnectorConfig:
             raise InvalidRequest("kv_connector_extra_config: 'token' must be a string")
         if raw.get("save_decode_tokens") is not None and not isinstance(raw["save_decode_tokens"], bool):
             raise InvalidRequest("kv_connector_extra_config: 'save_decode_tokens' must be true, false or null")
+        if raw.get("return_handoff") is not None and not isinstance(raw["return_handoff"], bool):
+            raise InvalidRequest("kv_connector_extra_config: 'return_handoff' must be true, false or null")
         for name in ("publish", "allow_unidentified_weights"):
             if name in raw and not isinstance(raw[name], bool):
                 raise InvalidRequest(f"kv_connector_extra_config: {name!r} must be true or false")
@@ -257,6 +265,11 @@ def namespace_spec(cfg: ConnectorConfig, layout: EngineLayout, *, model: str, re
         tp_size=tp_size,
         tenant=cfg.tenant,
     )
+
+
+def stored_namespace(cfg: ConnectorConfig, spec: NamespaceSpec) -> str:
+    """The namespace's one spelling: as the daemon keeps it for ``cfg.tenant`` (hex)."""
+    return owned_namespace(cfg.tenant, spec.namespace()).hex()
 
 
 def _fit(text: str) -> str:

@@ -149,11 +149,11 @@ class Producer:
             if tracked is not None:
                 tracked.refs.add(refs)
 
-    def finish(self, request_id: str) -> tuple[bool, dict | None]:
+    def finish(self, request_id: str, *, hand_off: bool = True) -> tuple[bool, dict | None]:
         tracked = self.tracked.pop(request_id, None)
         if tracked is None or not tracked.saved:
             return False, None
-        return True, self._handoff(tracked)
+        return True, self._handoff(tracked) if hand_off else None
 
     def _handoff(self, tracked: Tracked) -> dict | None:
         """The refs of the joint hit this request's saves made (all shards), as its workers

@@ -1,6 +1,7 @@
 """The scheduler side of the vLLM connector, as a plain class (no vLLM import).
 
-``SchedulerSide(cfg, layout, spec, *, tp_size, loads, saves, saves_decode, drops_last_block)``;
+``SchedulerSide(cfg, layout, spec, *, tp_size, loads, saves, saves_decode, drops_last_block,
+hands_off)``;
 the vLLM adapter calls, in vLLM's order:
 
 - ``matched_tokens(request, num_computed)`` — how many tokens beyond ``num_computed`` the
@@ -34,8 +35,9 @@ the vLLM adapter calls, in vLLM's order:
 - ``reset_cache()`` — this namespace's objects purged from the daemon.
 - ``request_finished(request)`` → ``(delay_free, kv_transfer_params)``: ``delay_free`` when
   saves of the request were scheduled (the workers report it in ``finished_sending`` once
-  they are done, and vLLM keeps its blocks until then); the handoff (producers) or ``None``,
-  built from ``refs_saved`` with no daemon call (``handoff.py``); its cost is counted
+  they are done, and vLLM keeps its blocks until then); the handoff (producers, with
+  ``hands_off``: ``contract.returns_handoff``, so ``kv_both`` returns none to end users) or
+  ``None``, built from ``refs_saved`` with no daemon call (``handoff.py``); its cost is counted
   (``calls.request_finished``, ``scheduler_seconds.request_finished``).
 - ``counts`` — ``stats.ConnectorCounts``: lookups, hits, misses by reason, deadline misses.
 - ``take_events()`` / ``events_topic(template)`` — the daemon's KV events of the blocks this
@@ -94,8 +96,9 @@ class _Asking:
 class SchedulerSide:
     def __init__(self, cfg: ConnectorConfig, layout: EngineLayout, spec: NamespaceSpec, *, tp_size: int = 1,
                  loads: bool = True, saves: bool = True, saves_decode: bool = False,
-                 drops_last_block: bool = False) -> None:
+                 drops_last_block: bool = False, hands_off: bool = True) -> None:
         self.cfg, self.layout, self.spec = cfg, layout, spec
+        self.hands_off = hands_off  # the handoff in kv_transfer_params (``contract.returns_handoff``)
         self.namespace = spec.namespace()
         self.tp_size = tp_size
         self.does_load, self.does_save = loads, saves
@@ -389,7 +392,7 @@ class SchedulerSide:
         self._tried.discard(rid)
         self._keys.pop(rid, None)
         self._sources.pop(rid, None)
-        return self.producer.finish(rid)
+        return self.producer.finish(rid, hand_off=self.hands_off)
 
     # -- the daemon -----------------------------------------------------------------------
 

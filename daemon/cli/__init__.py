@@ -11,10 +11,14 @@ torch nor the tiers (``tests/daemon/test_cli_admin.py`` checks what they import)
 - ``stats``, ``ls``, ``inspect``, ``verify``, ``purge`` — ``admin.py``: one frame connection
   (``statetier.clients.transport``), tables with readable sizes and times (``formatting.py``)
 - ``lookup`` — ``lookup.py``: the joint hit of a token file under a model's layers, layer by layer
-- ``bench`` — ``statetier.benchmarks.cli``
+- ``bench`` — ``statetier.benchmarks.cli``: every argument after ``bench`` is its own, ``--help``
+  included (one help, listing the suites; ``--url`` defaults to a private daemon there)
+- ``completion`` — ``completion.py``: a bash or zsh completion script
+- ``--version`` — the release
 
 Client commands take ``--url`` (default ``$STATETIER_URL`` or ``unix://./statetier.sock``).
-A statetier error prints ``error: <reason>: <message>`` on stderr and exits with 2.
+A statetier error prints ``error: <reason>: <message>`` on stderr and exits with 2; no daemon
+at the address says so, and how to start one (``admin.no_daemon_message``).
 """
 
 from __future__ import annotations
@@ -36,7 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     from statetier.protocol.errors import StatetierError
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:  # the benchmark runner parses its own arguments: one help, one --url default
+        args = argparse.Namespace(command="bench", run="serve:run_bench", extra=argv[1:])
+    else:
+        args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return EXIT_ERROR
@@ -60,8 +68,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from statetier import __version__
+
     parser = argparse.ArgumentParser(prog="statetier",
                                      description="Tiered offload daemon for KV pages and SSM snapshots.")
+    parser.add_argument("--version", action="version", version=f"statetier {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     serve = sub.add_parser("serve", help="run the daemon in the foreground")
     _add_config_source(serve)
@@ -72,11 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_admin(sub)
     _add_lookup(sub)
     _add_keygen(sub)
-    bench = sub.add_parser("bench", parents=[_client_options()], help="run the benchmarks")
-    bench.add_argument("--json", metavar="FILE", help="also write the results to FILE")
-    bench.add_argument("--quick", action="store_true", help="small sizes, few repetitions")
-    bench.add_argument("extra", nargs=argparse.REMAINDER, help="passed on to the benchmark runner")
+    bench = sub.add_parser("bench", add_help=False,
+                           help="run the benchmarks (statetier bench --help: its suites and options)")
+    bench.add_argument("extra", nargs=argparse.REMAINDER, help="the benchmark runner's arguments")
     bench.set_defaults(run="serve:run_bench")
+    completion = sub.add_parser("completion", help="print a shell completion script (bash, zsh)")
+    completion.add_argument("shell", choices=["bash", "zsh"])
+    completion.set_defaults(run="completion:run_completion")
     return parser
 
 

@@ -2,8 +2,11 @@
 
 - ``format_bytes(n)`` — ``"3.0 MiB"``; ``format_time(ns, now_ns=None)`` — ``"2026-12-02 16:54:04 UTC
   (12 s ago)"`` from nanoseconds since the epoch.
-- ``format_stats(reply)`` — the STATS reply as a table of tiers, then the daemon-wide numbers.
-- ``format_listing(reply)`` — the LIST reply: one row per (tenant, namespace).
+- ``format_stats(reply)`` — the STATS reply as a table of tiers, what was served and refused
+  (``format_counters``: hits and misses per tier and kind, rejections by reason, peer pulls,
+  losses and fences, outage-served requests), then the daemon-wide numbers.
+- ``format_listing(reply)`` — the LIST reply: one row per (tenant, namespace), its objects
+  (each once) and copies (an object in host and disk: one object, two copies) apart.
 - ``readable_inspect(reply)`` — the INSPECT reply with ``created_at`` beside ``created_at_ns``.
 - ``table(rows)`` — columns aligned, the first left, the others right.
 """
@@ -59,7 +62,9 @@ def format_stats(stats: dict) -> str:
         ))
     lines = table(rows)
     lines.append("(copies per tier: an object in two tiers counts in both; statetier ls counts each object once)")
-    for key in sorted(k for k in stats if k != "tiers"):
+    lines.extend(format_counters(stats.get("counters") or {}, stats.get("tiers") or [],
+                                 stats.get("registry_heads_behind", 0)))
+    for key in sorted(k for k in stats if k not in ("tiers", "counters")):
         value = stats[key]
         if isinstance(value, dict) and value:
             lines.append(f"{key}:")
@@ -69,14 +74,44 @@ def format_stats(stats: dict) -> str:
     return "\n".join(lines)
 
 
+def format_counters(counters: dict, tiers: list, heads_behind: int = 0) -> list[str]:
+    """What was served and refused since the daemon started, one line each."""
+    if not counters:
+        return []
+    hits = counters.get("hits") or {}
+    lines = ["since start:",
+             "  hits: " + (", ".join(f"{tier} {kind} {n}" for tier in sorted(hits) for kind, n in
+                                     sorted(hits[tier].items())) or "none"),
+             "  misses: " + _counts(counters.get("misses")),
+             "  rejections: " + _counts(counters.get("rejections")),
+             "  skipped candidates: " + _counts(counters.get("skipped_candidates"))]
+    peer = next((t.get("extra") or {} for t in tiers if t.get("tier") == "peer"), None)
+    if peer is not None:
+        lines.append(f"  peers: pulls {peer.get('pulls', 0)}, lost {peer.get('pulls_lost', 0)}, owners fenced "
+                     f"{peer.get('owners_fenced', 0)}, served {peer.get('served', 0)}, refused "
+                     f"{peer.get('refused', 0)}")
+    lines.append("  served while Redis was unreachable: " + _counts(counters.get("outage_served")))
+    lines.append(f"  registry heads behind (fenced): {heads_behind}; busy: {counters.get('busy', 0)}; "
+                 f"unpublished puts: {counters.get('unpublished_puts', 0)}")
+    lines.append("  errors: " + _counts(counters.get("errors")))
+    return lines
+
+
+def _counts(by_label: dict | None) -> str:
+    """``"bad_signature 2, stale 1"``: the non-zero counts, largest first; ``"none"``."""
+    counted = sorted(((n, label) for label, n in (by_label or {}).items() if n), key=lambda c: (-c[0], c[1]))
+    return ", ".join(f"{label} {n}" for n, label in counted) or "none"
+
+
 def format_listing(reply: dict, now_ns: int | None = None) -> str:
-    rows = [("tenant", "namespace", "objects", "bytes", "tiers (copies)", "kinds", "oldest", "newest")]
+    rows = [("tenant", "namespace", "objects", "copies", "bytes", "tiers (copies)", "kinds", "oldest", "newest")]
     for row in reply.get("namespaces") or []:
         tiers = ", ".join(f"{name} {on['objects']}" for name, on in row.get("tiers", {}).items())
         kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(row.get("kinds", {}).items()))
+        copies = row.get("copies", sum(on["objects"] for on in row.get("tiers", {}).values()))
         rows.append((row.get("tenant") or "?", row.get("namespace") or "(not recorded)", str(row.get("objects", 0)),
-                     format_bytes(row.get("bytes", 0)), tiers, kinds, format_time(row.get("oldest_ns"), now_ns),
-                     format_time(row.get("newest_ns"), now_ns)))
+                     str(copies), format_bytes(row.get("bytes", 0)), tiers, kinds,
+                     format_time(row.get("oldest_ns"), now_ns), format_time(row.get("newest_ns"), now_ns)))
     lines = table(rows) if len(rows) > 1 else ["nothing stored (for this tenant)"]
     for row in reply.get("namespaces") or []:
         if row.get("newest_ids"):

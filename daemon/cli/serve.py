@@ -90,9 +90,4 @@ def run_config(args: argparse.Namespace) -> int:
 def run_bench(args: argparse.Namespace) -> int:
     from statetier.benchmarks.cli import main as bench_main  # the benchmarks import torch
 
-    argv = ["--url", args.url]
-    if args.quick:
-        argv.append("--quick")
-    if args.json:
-        argv += ["--json", args.json]
-    return int(bench_main(argv + list(args.extra)) or 0)
+    return int(bench_main(list(args.extra)) or 0)

@@ -83,13 +83,13 @@ async def _verify_one(stack: Stack, tier: Tier, meta: ObjectMeta, tenant: str | 
         if tenant is None or (meta.namespace and stack.tenancy.may_see(tenant, Namespace(meta.namespace))):
             report["checked"] += 1
             report["unknown_key"] += 1
-            stack.count_rejection(exc)
+            stack.count_rejection(exc, meta.object_id)
         return
     except RejectedState as exc:
         report["checked"] += 1
         report["dropped"] += 1
         report["by_reason"][exc.reason] = report["by_reason"].get(exc.reason, 0) + 1
-        stack.count_rejection(exc)
+        stack.count_rejection(exc, meta.object_id)
         await tier.complete_load(lease)
         await drop_copy(stack, tier, meta.object_id)
         return

@@ -6,10 +6,11 @@
   before it did) has its header read through the tier; the tenant falls back to the namespace's
   owner in ``Tenancy``. A tier that cannot be walked (Redis down) is named in ``unavailable``.
 - ``listing(stack, tenant, *, everyone)`` → ``{"namespaces": [...], "unavailable": [...]}``: one
-  row per (tenant, namespace): objects and bytes (each object once), per tier the copies and
-  their bytes, objects per kind, the oldest and newest ``created_at_ns``, and the state ids of
-  its ``NEWEST_IDS`` newest objects (``newest_ids``: what ``statetier inspect`` takes). A tenant sees its own
-  rows; ``everyone`` (an operator) sees all.
+  row per (tenant, namespace): objects and bytes (each object once), ``copies`` (an object
+  held in host and disk is one object, two copies: what ``statetier stats`` and ``verify``
+  count), per tier the copies and their bytes, objects per kind, the oldest and newest
+  ``created_at_ns``, and the state ids of its ``NEWEST_IDS`` newest objects (``newest_ids``:
+  what ``statetier inspect`` takes). A tenant sees its own rows; ``everyone`` (an operator) sees all.
 - ``purge(stack, tenant, *, namespace=None, of_tenant=None, is_operator=False)`` → counts: every
   copy on every tier of the objects of one namespace (which must be the asking tenant's, by
   ``Tenancy`` and by the tenant each copy's put recorded, unless an operator asks), or of every namespace of
@@ -93,11 +94,13 @@ async def listing(stack: Stack, tenant: str, *, everyone: bool) -> dict:
         if not everyone and copy.tenant != tenant:
             continue
         row = rows.setdefault((copy.tenant, copy.namespace), {
-            "tenant": copy.tenant, "namespace": copy.namespace.hex(), "objects": 0, "bytes": 0, "tiers": {},
+            "tenant": copy.tenant, "namespace": copy.namespace.hex(), "objects": 0, "copies": 0, "bytes": 0,
+            "tiers": {},
             "kinds": {}, "oldest_ns": None, "newest_ns": None, "newest_ids": []})
         on_tier = row["tiers"].setdefault(copy.tier.name, {"objects": 0, "bytes": 0})
         on_tier["objects"] += 1
         on_tier["bytes"] += copy.meta.size
+        row["copies"] += 1
         once = (copy.tenant, copy.namespace, copy.meta.object_id)
         if once in seen:
             continue

@@ -48,7 +48,7 @@ from statetier.protocol.keyring import Keyring
 from statetier.tiers.base import ObjectMeta, Tier
 from statetier.tiers.registry import VersionRegistry
 
-from ..metrics import Metrics, NullMetrics
+from ..metrics import Metrics, NullMetrics, counted
 from . import audit, candidates, catalog, deletion
 from .announcements import Announcements
 from .fencing import Fences
@@ -208,6 +208,10 @@ class Engine:
         return await deletion.delete(self.stack, tenant, owned_ref(tenant, ref))
 
     async def list_objects(self, tenant: str, *, everyone: bool = False) -> dict:
+        """What is stored, per (tenant, namespace); the cluster's purge marks honoured first, so
+        another daemon's purge is never listed here (``purge_marks``)."""
+        if self.purges is not None:
+            await self.purges.before_serving()
         return await catalog.listing(self.stack, tenant, everyone=everyone)
 
     async def purge(self, tenant: str, *, namespace: Namespace | None = None, of_tenant: str | None = None,
@@ -244,11 +248,15 @@ class Engine:
         return len(self._leases)
 
     def stats(self) -> dict:
+        """The STATS reply's engine part: per tier its copies and usage, ``copies`` in all (an
+        object in two tiers counts twice; ``list_objects`` counts objects), and ``counters``:
+        what ``metrics.counted`` says was counted so far (hits, misses, rejections by reason, …)."""
         tiers = self.tier_stats()
         return {
             "tiers": [dataclasses.asdict(s) for s in tiers],
             "leases": len(self._leases),
-            "objects": sum(s.objects for s in tiers),
+            "copies": sum(s.objects for s in tiers),
+            "counters": counted(self.metrics),
             "write_behind_pending": self.placement.write_behind_pending,
             "dropped_on_demotion": self.placement.dropped,
             "registry_heads_behind": self._fences.rollbacks_seen,

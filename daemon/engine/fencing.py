@@ -67,7 +67,7 @@ class Fences:
         answers = await self.registry.claim_many(claims)
         for claim, answer in zip(claims, answers):
             if isinstance(answer, StaleState):
-                self.stack.count_rejection(answer)
+                self.stack.count_rejection(answer, claim.state_id)
             elif answer is not None:
                 if claim.version is None and claim.past is not None and (
                         answer.previous is None or answer.previous.version < claim.past):

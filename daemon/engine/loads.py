@@ -97,6 +97,7 @@ class Loads:
         mark = stack.placement.delete_mark  # before any candidate is located or leased
         candidates = await locate(stack, key, allow_speculative=req.allow_speculative)
         refused: RejectedState | None = None
+        refused_id = None
         for meta, _tier in candidates:
             expectation = await self.fences.expect_key(key, meta.stream_id, req)
             try:
@@ -104,12 +105,13 @@ class Loads:
                 return await self.copies.load_object(wanted, counted=False)
             except RejectedState as exc:
                 stack.count_skip(skip_reason(exc))
-                refused = refused or exc
+                if refused is None:
+                    refused, refused_id = exc, meta.object_id
             except NotFound:
                 continue  # gone since it was located
         if refused is not None:
             if not is_damage(refused):  # damage was counted where the copy was dropped
-                stack.count_rejection(refused)
+                stack.count_rejection(refused, refused_id)
             raise refused
         stack.count_miss(key)
         raise NotFound("no stored object for that key")

@@ -130,16 +130,16 @@ class CopyServer:
             tried = await self._try_copy(tier, index, wanted)
             if isinstance(tried, LoadResult):
                 return await self._hand_over(tried, tier, wanted, passed, counted)
-            if tried is not None and self._passed_over(tried, passed):
+            if tried is not None and self._passed_over(tried, passed, wanted.state_id):
                 await drop_copy(stack, tier, wanted.state_id)
         if passed.refused is not None:
-            self._count_refusal(passed.refused, counted)
+            self._count_refusal(passed.refused, counted, wanted.state_id)
             raise passed.refused
         if passed.damaged is not None:
             raise passed.damaged
         refused = registry_refusal(wanted.state_id, wanted.expectation)  # no copy anywhere: the registry says why
         if refused is not None:
-            stack.count_rejection(refused)
+            stack.count_rejection(refused, wanted.state_id)
             raise refused
         if passed.unavailable is not None:
             raise passed.unavailable
@@ -158,7 +158,7 @@ class CopyServer:
         except (RejectedState, Unavailable) as exc:
             return exc
 
-    def _passed_over(self, exc: StatetierError, passed: _Passed) -> bool:
+    def _passed_over(self, exc: StatetierError, passed: _Passed, state_id: bytes) -> bool:
         """Note why a copy was passed over (the first of each kind); True when it is damaged
         (counted once per load: a promoted copy carries its source's damage), to be dropped."""
         if isinstance(exc, Unavailable):
@@ -169,7 +169,7 @@ class CopyServer:
             passed.refused = passed.refused or exc
             return False
         if passed.damaged is None:
-            self.stack.count_rejection(exc)
+            self.stack.count_rejection(exc, state_id)
             passed.damaged = exc
         return True
 
@@ -179,7 +179,7 @@ class CopyServer:
         ``DestinationMismatch``: about the request, not the bytes); a hit only now, the bytes the
         caller's. A copy above that was another object (served from below) is said, once."""
         if passed.refused is not None:
-            self._count_refusal(passed.refused, counted)
+            self._count_refusal(passed.refused, counted, wanted.state_id)
         specs = wanted.expectation.tensors
         found = tuple(t.spec for t in chosen(result.header.tensors, wanted.layers))
         if specs is not None and found != tuple(specs):
@@ -189,9 +189,9 @@ class CopyServer:
         self.stack.metrics.count_hit(tier.name, wanted.expectation.key.kind.name.lower())
         return result
 
-    def _count_refusal(self, exc: RejectedState, counted: bool) -> None:
+    def _count_refusal(self, exc: RejectedState, counted: bool, state_id: bytes) -> None:
         if counted:
-            self.stack.count_rejection(exc)
+            self.stack.count_rejection(exc, state_id)
         else:
             self.stack.count_skip(skip_reason(exc))
 

@@ -13,7 +13,8 @@
                        ``run_work(nbytes, fn)`` runs copies and digests on the loop below
                        ``protocol.thresholds.INLINE_WORK_BYTES``, else as one executor
                        job; ``count_rejection`` / ``count_skip`` /
-                       ``count_miss`` count a refusal, a skipped candidate, a miss.
+                       ``count_miss`` count a refusal (and say it at INFO, once per
+                       reason per interval: ``refusal_log``), a skipped candidate, a miss.
 
 Not a value: its fields are fixed once built (a frozen dataclass: no part rebinds them), but
 what they name is live and shared — the tiers, ``Placement`` and ``Tenancy`` change as the
@@ -38,6 +39,7 @@ from ..metrics import Metrics, NullMetrics
 from .announcements import Announcements
 from .placement import Placement
 from .purge_marks import PurgeMarks
+from .refusal_log import RefusalLog
 from .tenancy import Tenancy
 
 T = TypeVar("T")
@@ -74,6 +76,7 @@ class Stack:
     #: also copy their bytes there (policy ``descriptor+bytes``: a copy outliving this daemon)
     publish_bytes: Tier | None = None
     keeps_bytes: Callable[[bytes], bool] = field(default=lambda namespace: False)
+    refusals: RefusalLog = field(default_factory=RefusalLog)
 
     @property
     def shared_tier(self) -> Tier | None:
@@ -83,8 +86,10 @@ class Stack:
     async def run_work(self, nbytes: int, fn: Callable[[], T]) -> T:
         return await run_work(self.executor, nbytes, fn)
 
-    def count_rejection(self, exc: StatetierError) -> None:
+    def count_rejection(self, exc: StatetierError, state_id: bytes | None = None) -> None:
+        """A refused object (``state_id``, when the caller knows it): counted, and logged."""
         self.metrics.count_rejection(exc.reason)
+        self.refusals.note(exc, state_id)
 
     def count_skip(self, reason: str) -> None:
         self.metrics.count_skipped_candidate(reason)

@@ -159,6 +159,8 @@ def test_urls_name_unix_sockets_or_tcp_endpoints() -> None:
     assert parse_url("/tmp/d.sock") == Endpoint(path="/tmp/d.sock")
     assert parse_url("tcp://cache-1:7400") == Endpoint(host="cache-1", port=7400)
     assert parse_url("tcps://[::1]:7400") == Endpoint(host="::1", port=7400, tls=True)
+    for url in ("unix:///run/statetier.sock", "unix://rel/d.sock", "tcp://cache-1:7400", "tcps://[::1]:7400"):
+        assert str(parse_url(url)) == url  # what messages name: the URL, never a repr (issue 41)
     for bad in ("", "http://x:1", "tcp://host", "tcp://:80", "unix://"):
         with pytest.raises(InvalidRequest):
             parse_url(bad)

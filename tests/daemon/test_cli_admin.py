@@ -7,7 +7,9 @@
   oldest/newest times; ``inspect`` adds a readable ``created_at``.
 - ``lookup`` of a token file under a lookup spec shows, layer by layer, how far each layer
   reaches, and the joint hit; a layer with no state limits the joint hit to 0 and is named.
-- ``verify`` reports its progress as it goes (the bar used to stay at 0) and ends at N/N.
+- ``verify`` reports its progress as it goes (the bar used to stay at 0) and ends at N/N; the
+  bar is drawn on a terminal only (issue 41).
+- ``stats`` prints hits, misses, rejections by reason and outage-served counts (issue 41).
 - ``purge`` without ``--yes`` shows what it would remove and removes nothing; with it, the
   namespace is gone from ``ls`` and its loads are ``NotFound``.
 """
@@ -71,10 +73,11 @@ def test_help_and_admin_commands_import_no_torch_and_no_tier() -> None:
 def test_ls_shows_each_namespace_with_readable_sizes_and_times(daemon, stored, capsys) -> None:
     assert main(["ls", "--url", daemon.url]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split()[:4] == ["tenant", "namespace", "objects", "bytes"]
+    assert lines[0].split()[:5] == ["tenant", "namespace", "objects", "copies", "bytes"]
     stored_as = owned_namespace("default", SPEC.namespace()).hex()  # the namespace tenant "default" owns
     row = next(line for line in lines if stored_as in line)
     assert row.split()[:3] == ["default", stored_as, "4"]
+    assert int(row.split()[3]) >= 4  # copies: host's, and disk's as write-behind lands them
     assert "host 4" in row and "kv 2, ssm 2" in row and row.count(" UTC (") == 2
 
 
@@ -119,7 +122,20 @@ def test_verify_reports_progress_to_the_end(daemon, stored, capsys) -> None:
     assert main(["verify", "--url", daemon.url]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["checked"] == report["checked"]
-    assert f"{report['checked']}/{report['checked']}" in captured.err
+    assert captured.err == ""  # not a terminal: no progress bar written into it (issue 41)
+
+
+def test_stats_prints_hits_misses_and_rejections_and_json_carries_them(daemon, stored, capsys) -> None:
+    with Client(daemon.url, namespace=SPEC) as client:
+        client.load(stored[2])
+    assert main(["stats", "--url", daemon.url]) == 0
+    out = capsys.readouterr().out
+    assert "since start:" in out and "  hits: host ssm 1" in out and "  rejections: " in out
+    assert "  served while Redis was unreachable: none" in out
+    assert main(["stats", "--url", daemon.url, "--json"]) == 0
+    counters = json.loads(capsys.readouterr().out)["counters"]
+    assert counters["hits"]["host"]["ssm"] == 1 and set(counters["misses"]) == {"kv", "ssm"}
+    assert "bad_signature" in counters["rejections"]
 
 
 def test_purge_asks_for_yes_then_removes_the_namespace(daemon, stored, capsys) -> None:

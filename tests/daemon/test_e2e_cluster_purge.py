@@ -5,7 +5,7 @@ publishes; decode loads, which promotes copies into its own host arena. A purge 
 removes its copies and Redis's, and writes a purge mark there (``marked`` in the reply); the
 decode daemon reads the mark on its next health probe and removes its promoted copies too
 (a bounded wait: the probe runs in the background), so a load there is ``NotFound`` and
-``ls`` shows nothing of the namespace. What decode puts after the purge stays, and so does the
+``ls`` shows nothing of the namespace (at once: ``ls`` reads the marks first). What decode puts after the purge stays, and so does the
 other namespace. A decode daemon restarted after the purge also honours the mark at start.
 """
 
@@ -104,3 +104,16 @@ def test_the_next_load_and_lookup_after_another_daemons_purge_find_nothing_it_pu
     with Client(decode.url, namespace=KEPT) as client:  # another namespace's copies stay
         for index, ref in enumerate(kept):
             assert_same_tensors(client.load(ref), snapshot(40 + 2 * index + 1))
+
+
+def test_another_daemons_purge_is_gone_from_ls_at_once(slow_probe_daemons) -> None:
+    """Issue 41: ``ls`` honours the cluster's purge marks before it lists, as a load does."""
+    prefill, decode = slow_probe_daemons
+    refs = put_published(prefill, PURGED, 50)
+    with Client(decode.url, namespace=PURGED) as client:
+        for ref in refs:
+            client.load(ref)  # promoted into decode's host arena
+    assert objects_of(decode, PURGED) == 2
+    with Client(prefill.url, namespace=PURGED) as client:
+        assert client.purge()["marked"] is True
+    assert objects_of(decode, PURGED) == 0  # no load, lookup or probe in between

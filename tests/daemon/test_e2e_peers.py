@@ -20,6 +20,7 @@ import pytest
 import redis
 
 from statetier.clients import Client
+from statetier.daemon.cli.formatting import format_stats
 from statetier.launch import DaemonProcess, free_port
 from statetier.protocol.errors import NotFound, PeerLost, Unauthorized
 from tests.support.jamba import assert_same_tensors, jamba_namespace, snapshot
@@ -72,6 +73,8 @@ def test_a_published_object_is_pulled_from_its_owner_and_redis_holds_only_its_de
         assert "hits redis" not in after
         with Client(decode.url, namespace=SPEC) as client:  # promoted: served from decode's arena now
             assert_same_tensors(client.load(refs[0]), snapshot(11))
+            printed = format_stats(client.stats())  # what `statetier stats` prints (issue 41)
+        assert "  hits: host ssm 1, peer ssm 2" in printed and "  peers: pulls 2, lost 0, owners fenced 0" in printed
         assert decode.counters().get("hits host", 0) - after.get("hits host", 0) == 1
 
 
@@ -98,6 +101,7 @@ def test_an_owner_lost_before_the_pull_is_a_typed_miss_and_its_entry_is_fenced(f
                 assert redis_keys(fresh_redis.url, f"st:peer:obj:{refs[0].state_id.hex()}") == []
                 with pytest.raises(NotFound):  # the owner is fenced here: no second wait on it
                     client.load(refs[1])
+                assert "  peers: pulls 0, lost 1, owners fenced 1" in format_stats(client.stats())
         finally:
             if fault == "stop":
                 prefill.send_signal(signal.SIGCONT)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from statetier.clients.vllm.contract import returns_handoff
 from statetier.clients.vllm.jobs import StepMeta
 from statetier.clients.vllm.layout import CacheGroup, ConnectorConfig, EngineLayout, StateSpec, layer_id_of, namespace_spec
 from statetier.clients.vllm.scheduler import ScheduledStep, SchedulerSide
@@ -94,12 +95,15 @@ class Engine:
 
 def make_engine(daemon, layout, *, role: str, seed: int | None, tp_size: int = 1, shard: int = 0,
                 tenant: str = "default", deadline: float = 60.0, model: str = "tiny-hybrid",
-                drops_last_block: bool = False) -> Engine:
-    cfg = ConnectorConfig.from_extra({"url": daemon.url, "tenant": tenant, "deadline": deadline})
+                drops_last_block: bool = False, extra: dict | None = None) -> Engine:
+    """``role``: ``producer``, ``consumer`` or ``both`` (vLLM's ``kv_<role>``); ``extra``: more
+    ``kv_connector_extra_config``. The sides are built as the connector's start builds them."""
+    cfg = ConnectorConfig.from_extra({"url": daemon.url, "tenant": tenant, "deadline": deadline, **(extra or {})})
     spec = namespace_spec(cfg, layout, model=model, revision="", config_digest="c0ffee",
                           weight_dtype="float32", tp_size=tp_size, engine_tag="vllm-0.32/cpu")
     scheduler = SchedulerSide(cfg, layout, spec, tp_size=tp_size, loads=role != "producer",
-                              saves=role != "consumer", drops_last_block=drops_last_block)
+                              saves=role != "consumer", drops_last_block=drops_last_block,
+                              hands_off=returns_handoff(cfg, f"kv_{role}"))
     worker = WorkerSide(cfg, layout, spec, shard=shard)
     buffers = engine_buffers(layout, seed)
     worker.register(buffers)

@@ -46,7 +46,7 @@ def engine_config(model: Path, url: str):
                       kv_transfer_config=KVTransferConfig(
                           kv_connector="StatetierConnector", kv_connector_module_path="statetier.clients.vllm",
                           kv_role="kv_both", kv_load_failure_policy="recompute",
-                          kv_connector_extra_config={"url": url, "deadline": 30.0}))
+                          kv_connector_extra_config={"url": url, "deadline": 30.0, "return_handoff": True}))
     config = args.create_engine_config()
     block = config.cache_config.block_size
     config.scheduler_config.max_num_batched_tokens = 2 * block  # chunks of two blocks

@@ -189,7 +189,9 @@ class PeerTier(Tier):
         server = self.server
         return TierStats("peer", 0, 0, 0, len(self._leases), 0, extra={
             "address": server.address,  # what the other daemons dial: `statetier stats`, the start banner
-            "published": self.published, "served": server.served, "bytes_served": server.bytes_served,
+            "published": self.published, "pulls": getattr(self.transport, "pulls", 0),
+            "bytes_pulled": getattr(self.transport, "bytes_pulled", 0), "served": server.served,
+            "bytes_served": server.bytes_served,
             "refused": server.refused, "handshakes_failed": server.handshakes_failed,
             "pulls_lost": self.pulls_lost, "owners_fenced": len(self._fenced),
             "directory_commands": self.directory.commands})
