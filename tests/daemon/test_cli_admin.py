@@ -121,7 +121,8 @@ def test_verify_reports_progress_to_the_end(daemon, stored, capsys) -> None:
     assert all(done <= total for done, total in seen if total)
     assert main(["verify", "--url", daemon.url]) == 0
     captured = capsys.readouterr()
-    assert json.loads(captured.out)["checked"] == report["checked"]
+    # copies, not objects: a disk copy the write-behind finished since the first pass is checked too
+    assert json.loads(captured.out)["checked"] >= report["checked"]
     assert captured.err == ""  # not a terminal: no progress bar written into it (issue 41)
 
 
