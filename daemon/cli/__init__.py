@@ -13,7 +13,7 @@ torch nor the tiers (``tests/daemon/test_cli_admin.py`` checks what they import)
 - ``lookup`` — ``lookup.py``: the joint hit of a token file under a model's layers, layer by layer
 - ``bench`` — ``statetier.benchmarks.cli``: every argument after ``bench`` is its own, ``--help``
   included (one help, listing the suites; ``--url`` defaults to a private daemon there)
-- ``completion`` — ``completion.py``: a bash or zsh completion script
+- ``completion`` — ``completion.py``: a bash, zsh or tcsh completion script (shtab)
 - ``--version`` — the release
 
 Client commands take ``--url`` (default ``$STATETIER_URL`` or ``unix://./statetier.sock``).
@@ -87,8 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
                            help="run the benchmarks (statetier bench --help: its suites and options)")
     bench.add_argument("extra", nargs=argparse.REMAINDER, help="the benchmark runner's arguments")
     bench.set_defaults(run="serve:run_bench")
-    completion = sub.add_parser("completion", help="print a shell completion script (bash, zsh)")
-    completion.add_argument("shell", choices=["bash", "zsh"])
+    completion = sub.add_parser("completion", help="print a shell completion script (bash, zsh, tcsh)")
+    completion.add_argument("shell", choices=["bash", "zsh", "tcsh"])
     completion.set_defaults(run="completion:run_completion")
     return parser
 

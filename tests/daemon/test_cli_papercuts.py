@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -43,7 +44,10 @@ def test_version_says_the_release() -> None:
 
 
 def complete(script: str, *words: str) -> list[str]:
-    probe = (f"{script}\nCOMP_WORDS=({' '.join(words)}); COMP_CWORD={len(words) - 1}; _statetier\n"
+    """What bash completes after ``words`` (the last one being typed), by the script's own function."""
+    function = re.search(r"complete .*-F (\S+) statetier", script).group(1)  # type: ignore[union-attr]
+    probe = (f"{script}\nCOMP_WORDS=({' '.join(words)}); COMP_CWORD={len(words) - 1}; COMP_LINE='{' '.join(words)}'; "
+             f"COMP_POINT=${{#COMP_LINE}}; {function}\n"
              'printf "%s\\n" "${COMPREPLY[@]}"\n')
     return subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=30, check=True).stdout.split()
 
@@ -55,7 +59,7 @@ def test_completion_completes_subcommands_and_their_options_in_bash() -> None:
     assert complete(done.stdout, "statetier", "--ver") == ["--version"]
     assert complete(done.stdout, "statetier", "purge", "--na") == ["--namespace"]
     assert "--json" in complete(done.stdout, "statetier", "stats", "--")
-    assert "bashcompinit" in run_cli("completion", "zsh").stdout
+    assert "#compdef statetier" in run_cli("completion", "zsh").stdout
 
 
 def test_bench_has_one_help_that_lists_its_suites() -> None:
