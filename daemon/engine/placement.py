@@ -19,7 +19,11 @@
   promoted copy (None when not kept). With no free room the object is queued for the write-behind worker, which
   makes room by the tier's watermark policy (evicting and demoting) and promotes it then.
 - ``copy_down(state_id, source)``  — write-behind: a copy into the next persistent tier,
-  queued (bounded) by ``schedule_copy_down`` and run by the worker ``run_write_behind``.
+  queued (bounded) by ``schedule_copy_down`` (False: not queued, the queue is full) and run
+  by the worker ``run_write_behind``, at low priority: before each copy it waits on
+  ``yields_to`` (the peer server's ``quiet``: the pulls being answered go first), at most
+  ``WRITE_BEHIND_YIELD_SECONDS`` a copy, so a steady stream of pulls delays copies, never
+  starves them.
 
 Every store is ``prepare_store`` → ``write`` → ``complete_store(success)`` with the
 completion in ``finally``, so a cancelled move leaves nothing half visible.
@@ -48,7 +52,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator, Sequence
+from typing import AsyncIterator, Awaitable, Callable, Sequence
 
 from statetier.protocol.errors import CapacityError, InvalidRequest, NotFound, StatetierError
 from statetier.protocol.lru import BoundedLru
@@ -63,6 +67,8 @@ log = logging.getLogger("statetier.placement")
 #: Ended deletes remembered by object id (``deleted_since``); a load that began before more
 #: than this many ended takes its object for deleted.
 DELETES_REMEMBERED = 1 << 16
+#: The longest a write-behind copy waits for the pulls being answered to end (``yields_to``).
+WRITE_BEHIND_YIELD_SECONDS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +104,7 @@ class Placement:
     def __init__(self, tiers: Sequence[Tier], metrics: Metrics | NullMetrics | None = None, *,
                  write_behind_limit: int = 256,
                  write_behind_from: Sequence[Tier] = (), write_behind_to: Tier | None = None,
-                 tenancy=None) -> None:
+                 tenancy=None, yields_to: Callable[[float], Awaitable[bool]] | None = None) -> None:
         self.tiers = list(tiers)
         self.metrics = NullMetrics() if metrics is None else metrics
         self.tenancy = tenancy if tenancy is not None else _NoTenants()
@@ -110,6 +116,8 @@ class Placement:
         self._queue: asyncio.Queue[_Queued] = asyncio.Queue(maxsize=max(1, write_behind_limit))
         self._write_behind_from = set(id(t) for t in write_behind_from)
         self._write_behind_to = write_behind_to
+        self._yields_to = yields_to
+        self.write_behind_yields = 0  # copies that waited for pulls to end first
         self.dropped = 0
         self.write_behind_skipped = 0
 
@@ -327,16 +335,20 @@ class Placement:
 
     # ---------------------------------------------------------------- write-behind
 
-    def schedule_copy_down(self, object_id: bytes, source: Tier) -> None:
+    def schedule_copy_down(self, object_id: bytes, source: Tier) -> bool:
+        """Queued for the write-behind worker (True), or nothing to copy down (True); False
+        when the queue is full (counted as skipped: eviction demotes it instead)."""
         if self._write_behind_to is None or id(source) not in self._write_behind_from:
-            return
-        self._queue_nowait(_Queued(object_id, source))
+            return True
+        return self._queue_nowait(_Queued(object_id, source))
 
-    def _queue_nowait(self, job: _Queued) -> None:
+    def _queue_nowait(self, job: _Queued) -> bool:
         try:
             self._queue.put_nowait(job)
+            return True
         except asyncio.QueueFull:
             self.write_behind_skipped += 1  # eviction will demote it instead; a later load promotes it
+            return False
 
     async def run_write_behind(self) -> None:
         """The worker: each queued write-behind copy, and each promotion a load found no free
@@ -345,6 +357,7 @@ class Placement:
             job = await self._queue.get()
             try:
                 if job.promote_to is None:
+                    await self._yield()
                     await self.copy_down(job.object_id, job.source)
                 else:
                     await self._promote_later(job)
@@ -356,6 +369,12 @@ class Placement:
                 log.exception("write-behind of %s failed", job.object_id.hex())
             finally:
                 self._queue.task_done()
+
+    async def _yield(self) -> None:
+        """Low priority: the pulls being answered end first (at most ``WRITE_BEHIND_YIELD_SECONDS``)."""
+        if self._yields_to is not None and not await self._yields_to(0):
+            self.write_behind_yields += 1
+            await self._yields_to(WRITE_BEHIND_YIELD_SECONDS)
 
     async def flush_write_behind(self, timeout: float) -> bool:
         try:
