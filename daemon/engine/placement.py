@@ -19,7 +19,8 @@
   promoted copy (None when not kept). With no free room the object is queued for the write-behind worker, which
   makes room by the tier's watermark policy (evicting and demoting) and promotes it then.
 - ``copy_down(state_id, source)``  — write-behind: a copy into the next persistent tier,
-  queued (bounded) by ``schedule_copy_down`` (False: not queued, the queue is full) and run
+  queued (bounded) by ``schedule_copy_down`` (False: not queued, the queue is full; then
+  ``copy_down_now`` makes it on the caller's time: a publish's backpressure) and run
   by the worker ``run_write_behind``, at low priority: before each copy it waits on
   ``yields_to`` (the peer server's ``quiet``: the pulls being answered go first), at most
   ``WRITE_BEHIND_YIELD_SECONDS`` a copy, so a steady stream of pulls delays copies, never
@@ -388,6 +389,19 @@ class Placement:
         if target is None or await target.contains(object_id):
             return
         await self.copy_between(object_id, source, target, missing_ok=True)
+
+    async def copy_down_now(self, object_id: bytes, source: Tier) -> bool:
+        """The write-behind copy made now (its queue was full): True when the tier it went
+        to is durable and holds the object."""
+        target = self._write_behind_to
+        if target is None:
+            return False
+        try:
+            await self.copy_down(object_id, source)
+        except StatetierError as exc:
+            log.debug("copy of %s into %s failed: %s", object_id.hex(), target.name, exc)
+            return False
+        return target.is_durable and await target.contains(object_id)
 
     async def _promote_later(self, job: _Queued) -> None:
         """A promotion a load found no free room for: room made in the target by its

@@ -11,25 +11,32 @@ publishes a batch, decode loads it by ref in one ``load_batch``.
 - a load of the batch whose object its owner no longer holds is a miss for that load alone
   (``NotFound``), never bytes of another; a batch whose owner is gone misses loudly too;
 - what a batch left unclaimed (a load before it failed) gives its arena room and leases back;
-- prefill's disk copies of what it published are written behind, after the pulls it answers.
+- a publish is answered once in memory and described (``durable: false``), its disk copy
+  written behind and only once the pull prefill is answering has ended (counted:
+  ``write_behind_yields``); ``durable=True`` is answered once the disk copy exists; a publish
+  that finds the write-behind queue full writes its disk copy before its answer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
+import socket
 
 from statetier.daemon.engine import Engine, EngineOptions
-from statetier.daemon.requests import Incoming, LoadRequest, PutRequest
+from statetier.daemon.requests import Incoming, LoadRequest, PutRequest, PutResult
 from statetier.protocol.dtypes import TensorSpec
-from statetier.protocol.errors import NotFound, StatetierError
+from statetier.protocol.errors import NotFound
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey
 from statetier.protocol.keyring import Keyring
 from statetier.protocol.passes import PASSES
 from statetier.tiers.disk import DiskTier, DiskTierOptions
 from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.peer import PeerTier, PeerTierOptions
+from statetier.tiers.peer import wire
 from statetier.tiers.registry import MemoryVersionRegistry
+from tests.support.waiting import eventually
 
 NS = NamespaceSpec("peer-batches").namespace()
 SPECS = (TensorSpec("k", "bfloat16", (4, 8, 16, 128)),)  # 128 KiB
@@ -38,17 +45,19 @@ OBJECTS = 12
 
 
 @contextlib.asynccontextmanager
-async def node(url: str, name: str, keyring: Keyring, registry, folder):
+async def node(url: str, name: str, keyring: Keyring, registry, folder, *, socket_buffer: int = 8 << 20,
+               write_behind_limit: int = 256):
     host = HostTier(HostTierOptions(32 << 20, pin_memory=False))
     disk = DiskTier(DiskTierOptions(folder / name, 256 << 20, segment_bytes=4 << 20), keyring=keyring)
 
     async def holds_locally(object_id: bytes) -> bool:
         return await host.contains(object_id) or await disk.contains(object_id)
 
-    peer = PeerTier(PeerTierOptions(url, owner_id=name, pull_timeout=2.0), keyring=keyring, local_tiers=[host, disk],
-                    holds_locally=holds_locally)
+    peer = PeerTier(PeerTierOptions(url, owner_id=name, pull_timeout=2.0, socket_buffer_bytes=socket_buffer),
+                    keyring=keyring, local_tiers=[host, disk], holds_locally=holds_locally)
+    options = EngineOptions(producer_id=name, write_behind_limit=write_behind_limit)
     engine = Engine([host, disk, peer], keyring=keyring, registry=registry, arena=host, publish=peer,
-                    write_behind_to=disk, options=EngineOptions(producer_id=name), batch_pulls=peer,
+                    write_behind_to=disk, options=options, batch_pulls=peer,
                     write_behind_yields_to=peer.server.quiet)
     await engine.start()
     try:
@@ -57,12 +66,22 @@ async def node(url: str, name: str, keyring: Keyring, registry, folder):
         await engine.close()
 
 
-async def publish(engine: Engine, count: int = OBJECTS) -> tuple[list, list[bytes]]:
-    payloads = [os.urandom(PAYLOAD) for _ in range(count)]
+async def publish_answers(engine: Engine, count: int, *, payload: int = PAYLOAD, durable: bool = False):
+    """``count`` objects put with ``publish`` (and ``durable``) in one batch: their answers and payloads."""
+    specs = (TensorSpec("k", "uint8", (payload,)),)
+    payloads = [os.urandom(payload) for _ in range(count)]
     items = [Incoming(PutRequest("default", StateKey(NS, Kind.KV, layer, os.urandom(32), 0, 16), Provenance("r"),
-                                 SPECS, publish=True), memoryview(data)) for layer, data in enumerate(payloads)]
+                                 specs, publish=True, durable=durable), memoryview(data))
+             for layer, data in enumerate(payloads)]
     puts = await engine.put_batch(items)
-    assert all(not isinstance(put, StatetierError) and put.published for put in puts)
+    assert all(isinstance(put, PutResult) and put.published for put in puts), puts
+    return puts, payloads
+
+
+async def publish(engine: Engine, count: int = OBJECTS, *, payload: int = PAYLOAD,
+                  durable: bool = False) -> tuple[list, list[bytes]]:
+    puts, payloads = await publish_answers(engine, count, payload=payload, durable=durable)
+    assert [put.durable for put in puts] == [durable] * count
     return [put.ref for put in puts], payloads
 
 
@@ -109,9 +128,56 @@ async def test_an_object_its_owner_no_longer_holds_misses_alone(fresh_redis, tmp
         assert host.stats().bytes_used == (await host.get_meta(refs[0].state_id)).size
 
 
-async def test_published_objects_are_written_to_the_owners_disk_behind_the_answer(fresh_redis, tmp_path):
+async def stalled_pull(address: str, meta, keyring: Keyring):
+    """A daemon of the cluster that asks the owner for ``meta``'s object and reads none of it:
+    the owner is answering a pull until the connection closes."""
+    host, port = address.rsplit(":", 1)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((host, int(port)))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    key, nonce_p = wire.auth_key(keyring.active), os.urandom(wire.NONCE_BYTES)
+    writer.write(wire.MAGIC + keyring.active.key_id + nonce_p)
+    nonce_o = (await reader.readexactly(wire.WELCOME_BYTES))[8:40]
+    session = wire.session_key(key, nonce_p, nonce_o)
+    writer.write(wire.mac(key, b"puller", nonce_p, nonce_o)
+                 + wire.pack_pull(session, meta.object_id, meta.namespace[-16:], meta.size, 1))
+    await writer.drain()
+    return writer
+
+
+async def test_a_publish_is_answered_from_memory_its_disk_copy_written_after_the_pulls(fresh_redis, tmp_path):
+    keyring, registry = Keyring.generate(), MemoryVersionRegistry()
+    async with node(fresh_redis.url, "prefill", keyring, registry, tmp_path, socket_buffer=64 << 10) \
+            as (prefill, host, disk, owner):
+        big = (await publish(prefill, 1, payload=8 << 20))[0][0]
+        await prefill.placement.flush_write_behind(10)
+        writer = await stalled_pull(owner.server.address, await host.get_meta(big.state_id), keyring)
+        await eventually(lambda: owner.server.answering == 1, "the owner answering the stalled pull")
+        (ref,), _ = await publish(prefill, 1)  # durable not asked: answered once in memory and described
+        await eventually(lambda: prefill.placement.write_behind_yields == 1, "the copy waiting for the pull")
+        writer.close()  # the pull ends: the copy goes on
+        await eventually(lambda: disk.contains(ref.state_id), "the published object's disk copy")
+
+
+async def test_a_durable_publish_is_answered_once_its_disk_copy_exists(fresh_redis, tmp_path):
     keyring, registry = Keyring.generate(), MemoryVersionRegistry()
     async with node(fresh_redis.url, "prefill", keyring, registry, tmp_path) as (prefill, _, disk, _):
-        refs, _ = await publish(prefill, 4)
-        await prefill.placement.flush_write_behind(10)
-        assert all([await disk.contains(ref.state_id) for ref in refs])
+        (ref,), _ = await publish(prefill, 1, durable=True)
+        assert await disk.contains(ref.state_id)  # on disk (fdatasync'd) before the answer
+        plain, _ = await publish(prefill, 1)
+        assert plain[0] is not None
+
+
+async def test_a_publish_that_finds_the_write_behind_queue_full_is_written_before_its_answer(fresh_redis,
+                                                                                              tmp_path):
+    keyring, registry = Keyring.generate(), MemoryVersionRegistry()
+    async with node(fresh_redis.url, "prefill", keyring, registry, tmp_path, write_behind_limit=1) \
+            as (prefill, _, disk, _):
+        puts, _ = await publish_answers(prefill, 3)
+        assert [put.durable for put in puts[:2]] == [False, True]  # the first queued; the queue full after it
+        for put in puts:  # each one durable when answered, or queued
+            assert not put.durable or await disk.contains(put.ref.state_id)
+        assert prefill.placement.write_behind_skipped == sum(put.durable for put in puts)
+        for put in puts:
+            await eventually(lambda: disk.contains(put.ref.state_id), "every published object's disk copy")

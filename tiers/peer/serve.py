@@ -11,7 +11,8 @@ objects, back to back in order, each leased in turn and released once written.
 ``close()`` stops listening and drops the connections. ``quiet(at_most)`` returns once no
 pull is being answered (or after ``at_most`` seconds): the write-behind waits on it, so
 the owner's disk copies run after the pulls of what it just published.
-Counted: ``served``, ``bytes_served``, ``refused``, ``handshakes_failed``, ``batches``.
+Counted: ``served``, ``bytes_served``, ``refused``, ``handshakes_failed``, ``batches``; ``answering``:
+the requests being answered now.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class PeerServer:
         self.refused = 0
         self.handshakes_failed = 0
         self.batches = 0
-        self._answering = 0  # requests being answered now
+        self.answering = 0  # requests being answered now
         self._quiet = asyncio.Event()
         self._quiet.set()
 
@@ -123,12 +124,12 @@ class PeerServer:
             return wire.session_key(puller_key, nonce_p, nonce_o)
 
     def _begin(self) -> None:
-        self._answering += 1
+        self.answering += 1
         self._quiet.clear()
 
     def _end(self) -> None:
-        self._answering -= 1
-        if not self._answering:
+        self.answering -= 1
+        if not self.answering:
             self._quiet.set()
 
     async def quiet(self, at_most: float) -> bool:
