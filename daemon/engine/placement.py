@@ -34,7 +34,8 @@ promotion) runs as a numbered *cycle* (``daemon.engine.cycles``). ``deleting(obj
 tombstone up for the length of a delete: no cycle starts a copy of a tombstoned object, and
 ``settle_moves()`` waits for every cycle begun before it, so a delete that sweeps the tiers,
 settles, and sweeps again leaves no copy behind, whatever eviction was doing meanwhile;
-``has_moves`` says whether any cycle is open (a load that found nothing settles then looks
+``has_moves`` says whether any cycle is open (a load that found nothing settles the moves but the
+loads' promotions, ``settle_relocations``, then looks
 again: its object may be between two tiers). A load may hold a lease on a copy that a delete
 removed meanwhile: ``delete_mark`` (taken when it begins) and ``deleted_since(object_id,
 mark)`` say whether a delete of that object ended since, so it does not promote it back.
@@ -164,7 +165,7 @@ class Placement:
         if target is source or self.tiers.index(target) > self.tiers.index(source):
             return None
         meta = lease.meta
-        cycle = self._cycles.begin()
+        cycle = self._cycles.begin_promotion()
         try:
             if self.is_deleting(meta.object_id) or self.deleted_since(meta.object_id, delete_mark) \
                     or self.tenancy.would_exceed(tenant, target.name, meta.size) \
@@ -225,6 +226,15 @@ class Placement:
     async def settle_moves(self) -> None:
         """Wait until every cycle that began before this call has ended."""
         await self._cycles.settle()
+
+    @property
+    def has_relocations(self) -> bool:
+        return self._cycles.has_relocations
+
+    async def settle_relocations(self) -> None:
+        """Wait until every move but the loads' promotions begun before this call has ended:
+        what may hold an object between two tiers (``MoveCycles.settle_relocations``)."""
+        await self._cycles.settle_relocations()
 
     async def prepare_all(self, tier: Tier, metas: list[ObjectMeta]) -> list:
         """Room for a batch in ``tier``: ``prepare_with_room`` of each meta in order, with one

@@ -112,9 +112,9 @@ class CopyServer:
             result = await self._look(wanted, counted)
             if result is not None:
                 return result
-            if second_look or not stack.placement.has_moves:
+            if second_look or not stack.placement.has_relocations:
                 break
-            await stack.placement.settle_moves()
+            await stack.placement.settle_relocations()  # not the promotions loads hold (their batch's too)
         if counted:
             stack.count_miss(wanted.expectation.key)
         raise NotFound(f"state {wanted.state_id.hex()} is in no tier{_no_shared_tier_hint(stack)}")

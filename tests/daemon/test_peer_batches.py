@@ -181,3 +181,15 @@ async def test_a_publish_that_finds_the_write_behind_queue_full_is_written_befor
         assert prefill.placement.write_behind_skipped == sum(put.durable for put in puts)
         for put in puts:
             await eventually(lambda: disk.contains(put.ref.state_id), "every published object's disk copy")
+
+
+async def test_a_load_of_its_batch_that_finds_nothing_does_not_wait_for_the_batchs_own_pulls(fresh_redis, tmp_path):
+    keyring, registry = Keyring.generate(), MemoryVersionRegistry()
+    async with node(fresh_redis.url, "prefill", keyring, registry, tmp_path) as (prefill, _, _, _), \
+            node(fresh_redis.url, "decode", keyring, registry, tmp_path) as (decode, host, _, _):
+        refs, _ = await publish(prefill, 3)
+        await prefill.delete("default", refs[0])  # in no tier, no longer described
+        async with asyncio.timeout(10):  # it once waited for the promotions its own batch held open
+            results = await decode.load_batch(loads(refs), "c")
+        assert isinstance(results[0], NotFound) and results[1:] == [None, None]
+        assert host.stats().bytes_used == 0 and decode.lease_count == 0  # the pulled ones given back
