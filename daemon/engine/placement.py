@@ -22,7 +22,8 @@
   queued (bounded) by ``schedule_copy_down`` (False: not queued, the queue is full; then
   ``copy_down_now`` makes it on the caller's time: a publish's backpressure) and run
   by the worker ``run_write_behind``, at low priority: before each copy it waits on
-  ``yields_to`` (the peer server's ``quiet``: the pulls being answered go first), at most
+  ``yields_to`` (the peer server's ``quiet``: the pulls being answered, and those of what was
+  just published, go first), at most
   ``WRITE_BEHIND_YIELD_SECONDS`` a copy, so a steady stream of pulls delays copies, never
   starves them.
 

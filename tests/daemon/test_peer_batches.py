@@ -154,8 +154,9 @@ async def test_a_publish_is_answered_from_memory_its_disk_copy_written_after_the
         await prefill.placement.flush_write_behind(10)
         writer = await stalled_pull(owner.server.address, await host.get_meta(big.state_id), keyring)
         await eventually(lambda: owner.server.answering == 1, "the owner answering the stalled pull")
+        yields = prefill.placement.write_behind_yields
         (ref,), _ = await publish(prefill, 1)  # durable not asked: answered once in memory and described
-        await eventually(lambda: prefill.placement.write_behind_yields == 1, "the copy waiting for the pull")
+        await eventually(lambda: prefill.placement.write_behind_yields == yields + 1, "the copy waiting for the pull")
         writer.close()  # the pull ends: the copy goes on
         await eventually(lambda: disk.contains(ref.state_id), "the published object's disk copy")
 

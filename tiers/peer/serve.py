@@ -9,7 +9,8 @@ lies under the lease (``verify=False``: the puller verifies where the bytes land
 lease released once written. A ``PULL_MANY`` is answered the same way for each of its
 objects, back to back in order, each leased in turn and released once written.
 ``close()`` stops listening and drops the connections. ``quiet(at_most)`` returns once no
-pull is being answered (or after ``at_most`` seconds): the write-behind waits on it, so
+pull has been answered for ``QUIET_AFTER`` seconds, nor an object published (``published()``:
+its pulls are likely next), or after ``at_most`` seconds: the write-behind waits on it, so
 the owner's disk copies run after the pulls of what it just published.
 Counted: ``served``, ``bytes_served``, ``refused``, ``handshakes_failed``, ``batches``; ``answering``:
 the requests being answered now.
@@ -36,6 +37,9 @@ from .transport import tune
 
 log = logging.getLogger("statetier.peer")
 
+#: How long an owner must have answered no pull (and published nothing) to count as quiet.
+QUIET_AFTER = 0.1
+
 
 class PeerServer:
     def __init__(self, keyring: Keyring, options: PeerTierOptions, local_tiers: Sequence[Tier]) -> None:
@@ -53,6 +57,7 @@ class PeerServer:
         self.answering = 0  # requests being answered now
         self._quiet = asyncio.Event()
         self._quiet.set()
+        self._quiet_timer: asyncio.TimerHandle | None = None
 
     async def start(self) -> None:
         opts = self._options
@@ -62,6 +67,10 @@ class PeerServer:
         self.address = opts.advertise or f"{host}:{port}"
 
     async def close(self) -> None:
+        if self._quiet_timer is not None:
+            self._quiet_timer.cancel()
+            self._quiet_timer = None
+        self._quiet.set()
         if self._server is not None:
             self._server.close()
             self._server = None
@@ -129,6 +138,22 @@ class PeerServer:
 
     def _end(self) -> None:
         self.answering -= 1
+        if not self.answering:
+            self._quiet_later()
+
+    def published(self) -> None:
+        """An object was just published: its pulls are likely next, so not quiet yet."""
+        if not self.answering:
+            self._quiet.clear()
+            self._quiet_later()
+
+    def _quiet_later(self) -> None:
+        if self._quiet_timer is not None:
+            self._quiet_timer.cancel()
+        self._quiet_timer = asyncio.get_running_loop().call_later(QUIET_AFTER, self._maybe_quiet)
+
+    def _maybe_quiet(self) -> None:
+        self._quiet_timer = None
         if not self.answering:
             self._quiet.set()
 

@@ -96,6 +96,7 @@ class PeerTier(Tier):
         await self.directory.publish(Descriptor(self.options.owner_id, self.server.address, ticket.meta,
                                                 ticket.location))
         self.published += 1
+        self.server.published()  # its pulls are likely next: the write-behind waits for them
 
     # ---------------------------------------------------------------- lookups
     def _offered(self, descriptor: Descriptor | None) -> bool:
