@@ -10,7 +10,8 @@ deadline): both ``PeerLost``, the owner fenced, its entry gone from the director
 A batch from one owner (``pull_many``) is one request, its objects streamed back to back and
 each told as it lands; each object answered apart (not held, another tenant's); an owner
 that predates batches is pulled from one object at a time; a stream torn or hung loses the
-objects not landed yet (``PeerLost``) and fences the owner.
+objects not landed yet (``PeerLost``) and fences the owner; a pooled connection the owner
+closed is dialled again once, the owner not taken for lost.
 """
 
 from __future__ import annotations
@@ -285,3 +286,18 @@ async def test_a_batch_torn_mid_stream_loses_the_rest_and_fences_the_owner(fresh
         assert [type(error) for error in told] == [type(None), PeerLost, PeerLost]  # the first landed whole
         assert bytes(pulls[0][1]) == blob
         assert not await puller.contains(meta.object_id) and puller.stats().extra["pulls_lost"] == 1
+
+
+async def test_a_pooled_connection_the_owner_closed_is_dialled_again_for_a_batch(fresh_redis):
+    async with daemon_tiers(fresh_redis.url, "owner") as (host, owner), \
+            daemon_tiers(fresh_redis.url, "puller") as (_, puller):
+        objects = [await published(host, owner, 4096) for _ in range(3)]
+        await puller.pull_many(await leased_views(puller, [objects[0][0]]), lambda index, error: None)
+        for task in list(owner.server._connections):  # the owner drops its side (an idle timeout, a restart)
+            task.cancel()
+        await asyncio.sleep(0)
+        told: list = []
+        pulls = await leased_views(puller, [meta for meta, _ in objects])
+        await puller.pull_many(pulls, lambda index, error: told.append(error))
+        assert told == [None] * 3 and [bytes(view) for _, view in pulls] == [blob for _, blob in objects]
+        assert puller.stats().extra["pulls_lost"] == 0 and owner.server.batches == 2
