@@ -26,7 +26,9 @@ again.
 eviction on a load), run straight through: read into the reservation (the arena's view: no
 fresh buffer), classified there, ``Promotion.complete(ok)``, the promoted copy leased and
 served. With no room the copy from below is served and the promotion left to the
-write-behind worker. Damage and refusals raise as ``protocol.classify`` found them.
+write-behind worker. Damage and refusals raise as ``protocol.classify`` found them. A copy
+its batch pulled already (``Wanted.pulled``, ``daemon.engine.pulls``) comes with its lease
+and reservation: served from where it landed, as if read there now.
 
 No copy is digested here, from any tier, unless ``full_check`` (a client's recheck): the
 client verifies the payload where it lands (the hashing rule, docs/protocol.md §6.1). The
