@@ -12,7 +12,7 @@ objects, back to back in order, each leased in turn and released once written.
 pull has been answered for ``QUIET_AFTER`` seconds, nor an object published (``published()``:
 its pulls are likely next), or after ``at_most`` seconds: the write-behind waits on it, so
 the owner's disk copies run after the pulls of what it just published.
-Counted: ``served``, ``bytes_served``, ``refused``, ``handshakes_failed``, ``batches``; ``answering``:
+Counted: ``served``, ``bytes_served``, ``refused``, ``handshakes_failed``, ``batches``, ``requests``; ``answering``:
 the requests being answered now.
 """
 
@@ -54,6 +54,7 @@ class PeerServer:
         self.refused = 0
         self.handshakes_failed = 0
         self.batches = 0
+        self.requests = 0  # PULL and PULL_MANY requests answered (a batch is one)
         self.answering = 0  # requests being answered now
         self._quiet = asyncio.Event()
         self._quiet.set()
@@ -93,6 +94,7 @@ class PeerServer:
                 seq += 1
                 object_id, tenant_tag, size = wire.unpack_pull(session, frame, seq)
                 self._begin()
+                self.requests += 1
                 try:
                     if object_id == wire.MANY:
                         await self._answer_many(reader, writer, session, size, seq)

@@ -227,6 +227,6 @@ class PeerTier(Tier):
         return TierStats("peer", 0, 0, 0, len(self._leases), 0, extra={
             "published": self.published, "served": server.served, "bytes_served": server.bytes_served,
             "refused": server.refused, "handshakes_failed": server.handshakes_failed,
-            "pull_batches_answered": server.batches,
+            "pull_batches_answered": server.batches, "pull_requests_answered": server.requests,
             "pulls_lost": self.pulls_lost, "owners_fenced": len(self._fenced),
             "directory_commands": self.directory.commands})
