@@ -160,7 +160,8 @@ class PeerServer:
             self._quiet.set()
 
     async def quiet(self, at_most: float) -> bool:
-        """Wait until no pull is being answered, at most ``at_most`` seconds: True when quiet."""
+        """Wait until the owner is quiet (no pull answered, nothing published, for ``QUIET_AFTER``
+        seconds), at most ``at_most`` seconds: True when it is."""
         if self._quiet.is_set():
             return True
         try:
