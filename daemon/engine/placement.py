@@ -23,9 +23,8 @@
   ``copy_down_now`` makes it on the caller's time: a publish's backpressure) and run
   by the worker ``run_write_behind``, at low priority: before each copy it waits on
   ``yields_to`` (the peer server's ``quiet``: the pulls being answered, and those of what was
-  just published, go first), at most
-  ``WRITE_BEHIND_YIELD_SECONDS`` a copy, so a steady stream of pulls delays copies, never
-  starves them.
+  just published, go first), until ``WRITE_BEHIND_YIELD_SECONDS`` after the copy was queued,
+  so a steady stream of pulls and publishes delays each copy that long, never starves them.
 
 Every store is ``prepare_store`` → ``write`` → ``complete_store(success)`` with the
 completion in ``finally``, so a cancelled move leaves nothing half visible.
@@ -54,7 +53,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable, Sequence
 
 from statetier.protocol.errors import CapacityError, InvalidRequest, NotFound, StatetierError
@@ -70,7 +69,7 @@ log = logging.getLogger("statetier.placement")
 #: Ended deletes remembered by object id (``deleted_since``); a load that began before more
 #: than this many ended takes its object for deleted.
 DELETES_REMEMBERED = 1 << 16
-#: The longest a write-behind copy waits for the pulls being answered to end (``yields_to``).
+#: How long after it was queued a write-behind copy stops waiting for the pulls (``yields_to``).
 WRITE_BEHIND_YIELD_SECONDS = 1.0
 
 
@@ -83,6 +82,7 @@ class _Queued:
     source: Tier
     promote_to: Tier | None = None
     tenant: str = ""
+    queued_at: float = field(default_factory=time.monotonic)
 
 
 class _NoTenants:
@@ -369,7 +369,7 @@ class Placement:
             job = await self._queue.get()
             try:
                 if job.promote_to is None:
-                    await self._yield()
+                    await self._yield(job)
                     await self.copy_down(job.object_id, job.source)
                 else:
                     await self._promote_later(job)
@@ -382,11 +382,15 @@ class Placement:
             finally:
                 self._queue.task_done()
 
-    async def _yield(self) -> None:
-        """Low priority: the pulls being answered end first (at most ``WRITE_BEHIND_YIELD_SECONDS``)."""
+    async def _yield(self, job: _Queued) -> None:
+        """Low priority: the pulls being answered end first, until ``WRITE_BEHIND_YIELD_SECONDS``
+        after the copy was queued (a steady stream of pulls delays each copy that long, never
+        the queue's copies one after the other)."""
         if self._yields_to is not None and not await self._yields_to(0):
             self.write_behind_yields += 1
-            await self._yields_to(WRITE_BEHIND_YIELD_SECONDS)
+            left = job.queued_at + WRITE_BEHIND_YIELD_SECONDS - time.monotonic()
+            if left > 0:
+                await self._yields_to(left)
 
     async def flush_write_behind(self, timeout: float) -> bool:
         try:

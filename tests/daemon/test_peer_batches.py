@@ -14,7 +14,9 @@ publishes a batch, decode loads it by ref in one ``load_batch``.
 - a publish is answered once in memory and described (``durable: false``), its disk copy
   written behind and only once the pull prefill is answering has ended (counted:
   ``write_behind_yields``); ``durable=True`` is answered once the disk copy exists; a publish
-  that finds the write-behind queue full writes its disk copy before its answer.
+  that finds the write-behind queue full writes its disk copy before its answer; a steady
+  stream of pulls delays each copy until a second after it was queued, not the queue's copies
+  one after another.
 """
 
 from __future__ import annotations
@@ -194,3 +196,23 @@ async def test_a_load_of_its_batch_that_finds_nothing_does_not_wait_for_the_batc
             results = await decode.load_batch(loads(refs), "c")
         assert isinstance(results[0], NotFound) and results[1:] == [None, None]
         assert host.stats().bytes_used == 0 and decode.lease_count == 0  # the pulled ones given back
+
+
+async def test_a_steady_stream_of_pulls_delays_each_disk_copy_never_the_queue_one_after_another(fresh_redis, tmp_path):
+    keyring, registry = Keyring.generate(), MemoryVersionRegistry()
+    async with node(fresh_redis.url, "prefill", keyring, registry, tmp_path, socket_buffer=64 << 10) \
+            as (prefill, host, disk, owner):
+        big = (await publish(prefill, 1, payload=8 << 20))[0][0]
+        await prefill.placement.flush_write_behind(10)
+        writer = await stalled_pull(owner.server.address, await host.get_meta(big.state_id), keyring)
+        try:
+            await eventually(lambda: owner.server.answering == 1, "the owner answering the stalled pull")
+            refs, _ = await publish(prefill, 24)  # never quiet from here on: each copy waits its own second
+
+            async def all_on_disk() -> bool:
+                return all([await disk.contains(ref.state_id) for ref in refs])
+
+            await eventually(all_on_disk, "every copy, the pull still open", timeout=12)  # one a second: 24 s
+            assert owner.server.answering == 1
+        finally:
+            writer.close()
