@@ -21,7 +21,9 @@ put+get), ``lookup+load`` (the prefix restore from a peer, against ``socket+blak
 Mooncake's get) and ``put+publish``. Each row
 carries ``redis_commands`` and ``redis_bytes`` per handoff: what redis-server counted
 (``INFO stats``: commands processed, network bytes in and out) over the put and the
-lookup+load, the daemons' health probes (a PING a second each) included.
+lookup+load, the daemons' health probes (a PING a second each) included; and
+``peer_requests`` per handoff: the pull requests prefill answered (a ``PULL_MANY`` of a
+``LOAD_BATCH`` frame's objects is one; ``objects`` would be one each).
 """
 
 from __future__ import annotations
@@ -137,6 +139,12 @@ def redis_counts(url: str) -> tuple[int, int]:
         int(stats["total_net_output_bytes"])
 
 
+async def pull_requests(client) -> int:
+    """The pull requests the daemon behind ``client`` answered so far (its peer tier's count)."""
+    stats = await client.stats()
+    return int(next(t for t in stats["tiers"] if t["tier"] == "peer")["extra"]["pull_requests_answered"])
+
+
 async def _measure_case(prefill, decode, redis_url: str, model, tokens: int, reps: int, progress,
                         mooncake: MooncakeRaw | None = None) -> list[dict]:
     from .workload_models import request_state
@@ -148,6 +156,7 @@ async def _measure_case(prefill, decode, redis_url: str, model, tokens: int, rep
     sizes = [len(v) for v in views]
     times: dict[str, list[float]] = {name: [] for name in ("socket", "set_get", "put", "load", "mc_put", "mc_get")}
     counts: list[tuple[int, int]] = []
+    requests: list[int] = []
     try:
         for rep in range(reps + 1):  # repetition 0 warms up and checks the bytes
             t_socket = timed(raw_socket.run)
@@ -160,6 +169,7 @@ async def _measure_case(prefill, decode, redis_url: str, model, tokens: int, rep
                 t_mc_get = mooncake.get()
                 mooncake.remove()
             prefix = os.urandom(32)
+            answered = await pull_requests(prefill)  # before Redis is counted: a stats call may ask Redis
             commands, nbytes = redis_counts(redis_url)
             t_put = await atimed(lambda: handoff.put(prefix))
             started = time.perf_counter()
@@ -171,6 +181,7 @@ async def _measure_case(prefill, decode, redis_url: str, model, tokens: int, rep
                 for name, value in zip(times, (t_socket, t_set + t_get, t_put, t_load, t_mc_put, t_mc_get)):
                     times[name].append(value)
                 counts.append((after[0] - commands - 1, after[1] - nbytes))  # less the INFO itself
+                requests.append(await pull_requests(prefill) - answered)
             progress(1)
     finally:
         await handoff.delete()
@@ -179,7 +190,8 @@ async def _measure_case(prefill, decode, redis_url: str, model, tokens: int, rep
     extra = {"model": model.display, "tokens": tokens, "case": f"{model.display} {tokens // 1024}k",
              "objects": objects, "reps": reps, "transport": "tcp",
              "redis_commands": statistics.median(c for c, _ in counts),
-             "redis_bytes": statistics.median(b for _, b in counts)}
+             "redis_bytes": statistics.median(b for _, b in counts),
+             "peer_requests": statistics.median(requests)}
     handoff_t = [p + lo for p, lo in zip(times["put"], times["load"])]
     rows = [] if mooncake is None else [
         paired_row("peers", "peer", "handoff", size, objects, handoff_t, "mooncake TCP put+get",

@@ -266,7 +266,9 @@ def build_tiers(config: Config, keyring: Keyring, executor,
 def _add_peer_tier(config: Config, keyring: Keyring, tiers: list[Tier], roles: dict, address: PeerAddress) -> None:
     """The peer tier, before Redis: a copy a peer holds is pulled from it before Redis is
     read; a publish describes the object in the directory, and copies its bytes to Redis
-    too only for the namespaces whose policy is ``descriptor+bytes``."""
+    too only for the namespaces whose policy is ``descriptor+bytes``. It pulls a load
+    batch's copies together (``batch_pulls``), and the write-behind yields to the pulls it
+    answers (``write_behind_yields_to``)."""
     from statetier.tiers.peer import PeerTier, PeerTierOptions
 
     peers, redis_tier = config.peers, roles["publish"]
@@ -283,7 +285,8 @@ def _add_peer_tier(config: Config, keyring: Keyring, tiers: list[Tier], roles: d
         socket_buffer_bytes=peers.socket_buffer_bytes, lease_ttl=config.limits.lease_ttl_seconds),
         keyring=keyring, local_tiers=local, holds_locally=holds_locally)
     tiers.insert(tiers.index(redis_tier), peer)
-    roles.update(publish=peer, publish_bytes=redis_tier, keeps_bytes=peers.keeps_bytes)
+    roles.update(publish=peer, publish_bytes=redis_tier, keeps_bytes=peers.keeps_bytes, batch_pulls=peer,
+                 write_behind_yields_to=peer.server.quiet)
 
 
 def _warn_if_beyond_memory(capacity: int | None) -> None:

@@ -43,8 +43,11 @@ def kills_line(results: list[ProbeResult]) -> str:
     return (f"**Daemon kills: {int(notes['daemon_kills']):,}** (`kill -9` mid-write, each followed by a restart "
             f"and a check) in {notes.get('daemon_kill_minutes', 0):.1f} minutes, "
             f"{notes.get('daemon_kills_per_minute', 0):.1f} per minute ({notes.get('daemon_kill_loops', 1)} daemons "
-            f"side by side); durable or published acknowledgements lost: {crash.lost}; wrong bytes served: "
-            f"{crash.wrong}; recovery p50 {notes.get('recovery_p50_s', 0)} s.")
+            f"side by side); durable or published (to Redis) acknowledgements lost: {crash.lost}; "
+            f"published-only acknowledgements (peer tier, durable: false; a kill may lose them, loudly) lost: "
+            f"{int(notes.get('published_only_acked_lost', 0)):,} of "
+            f"{int(notes.get('published_only_acked_lost', 0) + notes.get('published_only_acked_served', 0)):,}; "
+            f"wrong bytes served: {crash.wrong}; recovery p50 {notes.get('recovery_p50_s', 0)} s.")
 
 
 def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:

@@ -8,7 +8,15 @@ Then kill clients that hold lookup leases and load-window regions (the shared-me
 windows of protocol 2; puts no longer reserve arena room).
 
 - lost: a put acknowledged with ``durable: true``, or published (``publish=True``; Redis is
-  never killed here), that is not served byte-exact after the restart.
+  never killed here) to the Redis tier (the first daemon: the bytes in Redis), that is not
+  served byte-exact after the restart.
+- published-only: the second daemon runs the peer tier (``peers.enabled``, policy
+  ``descriptor``: Redis holds the descriptor, the bytes stay in the daemon): a publish
+  acknowledged ``durable: false`` lives in its memory until the write-behind copied it to
+  disk, so a kill may lose it. Counted apart (``published_only_acked_served`` /
+  ``published_only_acked_lost``), never as lost; a lost one must fail loudly (a typed error:
+  ``NotFound``, ``PeerLost``), never serve other bytes (that is wrong). Its durable acks are
+  held to the durable promise.
 - wrong: any load — by ref or by key, acknowledged or not — that returns bytes other than
   those its put sent (a torn or mixed-up object); a deleted object (delete acknowledged)
   served again; after killed clients, a lease, an arena byte or a window's file descriptor
@@ -33,9 +41,11 @@ from wire import Wire
 
 PROBE = "crash"
 PROMISE = Promise(
-    "an acknowledged durable (or published) put survives kill -9 byte-exact; nothing torn or "
-    "deleted is served; a killed client's leases and window regions are released",
-    lost_means="a put acknowledged `durable: true` (or published, Redis alive) not served byte-exact after restart",
+    "an acknowledged durable (or published to Redis) put survives kill -9 byte-exact; a published-only ack "
+    "(peer tier, durable: false) may be lost, loudly; nothing torn or deleted is served; a killed client's "
+    "leases and window regions are released",
+    lost_means="a put acknowledged `durable: true` (or published to the Redis tier, Redis alive) not served "
+               "byte-exact after restart",
     wrong_means="any load returning other bytes than its put sent; a deleted object served again; "
                 "a lease, arena byte or window a killed client held not given back",
 )
@@ -112,7 +122,8 @@ async def _note_activity(url: str, result: ProbeResult) -> None:
     result.add("kills_with_write_behind_pending", bool(stats.get("write_behind_pending")))
 
 
-async def _check(url: str, ledger: Ledger, seeds: list[int], result: ProbeResult) -> None:
+async def _check(url: str, ledger: Ledger, seeds: list[int], result: ProbeResult, peers: bool = False) -> None:
+    """Every put of ``seeds`` loaded and judged (``peers``: the daemon publishes descriptors only)."""
     wire = await Wire.open(url, model=PROBE)
     try:
         for seed in seeds:
@@ -124,6 +135,10 @@ async def _check(url: str, ledger: Ledger, seeds: list[int], result: ProbeResult
                 got = await (wire.load(ref=reply["ref"]) if reply else wire.load(key=key))
             except (NotFound, RejectedState) as exc:
                 got = exc
+            except StatetierError as exc:  # a published-only object whose owner (this daemon before the kill) is gone
+                if not peers:
+                    raise
+                got = exc
             result.inputs += 1
             if isinstance(got, bytes) and got != want:
                 result.wrong += 1
@@ -134,6 +149,8 @@ async def _check(url: str, ledger: Ledger, seeds: list[int], result: ProbeResult
                     result.fail(f"seed {seed}: deleted (acknowledged), served again after the restart")
             elif reply is None:
                 result.add("unacknowledged_served_intact" if isinstance(got, bytes) else "unacknowledged_absent")
+            elif peers and entry["category"] == "published" and not reply.get("durable"):
+                result.add("published_only_acked_served" if isinstance(got, bytes) else "published_only_acked_lost")
             elif entry["category"] in ("durable", "published") and not (reply.get("durable") or entry["category"] == "published"):
                 result.add("durable_requested_not_granted")
             elif entry["category"] in ("durable", "published"):
@@ -178,7 +195,8 @@ async def _daemon_kills(daemon: DaemonProcess, deadline: float, cap: int, result
         seeds = list(range(first, ledger.next_seed))
         durable_seen += [s for s in seeds if ledger.puts[s]["category"] == "durable" and ledger.puts[s]["reply"]]
         older = rng.sample(durable_seen, min(10, len(durable_seen)))
-        await _check(daemon.url, ledger, seeds + [s for s in older if s < first], result)
+        await _check(daemon.url, ledger, seeds + [s for s in older if s < first], result,
+                     peers=daemon.settings.get("peers.enabled") == "true")
 
 
 async def _daemon_kill_loops(daemons: list[DaemonProcess], deadline: float, cap: int, result: ProbeResult,
@@ -269,7 +287,8 @@ async def run(budget: Budget, result: ProbeResult) -> None:
     rng = random.Random(14)
     with RedisServer() as redis:
         daemons = [DaemonProcess(name=f"crash{i}", host_capacity="16MiB", redis_url=redis.url, metrics=False,
-                                 settings={"disk.segment_bytes": "1MiB", "disk.compact_interval_seconds": 0.5,
+                                 settings={**({"peers.enabled": "true"} if i == 1 else {}),  # published-only acks
+                                           "disk.segment_bytes": "1MiB", "disk.compact_interval_seconds": 0.5,
                                            "disk.capacity_bytes": "4GiB", "redis.socket_timeout": 2.0})
                    for i in range(DAEMON_LOOPS)]
         try:

@@ -1,9 +1,12 @@
 """The engine: the tier hierarchy behind the daemon's requests (DESIGN §4–6); its one entry point.
 
 ``Engine(tiers, keyring=, registry=, metrics=, options=, arena=, publish=, write_behind_to=,
-executor=, announcements=)`` — ``tiers`` fastest first (device, host, disk, redis; any may be
-absent); ``arena`` the host tier that puts are sealed into (its reservations); ``publish`` the
-cross-node tier (Redis); ``announcements`` the KV events' view of every copy
+executor=, announcements=, batch_pulls=, write_behind_yields_to=)`` — ``tiers`` fastest first
+(device, host, disk, redis; any may be absent); ``arena`` the host tier that puts are sealed
+into (its reservations); ``publish`` the cross-node tier (Redis); ``batch_pulls`` the tier that
+pulls a load batch's copies at once (the peer tier: ``daemon.engine.pulls``);
+``write_behind_yields_to`` what the write-behind waits on before each copy (the peer
+server's ``quiet``: pulls first); ``announcements`` the KV events' view of every copy
 (``daemon.engine.announcements``, observing ``Tenancy``: the events name the owned
 namespaces), or None. It builds one ``daemon.engine.stack.Stack`` and composes the parts that
 hold the rules; the server calls, per request, and the engine forwards to:
@@ -40,7 +43,7 @@ import itertools
 import logging
 import time
 from concurrent.futures import Executor
-from typing import Callable
+from typing import Awaitable, Callable
 
 from statetier.protocol.errors import InvalidRequest, StatetierError
 from statetier.protocol.identity import Namespace, StateKey, StateRef
@@ -56,6 +59,7 @@ from .leases import Leases
 from .loads import Loads
 from .lookup import joint_hit
 from .placement import Placement
+from .pulls import PullsBatches
 from .purge_marks import PurgeMarks
 from .puts import Puts
 from ..requests import Incoming, JointHit, LoadRequest, LoadResult, LookupRequest, PutRequest, PutResult
@@ -73,7 +77,8 @@ class Engine:
                  options: EngineOptions | None = None, arena: Tier | None = None, publish: Tier | None = None,
                  write_behind_to: Tier | None = None, executor: Executor | None = None,
                  announcements: Announcements | None = None, publish_bytes: Tier | None = None,
-                 keeps_bytes: Callable[[bytes], bool] | None = None) -> None:
+                 keeps_bytes: Callable[[bytes], bool] | None = None, batch_pulls: PullsBatches | None = None,
+                 write_behind_yields_to: Callable[[float], Awaitable[bool]] | None = None) -> None:
         if not tiers:
             raise InvalidRequest("the engine needs at least one tier")
         self.tiers = list(tiers)
@@ -89,7 +94,7 @@ class Engine:
         self.tenancy = Tenancy(self.options.quotas, observer=announcements)
         self.placement = Placement(self.tiers, metrics, write_behind_limit=self.options.write_behind_limit,
                                    write_behind_from=volatile, write_behind_to=write_behind_to,
-                                   tenancy=self.tenancy)
+                                   tenancy=self.tenancy, yields_to=write_behind_yields_to)
         shared = publish_bytes or publish  # the tier on the shared Redis (beside a peer tier: publish_bytes)
         read_marks = getattr(shared, "purge_marks", None)  # a shared tier that keeps purge marks
         self.purges = PurgeMarks(read_marks, self.honour_purge_marks) if read_marks is not None else None
@@ -100,7 +105,7 @@ class Engine:
         self._leases = Leases(itertools.count(1))
         fences = Fences(self.stack)
         self._puts = Puts(self.stack, fences)
-        self._loads = Loads(self.stack, fences, self._leases, self.purges)
+        self._loads = Loads(self.stack, fences, self._leases, self.purges, batch_pulls)
         self._fences = fences
         self._tasks: list[asyncio.Task] = []
         self.ready = False

@@ -9,7 +9,11 @@ started)`` answers each ``Stored`` item of a batch with its ``PutResult``:
   when there is none or it could not take the object); ``publish``: it is written through
   to the cross-node tier (a batch's publishes together: ``daemon.engine.batch_copies``, one
   commit round trip on Redis), or — tolerated without one — stored locally, said and counted;
-  and a write-behind copy is scheduled (no wait) for every put, published ones too;
+  and a write-behind copy is scheduled (no wait) for every put, published ones too: a
+  publish is answered once it is in memory and described, ``durable: false``, its disk copy
+  written behind (after the pulls the owner answers: ``daemon.engine.placement``); when the
+  write-behind queue is full, a published put's disk copy is written before its answer
+  (backpressure, never a publish left without a disk copy; the answer says ``durable``);
 - one metric update for the whole batch (``observe_ops``, per tier, kind and op: ``put``,
   and ``store`` for what went into its arena reservation).
 
@@ -108,7 +112,9 @@ class PutCompletion:
         is_published = await self._publish(item, published) if req.publish else False
         if not req.publish or (is_published and tier is not self.stack.publish):
             # a published object is written behind too: the local copy outlives its Redis TTL
-            self.stack.placement.schedule_copy_down(meta.object_id, tier)
+            queued = self.stack.placement.schedule_copy_down(meta.object_id, tier)
+            if not queued and is_published and not durable:  # the queue is full: written now
+                durable = await self.stack.placement.copy_down_now(meta.object_id, tier)
         return PutResult(ref, tier.name, is_published, durable)
 
     async def _publish(self, item: Stored, published: dict[int, StatetierError | None]) -> bool:

@@ -1,6 +1,6 @@
 """The load path: what each load expects, then the first copy that passes, served.
 
-``Loads(stack, fences, leases, purges)`` — one per engine; ``Engine.load_batch`` forwards here:
+``Loads(stack, fences, leases, purges, puller)`` — one per engine; ``Engine.load_batch`` forwards here:
 
 - ``load_batch(reqs, owner)`` → per request, in order, a ``LoadResult`` leased to ``owner``
   until released, its ``StatetierError``, or None (not attempted: a load before it failed).
@@ -9,6 +9,9 @@
   tier keeps them: a new one's copies are removed before any is located); each load is then
   served by ref or by key (the best valid candidate of ``daemon.engine.candidates.locate``,
   newest first, each refusal skipped and counted); one metric update for the batch. A single load is a batch of one.
+  With a ``puller`` (the peer tier), the batch's loads by ref that only a peer holds are
+  pulled first, together (``daemon.engine.pulls.Prefetch``: one request per owner), and each
+  is served from where it landed.
 
 Each object is served by ``daemon.engine.serving.CopyServer.load``: its copies fastest tier
 first, each judged by ``protocol.classify``, a damaged one dropped and the next tried, the
@@ -27,6 +30,7 @@ from statetier.protocol.errors import InvalidRequest, NotFound, RejectedState, S
 from .candidates import locate
 from .fencing import Fences
 from .leases import Leases
+from .pulls import Prefetch, PullsBatches
 from .purge_marks import PurgeMarks
 from ..requests import LoadRequest, LoadResult
 from .serving import CopyServer, Wanted
@@ -34,8 +38,10 @@ from .stack import Stack
 
 
 class Loads:
-    def __init__(self, stack: Stack, fences: Fences, leases: Leases, purges: PurgeMarks | None = None) -> None:
+    def __init__(self, stack: Stack, fences: Fences, leases: Leases, purges: PurgeMarks | None = None,
+                 puller: PullsBatches | None = None) -> None:
         self.stack = stack
+        self.puller = puller
         self.fences = fences
         self.leases = leases
         self.purges = purges
@@ -45,25 +51,43 @@ class Loads:
         started, stack = time.perf_counter(), self.stack
         out: list[LoadResult | StatetierError | None] = [None] * len(reqs)
         expected = await self._expect(reqs)
-        for index, (req, expectation) in enumerate(zip(reqs, expected)):
-            try:
-                stack.tenancy.check_namespace(req.tenant, req.namespace)
-                if isinstance(expectation, StatetierError):
-                    raise expectation
-                if expectation is not None:
-                    assert req.ref is not None  # only a load by ref has an expectation here
-                    out[index] = await self.copies.load_object(Wanted(req.ref.state_id, expectation, owner, req.tenant,
-                                                               req.full_check, req.layers,
-                                                               stack.placement.delete_mark))
-                elif req.key is not None:
-                    out[index] = await self._load_by_key(req, owner)
-                else:
-                    raise InvalidRequest("a load names a ref or a key")
-            except StatetierError as exc:
-                out[index] = exc
-                break
+        prefetch = await self._prefetch(reqs, expected, owner)
+        try:
+            for index, (req, expectation) in enumerate(zip(reqs, expected)):
+                try:
+                    stack.tenancy.check_namespace(req.tenant, req.namespace)
+                    if isinstance(expectation, StatetierError):
+                        raise expectation
+                    if expectation is not None:
+                        assert req.ref is not None  # only a load by ref has an expectation here
+                        pulled = prefetch.get(req.ref.state_id) if prefetch is not None else None
+                        out[index] = await self.copies.load_object(Wanted(
+                            req.ref.state_id, expectation, owner, req.tenant, req.full_check, req.layers,
+                            stack.placement.delete_mark, pulled))
+                    elif req.key is not None:
+                        out[index] = await self._load_by_key(req, owner)
+                    else:
+                        raise InvalidRequest("a load names a ref or a key")
+                except StatetierError as exc:
+                    out[index] = exc
+                    break
+        finally:
+            if prefetch is not None:
+                await prefetch.close()
         self._observe([r for r in out if isinstance(r, LoadResult)], started)
         return out
+
+    async def _prefetch(self, reqs: list[LoadRequest], expected: list, owner) -> Prefetch | None:
+        """The batch's loads that only a peer holds, being pulled together (see ``pulls``)."""
+        if self.puller is None or len(reqs) < 2:
+            return None
+        prefetch = Prefetch(self.stack, self.puller)
+        try:
+            await prefetch.start(reqs, expected, owner)
+        except BaseException:
+            await prefetch.close()
+            raise
+        return prefetch
 
     async def _expect(self, reqs: list[LoadRequest]) -> list:
         """What each load by ref expects; meanwhile (one round trip each, side by side) the

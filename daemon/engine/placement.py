@@ -19,7 +19,12 @@
   promoted copy (None when not kept). With no free room the object is queued for the write-behind worker, which
   makes room by the tier's watermark policy (evicting and demoting) and promotes it then.
 - ``copy_down(state_id, source)``  — write-behind: a copy into the next persistent tier,
-  queued (bounded) by ``schedule_copy_down`` and run by the worker ``run_write_behind``.
+  queued (bounded) by ``schedule_copy_down`` (False: not queued, the queue is full; then
+  ``copy_down_now`` makes it on the caller's time: a publish's backpressure) and run
+  by the worker ``run_write_behind``, at low priority: before each copy it waits on
+  ``yields_to`` (the peer server's ``quiet``: the pulls being answered, and those of what was
+  just published, go first), until ``WRITE_BEHIND_YIELD_SECONDS`` after the copy was queued,
+  so a steady stream of pulls and publishes delays each copy that long, never starves them.
 
 Every store is ``prepare_store`` → ``write`` → ``complete_store(success)`` with the
 completion in ``finally``, so a cancelled move leaves nothing half visible.
@@ -29,7 +34,8 @@ promotion) runs as a numbered *cycle* (``daemon.engine.cycles``). ``deleting(obj
 tombstone up for the length of a delete: no cycle starts a copy of a tombstoned object, and
 ``settle_moves()`` waits for every cycle begun before it, so a delete that sweeps the tiers,
 settles, and sweeps again leaves no copy behind, whatever eviction was doing meanwhile;
-``has_moves`` says whether any cycle is open (a load that found nothing settles then looks
+``has_moves`` says whether any cycle is open (a load that found nothing settles the moves but the
+loads' promotions, ``settle_relocations``, then looks
 again: its object may be between two tiers). A load may hold a lease on a copy that a delete
 removed meanwhile: ``delete_mark`` (taken when it begins) and ``deleted_since(object_id,
 mark)`` say whether a delete of that object ended since, so it does not promote it back.
@@ -47,8 +53,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
-from typing import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Awaitable, Callable, Sequence
 
 from statetier.protocol.errors import CapacityError, InvalidRequest, NotFound, StatetierError
 from statetier.protocol.lru import BoundedLru
@@ -63,6 +69,8 @@ log = logging.getLogger("statetier.placement")
 #: Ended deletes remembered by object id (``deleted_since``); a load that began before more
 #: than this many ended takes its object for deleted.
 DELETES_REMEMBERED = 1 << 16
+#: How long after it was queued a write-behind copy stops waiting for the pulls (``yields_to``).
+WRITE_BEHIND_YIELD_SECONDS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +82,7 @@ class _Queued:
     source: Tier
     promote_to: Tier | None = None
     tenant: str = ""
+    queued_at: float = field(default_factory=time.monotonic)
 
 
 class _NoTenants:
@@ -98,7 +107,7 @@ class Placement:
     def __init__(self, tiers: Sequence[Tier], metrics: Metrics | NullMetrics | None = None, *,
                  write_behind_limit: int = 256,
                  write_behind_from: Sequence[Tier] = (), write_behind_to: Tier | None = None,
-                 tenancy=None) -> None:
+                 tenancy=None, yields_to: Callable[[float], Awaitable[bool]] | None = None) -> None:
         self.tiers = list(tiers)
         self.metrics = NullMetrics() if metrics is None else metrics
         self.tenancy = tenancy if tenancy is not None else _NoTenants()
@@ -110,6 +119,8 @@ class Placement:
         self._queue: asyncio.Queue[_Queued] = asyncio.Queue(maxsize=max(1, write_behind_limit))
         self._write_behind_from = set(id(t) for t in write_behind_from)
         self._write_behind_to = write_behind_to
+        self._yields_to = yields_to
+        self.write_behind_yields = 0  # copies that waited for pulls to end first
         self.dropped = 0
         self.write_behind_skipped = 0
 
@@ -155,7 +166,7 @@ class Placement:
         if target is source or self.tiers.index(target) > self.tiers.index(source):
             return None
         meta = lease.meta
-        cycle = self._cycles.begin()
+        cycle = self._cycles.begin_promotion()
         try:
             if self.is_deleting(meta.object_id) or self.deleted_since(meta.object_id, delete_mark) \
                     or self.tenancy.would_exceed(tenant, target.name, meta.size) \
@@ -216,6 +227,15 @@ class Placement:
     async def settle_moves(self) -> None:
         """Wait until every cycle that began before this call has ended."""
         await self._cycles.settle()
+
+    @property
+    def has_relocations(self) -> bool:
+        return self._cycles.has_relocations
+
+    async def settle_relocations(self) -> None:
+        """Wait until every move but the loads' promotions begun before this call has ended:
+        what may hold an object between two tiers (``MoveCycles.settle_relocations``)."""
+        await self._cycles.settle_relocations()
 
     async def prepare_all(self, tier: Tier, metas: list[ObjectMeta]) -> list:
         """Room for a batch in ``tier``: ``prepare_with_room`` of each meta in order, with one
@@ -327,16 +347,20 @@ class Placement:
 
     # ---------------------------------------------------------------- write-behind
 
-    def schedule_copy_down(self, object_id: bytes, source: Tier) -> None:
+    def schedule_copy_down(self, object_id: bytes, source: Tier) -> bool:
+        """Queued for the write-behind worker (True), or nothing to copy down (True); False
+        when the queue is full (counted as skipped: eviction demotes it instead)."""
         if self._write_behind_to is None or id(source) not in self._write_behind_from:
-            return
-        self._queue_nowait(_Queued(object_id, source))
+            return True
+        return self._queue_nowait(_Queued(object_id, source))
 
-    def _queue_nowait(self, job: _Queued) -> None:
+    def _queue_nowait(self, job: _Queued) -> bool:
         try:
             self._queue.put_nowait(job)
+            return True
         except asyncio.QueueFull:
             self.write_behind_skipped += 1  # eviction will demote it instead; a later load promotes it
+            return False
 
     async def run_write_behind(self) -> None:
         """The worker: each queued write-behind copy, and each promotion a load found no free
@@ -345,6 +369,7 @@ class Placement:
             job = await self._queue.get()
             try:
                 if job.promote_to is None:
+                    await self._yield(job)
                     await self.copy_down(job.object_id, job.source)
                 else:
                     await self._promote_later(job)
@@ -356,6 +381,16 @@ class Placement:
                 log.exception("write-behind of %s failed", job.object_id.hex())
             finally:
                 self._queue.task_done()
+
+    async def _yield(self, job: _Queued) -> None:
+        """Low priority: the pulls being answered end first, until ``WRITE_BEHIND_YIELD_SECONDS``
+        after the copy was queued (a steady stream of pulls delays each copy that long, never
+        the queue's copies one after the other)."""
+        if self._yields_to is not None and not await self._yields_to(0):
+            self.write_behind_yields += 1
+            left = job.queued_at + WRITE_BEHIND_YIELD_SECONDS - time.monotonic()
+            if left > 0:
+                await self._yields_to(left)
 
     async def flush_write_behind(self, timeout: float) -> bool:
         try:
@@ -369,6 +404,19 @@ class Placement:
         if target is None or await target.contains(object_id):
             return
         await self.copy_between(object_id, source, target, missing_ok=True)
+
+    async def copy_down_now(self, object_id: bytes, source: Tier) -> bool:
+        """The write-behind copy made now (its queue was full): True when the tier it went
+        to is durable and holds the object."""
+        target = self._write_behind_to
+        if target is None:
+            return False
+        try:
+            await self.copy_down(object_id, source)
+        except StatetierError as exc:
+            log.debug("copy of %s into %s failed: %s", object_id.hex(), target.name, exc)
+            return False
+        return target.is_durable and await target.contains(object_id)
 
     async def _promote_later(self, job: _Queued) -> None:
         """A promotion a load found no free room for: room made in the target by its

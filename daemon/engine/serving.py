@@ -26,7 +26,9 @@ again.
 eviction on a load), run straight through: read into the reservation (the arena's view: no
 fresh buffer), classified there, ``Promotion.complete(ok)``, the promoted copy leased and
 served. With no room the copy from below is served and the promotion left to the
-write-behind worker. Damage and refusals raise as ``protocol.classify`` found them.
+write-behind worker. Damage and refusals raise as ``protocol.classify`` found them. A copy
+its batch pulled already (``Wanted.pulled``, ``daemon.engine.pulls``) comes with its lease
+and reservation: served from where it landed, as if read there now.
 
 No copy is digested here, from any tier, unless ``full_check`` (a client's recheck): the
 client verifies the payload where it lands (the hashing rule, docs/protocol.md §6.1). The
@@ -60,6 +62,7 @@ from statetier.tiers.base import Lease, ObjectMeta, Tier
 from .deletion import drop_copy
 from .leases import Held, Leases
 from .promotion import Promotion
+from .pulls import Pulled
 from ..requests import LoadResult
 from .stack import Stack
 from ..trace import phase
@@ -76,6 +79,7 @@ class Wanted(msgspec.Struct, frozen=True, gc=False):
     full_check: bool = False
     layers: tuple[int, ...] | None = None  # a group object's layers the caller's specs describe
     delete_mark: int = 0  # ``Placement.delete_mark`` when the load began, before any copy was leased
+    pulled: Pulled | None = None  # its copy, pulled with the rest of its batch (``daemon.engine.pulls``)
 
     @property
     def judged(self) -> Expectation:
@@ -110,9 +114,9 @@ class CopyServer:
             result = await self._look(wanted, counted)
             if result is not None:
                 return result
-            if second_look or not stack.placement.has_moves:
+            if second_look or not stack.placement.has_relocations:
                 break
-            await stack.placement.settle_moves()
+            await stack.placement.settle_relocations()  # not the promotions loads hold (their batch's too)
         if counted:
             stack.count_miss(wanted.expectation.key)
         raise NotFound(f"state {wanted.state_id.hex()} is in no tier{_no_shared_tier_hint(stack)}")
@@ -146,15 +150,21 @@ class CopyServer:
         return None
 
     async def _try_copy(self, tier: Tier, index: int, wanted: Wanted) -> LoadResult | StatetierError | None:
-        """``tier``'s copy served; or why it was passed over; None when ``tier`` holds none."""
+        """``tier``'s copy served; or why it was passed over; None when ``tier`` holds none.
+        A copy its batch pulled already (``wanted.pulled``) is served from where it landed."""
+        pulled = wanted.pulled
+        if pulled is not None and pulled.tier is tier and pulled.claim():
+            lease = pulled.lease
+        else:
+            pulled = None
+            try:
+                lease = await tier.prepare_load(wanted.state_id, owner=wanted.owner, ttl=self.stack.options.lease_ttl)
+            except NotFound:
+                return None
+            except Unavailable as exc:
+                return exc
         try:
-            lease = await tier.prepare_load(wanted.state_id, owner=wanted.owner, ttl=self.stack.options.lease_ttl)
-        except NotFound:
-            return None
-        except Unavailable as exc:
-            return exc
-        try:
-            return await self.serve(tier, index, lease, wanted)
+            return await self.serve(tier, index, lease, wanted, pulled)
         except (RejectedState, Unavailable) as exc:
             return exc
 
@@ -195,9 +205,11 @@ class CopyServer:
         else:
             self.stack.count_skip(skip_reason(exc))
 
-    async def serve(self, tier: Tier, index: int, lease: Lease, wanted: Wanted) -> LoadResult:
+    async def serve(self, tier: Tier, index: int, lease: Lease, wanted: Wanted,
+                    pulled: Pulled | None = None) -> LoadResult:
         """Classify the leased copy found under ``wanted.state_id``; promote it when it came
-        from below (``index > 0``) and the tier above has free room. Owns ``lease``.
+        from below (``index > 0``) and the tier above has free room. Owns ``lease`` (and,
+        given ``pulled``, its promotion: the copy already pulled, served where it landed).
 
         An authenticated object of another identity under this id (a connector that wrote
         to the wrong key) is refused and *left in place*: it is no damage (removing it
@@ -207,15 +219,18 @@ class CopyServer:
         """
         kept = False
         try:
-            promotion = await self._promotion(tier, index, lease, wanted)
+            promotion = pulled.promotion if pulled is not None else await self._promotion(tier, index, lease, wanted)
             if promotion is not None:
-                promoted = await self._serve_promoted(promotion, lease, wanted)
+                promoted = await self._serve_promoted(promotion, lease, wanted, pulled)
                 if promoted is not None:
                     return promoted
             # the hashing rule (docs/protocol.md §6.1): the client verifies the payload where
             # it lands, so a load digests nothing here; ``full_check`` (a client found a payload
             # that did not match) digests every copy, so a damaged one is dropped and the next served
-            blob = await tier.read(lease, verify=wanted.full_check)
+            if pulled is not None and promotion is None:
+                blob = await pulled.landed()
+            else:
+                blob = await tier.read(lease, verify=wanted.full_check)
             # the recheck's digest was taken by a tier that ``verifies_on_read``, else it is taken here
             opened = await self._classify(blob, wanted, not wanted.full_check or tier.verifies_on_read)
             kept = True
@@ -233,7 +248,8 @@ class CopyServer:
         return await stack.placement.promote(tier, lease, stack.arena or stack.tiers[0], tenant=wanted.tenant,
                                              delete_mark=wanted.delete_mark)
 
-    async def _serve_promoted(self, promotion: Promotion, lease: Lease, wanted: Wanted) -> LoadResult | None:
+    async def _serve_promoted(self, promotion: Promotion, lease: Lease, wanted: Wanted,
+                              pulled: Pulled | None) -> LoadResult | None:
         """The promotion run straight through: the copy read into its reservation (no fresh
         buffer where the target is written in place), classified there, the store completed
         (kept only when the verified header agrees with the tier's index entry), the promoted
@@ -241,7 +257,7 @@ class CopyServer:
         Damage and refusals raise as ``protocol.classify`` found them."""
         ok, opened = False, None
         try:
-            landed = await self._read_into_reservation(promotion, lease, wanted.full_check)
+            landed = await self._read_into_reservation(promotion, lease, wanted.full_check, pulled)
             if landed is not None:
                 opened = await self._classify(landed, wanted,
                                               not wanted.full_check or promotion.source.verifies_on_read)
@@ -256,16 +272,20 @@ class CopyServer:
         view = memoryview(await target.read(held_lease)).cast("B")
         return self._result(lease_id, held, opened.header, view)
 
-    async def _read_into_reservation(self, promotion: Promotion, lease: Lease, verify: bool) -> memoryview | None:
+    async def _read_into_reservation(self, promotion: Promotion, lease: Lease, verify: bool,
+                                     pulled: Pulled | None) -> memoryview | None:
         """The source copy's bytes in the promotion's reservation: read straight into its
-        view where the target has one, else read and written; None when the bytes stored
-        are not the size the tier's index says (read as usual: judged there)."""
+        view where the target has one (``pulled``: already received there), else read and
+        written; None when the bytes stored are not the size the tier's index says (read as
+        usual: judged there)."""
         source, ticket = promotion.source, promotion.ticket
         try:
             if ticket.view is not None:
                 with phase("read_into_arena"):
+                    if pulled is not None:
+                        return await pulled.landed()
                     return await source.read(lease, into=ticket.view, verify=verify)
-            blob = await source.read(lease, verify=verify)
+            blob = await (pulled.landed() if pulled is not None else source.read(lease, verify=verify))
             await promotion.target.write(ticket, [blob])
             return blob
         except InvalidRequest:

@@ -8,7 +8,9 @@ own arena, verified where it lands. Faults: prefill killed (kill -9) or stopped 
 before the pull → the load fails as ``PeerLost`` within the pull's deadline and the lost
 owner's entry is fenced out of the directory (the next load is a plain miss: recompute), or,
 under ``descriptor+bytes``, it is served from the Redis copy. A daemon with another keyring pulls nothing (``Unauthorized``) and fences nothing. A lookup
-on decode finds the joint hit of prefill's objects through the directory.
+on decode finds the joint hit of prefill's objects through the directory. A ``load_many`` on
+decode pulls each of its ``LOAD_BATCH`` frames' objects with one request to prefill, and each
+pulled byte is copied once on the decode side (daemon and client counted apart).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pytest
 import redis
 
 from statetier.clients import Client
+from statetier.clients.batches import load_batch_items
 from statetier.daemon.cli.formatting import format_stats
 from statetier.launch import DaemonProcess, free_port
 from statetier.protocol.errors import NotFound, PeerLost, Unauthorized
@@ -76,6 +79,36 @@ def test_a_published_object_is_pulled_from_its_owner_and_redis_holds_only_its_de
             printed = format_stats(client.stats())  # what `statetier stats` prints (issue 41)
         assert "  hits: host ssm 1, peer ssm 2" in printed and "  peers: pulls 2, lost 0, owners fenced 0" in printed
         assert decode.counters().get("hits host", 0) - after.get("hits host", 0) == 1
+
+
+def passes(proc: DaemonProcess) -> tuple[int, int]:
+    """Payload bytes the daemon copied and hashed so far (``statetier_payload_pass_bytes_total``)."""
+    samples = proc.scrape()
+    return tuple(int(samples.value("statetier_payload_pass_bytes_total", op=op)) for op in ("copied", "hashed"))
+
+
+def test_a_batch_is_one_pull_and_each_pulled_byte_is_copied_once_on_the_decode_side(fresh_redis):
+    with keyring_file() as keyring, daemon("prefill", fresh_redis.url, keyring) as prefill, \
+            daemon("decode", fresh_redis.url, keyring) as decode:
+        with Client(prefill.url, namespace=SPEC) as client:
+            refs = [client.put_ssm(layer, PREFIX, 64, snapshot(20 + layer), request_id="b", publish=True)
+                    for layer in range(6)]
+        payload = sum(t.nbytes for layer in range(6) for t in snapshot(20 + layer).values())
+        decode_before, prefill_before = passes(decode), passes(prefill)
+        with Client(decode.url, namespace=SPEC) as client:
+            for layer, loaded in enumerate(client.load_many(refs)):
+                assert_same_tensors(loaded, snapshot(20 + layer))
+            (peer,) = [t for t in client.stats()["tiers"] if t["tier"] == "peer"]
+        copied, hashed = (a - b for a, b in zip(passes(decode), decode_before))
+        # received once (into decode's arena), copied once (into the client's load window: issue 42
+        # serves it in place), hashed by none of the daemons (the client verifies where it lands)
+        assert payload <= copied < payload + 6 * 4096 and hashed == 0
+        assert passes(prefill) == prefill_before  # the owner sends what it holds, as it lies
+        with Client(prefill.url, namespace=SPEC) as client:
+            (owner,) = [t for t in client.stats()["tiers"] if t["tier"] == "peer"]
+        frames = -(-6 // load_batch_items(6))  # the SDK cuts a load_many into pipelined LOAD_BATCH frames
+        assert owner["extra"]["pull_batches_answered"] == frames == 2 and owner["extra"]["served"] == 6  # one each
+        assert peer["extra"]["pulls_lost"] == 0
 
 
 def test_a_load_by_key_finds_the_object_on_the_peer_through_the_directory(fresh_redis):

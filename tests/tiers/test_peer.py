@@ -6,6 +6,12 @@ the buffer it gives. What the owner refuses: another tenant's object (``Forbidde
 daemon without the cluster's keyring (``Unauthorized`` at the handshake). What the puller
 never serves: a torn transfer (the owner closes mid-body) or a hung one (past the pull's
 deadline): both ``PeerLost``, the owner fenced, its entry gone from the directory.
+
+A batch from one owner (``pull_many``) is one request, its objects streamed back to back and
+each told as it lands; each object answered apart (not held, another tenant's); an owner
+that predates batches is pulled from one object at a time; a stream torn or hung loses the
+objects not landed yet (``PeerLost``) and fences the owner; a pooled connection the owner
+closed is dialled again once, the owner not taken for lost.
 """
 
 from __future__ import annotations
@@ -16,13 +22,13 @@ import os
 
 import pytest
 
-from statetier.protocol.errors import ConfigError, Forbidden, PeerLost, Unauthorized
+from statetier.protocol.errors import ConfigError, Forbidden, NotFound, PeerLost, Unauthorized
 from statetier.protocol.keyring import Keyring, SigAlg
 from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.peer import PeerTier, PeerTierOptions
 from statetier.tiers.peer import wire
 from statetier.tiers.peer.directory import Descriptor
-from statetier.tiers.peer.transport import TcpTransport
+from statetier.tiers.peer.transport import PullItem, TcpTransport
 from tests.support.tier_contract import KEYRING, make_object, store
 
 MIB = 1 << 20
@@ -154,3 +160,144 @@ async def test_an_ed25519_keyring_cannot_start_a_peer_tier(fresh_redis):
         with pytest.raises(ConfigError, match="HMAC"):
             await peer.start()
         await peer.close()
+
+
+# ---------------------------------------------------------------- a batch from one owner (issue 40)
+
+async def leased_views(puller: PeerTier, metas) -> list:
+    return [(await puller.prepare_load(meta.object_id), memoryview(bytearray(meta.size))) for meta in metas]
+
+
+async def test_a_batch_from_one_owner_is_one_request_streamed_back_to_back(fresh_redis):
+    async with daemon_tiers(fresh_redis.url, "owner") as (host, owner), \
+            daemon_tiers(fresh_redis.url, "puller") as (_, puller):
+        objects = [await published(host, owner, 64 * 1024) for _ in range(12)]
+        pulls = await leased_views(puller, [meta for meta, _ in objects])
+        told: list = []
+        await puller.pull_many(pulls, lambda index, error: told.append((index, error)))
+        assert told == [(index, None) for index in range(12)]  # each told as it landed, in order
+        assert [bytes(view) for _, view in pulls] == [blob for _, blob in objects]
+        transport = puller.transport
+        assert isinstance(transport, TcpTransport)
+        assert owner.server.batches == 1 and owner.server.served == 12  # one request for all twelve
+        assert transport.batches == 1 and transport.pulls == 12
+        await puller.pull_many(await leased_views(puller, [objects[0][0]]), lambda index, error: None)
+        assert owner.server.batches == 2 and transport.batches == 2  # the pooled connection, reused
+
+
+async def test_a_batch_answers_each_object_apart(fresh_redis):
+    async with daemon_tiers(fresh_redis.url, "owner") as (host, owner), \
+            daemon_tiers(fresh_redis.url, "puller") as (_, puller):
+        (kept, blob), (gone, _) = await published(host, owner), await published(host, owner)
+        pulls = await leased_views(puller, [gone, kept])
+        await host.delete(gone.object_id)  # still described, no longer held
+        transport = puller.transport
+        assert isinstance(transport, TcpTransport)
+        items = [PullItem(meta.object_id, meta.namespace[-16:], view) for meta, (_, view) in zip((gone, kept), pulls)]
+        items.append(PullItem(kept.object_id, os.urandom(16), memoryview(bytearray(kept.size))))  # another tenant
+        out = await transport.pull_many(owner.server.address, items)
+        assert [type(error) for error in out] == [NotFound, type(None), Forbidden]
+        assert bytes(pulls[1][1]) == blob and owner.server.batches == 1 and owner.server.refused == 1
+
+
+@contextlib.asynccontextmanager
+async def owner_before_batches(blobs: dict[bytes, bytes]):
+    """An owner of the cluster that speaks the pull of one object only (as before PULL_MANY):
+    an unknown object id is NOT_HERE, a frame that does not verify ends the connection."""
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        hello = await reader.readexactly(wire.HELLO_BYTES)
+        key, nonce_p, nonce_o = wire.auth_key(KEYRING.active), hello[16:], os.urandom(wire.NONCE_BYTES)
+        writer.write(KEYRING.active.key_id + nonce_o + wire.mac(key, b"owner", nonce_p, nonce_o))
+        await reader.readexactly(wire.MAC_BYTES)
+        session, seq = wire.session_key(key, nonce_p, nonce_o), 0
+        try:
+            while True:
+                seq += 1
+                object_id, _, _ = wire.unpack_pull(session, await reader.readexactly(wire.PULL_BYTES), seq)
+                blob = blobs.get(object_id)
+                writer.write(wire.ANSWER.pack(wire.NOT_HERE, 0) if blob is None else
+                             wire.ANSWER.pack(wire.OK, len(blob)) + blob)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, Unauthorized):
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    host, port = server.sockets[0].getsockname()[:2]
+    try:
+        yield f"{host}:{port}"
+    finally:
+        server.close()
+
+
+async def test_an_owner_that_predates_batches_is_pulled_from_one_object_at_a_time(fresh_redis):
+    objects = [make_object(32 * 1024) for _ in range(3)]
+    async with owner_before_batches({meta.object_id: blob for meta, blob in objects}) as address, \
+            daemon_tiers(fresh_redis.url, "puller") as (_, puller):
+        for meta, blob in objects:
+            await puller.directory.publish(Descriptor("old", address, meta, blob[: meta.header_len]))
+        pulls = await leased_views(puller, [meta for meta, _ in objects])
+        told: list = []
+        await puller.pull_many(pulls, lambda index, error: told.append(error))
+        assert told == [None] * 3 and [bytes(view) for _, view in pulls] == [blob for _, blob in objects]
+        assert puller.stats().extra["pulls_lost"] == 0  # not taken for lost
+        transport = puller.transport
+        assert isinstance(transport, TcpTransport) and transport.batches == 0 and transport.pulls == 3
+
+
+@contextlib.asynccontextmanager
+async def owner_torn_mid_batch(blob: bytes, *, hang: bool):
+    """An owner of the cluster that answers a PULL_MANY with its first object whole, half of
+    the second, then closes the connection (``hang=False``) or stops sending (``hang=True``)."""
+    release = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        hello = await reader.readexactly(wire.HELLO_BYTES)
+        key, nonce_p, nonce_o = wire.auth_key(KEYRING.active), hello[16:], os.urandom(wire.NONCE_BYTES)
+        writer.write(KEYRING.active.key_id + nonce_o + wire.mac(key, b"owner", nonce_p, nonce_o))
+        await reader.readexactly(wire.MAC_BYTES)
+        _, _, count = wire.unpack_pull(wire.session_key(key, nonce_p, nonce_o),
+                                       await reader.readexactly(wire.PULL_BYTES), 1)
+        await reader.readexactly(wire.many_bytes(count))
+        head = wire.ANSWER.pack(wire.OK, len(blob))
+        writer.write(wire.ANSWER.pack(wire.BATCH, count) + head + blob + head + blob[: len(blob) // 2])
+        await writer.drain()
+        if hang:
+            await release.wait()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    host, port = server.sockets[0].getsockname()[:2]
+    try:
+        yield f"{host}:{port}"
+    finally:
+        release.set()
+        server.close()
+
+
+@pytest.mark.parametrize("hang", [False, True], ids=["closed-mid-body", "hung-mid-body"])
+async def test_a_batch_torn_mid_stream_loses_the_rest_and_fences_the_owner(fresh_redis, hang):
+    meta, blob = make_object(1 * MIB)
+    async with owner_torn_mid_batch(blob, hang=hang) as address, \
+            daemon_tiers(fresh_redis.url, "puller", timeout=0.5) as (_, puller):
+        await puller.directory.publish(Descriptor("gone", address, meta, blob[: meta.header_len]))
+        pulls = await leased_views(puller, [meta, meta, meta])
+        told: list = []
+        await puller.pull_many(pulls, lambda index, error: told.append(error))
+        assert [type(error) for error in told] == [type(None), PeerLost, PeerLost]  # the first landed whole
+        assert bytes(pulls[0][1]) == blob
+        assert not await puller.contains(meta.object_id) and puller.stats().extra["pulls_lost"] == 1
+
+
+async def test_a_pooled_connection_the_owner_closed_is_dialled_again_for_a_batch(fresh_redis):
+    async with daemon_tiers(fresh_redis.url, "owner") as (host, owner), \
+            daemon_tiers(fresh_redis.url, "puller") as (_, puller):
+        objects = [await published(host, owner, 4096) for _ in range(3)]
+        await puller.pull_many(await leased_views(puller, [objects[0][0]]), lambda index, error: None)
+        for task in list(owner.server._connections):  # the owner drops its side (an idle timeout, a restart)
+            task.cancel()
+        await asyncio.sleep(0)
+        told: list = []
+        pulls = await leased_views(puller, [meta for meta, _ in objects])
+        await puller.pull_many(pulls, lambda index, error: told.append(error))
+        assert told == [None] * 3 and [bytes(view) for _, view in pulls] == [blob for _, blob in objects]
+        assert puller.stats().extra["pulls_lost"] == 0 and owner.server.batches == 2

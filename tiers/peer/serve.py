@@ -6,8 +6,14 @@
 pulls one after the other: the object leased in the first local tier holding it, refused
 (``FORBIDDEN``) unless its namespace is owned by the tenant the request names, sent as it
 lies under the lease (``verify=False``: the puller verifies where the bytes land), the
-lease released once written. ``close()`` stops listening and drops the connections.
-Counted: ``served``, ``bytes_served``, ``refused``, ``handshakes_failed``.
+lease released once written. A ``PULL_MANY`` is answered the same way for each of its
+objects, back to back in order, each leased in turn and released once written.
+``close()`` stops listening and drops the connections. ``quiet(at_most)`` returns once no
+pull has been answered for ``QUIET_AFTER`` seconds, nor an object published (``published()``:
+its pulls are likely next), or after ``at_most`` seconds: the write-behind waits on it, so
+the owner's disk copies run after the pulls of what it just published.
+Counted: ``served``, ``bytes_served``, ``refused``, ``handshakes_failed``, ``batches``, ``requests``; ``answering``:
+the requests being answered now.
 """
 
 from __future__ import annotations
@@ -31,6 +37,9 @@ from .transport import tune
 
 log = logging.getLogger("statetier.peer")
 
+#: How long an owner must have answered no pull (and published nothing) to count as quiet.
+QUIET_AFTER = 0.1
+
 
 class PeerServer:
     def __init__(self, keyring: Keyring, options: PeerTierOptions, local_tiers: Sequence[Tier]) -> None:
@@ -44,6 +53,12 @@ class PeerServer:
         self.bytes_served = 0
         self.refused = 0
         self.handshakes_failed = 0
+        self.batches = 0
+        self.requests = 0  # PULL and PULL_MANY requests answered (a batch is one)
+        self.answering = 0  # requests being answered now
+        self._quiet = asyncio.Event()
+        self._quiet.set()
+        self._quiet_timer: asyncio.TimerHandle | None = None
 
     async def start(self) -> None:
         opts = self._options
@@ -53,6 +68,10 @@ class PeerServer:
         self.address = opts.advertise or f"{host}:{port}"
 
     async def close(self) -> None:
+        if self._quiet_timer is not None:
+            self._quiet_timer.cancel()
+            self._quiet_timer = None
+        self._quiet.set()
         if self._server is not None:
             self._server.close()
             self._server = None
@@ -74,7 +93,15 @@ class PeerServer:
                 frame = await reader.readexactly(wire.PULL_BYTES)
                 seq += 1
                 object_id, tenant_tag, size = wire.unpack_pull(session, frame, seq)
-                await self._answer(writer, object_id, tenant_tag, size)
+                self._begin()
+                self.requests += 1
+                try:
+                    if object_id == wire.MANY:
+                        await self._answer_many(reader, writer, session, size, seq)
+                    else:
+                        await self._answer(writer, object_id, tenant_tag, size)
+                finally:
+                    self._end()
         except Unauthorized as exc:
             self.handshakes_failed += 1
             log.warning("peer connection refused: %s", exc.message)
@@ -106,6 +133,53 @@ class PeerServer:
             if wire.mac(puller_key, b"puller", nonce_p, nonce_o) != proof:
                 raise Unauthorized("peer: the puller did not prove it holds this cluster's keyring")
             return wire.session_key(puller_key, nonce_p, nonce_o)
+
+    def _begin(self) -> None:
+        self.answering += 1
+        self._quiet.clear()
+
+    def _end(self) -> None:
+        self.answering -= 1
+        if not self.answering:
+            self._quiet_later()
+
+    def published(self) -> None:
+        """An object was just published: its pulls are likely next, so not quiet yet."""
+        if not self.answering:
+            self._quiet.clear()
+            self._quiet_later()
+
+    def _quiet_later(self) -> None:
+        if self._quiet_timer is not None:
+            self._quiet_timer.cancel()
+        self._quiet_timer = asyncio.get_running_loop().call_later(QUIET_AFTER, self._maybe_quiet)
+
+    def _maybe_quiet(self) -> None:
+        self._quiet_timer = None
+        if not self.answering:
+            self._quiet.set()
+
+    async def quiet(self, at_most: float) -> bool:
+        """Wait until the owner is quiet (no pull answered, nothing published, for ``QUIET_AFTER``
+        seconds), at most ``at_most`` seconds: True when it is."""
+        if self._quiet.is_set():
+            return True
+        try:
+            async with asyncio.timeout(at_most):
+                await self._quiet.wait()
+            return True
+        except TimeoutError:
+            return False
+
+    async def _answer_many(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, session: bytes,
+                           count: int, seq: int) -> None:
+        """A PULL_MANY: ``BATCH``, then each object's answer back to back, in order."""
+        items = wire.unpack_pull_many(session, await reader.readexactly(wire.many_bytes(count)), seq)
+        self.batches += 1
+        writer.write(wire.ANSWER.pack(wire.BATCH, len(items)))
+        for object_id, tenant_tag, size in items:
+            await self._answer(writer, object_id, tenant_tag, size)
+        await writer.drain()
 
     async def _answer(self, writer: asyncio.StreamWriter, object_id: bytes, tenant_tag: bytes, size: int) -> None:
         found = await self._lease(object_id)

@@ -22,9 +22,10 @@ Serving this daemon's objects to the others is ``tiers.peer.serve.PeerServer``, 
 from __future__ import annotations
 
 import itertools
+import asyncio
 from typing import AsyncIterator, Awaitable, Callable, Sequence
 
-from statetier.protocol.errors import CapacityError, NotFound, PeerLost
+from statetier.protocol.errors import CapacityError, NotFound, PeerLost, StatetierError
 from statetier.protocol.identity import NAMESPACE_BYTES
 from statetier.protocol.keyring import Keyring
 from statetier.protocol.lru import BoundedLru
@@ -38,7 +39,7 @@ from . import wire
 from .directory import Descriptor, Directory
 from .options import PeerTierOptions
 from .serve import PeerServer
-from .transport import PeerTransport, TcpTransport
+from .transport import Landed, PeerTransport, PullItem, TcpTransport
 
 SEEN = 65536  # descriptors a lookup brought, each serving the lease that follows
 FENCED = 4096  # owners found lost (an owner id names one process: a restart is a new one)
@@ -95,6 +96,7 @@ class PeerTier(Tier):
         await self.directory.publish(Descriptor(self.options.owner_id, self.server.address, ticket.meta,
                                                 ticket.location))
         self.published += 1
+        self.server.published()  # its pulls are likely next: the write-behind waits for them
 
     # ---------------------------------------------------------------- lookups
     def _offered(self, descriptor: Descriptor | None) -> bool:
@@ -149,6 +151,41 @@ class PeerTier(Tier):
         open_sealed(view, None, self._keyring, verify_payload=verify)
         return view
 
+    async def pull_many(self, pulls: Sequence[tuple[Lease, memoryview]], landed: Landed) -> None:
+        by_owner: dict[str, list[int]] = {}
+        for index, (lease, _) in enumerate(pulls):
+            descriptor = lease.location
+            assert isinstance(descriptor, Descriptor)  # a lease of this tier
+            by_owner.setdefault(descriptor.address, []).append(index)
+        await asyncio.gather(*(self._pull_from(address, [(i, *pulls[i]) for i in indices], landed)
+                               for address, indices in by_owner.items()))
+
+    async def _pull_from(self, address: str, pulls: list[tuple[int, Lease, memoryview]], landed: Landed) -> None:
+        """One owner's share of ``pull_many``: each object checked where it landed."""
+        lost: Descriptor | None = None
+
+        def check(at: int, error: StatetierError | None) -> None:
+            nonlocal lost
+            index, lease, view = pulls[at]
+            descriptor = lease.location
+            assert isinstance(descriptor, Descriptor)
+            if error is None:
+                try:
+                    open_sealed(view, None, self._keyring, verify_payload=False)
+                except StatetierError as exc:
+                    error = exc
+            elif isinstance(error, PeerLost):
+                lost = lost or descriptor
+            elif isinstance(error, NotFound):
+                self._seen.pop(descriptor.meta.object_id)
+            landed(index, error)
+
+        items = [PullItem(lease.meta.object_id, lease.meta.namespace[NAMESPACE_BYTES - TAG_BYTES:], view)
+                 for _, lease, view in pulls]
+        await self.transport.pull_many(address, items, check)
+        if lost is not None:
+            await self._fence(lost)
+
     async def _fence(self, descriptor: Descriptor) -> None:
         self.pulls_lost += 1
         self._fenced.put(descriptor.owner, True)  # this process of it: restarted, it is a new owner
@@ -193,5 +230,6 @@ class PeerTier(Tier):
             "bytes_pulled": getattr(self.transport, "bytes_pulled", 0), "served": server.served,
             "bytes_served": server.bytes_served,
             "refused": server.refused, "handshakes_failed": server.handshakes_failed,
+            "pull_batches_answered": server.batches, "pull_requests_answered": server.requests,
             "pulls_lost": self.pulls_lost, "owners_fenced": len(self._fenced),
             "directory_commands": self.directory.commands})

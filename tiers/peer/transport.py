@@ -4,12 +4,20 @@
   into)`` fills ``into`` (the object's size exactly) with the object the owner at
   ``address`` holds, or raises: ``NotFound`` (the owner no longer holds it), ``Forbidden``
   (not the tenant's), ``PeerLost`` (refused, broken off, or past the deadline: what
-  ``into`` holds then is never served). ``close()`` drops its connections. A NIXL
-  transport (the owner writing into a registered window) is a second implementation.
+  ``into`` holds then is never served). ``pull_many(address, items, landed=)`` pulls a
+  batch of one owner's objects (``PullItem``: object id, tenant tag, ``into``) with one
+  request, the owner streaming them back to back: per item, in order, None (landed) or its
+  ``NotFound`` / ``Forbidden`` / ``PeerLost`` (every item not landed when the connection
+  broke), each told to ``landed(index, error)`` as soon as it is known, so landing overlaps
+  receiving. ``close()`` drops its connections. A NIXL transport (the owner writing into a
+  registered window) is a second implementation.
 - ``TcpTransport(keyring, options)`` — statetier's frames (``tiers.peer.wire``) over TCP,
   each connection authenticated with the cluster keyring; the bytes received straight into
   ``into`` (``sock_recv_into``), large socket buffers, a few idle connections kept per
-  owner. A connection interrupted mid-frame is closed, never reused.
+  owner. A connection interrupted mid-frame is closed, never reused. A batch is one
+  ``PULL_MANY`` (``tiers.peer.wire``) per ``MANY_AT_MOST`` objects, each object's deadline
+  the pull's; a pooled connection that fails before the batch's first answer is dialled
+  again once; an owner that predates ``PULL_MANY`` is pulled from one object at a time.
 """
 
 from __future__ import annotations
@@ -17,17 +25,34 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
 
-from statetier.protocol.errors import Forbidden, NotFound, PeerLost, Unauthorized
+from statetier.protocol.errors import Forbidden, NotFound, PeerLost, StatetierError, Unauthorized
 from statetier.protocol.keyring import Keyring
 
 from . import wire
 from .options import PeerTierOptions
 
 
+@dataclass(frozen=True, slots=True)
+class PullItem:
+    """One object of a ``pull_many``: the bytes land in ``into`` (the object's size exactly)."""
+
+    object_id: bytes
+    tenant_tag: bytes
+    into: memoryview
+
+
+#: told each item's outcome as soon as it is known: (its index, None when landed, else its error)
+Landed = Callable[[int, StatetierError | None], None]
+
+
 class PeerTransport(Protocol):
     async def pull(self, address: str, object_id: bytes, tenant_tag: bytes, into: memoryview) -> None: ...
+
+    async def pull_many(self, address: str, items: Sequence[PullItem],
+                        landed: Landed | None = None) -> list[StatetierError | None]: ...
 
     async def close(self) -> None: ...
 
@@ -65,13 +90,40 @@ class _PeerConnection:
         self.sock.close()
 
 
+class _Predates(Exception):
+    """The owner answered a PULL_MANY as a pull of an unknown object: it predates batches."""
+
+
+class _Batch:
+    """A ``pull_many`` under way: each item's outcome, told to ``landed`` once known."""
+
+    def __init__(self, items: Sequence[PullItem], landed: Landed | None) -> None:
+        self.items = items
+        self.out: list[StatetierError | None] = [None] * len(items)
+        self.settled = 0  # items[:settled] are known
+        self._landed = landed
+
+    def settle(self, error: StatetierError | None) -> None:
+        index = self.settled
+        self.out[index] = error
+        self.settled += 1
+        if self._landed is not None:
+            self._landed(index, error)
+
+    def lose_the_rest(self, error: StatetierError) -> None:
+        while self.settled < len(self.items):
+            self.settle(error)
+
+
 class TcpTransport:
     def __init__(self, keyring: Keyring, options: PeerTierOptions) -> None:
         self._keyring = keyring
         self._options = options
         self._idle: dict[str, list[_PeerConnection]] = {}
+        self._one_by_one: set[str] = set()  # owners that predate PULL_MANY
         self.pulls = 0
         self.bytes_pulled = 0
+        self.batches = 0
 
     async def pull(self, address: str, object_id: bytes, tenant_tag: bytes, into: memoryview) -> None:
         try:
@@ -90,6 +142,93 @@ class TcpTransport:
             raise PeerLost(f"peer {address} broke off the pull of {object_id.hex()}: {exc}") from exc
         self.pulls += 1
         self.bytes_pulled += len(into)
+
+    async def pull_many(self, address: str, items: Sequence[PullItem],
+                        landed: Landed | None = None) -> list[StatetierError | None]:
+        batch = _Batch(items, landed)
+        while batch.settled < len(items):
+            if address in self._one_by_one:
+                await self._pull_one_by_one(address, batch)
+                break
+            try:
+                await self._pull_batch(address, batch, items[batch.settled : batch.settled + wire.MANY_AT_MOST])
+            except _Predates:
+                self._one_by_one.add(address)
+        return batch.out
+
+    async def _pull_batch(self, address: str, batch: _Batch, chunk: Sequence[PullItem]) -> None:
+        """One PULL_MANY of ``chunk`` (the batch's next items); a pooled connection that fails
+        before the first answer is dialled again once. A lost owner: the rest ``PeerLost``."""
+        first = batch.settled
+        for attempt in (0, 1):
+            session = self._take_idle(address) if attempt == 0 else None
+            reused = session is not None
+            try:
+                async with asyncio.timeout(self._options.pull_timeout) as deadline:
+                    session = session or await self._connect(address)
+                    try:
+                        await self._exchange_many(session, batch, chunk, deadline)
+                    except BaseException:
+                        session.close()  # interrupted mid-frame: never reused
+                        raise
+                    self._give_back(address, session)
+                    self.batches += 1
+                    return
+            except TimeoutError:
+                lost: StatetierError = PeerLost(f"peer {address} did not answer a pull within "
+                                                f"{self._options.pull_timeout} s")
+            except OSError as exc:
+                if reused and batch.settled == first:
+                    continue  # a pooled connection the owner had closed: dialled again, once
+                lost = PeerLost(f"peer {address} broke off a batch of pulls: {exc}")
+            except (PeerLost, Unauthorized) as exc:
+                lost = exc
+            batch.lose_the_rest(lost)
+            return
+
+    async def _exchange_many(self, session: _PeerConnection, batch: _Batch, chunk: Sequence[PullItem],
+                             deadline: asyncio.Timeout) -> None:
+        loop = asyncio.get_running_loop()
+        session.seq += 1
+        await loop.sock_sendall(session.sock, wire.pack_pull_many(
+            session.key, [(i.object_id, i.tenant_tag, len(i.into)) for i in chunk], session.seq))
+        status, length = await self._answer_head(session)
+        if status == wire.NOT_HERE and length == 0:
+            raise _Predates()
+        if status != wire.BATCH or length != len(chunk):
+            raise PeerLost(f"the peer answered a PULL_MANY of {len(chunk)} with status {status}, {length}")
+        for item in chunk:
+            status, length = await self._answer_head(session)
+            if status == wire.OK and length == len(item.into):
+                await recv_exact(session.sock, item.into)
+                self.pulls += 1
+                self.bytes_pulled += length
+                batch.settle(None)
+            elif status in (wire.NOT_HERE, wire.FORBIDDEN) and length == 0:
+                batch.settle(NotFound(f"the peer no longer holds {item.object_id.hex()}") if status == wire.NOT_HERE
+                             else Forbidden(f"the peer refused {item.object_id.hex()} to this tenant"))
+            else:
+                raise PeerLost(f"the peer answered the pull of {item.object_id.hex()} with status {status}, "
+                               f"{length} bytes for {len(item.into)}")
+            deadline.reschedule(loop.time() + self._options.pull_timeout)  # each object its own deadline
+
+    async def _answer_head(self, session: _PeerConnection) -> tuple[int, int]:
+        head = bytearray(wire.ANSWER.size)
+        await recv_exact(session.sock, memoryview(head))
+        status, length = wire.ANSWER.unpack(head)
+        return status, length
+
+    async def _pull_one_by_one(self, address: str, batch: _Batch) -> None:
+        """The batch's items not settled yet, one pull each (an owner that predates PULL_MANY)."""
+        while batch.settled < len(batch.items):
+            item = batch.items[batch.settled]
+            try:
+                await self.pull(address, item.object_id, item.tenant_tag, item.into)
+                batch.settle(None)
+            except (NotFound, Forbidden) as exc:
+                batch.settle(exc)
+            except (PeerLost, Unauthorized) as exc:
+                batch.lose_the_rest(exc)
 
     async def _exchange(self, session: _PeerConnection, object_id: bytes, tenant_tag: bytes, into: memoryview) -> None:
         loop = asyncio.get_running_loop()

@@ -14,12 +14,21 @@ request: ``PULL object_id(16) tenant_tag(16) size(8) seq(8) HMAC(S, the 48 bytes
 (``seq`` counts up, so a request cannot be replayed on the connection). The answer is
 ``status(1) length(8)`` then ``length`` bytes: the sealed object as the owner holds it,
 whose signed header and digests the puller verifies where the bytes land.
+
+A batch from one owner is one request, ``PULL_MANY``: a PULL frame naming the object id
+``MANY`` with ``size`` = how many objects (at most ``MANY_AT_MOST``), then that many
+``object_id(16) tenant_tag(16) size(8)`` items and ``HMAC(S, seq | the items)(32)``. The owner
+answers ``BATCH`` (``length`` = the count), then each object's answer (head and bytes) back
+to back, in order, with no request between them. An owner that predates it answers the head
+``NOT_HERE`` (no object has that id) and drops the connection at the items: the puller then
+pulls that owner's objects one by one.
 """
 
 from __future__ import annotations
 
 import hmac
 import struct
+from typing import Sequence
 
 from statetier.protocol.errors import ConfigError, Unauthorized
 from statetier.protocol.keyring import Keyring, SigAlg, SigningKey
@@ -33,7 +42,11 @@ PULL = struct.Struct("<16s16sQQ")
 PULL_BYTES = PULL.size + MAC_BYTES
 ANSWER = struct.Struct("<BQ")
 
-OK, NOT_HERE, FORBIDDEN = 0, 1, 2
+PULL_ITEM = struct.Struct("<16s16sQ")
+MANY = b"\xffstatetier-many\xff"  # the object id a PULL_MANY head names (no state id is this)
+MANY_AT_MOST = 4096  # objects in one PULL_MANY
+
+OK, NOT_HERE, FORBIDDEN, BATCH = 0, 1, 2, 3
 REFUSED = bytes(WELCOME_BYTES)  # the WELCOME to a puller whose key id this keyring lacks
 
 
@@ -73,3 +86,25 @@ def unpack_pull(session: bytes, frame: bytes, expected_seq: int) -> tuple[bytes,
     if seq != expected_seq:
         raise Unauthorized("peer: a pull request out of sequence (replayed?)")
     return object_id, tenant_tag, size
+
+
+def pack_pull_many(session: bytes, items: Sequence[tuple[bytes, bytes, int]], seq: int) -> bytes:
+    """A PULL_MANY: its head (a PULL of ``MANY``), the items, their MAC bound to ``seq``."""
+    if not 0 < len(items) <= MANY_AT_MOST:
+        raise ValueError(f"a PULL_MANY names 1 to {MANY_AT_MOST} objects, not {len(items)}")
+    body = b"".join(PULL_ITEM.pack(object_id, tenant_tag, size) for object_id, tenant_tag, size in items)
+    return pack_pull(session, MANY, bytes(16), len(items), seq) + body + mac(session, seq.to_bytes(8, "little"), body)
+
+
+def many_bytes(count: int) -> int:
+    """What follows a PULL_MANY head of ``count`` objects: the items and their MAC."""
+    if not 0 < count <= MANY_AT_MOST:
+        raise Unauthorized(f"peer: a PULL_MANY of {count} objects (1 to {MANY_AT_MOST})")
+    return count * PULL_ITEM.size + MAC_BYTES
+
+
+def unpack_pull_many(session: bytes, frame: bytes, seq: int) -> list[tuple[bytes, bytes, int]]:
+    body, tag = frame[:-MAC_BYTES], frame[-MAC_BYTES:]
+    if not hmac.compare_digest(mac(session, seq.to_bytes(8, "little"), body), tag):
+        raise Unauthorized("peer: a PULL_MANY's items do not verify")
+    return [PULL_ITEM.unpack_from(body, at) for at in range(0, len(body), PULL_ITEM.size)]
