@@ -7,7 +7,8 @@ pulls one after the other: the object leased in the first local tier holding it,
 (``FORBIDDEN``) unless its namespace is owned by the tenant the request names, sent as it
 lies under the lease (``verify=False``: the puller verifies where the bytes land), the
 lease released once written. ``close()`` stops listening and drops the connections.
-Counted: ``served``, ``bytes_served``, ``refused``, ``handshakes_failed``.
+Counted: ``served``, ``bytes_served``, ``refused``, ``handshakes_failed``. With ``fabric`` set
+(``tiers.peer.nixl``), an EXPOSE is answered there: the object read by the puller with NIXL.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from statetier.protocol.errors import NotFound, StatetierError, Unauthorized
 from statetier.protocol.identity import NAMESPACE_BYTES
@@ -28,6 +29,9 @@ from statetier.tiers.base import Lease, Tier
 from . import wire
 from .options import PeerTierOptions
 from .transport import tune
+
+if TYPE_CHECKING:
+    from .nixl import NixlFabric
 
 log = logging.getLogger("statetier.peer")
 
@@ -44,6 +48,7 @@ class PeerServer:
         self.bytes_served = 0
         self.refused = 0
         self.handshakes_failed = 0
+        self.fabric: NixlFabric | None = None  # set by the NIXL transport's start
 
     async def start(self) -> None:
         opts = self._options
@@ -74,6 +79,9 @@ class PeerServer:
                 frame = await reader.readexactly(wire.PULL_BYTES)
                 seq += 1
                 object_id, tenant_tag, size = wire.unpack_pull(session, frame, seq)
+                if object_id == wire.EXPOSE and self.fabric is not None:
+                    seq = await self.fabric.expose(self, reader, writer, session, seq, self._lease)
+                    continue
                 await self._answer(writer, object_id, tenant_tag, size)
         except Unauthorized as exc:
             self.handshakes_failed += 1

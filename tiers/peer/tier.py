@@ -36,6 +36,7 @@ from statetier.tiers.registry import VersionRegistry
 
 from . import wire
 from .directory import Descriptor, Directory
+from .nixl import NixlTransport
 from .options import PeerTierOptions
 from .serve import PeerServer
 from .transport import PeerTransport, TcpTransport
@@ -68,6 +69,8 @@ class PeerTier(Tier):
         wire.auth_key(self._keyring.active)  # an Ed25519 or keyless keyring: ConfigError before listening
         await self.server.start()
         await self.directory.start()
+        if isinstance(self.transport, NixlTransport):
+            await self.transport.start(self.server)  # its agent, its metadata, the listener's EXPOSE
 
     async def close(self) -> None:
         await self.server.close()
@@ -191,4 +194,5 @@ class PeerTier(Tier):
             "published": self.published, "served": server.served, "bytes_served": server.bytes_served,
             "refused": server.refused, "handshakes_failed": server.handshakes_failed,
             "pulls_lost": self.pulls_lost, "owners_fenced": len(self._fenced),
-            "directory_commands": self.directory.commands})
+            "directory_commands": self.directory.commands,
+            **(self.transport.stats() if isinstance(self.transport, NixlTransport) else {})})

@@ -14,6 +14,15 @@ request: ``PULL object_id(16) tenant_tag(16) size(8) seq(8) HMAC(S, the 48 bytes
 (``seq`` counts up, so a request cannot be replayed on the connection). The answer is
 ``status(1) length(8)`` then ``length`` bytes: the sealed object as the owner holds it,
 whose signed header and digests the puller verifies where the bytes land.
+
+The NIXL transport (``tiers.peer.nixl``) asks for an object in place instead: a PULL of the
+object id ``EXPOSE`` then the object's PULL (the next ``seq``), sent together. An owner with
+a NIXL agent answers the head ``FABRIC``, then the object ``EXPOSED`` (``length`` = its size)
+followed by ``EXPOSED_AT`` (its address in the owner's registered arena) and the owner's
+agent name: the lease holds it until the puller's PULL of ``DONE`` (the next ``seq``) or the
+connection's end. An object outside that arena is answered ``OK`` and its bytes, as any
+pull. An owner without NIXL answers the head ``NOT_HERE`` (no object has that id) and the
+object as any pull.
 """
 
 from __future__ import annotations
@@ -34,6 +43,10 @@ PULL_BYTES = PULL.size + MAC_BYTES
 ANSWER = struct.Struct("<BQ")
 
 OK, NOT_HERE, FORBIDDEN = 0, 1, 2
+EXPOSE = b"\xffstatetier-nixl\xff"  # the object id of the head of a NIXL request
+DONE = b"\xffstatetier-done\xff"  # the object id of a NIXL request's end: the lease released
+FABRIC, EXPOSED = 16, 17  # the answers to EXPOSE's head and to its object
+EXPOSED_AT = struct.Struct("<QB")  # the object's address in the owner's arena, its agent name's length
 REFUSED = bytes(WELCOME_BYTES)  # the WELCOME to a puller whose key id this keyring lacks
 
 
