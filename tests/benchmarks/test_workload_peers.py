@@ -30,3 +30,8 @@ def test_the_prefix_across_daemons_part_is_planned_like_the_prefix_part() -> Non
     assert "prefix-peers" in workloads.PARTS
     for plan in (workloads.QUICK, workloads.FULL):
         assert workloads.steps(plan, "prefix-peers") == workloads.steps(plan, "prefix")
+
+
+def test_the_peer_parts_daemons_run_with_the_transport_asked_for() -> None:
+    assert workloads.peer_settings("tcp") == {"peers.enabled": "true", "peers.transport": "tcp"}
+    assert workloads.peer_settings("nixl")["peers.transport"] == "nixl"
