@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+from dataclasses import dataclass
 
 import pytest
 import redis
 
-from statetier.protocol.errors import CorruptPayload, PeerLost, Unauthorized
+from statetier.protocol.errors import CorruptPayload, NotFound, PeerLost, Unauthorized
 from statetier.protocol.keyring import Keyring
 from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.peer import PeerTier, PeerTierOptions
@@ -155,3 +157,28 @@ async def test_an_owner_without_nixl_is_pulled_from_over_tcp(fresh_redis):
         assert bytes(await pull(puller, meta)) == blob
         assert transport(puller).tcp_owner == 1 and owner.server.served == 1
         assert bytes(await pull(puller, meta)) == blob  # the connection stays in step
+
+
+@dataclass(frozen=True)
+class Item:
+    object_id: bytes
+    tenant_tag: bytes
+    into: memoryview
+
+
+async def test_a_batch_from_one_owner_is_read_with_nixl_each_told_as_it_lands(fresh_redis):
+    async with daemon_tiers(fresh_redis.url, "owner") as (host, owner), \
+            daemon_tiers(fresh_redis.url, "puller") as (_, puller):
+        objects = [await published(host, owner, 64 * 1024) for _ in range(3)]
+        tag = objects[0][0].namespace[-16:]
+        items = [Item(m.object_id, tag, memoryview(bytearray(m.size))) for m, _ in objects]
+        items.insert(1, Item(os.urandom(16), tag, memoryview(bytearray(10))))  # held by no one
+        told: list[tuple[int, object]] = []
+        out = await transport(puller).pull_many(owner.server.address, items, lambda i, e: told.append((i, e)))
+        assert [type(e) for e in out] == [type(None), NotFound, type(None), type(None)]
+        assert [i for i, _ in told] == [0, 1, 2, 3]
+        assert [bytes(item.into) for item in items[:1] + items[2:]] == [blob for _, blob in objects]
+        assert transport(puller).exposed == 3
+        await owner.close()
+        lost = await transport(puller).pull_many(owner.server.address, items[:2])
+        assert all(isinstance(e, PeerLost) for e in lost)  # the owner gone: every item left lost

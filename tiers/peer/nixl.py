@@ -14,7 +14,8 @@
   DONE, which releases the owner's lease (so does the connection's end). ``PeerTier.read``
   verifies ``into`` as after any pull (``open_sealed``). An object the owner holds outside its
   registered arena comes back as bytes on the connection (``inline``); an owner without NIXL
-  answers the head ``NOT_HERE`` and the object as a TCP pull (``tcp_owner``).
+  answers the head ``NOT_HERE`` and the object as a TCP pull (``tcp_owner``). ``pull_many``:
+  a batch of one owner's objects, pulled in turn.
   ``start(server)`` (from ``PeerTier.start``): the agent (named by the owner id), the arena
   registered once as DRAM, the signed metadata published (renewed at a third of the TTL),
   ``server.fabric`` set so the listener answers EXPOSE. An ``into`` outside the registered
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Awaitable, Callable, Protocol
+from typing import TYPE_CHECKING, Awaitable, Callable, Protocol, Sequence
 
 from statetier.protocol.errors import ConfigError, Forbidden, NotFound, PeerLost, StatetierError, Unauthorized
 from statetier.protocol.keyring import Keyring
@@ -53,6 +54,19 @@ if TYPE_CHECKING:
 log = logging.getLogger("statetier.peer.nixl")
 
 TRANSPORTS = ("tcp", "nixl")
+
+
+class _Item(Protocol):
+    """One object of a ``pull_many`` (``tiers.peer.transport.PullItem``)."""
+
+    @property
+    def object_id(self) -> bytes: ...
+
+    @property
+    def tenant_tag(self) -> bytes: ...
+
+    @property
+    def into(self) -> memoryview: ...
 
 
 class Arena(Protocol):
@@ -122,6 +136,30 @@ class NixlTransport(TcpTransport):
             self.agent.close()
 
     # ---------------------------------------------------------------- the puller's side
+    async def pull_many(self, address: str, items: Sequence[_Item],
+                        landed: Callable[[int, StatetierError | None], None] | None = None
+                        ) -> list[StatetierError | None]:
+        """A batch of one owner's objects, each EXPOSEd and READ in turn on one pooled
+        connection (a request each: one multi-descriptor READ is the next step); per item, in
+        order, None (landed) or its ``NotFound`` / ``Forbidden``, and once the owner is lost
+        (``PeerLost``, ``Unauthorized``) that error for every item left, each told to
+        ``landed(index, error)`` as soon as it is known."""
+        out: list[StatetierError | None] = []
+        lost: StatetierError | None = None
+        for index, item in enumerate(items):
+            error = lost
+            if error is None:
+                try:
+                    await self.pull(address, item.object_id, item.tenant_tag, item.into)
+                except (NotFound, Forbidden) as exc:
+                    error = exc
+                except (PeerLost, Unauthorized) as exc:
+                    error = lost = exc
+            out.append(error)
+            if landed is not None:
+                landed(index, error)
+        return out
+
     async def _exchange(self, session: _PeerConnection, object_id: bytes, tenant_tag: bytes,
                         into: memoryview) -> None:
         loop = asyncio.get_running_loop()
