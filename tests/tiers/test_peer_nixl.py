@@ -5,8 +5,10 @@ fabric is. Real NIXL agents over UCX, real sockets, real Redis: the owner's byte
 puller from the owner's registered arena straight into the buffer it gives (registered for the
 pull when outside its own arena), verified there. What is never served: a flipped byte in the
 owner's memory (``CorruptPayload``), a pull through forged agent metadata (``Unauthorized``,
-nothing added to NIXL), an owner gone (``PeerLost``). An object outside the owner's
-registered memory comes back inline; an owner without NIXL is pulled from over TCP.
+nothing added to NIXL), an owner gone (``PeerLost``), a READ that fails while the owner's
+listener answers (``PeerLost``; the agent's metadata fetched again next time). An object
+outside the owner's registered memory comes back inline; an owner without NIXL is pulled from
+over TCP; a batch from one owner is read object by object, each told as it lands.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from statetier.protocol.keyring import Keyring
 from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.peer import PeerTier, PeerTierOptions
 from statetier.tiers.peer import nixlmeta
+from statetier.tiers.memory.rawmemory import exported
 from statetier.tiers.peer.nixl import NixlTransport
+from statetier.tiers.peer.nixlagent import NixlAgent
 from tests.support.tier_contract import KEYRING, make_object, store
 
 pytest.importorskip("nixl_cu12._api")
@@ -182,3 +186,28 @@ async def test_a_batch_from_one_owner_is_read_with_nixl_each_told_as_it_lands(fr
         await owner.close()
         lost = await transport(puller).pull_many(owner.server.address, items[:2])
         assert all(isinstance(e, PeerLost) for e in lost)  # the owner gone: every item left lost
+
+
+async def test_a_nixl_read_that_fails_is_peer_lost_and_the_agent_is_fetched_again(fresh_redis):
+    """The owner's listener answers, but its NIXL agent is a new one (new UCX worker): the READ
+    through the metadata the puller holds fails (PeerLost within the deadline, nothing served);
+    once the new agent's metadata is published, the next pull fetches it and reads."""
+    async with daemon_tiers(fresh_redis.url, "owner") as (host, owner), \
+            daemon_tiers(fresh_redis.url, "puller", timeout=3.0) as (_, puller):
+        meta, blob = await published(host, owner)
+        await pull(puller, meta)  # the owner's first agent added at the puller
+        old = transport(owner).agent
+        assert old is not None and owner.server.fabric is not None
+        old.close()
+        del old._agent  # its UCX worker gone
+        fresh = NixlAgent("owner")
+        with exported(host.arena_view) as (address, length):
+            fresh.register(address, length)
+        transport(owner).agent = owner.server.fabric.agent = fresh
+        with pytest.raises(PeerLost):
+            await pull(puller, meta)
+        assert puller.stats().extra["pulls_lost"] == 1
+        await transport(owner).board.publish("owner", nixlmeta.sign(KEYRING, "owner", fresh.metadata()))
+        into = memoryview(bytearray(meta.size))  # the transport itself (the tier has fenced this owner id)
+        await transport(puller).pull(owner.server.address, meta.object_id, meta.namespace[-16:], into)
+        assert bytes(into) == blob and transport(puller).exposed == 2
