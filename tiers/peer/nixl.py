@@ -34,22 +34,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Awaitable, Callable, Protocol, Sequence
+import socket
+from typing import Callable, Protocol, Sequence
 
 from statetier.protocol.errors import ConfigError, Forbidden, NotFound, PeerLost, StatetierError, Unauthorized
 from statetier.protocol.keyring import Keyring
-from statetier.tiers.base import Lease, Tier
 from statetier.tiers.memory.rawmemory import exported, exported_for_write
 
 from . import nixlmeta, wire
 from .nixlagent import NixlAgent, importable
 from .options import PeerTierOptions
+from .serve import LeaseLocal, PeerServer, _tenant_tag_of
 from .transport import PeerTransport, TcpTransport, _PeerConnection, recv_exact
-
-if TYPE_CHECKING:
-    import socket
-
-    from .serve import PeerServer
 
 log = logging.getLogger("statetier.peer.nixl")
 
@@ -104,7 +100,7 @@ class NixlTransport(TcpTransport):
         self.metadata_refused = 0
 
     # ---------------------------------------------------------------- start and stop
-    async def start(self, server: "PeerServer") -> None:
+    async def start(self, server: PeerServer) -> None:
         agent = self.agent = NixlAgent(self._options.owner_id)
         if self._arena is not None:
             with exported(self._arena.arena_view) as (address, length):
@@ -247,14 +243,14 @@ class NixlTransport(TcpTransport):
                 "nixl_registered_per_pull": self.registered_per_pull, "nixl_metadata_refused": self.metadata_refused}
 
 
-async def _answer(sock: "socket.socket") -> tuple[int, int]:
+async def _answer(sock: socket.socket) -> tuple[int, int]:
     head = bytearray(wire.ANSWER.size)
     await recv_exact(sock, memoryview(head))
     status, length = wire.ANSWER.unpack(head)
     return int(status), int(length)
 
 
-async def _exposed_at(sock: "socket.socket") -> tuple[int, str]:
+async def _exposed_at(sock: socket.socket) -> tuple[int, str]:
     at = bytearray(wire.EXPOSED_AT.size)
     await recv_exact(sock, memoryview(at))
     address, n = wire.EXPOSED_AT.unpack(at)
@@ -273,9 +269,6 @@ def _check(status: int, length: int, object_id: bytes, into: memoryview) -> None
                        f"{length} bytes for {len(into)}")
 
 
-LeaseLocal = Callable[[bytes], Awaitable["tuple[Tier, Lease] | None"]]
-
-
 class NixlFabric:
     """The owner's side of EXPOSE: see the module docstring."""
 
@@ -285,11 +278,9 @@ class NixlFabric:
         self.exposed = 0
         self.inline = 0
 
-    async def expose(self, server: "PeerServer", reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+    async def expose(self, server: PeerServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                      session: bytes, seq: int, lease: LeaseLocal) -> int:
         """Answer the EXPOSE whose head was ``seq``; the last ``seq`` it read."""
-        from .serve import _tenant_tag_of
-
         writer.write(wire.ANSWER.pack(wire.FABRIC, 0))
         seq += 1
         object_id, tenant_tag, _ = wire.unpack_pull(session, await reader.readexactly(wire.PULL_BYTES), seq)

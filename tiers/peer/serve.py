@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from typing import TYPE_CHECKING, Sequence
+from typing import Awaitable, Callable, Protocol, Sequence
 
 from statetier.protocol.errors import NotFound, StatetierError, Unauthorized
 from statetier.protocol.identity import NAMESPACE_BYTES
@@ -30,10 +30,16 @@ from . import wire
 from .options import PeerTierOptions
 from .transport import tune
 
-if TYPE_CHECKING:
-    from .nixl import NixlFabric
-
 log = logging.getLogger("statetier.peer")
+
+LeaseLocal = Callable[[bytes], Awaitable["tuple[Tier, Lease] | None"]]
+
+
+class Fabric(Protocol):
+    """Answers an EXPOSE whose head was ``seq`` (``tiers.peer.nixl.NixlFabric``): the last ``seq`` it read."""
+
+    async def expose(self, server: "PeerServer", reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     session: bytes, seq: int, lease: LeaseLocal) -> int: ...
 
 
 class PeerServer:
@@ -48,7 +54,7 @@ class PeerServer:
         self.bytes_served = 0
         self.refused = 0
         self.handshakes_failed = 0
-        self.fabric: NixlFabric | None = None  # set by the NIXL transport's start
+        self.fabric: Fabric | None = None  # set by the NIXL transport's start
 
     async def start(self) -> None:
         opts = self._options
