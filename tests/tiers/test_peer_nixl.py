@@ -25,7 +25,7 @@ from statetier.protocol.errors import CorruptPayload, NotFound, PeerLost, Unauth
 from statetier.protocol.keyring import Keyring
 from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.peer import PeerTier, PeerTierOptions
-from statetier.tiers.peer import nixlmeta
+from statetier.tiers.peer import nixl, nixlmeta
 from statetier.tiers.memory.rawmemory import exported
 from statetier.tiers.peer.nixl import NixlTransport
 from statetier.tiers.peer.nixlagent import NixlAgent
@@ -211,3 +211,13 @@ async def test_a_nixl_read_that_fails_is_peer_lost_and_the_agent_is_fetched_agai
         into = memoryview(bytearray(meta.size))  # the transport itself (the tier has fenced this owner id)
         await transport(puller).pull(owner.server.address, meta.object_id, meta.namespace[-16:], into)
         assert bytes(into) == blob and transport(puller).exposed == 2
+
+
+async def test_the_agent_metadata_is_published_again_once_the_directory_lost_it(fresh_redis, monkeypatch):
+    monkeypatch.setattr(nixl, "RENEW_SECONDS", 0.05)
+    async with daemon_tiers(fresh_redis.url, "owner"):
+        with contextlib.closing(redis.Redis.from_url(fresh_redis.url)) as r:
+            key = nixlmeta.board_key("owner")
+            assert r.exists(key) and 0 < r.ttl(key) <= 3600  # the directory's TTL
+            r.flushall()  # as a Redis restarted without its data
+            assert await settled(lambda: r.exists(key) == 1)

@@ -17,7 +17,8 @@
   answers the head ``NOT_HERE`` and the object as a TCP pull (``tcp_owner``). ``pull_many``:
   a batch of one owner's objects, pulled in turn.
   ``start(server)`` (from ``PeerTier.start``): the agent (named by the owner id), the arena
-  registered once as DRAM, the signed metadata published (renewed at a third of the TTL),
+  registered once as DRAM, the signed metadata published (again every third of the TTL, at
+  most ``RENEW_SECONDS``: a Redis restarted empty has it back within that),
   ``server.fabric`` set so the listener answers EXPOSE. An ``into`` outside the registered
   arena is registered for its pull alone (``registered_per_pull``).
 - ``NixlFabric`` — the owner's side of EXPOSE (``PeerServer`` calls ``expose``).
@@ -49,7 +50,7 @@ from .transport import PeerTransport, TcpTransport, _PeerConnection, recv_exact
 
 log = logging.getLogger("statetier.peer.nixl")
 
-TRANSPORTS = ("tcp", "nixl")
+RENEW_SECONDS = 10.0  # the metadata published again at least this often
 
 
 class _Item(Protocol):
@@ -107,20 +108,24 @@ class NixlTransport(TcpTransport):
                 agent.register(address, length)
         await self.board.start()
         blob = nixlmeta.sign(self._nixl_keyring, agent.name, agent.metadata())
-        await self.board.publish(agent.name, blob)
+        await self._publish(blob)
         ttl = self._options.ttl_seconds
-        if ttl is not None:
-            self._renew = asyncio.create_task(self._renew_every(ttl / 3, blob))
+        self._renew = asyncio.create_task(self._renew_every(min(ttl / 3, RENEW_SECONDS) if ttl else RENEW_SECONDS,
+                                                            blob))
         server.fabric = NixlFabric(agent, self._options)
 
-    async def _renew_every(self, seconds: float, blob: bytes) -> None:
+    async def _publish(self, blob: bytes) -> None:
         assert self.agent is not None
+        try:
+            await self.board.publish(self.agent.name, blob)
+        except StatetierError as exc:  # Redis away: pulls from here wait for the next renewal
+            log.warning("NIXL metadata of %s not published in the directory: %s", self.agent.name, exc)
+
+    async def _renew_every(self, seconds: float, blob: bytes) -> None:
+        """Published again every ``seconds``: before its TTL ends, and soon after Redis restarted empty."""
         while True:
             await asyncio.sleep(seconds)
-            try:
-                await self.board.publish(self.agent.name, blob)
-            except StatetierError as exc:
-                log.warning("NIXL metadata not renewed in the directory: %s", exc)
+            await self._publish(blob)
 
     async def close(self) -> None:
         if self._renew is not None:
@@ -326,4 +331,4 @@ class NixlFabric:
         return seq
 
 
-__all__ = ["NixlTransport", "NixlFabric", "make_transport", "TRANSPORTS"]
+__all__ = ["NixlTransport", "NixlFabric", "make_transport"]
