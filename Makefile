@@ -28,8 +28,13 @@
 #   make test-sglang  opt-in, not in CI: a separate .venv-sglang with sglang 0.5.23 (--no-deps,
 #                plus the modules its HiCache storage API imports), then the SGLang backend's
 #                tests against SGLang's real HiCacheStorage ABC and StorageBackendFactory
+#   make test-nixl  opt-in, not in CI: a separate .venv-nixl with nixl-cu12 1.5.1 (--no-deps, plus
+#                numpy; torch pinned to the CPU wheel, so nothing pulls CUDA), then the NIXL transport's
+#                tests (tier and end to end: the TCP peer tests again over NIXL, forged metadata, a flipped
+#                byte, an owner gone; the peers benchmark rows with --peer-transport nixl) over UCX with
+#                UCX_TLS=$(NIXL_UCX_TLS)
 #   make clean   caches and build output; `make distclean` also drops .venv,
-#                .venv-vllm and .venv-sglang
+#                .venv-vllm, .venv-sglang and .venv-nixl
 
 VENV        ?= .venv
 PY          := $(VENV)/bin/python
@@ -62,7 +67,12 @@ SGLANG      := sglang==0.5.23
 SGLANG_DEPS := orjson psutil pybase64 requests numpy triton packaging pillow starlette msgspec \
                typing_extensions pyzmq ipython aiohttp
 
-.PHONY: venv lock test-latest test typecheck lint chaos chaos-short run bench report clean distclean test-vllm bench-vllm test-sglang
+NIXL_VENV   ?= .venv-nixl
+NIXL        := nixl-cu12==1.5.1
+# UCX's transports for the NIXL tests: tcp needs no fabric (shm fails to create the backend here)
+NIXL_UCX_TLS ?= tcp
+
+.PHONY: venv lock test-latest test typecheck lint chaos chaos-short run bench report clean distclean test-vllm bench-vllm test-sglang test-nixl
 
 venv: $(STAMP)
 
@@ -153,6 +163,21 @@ test-sglang: $(SGLANG_VENV)/.installed
 	$(SGLANG_VENV)/bin/python -m pytest -p no:cacheprovider tests/clients/test_sglang_backend.py \
 		tests/clients/test_sglang_factory.py $(PYTEST_ARGS)
 
+$(NIXL_VENV)/.installed: pyproject.toml
+	test -x $(NIXL_VENV)/bin/python || python3 -m venv $(NIXL_VENV)
+	$(NIXL_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(NIXL_VENV)/bin/python -m pip install --quiet $(FIND_LINKS) '$(TORCH)'
+	$(NIXL_VENV)/bin/python -m pip install --quiet $(FIND_LINKS) -e '.[test]' '$(TORCH)'
+	$(NIXL_VENV)/bin/python -m pip install --quiet --no-deps '$(NIXL)'
+	$(NIXL_VENV)/bin/python -m pip install --quiet $(FIND_LINKS) numpy '$(TORCH)'
+	touch $@
+
+test-nixl: $(NIXL_VENV)/.installed
+	VENV=$(NIXL_VENV) bash scripts/ensure_redis.sh
+	UCX_TLS=$(NIXL_UCX_TLS) $(NIXL_VENV)/bin/python -m pytest -p no:cacheprovider tests/tiers/test_peer_nixl.py \
+		tests/daemon/test_e2e_peers_nixl.py tests/tiers/test_peer_transport_choice.py \
+		tests/benchmarks/test_workload_peers_nixl.py $(PYTEST_ARGS)
+
 run: $(STAMP)
 	$(VENV)/bin/statetier serve --host-capacity $(RUN_HOST_CAPACITY) $(RUN_ARGS)
 
@@ -166,8 +191,8 @@ report: $(STAMP)
 
 clean:
 	rm -rf build dist .pytest_cache .hypothesis statetier-data statetier.sock
-	find . \( -path ./$(VENV) -o -path ./$(VLLM_VENV) -o -path ./$(SGLANG_VENV) -o -path ./$(LATEST_VENV) \) -prune -o \( -name __pycache__ -o -name '*.egg-info' \) -type d -print0 \
+	find . \( -path ./$(VENV) -o -path ./$(VLLM_VENV) -o -path ./$(SGLANG_VENV) -o -path ./$(NIXL_VENV) -o -path ./$(LATEST_VENV) \) -prune -o \( -name __pycache__ -o -name '*.egg-info' \) -type d -print0 \
 		| xargs -0 rm -rf
 
 distclean: clean
-	rm -rf $(VENV) $(VLLM_VENV) $(SGLANG_VENV) $(LATEST_VENV) $(UV_VENV)
+	rm -rf $(VENV) $(VLLM_VENV) $(SGLANG_VENV) $(NIXL_VENV) $(LATEST_VENV) $(UV_VENV)

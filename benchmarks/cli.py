@@ -3,7 +3,9 @@
 - ``main(argv) -> int`` — what ``statetier bench`` calls (``daemon/cli/serve.py``, a lazy import):
   options ``--url``, ``--quick``, ``--json FILE``, ``--dir DIR`` (temp files) and suite
   names to run only those (``seal``, ``tiers``, ``sdk``, ``workloads``; default all but
-  ``workloads``): ``statetier bench --quick sdk``.
+  ``workloads``): ``statetier bench --quick sdk``; ``--only PART …`` and ``--peer-transport
+  tcp|nixl`` are passed on to ``workloads`` (``statetier bench workloads --only peers
+  --peer-transport nixl``).
 - ``workloads`` (``workloads.py``: PD handoff, multi-turn prefix reuse, concurrent clients;
   minutes in full) runs only when named; ``report.py`` runs it.
 - Suites: ``seal``, ``tiers`` and ``workloads`` are the modules ``seal.py``, ``tiers.py`` and
@@ -45,11 +47,14 @@ MODULE_SUITES = ("seal", "tiers", "workloads")  # run as ``python -m statetier.b
 # ---------------------------------------------------------------------------- suites
 
 
-def run_module_suite(name: str, quick: bool, workdir: Path, tmp_dir: str | None) -> dict:
-    """Run ``statetier.benchmarks.<name>`` in a subprocess; its table goes to our stdout."""
+def run_module_suite(name: str, quick: bool, workdir: Path, tmp_dir: str | None,
+                     options: list[str] | None = None) -> dict:
+    """Run ``statetier.benchmarks.<name>`` in a subprocess (``options`` passed on); its table
+    goes to our stdout."""
     out = workdir / f"{name}.json"
     command = [sys.executable, "-m", f"statetier.benchmarks.{name}", "--json", str(out)]
     command += ["--quick"] if quick else []
+    command += options or []
     if name in ("tiers", "workloads") and tmp_dir:
         command += ["--dir", tmp_dir]
     print(f"\n== {name}: {' '.join(command[1:])}", flush=True)
@@ -175,6 +180,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("suite", nargs="*", metavar="SUITE",
                         help=f"run only these suites: {', '.join(SUITES)} (default: {', '.join(DEFAULT_SUITES)})")
     parser.add_argument("--dir", default=None, help="where temporary files go (default: the system temp dir)")
+    parser.add_argument("--only", nargs="+", metavar="PART", default=None,
+                        help="workloads: run only these parts (limits, pd, peers, prefix, prefix-peers, …)")
+    parser.add_argument("--peer-transport", choices=("tcp", "nixl"), default=None,
+                        help="workloads: the peers and prefix-peers parts with peers.transport = this")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args([arg for arg in argv if arg != "--"])  # the CLI passes "--" through
     unknown = sorted(set(args.suite) - set(SUITES))
@@ -183,6 +192,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.url == DEFAULT_CLIENT_URL:
         args.url = None  # the CLI's default address is not a request to benchmark a running daemon
     return args
+
+
+def workload_options(args: argparse.Namespace) -> list[str]:
+    """What ``workloads`` is passed of this command line."""
+    return (["--only", *args.only] if args.only else []) + \
+        (["--peer-transport", args.peer_transport] if args.peer_transport else [])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
             if name == "sdk":
                 suites[name] = run_sdk_suite(args.url, args.quick, args.dir)
             else:
-                suites[name] = run_module_suite(name, args.quick, Path(workdir), args.dir)
+                suites[name] = run_module_suite(name, args.quick, Path(workdir), args.dir,
+                                                workload_options(args) if name == "workloads" else None)
     rows = [row for name in suites_wanted for row in suites[name]["rows"]]
     seconds = time.perf_counter() - started
     print_summary(rows, suites)

@@ -223,7 +223,8 @@ async def run_peers(cluster, cases: list, reps: int, progress, mooncake_python: 
                 case_rows = await _measure_case(prefill, decode, cluster.redis_url, model, tokens, reps, progress,
                                                 mooncake)
             served = served_by_tier(before, cluster.decode.counters())
-            rows += [{**row, "served_by_tier": served} for row in case_rows]
+            transport = str(cluster.settings.get("peers.transport", "tcp"))  # the rows' transport: the cluster's
+            rows += [{**row, "served_by_tier": served, "transport": transport} for row in case_rows]
     finally:
         if mooncake is not None:
             mooncake.close()

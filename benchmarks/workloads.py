@@ -1,6 +1,7 @@
 """Serving workloads against the raw limits of the same run: ``statetier bench workloads``.
 
-Usage: ``python -m statetier.benchmarks.workloads [--quick] [--json FILE] [--dir DIR] [--only NAME …]``
+Usage: ``python -m statetier.benchmarks.workloads [--quick] [--json FILE] [--dir DIR] [--only NAME …]
+[--peer-transport tcp|nixl]``
 
 Four parts, in this order (``--only`` picks some), each with a progress bar on stderr:
 
@@ -13,7 +14,9 @@ Four parts, in this order (``--only`` picks some), each with a progress bar on s
   bytes pulled from prefill), against a plain loopback socket + BLAKE3 and redis-py
   SET+GET of the same bytes, with Redis's command and byte counts per handoff, and with
   ``--mooncake-python`` Mooncake Store's TCP put and get of the same objects in the same
-  repetitions (``workload_peers``);
+  repetitions (``workload_peers``); ``--peer-transport nixl`` runs it (and ``prefix-peers``)
+  with ``peers.transport = "nixl"`` (the daemons' Python needs the ``nixl`` extra; each row's
+  ``transport`` says which);
 - ``prefix``  — multi-turn conversations restored by joint hits (``workload_prefix``);
 - ``prefix-peers`` — the same conversations across two daemons with peer tiers, turns
   alternating between them, each turn restoring the previous one from the other daemon's
@@ -132,12 +135,17 @@ def run_pd(plan: WorkloadPlan, directory: Path, progress) -> list[dict]:
         return _run_async(measure(cluster, cases, plan.pd_reps, progress))
 
 
-def run_peers(plan: WorkloadPlan, directory: Path, progress, mooncake_python: str | None = None) -> list[dict]:
+def peer_settings(transport: str) -> dict[str, object]:
+    return {"peers.enabled": "true", "peers.transport": transport}
+
+
+def run_peers(plan: WorkloadPlan, directory: Path, progress, mooncake_python: str | None = None,
+              transport: str = "tcp") -> list[dict]:
     from .workload_peers import run_peers as measure
     from statetier.launch import PDCluster
 
     cases = [(model, tokens) for tokens in plan.pd_tokens for model in MODELS]
-    with PDCluster(host_capacity="1GiB", log_level="warning", settings={"peers.enabled": "true"}) as cluster:
+    with PDCluster(host_capacity="1GiB", log_level="warning", settings=peer_settings(transport)) as cluster:
         return _run_async(measure(cluster, cases, plan.pd_reps, progress, mooncake_python))
 
 
@@ -152,14 +160,15 @@ def run_prefix(plan: WorkloadPlan, directory: Path, progress) -> list[dict]:
     return rows
 
 
-def run_prefix_peers(plan: WorkloadPlan, directory: Path, progress) -> list[dict]:
+def run_prefix_peers(plan: WorkloadPlan, directory: Path, progress, transport: str = "tcp") -> list[dict]:
     from .workload_prefix import run_prefix_across as measure
     from statetier.launch import PDCluster
 
-    with PDCluster(host_capacity="256MiB", log_level="warning", settings={"peers.enabled": "true"}) as cluster:
+    with PDCluster(host_capacity="256MiB", log_level="warning", settings=peer_settings(transport)) as cluster:
         rows, turns = _run_async(measure(cluster.prefill, cluster.decode, plan.prefix, directory, progress))
     for row in rows:
         row["per_turn"] = turns
+        row["transport"] = transport
     return rows
 
 
@@ -192,7 +201,8 @@ def steps(plan: WorkloadPlan, part: str) -> int:
             "sglang": plan.sglang_reps + 1}[part]
 
 
-def run(plan: WorkloadPlan, parts: list[str], directory: Path, mooncake_python: str | None = None) -> list[dict]:
+def run(plan: WorkloadPlan, parts: list[str], directory: Path, mooncake_python: str | None = None,
+        peer_transport: str = "tcp") -> list[dict]:
     rows: list[dict] = []
     start = None
     for part in parts:
@@ -203,9 +213,11 @@ def run(plan: WorkloadPlan, parts: list[str], directory: Path, mooncake_python: 
                 start = run_limits(plan, directory, progress)
                 continue
             if part == "peers":
-                found = run_peers(plan, directory, progress, mooncake_python)
+                found = run_peers(plan, directory, progress, mooncake_python, peer_transport)
+            elif part == "prefix-peers":
+                found = run_prefix_peers(plan, directory, progress, peer_transport)
             else:
-                found = {"pd": run_pd, "prefix": run_prefix, "prefix-peers": run_prefix_peers, "clients": run_clients,
+                found = {"pd": run_pd, "prefix": run_prefix, "clients": run_clients,
                          "sglang": run_sglang}[part](plan, directory, progress)
         finally:
             progress.close()
@@ -245,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the Python of a venv with Mooncake Store (../shared/peers/setup.sh mooncake: "
                              "/tmp/venv-mooncake/bin/python): the peers rows gain Mooncake's TCP put and get of the "
                              "same objects")
+    parser.add_argument("--peer-transport", choices=("tcp", "nixl"), default="tcp",
+                        help='the peers and prefix-peers parts with peers.transport = this ("nixl": NIXL over UCX; '
+                             "this Python needs the nixl extra, UCX_TLS=tcp where no fabric is)")
     args = parser.parse_args(argv)
     import torch
 
@@ -258,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     directory = Path(tempfile.mkdtemp(prefix="statetier-workloads-", dir=args.dir))
     try:
-        rows = run(plan, [part for part in PARTS if part in args.only], directory, args.mooncake_python)
+        rows = run(plan, [part for part in PARTS if part in args.only], directory, args.mooncake_python,
+                   args.peer_transport)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     elapsed = time.perf_counter() - started

@@ -270,6 +270,7 @@ def _add_peer_tier(config: Config, keyring: Keyring, tiers: list[Tier], roles: d
     batch's copies together (``batch_pulls``), and the write-behind yields to the pulls it
     answers (``write_behind_yields_to``)."""
     from statetier.tiers.peer import PeerTier, PeerTierOptions
+    from statetier.tiers.peer.nixl import make_transport
 
     peers, redis_tier = config.peers, roles["publish"]
     local = [t for t in tiers if t is not redis_tier and t.name != "device"]
@@ -278,12 +279,13 @@ def _add_peer_tier(config: Config, keyring: Keyring, tiers: list[Tier], roles: d
         return any([await t.contains(object_id) for t in local])
 
     assert config.redis.url is not None  # validated: peers need the directory
-    peer = PeerTier(PeerTierOptions(
+    options = PeerTierOptions(
         config.redis.url, owner_id=f"{config.resolved_producer_id()}/{os.urandom(4).hex()}",
         listen_host=address.host, listen_port=address.port, advertise=address.advertise,
         pull_timeout=peers.pull_timeout_seconds, ttl_seconds=config.redis.ttl_seconds,
-        socket_buffer_bytes=peers.socket_buffer_bytes, lease_ttl=config.limits.lease_ttl_seconds),
-        keyring=keyring, local_tiers=local, holds_locally=holds_locally)
+        socket_buffer_bytes=peers.socket_buffer_bytes, lease_ttl=config.limits.lease_ttl_seconds)
+    peer = PeerTier(options, keyring=keyring, local_tiers=local, holds_locally=holds_locally,
+                    transport=make_transport(peers.transport, keyring, options, roles["arena"]))
     tiers.insert(tiers.index(redis_tier), peer)
     roles.update(publish=peer, publish_bytes=redis_tier, keeps_bytes=peers.keeps_bytes, batch_pulls=peer,
                  write_behind_yields_to=peer.server.quiet)

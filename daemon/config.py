@@ -154,6 +154,10 @@ class PeersConfig(_Section):
     pull_timeout_seconds: Seconds = Field(5.0, description="Deadline of one pull from a peer (connect, handshake, "
                                           "bytes): past it the owner is fenced and the load goes on (PeerLost).")
     socket_buffer_bytes: Bytes = Field(8 * MiB, description="SO_RCVBUF / SO_SNDBUF of peer connections.")
+    transport: Literal["tcp", "nixl"] = Field(
+        "tcp", description='How a pull moves the bytes: "tcp" (statetier\'s frames on the peer connection) or '
+        '"nixl" (a NIXL READ from the owner\'s registered arena over UCX: RDMA, NVLink, EFA or TCP; needs the '
+        'nixl extra, pip install "statetier[nixl]", on every daemon; docs/scaling.md).')
 
     def keeps_bytes(self, namespace: bytes) -> bool:
         return self.namespace_policies.get(namespace.hex(), self.policy) == "descriptor+bytes"

@@ -65,6 +65,16 @@ TIER_EXTRAS = (
      "records: those objects are gone).", "recovery_dropped"),
     ("statetier_recovery_unverified_objects", "gauge", "Logged puts the last start could not verify (never "
      "acknowledged, or damaged since).", "recovery_unverified"),
+    ("statetier_peer_nixl_reads_total", "counter", "Peer pulls read with NIXL from the owner's registered arena "
+     "(peers.transport = nixl).", "nixl_exposed"),
+    ("statetier_peer_nixl_inline_total", "counter", "NIXL pulls the owner answered as bytes on the peer connection "
+     "(the object outside its registered arena).", "nixl_inline"),
+    ("statetier_peer_nixl_tcp_owner_total", "counter", "NIXL pulls from an owner without NIXL (answered over "
+     "the peer connection).", "nixl_tcp_owner"),
+    ("statetier_peer_nixl_registered_per_pull_total", "counter", "NIXL pulls into memory outside the registered "
+     "arena (registered for that pull alone).", "nixl_registered_per_pull"),
+    ("statetier_peer_nixl_metadata_refused_total", "counter", "NIXL agent metadata in the directory refused: "
+     "its MAC does not verify under this cluster's keyring.", "nixl_metadata_refused"),
 )
 
 # (metric, help, daemon_stats key)

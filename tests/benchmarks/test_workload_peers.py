@@ -30,3 +30,17 @@ def test_the_prefix_across_daemons_part_is_planned_like_the_prefix_part() -> Non
     assert "prefix-peers" in workloads.PARTS
     for plan in (workloads.QUICK, workloads.FULL):
         assert workloads.steps(plan, "prefix-peers") == workloads.steps(plan, "prefix")
+
+
+def test_the_peer_parts_daemons_run_with_the_transport_asked_for() -> None:
+    assert workloads.peer_settings("tcp") == {"peers.enabled": "true", "peers.transport": "tcp"}
+    assert workloads.peer_settings("nixl")["peers.transport"] == "nixl"
+
+
+def test_statetier_bench_passes_the_parts_and_the_peer_transport_on_to_workloads() -> None:
+    from statetier.benchmarks.cli import parse_args, workload_options
+
+    args = parse_args(["workloads", "--only", "peers", "--peer-transport", "nixl"])
+    assert args.suite == ["workloads"]
+    assert workload_options(args) == ["--only", "peers", "--peer-transport", "nixl"]
+    assert workload_options(parse_args(["workloads"])) == []

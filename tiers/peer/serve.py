@@ -14,6 +14,8 @@ its pulls are likely next), or after ``at_most`` seconds: the write-behind waits
 the owner's disk copies run after the pulls of what it just published.
 Counted: ``served``, ``bytes_served``, ``refused``, ``handshakes_failed``, ``batches``, ``requests``; ``answering``:
 the requests being answered now.
+With ``fabric`` set (``tiers.peer.nixl``), an EXPOSE is answered there: the object read by the
+puller with NIXL.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from typing import Sequence
+from typing import Awaitable, Callable, Protocol, Sequence
 
 from statetier.protocol.errors import NotFound, StatetierError, Unauthorized
 from statetier.protocol.identity import NAMESPACE_BYTES
@@ -39,6 +41,15 @@ log = logging.getLogger("statetier.peer")
 
 #: How long an owner must have answered no pull (and published nothing) to count as quiet.
 QUIET_AFTER = 0.1
+
+LeaseLocal = Callable[[bytes], Awaitable["tuple[Tier, Lease] | None"]]
+
+
+class Fabric(Protocol):
+    """Answers an EXPOSE whose head was ``seq`` (``tiers.peer.nixl.NixlFabric``): the last ``seq`` it read."""
+
+    async def expose(self, server: "PeerServer", reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     session: bytes, seq: int, lease: LeaseLocal) -> int: ...
 
 
 class PeerServer:
@@ -59,6 +70,7 @@ class PeerServer:
         self._quiet = asyncio.Event()
         self._quiet.set()
         self._quiet_timer: asyncio.TimerHandle | None = None
+        self.fabric: Fabric | None = None  # set by the NIXL transport's start
 
     async def start(self) -> None:
         opts = self._options
@@ -86,6 +98,9 @@ class PeerServer:
         sock = writer.get_extra_info("socket")
         if sock is not None:
             tune(sock, self._options.socket_buffer_bytes)
+        # drain() returns only once the transport holds none of an object's bytes: uvloop keeps a
+        # reference to what the socket has not taken, and a lease ends right after the drain
+        writer.transport.set_write_buffer_limits(high=0)
         try:
             session = await self._handshake(reader, writer)
             seq = 0
@@ -98,6 +113,8 @@ class PeerServer:
                 try:
                     if object_id == wire.MANY:
                         await self._answer_many(reader, writer, session, size, seq)
+                    elif object_id == wire.EXPOSE and self.fabric is not None:
+                        seq = await self.fabric.expose(self, reader, writer, session, seq, self._lease)
                     else:
                         await self._answer(writer, object_id, tenant_tag, size)
                 finally:

@@ -37,6 +37,7 @@ from statetier.tiers.registry import VersionRegistry
 
 from . import wire
 from .directory import Descriptor, Directory
+from .nixl import NixlTransport
 from .options import PeerTierOptions
 from .serve import PeerServer
 from .transport import Landed, PeerTransport, PullItem, TcpTransport
@@ -69,6 +70,8 @@ class PeerTier(Tier):
         wire.auth_key(self._keyring.active)  # an Ed25519 or keyless keyring: ConfigError before listening
         await self.server.start()
         await self.directory.start()
+        if isinstance(self.transport, NixlTransport):
+            await self.transport.start(self.server)  # its agent, its metadata, the listener's EXPOSE
 
     async def close(self) -> None:
         await self.server.close()
@@ -232,4 +235,5 @@ class PeerTier(Tier):
             "refused": server.refused, "handshakes_failed": server.handshakes_failed,
             "pull_batches_answered": server.batches, "pull_requests_answered": server.requests,
             "pulls_lost": self.pulls_lost, "owners_fenced": len(self._fenced),
-            "directory_commands": self.directory.commands})
+            "directory_commands": self.directory.commands,
+            **(self.transport.stats() if isinstance(self.transport, NixlTransport) else {})})

@@ -22,6 +22,15 @@ answers ``BATCH`` (``length`` = the count), then each object's answer (head and 
 to back, in order, with no request between them. An owner that predates it answers the head
 ``NOT_HERE`` (no object has that id) and drops the connection at the items: the puller then
 pulls that owner's objects one by one.
+
+The NIXL transport (``tiers.peer.nixl``) asks for an object in place instead: a PULL of the
+object id ``EXPOSE`` then the object's PULL (the next ``seq``), sent together. An owner with
+a NIXL agent answers the head ``FABRIC``, then the object ``EXPOSED`` (``length`` = its size)
+followed by ``EXPOSED_AT`` (its address in the owner's registered arena) and the owner's
+agent name: the lease holds it until the puller's PULL of ``DONE`` (the next ``seq``) or the
+connection's end. An object outside that arena is answered ``OK`` and its bytes, as any
+pull. An owner without NIXL answers the head ``NOT_HERE`` (no object has that id) and the
+object as any pull.
 """
 
 from __future__ import annotations
@@ -47,6 +56,10 @@ MANY = b"\xffstatetier-many\xff"  # the object id a PULL_MANY head names (no sta
 MANY_AT_MOST = 4096  # objects in one PULL_MANY
 
 OK, NOT_HERE, FORBIDDEN, BATCH = 0, 1, 2, 3
+EXPOSE = b"\xffstatetier-nixl\xff"  # the object id of the head of a NIXL request
+DONE = b"\xffstatetier-done\xff"  # the object id of a NIXL request's end: the lease released
+FABRIC, EXPOSED = 16, 17  # the answers to EXPOSE's head and to its object
+EXPOSED_AT = struct.Struct("<QB")  # the object's address in the owner's arena, its agent name's length
 REFUSED = bytes(WELCOME_BYTES)  # the WELCOME to a puller whose key id this keyring lacks
 
 
