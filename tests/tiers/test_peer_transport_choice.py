@@ -16,6 +16,7 @@ import pytest
 
 from statetier.daemon.app import build_tiers
 from statetier.daemon.config import Config
+from statetier.daemon.peer_address import PeerAddress
 from statetier.launch.daemons import DaemonFailed, DaemonProcess
 from statetier.protocol.errors import ConfigError, Unauthorized
 from statetier.protocol.keyring import Keyring
@@ -25,6 +26,7 @@ from statetier.tiers.peer.nixlagent import importable
 from statetier.tiers.peer.transport import TcpTransport
 from tests.support.tier_contract import KEYRING
 
+LOOPBACK = PeerAddress("127.0.0.1", 0, "", "a test's")
 NO_NIXL = pytest.mark.skipif(importable() is None, reason="nixl_cu12 imports here: the refusal cannot happen")
 OPTIONS = PeerTierOptions("redis://127.0.0.1:1", owner_id="o")
 
@@ -49,7 +51,7 @@ def test_nixl_asked_for_but_not_installed_names_the_setting_and_the_extra() -> N
     config = Config.model_validate({"redis": {"url": "redis://127.0.0.1:1"},
                                     "peers": {"enabled": True, "transport": "nixl"}, "disk": {"enabled": False}})
     with pytest.raises(ConfigError) as refused:
-        build_tiers(config, KEYRING, None)
+        build_tiers(config, KEYRING, None, peer_address=LOOPBACK)
     assert 'peers.transport = "nixl"' in refused.value.message
     assert "statetier[nixl]" in refused.value.message and "nixl_cu12" in refused.value.message
 
