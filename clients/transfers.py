@@ -28,7 +28,9 @@ The copies themselves are ``copies.py``. Where they run is ``protocol.thresholds
 a put's plain copies into the window, and a load's copy + digest of fewer than
 ``INLINE_WORK_BYTES``, run on the event loop (a thread hop would cost more, and a plain
 copy holds the GIL anyway); larger digests, and any copy touching a GPU, run on the
-client's single copy thread, one job per call. A cancelled
+client's single copy thread, one job per call; a put's copy of GPU tensors there first
+waits (on the device) for an event recorded on the caller's stream when the put was made
+(``producer_fence``: the producer's writes come first). A cancelled
 caller still waits for its copy to end before the region is handed back.
 """
 
@@ -63,6 +65,7 @@ from statetier.protocol.wire_meta import (
 )
 
 from .copies import LandJob, destinations, fill, inline_parts, laid_out, land, land_all, target_of
+from .producer_fence import producer_fence
 from .replies import batch_answers, decoded, once, raise_item_error, record, stored_ref
 from .results import ResultPool
 from .shm import ClientWindows
@@ -86,6 +89,7 @@ class Transfers:
         self.results = ResultPool()  # the memory of large results a load allocates, recycled
         self._to_free: list[int] = []  # load-window regions done with, not yet given back
         self._flush_scheduled = False
+        self.cuda: Any = torch.cuda  # the seam ``producer_fence`` records and waits through
 
     def _give_back(self, regions: Sequence[int]) -> None:
         """Regions go back with the next request this client sends (``free_regions``), or
@@ -129,7 +133,10 @@ class Transfers:
         sent = False
         try:
             started = time.perf_counter()
-            await self._copy(lambda: fill(region, layout, tensors), 0, on_gpu)  # a plain copy: no digest
+            copy: Callable[[], None] = lambda: fill(region, layout, tensors)  # noqa: E731 - a plain copy: no digest
+            if on_gpu:  # ordered after the producer's writes (``producer_fence``)
+                copy = producer_fence(tensors, self.cuda).fenced(copy)
+            await self._copy(copy, 0, on_gpu)
             copied = time.perf_counter()
             sent = True  # from here the daemon may read the region until it answers
             meta.window = offset
@@ -177,7 +184,10 @@ class Transfers:
                     for o, lay, ts in filled.regions:
                         fill(windows.put_window[o : o + lay.payload_len], lay, ts)
 
-                await self._copy(fill_regions, 0, filled.on_gpu)  # plain copies: no digest
+                copy = fill_regions  # plain copies: no digest
+                if filled.on_gpu:  # ordered after the producer's writes (``producer_fence``)
+                    copy = producer_fence([t for _, _, ts in filled.regions for t in ts], self.cuda).fenced(copy)
+                await self._copy(copy, 0, filled.on_gpu)
             filled.copied = time.perf_counter()
         except BaseException:
             filled.free()
