@@ -35,7 +35,9 @@ def page(seed: int) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def daemon():
-    with DaemonProcess(name="put-once", host_capacity="64MiB") as proc:
+    # no disk tier: a write-behind copy is read verified (hashed) from the arena, which
+    # would race the count of the put's own passes
+    with DaemonProcess(name="put-once", host_capacity="64MiB", settings={"disk.enabled": "false"}) as proc:
         yield proc
 
 
