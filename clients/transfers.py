@@ -170,7 +170,7 @@ class Transfers:
                 layout, meta.tensors = self._layout_of(pairs)
                 offset = self.windows.allocate(layout.payload_len) if self.windows and layout.payload_len else None
                 if offset is None:
-                    meta.data_len, meta.window = layout.payload_len, None
+                    meta.data_len, meta.window, meta.digests = layout.payload_len, None, None
                     filled.inline.extend(inline_parts(pairs, layout))
                 else:
                     filled.regions.append((offset, layout, [t for _, t in pairs], meta))
