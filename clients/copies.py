@@ -1,8 +1,12 @@
 """Payload bytes between torch tensors and buffers, verified where a load lands.
 
 - ``fill(region, layout, tensors)`` — a put's tensors copied into a window region at the
-  payload layout's offsets, padding zeroed; ``inline_parts(pairs, layout)`` — the same
-  payload as the tensors' own buffers and zero padding, to be written back to back.
+  payload layout's offsets, padding zeroed; ``fill_and_digest(region, layout, tensors,
+  alg)`` — the same, each region hashed as it is copied (``copy_and_digest``, over the bytes
+  written): its digests, which a windowed put sends so that the daemon seals over them
+  without hashing the window again (one copy and one hash per byte on the client);
+  ``inline_parts(pairs, layout)`` — the same payload as the tensors' own buffers and zero
+  padding, to be written back to back.
 - ``laid_out(header, layers)`` — each tensor a load received and where its region starts in
   the payload received: all at their own offsets, or a group object's chosen layers'
   regions back to back (what the daemon sends for ``layers``).
@@ -34,7 +38,14 @@ import torch
 from statetier.protocol.errors import CorruptPayload, DestinationMismatch, InvalidRequest
 from statetier.protocol.groups import chosen
 from statetier.protocol.passes import PASSES
-from statetier.protocol.sealed import SealedHeader, TensorDescriptor, check_payload_digest, hash_chunk, region_hasher
+from statetier.protocol.sealed import (
+    DigestAlg,
+    SealedHeader,
+    TensorDescriptor,
+    check_payload_digest,
+    hash_chunk,
+    region_hasher,
+)
 
 from .tensors import byte_view, empty_for, spec_of, tensor_bytes, tensor_to_spec_and_view, torch_dtype
 
@@ -56,6 +67,27 @@ def fill(region: memoryview, layout, tensors: Sequence[torch.Tensor]) -> None:
             else:
                 torch.frombuffer(region[offset : offset + nbytes], dtype=torch.uint8).copy_(tensor_bytes(tensor))
         cursor = offset + nbytes
+
+
+def fill_and_digest(region: memoryview, layout, tensors: Sequence[torch.Tensor], alg: DigestAlg) -> tuple[bytes, ...]:
+    """``fill`` with each region's digest taken as it is copied: the tensor's bytes hashed
+    where they were written (a device tensor's after its copy), then its zeroed padding."""
+    digests = []
+    for tensor, offset, size in zip(tensors, layout.offsets, layout.regions):
+        nbytes = tensor.numel() * tensor.element_size()
+        hasher = region_hasher(alg, size)
+        dest = region[offset : offset + nbytes]
+        if nbytes and tensor.device.type == "cpu":  # a memmove on this thread, never torch's copy pool
+            copy_and_digest(dest, byte_view(tensor if tensor.is_contiguous() else tensor_bytes(tensor)), hasher)
+        elif nbytes:
+            torch.frombuffer(dest, dtype=torch.uint8).copy_(tensor_bytes(tensor))
+            PASSES.count_copied(nbytes)
+            hasher.update(dest)
+        if size > nbytes:
+            region[offset + nbytes : offset + size] = _ZEROS[: size - nbytes]
+            hasher.update(_ZEROS[: size - nbytes])
+        digests.append(hasher.digest())
+    return tuple(digests)
 
 
 def laid_out(header: SealedHeader, layers: Sequence[int] | None) -> list[tuple[TensorDescriptor, int]]:

@@ -7,9 +7,10 @@ Metas are the typed ``protocol.wire_meta`` Structs (the daemon's replies are rea
 ``replies.py``).
 
 - ``await put(meta, pairs)`` → ``StateRef`` (``meta``: a ``PutMeta`` without its tensors). With windows: copy the
-  tensors into a region of the put window, one ``PUT`` naming it (one round trip); the region is reused once the
-  daemon answered (it copies before it digests). Without, or when the window is full: one
-  inline ``PUT`` whose data are the tensors' own buffers and the zero padding of
+  tensors into a region of the put window, hashing each region as it is copied, one ``PUT`` naming it and its
+  regions' digests (one round trip: the daemon copies the bytes into its own memory and seals over those
+  digests, without hashing them again); the region is reused once the daemon answered. Without, or when the
+  window is full: one inline ``PUT`` whose data are the tensors' own buffers and the zero padding of
   ``layout_payload``, written back to back (no join).
 - ``await put_batch(items)`` — many puts, one ``PUT_BATCH`` frame; in two halves,
   ``fill_put_batch`` (into the put window, nothing sent) and ``send_put_batch``, so that
@@ -25,10 +26,12 @@ Metas are the typed ``protocol.wire_meta`` Structs (the daemon's replies are rea
   (``free_regions``), or in a ``RELEASE`` at the loop's next turn when none comes first.
 
 The copies themselves are ``copies.py``. Where they run is ``protocol.thresholds``' rule:
-a put's plain copies into the window, and a load's copy + digest of fewer than
-``INLINE_WORK_BYTES``, run on the event loop (a thread hop would cost more, and a plain
+a put's copy + digest into the window, and a load's copy + digest, of fewer than
+``INLINE_WORK_BYTES`` run on the event loop (a thread hop would cost more, and a plain
 copy holds the GIL anyway); larger digests, and any copy touching a GPU, run on the
-client's single copy thread, one job per call. A cancelled
+client's single copy thread, one job per call; a put's copy of GPU tensors there first
+waits (on the device) for an event recorded on the caller's stream when the put was made
+(``producer_fence``: the producer's writes come first). A cancelled
 caller still waits for its copy to end before the region is handed back.
 """
 
@@ -46,7 +49,7 @@ from statetier.protocol.errors import CorruptPayload, MalformedFrame, StatetierE
 from statetier.protocol.frames import Frame, Op
 from statetier.protocol.groups import chosen
 from statetier.protocol.identity import StateRef
-from statetier.protocol.sealed import ParsedHeaders, PayloadLayout, SealedHeader, layout_payload
+from statetier.protocol.sealed import DigestAlg, ParsedHeaders, PayloadLayout, SealedHeader, layout_payload
 from statetier.protocol.thresholds import INLINE_WORK_BYTES, run_work
 from statetier.protocol.wire_meta import (
     LoadAnswer,
@@ -62,7 +65,8 @@ from statetier.protocol.wire_meta import (
     wire_specs,
 )
 
-from .copies import LandJob, destinations, fill, inline_parts, laid_out, land, land_all, target_of
+from .copies import LandJob, destinations, fill, fill_and_digest, inline_parts, laid_out, land, land_all, target_of
+from .producer_fence import producer_fence
 from .replies import batch_answers, decoded, once, raise_item_error, record, stored_ref
 from .results import ResultPool
 from .shm import ClientWindows
@@ -86,6 +90,7 @@ class Transfers:
         self.results = ResultPool()  # the memory of large results a load allocates, recycled
         self._to_free: list[int] = []  # load-window regions done with, not yet given back
         self._flush_scheduled = False
+        self.cuda: Any = torch.cuda  # the seam ``producer_fence`` records and waits through
 
     def _give_back(self, regions: Sequence[int]) -> None:
         """Regions go back with the next request this client sends (``free_regions``), or
@@ -129,7 +134,10 @@ class Transfers:
         sent = False
         try:
             started = time.perf_counter()
-            await self._copy(lambda: fill(region, layout, tensors), 0, on_gpu)  # a plain copy: no digest
+            copy: Callable[[], None] = lambda: _fill(region, layout, tensors, meta)  # noqa: E731
+            if on_gpu:  # ordered after the producer's writes (``producer_fence``)
+                copy = producer_fence(tensors, self.cuda).fenced(copy)
+            await self._copy(copy, layout.payload_len, on_gpu)  # copied and hashed
             copied = time.perf_counter()
             sent = True  # from here the daemon may read the region until it answers
             meta.window = offset
@@ -162,10 +170,10 @@ class Transfers:
                 layout, meta.tensors = self._layout_of(pairs)
                 offset = self.windows.allocate(layout.payload_len) if self.windows and layout.payload_len else None
                 if offset is None:
-                    meta.data_len, meta.window = layout.payload_len, None
+                    meta.data_len, meta.window, meta.digests = layout.payload_len, None, None
                     filled.inline.extend(inline_parts(pairs, layout))
                 else:
-                    filled.regions.append((offset, layout, [t for _, t in pairs]))
+                    filled.regions.append((offset, layout, [t for _, t in pairs], meta))
                     meta.window, meta.data_len = offset, None
                     filled.on_gpu = filled.on_gpu or any(t.device.type != "cpu" for _, t in pairs)
             filled.started = time.perf_counter()
@@ -174,10 +182,13 @@ class Transfers:
                 assert windows is not None  # the regions lie in its put window
 
                 def fill_regions() -> None:
-                    for o, lay, ts in filled.regions:
-                        fill(windows.put_window[o : o + lay.payload_len], lay, ts)
+                    for o, lay, ts, m in filled.regions:
+                        _fill(windows.put_window[o : o + lay.payload_len], lay, ts, m)
 
-                await self._copy(fill_regions, 0, filled.on_gpu)  # plain copies: no digest
+                copy = fill_regions
+                if filled.on_gpu:  # ordered after the producer's writes (``producer_fence``)
+                    copy = producer_fence([t for _, _, ts, _ in filled.regions for t in ts], self.cuda).fenced(copy)
+                await self._copy(copy, sum(lay.payload_len for _, lay, _, _ in filled.regions), filled.on_gpu)
             filled.copied = time.perf_counter()
         except BaseException:
             filled.free()
@@ -430,14 +441,28 @@ class FilledPuts:
 
     def __init__(self, items, free_put: Callable[[Sequence[int]], None]) -> None:
         self.items = items
-        self.regions: list[tuple[int, PayloadLayout, list[torch.Tensor]]] = []
+        self.regions: list[tuple[int, PayloadLayout, list[torch.Tensor], PutMeta]] = []
         self.inline: list[memoryview] = []
         self.on_gpu = False
         self.started = self.copied = time.perf_counter()
-        self.free = once(lambda: free_put([o for o, _, _ in self.regions]))
+        self.free = once(lambda: free_put([o for o, _, _, _ in self.regions]))
 
 
 _FAILED = object()  # an item of a load batch not intact where it landed (asked again with recheck)
+
+
+_DIGEST_ALGS = {alg.label: alg for alg in DigestAlg}
+
+
+def _fill(region: memoryview, layout: PayloadLayout, tensors: Sequence[torch.Tensor], meta: PutMeta) -> None:
+    """The payload into its put-window region, each region hashed as it is copied: the
+    digests go with the put (``meta.digests``), and the daemon seals over them. A digest
+    the daemon does not know is left to it to refuse (a plain copy, no digests)."""
+    alg = _DIGEST_ALGS.get(meta.digest)
+    if alg is None:
+        fill(region, layout, tensors)
+    else:
+        meta.digests = fill_and_digest(region, layout, tensors, alg)
 
 
 def _retried(frame: Frame, todo: list[int]) -> tuple[list[int], bool]:

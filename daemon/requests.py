@@ -48,6 +48,7 @@ class Incoming(msgspec.Struct, frozen=True, gc=False):
     req: PutRequest
     payload: memoryview
     shared: bool = False  # the payload lies in memory its client can still write (the put window)
+    digests: tuple[bytes, ...] | None = None  # its regions' digests, taken by the client as it copied them there
 
 
 class PutResult(msgspec.Struct, frozen=True, gc=False):

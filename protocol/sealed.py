@@ -41,6 +41,7 @@ from .keyring import Keyring, SigningKey
 from .lru import BoundedLru
 from .sealed_format import (
     ALIGN,
+    DIGEST_BYTES,
     FLAG_SEALED,
     FLAG_SPECULATIVE,
     FORMAT_VERSION,
@@ -84,9 +85,13 @@ def seal(
     digest_alg: DigestAlg = DigestAlg.BLAKE3,
     contains_speculative: bool = False,
     fingerprint: bytes | None = None,
+    region_digests: Sequence[bytes] | None = None,
 ) -> bytes:
     """Digest ``payload`` (laid out by ``layout``) and return the signed header bytes.
-    ``fingerprint``: the identity's fingerprint when the caller computed it already."""
+    ``fingerprint``: the identity's fingerprint when the caller computed it already.
+    ``region_digests``: the regions' digests when the writer computed them as it copied
+    the payload (a windowed put, docs/protocol.md §6.1): signed as given, ``payload`` not
+    read; bytes they do not describe make an object every load refuses."""
     if not isinstance(state_id, (bytes, bytearray)) or len(state_id) != STATE_ID_BYTES:
         raise InvalidRequest(f"state_id must be {STATE_ID_BYTES} bytes")  # struct would pad it silently
     if not isinstance(version, int) or isinstance(version, bool) or not 0 <= version <= MAX_U64:
@@ -95,9 +100,13 @@ def seal(
     if view.nbytes != layout.payload_len:
         raise InvalidRequest(f"payload is {view.nbytes} bytes; layout needs {layout.payload_len}")
     signer = keyring.active
-    region_digests = [
-        digest_region(digest_alg, view[off : off + region]) for off, region in zip(layout.offsets, layout.regions)
-    ]
+    if region_digests is None:
+        region_digests = [
+            digest_region(digest_alg, view[off : off + region]) for off, region in zip(layout.offsets, layout.regions)
+        ]
+    elif len(region_digests) != len(layout.regions) or any(len(d) != DIGEST_BYTES for d in region_digests):
+        raise InvalidRequest(f"a put names {len(region_digests)} digests; its {len(layout.regions)} regions "
+                             f"need one of {DIGEST_BYTES} bytes each")
     payload_digest = payload_digest_of(digest_alg, region_digests, layout.payload_len)
     flags = FLAG_SEALED | (FLAG_SPECULATIVE if contains_speculative else 0)
     return encode_header(key, provenance, layout, region_digests, payload_digest, signer,

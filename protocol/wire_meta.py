@@ -116,6 +116,7 @@ class PutMeta(Struct, **_OPTIONS):
     trace: bool = False
     free_regions: tuple[U64, ...] = ()
     tag: BlockTag | None = None  # the engine's block, named in the object's KV events (protocol.kv_events)
+    digests: tuple[bytes, ...] | None = None  # a windowed put: each region's digest, taken as the client copied it
 
 
 class PutBatchMeta(Struct, **_OPTIONS):

@@ -10,7 +10,12 @@ Run as ``python scripts/gpu_check.py`` (well under 2 minutes). Without CUDA it p
    round-trip exactly (``open_sealed`` verifies signature and payload digest);
 3. throughput of each tier path as a ratio to a raw torch copy of the same bytes between a
    pinned tensor and the GPU on one stream (target >= 0.8), one object at a time and eight
-   in flight.
+   in flight;
+4. a write-then-save race (issue 42, item 6): on a stream of its own, a kernel sleeps, then
+   writes a GPU tensor, and the tensor is saved at once through a real daemon's put window
+   (``clients.producer_fence``); the bytes loaded back must equal the tensor's final ones
+   in every round. The same rounds without the fence (a stand-in ``cuda`` whose events do
+   nothing) are reported, not judged: how many tore says whether the race was provoked.
 
 Exit status 1 when a correctness check fails (pinning, bytes); a ratio below the target is
 reported, not fatal: the machine may be shared, so run it again before believing one.
@@ -184,6 +189,62 @@ async def check_size(torch, host, device, payload_bytes: int, report: Report) ->
     await host.delete(meta.object_id)
 
 
+RACE_ROUNDS = 8
+RACE_SLEEP_CYCLES = 200_000_000  # ~0.1 s on a current GPU: the write lands well after the save began
+
+
+class _NoFence:
+    """``torch.cuda`` for ``producer_fence`` whose events order nothing (the unfenced control)."""
+
+    class _Inert:
+        def record(self, stream) -> None: ...
+
+        def wait_event(self, event) -> None: ...
+
+    def Event(self):  # noqa: N802 - torch.cuda's name
+        return self._Inert()
+
+    def current_stream(self, device):
+        return self._Inert()
+
+
+async def race_rounds(torch, client, fenced: bool) -> int:
+    """Rounds (of ``RACE_ROUNDS``) whose saved bytes differ from the tensor's final bytes."""
+    transfers = client._transfers_now()
+    transfers.cuda = torch.cuda if fenced else _NoFence()
+    producer = torch.cuda.Stream()
+    tensor = torch.zeros(8 * MIB // 4, dtype=torch.float32, device="cuda")
+    torn = 0
+    for n in range(RACE_ROUNDS):
+        key = client.ssm_key(n, os.urandom(32), 16)
+        torch.cuda.synchronize()
+        with torch.cuda.stream(producer):
+            torch.cuda._sleep(RACE_SLEEP_CYCLES)
+            tensor.fill_(float(n + 1))  # the producer's write, queued behind the sleep
+            ref = await client.put(key, {"x": tensor}, request_id=f"race-{fenced}-{n}")  # saved at once
+        torch.cuda.synchronize()
+        loaded = await client.load(ref)
+        torn += not torch.equal(loaded["x"], tensor.cpu())
+    transfers.cuda = torch.cuda
+    return torn
+
+
+async def check_write_then_save(torch, report: Report) -> None:
+    from statetier.clients import AsyncClient
+    from statetier.launch import DaemonProcess
+    from statetier.protocol.identity import NamespaceSpec
+
+    print("- a kernel writes a tensor on its own stream; the tensor is saved at once (put window)")
+    with DaemonProcess(name="gpu-race", host_capacity="512MiB") as daemon:
+        async with AsyncClient(daemon.url, namespace=NamespaceSpec("gpu-race"), use_shm=True) as client:
+            report.check("the client maps the put window (the fenced path runs)", client.uses_shm)
+            fenced = await race_rounds(torch, client, fenced=True)
+            report.check(f"fenced saves equal the final tensor ({RACE_ROUNDS - fenced}/{RACE_ROUNDS} rounds)", fenced == 0)
+            unfenced = await race_rounds(torch, client, fenced=False)
+            print(f"  unfenced control: {unfenced}/{RACE_ROUNDS} rounds tore "
+                  f"({'the race was provoked' if unfenced else 'the race was not provoked: the fenced result proves less'})")
+
+
 async def run(torch) -> int:
     from statetier.tiers.memory import DeviceTier, DeviceTierOptions
     from statetier.tiers.memory import HostTier, HostTierOptions
@@ -200,6 +261,7 @@ async def run(torch) -> int:
         stats = device.stats()
         report.check("device tier: no lease violations, nothing left leased",
                      stats.extra["lease_violations"] == 0 and stats.leases == 0)
+    await check_write_then_save(torch, report)
     if report.below:
         print(f"ratios below {TARGET}: " + "; ".join(report.below))
     if report.failures:

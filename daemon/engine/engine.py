@@ -23,7 +23,7 @@ hold the rules; the server calls, per request, and the engine forwards to:
 - ``delete``                    ``daemon.engine.deletion``; ``inspect``, ``verify_all``: ``daemon.engine.audit``
 - ``list_objects``, ``purge``    ``daemon.engine.catalog`` (what is stored per tenant and namespace;
   removing a namespace's or a tenant's objects from every tier)
-- ``start`` / ``close``, ``stats``, ``lease_count``
+- ``start`` / ``close``, ``stats``, ``lease_count``, ``lease_releases`` (asked, released)
 
 While the version registry ``is_degraded`` (a shared one unreachable), every load, put and
 lookup answered is counted as served during the outage (``statetier_outage_served_total``).
@@ -175,6 +175,11 @@ class Engine:
 
     async def release(self, lease_id: int, owner) -> bool:
         return await self._leases.release(lease_id, owner)
+
+    @property
+    def lease_releases(self) -> tuple[int, int]:
+        """(lease ids asked to be released, leases released) since start (``Leases``)."""
+        return self._leases.asked, self._leases.released
 
     async def release_owner(self, owner) -> int:
         mine = self._leases.ids_of(owner)

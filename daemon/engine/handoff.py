@@ -35,6 +35,7 @@ from statetier.tiers.base import ObjectMeta, Tier
 from ..requests import PutRequest, PutResult
 from .batch_copies import CopyItem, copy_all_into
 from .stack import Stack
+from .tier_copies import REQUIRED, Room
 
 log = logging.getLogger("statetier.engine")
 
@@ -159,5 +160,4 @@ class PutCompletion:
         if item.chunks is None:  # it lives only in the arena: copied out under a lease
             await stack.placement.copy_between(meta.object_id, item.tier, target)
         else:
-            await stack.placement.store_in(target, item.chunks, meta)
-            stack.tenancy.copied(item.tier.name, target.name, meta.object_id)
+            await stack.placement.copy_object(item.tier, target, item.chunks, meta, room=Room.EVICT, charge=REQUIRED)

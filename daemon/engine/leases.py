@@ -9,6 +9,8 @@
   - ``release(lease_id, owner)`` → bool; ``release_many(lease_ids, owner)`` → how many;
     ``ids_of(owner)``, ``owners()``, ``len()``
   - ``held_by(lease_id, owner)`` → ``Held``, or ``LeaseError`` for another owner's id
+  - ``asked`` (lease ids asked to be released) and ``released`` (tier leases completed):
+    each grows by one per load, whoever gives its lease back (tests count them)
 
 Releasing completes the tier lease (``Tier.complete_load``): the object may move again.
 """
@@ -34,6 +36,8 @@ class Leases:
     def __init__(self, ids) -> None:
         self._ids = ids
         self._held: dict[int, Held] = {}
+        self.asked = 0
+        self.released = 0
 
     def __len__(self) -> int:
         return len(self._held)
@@ -45,20 +49,24 @@ class Leases:
         return lease_id, held
 
     async def release(self, lease_id: int, owner) -> bool:
+        self.asked += 1
         held = self._held.get(lease_id)
         if held is None or held.owner != owner:
             return False
         del self._held[lease_id]
+        self.released += 1
         await held.tier.complete_load(held.lease)
         return True
 
     async def release_many(self, lease_ids: list[int], owner) -> int:
         held = []
+        self.asked += len(lease_ids)
         for lease_id in lease_ids:
             found = self._held.get(lease_id)
             if found is not None and found.owner == owner:
                 del self._held[lease_id]
                 held.append(found)
+        self.released += len(held)
         for found in held:
             await found.tier.complete_load(found.lease)
         return len(held)

@@ -10,21 +10,29 @@
   Returns the tier used.
 - ``prepare_all(tier, metas)`` — room for a batch of puts in one tier (one eviction for
   all of them): the store tickets of those that fit, in order.
-- ``store_in(tier, chunks, meta)`` — into one given tier (publish, a write-behind copy).
+- ``store_in(tier, chunks, meta)`` — a put's object into one given tier.
+- ``begin_copy(source, target, meta, room=, charge=)`` → ``TierCopy`` — **the one routine every
+  tier-to-tier copy starts with** (``daemon.engine.tier_copies``: the room policy, free
+  room only or evict, and who pays, as arguments); ``copy_object(source, target, chunks,
+  meta, room=, charge=)`` begins, writes and completes one; ``copy_calls`` counts them by
+  (charge, source, target). Promotion, demotion, write-behind and batch copies
+  (``daemon.engine.batch_copies``) all go through it.
 - ``promote(source, lease, target, tenant=, delete_mark=)`` — a load's promotion: a
   ``Promotion`` holding a reservation in ``target`` taken from *free* room only (a load never
   evicts), or None (a delete runs or ended since the load began, a copy is already there, the
   tenant's quota, no room). The load path reads into it, classifies, and ends it with
   ``promotion.complete(ok, owner=, ttl=)`` (``daemon.engine.promotion``) → the lease on the
   promoted copy (None when not kept). With no free room the object is queued for the write-behind worker, which
-  makes room by the tier's watermark policy (evicting and demoting) and promotes it then.
+  makes room by the tier's watermark policy (evicting and demoting) and promotes it then
+  (the same copy with ``Room.EVICT``, charged to the same tenant).
 - ``copy_down(state_id, source)``  — write-behind: a copy into the next persistent tier,
   queued (bounded) by ``schedule_copy_down`` (False: not queued, the queue is full; then
   ``copy_down_now`` makes it on the caller's time: a publish's backpressure) and run
   by the worker ``run_write_behind``, at low priority: before each copy it waits on
   ``yields_to`` (the peer server's ``quiet``: the pulls being answered, and those of what was
   just published, go first), until ``WRITE_BEHIND_YIELD_SECONDS`` after the copy was queued,
-  so a steady stream of pulls and publishes delays each copy that long, never starves them.
+  so a steady stream of pulls and publishes delays each copy that long, never starves them;
+  ``copy_between(state_id, source, target)`` — one copy read from ``source`` under a lease.
 
 Every store is ``prepare_store`` → ``write`` → ``complete_store(success)`` with the
 completion in ``finally``, so a cancelled move leaves nothing half visible.
@@ -53,6 +61,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable, Sequence
 
@@ -63,6 +72,7 @@ from statetier.tiers.base import EvictedObject, Lease, ObjectMeta, Tier
 from ..metrics import Metrics, NullMetrics
 from .cycles import MoveCycles
 from .promotion import Promotion
+from .tier_copies import FOLLOWS, MOVES, Charge, ChargedTo, TierCopy, Room
 
 log = logging.getLogger("statetier.placement")
 
@@ -123,6 +133,7 @@ class Placement:
         self.write_behind_yields = 0  # copies that waited for pulls to end first
         self.dropped = 0
         self.write_behind_skipped = 0
+        self.copy_calls: Counter[tuple[str, str, str]] = Counter()  # (charge, source, target) -> begun
 
     def below(self, tier: Tier) -> list[Tier]:
         """The tiers under ``tier`` that hold bytes (a demotion's and a copy's targets)."""
@@ -167,23 +178,58 @@ class Placement:
             return None
         meta = lease.meta
         cycle = self._cycles.begin_promotion()
+        copy: TierCopy | None = None
         try:
-            if self.is_deleting(meta.object_id) or self.deleted_since(meta.object_id, delete_mark) \
-                    or self.tenancy.would_exceed(tenant, target.name, meta.size) \
-                    or await target.contains(meta.object_id):
-                ticket = None
-            else:
-                ticket = await target.prepare_store(meta)
+            if not (self.is_deleting(meta.object_id) or self.deleted_since(meta.object_id, delete_mark)
+                    or await target.contains(meta.object_id)):
+                copy = await self.begin_copy(source, target, meta, room=Room.FREE, charge=ChargedTo(tenant))
         except CapacityError:
             self._queue_nowait(_Queued(meta.object_id, source, promote_to=target, tenant=tenant))
-            ticket = None
         except StatetierError as exc:  # a concurrent promotion of it won, the tier failed
             log.debug("promotion of %s into %s skipped: %s", meta.object_id.hex(), target.name, exc)
-            ticket = None
-        if ticket is None:
+        if copy is None:
             await cycle.end()
             return None
-        return Promotion(source, target, ticket, tenant, self.tenancy, self.metrics, cycle)
+        return Promotion(copy, cycle)
+
+    # ---------------------------------------------------------------- the one copy routine
+
+    async def begin_copy(self, source: Tier, target: Tier, meta: ObjectMeta, *, room: Room,
+                         charge: Charge) -> TierCopy | None:
+        """A reservation in ``target`` for ``meta``'s object from ``source``: taken from free
+        room (``Room.FREE``, else ``CapacityError``) or made by evicting (``Room.EVICT``);
+        None when ``charge`` refuses it (the tenant's quota there). ``InvalidRequest`` when
+        ``target`` holds it already. The caller writes ``copy.ticket`` and completes it
+        (``TierCopy.complete``: the store, the charge booked and the store observed, once)."""
+        self.copy_calls[(charge.name, source.name, target.name)] += 1
+        if not charge.allows(self.tenancy, source.name, target.name, meta):
+            return None
+        if room is Room.EVICT:
+            ticket = await self.prepare_with_room(target, meta)
+        else:
+            ticket = await target.prepare_store(meta)
+        return TierCopy(source, target, ticket, charge, self.tenancy, self.metrics)
+
+    async def copy_object(self, source: Tier, target: Tier, chunks: Sequence, meta: ObjectMeta, *,
+                          room: Room, charge: Charge) -> bool:
+        """``begin_copy``, ``chunks`` written, completed; False when ``charge`` refused it."""
+        copy = await self.begin_copy(source, target, meta, room=room, charge=charge)
+        if copy is None:
+            return False
+        ok = False
+        try:
+            await target.write(copy.ticket, chunks)
+            ok = True
+        finally:
+            await copy.complete(ok)
+        return True
+
+    async def undo_if_source_lost(self, source: Tier, target: Tier, object_id: bytes) -> None:
+        """A copy of an object removed from ``source`` while the copy ran (a damaged copy
+        dropped; the copy's lease rules out eviction) must not outlive it."""
+        if not await source.contains(object_id):
+            await target.delete(object_id)
+            self.tenancy.dropped(target.name, object_id)
 
     # ---------------------------------------------------------------- moves vs deletes
 
@@ -310,14 +356,10 @@ class Placement:
                 self.tenancy.dropped(source.name, oid)
                 log.info("dropped %s: its copy below left during its eviction", oid.hex())
                 continue
-            target = await self._demote_one(source, lower, item)
-            if target is None:
+            if not await self._demote_one(source, lower, item):
                 self.dropped += 1
                 self.tenancy.dropped(source.name, oid)
                 log.info("dropped %s: no lower tier could take it", oid.hex())
-                continue
-            self.tenancy.moved(source.name, target.name, oid)
-            self.metrics.count_demotion(source.name, target.name)
 
     async def _is_held_below(self, lower: list[Tier], object_id: bytes) -> bool:
         return await self._holder_below(lower, object_id) is not None
@@ -331,19 +373,19 @@ class Placement:
                 continue
         return None
 
-    async def _demote_one(self, source: Tier, lower: list[Tier], item: EvictedObject) -> Tier | None:
-        oid, size = item.meta.object_id, item.meta.size
+    async def _demote_one(self, source: Tier, lower: list[Tier], item: EvictedObject) -> bool:
+        """Into the first tier below that takes it within the tenant's quota (moved and
+        counted); False when none did."""
         for tier in lower:
-            if not self.tenancy.may_copy(source.name, tier.name, oid, size):
-                continue  # over the tenant's quota there: the next tier down, or dropped
             try:
-                await self.store_in(tier, [item.blob], item.meta)
-                return tier
-            except InvalidRequest:
-                return tier  # already present there (a concurrent copy won)
+                if await self.copy_object(source, tier, [item.blob], item.meta, room=Room.EVICT, charge=MOVES):
+                    return True
+            except InvalidRequest:  # already present there (a concurrent copy won): moved all the same
+                MOVES.book(self.tenancy, self.metrics, source.name, tier.name, item.meta)
+                return True
             except StatetierError as exc:
                 log.debug("demotion of %s into %s failed: %s", item.meta.object_id.hex(), tier.name, exc)
-        return None
+        return False
 
     # ---------------------------------------------------------------- write-behind
 
@@ -421,23 +463,24 @@ class Placement:
     async def _promote_later(self, job: _Queued) -> None:
         """A promotion a load found no free room for: room made in the target by its
         watermarks (evicting and demoting, as a put does), then the copy, charged to the
-        tenant whose load asked for it."""
+        tenant whose load asked for it. Its bytes are read without the pass over the
+        payload, as the load path reads them: every load of the promoted copy is verified
+        where it lands."""
         target = job.promote_to
         assert target is not None  # only a promotion's job names one
         if await target.contains(job.object_id):
             return
-        await self.copy_between(job.object_id, job.source, target, missing_ok=True, promoted_for=job.tenant)
+        await self._copy_leased(job.object_id, job.source, target, ChargedTo(job.tenant), verify=False,
+                                missing_ok=True)
 
-    async def copy_between(self, object_id: bytes, source: Tier, target: Tier, *, missing_ok: bool = False,
-                           promoted_for: str | None = None) -> None:
-        """Copy one object from ``source`` into ``target`` under a lease on the source.
+    async def copy_between(self, object_id: bytes, source: Tier, target: Tier, *, missing_ok: bool = False) -> None:
+        """Copy one object from ``source`` into ``target`` under a lease on the source (its
+        bytes verified as read), the source copy's tenant charged in ``target``; a copy past
+        the tenant's quota there is skipped."""
+        await self._copy_leased(object_id, source, target, FOLLOWS, verify=True, missing_ok=missing_ok)
 
-        The tenant's bytes in ``target`` are charged: the source copy's tenant, or, for a
-        promotion the write-behind worker makes, ``promoted_for`` (the tenant whose load asked
-        for it; its bytes are read without the pass over the payload, as the load path reads
-        them: every load of the promoted copy is verified where it lands). A copy past the
-        tenant's quota there is skipped.
-        """
+    async def _copy_leased(self, object_id: bytes, source: Tier, target: Tier, charge: Charge, *, verify: bool,
+                           missing_ok: bool) -> None:
         async with self.cycle():
             if self.is_deleting(object_id):
                 return
@@ -448,24 +491,17 @@ class Placement:
                     return
                 raise
             try:
-                size = lease.meta.size
-                over_quota = (not self.tenancy.may_copy(source.name, target.name, object_id, size)
-                              if promoted_for is None else self.tenancy.would_exceed(promoted_for, target.name, size))
-                if over_quota:
+                copy = await self.begin_copy(source, target, lease.meta, room=Room.EVICT, charge=charge)
+                if copy is None:
                     self.write_behind_skipped += 1
                     return
-                blob = await source.read(lease, verify=promoted_for is None)
-                await self.store_in(target, [blob], lease.meta)
-                if promoted_for is None:
-                    self.tenancy.copied(source.name, target.name, object_id)
-                else:
-                    self.tenancy.charge(promoted_for, target.name, object_id, size)
-                    self.metrics.count_promotion(source.name, target.name)
-                if not await source.contains(object_id):
-                    # removed from the source while the copy ran (a damaged copy dropped;
-                    # our lease rules out eviction): the copy must not outlive it
-                    await target.delete(object_id)
-                    self.tenancy.dropped(target.name, object_id)
+                ok = False
+                try:
+                    await target.write(copy.ticket, [await source.read(lease, verify=verify)])
+                    ok = True
+                finally:
+                    await copy.complete(ok)
+                await self.undo_if_source_lost(source, target, object_id)
             except InvalidRequest:
                 pass  # already there
             finally:

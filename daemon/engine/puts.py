@@ -20,7 +20,9 @@ A batch is the unit of work; a single put is a batch of one through the same cod
    ``INLINE_WORK_BYTES``, else one executor job): an item with a reservation is copied
    into it and sealed there; one in memory its client can write is copied into a private
    buffer first (so a change after the copy changes nothing stored); a frame's own bytes
-   are sealed in place;
+   are sealed in place. An item from the put window that names its regions' digests
+   (``Incoming.digests``, taken by the client as it copied) is sealed over them: copied,
+   not hashed here (docs/protocol.md §6.1);
 5. reservations completed (visible) in order, the other items stored through
    ``Placement.store``; then ``daemon.engine.handoff`` charges tenants, schedules
    write-behind or makes publish and durable copies, with one metric update per batch.
@@ -68,6 +70,7 @@ class _Work:
     claim: Claim
     fingerprint: bytes
     header_len: int
+    digests: tuple[bytes, ...] | None = None  # the client's, taken as it wrote the put window
     claimed: Claimed | None = None
     meta: ObjectMeta | None = None
     first: int = 0  # the first tier within the tenant's quota
@@ -116,7 +119,7 @@ class Puts:
                 claim = self.fences.new_claim(stream_id(req.key, provenance.request_id), new_state_id(), req.version)
                 work.append(_Work(index, req, item.payload, item.shared, provenance, layout, claim,
                                   fingerprint(req.key, provenance.request_id, provenance.step),
-                                  header_length(req.key, provenance, req.specs, alg)))
+                                  header_length(req.key, provenance, req.specs, alg), item.digests))
             except StatetierError as exc:
                 answers[index] = exc
                 break
@@ -283,7 +286,7 @@ def _seal_all(work: list[_Work], keyring) -> None:
             payload = w.source
         w.header = seal(req.key, w.provenance, w.layout, payload, keyring=keyring, state_id=meta.object_id,
                         version=meta.version, digest_alg=req.digest_alg, contains_speculative=req.speculative,
-                        fingerprint=w.fingerprint)
+                        fingerprint=w.fingerprint, region_digests=w.digests)
         if len(w.header) != meta.header_len:
             raise InvalidRequest(f"sealed a {len(w.header)}-byte header, {meta.header_len} were reserved")
         if w.ticket is not None and w.ticket.view is not None:

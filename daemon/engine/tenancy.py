@@ -48,7 +48,7 @@ __all__ = ["Tenancy", "own_incoming", "own_load", "own_lookup", "owned_namespace
 def own_incoming(item: Incoming) -> Incoming:
     req = item.req
     key = owned_key(req.tenant, req.key)
-    return item if key is req.key else Incoming(msgspec.structs.replace(req, key=key), item.payload, item.shared)
+    return item if key is req.key else msgspec.structs.replace(item, req=msgspec.structs.replace(req, key=key))
 
 
 def own_load(req: LoadRequest) -> LoadRequest:

@@ -2,7 +2,7 @@
 
 - ``handle_load`` — one load (``wire_meta.LoadMeta``), a batch of one: the stored object's signed header and its
   payload, either both in ``data`` (inline: a whole object's leased bytes are sent without
-  a copy, the lease released once the transport let go of them) or, when the client asked
+  a copy) or, when the client asked
   for its window (``shm``), the header in ``data`` and the payload copied into a region of
   the connection's load window (inline, copied, when the window has no room).
 - ``handle_load_batch`` — ``LoadBatchMeta.items`` (``ns`` and ``shm`` given once). The
@@ -58,19 +58,27 @@ async def handle_load(session: Session, meta: LoadMeta, data: FrameData) -> Repl
     if isinstance(result, StatetierError):
         raise result
     assert result is not None  # None only for a request after a failed one: this batch has one
+
+    async def release() -> None:  # the one place a single load's lease is given back
+        await engine.release(result.lease_id, owner)
+
+    try:
+        reply = _load_reply(session, request, result, wants_shm)
+    except BaseException:
+        await release()  # no reply to own the lease
+        raise
+    reply.done = release  # the connection runs it once the reply is sent, failed or dropped
+    return reply
+
+
+def _load_reply(session: Session, request: LoadRequest, result: LoadResult, wants_shm: bool) -> Reply:
+    """A single load's reply: the leased bytes as they lie (inline, no copy: held until sent)
+    or copied (into the load window, or a group object's chosen regions inline)."""
     kind = kind_of(result.header.key)
     if request.layers is None and not wants_shm:
-        blob = memoryview(result.blob).cast("B")  # sent as it lies: no copy, released once sent
-
-        async def release() -> None:
-            await engine.release(result.lease_id, owner)
-
-        return Reply(LoadAnswer(result.tier, 0, blob.nbytes), blob, kind=kind, borrowed=True, hold_bytes=blob.nbytes,
-                     done=release)
-    try:
-        (answer,), copied = _copied(session, [(request, result)], wants_shm, room=None)
-    finally:
-        await engine.release(result.lease_id, owner)
+        blob = memoryview(result.blob).cast("B")
+        return Reply(LoadAnswer(result.tier, 0, blob.nbytes), blob, kind=kind, borrowed=True, hold_bytes=blob.nbytes)
+    (answer,), copied = _copied(session, [(request, result)], wants_shm, room=None)
     return Reply(answer, copied, kind=kind)
 
 

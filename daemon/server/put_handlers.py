@@ -9,7 +9,10 @@
   published, durable; its ``error``; or ``skipped`` after the first failure (not
   attempted, as a caller raising the first error would have cancelled them).
 
-The inline bytes are held under the byte budget while the batch runs.
+The inline bytes are held under the byte budget while the batch runs. A put from the window
+carries its regions' digests (``digests``, taken by the client as it copied them there):
+the daemon copies the bytes into its own memory and seals over those digests without
+hashing them again (docs/protocol.md §6.1: a lying client makes an object every load refuses).
 """
 
 from __future__ import annotations
@@ -75,13 +78,15 @@ def incoming(session: Session, meta: PutMeta, payload: memoryview | None) -> Inc
     """One put as the engine's ``Incoming``: inline ``payload``, or its put-window range."""
     request = put_request(session.tenant, meta)
     if payload is not None:
+        if meta.digests is not None:
+            raise InvalidRequest("digests come with a put from the put window (window), not inline")
         return Incoming(request, payload)
     if meta.window is None:
         raise InvalidRequest("a PUT_BATCH item is from the put window (window) or inline (data_len)")
     if session.windows is None:
         raise InvalidRequest("a PUT from a window needs the shared-memory windows of HELLO_OK")
     nbytes = layout_payload(request.specs).payload_len
-    return Incoming(request, session.windows.put_view(meta.window, nbytes), shared=True)
+    return Incoming(request, session.windows.put_view(meta.window, nbytes), shared=True, digests=meta.digests)
 
 
 def put_request(tenant: str, meta: PutMeta) -> PutRequest:

@@ -5,9 +5,10 @@ own, passed over the Unix socket with ``SCM_RIGHTS`` (nothing is reachable by pa
 worker outside the daemon's group can map them):
 
 - the **put window**, read/write for both sides: the client allocates in it, copies a
-  payload there and sends ``PUT`` with its offset; the daemon copies the bytes into memory
-  only it can write before it digests them, so a worker that changes them afterwards
-  changes nothing stored;
+  payload there (hashing it as it copies) and sends ``PUT`` with its offset and the
+  regions' digests; the daemon copies the bytes into memory only it can write and seals
+  over those digests, so a worker that changes them afterwards changes nothing stored (and
+  bytes its digests do not describe make an object every load refuses: docs/protocol.md §6.1);
 - the **load window**, written by the daemon and passed to the client as a read-only file
   descriptor (a read/write mapping of it is refused by the kernel): the daemon allocates a
   region, copies a leased payload there and names the region in the LOAD reply; the client

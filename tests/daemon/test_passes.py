@@ -91,3 +91,36 @@ async def test_a_handoff_copies_each_byte_once_per_hop_and_hashes_it_once(redis_
         await prefill.close()
         await decode.close()
         erase_prefix(redis_server.url, prefix)
+
+
+async def test_a_windowed_put_with_the_clients_digests_is_copied_once_and_hashed_nowhere_in_the_daemon():
+    """Issue 42, item 2: the client hashed the put window's bytes as it copied them there
+    (``clients.copies.fill_and_digest``: one copy, one hash) and sent the regions' digests; the
+    daemon copies the window into its arena reservation once and seals over those digests."""
+    from statetier.clients.copies import fill_and_digest
+    from statetier.protocol.digests import DigestAlg
+    from statetier.protocol.sealed import layout_payload
+
+    keyring = Keyring.generate()
+    host = HostTier(HostTierOptions(8 << 20, pin_memory=False))
+    engine = Engine([host], keyring=keyring, registry=MemoryVersionRegistry(), options=EngineOptions(producer_id="p"),
+                    arena=host)
+    await engine.start()
+    try:
+        tensors = [torch.randn(spec.shape).to(torch.bfloat16) for spec in SPECS]
+        window = memoryview(bytearray(PAYLOAD))  # the put window, as the client sees it
+        before = PASSES.snapshot()
+        digests = fill_and_digest(window, layout_payload(SPECS), tensors, DigestAlg.BLAKE3)
+        assert moved(before) == (PAYLOAD, PAYLOAD)  # the client: one copy, one hash
+
+        key = StateKey(NS, Kind.KV, 1, os.urandom(32), 0, 16)
+        before = PASSES.snapshot()
+        (put,) = await engine.put_batch([Incoming(PutRequest("default", key, Provenance("r"), SPECS), window,
+                                                  shared=True, digests=digests)])
+        assert moved(before) == (PAYLOAD, 0)  # the daemon: one copy into its arena, no hash
+
+        loaded = await engine.load(LoadRequest("default", NS, ref=put.ref, full_check=True), owner="c")
+        assert bytes(loaded.payload) == bytes(window)  # the recheck digests it: the client's digests hold
+        await engine.release(loaded.lease_id, "c")
+    finally:
+        await engine.close()
