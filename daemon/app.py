@@ -251,7 +251,8 @@ def _add_peer_tier(config: Config, keyring: Keyring, tiers: list[Tier], roles: d
         config.redis.url, owner_id=f"{config.resolved_producer_id()}/{os.urandom(4).hex()}",
         listen_host=host.strip("[]"), listen_port=int(port), advertise=peers.advertise,
         pull_timeout=peers.pull_timeout_seconds, ttl_seconds=config.redis.ttl_seconds,
-        socket_buffer_bytes=peers.socket_buffer_bytes, lease_ttl=config.limits.lease_ttl_seconds),
+        socket_buffer_bytes=peers.socket_buffer_bytes, lease_ttl=config.limits.lease_ttl_seconds,
+        liveness_ttl=peers.liveness_ttl_seconds),
         keyring=keyring, local_tiers=local, holds_locally=holds_locally)
     tiers.insert(tiers.index(redis_tier), peer)
     roles.update(publish=peer, publish_bytes=redis_tier, keeps_bytes=peers.keeps_bytes)

@@ -7,16 +7,19 @@ pulled straight from their owner; and this daemon's published objects, described
   pulled from the owner with the ``PeerTransport`` into ``into`` (a promotion's
   reservation in this daemon's arena) or a fresh buffer; framing and signature checked
   here, the payload digest too with ``verify`` (the load path's client verifies where the
-  bytes land). An owner lost mid-pull (``PeerLost``) is fenced — its entry removed from the
-  directory, its owner id (one process of a daemon) remembered, so none of its entries is
-  offered here again — and the load goes on to the next copy. A daemon restarted on the same
-  address is a new owner id, offered again.
+  bytes land). A pull that fails within its deadline (the transport redialled and retried
+  already) is ``PeerLost`` and the load goes on to the next copy; its owner is fenced here
+  (its entries no longer offered by this daemon) only on evidence its process is gone, and
+  offered again once it renews its liveness key (``tiers.peer.liveness``). No puller
+  withdraws another owner's entries. A daemon restarted on the same address is a new owner id.
 - ``prepare_store`` → ``write`` → ``complete_store`` — the publish of an object this
   daemon holds (``holds_locally``): its descriptor (header, size, this owner) into the
-  directory, its bytes staying where they are. A peer tier never takes bytes it does not
-  hold locally (a demotion into it is ``CapacityError``: it goes further down).
+  directory, its bytes staying where they are, and recorded here: published again when the
+  directory comes back empty. A peer tier never takes bytes it does not hold locally (a
+  demotion into it is ``CapacityError``: it goes further down).
 - ``contains`` / ``get_meta`` — a copy another owner holds. Nothing to evict or compact.
-Serving this daemon's objects to the others is ``tiers.peer.serve.PeerServer``, started here.
+Serving this daemon's objects to the others is ``tiers.peer.serve.PeerServer``, started here,
+with the liveness key's renewal. ``faults`` (``tiers.peer.faults``) counts every fault met.
 """
 
 from __future__ import annotations
@@ -36,12 +39,13 @@ from statetier.tiers.registry import VersionRegistry
 
 from . import wire
 from .directory import Descriptor, Directory
+from .faults import PeerFaults
+from .liveness import Liveness, OwnerAnnouncer, OwnerFences
 from .options import PeerTierOptions
 from .serve import PeerServer
 from .transport import PeerTransport, TcpTransport
 
 SEEN = 65536  # descriptors a lookup brought, each serving the lease that follows
-FENCED = 4096  # owners found lost (an owner id names one process: a restart is a new one)
 
 
 class PeerTier(Tier):
@@ -56,9 +60,14 @@ class PeerTier(Tier):
         self._holds_locally = holds_locally
         self.directory = Directory(options.redis_url, options.ttl_seconds)
         self.server = PeerServer(keyring, options, local_tiers)
-        self.transport: PeerTransport = transport or TcpTransport(keyring, options)
+        self.faults = PeerFaults()
+        self.transport: PeerTransport = transport or TcpTransport(keyring, options, self.faults)
+        # liveness on a connection of its own: never queued behind a lookup, apart in the counts
+        self.liveness_directory = Directory(options.redis_url, options.ttl_seconds)
+        self.fences = OwnerFences(self.liveness_directory, self.transport, self.faults)
+        self.announcer = OwnerAnnouncer(self.liveness_directory, options, self.faults, holds_locally)
+        self.liveness = Liveness(self.announcer, self.fences, options.liveness_ttl / 3)
         self._seen: BoundedLru[bytes, Descriptor] = BoundedLru(SEEN)
-        self._fenced: BoundedLru[str, bool] = BoundedLru(FENCED)
         self._leases: dict[int, Lease] = {}
         self._ids = itertools.count(1)
         self.pulls_lost = 0
@@ -68,11 +77,15 @@ class PeerTier(Tier):
         wire.auth_key(self._keyring.active)  # an Ed25519 or keyless keyring: ConfigError before listening
         await self.server.start()
         await self.directory.start()
+        await self.liveness_directory.start()
+        await self.liveness.start()
 
     async def close(self) -> None:
+        await self.liveness.close()
         await self.server.close()
         await self.transport.close()
         await self.directory.close()
+        await self.liveness_directory.close()
 
     # ---------------------------------------------------------------- publish
     async def prepare_store(self, meta: ObjectMeta) -> StoreTicket:
@@ -92,14 +105,15 @@ class PeerTier(Tier):
     async def complete_store(self, ticket: StoreTicket, success: bool) -> None:
         if not success or not isinstance(ticket.location, bytes):
             return
-        await self.directory.publish(Descriptor(self.options.owner_id, self.server.address, ticket.meta,
-                                                ticket.location))
+        descriptor = Descriptor(self.options.owner_id, self.server.address, ticket.meta, ticket.location)
+        await self.directory.publish(descriptor)
+        self.announcer.record(descriptor)
         self.published += 1
 
     # ---------------------------------------------------------------- lookups
     def _offered(self, descriptor: Descriptor | None) -> bool:
         return descriptor is not None and descriptor.owner != self.options.owner_id \
-            and descriptor.owner not in self._fenced
+            and not self.fences.is_fenced(descriptor.owner)
 
     async def find_by_keys(self, key_digests: Sequence[bytes],
                            registry: VersionRegistry | None = None) -> KeyMatches:
@@ -140,26 +154,17 @@ class PeerTier(Tier):
         try:
             await self.transport.pull(descriptor.address, meta.object_id,
                                       meta.namespace[NAMESPACE_BYTES - TAG_BYTES:], view)
-        except PeerLost:
-            await self._fence(descriptor)
+        except PeerLost as exc:
+            self.pulls_lost += 1
+            self._seen.pop(meta.object_id)
+            await self.fences.judge_lost(descriptor, exc)
             raise
         except NotFound:
             self._seen.pop(meta.object_id)
+            await self.fences.judge_not_found(descriptor)
             raise
         open_sealed(view, None, self._keyring, verify_payload=verify)
         return view
-
-    async def _fence(self, descriptor: Descriptor) -> None:
-        self.pulls_lost += 1
-        self._fenced.put(descriptor.owner, True)  # this process of it: restarted, it is a new owner
-        self._seen.pop(descriptor.meta.object_id)
-        forget = getattr(self.transport, "forget", None)
-        if forget is not None:
-            forget(descriptor.address)
-        try:
-            await self.directory.fence(descriptor)
-        except Exception:  # noqa: BLE001 - the fence is best effort; the local one holds
-            pass
 
     async def complete_load(self, lease: Lease) -> None:
         self._leases.pop(lease.lease_id, None)
@@ -176,6 +181,7 @@ class PeerTier(Tier):
         if descriptor is None or descriptor.owner != self.options.owner_id:
             return False
         await self.directory.withdraw(object_id, descriptor.meta.key_digest)
+        self.announcer.discard(object_id)
         return True
 
     async def iter_objects(self) -> AsyncIterator[ObjectMeta]:
@@ -190,5 +196,5 @@ class PeerTier(Tier):
         return TierStats("peer", 0, 0, 0, len(self._leases), 0, extra={
             "published": self.published, "served": server.served, "bytes_served": server.bytes_served,
             "refused": server.refused, "handshakes_failed": server.handshakes_failed,
-            "pulls_lost": self.pulls_lost, "owners_fenced": len(self._fenced),
-            "directory_commands": self.directory.commands})
+            "pulls_lost": self.pulls_lost, "owners_fenced": len(self.fences),
+            "directory_commands": self.directory.commands, "faults": self.faults.snapshot()})
