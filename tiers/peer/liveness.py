@@ -43,6 +43,8 @@ log = logging.getLogger("statetier.peer")
 
 FENCED = 4096  # owners fenced here (an owner id names one process: a restart is a new one)
 PUBLISHED = 32768  # descriptors this daemon published, announced again after a directory loss
+ALIVE_CHECK = 0.5  # seconds a failed pull waits for the owner's liveness key before it is answered
+UNKNOWN = b"?"  # the liveness value when the directory did not say
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,16 +68,17 @@ class OwnerFences:
 
     async def judge_lost(self, descriptor: Descriptor, exc: PeerLost) -> None:
         owner, address = descriptor.owner, descriptor.address
-        if self._judge_replaced(descriptor):
-            return
-        if isinstance(exc.__cause__, ConnectionRefusedError):
-            await self._fence(descriptor, "fenced_refused", "peer %s (owner %s) refused the connection: no process "
-                              "listens there; its entries are no longer offered here until it renews its liveness key")
+        if self._judge_replaced(descriptor) or self.is_fenced(owner):
             return
         alive = await self._alive_value(owner)
+        if isinstance(exc.__cause__, ConnectionRefusedError):
+            self._fence(descriptor, _Fence("fenced_refused", alive), "peer %s (owner %s) refused the connection: no "
+                        "process listens there; its entries are no longer offered here until it renews its liveness "
+                        "key")
+            return
         if alive is None:
-            await self._fence(descriptor, "fenced_gone", "peer %s (owner %s) did not answer and its liveness key "
-                              "expired: its entries are no longer offered here until it renews the key")
+            self._fence(descriptor, _Fence("fenced_gone", None), "peer %s (owner %s) did not answer and its liveness "
+                        "key expired: its entries are no longer offered here until it renews the key")
             return
         self._faults.count("suspected", "peer %s (owner %s) did not answer the pull of %s within its deadline (%s), "
                            "but it renews its liveness key: not fenced; the load goes on to the next copy",
@@ -94,20 +97,19 @@ class OwnerFences:
                            descriptor.owner, descriptor.owner)
         return True
 
-    async def _fence(self, descriptor: Descriptor, reason: str, message: str) -> None:
-        if self.is_fenced(descriptor.owner):
-            return
-        self._fenced.put(descriptor.owner, _Fence(reason, await self._alive_value(descriptor.owner)))
+    def _fence(self, descriptor: Descriptor, fence: _Fence, message: str) -> None:
+        self._fenced.put(descriptor.owner, fence)
         self._transport.forget(descriptor.address)
-        self._faults.count(reason, message, descriptor.address, descriptor.owner)
+        self._faults.count(fence.reason, message, descriptor.address, descriptor.owner)
 
     async def _alive_value(self, owner: str) -> bytes | None:
-        """The owner's liveness value; an unreachable directory is no evidence of death (a
-        placeholder value: the fence, if any, waits for a renewal seen after it)."""
+        """The owner's liveness value; a directory that does not answer within ``ALIVE_CHECK``
+        is no evidence of death (a placeholder value: a fence then waits for any renewal)."""
         try:
-            (value,) = await self._directory.alive_values([owner])
-        except Unavailable:
-            return b"?"
+            async with asyncio.timeout(ALIVE_CHECK):
+                (value,) = await self._directory.alive_values([owner])
+        except (Unavailable, TimeoutError):
+            return UNKNOWN
         return value
 
     async def reprobe(self) -> None:
@@ -134,6 +136,7 @@ class OwnerAnnouncer:
         self._published: BoundedLru[bytes, tuple[Descriptor, float]] = BoundedLru(PUBLISHED)
         self._renewed = False  # once: a key gone after it is a directory that lost it
         self._failing = False
+        self._lost = False  # the directory lost this owner's entries; set until they are published again
         self.renewals = 0
 
     def record(self, descriptor: Descriptor) -> None:
@@ -158,9 +161,11 @@ class OwnerAnnouncer:
             return
         self._failing = False
         self.renewals += 1
-        if before is None and self._renewed:
-            await self._reannounce()
+        self._lost = self._lost or (before is None and self._renewed)
         self._renewed = True
+        if self._lost:
+            await self._reannounce()
+            self._lost = False
 
     async def _reannounce(self) -> None:
         now = time.monotonic()
