@@ -7,7 +7,8 @@ touching either end (tests and reliability/).
   chunk in either direction ``delay`` seconds late (set ``delay`` any time: it applies to
   the chunks that arrive after); ``hold()`` stops forwarding (bytes wait, connections stay
   open: what a frozen switch looks like), ``release()`` lets them go; ``close()`` ends every
-  connection. ``connections`` counts the connections accepted. A context manager.
+  connection. ``connections`` counts the connections accepted, ``received`` the bytes read
+  from clients (forwarded or still held). A context manager.
 - ``drop()`` — every connection open now is cut (both ends see it closed), once; the
   listener stays: the next dial gets a fresh connection (an idle timeout, a middlebox or a
   NIC flap). ``dropped`` counts the connections cut.
@@ -39,6 +40,7 @@ class DelayProxy:
         self._flip_at: int | None = None  # bytes from the target still to pass before the flip
         self.dropped = 0
         self.flipped = 0
+        self.received = 0
 
     def start(self) -> "DelayProxy":
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -114,6 +116,9 @@ class DelayProxy:
                 chunk = src.recv(1 << 16)
                 if not chunk:
                     break
+                if not from_target:
+                    with self._lock:
+                        self.received += len(chunk)
                 if self.delay:
                     time.sleep(self.delay)
                 self._open.wait()

@@ -8,7 +8,8 @@ the load in flight during the fault is answered (a typed error, never a hang, ne
 bytes) and decode fences nothing (``statetier_peer_owners_fenced`` 0):
 
 - the proxy drops its connections (an idle timeout, a middlebox, a NIC flap) → the pooled
-  connection is redialled (``statetier_peer_faults_total{reason="redialled"}``);
+  connection is redialled (``statetier_peer_faults_total{reason="redialled"}``), between two
+  loads or under one in flight (which is then served);
 - the proxy stalls past the pull's deadline → ``PeerLost`` within it, prefill only
   ``suspected`` (it renews its liveness key);
 - one byte of the transfer flipped → refused where it lands (``corrupt_payload``), pulled again;
@@ -21,6 +22,7 @@ liveness key expired (``fenced_gone``): its entries are no longer offered.
 from __future__ import annotations
 
 import contextlib
+from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
 import pytest
@@ -93,6 +95,22 @@ def test_dropped_connections_are_redialled_and_the_next_load_succeeds_at_once(fr
         counted = faults(decode)
         assert (counted["redialled"], counted["retried"], counted["owners_fenced"]) == (1, 0, 0)
         assert proxy.dropped >= 1
+
+
+def test_connections_dropped_under_a_load_in_flight_are_redialled_and_it_is_served(fresh_redis):
+    with pd_behind_proxy(fresh_redis.url) as (prefill, decode, proxy):
+        refs = put_published(prefill, seed=60)
+        assert_same_tensors(load(decode, refs[0]), snapshot(61))
+        proxy.hold()
+        received = proxy.received
+        with ThreadPoolExecutor(1) as pool:
+            in_flight = pool.submit(load, decode, refs[1])
+            wait_until(lambda: proxy.received > received, "the pull request reached the proxy")
+            proxy.drop()  # the request is lost with its connection
+            proxy.release()
+            assert_same_tensors(in_flight.result(timeout=30), snapshot(63))
+        counted = faults(decode)
+        assert (counted["redialled"], counted["owners_fenced"]) == (1, 0)
 
 
 def test_a_stall_past_the_deadline_answers_the_load_in_flight_and_the_next_one_succeeds(fresh_redis):
