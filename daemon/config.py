@@ -151,7 +151,7 @@ class PeersConfig(_Section):
     pull_timeout_seconds: Seconds = Field(5.0, description="Deadline of one pull from a peer (connect, handshake, "
                                           "bytes, a redial and retries): past it the load goes on to the next copy "
                                           "(PeerLost); the owner is fenced only on evidence its process is gone.")
-    liveness_ttl_seconds: Seconds = Field(10.0, ge=0.3, description="TTL of the liveness key this daemon renews in "
+    liveness_ttl_seconds: Seconds = Field(6.0, ge=0.3, description="TTL of the liveness key this daemon renews in "
                                           "the directory every third of it: how soon the others stop offering its "
                                           "objects once its process is gone, and how soon it publishes them again "
                                           "after Redis restarted empty.")

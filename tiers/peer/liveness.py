@@ -17,8 +17,9 @@ owner's entries announced again when the directory comes back empty.
   empty, or this daemon stalled past the liveness TTL), publishes again in one pipelined
   batch every recorded descriptor whose object a local tier still holds (``reannounced``).
 - ``Liveness(announcer, fences, interval)`` — ``start()`` runs ``renew()`` then ``reprobe()``
-  every ``interval`` (a third of the liveness TTL) until ``close()``, which drops the
-  liveness key (a daemon that stops says so).
+  every ``interval`` (a third of the liveness TTL; every ``RENEW_WHILE_FAILING`` while the
+  directory does not answer, so entries are announced again soon after it returns) until
+  ``close()``, which drops the liveness key (a daemon that stops says so).
 Every fault is counted in ``faults`` (``tiers.peer.faults``) and said at WARNING.
 """
 
@@ -45,6 +46,7 @@ FENCED = 4096  # owners fenced here (an owner id names one process: a restart is
 PUBLISHED = 32768  # descriptors this daemon published, announced again after a directory loss
 ALIVE_CHECK = 0.5  # seconds a failed pull waits for the owner's liveness key before it is answered
 UNKNOWN = b"?"  # the liveness value when the directory did not say
+RENEW_WHILE_FAILING = 0.5  # seconds between renewals while the directory does not answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +141,9 @@ class OwnerAnnouncer:
         self._lost = False  # the directory lost this owner's entries; set until they are published again
         self.renewals = 0
 
+    @property
+    def is_failing(self) -> bool:
+        return self._failing
     def record(self, descriptor: Descriptor) -> None:
         ttl = self._options.ttl_seconds
         self._published.put(descriptor.meta.object_id, (descriptor, float("inf") if ttl is None else
@@ -206,7 +211,8 @@ class Liveness:
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(self._interval)
+            failing = self.announcer.is_failing
+            await asyncio.sleep(min(self._interval, RENEW_WHILE_FAILING) if failing else self._interval)
             try:
                 await self.announcer.renew()
                 await self.fences.reprobe()

@@ -28,7 +28,7 @@ class PeerTierOptions:
     socket_buffer_bytes: int = 8 * MiB
     idle_connections: int = 4  # per owner, kept for the next pull
     lease_ttl: float = 30.0
-    liveness_ttl: float = 10.0  # seconds; renewed every third of it
+    liveness_ttl: float = 6.0  # seconds; renewed every third of it
 
     def __post_init__(self) -> None:
         if not self.owner_id:
