@@ -196,23 +196,25 @@ class Liveness:
         self.fences = fences
         self._interval = interval
         self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
 
     async def start(self) -> None:
-        await self.announcer.renew()
+        """The renewals start at once, in the background: a directory that does not answer
+        delays no start."""
         self._task = asyncio.create_task(self._run(), name="peer-liveness")
 
     async def close(self) -> None:
         if self._task is not None:
+            self._stopping.set()  # as well as the cancel: redis-py's connect now and then swallows one
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+            self._stopping.clear()
             await self.announcer.drop()
 
     async def _run(self) -> None:
-        while True:
-            failing = self.announcer.is_failing
-            await asyncio.sleep(min(self._interval, RENEW_WHILE_FAILING) if failing else self._interval)
+        while not self._stopping.is_set():
             try:
                 await self.announcer.renew()
                 await self.fences.reprobe()
@@ -220,3 +222,7 @@ class Liveness:
                 log.debug("peer liveness: the directory is unreachable: %s", exc.message)
             except Exception:  # noqa: BLE001 - the loop outlives one bad turn; said, not swallowed
                 log.exception("peer liveness: a renewal failed")
+            failing = self.announcer.is_failing
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(),
+                                       min(self._interval, RENEW_WHILE_FAILING) if failing else self._interval)
