@@ -5,7 +5,8 @@
   header (``header``: what a lookup can show without the bytes).
 - ``Directory(url, ttl_seconds, socket_timeout)`` — ``publish(descriptor)`` (one round
   trip: the entry under its key, and by object id for a load by ref); ``republish(descriptors)``
-  (any number of them again, one round trip: the directory came back empty); ``find(digests)``
+  (any number of them again, one round trip per ``REPUBLISH_BATCH``, with the full TTL: the
+  directory came back empty); ``find(digests)``
   (one round trip for any number of keys: an HGETALL each, pipelined); ``get(object_id)``;
   ``withdraw(object_id, key_digest)`` (this daemon's own entry, on delete: only an owner
   withdraws its entries, a puller never does). Liveness (``tiers.peer.liveness``):
@@ -53,6 +54,9 @@ class Descriptor:
         meta = ObjectMeta(oid, key, stream, version, Kind(kind), size, header_len, created, request_id, step, spec,
                           namespace=namespace, tenant=tenant)
         return cls(owner, address, meta, header)
+
+
+REPUBLISH_BATCH = 2048  # descriptors per round trip of a republish (each well within the socket timeout)
 
 
 def _dir_key(key_digest: bytes) -> str:
@@ -103,8 +107,9 @@ class Directory:
         await self._pipeline(self._publish_commands(descriptor))
 
     async def republish(self, descriptors: Sequence[Descriptor]) -> None:
-        if descriptors:
-            await self._pipeline([c for d in descriptors for c in self._publish_commands(d)])
+        for start in range(0, len(descriptors), REPUBLISH_BATCH):
+            await self._pipeline([c for d in descriptors[start:start + REPUBLISH_BATCH]
+                                  for c in self._publish_commands(d)])
 
     def _publish_commands(self, descriptor: Descriptor) -> list[tuple[Any, ...]]:
         raw, m = descriptor.encode(), descriptor.meta
