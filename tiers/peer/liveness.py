@@ -14,8 +14,9 @@ owner's entries announced again when the directory comes back empty.
   ``record(descriptor)`` / ``discard(object_id)`` keep a bounded record of what this daemon
   published (``PUBLISHED``, each until its directory TTL); ``renew()`` sets this owner's
   liveness key again (a new value each time) and, when the key was gone (Redis restarted
-  empty, or this daemon stalled past the liveness TTL), publishes again in one pipelined
-  batch every recorded descriptor whose object a local tier still holds (``reannounced``).
+  empty, or this daemon stalled past the liveness TTL), publishes again, pipelined
+  (``Directory.republish``), every recorded descriptor whose object a local tier still holds
+  (``reannounced``; a republish that failed is tried again at the next renewal).
 - ``Liveness(announcer, fences, interval)`` — ``start()`` runs ``renew()`` then ``reprobe()``
   every ``interval`` (a third of the liveness TTL; every ``RENEW_WHILE_FAILING`` while the
   directory does not answer, so entries are announced again soon after it returns) until
