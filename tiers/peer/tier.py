@@ -155,16 +155,24 @@ class PeerTier(Tier):
             await self.transport.pull(descriptor.address, meta.object_id,
                                       meta.namespace[NAMESPACE_BYTES - TAG_BYTES:], view)
         except PeerLost as exc:
-            self.pulls_lost += 1
-            self._seen.pop(meta.object_id)
-            await self.fences.judge_lost(descriptor, exc)
+            await self._lost(descriptor, exc)
             raise
         except NotFound:
-            self._seen.pop(meta.object_id)
-            await self.fences.judge_not_found(descriptor)
+            await self._not_there(descriptor)
             raise
         open_sealed(view, None, self._keyring, verify_payload=verify)
         return view
+
+    async def _lost(self, descriptor: Descriptor, exc: PeerLost) -> None:
+        """A pull from ``descriptor``'s owner failed within its deadline: fenced on evidence only."""
+        self.pulls_lost += 1
+        self._seen.pop(descriptor.meta.object_id)
+        await self.fences.judge_lost(descriptor, exc)
+
+    async def _not_there(self, descriptor: Descriptor) -> None:
+        """The owner at ``descriptor``'s address does not hold it (it may be another process now)."""
+        self._seen.pop(descriptor.meta.object_id)
+        await self.fences.judge_not_found(descriptor)
 
     async def complete_load(self, lease: Lease) -> None:
         self._leases.pop(lease.lease_id, None)
