@@ -152,7 +152,12 @@ class PeersConfig(_Section):
         default_factory=dict, description="Per-namespace policy, by the namespace digest in hex (as `statetier ls` "
         "shows it); the others follow policy.")
     pull_timeout_seconds: Seconds = Field(5.0, description="Deadline of one pull from a peer (connect, handshake, "
-                                          "bytes): past it the owner is fenced and the load goes on (PeerLost).")
+                                          "bytes, a redial and retries): past it the load goes on to the next copy "
+                                          "(PeerLost); the owner is fenced only on evidence its process is gone.")
+    liveness_ttl_seconds: Seconds = Field(6.0, ge=0.3, description="TTL of the liveness key this daemon renews in "
+                                          "the directory every third of it: how soon the others stop offering its "
+                                          "objects once its process is gone, and how soon it publishes them again "
+                                          "after Redis restarted empty.")
     socket_buffer_bytes: Bytes = Field(8 * MiB, description="SO_RCVBUF / SO_SNDBUF of peer connections.")
     transport: Literal["tcp", "nixl"] = Field(
         "tcp", description='How a pull moves the bytes: "tcp" (statetier\'s frames on the peer connection) or '

@@ -47,7 +47,13 @@ Counted by the daemon as things happen:
 Read at scrape time: the families of ``daemon.metrics_scrape`` (tier usage and counters,
 recovery, checkpoints, dead segment bytes, daemon gauges, write-behind backlog, tenant usage
 and quotas, the KV event streams once ``track_events`` is called, ``statetier_redis_up``,
-``statetier_scrape_errors_total``).
+``statetier_scrape_errors_total``), among them the peer tier's:
+
+    statetier_peer_faults_total{reason}             counter    faults between daemons (``tiers.peer.faults``:
+                                                               redialled, retried, suspected, fenced_gone,
+                                                               fenced_refused, fenced_replaced, unfenced,
+                                                               reannounced, renewal_failed; all at 0)
+    statetier_peer_owners_fenced{tier}              gauge      owners whose entries this daemon no longer offers
 
 ``counted(metrics)`` → the counted families an operator acts on, as plain numbers (what STATS
 carries as ``counters`` and ``statetier stats`` prints): hits by tier and kind, misses and

@@ -7,7 +7,10 @@
   objects, leases, transfers in flight, evictions, compactions run / blocked / bytes reclaimed;
 - per tier, from ``TierStats.extra`` where a tier reports it (``TIER_EXTRAS``): leases
   expired, lease violations, checkpoint failures, dead segment bytes, and what the last start
-  dropped or could not verify (``recovery_dropped``, ``recovery_unverified``);
+  dropped or could not verify (``recovery_dropped``, ``recovery_unverified``), the owners the
+  peer tier fences (``owners_fenced``);
+- the peer tier's faults (``TierStats.extra["faults"]``, ``tiers.peer.faults``):
+  ``statetier_peer_faults_total{reason}``, every reason at 0 from the start;
 - daemon-wide gauges (``DAEMON_GAUGES``, from ``daemon_stats()`` keys): connections,
   requests, byte budget, client leases, the write-behind backlog and its bound;
 - per tenant and tier (``daemon_stats()["tenants"]``: ``{tenant: {tier: {"used", "quota"}}}``):
@@ -75,6 +78,8 @@ TIER_EXTRAS = (
      "arena (registered for that pull alone).", "nixl_registered_per_pull"),
     ("statetier_peer_nixl_metadata_refused_total", "counter", "NIXL agent metadata in the directory refused: "
      "its MAC does not verify under this cluster's keyring.", "nixl_metadata_refused"),
+    ("statetier_peer_owners_fenced", "gauge", "Owners whose entries this daemon no longer offers (evidence their "
+     "process is gone; lifted when they renew their liveness key).", "owners_fenced"),
 )
 
 # (metric, help, daemon_stats key)
@@ -129,6 +134,7 @@ class ScrapeTimeCollector(Collector):
                 if _is_number(value):
                     family.add_metric([tier.tier], value)
             yield family
+        yield from _fault_families(stats)
 
     def _daemon_families(self) -> Iterator[Metric]:
         stats = self._try_read(self.daemon_stats, "daemon_stats", dict)
@@ -177,6 +183,19 @@ class ScrapeTimeCollector(Collector):
             self.scrape_errors += 1
             log.exception("metrics: %s() raised during a scrape", which)
             return None
+
+
+def _fault_families(stats: list[TierStats]) -> Iterator[Metric]:
+    """``statetier_peer_faults_total{reason}`` from the tier that counts them (the peer tier)."""
+    for tier in stats:
+        faults = tier.extra.get("faults")
+        if isinstance(faults, dict):
+            family = CounterMetricFamily("statetier_peer_faults", "Faults the peer tier met between daemons: "
+                                         "connections redialled, pulls retried, owners suspected, fenced, unfenced, "
+                                         "entries announced again.", labels=["reason"])
+            for reason, count in faults.items():
+                family.add_metric([reason], count)
+            yield family
 
 
 def _family(kind: str, name: str, doc: str, labels: list[str]):

@@ -1,12 +1,20 @@
-"""A TCP proxy over loopback that delays (or holds) what it forwards: a slow or hung network
-between a daemon and its Redis, without touching either (tests and reliability/).
+"""A TCP proxy over loopback that delays, holds, drops or corrupts what it forwards: a slow,
+hung, flapping or bit-flipping network between a daemon and its Redis or its peers, without
+touching either end (tests and reliability/).
 
 - ``DelayProxy(target_port, delay=0.0)`` — ``start()`` listens on a free 127.0.0.1 port
   (``port``, ``url`` for a Redis URL), forwards every connection to ``target_port``, each
   chunk in either direction ``delay`` seconds late (set ``delay`` any time: it applies to
   the chunks that arrive after); ``hold()`` stops forwarding (bytes wait, connections stay
   open: what a frozen switch looks like), ``release()`` lets them go; ``close()`` ends every
-  connection. ``connections`` counts the connections accepted. A context manager.
+  connection. ``connections`` counts the connections accepted, ``received`` the bytes read
+  from clients (forwarded or still held). A context manager.
+- ``drop()`` — every connection open now is cut (both ends see it closed), once; the
+  listener stays: the next dial gets a fresh connection (an idle timeout, a middlebox or a
+  NIC flap). ``dropped`` counts the connections cut.
+- ``flip_next(offset)`` — the byte ``offset`` bytes into what the target sends next (to
+  whichever client reads first) goes through with its low bit flipped, once: a corrupted
+  transfer. ``flipped`` counts the bytes flipped.
 
 Threads, not the caller's event loop: the proxy keeps forwarding while the caller blocks.
 """
@@ -29,6 +37,10 @@ class DelayProxy:
         self._listener: socket.socket | None = None
         self._sockets: set[socket.socket] = set()
         self._lock = threading.Lock()
+        self._flip_at: int | None = None  # bytes from the target still to pass before the flip
+        self.dropped = 0
+        self.flipped = 0
+        self.received = 0
 
     def start(self) -> "DelayProxy":
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -54,6 +66,16 @@ class DelayProxy:
     def release(self) -> None:
         self._open.set()
 
+    def drop(self) -> None:
+        with self._lock:
+            sockets, self._sockets = list(self._sockets), set()
+        self.dropped += len(sockets) // 2
+        _cut(sockets)
+
+    def flip_next(self, offset: int = 0) -> None:
+        with self._lock:
+            self._flip_at = offset
+
     def close(self) -> None:
         self._closed.set()
         self._open.set()
@@ -61,12 +83,7 @@ class DelayProxy:
             sockets, self._sockets = list(self._sockets), set()
         if self._listener is not None:
             sockets.append(self._listener)
-        for sock in sockets:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            sock.close()
+        _cut(sockets)
 
     def __enter__(self) -> "DelayProxy":
         return self.start()
@@ -90,21 +107,24 @@ class DelayProxy:
             self.connections += 1
             with self._lock:
                 self._sockets.update((client, upstream))
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+            for src, dst, from_target in ((client, upstream, False), (upstream, client, True)):
+                threading.Thread(target=self._pump, args=(src, dst, from_target), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, from_target: bool) -> None:
         try:
             while True:
                 chunk = src.recv(1 << 16)
                 if not chunk:
                     break
+                if not from_target:
+                    with self._lock:
+                        self.received += len(chunk)
                 if self.delay:
                     time.sleep(self.delay)
                 self._open.wait()
                 if self._closed.is_set():
                     break
-                dst.sendall(chunk)
+                dst.sendall(self._maybe_flip(chunk) if from_target else chunk)
         except OSError:
             pass
         finally:
@@ -113,3 +133,26 @@ class DelayProxy:
                     sock.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+
+    def _maybe_flip(self, chunk: bytes) -> bytes:
+        with self._lock:
+            at = self._flip_at
+            if at is None:
+                return chunk
+            if at >= len(chunk):
+                self._flip_at = at - len(chunk)
+                return chunk
+            self._flip_at = None
+            self.flipped += 1
+        flipped = bytearray(chunk)
+        flipped[at] ^= 1
+        return bytes(flipped)
+
+
+def _cut(sockets: list[socket.socket]) -> None:
+    for sock in sockets:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        sock.close()

@@ -2,8 +2,8 @@
 
 - ``BoundedLru(capacity)`` — a mapping that keeps at most ``capacity`` entries, dropping the
   least recently used one when a ``put`` goes past it. ``get`` (a hit makes the entry the
-  most recent), ``peek`` (no reordering), ``put``, ``pop``, ``discard``, ``clear``, ``in``
-  and ``len``.
+  most recent), ``peek`` (no reordering), ``put``, ``pop``, ``discard``, ``clear``,
+  ``items`` (a copy, oldest first), ``in`` and ``len``.
 
 Who uses it: the version registry's heads and streams (``tiers.registry``), the Redis tier's
 objects seen stored and manifests a lookup fetched, ``VerifiedHeaders`` (``protocol.sealed``),
@@ -66,6 +66,10 @@ class BoundedLru(Generic[K, V]):
     def discard(self, key: K) -> None:
         with self._lock:
             self._items.pop(key, None)
+
+    def items(self) -> list[tuple[K, V]]:
+        with self._lock:
+            return list(self._items.items())
 
     def clear(self) -> None:
         with self._lock:

@@ -5,8 +5,10 @@ descriptors, the bytes stay on prefill), one keyring, one redis-server. Each cyc
 publishes a few large objects; decode loads them all at once (each pulled from prefill);
 a moment into the pulls prefill is killed (kill -9) or frozen (SIGSTOP). Every load ends
 byte-exact, or as a typed error (``PeerLost``, ``NotFound``: the caller recomputes) within
-the pull's deadline; then a load of another object of the lost owner is a miss at once
-(fenced). Prefill is started again (or thawed) for the next cycle. Figures: loads served,
+the pull's deadline; then a load of another object of the lost owner is a miss at once once
+it is fenced (killed: its address refuses at once; frozen: once its liveness key expired,
+``peers.liveness_ttl_seconds``), or one more typed failure before. Prefill is started again
+(or thawed) for the next cycle. Figures: loads served,
 recomputed, the time from the fault to the last failed load (p50, max).
 
 - lost: a load decode served (so promoted into its arena) not served byte-exact again by
@@ -34,7 +36,8 @@ from wire import Wire
 PROBE = "owner"
 PROMISE = Promise(
     "The daemon holding an object killed (kill -9) or frozen (SIGSTOP) while another pulls it: every load is "
-    "byte-exact or a typed error (recompute) within the pull deadline; the lost owner is fenced at once",
+    "byte-exact or a typed error (recompute) within the pull deadline; a killed owner is fenced at once (its "
+    "address refuses), a frozen one once its liveness key expired",
     lost_means="a load decode served, not served byte-exact again by decode at the end",
     wrong_means="other bytes served; an untyped error or traceback; a load still open 3 s past the pull deadline",
 )

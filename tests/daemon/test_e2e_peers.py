@@ -4,11 +4,15 @@ Real processes throughout: a redis-server on a free port, two or three ``stateti
 daemons with ``peers.enabled`` and one keyring, real sockets between them. A publish on
 prefill puts a descriptor in Redis (no bytes under the default ``descriptor`` policy);
 decode finds it through the directory (by key, by ref) and pulls it from prefill into its
-own arena, verified where it lands. Faults: prefill killed (kill -9) or stopped (SIGSTOP)
-before the pull → the load fails as ``PeerLost`` within the pull's deadline and the lost
-owner's entry is fenced out of the directory (the next load is a plain miss: recompute), or,
-under ``descriptor+bytes``, it is served from the Redis copy. A daemon with another keyring pulls nothing (``Unauthorized``) and fences nothing. A lookup
-on decode finds the joint hit of prefill's objects through the directory. A ``load_many`` on
+own arena, verified where it lands. Faults: prefill killed (kill -9) before the pull → the
+load fails as ``PeerLost`` within the pull's deadline, its address refuses connections, so
+decode fences it (the next load is a plain miss: recompute) while its entries stay in the
+directory (a puller withdraws nothing); or, under ``descriptor+bytes``, it is served from the
+Redis copy. Prefill stopped (SIGSTOP) → ``PeerLost``, only suspected while its liveness key
+lives, fenced once it expired, offered again once it runs. A daemon with another keyring
+pulls nothing (``Unauthorized``) and fences nothing. A lookup on decode finds the joint hit
+of prefill's objects through the directory. (Wire faults through a proxy:
+``test_e2e_peer_faults``.) A ``load_many`` on
 decode pulls each of its ``LOAD_BATCH`` frames' objects with one request to prefill, and each
 pulled byte is copied once on the decode side (daemon and client counted apart).
 """
@@ -28,6 +32,7 @@ from statetier.launch import DaemonProcess, free_port
 from statetier.protocol.errors import NotFound, PeerLost, Unauthorized
 from tests.support.jamba import assert_same_tensors, jamba_namespace, snapshot
 from tests.support.keyrings import keyring_file
+from tests.support.waiting import wait_until
 
 SPEC = jamba_namespace("peers")
 PREFIX = bytes(range(32))
@@ -121,23 +126,53 @@ def test_a_load_by_key_finds_the_object_on_the_peer_through_the_directory(fresh_
         assert decode.counters().get("hits peer", 0) == 1
 
 
-@pytest.mark.parametrize("fault", ["kill", "stop"])
-def test_an_owner_lost_before_the_pull_is_a_typed_miss_and_its_entry_is_fenced(fresh_redis, fault):
+def faults(daemon: DaemonProcess) -> dict[str, float]:
+    scraped = daemon.scrape()
+    counted = {dict(labels)["reason"]: v for labels, v in scraped.matching("statetier_peer_faults_total").items()}
+    return {**counted, "owners_fenced": scraped.value("statetier_peer_owners_fenced", tier="peer")}
+
+
+def test_a_killed_owner_is_a_typed_miss_and_fenced_here_its_entries_left_to_their_ttl(fresh_redis):
     with keyring_file() as keyring, daemon("prefill", fresh_redis.url, keyring) as prefill, \
             daemon("decode", fresh_redis.url, keyring) as decode:
         refs = put_published(prefill)
-        prefill.send_signal(signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+        prefill.kill()  # SIGKILL, then reaped: its port refuses connections
+        with Client(decode.url, namespace=SPEC) as client:
+            with pytest.raises(PeerLost):  # within peers.pull_timeout_seconds
+                client.load(refs[0])
+            with pytest.raises(NotFound):  # the owner is fenced here: no second wait on it
+                client.load(refs[1])
+        counted = faults(decode)
+        assert counted["fenced_refused"] == 1 and counted["owners_fenced"] == 1
+        assert len(redis_keys(fresh_redis.url, "st:peer:obj:*")) == 2  # withdrawn by their owner or TTL only
+
+
+def test_a_stopped_owner_is_suspected_fenced_once_its_liveness_key_expired_and_offered_again_when_it_runs(
+        fresh_redis):
+    with keyring_file() as keyring, \
+            daemon("prefill", fresh_redis.url, keyring, **{"peers.liveness_ttl_seconds": 4.5}) as prefill, \
+            daemon("decode", fresh_redis.url, keyring, **{"peers.liveness_ttl_seconds": 1.0}) as decode:
+        refs = put_published(prefill, seed=30)
+        prefill.send_signal(signal.SIGSTOP)
         try:
             with Client(decode.url, namespace=SPEC) as client:
-                with pytest.raises(PeerLost):  # within peers.pull_timeout_seconds
+                with pytest.raises(PeerLost):  # its key lives on 3-4.5 s: suspected, not fenced
                     client.load(refs[0])
-                assert redis_keys(fresh_redis.url, f"st:peer:obj:{refs[0].state_id.hex()}") == []
-                with pytest.raises(NotFound):  # the owner is fenced here: no second wait on it
+                assert (faults(decode)["suspected"], faults(decode)["owners_fenced"]) == (1, 0)
+                wait_until(lambda: len(redis_keys(fresh_redis.url, "st:peer:alive:*")) == 1,  # decode's only
+                           "prefill's liveness key expired")
+                with pytest.raises(PeerLost):
+                    client.load(refs[0])
+                assert (faults(decode)["fenced_gone"], faults(decode)["owners_fenced"]) == (1, 1)
+                with pytest.raises(NotFound):  # fenced here: no second wait on it
                     client.load(refs[1])
                 assert "  peers: pulls 0, lost 1, owners fenced 1" in format_stats(client.stats())
         finally:
-            if fault == "stop":
-                prefill.send_signal(signal.SIGCONT)
+            prefill.send_signal(signal.SIGCONT)
+        wait_until(lambda: faults(decode)["unfenced"] == 1, "decode saw prefill renew its liveness key")
+        with Client(decode.url, namespace=SPEC) as client:
+            assert_same_tensors(client.load(refs[1]), snapshot(33))
+        assert faults(decode)["owners_fenced"] == 0
 
 
 def test_descriptor_and_bytes_falls_back_to_the_redis_copy_when_the_owner_dies(fresh_redis):

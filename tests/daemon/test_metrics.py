@@ -221,3 +221,18 @@ def test_what_stats_already_knew_is_exported_at_scrape_time() -> None:
     assert value(s, "statetier_tenant_quota_bytes", tenant="a", tier="host") == 1000
     assert value(s, "statetier_tenant_used_bytes", tenant="a", tier="disk") == 5
     assert value(s, "statetier_tenant_quota_bytes", tenant="a", tier="disk") is None
+
+
+def test_the_peer_tiers_faults_are_one_counter_by_reason_every_reason_at_zero() -> None:
+    from statetier.tiers.peer.faults import REASONS, PeerFaults
+
+    faults = PeerFaults()
+    faults.count("redialled", "peer %s: test", "127.0.0.1:1")
+    peer = TierStats("peer", 0, 0, 0, 0, 0, extra={"faults": faults.snapshot(), "owners_fenced": 2})
+    metrics = Metrics()
+    metrics.track(lambda: [TierStats("host", 0, 0, 1, 0, 0), peer], dict)
+    s = scrape(metrics)
+    assert {reason: value(s, "statetier_peer_faults_total", reason=reason) for reason in REASONS} == \
+        {reason: (1 if reason == "redialled" else 0) for reason in REASONS}
+    assert value(s, "statetier_peer_owners_fenced", tier="peer") == 2
+    assert value(s, "statetier_peer_owners_fenced", tier="host") is None

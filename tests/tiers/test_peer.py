@@ -4,14 +4,16 @@ An owner (a ``PeerTier`` over a real ``HostTier``) publishes; a puller finds the
 through the directory in one round trip for any number of keys and pulls it straight into
 the buffer it gives. What the owner refuses: another tenant's object (``Forbidden``), a
 daemon without the cluster's keyring (``Unauthorized`` at the handshake). What the puller
-never serves: a torn transfer (the owner closes mid-body) or a hung one (past the pull's
-deadline): both ``PeerLost``, the owner fenced, its entry gone from the directory.
+never serves: a torn transfer (the owner closes mid-body, on every try) or a hung one (past
+the pull's deadline): both ``PeerLost``; an owner that renews no liveness key is fenced here,
+and its entry stays in the directory (only its owner withdraws it).
+(Redials, retries, suspicion and fences of live owners: ``test_peer_liveness``.)
 
 A batch from one owner (``pull_many``) is one request, its objects streamed back to back and
 each told as it lands; each object answered apart (not held, another tenant's); an owner
 that predates batches is pulled from one object at a time; a stream torn or hung loses the
-objects not landed yet (``PeerLost``) and fences the owner; a pooled connection the owner
-closed is dialled again once, the owner not taken for lost.
+objects not landed yet (``PeerLost``); a pooled connection the owner closed is dialled again
+once, the owner not taken for lost.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.peer import PeerTier, PeerTierOptions
 from statetier.tiers.peer import wire
 from statetier.tiers.peer.directory import Descriptor
-from statetier.tiers.peer.transport import PullItem, TcpTransport
+from statetier.tiers.peer.transport import RETRIES, PullItem, TcpTransport
 from tests.support.tier_contract import KEYRING, make_object, store
 
 MIB = 1 << 20
@@ -117,7 +119,9 @@ async def broken_owner(blob: bytes, *, hang: bool):
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         hello = await reader.readexactly(wire.HELLO_BYTES)
         key, nonce_p, nonce_o = wire.auth_key(KEYRING.active), hello[16:], os.urandom(wire.NONCE_BYTES)
-        writer.write(KEYRING.active.key_id + nonce_o + wire.mac(key, b"owner", nonce_p, nonce_o))
+        owner = wire.owner_id_bytes("gone")
+        writer.write(KEYRING.active.key_id + nonce_o + wire.owner_proof(key, nonce_p, nonce_o, owner)
+                     + bytes([len(owner)]) + owner)
         await reader.readexactly(wire.MAC_BYTES + wire.PULL_BYTES)
         writer.write(wire.ANSWER.pack(wire.OK, len(blob)) + blob[: len(blob) // 2])
         await writer.drain()
@@ -135,7 +139,7 @@ async def broken_owner(blob: bytes, *, hang: bool):
 
 
 @pytest.mark.parametrize("hang", [False, True], ids=["closed-mid-body", "hung-mid-body"])
-async def test_a_torn_transfer_is_peer_lost_never_served_and_the_owner_is_fenced(fresh_redis, hang):
+async def test_a_torn_transfer_is_peer_lost_never_served_and_an_owner_without_liveness_is_fenced(fresh_redis, hang):
     meta, blob = make_object(1 * MIB)
     async with broken_owner(blob, hang=hang) as address, \
             daemon_tiers(fresh_redis.url, "puller", timeout=0.5) as (_, puller):
@@ -148,9 +152,12 @@ async def test_a_torn_transfer_is_peer_lost_never_served_and_the_owner_is_fenced
                 await puller.read(lease, into=into)
         finally:
             await puller.complete_load(lease)
-        assert not await puller.contains(meta.object_id)  # fenced: no lookup offers it again
-        assert await puller.directory.get(meta.object_id) is None
-        assert puller.stats().extra["pulls_lost"] == 1
+        assert not await puller.contains(meta.object_id)  # fenced here: no lookup offers it again
+        assert await puller.directory.get(meta.object_id) is not None  # a puller withdraws nothing
+        extra = puller.stats().extra
+        assert extra["pulls_lost"] == 1 and extra["owners_fenced"] == 1 and extra["faults"]["fenced_gone"] == 1
+        # closed mid-body: broken off on every fresh connection, tried again in all; hung: the deadline ends it
+        assert extra["faults"]["retried"] == (0 if hang else RETRIES - 1)
 
 
 async def test_an_ed25519_keyring_cannot_start_a_peer_tier(fresh_redis):

@@ -4,15 +4,20 @@
   (``owner``, its peer ``address``), its index entry (``ObjectMeta``) and its signed
   header (``header``: what a lookup can show without the bytes).
 - ``Directory(url, ttl_seconds, socket_timeout)`` — ``publish(descriptor)`` (one round
-  trip: the entry under its key, and by object id for a load by ref); ``find(digests)``
+  trip: the entry under its key, and by object id for a load by ref); ``republish(descriptors)``
+  (any number of them again, one round trip per ``REPUBLISH_BATCH``, with the full TTL: the
+  directory came back empty); ``find(digests)``
   (one round trip for any number of keys: an HGETALL each, pipelined); ``get(object_id)``;
-  ``fence(descriptor)`` (a lost owner's entry removed, so no lookup offers it again);
-  ``withdraw(object_id, key_digest)`` (this daemon's own entry, on delete). Redis errors
-  become ``Unavailable`` here, chained. ``commands``, ``round_trips`` and ``bytes_sent`` count what it sent
-  (the benchmark's per-handoff figures).
+  ``withdraw(object_id, key_digest)`` (this daemon's own entry, on delete: only an owner
+  withdraws its entries, a puller never does). Liveness (``tiers.peer.liveness``):
+  ``renew_alive(owner, value, ttl)`` (this owner's key set again; what it held before, None
+  when it was gone), ``alive_values(owners)`` (one round trip), ``drop_alive(owner)``.
+  Redis errors become ``Unavailable`` here, chained. ``commands``, ``round_trips`` and
+  ``bytes_sent`` count what it sent (the benchmark's per-handoff figures).
 
 Keys: ``st:peer:dir:{key digest}`` (hash: object id → descriptor) and
-``st:peer:obj:{object id}``, both with the TTL of the published object.
+``st:peer:obj:{object id}``, both with the TTL of the published object;
+``st:peer:alive:{owner id}`` (a value its owner changes at every renewal, with the liveness TTL).
 """
 
 from __future__ import annotations
@@ -51,12 +56,19 @@ class Descriptor:
         return cls(owner, address, meta, header)
 
 
+REPUBLISH_BATCH = 2048  # descriptors per round trip of a republish (each well within the socket timeout)
+
+
 def _dir_key(key_digest: bytes) -> str:
     return f"st:peer:dir:{key_digest.hex()}"
 
 
 def _obj_key(object_id: bytes) -> str:
     return f"st:peer:obj:{object_id.hex()}"
+
+
+def _alive_key(owner: str) -> str:
+    return f"st:peer:alive:{owner}"
 
 
 class Directory:
@@ -92,12 +104,20 @@ class Directory:
             raise Unavailable(f"the peer directory in Redis: {exc}") from exc
 
     async def publish(self, descriptor: Descriptor) -> None:
+        await self._pipeline(self._publish_commands(descriptor))
+
+    async def republish(self, descriptors: Sequence[Descriptor]) -> None:
+        for start in range(0, len(descriptors), REPUBLISH_BATCH):
+            await self._pipeline([c for d in descriptors[start:start + REPUBLISH_BATCH]
+                                  for c in self._publish_commands(d)])
+
+    def _publish_commands(self, descriptor: Descriptor) -> list[tuple[Any, ...]]:
         raw, m = descriptor.encode(), descriptor.meta
         commands: list[tuple[Any, ...]] = [("HSET", _dir_key(m.key_digest), m.object_id, raw),
                                            ("SET", _obj_key(m.object_id), raw)]
         if self._ttl is not None:
             commands += [("EXPIRE", _dir_key(m.key_digest), self._ttl), ("EXPIRE", _obj_key(m.object_id), self._ttl)]
-        await self._pipeline(commands)
+        return commands
 
     async def find(self, key_digests: Sequence[bytes]) -> list[list[Descriptor]]:
         if not key_digests:
@@ -109,10 +129,19 @@ class Directory:
         (raw,) = await self._pipeline([("GET", _obj_key(object_id))])
         return None if raw is None else Descriptor.decode(raw)
 
-    async def fence(self, descriptor: Descriptor) -> None:
-        """The entry of an owner found lost: gone for every daemon's lookups (a later
-        publish by a live owner of the same object writes it again)."""
-        await self.withdraw(descriptor.meta.object_id, descriptor.meta.key_digest)
-
     async def withdraw(self, object_id: bytes, key_digest: bytes) -> None:
         await self._pipeline([("HDEL", _dir_key(key_digest), object_id), ("DEL", _obj_key(object_id))])
+
+    async def renew_alive(self, owner: str, value: bytes, ttl_seconds: float) -> bytes | None:
+        old, _ = await self._pipeline([("GET", _alive_key(owner)),
+                                       ("SET", _alive_key(owner), value, "PX", max(1, int(ttl_seconds * 1000)))])
+        return None if old is None else bytes(old)
+
+    async def alive_values(self, owners: Sequence[str]) -> list[bytes | None]:
+        if not owners:
+            return []
+        (values,) = await self._pipeline([("MGET", *(_alive_key(o) for o in owners))])
+        return list(values)
+
+    async def drop_alive(self, owner: str) -> None:
+        await self._pipeline([("DEL", _alive_key(owner))])

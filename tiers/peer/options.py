@@ -1,8 +1,10 @@
 """The peer tier's options: where this daemon serves its objects, where the directory lives.
 
 ``PeerTierOptions`` is checked when made (``ConfigError`` naming the field). ``owner_id``
-names this daemon in the directory (its entries, the fence of a lost owner); ``advertise``
-is the ``host:port`` other daemons dial (the listener's when empty, once bound).
+names this daemon in the directory (its entries, its liveness key); ``advertise``
+is the ``host:port`` other daemons dial (the listener's when empty, once bound);
+``liveness_ttl`` is how long the liveness key this daemon renews (every third of it) outlives
+its last renewal: how soon the others fence it once its process is gone.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class PeerTierOptions:
     socket_buffer_bytes: int = 8 * MiB
     idle_connections: int = 4  # per owner, kept for the next pull
     lease_ttl: float = 30.0
+    liveness_ttl: float = 6.0  # seconds; renewed every third of it
 
     def __post_init__(self) -> None:
         if not self.owner_id:
@@ -34,5 +37,7 @@ class PeerTierOptions:
             raise ConfigError(f"peers.listen: port {self.listen_port} is out of range")
         if self.pull_timeout <= 0:
             raise ConfigError("peers.pull_timeout_seconds must be positive")
+        if self.liveness_ttl < 0.3:
+            raise ConfigError("peers.liveness_ttl_seconds must be at least 0.3")
         if self.socket_buffer_bytes < 64 * 1024:
             raise ConfigError("peers.socket_buffer_bytes must be at least 64 KiB")

@@ -2,7 +2,8 @@
 
 ``PeerServer(keyring, options, local_tiers)`` — ``start()`` binds the TCP listener
 (``address`` then says where it listens); each connection first runs the handshake of
-``tiers.peer.wire`` (a daemon without this cluster's keyring is dropped), then answers
+``tiers.peer.wire`` (a daemon without this cluster's keyring is dropped; a puller that asks
+is told this process's owner id), then answers
 pulls one after the other: the object leased in the first local tier holding it, refused
 (``FORBIDDEN``) unless its namespace is owned by the tenant the request names, sent as it
 lies under the lease (``verify=False``: the puller verifies where the bytes land), the
@@ -133,8 +134,10 @@ class PeerServer:
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
         async with asyncio.timeout(self._options.pull_timeout):
             hello = await reader.readexactly(wire.HELLO_BYTES)
-            if hello[: len(wire.MAGIC)] != wire.MAGIC:
+            magic = hello[: len(wire.MAGIC)]
+            if magic not in (wire.MAGIC, wire.MAGIC_OWNER):
                 raise Unauthorized("peer: not a statetier daemon's hello")
+            owner_id = wire.owner_id_bytes(self._options.owner_id) if magic == wire.MAGIC_OWNER else None
             key_id, nonce_p = hello[len(wire.MAGIC) : len(wire.MAGIC) + 8], hello[len(wire.MAGIC) + 8 :]
             try:
                 puller_key = wire.key_for(self._keyring, key_id)
@@ -145,7 +148,9 @@ class PeerServer:
             active = self._keyring.active
             own_key = wire.auth_key(active)
             nonce_o = os.urandom(wire.NONCE_BYTES)
-            writer.write(active.key_id + nonce_o + wire.mac(own_key, b"owner", nonce_p, nonce_o))
+            writer.write(active.key_id + nonce_o + wire.owner_proof(own_key, nonce_p, nonce_o, owner_id))
+            if owner_id is not None:
+                writer.write(bytes([len(owner_id)]) + owner_id)
             proof = await reader.readexactly(wire.MAC_BYTES)
             if wire.mac(puller_key, b"puller", nonce_p, nonce_o) != proof:
                 raise Unauthorized("peer: the puller did not prove it holds this cluster's keyring")

@@ -7,16 +7,19 @@ pulled straight from their owner; and this daemon's published objects, described
   pulled from the owner with the ``PeerTransport`` into ``into`` (a promotion's
   reservation in this daemon's arena) or a fresh buffer; framing and signature checked
   here, the payload digest too with ``verify`` (the load path's client verifies where the
-  bytes land). An owner lost mid-pull (``PeerLost``) is fenced — its entry removed from the
-  directory, its owner id (one process of a daemon) remembered, so none of its entries is
-  offered here again — and the load goes on to the next copy. A daemon restarted on the same
-  address is a new owner id, offered again.
+  bytes land). A pull that fails within its deadline (the transport redialled and retried
+  already) is ``PeerLost`` and the load goes on to the next copy; its owner is fenced here
+  (its entries no longer offered by this daemon) only on evidence its process is gone, and
+  offered again once it renews its liveness key (``tiers.peer.liveness``). No puller
+  withdraws another owner's entries. A daemon restarted on the same address is a new owner id.
 - ``prepare_store`` → ``write`` → ``complete_store`` — the publish of an object this
   daemon holds (``holds_locally``): its descriptor (header, size, this owner) into the
-  directory, its bytes staying where they are. A peer tier never takes bytes it does not
-  hold locally (a demotion into it is ``CapacityError``: it goes further down).
+  directory, its bytes staying where they are, and recorded here: published again when the
+  directory comes back empty. A peer tier never takes bytes it does not hold locally (a
+  demotion into it is ``CapacityError``: it goes further down).
 - ``contains`` / ``get_meta`` — a copy another owner holds. Nothing to evict or compact.
-Serving this daemon's objects to the others is ``tiers.peer.serve.PeerServer``, started here.
+Serving this daemon's objects to the others is ``tiers.peer.serve.PeerServer``, started here,
+with the liveness key's renewal. ``faults`` (``tiers.peer.faults``) counts every fault met.
 """
 
 from __future__ import annotations
@@ -37,13 +40,14 @@ from statetier.tiers.registry import VersionRegistry
 
 from . import wire
 from .directory import Descriptor, Directory
+from .faults import PeerFaults
+from .liveness import Liveness, OwnerAnnouncer, OwnerFences
 from .nixl import NixlTransport
 from .options import PeerTierOptions
 from .serve import PeerServer
 from .transport import Landed, PeerTransport, PullItem, TcpTransport
 
 SEEN = 65536  # descriptors a lookup brought, each serving the lease that follows
-FENCED = 4096  # owners found lost (an owner id names one process: a restart is a new one)
 
 
 class PeerTier(Tier):
@@ -59,8 +63,13 @@ class PeerTier(Tier):
         self.directory = Directory(options.redis_url, options.ttl_seconds)
         self.server = PeerServer(keyring, options, local_tiers)
         self.transport: PeerTransport = transport or TcpTransport(keyring, options)
+        self.faults: PeerFaults = self.transport.faults  # the transport's redials and retries, the tier's fences
+        # liveness on a connection of its own: never queued behind a lookup, apart in the counts
+        self.liveness_directory = Directory(options.redis_url, options.ttl_seconds)
+        self.fences = OwnerFences(self.liveness_directory, self.transport, self.faults)
+        self.announcer = OwnerAnnouncer(self.liveness_directory, options, self.faults, holds_locally)
+        self.liveness = Liveness(self.announcer, self.fences, options.liveness_ttl / 3)
         self._seen: BoundedLru[bytes, Descriptor] = BoundedLru(SEEN)
-        self._fenced: BoundedLru[str, bool] = BoundedLru(FENCED)
         self._leases: dict[int, Lease] = {}
         self._ids = itertools.count(1)
         self.pulls_lost = 0
@@ -72,11 +81,15 @@ class PeerTier(Tier):
         await self.directory.start()
         if isinstance(self.transport, NixlTransport):
             await self.transport.start(self.server)  # its agent, its metadata, the listener's EXPOSE
+        await self.liveness_directory.start()
+        await self.liveness.start()
 
     async def close(self) -> None:
+        await self.liveness.close()
         await self.server.close()
         await self.transport.close()
         await self.directory.close()
+        await self.liveness_directory.close()
 
     # ---------------------------------------------------------------- publish
     async def prepare_store(self, meta: ObjectMeta) -> StoreTicket:
@@ -96,15 +109,16 @@ class PeerTier(Tier):
     async def complete_store(self, ticket: StoreTicket, success: bool) -> None:
         if not success or not isinstance(ticket.location, bytes):
             return
-        await self.directory.publish(Descriptor(self.options.owner_id, self.server.address, ticket.meta,
-                                                ticket.location))
+        descriptor = Descriptor(self.options.owner_id, self.server.address, ticket.meta, ticket.location)
+        await self.directory.publish(descriptor)
+        self.announcer.record(descriptor)
         self.published += 1
         self.server.published()  # its pulls are likely next: the write-behind waits for them
 
     # ---------------------------------------------------------------- lookups
     def _offered(self, descriptor: Descriptor | None) -> bool:
         return descriptor is not None and descriptor.owner != self.options.owner_id \
-            and descriptor.owner not in self._fenced
+            and not self.fences.is_fenced(descriptor.owner)
 
     async def find_by_keys(self, key_digests: Sequence[bytes],
                            registry: VersionRegistry | None = None) -> KeyMatches:
@@ -145,11 +159,11 @@ class PeerTier(Tier):
         try:
             await self.transport.pull(descriptor.address, meta.object_id,
                                       meta.namespace[NAMESPACE_BYTES - TAG_BYTES:], view)
-        except PeerLost:
-            await self._fence(descriptor)
+        except PeerLost as exc:
+            await self._lost(descriptor, exc)
             raise
         except NotFound:
-            self._seen.pop(meta.object_id)
+            await self._not_there(descriptor)
             raise
         open_sealed(view, None, self._keyring, verify_payload=verify)
         return view
@@ -164,8 +178,11 @@ class PeerTier(Tier):
                                for address, indices in by_owner.items()))
 
     async def _pull_from(self, address: str, pulls: list[tuple[int, Lease, memoryview]], landed: Landed) -> None:
-        """One owner's share of ``pull_many``: each object checked where it landed."""
-        lost: Descriptor | None = None
+        """One owner's share of ``pull_many``: each object checked where it landed; a lost
+        owner judged (``_lost``: fenced on evidence only) and what it no longer holds
+        (``_not_there``) once the batch is told."""
+        lost: tuple[Descriptor, PeerLost] | None = None
+        gone: list[Descriptor] = []
 
         def check(at: int, error: StatetierError | None) -> None:
             nonlocal lost
@@ -178,28 +195,30 @@ class PeerTier(Tier):
                 except StatetierError as exc:
                     error = exc
             elif isinstance(error, PeerLost):
-                lost = lost or descriptor
+                lost = lost or (descriptor, error)
             elif isinstance(error, NotFound):
                 self._seen.pop(descriptor.meta.object_id)
+                gone.append(descriptor)
             landed(index, error)
 
         items = [PullItem(lease.meta.object_id, lease.meta.namespace[NAMESPACE_BYTES - TAG_BYTES:], view)
                  for _, lease, view in pulls]
         await self.transport.pull_many(address, items, check)
         if lost is not None:
-            await self._fence(lost)
+            await self._lost(*lost)
+        for descriptor in gone[:1]:  # one judgement of the owner at that address suffices
+            await self._not_there(descriptor)
 
-    async def _fence(self, descriptor: Descriptor) -> None:
+    async def _lost(self, descriptor: Descriptor, exc: PeerLost) -> None:
+        """A pull from ``descriptor``'s owner failed within its deadline: fenced on evidence only."""
         self.pulls_lost += 1
-        self._fenced.put(descriptor.owner, True)  # this process of it: restarted, it is a new owner
         self._seen.pop(descriptor.meta.object_id)
-        forget = getattr(self.transport, "forget", None)
-        if forget is not None:
-            forget(descriptor.address)
-        try:
-            await self.directory.fence(descriptor)
-        except Exception:  # noqa: BLE001 - the fence is best effort; the local one holds
-            pass
+        await self.fences.judge_lost(descriptor, exc)
+
+    async def _not_there(self, descriptor: Descriptor) -> None:
+        """The owner at ``descriptor``'s address does not hold it (it may be another process now)."""
+        self._seen.pop(descriptor.meta.object_id)
+        await self.fences.judge_not_found(descriptor)
 
     async def complete_load(self, lease: Lease) -> None:
         self._leases.pop(lease.lease_id, None)
@@ -216,6 +235,7 @@ class PeerTier(Tier):
         if descriptor is None or descriptor.owner != self.options.owner_id:
             return False
         await self.directory.withdraw(object_id, descriptor.meta.key_digest)
+        self.announcer.discard(object_id)
         return True
 
     async def iter_objects(self) -> AsyncIterator[ObjectMeta]:
@@ -229,11 +249,11 @@ class PeerTier(Tier):
         server = self.server
         return TierStats("peer", 0, 0, 0, len(self._leases), 0, extra={
             "address": server.address,  # what the other daemons dial: `statetier stats`, the start banner
-            "published": self.published, "pulls": getattr(self.transport, "pulls", 0),
-            "bytes_pulled": getattr(self.transport, "bytes_pulled", 0), "served": server.served,
+            "published": self.published, "pulls": self.transport.pulls,
+            "bytes_pulled": self.transport.bytes_pulled, "served": server.served,
             "bytes_served": server.bytes_served,
             "refused": server.refused, "handshakes_failed": server.handshakes_failed,
             "pull_batches_answered": server.batches, "pull_requests_answered": server.requests,
-            "pulls_lost": self.pulls_lost, "owners_fenced": len(self._fenced),
-            "directory_commands": self.directory.commands,
+            "pulls_lost": self.pulls_lost, "owners_fenced": len(self.fences),
+            "directory_commands": self.directory.commands, "faults": self.faults.snapshot(),
             **(self.transport.stats() if isinstance(self.transport, NixlTransport) else {})})

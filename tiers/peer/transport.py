@@ -4,20 +4,28 @@
   into)`` fills ``into`` (the object's size exactly) with the object the owner at
   ``address`` holds, or raises: ``NotFound`` (the owner no longer holds it), ``Forbidden``
   (not the tenant's), ``PeerLost`` (refused, broken off, or past the deadline: what
-  ``into`` holds then is never served). ``pull_many(address, items, landed=)`` pulls a
+  ``into`` holds then is never served; a ``PeerLost`` chained from ``ConnectionRefusedError``
+  says no process listens at ``address``). ``answered_by(address)`` is the owner id that
+  answered the last handshake there (None before one). ``forget(address)`` drops the idle
+  connections to it; ``close()`` all of them. A NIXL transport (the owner writing into a
+  registered window) is a second implementation. ``pull_many(address, items, landed=)`` pulls a
   batch of one owner's objects (``PullItem``: object id, tenant tag, ``into``) with one
   request, the owner streaming them back to back: per item, in order, None (landed) or its
   ``NotFound`` / ``Forbidden`` / ``PeerLost`` (every item not landed when the connection
   broke), each told to ``landed(index, error)`` as soon as it is known, so landing overlaps
-  receiving. ``close()`` drops its connections. A NIXL transport (the owner writing into a
-  registered window) is a second implementation.
-- ``TcpTransport(keyring, options)`` — statetier's frames (``tiers.peer.wire``) over TCP,
-  each connection authenticated with the cluster keyring; the bytes received straight into
-  ``into`` (``sock_recv_into``), large socket buffers, a few idle connections kept per
-  owner. A connection interrupted mid-frame is closed, never reused. A batch is one
-  ``PULL_MANY`` (``tiers.peer.wire``) per ``MANY_AT_MOST`` objects, each object's deadline
-  the pull's; a pooled connection that fails before the batch's first answer is dialled
-  again once; an owner that predates ``PULL_MANY`` is pulled from one object at a time.
+  receiving.
+- ``TcpTransport(keyring, options, faults=None)`` — statetier's frames (``tiers.peer.wire``)
+  over TCP, each connection authenticated with the cluster keyring; the bytes received
+  straight into ``into`` (``sock_recv_into``), large socket buffers, a few idle connections
+  kept per owner. A connection interrupted mid-frame is closed, never reused. Within the
+  pull's deadline (``pull_timeout``, the whole of it): a pooled connection found closed is
+  dialled again at once (``redialled``), a pull broken off on a fresh connection is tried
+  again after a backoff (``retried``, ``RETRIES`` tries in all); a refused dial is not
+  retried (it is evidence, for the tier). Both counted in ``faults`` (``tiers.peer.faults``).
+  A batch is one ``PULL_MANY`` (``tiers.peer.wire``) per ``MANY_AT_MOST`` objects, each
+  object's deadline the pull's; a pooled connection that fails before the batch's first
+  answer is dialled again once (``redialled``); an owner that predates ``PULL_MANY`` is
+  pulled from one object at a time.
 """
 
 from __future__ import annotations
@@ -30,9 +38,16 @@ from typing import Callable, Protocol, Sequence
 
 from statetier.protocol.errors import Forbidden, NotFound, PeerLost, StatetierError, Unauthorized
 from statetier.protocol.keyring import Keyring
+from statetier.protocol.lru import BoundedLru
 
 from . import wire
+from .faults import PeerFaults
 from .options import PeerTierOptions
+
+RETRIES = 4  # tries of one pull on fresh connections, the deadline permitting
+RETRY_FIRST_DELAY = 0.05  # seconds before the second try; doubled each time
+RETRY_MAX_DELAY = 0.4
+OWNERS = 4096  # addresses whose last answering owner id is remembered
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,10 +64,18 @@ Landed = Callable[[int, StatetierError | None], None]
 
 
 class PeerTransport(Protocol):
+    faults: PeerFaults  # what it met: redials, retries (the tier counts its fences there too)
+    pulls: int  # objects landed
+    bytes_pulled: int
+
     async def pull(self, address: str, object_id: bytes, tenant_tag: bytes, into: memoryview) -> None: ...
 
     async def pull_many(self, address: str, items: Sequence[PullItem],
                         landed: Landed | None = None) -> list[StatetierError | None]: ...
+
+    def answered_by(self, address: str) -> str | None: ...
+
+    def forget(self, address: str) -> None: ...
 
     async def close(self) -> None: ...
 
@@ -102,6 +125,8 @@ class _Batch:
         self.out: list[StatetierError | None] = [None] * len(items)
         self.settled = 0  # items[:settled] are known
         self._landed = landed
+        self.retries_left = RETRIES - 1  # fresh connections broken off, tried again
+        self.delay = RETRY_FIRST_DELAY
 
     def settle(self, error: StatetierError | None) -> None:
         index = self.settled
@@ -116,25 +141,24 @@ class _Batch:
 
 
 class TcpTransport:
-    def __init__(self, keyring: Keyring, options: PeerTierOptions) -> None:
+    def __init__(self, keyring: Keyring, options: PeerTierOptions, faults: PeerFaults | None = None) -> None:
         self._keyring = keyring
         self._options = options
         self._idle: dict[str, list[_PeerConnection]] = {}
         self._one_by_one: set[str] = set()  # owners that predate PULL_MANY
+        self._owners: BoundedLru[str, str] = BoundedLru(OWNERS)  # address → the owner id its last handshake named
+        self.faults = faults if faults is not None else PeerFaults()
         self.pulls = 0
         self.bytes_pulled = 0
         self.batches = 0
 
+    def answered_by(self, address: str) -> str | None:
+        return self._owners.peek(address)
+
     async def pull(self, address: str, object_id: bytes, tenant_tag: bytes, into: memoryview) -> None:
         try:
             async with asyncio.timeout(self._options.pull_timeout):
-                session = self._take_idle(address) or await self._connect(address)
-                try:
-                    await self._exchange(session, object_id, tenant_tag, into)
-                except BaseException:
-                    session.close()  # interrupted mid-frame: never reused
-                    raise
-                self._give_back(address, session)
+                await self._pull_retrying(address, object_id, tenant_tag, into)
         except TimeoutError as exc:
             raise PeerLost(f"peer {address} did not answer the pull of {object_id.hex()} within "
                            f"{self._options.pull_timeout} s") from exc
@@ -158,7 +182,10 @@ class TcpTransport:
 
     async def _pull_batch(self, address: str, batch: _Batch, chunk: Sequence[PullItem]) -> None:
         """One PULL_MANY of ``chunk`` (the batch's next items); a pooled connection that fails
-        before the first answer is dialled again once. A lost owner: the rest ``PeerLost``."""
+        before the first answer is dialled again once (``redialled``); a fresh one broken off is
+        tried again after a backoff (``retried``: ``RETRIES`` tries for the whole batch, the
+        caller asking again for what is left). A refused dial, a deadline passed or a second
+        failure: the rest ``PeerLost`` (the refusal chained: evidence for the tier)."""
         first = batch.settled
         for attempt in (0, 1):
             session = self._take_idle(address) if attempt == 0 else None
@@ -179,8 +206,20 @@ class TcpTransport:
                                                 f"{self._options.pull_timeout} s")
             except OSError as exc:
                 if reused and batch.settled == first:
-                    continue  # a pooled connection the owner had closed: dialled again, once
+                    self.forget(address)  # idle as long as this one: as likely closed
+                    self.faults.count("redialled", "peer %s: a pooled connection was found closed (%s): dialling "
+                                      "a fresh one for a batch of %d pulls", address, exc, len(chunk))
+                    continue
+                if not isinstance(exc, ConnectionRefusedError) and batch.retries_left:
+                    batch.retries_left -= 1
+                    self.faults.count("retried", "peer %s broke off a batch of pulls (%s): the %d not landed "
+                                      "pulled again in %.0f ms", address, exc, len(batch.items) - batch.settled,
+                                      batch.delay * 1e3)
+                    await asyncio.sleep(batch.delay)
+                    batch.delay = min(2 * batch.delay, RETRY_MAX_DELAY)
+                    return  # the caller asks again for what is left
                 lost = PeerLost(f"peer {address} broke off a batch of pulls: {exc}")
+                lost.__cause__ = exc
             except (PeerLost, Unauthorized) as exc:
                 lost = exc
             batch.lose_the_rest(lost)
@@ -230,6 +269,45 @@ class TcpTransport:
             except (PeerLost, Unauthorized) as exc:
                 batch.lose_the_rest(exc)
 
+    async def _pull_retrying(self, address: str, object_id: bytes, tenant_tag: bytes, into: memoryview) -> None:
+        """``_pull_once`` until it lands, ``RETRIES`` tries with a doubling backoff between them
+        (the caller's deadline cuts it short); a refused dial ends it at once."""
+        delay = RETRY_FIRST_DELAY
+        for tries_left in range(RETRIES - 1, -1, -1):
+            try:
+                return await self._pull_once(address, object_id, tenant_tag, into)
+            except ConnectionRefusedError:
+                raise
+            except OSError as exc:
+                if not tries_left:
+                    raise
+                self.faults.count("retried", "peer %s broke off the pull of %s (%s): pulled again in %.0f ms, "
+                                  "within the pull's deadline", address, object_id.hex(), exc, delay * 1e3)
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, RETRY_MAX_DELAY)
+
+    async def _pull_once(self, address: str, object_id: bytes, tenant_tag: bytes, into: memoryview) -> None:
+        """One pull on a pooled connection, or on a fresh one when none is idle or the pooled
+        one is found closed (the answer refills ``into`` from its start)."""
+        session = self._take_idle(address)
+        if session is not None:
+            try:
+                return await self._exchange_on(address, session, object_id, tenant_tag, into)
+            except OSError as exc:
+                self.forget(address)  # idle as long as this one: as likely closed
+                self.faults.count("redialled", "peer %s: a pooled connection was found closed (%s): dialling "
+                                  "a fresh one for the pull of %s", address, exc, object_id.hex())
+        await self._exchange_on(address, await self._connect(address), object_id, tenant_tag, into)
+
+    async def _exchange_on(self, address: str, session: _PeerConnection, object_id: bytes, tenant_tag: bytes,
+                           into: memoryview) -> None:
+        try:
+            await self._exchange(session, object_id, tenant_tag, into)
+        except BaseException:
+            session.close()  # interrupted mid-frame: never reused
+            raise
+        self._give_back(address, session)
+
     async def _exchange(self, session: _PeerConnection, object_id: bytes, tenant_tag: bytes, into: memoryview) -> None:
         loop = asyncio.get_running_loop()
         session.seq += 1
@@ -257,28 +335,34 @@ class TcpTransport:
             sock.setblocking(False)
             tune(sock, self._options.socket_buffer_bytes)
             await loop.sock_connect(sock, sockaddr)
-            key = await self._handshake(sock)
+            key, owner_id = await self._handshake(sock)
         except BaseException:
             sock.close()
             raise
+        self._owners.put(address, owner_id)
         return _PeerConnection(sock, key)
 
-    async def _handshake(self, sock: socket.socket) -> bytes:
+    async def _handshake(self, sock: socket.socket) -> tuple[bytes, str]:
+        """The session key and the owner id of the process that answered."""
         loop = asyncio.get_running_loop()
         active = self._keyring.active
         key = wire.auth_key(active)
         nonce_p = os.urandom(wire.NONCE_BYTES)
-        await loop.sock_sendall(sock, wire.MAGIC + active.key_id + nonce_p)
+        await loop.sock_sendall(sock, wire.MAGIC_OWNER + active.key_id + nonce_p)
         welcome = bytearray(wire.WELCOME_BYTES)
         await recv_exact(sock, memoryview(welcome))
         if welcome == wire.REFUSED:
             raise Unauthorized("peer: the owner does not know this daemon's key: not the same cluster keyring")
+        length = bytearray(1)
+        await recv_exact(sock, memoryview(length))
+        owner_id = bytearray(length[0])
+        await recv_exact(sock, memoryview(owner_id))
         owner_key_id, nonce_o, proof = bytes(welcome[:8]), bytes(welcome[8:40]), bytes(welcome[40:])
         owner_key = wire.key_for(self._keyring, owner_key_id) if owner_key_id != active.key_id else key
-        if wire.mac(owner_key, b"owner", nonce_p, nonce_o) != proof:
+        if wire.owner_proof(owner_key, nonce_p, nonce_o, bytes(owner_id)) != proof:
             raise Unauthorized("peer: the owner did not prove it holds this cluster's keyring")
         await loop.sock_sendall(sock, wire.mac(key, b"puller", nonce_p, nonce_o))
-        return wire.session_key(key, nonce_p, nonce_o)
+        return wire.session_key(key, nonce_p, nonce_o), owner_id.decode(errors="replace")
 
     def _take_idle(self, address: str) -> _PeerConnection | None:
         idle = self._idle.get(address)

@@ -5,9 +5,15 @@ peer-auth key ``K = HMAC(secret, "statetier/peer-auth/1")`` derived from the sig
 named by id (never the signing key itself, so no handshake MAC is a valid object signature):
 
     puller → owner   HELLO   magic(8) key_id(8) nonce_p(32)
-    owner  → puller  WELCOME key_id(8) nonce_o(32) HMAC(K, "owner" | nonce_p | nonce_o)
+    owner  → puller  WELCOME key_id(8) nonce_o(32) HMAC(K, "owner" | nonce_p | nonce_o [| n | owner_id])
+                     [n(1) owner_id(n)]
                      (all zeros: REFUSED, the puller's key id is not in this keyring)
     puller → owner   PROVE   HMAC(K, "puller" | nonce_p | nonce_o)
+
+The bracketed parts answer a ``MAGIC_OWNER`` hello only: the owner id of the process that
+answers (``owner_id``, as its directory entries name it), under the owner's MAC, so a puller
+knows a restarted daemon (a new owner id) from the one it pulled from before. An owner
+answers a ``MAGIC`` hello (a daemon of the release before) as it did, without it.
 
 then the session key ``S = HMAC(K, "session" | nonce_p | nonce_o)`` authenticates every
 request: ``PULL object_id(16) tenant_tag(16) size(8) seq(8) HMAC(S, the 48 bytes)(32)``
@@ -43,6 +49,7 @@ from statetier.protocol.errors import ConfigError, Unauthorized
 from statetier.protocol.keyring import Keyring, SigAlg, SigningKey
 
 MAGIC = b"STPEER01"
+MAGIC_OWNER = b"STPEER02"  # the puller asks who answers: the owner id follows the WELCOME
 NONCE_BYTES = 32
 MAC_BYTES = 32
 HELLO_BYTES = len(MAGIC) + 8 + NONCE_BYTES
@@ -80,6 +87,18 @@ def key_for(keyring: Keyring, key_id: bytes) -> bytes:
 
 def mac(key: bytes, *parts: bytes) -> bytes:
     return hmac.digest(key, b"".join(parts), "sha256")
+
+
+def owner_proof(key: bytes, nonce_p: bytes, nonce_o: bytes, owner_id: bytes | None) -> bytes:
+    """The owner's MAC of a WELCOME; ``owner_id`` None: the first release's, without it."""
+    if owner_id is None:
+        return mac(key, b"owner", nonce_p, nonce_o)
+    return mac(key, b"owner", nonce_p, nonce_o, bytes([len(owner_id)]), owner_id)
+
+
+def owner_id_bytes(owner_id: str) -> bytes:
+    """An owner id as the WELCOME carries it (at most 255 bytes; its length goes first)."""
+    return owner_id.encode()[:255]
 
 
 def session_key(key: bytes, nonce_p: bytes, nonce_o: bytes) -> bytes:
