@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 
 import pytest
@@ -207,6 +208,14 @@ async def test_a_batch_answers_each_object_apart(fresh_redis):
         assert bytes(pulls[1][1]) == blob and owner.server.batches == 1 and owner.server.refused == 1
 
 
+def welcome(writer: asyncio.StreamWriter, key: bytes, nonce_p: bytes, nonce_o: bytes, owner: str) -> None:
+    """The WELCOME a fake owner of the cluster answers a ``MAGIC_OWNER`` hello with: its owner id
+    under its MAC (a puller of this release asks who answers)."""
+    named = wire.owner_id_bytes(owner)
+    writer.write(KEYRING.active.key_id + nonce_o + wire.owner_proof(key, nonce_p, nonce_o, named)
+                 + bytes([len(named)]) + named)
+
+
 @contextlib.asynccontextmanager
 async def owner_before_batches(blobs: dict[bytes, bytes]):
     """An owner of the cluster that speaks the pull of one object only (as before PULL_MANY):
@@ -214,7 +223,7 @@ async def owner_before_batches(blobs: dict[bytes, bytes]):
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         hello = await reader.readexactly(wire.HELLO_BYTES)
         key, nonce_p, nonce_o = wire.auth_key(KEYRING.active), hello[16:], os.urandom(wire.NONCE_BYTES)
-        writer.write(KEYRING.active.key_id + nonce_o + wire.mac(key, b"owner", nonce_p, nonce_o))
+        welcome(writer, key, nonce_p, nonce_o, "old")
         await reader.readexactly(wire.MAC_BYTES)
         session, seq = wire.session_key(key, nonce_p, nonce_o), 0
         try:
@@ -254,19 +263,22 @@ async def test_an_owner_that_predates_batches_is_pulled_from_one_object_at_a_tim
 @contextlib.asynccontextmanager
 async def owner_torn_mid_batch(blob: bytes, *, hang: bool):
     """An owner of the cluster that answers a PULL_MANY with its first object whole, half of
-    the second, then closes the connection (``hang=False``) or stops sending (``hang=True``)."""
+    the second, then closes the connection (``hang=False``) or stops sending (``hang=True``);
+    every later connection (the puller's retries) is torn in its first object."""
     release = asyncio.Event()
+    connections = itertools.count()
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         hello = await reader.readexactly(wire.HELLO_BYTES)
         key, nonce_p, nonce_o = wire.auth_key(KEYRING.active), hello[16:], os.urandom(wire.NONCE_BYTES)
-        writer.write(KEYRING.active.key_id + nonce_o + wire.mac(key, b"owner", nonce_p, nonce_o))
+        welcome(writer, key, nonce_p, nonce_o, "gone")
         await reader.readexactly(wire.MAC_BYTES)
         _, _, count = wire.unpack_pull(wire.session_key(key, nonce_p, nonce_o),
                                        await reader.readexactly(wire.PULL_BYTES), 1)
         await reader.readexactly(wire.many_bytes(count))
         head = wire.ANSWER.pack(wire.OK, len(blob))
-        writer.write(wire.ANSWER.pack(wire.BATCH, count) + head + blob + head + blob[: len(blob) // 2])
+        whole = head + blob if next(connections) == 0 else b""
+        writer.write(wire.ANSWER.pack(wire.BATCH, count) + whole + head + blob[: len(blob) // 2])
         await writer.drain()
         if hang:
             await release.wait()
@@ -292,6 +304,9 @@ async def test_a_batch_torn_mid_stream_loses_the_rest_and_fences_the_owner(fresh
         await puller.pull_many(pulls, lambda index, error: told.append(error))
         assert [type(error) for error in told] == [type(None), PeerLost, PeerLost]  # the first landed whole
         assert bytes(pulls[0][1]) == blob
+        transport = puller.transport
+        assert isinstance(transport, TcpTransport)  # a torn stream is pulled again; a hung one is not
+        assert transport.faults.snapshot()["retried"] == (0 if hang else RETRIES - 1)
         assert not await puller.contains(meta.object_id) and puller.stats().extra["pulls_lost"] == 1
 
 

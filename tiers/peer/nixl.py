@@ -46,6 +46,7 @@ from . import nixlmeta, wire
 from .nixlagent import NixlAgent, importable
 from .options import PeerTierOptions
 from .serve import LeaseLocal, PeerServer, _tenant_tag_of
+from .faults import PeerFaults
 from .transport import PeerTransport, TcpTransport, _PeerConnection, recv_exact
 
 log = logging.getLogger("statetier.peer.nixl")
@@ -86,8 +87,8 @@ def make_transport(name: str, keyring: Keyring, options: PeerTierOptions,
 
 class NixlTransport(TcpTransport):
     def __init__(self, keyring: Keyring, options: PeerTierOptions, arena: Arena | None,
-                 *args: object, **kwargs: object) -> None:
-        super().__init__(keyring, options, *args, **kwargs)
+                 faults: PeerFaults | None = None) -> None:
+        super().__init__(keyring, options, faults)
         self._arena = arena
         self._nixl_keyring = keyring
         self.agent: NixlAgent | None = None
