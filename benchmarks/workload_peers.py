@@ -115,6 +115,13 @@ class MooncakeRaw:
     def remove(self) -> None:
         self._call(op="remove")
 
+    def put_get(self, sizes: list[int]) -> tuple[float, float]:
+        """One repetition: the objects put, got back (checked), removed; (put s, get s)."""
+        put = self.put(sizes)
+        got = self.get()
+        self.remove()
+        return put, got
+
     def close(self) -> None:
         if self.proc.poll() is None:
             try:
@@ -163,11 +170,7 @@ async def _measure_case(prefill, decode, redis_url: str, model, tokens: int, rep
             t_set = await atimed(lambda: red.set_all(views))
             t_get = await atimed(red.get_all)
             await red.clear()
-            t_mc_put = t_mc_get = 0.0
-            if mooncake is not None:
-                t_mc_put = mooncake.put(sizes)
-                t_mc_get = mooncake.get()
-                mooncake.remove()
+            t_mc_put, t_mc_get = (0.0, 0.0) if mooncake is None else mooncake.put_get(sizes)
             prefix = os.urandom(32)
             answered = await pull_requests(prefill)  # before Redis is counted: a stats call may ask Redis
             commands, nbytes = redis_counts(redis_url)

@@ -90,7 +90,7 @@ class Progress:
             self.bar.update(steps)
         else:
             self.done += steps
-            print(f"{self.name}: {self.done}/{self.total}", file=sys.stderr, flush=True)
+            print(f"{self.name}: step {self.done}/{self.total}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:

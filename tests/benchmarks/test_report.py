@@ -85,7 +85,7 @@ def test_the_quick_report_references_existing_plots_and_every_row_has_a_ratio(qu
                     "## Restore versus recompute", "## Concurrent clients", "## SGLang HiCache backend",
                     "## Same-host hot path (SDK)", "## Method"):
         assert section in text, section
-    assert "clients" in quick_report["stderr"] and "step" in quick_report["stderr"]  # the progress bars
+    assert "clients" in quick_report["stderr"] and "step" in quick_report["stderr"]  # the progress lines (plain: not a terminal)
 
 
 def test_the_kept_run_holds_every_workload_of_the_quick_plan(quick_report) -> None:
