@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import errno
 import gc
 import json
@@ -34,13 +35,13 @@ from pathlib import Path
 
 from statetier.protocol.errors import ConfigError, StatetierError, Unavailable
 from statetier.protocol.keyring import Keyring
-from statetier.tiers.base import Tier
+from statetier.tiers.base import PurgeMarkStore, Tier
 from statetier.tiers.crypto import AtRestCipher
 from statetier.tiers.registry import MemoryVersionRegistry, VersionRegistry
 from statetier.tiers.tolerant_registry import TolerantRegistry
 
 from .config import Config
-from .engine import Announcements, Engine, EngineOptions
+from .engine import Announcements, Engine, EngineOptions, Publishing
 from .events import EventPublisher
 from .http import MetricsServer, Readiness
 from .metrics import Metrics
@@ -214,14 +215,14 @@ def load_or_create_cipher(path: Path) -> AtRestCipher:
 
 def build_tiers(config: Config, keyring: Keyring, executor,
                 peer_address: PeerAddress | None = None) -> tuple[list[Tier], dict]:
-    """Concrete tiers, fastest first, and the roles the engine needs (arena, publish, …);
+    """Concrete tiers, fastest first, and the roles the engine needs (arena, publishing, …);
     the peer tier where ``peer_address`` (``peers.enabled``, resolved) is given."""
     from statetier.tiers.disk import DiskTier, DiskTierOptions
     from statetier.tiers.memory import DeviceTier, DeviceTierOptions, HostTier, HostTierOptions
 
     limits = config.limits
     tiers: list[Tier] = []
-    roles: dict = {"arena": None, "publish": None, "write_behind_to": None}
+    roles: dict = {"arena": None, "publishing": Publishing(), "write_behind_to": None}
     if config.device.enabled:
         tiers.append(DeviceTier(DeviceTierOptions(
             config.device.capacity_bytes, device=config.device.device, high_watermark=config.device.high_watermark,
@@ -255,7 +256,7 @@ def build_tiers(config: Config, keyring: Keyring, executor,
             start_unreachable=config.redis.start_unreachable),
             keyring=keyring, cipher=cipher if config.redis.encrypt else None, executor=executor)
         tiers.append(redis_tier)
-        roles["publish"] = redis_tier
+        roles["publishing"] = Publishing(redis_tier, redis_tier, marks=_purge_marks_of(redis_tier))
         if peer_address is not None:
             _add_peer_tier(config, keyring, tiers, roles, peer_address)
     if not tiers:
@@ -272,7 +273,7 @@ def _add_peer_tier(config: Config, keyring: Keyring, tiers: list[Tier], roles: d
     from statetier.tiers.peer import PeerTier, PeerTierOptions
     from statetier.tiers.peer.nixl import make_transport
 
-    peers, redis_tier = config.peers, roles["publish"]
+    peers, redis_tier = config.peers, roles["publishing"].shared
     local = [t for t in tiers if t is not redis_tier and t.name != "device"]
 
     async def holds_locally(object_id: bytes) -> bool:
@@ -288,8 +289,14 @@ def _add_peer_tier(config: Config, keyring: Keyring, tiers: list[Tier], roles: d
     peer = PeerTier(options, keyring=keyring, local_tiers=local, holds_locally=holds_locally,
                     transport=make_transport(peers.transport, keyring, options, roles["arena"]))
     tiers.insert(tiers.index(redis_tier), peer)
-    roles.update(publish=peer, publish_bytes=redis_tier, keeps_bytes=peers.keeps_bytes, batch_pulls=peer,
-                 write_behind_yields_to=peer.server.quiet)
+    roles.update(publishing=dataclasses.replace(roles["publishing"], target=peer, keeps_bytes=peers.keeps_bytes),
+                 batch_pulls=peer, write_behind_yields_to=peer.server.quiet)
+
+
+def _purge_marks_of(tier: Tier) -> PurgeMarkStore | None:
+    """The shared tier's declared capability, checked once here: whether it keeps the
+    cluster's purge marks (``tiers.base.PurgeMarkStore``; the Redis tier declares it)."""
+    return tier if isinstance(tier, PurgeMarkStore) else None
 
 
 def _warn_if_beyond_memory(capacity: int | None) -> None:
@@ -318,8 +325,8 @@ def build(config: Config) -> App:
     tiers, roles = build_tiers(config, keyring, executor, peer_address)
     metrics = Metrics()
     watch = None
-    if roles["publish"] is not None:
-        registry, watch = _shared_registry(config, roles.get("publish_bytes") or roles["publish"], metrics)
+    if roles["publishing"].shared is not None:
+        registry, watch = _shared_registry(config, roles["publishing"].shared, metrics)
     else:
         registry = MemoryVersionRegistry()
     quotas = {t.name: dict(t.quota_bytes) for t in config.tenants if t.quota_bytes}

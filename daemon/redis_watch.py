@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from statetier.protocol.errors import StatetierError
+from statetier.tiers.base import PurgeMarkStore
 from statetier.tiers.tolerant_registry import TolerantRegistry
 
 from .http import Readiness
@@ -41,10 +42,10 @@ DEGRADED_SERVES = ("served: loads and lookups of copies this daemon holds (when 
                    "or by other daemons\n")
 
 
-class Probed(Protocol):
-    async def probe(self) -> bool: ...
+class Probed(PurgeMarkStore, Protocol):
+    """The shared Redis tier, as the watch sees it: probed, and keeping the purge marks."""
 
-    async def purge_marks(self) -> dict[str, int]: ...
+    async def probe(self) -> bool: ...
 
 
 class RedisWatch:

@@ -26,6 +26,9 @@ tier already holds.
 ``compact()`` (disk segments, the memory tiers' regions; a no-op returning None elsewhere)
 never moves or frees bytes under a lease; its report is a ``CompactionReport``.
 Foreign exceptions never leave a tier: each translates them into ``statetier`` errors.
+``PurgeMarkStore`` is the capability a tier declares (by implementing it) when it keeps the
+cluster's purge marks (the shared Redis tier); ``holds_bytes = False`` declares a tier that
+takes no bytes of its own (the peer tier: it describes what this daemon's other tiers hold).
 ``Clock`` is what a tier reads lease deadlines on (``time.monotonic`` unless its options say).
 """
 
@@ -33,7 +36,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable, Protocol, Self, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Protocol, Self, Sequence, runtime_checkable
 
 from statetier.protocol.errors import StatetierError
 from statetier.protocol.identity import Kind
@@ -71,6 +74,17 @@ class KeyMatches:
     #: the cluster's purge marks (scope → cutoff), read on the way by a shared tier that keeps
     #: them (``tiers.redis``: in the same round trip); None where not asked
     purge_marks: dict[str, int] | None = None
+
+
+@runtime_checkable
+class PurgeMarkStore(Protocol):
+    """A tier that keeps the cluster's purge marks (the shared Redis tier declares it): a purge
+    on one daemon is recorded (``mark_purge``) so every daemon sharing it removes its copies
+    too (``purge_marks``: scope → cutoff). Checked once, by the composition root."""
+
+    async def mark_purge(self, scope: str, cutoff_ns: int) -> None: ...
+
+    async def purge_marks(self) -> dict[str, int]: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,10 +14,12 @@ tiers, the arena, the registry, placement, tenancy, keyring, options, metrics).
 - ``placement`` — where an object goes, eviction, demotion, write-behind, moves.
 - ``tenancy`` — namespace ownership and per-tier quotas; ``audit`` — inspect and verify.
 - ``announcements`` — the KV events of every copy charged to or given back by a tier.
+- ``publishing`` — where a publish goes: the cross-node tier, the shared Redis tier, its purge marks.
 """
 
 from .announcements import Announcements
 from .engine import Engine
+from .publishing import Publishing
 from .stack import EngineOptions
 
-__all__ = ["Announcements", "Engine", "EngineOptions"]
+__all__ = ["Announcements", "Engine", "EngineOptions", "Publishing"]

@@ -166,7 +166,7 @@ async def honour_marks(stack: Stack, marks: dict[str, int]) -> dict:
         created = copy.meta.created_at_ns
         return created <= namespaces.get(copy.namespace, -1) or created <= tenants.get(copy.tenant, -1)
 
-    own = [tier for tier in stack.tiers if tier is not stack.shared_tier]  # Redis's went with the purge
+    own = [tier for tier in stack.tiers if tier is not stack.publishing.shared]  # Redis's went with the purge
     walked = await walk(stack, own)
     picked = [copy for copy in walked.copies if marked(copy)]
     return await _remove_picked(stack, picked, walked.unavailable, own)
@@ -186,15 +186,14 @@ async def _remove_picked(stack: Stack, picked: list[Copy], unavailable: list[str
 async def _mark_everywhere(stack: Stack, scope: str, cutoff: int, report: dict) -> None:
     """The purge mark in the shared registry, so every daemon sharing Redis removes its copies
     too; ``report["marked"]`` says whether it was written (Redis down: purge again later)."""
-    mark = getattr(stack.shared_tier, "mark_purge", None)
+    marks, shared = stack.publishing.marks, stack.publishing.shared
     report["marked"] = False
-    if mark is None:
+    if marks is None:
         return
     try:
-        await mark(scope, cutoff)
+        await marks.mark_purge(scope, cutoff)
         report["marked"] = True
     except Unavailable:
-        shared = stack.shared_tier
         if shared is not None and shared.name not in report["unavailable"]:
             report["unavailable"].append(shared.name)
 

@@ -1,9 +1,10 @@
 """The engine: the tier hierarchy behind the daemon's requests (DESIGN §4–6); its one entry point.
 
-``Engine(tiers, keyring=, registry=, metrics=, options=, arena=, publish=, write_behind_to=,
+``Engine(tiers, keyring=, registry=, metrics=, options=, arena=, publishing=, write_behind_to=,
 executor=, announcements=, batch_pulls=, write_behind_yields_to=)`` — ``tiers`` fastest first
 (device, host, disk, redis; any may be absent); ``arena`` the host tier that puts are sealed
-into (its reservations); ``publish`` the cross-node tier (Redis); ``batch_pulls`` the tier that
+into (its reservations); ``publishing`` where a publish goes (``daemon.engine.publishing``: the
+cross-node tier, the shared Redis tier, the purge marks it keeps); ``batch_pulls`` the tier that
 pulls a load batch's copies at once (the peer tier: ``daemon.engine.pulls``);
 ``write_behind_yields_to`` what the write-behind waits on before each copy (the peer
 server's ``quiet``: pulls first); ``announcements`` the KV events' view of every copy
@@ -28,7 +29,7 @@ hold the rules; the server calls, per request, and the engine forwards to:
 While the version registry ``is_degraded`` (a shared one unreachable), every load, put and
 lookup answered is counted as served during the outage (``statetier_outage_served_total``).
 
-``EngineOptions`` (defined in ``daemon.engine.stack``) is exported here. Eviction and demotion
+``EngineOptions`` (defined in ``daemon.engine.stack``) and ``Publishing`` are exported here. Eviction and demotion
 are ``daemon.engine.placement``'s; tenant bytes follow every copy (``daemon.engine.tenancy``).
 Every request is taken into its tenant's own namespaces first, a batch item by item
 (``own_incoming``, ``own_load``, ``own_lookup``, ``owned_ref``: ``daemon.engine.tenancy``):
@@ -60,13 +61,14 @@ from .loads import Loads
 from .lookup import joint_hit
 from .placement import Placement
 from .pulls import PullsBatches
+from .publishing import Publishing
 from .purge_marks import PurgeMarks
 from .puts import Puts
 from ..requests import Incoming, JointHit, LoadRequest, LoadResult, LookupRequest, PutRequest, PutResult
 from .stack import EngineOptions, Stack
 from .tenancy import Tenancy, own_incoming, own_load, own_lookup, owned_namespace, owned_ref
 
-__all__ = ["Engine", "EngineOptions"]
+__all__ = ["Engine", "EngineOptions", "Publishing"]
 
 log = logging.getLogger("statetier.engine")
 
@@ -74,10 +76,10 @@ log = logging.getLogger("statetier.engine")
 class Engine:
     def __init__(self, tiers: list[Tier], *, keyring: Keyring, registry: VersionRegistry,
                  metrics: Metrics | NullMetrics | None = None,
-                 options: EngineOptions | None = None, arena: Tier | None = None, publish: Tier | None = None,
+                 options: EngineOptions | None = None, arena: Tier | None = None,
+                 publishing: Publishing | None = None,
                  write_behind_to: Tier | None = None, executor: Executor | None = None,
-                 announcements: Announcements | None = None, publish_bytes: Tier | None = None,
-                 keeps_bytes: Callable[[bytes], bool] | None = None, batch_pulls: PullsBatches | None = None,
+                 announcements: Announcements | None = None, batch_pulls: PullsBatches | None = None,
                  write_behind_yields_to: Callable[[float], Awaitable[bool]] | None = None) -> None:
         if not tiers:
             raise InvalidRequest("the engine needs at least one tier")
@@ -87,7 +89,7 @@ class Engine:
         self.metrics = metrics = NullMetrics() if metrics is None else metrics
         self.options = options or EngineOptions()
         self.arena = arena
-        self.publish_tier = publish
+        self.publishing = publishing = publishing or Publishing()
         self.executor = executor
         volatile = self.tiers[: self.tiers.index(write_behind_to)] if write_behind_to in self.tiers else []
         self.announcements = announcements
@@ -95,13 +97,11 @@ class Engine:
         self.placement = Placement(self.tiers, metrics, write_behind_limit=self.options.write_behind_limit,
                                    write_behind_from=volatile, write_behind_to=write_behind_to,
                                    tenancy=self.tenancy, yields_to=write_behind_yields_to)
-        shared = publish_bytes or publish  # the tier on the shared Redis (beside a peer tier: publish_bytes)
-        read_marks = getattr(shared, "purge_marks", None)  # a shared tier that keeps purge marks
-        self.purges = PurgeMarks(read_marks, self.honour_purge_marks) if read_marks is not None else None
+        marks = publishing.marks  # declared by the composition root: the shared tier that keeps purge marks
+        self.purges = PurgeMarks(marks.purge_marks, self.honour_purge_marks) if marks is not None else None
         # lookups and loads by key: the marks ride on their locate; loads by ref read them beside the registry
         self.stack = Stack(self.tiers, keyring, registry, self.options, self.placement, self.tenancy, metrics,
-                           arena, publish, executor, announcements, self.purges, publish_bytes,
-                           keeps_bytes or (lambda namespace: False))
+                           arena, publishing, executor, announcements, self.purges)
         self._leases = Leases(itertools.count(1))
         fences = Fences(self.stack)
         self._puts = Puts(self.stack, fences)

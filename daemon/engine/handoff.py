@@ -91,7 +91,7 @@ class PutCompletion:
     async def _publish_together(self, stored: list[Stored]) -> dict[int, StatetierError | None]:
         """The copies a batch publishes, made together (``batch_copies``: one commit round
         trip on Redis): item index → None (published) or its error. Empty for fewer than two."""
-        target = self.stack.publish
+        target = self.stack.publishing.target
         items = [item for item in stored if item.req.publish and target is not None and item.tier is not target]
         if len(items) < 2:
             return {}
@@ -111,7 +111,7 @@ class PutCompletion:
             return PutResult(ref, tier.name, False, tier.is_durable)
         durable = tier.is_durable or (req.durable and await self._store_durably(item))
         is_published = await self._publish(item, published) if req.publish else False
-        if not req.publish or (is_published and tier is not self.stack.publish):
+        if not req.publish or (is_published and tier is not self.stack.publishing.target):
             # a published object is written behind too: the local copy outlives its Redis TTL
             queued = self.stack.placement.schedule_copy_down(meta.object_id, tier)
             if not queued and is_published and not durable:  # the queue is full: written now
@@ -121,7 +121,7 @@ class PutCompletion:
     async def _publish(self, item: Stored, published: dict[int, StatetierError | None]) -> bool:
         """Written through to the cross-node tier; without one (tolerated) False, counted."""
         stack, meta, tier = self.stack, item.meta, item.tier
-        target = stack.publish
+        target = stack.publishing.target
         if target is None:
             log.warning("put of %s asked to publish; no cross-node tier: stored locally only", meta.object_id.hex())
             stack.metrics.count_unpublished()
@@ -135,8 +135,8 @@ class PutCompletion:
                 raise error
         else:
             await self._copy(item, target)
-        extra = stack.publish_bytes
-        if extra is not None and extra is not tier and stack.keeps_bytes(meta.namespace):
+        extra = stack.publishing.bytes_beside(meta.namespace)
+        if extra is not None and extra is not tier:
             await self._copy(item, extra)  # descriptor+bytes: a Redis copy that outlives this daemon
         return True
 

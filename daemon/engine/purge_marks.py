@@ -3,7 +3,7 @@
 A purge on one daemon writes a mark (scope → cutoff) into the shared registry
 (``catalog.purge``); every other daemon must stop serving what it names from the next load or
 lookup on, not from its next health probe. ``PurgeMarks(read, honour)`` — one per engine whose
-shared tier keeps marks (``stack.shared_tier.purge_marks``):
+shared tier keeps marks (``stack.publishing.marks``, a ``tiers.base.PurgeMarkStore``):
 
 - ``await before_serving()`` — reads the marks (one small round trip) and, when one is new
   (made since this daemon last honoured it), removes this daemon's copies it names

@@ -128,10 +128,10 @@ class Puts:
     def _check_put(self, req: PutRequest) -> None:
         stack = self.stack
         stack.tenancy.check_namespace(req.tenant, req.key.namespace)
-        if req.publish and stack.publish is None and not stack.options.tolerate_unpublished:
+        if req.publish and stack.publishing.target is None and not stack.options.tolerate_unpublished:
             raise Unavailable("publish requested but this daemon has no cross-node tier (Redis): nothing "
                               "was stored or published")
-        if req.publish and stack.publish is not None and stack.registry.is_degraded:
+        if req.publish and stack.publishing.target is not None and stack.registry.is_degraded:
             raise RegistryUnavailable("publish requested while the shared registry (Redis) is unreachable: "
                                       "nothing was stored or published (a local put is served; retry the "
                                       "publish once /readyz says ready)")

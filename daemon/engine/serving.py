@@ -310,7 +310,7 @@ class CopyServer:
 
 def _no_shared_tier_hint(stack) -> str:
     """What a miss means on a daemon without a cross-node tier: only its own puts are found."""
-    if stack.publish is not None:
+    if stack.publishing.target is not None:
         return ""
     return (" of this daemon, and it has no Redis tier (redis.url unset): only objects put through this daemon "
             "are found here; a ref from another node needs both daemons on one Redis")

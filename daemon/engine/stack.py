@@ -6,7 +6,8 @@
                        ``daemon.engine.fencing``, ``daemon.engine.loads``, ``daemon.engine.serving``,
                        ``daemon.engine.candidates``, ``daemon.engine.deletion``, ``daemon.engine.lookup``,
                        ``daemon.engine.audit``, ``daemon.engine.catalog``): the tiers fastest first,
-                       the host arena, the cross-node tier, the version registry,
+                       the host arena, where a publish goes (``Publishing``: the
+                       cross-node tier, the shared Redis tier, its purge marks), the version registry,
                        ``Placement``, ``Tenancy``, keyring, options, metrics (``Metrics``, or
                        ``NullMetrics`` when the engine has none) and the KV
                        events' ``Announcements`` (or None);
@@ -38,6 +39,7 @@ from statetier.tiers.registry import VersionRegistry
 from ..metrics import Metrics, NullMetrics
 from .announcements import Announcements
 from .placement import Placement
+from .publishing import Publishing
 from .purge_marks import PurgeMarks
 from .refusal_log import RefusalLog
 from .tenancy import Tenancy
@@ -67,21 +69,12 @@ class Stack:
     tenancy: Tenancy
     metrics: Metrics | NullMetrics = field(default_factory=NullMetrics)
     arena: Tier | None = None
-    publish: Tier | None = None
+    publishing: Publishing = field(default_factory=Publishing)
     executor: Executor | None = None
     announcements: Announcements | None = None
     #: the cluster's purge marks, honoured before what is located is served (``purge_marks``)
     purges: PurgeMarks | None = None
-    #: with a peer tier as ``publish``: the Redis tier, and the namespaces whose publishes
-    #: also copy their bytes there (policy ``descriptor+bytes``: a copy outliving this daemon)
-    publish_bytes: Tier | None = None
-    keeps_bytes: Callable[[bytes], bool] = field(default=lambda namespace: False)
     refusals: RefusalLog = field(default_factory=RefusalLog)
-
-    @property
-    def shared_tier(self) -> Tier | None:
-        """The tier on the shared Redis (the publish target, or beside a peer tier's)."""
-        return self.publish_bytes or self.publish
 
     async def run_work(self, nbytes: int, fn: Callable[[], T]) -> T:
         return await run_work(self.executor, nbytes, fn)

@@ -13,7 +13,7 @@ import asyncio
 import uuid
 from collections import Counter
 
-from statetier.daemon.engine import Engine, EngineOptions
+from statetier.daemon.engine import Engine, EngineOptions, Publishing
 from statetier.daemon.requests import Incoming, LoadRequest, PutRequest
 from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, prefix_hashes
@@ -69,7 +69,7 @@ async def test_promotion_demotion_write_behind_and_batches_each_copy_once_throug
     disk = DiskTier(DiskTierOptions(tmp_path / "disk", 64 << 20, segment_bytes=1 << 20), keyring=keyring)
     cross = RedisTier(RedisTierOptions(redis_server.url, key_prefix=prefix), keyring=keyring)
     engine = Engine([host, disk, cross], keyring=keyring, registry=MemoryVersionRegistry(),
-                    options=EngineOptions(producer_id="copies"), arena=host, publish=cross, write_behind_to=disk)
+                    options=EngineOptions(producer_id="copies"), arena=host, publishing=Publishing(cross, cross, marks=cross), write_behind_to=disk)
     for tier in (host, disk, cross):  # the engine's write-behind worker is run by hand, step by step
         await tier.start()
     calls = Calls(engine)

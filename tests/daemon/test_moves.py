@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from statetier.daemon.engine import Engine, EngineOptions
+from statetier.daemon.engine import Engine, EngineOptions, Publishing
 from statetier.daemon.requests import LoadRequest, PutRequest
 from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.errors import NotFound
@@ -134,7 +134,7 @@ async def test_each_tenants_usage_per_tier_is_the_bytes_of_its_objects_there(tmp
     disk = DiskTier(DiskTierOptions(tmp_path / "disk", 64 << 20, segment_bytes=1 << 20), keyring=keyring)
     cross = RedisTier(RedisTierOptions(redis_server.url, key_prefix=prefix), keyring=keyring)
     engine = Engine([host, disk, cross], keyring=keyring, registry=MemoryVersionRegistry(),
-                    options=EngineOptions(producer_id="moves"), arena=host, publish=cross, write_behind_to=disk)
+                    options=EngineOptions(producer_id="moves"), arena=host, publishing=Publishing(cross, cross, marks=cross), write_behind_to=disk)
     await engine.start()
     owners: dict[bytes, str] = {}
     try:
@@ -211,7 +211,7 @@ async def test_a_load_that_read_a_lower_copy_before_a_delete_never_promotes_it_b
     cross = RedisTier(RedisTierOptions(redis_server.url, key_prefix=prefix), keyring=keyring)
     host = HostTier(HostTierOptions(8 * OBJECT_EXTENT, pin_memory=False, high_watermark=1.0, low_watermark=0.5))
     engine = Engine([host, cross], keyring=keyring, registry=MemoryVersionRegistry(),
-                    options=EngineOptions(producer_id="moves"), arena=host, publish=cross)
+                    options=EngineOptions(producer_id="moves"), arena=host, publishing=Publishing(cross, cross, marks=cross))
     await engine.start()
     try:
         ref = (await put(engine, "alice", 1, publish=True)).ref
@@ -252,7 +252,7 @@ async def test_a_delete_during_a_read_into_the_arena_waits_for_it_and_removes_th
     cross = RedisTier(RedisTierOptions(redis_server.url, key_prefix=prefix), keyring=keyring)
     host = HostTier(HostTierOptions(8 * OBJECT_EXTENT, pin_memory=False))
     engine = Engine([host, cross], keyring=keyring, registry=MemoryVersionRegistry(),
-                    options=EngineOptions(producer_id="moves"), arena=host, publish=cross)
+                    options=EngineOptions(producer_id="moves"), arena=host, publishing=Publishing(cross, cross, marks=cross))
     await engine.start()
     try:
         ref = (await put(engine, "alice", 1, publish=True)).ref

@@ -20,7 +20,7 @@ import uuid
 
 import torch
 from statetier.clients.copies import laid_out, land
-from statetier.daemon.engine import Engine, EngineOptions
+from statetier.daemon.engine import Engine, EngineOptions, Publishing
 from statetier.daemon.requests import Incoming, LoadRequest, PutRequest
 from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey
@@ -47,7 +47,7 @@ async def node(url: str, prefix: str, keyring: Keyring, registry, name: str) -> 
     host = HostTier(HostTierOptions(8 << 20, pin_memory=False))
     cross = RedisTier(RedisTierOptions(url, key_prefix=prefix), keyring=keyring)
     engine = Engine([host, cross], keyring=keyring, registry=registry, options=EngineOptions(producer_id=name),
-                    arena=host, publish=cross)
+                    arena=host, publishing=Publishing(cross, cross, marks=cross))
     await engine.start()
     return engine
 

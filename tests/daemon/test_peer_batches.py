@@ -26,7 +26,7 @@ import contextlib
 import os
 import socket
 
-from statetier.daemon.engine import Engine, EngineOptions
+from statetier.daemon.engine import Engine, EngineOptions, Publishing
 from statetier.daemon.requests import Incoming, LoadRequest, PutRequest, PutResult
 from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.errors import NotFound
@@ -58,7 +58,7 @@ async def node(url: str, name: str, keyring: Keyring, registry, folder, *, socke
     peer = PeerTier(PeerTierOptions(url, owner_id=name, pull_timeout=2.0, socket_buffer_bytes=socket_buffer),
                     keyring=keyring, local_tiers=[host, disk], holds_locally=holds_locally)
     options = EngineOptions(producer_id=name, write_behind_limit=write_behind_limit)
-    engine = Engine([host, disk, peer], keyring=keyring, registry=registry, arena=host, publish=peer,
+    engine = Engine([host, disk, peer], keyring=keyring, registry=registry, arena=host, publishing=Publishing(peer),
                     write_behind_to=disk, options=options, batch_pulls=peer,
                     write_behind_yields_to=peer.server.quiet)
     await engine.start()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from statetier.daemon.config import Config, PeersConfig
-from statetier.daemon.engine import Engine, EngineOptions
+from statetier.daemon.engine import Engine, EngineOptions, Publishing
 from statetier.daemon.requests import PutRequest
 from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, prefix_hashes
@@ -46,7 +46,7 @@ async def test_evictions_demote_past_the_peer_tier_and_a_publish_only_describes(
     peer = PeerTier(PeerTierOptions(fresh_redis.url, owner_id="here"), keyring=keyring, local_tiers=[host, disk],
                     holds_locally=holds_locally)
     engine = Engine([host, disk, peer], keyring=keyring, registry=MemoryVersionRegistry(),
-                    options=EngineOptions(producer_id="peer-placement"), arena=host, publish=peer)
+                    options=EngineOptions(producer_id="peer-placement"), arena=host, publishing=Publishing(peer))
     for tier in (host, disk, peer):
         await tier.start()
     try:

@@ -13,7 +13,7 @@ import os
 import uuid
 
 import pytest
-from statetier.daemon.engine import Engine, EngineOptions
+from statetier.daemon.engine import Engine, EngineOptions, Publishing
 from statetier.daemon.requests import Incoming, LoadRequest, PutRequest, PutResult
 from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.errors import StaleState
@@ -46,7 +46,7 @@ async def node(url: str, prefix: str, keyring: Keyring, *, arena: bool) -> Engin
     else:
         host = HostTier(HostTierOptions(16 << 20, pin_memory=False))
         engine = Engine([host, cross], keyring=keyring, registry=registry, options=EngineOptions(producer_id="prefill"),
-                        arena=host, publish=cross)
+                        arena=host, publishing=Publishing(cross, cross, marks=cross))
     await engine.start()
     return engine
 

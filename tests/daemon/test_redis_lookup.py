@@ -17,7 +17,7 @@ import pytest
 import redis.asyncio.connection
 
 import statetier.tiers.redis.connect as redis_module
-from statetier.daemon.engine import Engine, EngineOptions
+from statetier.daemon.engine import Engine, EngineOptions, Publishing
 from statetier.daemon.requests import LoadRequest, LookupRequest, PutRequest
 from statetier.protocol.dtypes import TensorSpec
 from statetier.protocol.identity import Kind, NamespaceSpec, Provenance, StateKey, prefix_hashes
@@ -65,7 +65,7 @@ async def _engine(url: str) -> Engine:
     keyring, prefix = Keyring.generate(), f"lk-{uuid.uuid4().hex[:12]}"
     tier = RedisTier(RedisTierOptions(url, key_prefix=prefix), keyring=keyring)
     engine = Engine([tier], keyring=keyring, registry=RedisVersionRegistry(url, key_prefix=prefix),
-                    options=EngineOptions(producer_id="decode"), publish=tier)
+                    options=EngineOptions(producer_id="decode"), publishing=Publishing(tier, tier, marks=tier))
     await engine.start()
     return engine
 

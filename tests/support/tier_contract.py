@@ -1,19 +1,30 @@
 """What the cross-tier contract suite (``test_contract.py``) runs against: real tiers, real objects.
 
-- ``TIER_KINDS``       — ``host``, ``device-cpu``, ``disk``, ``redis``, ``redis-cluster``.
+- ``TIER_KINDS``       — ``host``, ``device-cpu``, ``disk``, ``redis``, ``redis-cluster``, ``peer``.
 - ``tier`` (fixture)   — one started tier of each kind, with room for ``SLOTS`` test objects
                          (``CAPACITY`` bytes, ``capacity_bytes`` set on Redis too), its leases on
                          the test's ``clock`` (tests/conftest.py), closed after.
                          Redis tiers get a fresh ``key_prefix`` and their keys are deleted after.
+                         The peer tier (``holds_bytes = False``) is a puller's, on a fresh
+                         redis-server (the directory), beside an ``Owner`` in the same process:
+                         another daemon's host tier and peer tier, pulled from over real TCP.
+- ``Owner``            — where the suite's objects are held for a tier that takes no bytes:
+                         ``store`` puts them in the owner's host tier and publishes them through
+                         its peer tier; ``remove`` withdraws and deletes them there.
 - ``executor`` (fixture) — the one-thread executor the tier runs its blocking work in;
                          ``settle(executor)`` waits until every job queued before now has ended.
 - ``make_object(payload_bytes)`` — a sealed KV page (``seal_object`` under ``KEYRING``, which
                          the disk and Redis tiers verify reads against) and its ``ObjectMeta``.
 - ``store`` / ``load`` — the two-phase lifecycles as a caller pairs them, in ``try/finally``
-                         (the tier-specific suites use them too).
+                         (the tier-specific suites use them too); a tier that holds no bytes
+                         gets its objects from its ``Owner``. ``remove`` deletes one (at the owner).
+- ``needs_bytes(tier, story)`` — skips a story a tier that takes no bytes cannot tell (the
+                         reason names the declaration, never the tier).
 - ``assert_invisible`` / ``assert_visible`` — every way to find an object fails / finds
-                         exactly it; ``listed(tier)`` is ``iter_objects`` as a list.
-- ``assert_quiet(tier, objects, bytes_used)`` — no lease, no store in flight;
+                         exactly it; ``listed(tier)`` is ``iter_objects`` as a list (nothing,
+                         where the tier holds no bytes of its own).
+- ``assert_quiet(tier, objects, bytes_used)`` — no lease, no store in flight (objects and
+                         bytes: none, where the tier holds no bytes);
                          ``assert_full_capacity_fits(tier)`` — every byte is free again.
 - ``assert_read_view_released(tier, meta, blob, keyring)`` — an extent tier's ``read`` is a
                          read-only view of the intact object, released at ``complete_load``.
@@ -30,11 +41,14 @@ suite's small objects take the threaded copy path, where a cancellation can land
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import threading
 import uuid
+import weakref
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import pytest
 import redis
@@ -48,9 +62,10 @@ from statetier.protocol.sealed import decode_header, open_sealed, seal_object
 from statetier.tiers.base import Lease, ObjectMeta, Tier
 from statetier.tiers.disk import DiskTier, DiskTierOptions
 from statetier.tiers.memory import DeviceTier, DeviceTierOptions, HostTier, HostTierOptions
+from statetier.tiers.peer import PeerTier, PeerTierOptions
 from statetier.tiers.redis import RedisTier, RedisTierOptions
 
-TIER_KINDS = ["host", "device-cpu", "disk", "redis", "redis-cluster"]
+TIER_KINDS = ["host", "device-cpu", "disk", "redis", "redis-cluster", "peer"]
 KEYRING = Keyring.generate()
 NAMESPACE = NamespaceSpec("test/tier-contract").namespace()
 GRANULE = 4096  # the extent tiers' default granularity
@@ -88,7 +103,31 @@ def chunks_of(meta: ObjectMeta, blob: bytes) -> list[memoryview]:
     return [view[: meta.header_len], view[meta.header_len : middle], view[middle:]]
 
 
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """Another daemon's tiers, holding the objects a tier that takes no bytes is tested with."""
+
+    host: HostTier
+    peer: PeerTier
+
+    async def publish(self, meta: ObjectMeta, blob: bytes) -> None:
+        await store(self.host, meta, blob)
+        await store(self.peer, meta, blob)  # its descriptor into the directory
+
+    async def withdraw(self, object_id: bytes) -> bool:
+        withdrawn = await self.peer.delete(object_id)
+        return await self.host.delete(object_id) and withdrawn
+
+
+#: a tier that holds no bytes (``holds_bytes = False``) → the owner its objects are held by
+OWNERS: weakref.WeakKeyDictionary[Tier, Owner] = weakref.WeakKeyDictionary()
+
+
 async def store(tier: Tier, meta: ObjectMeta, blob: bytes) -> None:
+    owner = OWNERS.get(tier)
+    if owner is not None:  # a tier that takes no bytes: held and published by its owner
+        await owner.publish(meta, blob)
+        return
     ticket = await tier.prepare_store(meta)
     stored = False
     try:
@@ -106,6 +145,18 @@ async def load(tier: Tier, object_id: bytes, owner: object = "reader") -> bytes:
         return bytes(await tier.read(lease))
     finally:
         await tier.complete_load(lease)
+
+
+def needs_bytes(tier: Tier, story: str) -> None:
+    """Skip a story a tier that takes no bytes of its own (``holds_bytes = False``) cannot tell."""
+    if not tier.holds_bytes:
+        pytest.skip(f"holds_bytes = False: {story}")
+
+
+async def remove(tier: Tier, object_id: bytes) -> bool:
+    """``tier.delete``; for a tier that takes no bytes, the owner withdraws and deletes it."""
+    owner = OWNERS.get(tier)
+    return await (owner.withdraw(object_id) if owner is not None else tier.delete(object_id))
 
 
 async def listed(tier: Tier) -> list[ObjectMeta]:
@@ -126,10 +177,12 @@ async def assert_visible(tier: Tier, meta: ObjectMeta) -> None:
     assert await tier.contains(meta.object_id)
     assert await tier.get_meta(meta.object_id) == meta
     assert await tier.find_by_key(meta.key_digest) == [meta]
-    assert await listed(tier) == [meta]
+    assert await listed(tier) == ([meta] if tier.holds_bytes else [])
 
 
 async def assert_quiet(tier, objects: int, bytes_used: int) -> None:
+    if not tier.holds_bytes:
+        objects = bytes_used = 0  # what it finds is another daemon's
     stats = tier.stats()
     assert (stats.objects, stats.bytes_used, stats.leases, stats.inflight) == (objects, bytes_used, 0, 0)
 
@@ -139,7 +192,7 @@ async def assert_full_capacity_fits(tier) -> None:
     meta, blob = object_of_size(CAPACITY)
     await store(tier, meta, blob)
     assert await load(tier, meta.object_id) == blob
-    assert await tier.delete(meta.object_id)
+    assert await remove(tier, meta.object_id)
     await assert_quiet(tier, 0, 0)
 
 
@@ -278,13 +331,29 @@ def _build(kind: str, request, tmp_path, executor, clock) -> tuple[Tier, object]
     return tier, lambda: _drop_keys(url, is_cluster, prefix)
 
 
+async def _open_peer(request, clock, opened: contextlib.AsyncExitStack) -> PeerTier:
+    """A puller's peer tier, and its ``Owner`` (another daemon's host and peer tiers), on a
+    fresh redis-server as their directory; every tier closed by ``opened``."""
+    url = request.getfixturevalue("fresh_redis").url
+    run = uuid.uuid4().hex[:8]
+    sides = []
+    for side in ("owner", "puller"):
+        host = await opened.enter_async_context(HostTier(HostTierOptions(CAPACITY, pin_memory=False)))
+        peer = PeerTier(PeerTierOptions(url, owner_id=f"contract-{side}-{run}", pull_timeout=5.0, clock=clock),
+                        keyring=KEYRING, local_tiers=[host], holds_locally=host.contains)
+        sides.append((host, await opened.enter_async_context(peer)))
+    (owner_host, owner_peer), (_, puller) = sides
+    OWNERS[puller] = Owner(owner_host, owner_peer)
+    return puller
+
+
 @pytest.fixture(params=TIER_KINDS)
 async def tier(request, tmp_path, executor, clock):
-    built, cleanup = _build(request.param, request, tmp_path, executor, clock)
-    await built.start()
-    try:
-        yield built
-    finally:
-        await built.close()
+    async with contextlib.AsyncExitStack() as opened:
+        if request.param == "peer":
+            yield await _open_peer(request, clock, opened)
+            return
+        built, cleanup = _build(request.param, request, tmp_path, executor, clock)
         if cleanup is not None:
-            cleanup()
+            opened.callback(cleanup)
+        yield await opened.enter_async_context(built)

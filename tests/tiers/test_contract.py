@@ -1,7 +1,7 @@
 """The tier contract (tiers.base, DESIGN §5–6), told once and run against every tier.
 
-Each story runs on host, device (cpu), disk, Redis and a three-master Redis Cluster
-(fixtures in ``contract_fixtures``): an object is invisible until ``complete_store(True)``
+Each story runs on host, device (cpu), disk, Redis, a three-master Redis Cluster and the peer
+tier (fixtures in ``tests/support/tier_contract.py``): an object is invisible until ``complete_store(True)``
 and reads back byte for byte; ``complete_store(False)`` gives every byte back; a caller
 cancelled before or inside any await of a store or a load leaves nothing behind
 (``test_contract_cancellation.py``); duplicates, absent objects, used and expired leases
@@ -10,6 +10,12 @@ capacity counts reservations; eviction returns the exact LRU sequence with its b
 a tier reports what it holds: another object's intact bytes stored under an id read back
 as they are, neither refused nor dropped (judging them is the engine's, issue 12); a group
 object (issue 21) comes back with its group key and every layer's regions.
+
+What differs is declared by the tier, and the stories read the declaration, never a tier's
+name: a tier that takes no bytes of its own (``holds_bytes = False``, the peer tier) is
+handed its objects by their owner (another daemon's tiers, over the real transport), refuses
+bytes it does not hold, lists and evicts nothing; the stories about its own stores, room,
+eviction and deletes under a lease are skipped for it, the skip naming the declaration.
 """
 
 from __future__ import annotations
@@ -38,7 +44,9 @@ from tests.support.tier_contract import (  # noqa: F401  (fixtures are used by n
     listed,
     load,
     make_object,
+    needs_bytes,
     object_of_size,
+    remove,
     store,
     tier,
 )
@@ -50,6 +58,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 async def test_an_object_is_visible_only_after_its_store_completes(tier):
+    needs_bytes(tier, "it takes no store of bytes (its owner's tiers do)")
     meta, blob = make_object()
     ticket = await tier.prepare_store(meta)
     await assert_invisible(tier, meta)
@@ -81,6 +90,7 @@ async def test_many_keys_are_found_at_once_as_one_by_one(tier):
 
 
 async def test_a_failed_store_leaves_nothing_and_gives_back_every_byte(tier):
+    needs_bytes(tier, "it takes no store of bytes to fail")
     kept, kept_blob = make_object()
     await store(tier, kept, kept_blob)
     meta, blob = make_object()
@@ -98,6 +108,7 @@ async def test_a_failed_store_leaves_nothing_and_gives_back_every_byte(tier):
 
 
 async def test_storing_an_object_id_twice_is_refused(tier):
+    needs_bytes(tier, "it takes no store of bytes (the first would be refused)")
     meta, blob = make_object()
     ticket = await tier.prepare_store(meta)
     with pytest.raises(InvalidRequest):  # while the first store is in flight
@@ -160,6 +171,10 @@ async def test_a_read_unhashed_skips_the_payload_digest_and_nothing_else(tier):
                 await tier.read(lease, verify=False)
         finally:
             await tier.complete_load(lease)
+    elif not tier.holds_bytes:  # the copy is its owner's: a hashed read refuses it, nothing here to drop
+        with pytest.raises(CorruptPayload):
+            await load(tier, meta.object_id)
+        assert await tier.contains(meta.object_id)
     else:
         assert await load(tier, meta.object_id) == bytes(damaged)  # digested by no one but the client
 
@@ -217,6 +232,7 @@ async def test_release_owner_drops_exactly_that_owners_leases(tier):
 
 
 async def test_deleting_a_leased_object_hides_it_and_frees_it_after_the_last_lease(tier):
+    needs_bytes(tier, "the copy is its owner's: a lease here pins nothing there")
     (meta, blob), (other, other_blob) = make_object(), make_object()
     await store(tier, meta, blob)
     await store(tier, other, other_blob)
@@ -235,6 +251,7 @@ async def test_deleting_a_leased_object_hides_it_and_frees_it_after_the_last_lea
 
 
 async def test_a_deleted_object_whose_lease_expired_is_freed(tier, clock):
+    needs_bytes(tier, "the copy is its owner's: a lease here pins nothing there")
     meta, blob = make_object()
     await store(tier, meta, blob)
     lease = await tier.prepare_load(meta.object_id, owner="slow", ttl=0.05)
@@ -256,6 +273,7 @@ async def test_a_deleted_object_whose_lease_expired_is_freed(tier, clock):
 
 
 async def test_capacity_counts_reservations_and_refuses_what_cannot_fit(tier):
+    needs_bytes(tier, "it has no room to count")
     too_big, _ = object_of_size(CAPACITY + 1)
     with pytest.raises(CapacityError):
         await tier.prepare_store(too_big)
@@ -273,6 +291,7 @@ async def test_capacity_counts_reservations_and_refuses_what_cannot_fit(tier):
 
 
 async def test_a_leased_object_holds_its_room_until_released_and_evicted(tier):
+    needs_bytes(tier, "it has no room to hold")
     (first, first_blob), (second, second_blob) = object_of_size(CAPACITY // 2 + 1), object_of_size(CAPACITY // 2 + 1)
     await store(tier, first, first_blob)
     lease = await tier.prepare_load(first.object_id, owner="reader")
@@ -294,6 +313,7 @@ async def test_a_leased_object_holds_its_room_until_released_and_evicted(tier):
 
 
 async def test_eviction_takes_the_exact_lru_order_and_skips_leased_objects(tier):
+    needs_bytes(tier, "it evicts nothing")
     objects = dict(zip("ABCDEF", (make_object() for _ in range(6))))
     for meta, blob in objects.values():
         await store(tier, meta, blob)
@@ -323,6 +343,7 @@ async def test_eviction_takes_the_exact_lru_order_and_skips_leased_objects(tier)
 
 
 async def test_stats_count_objects_bytes_leases_and_stores_in_flight(tier):
+    needs_bytes(tier, "it counts no objects, bytes or stores of its own")
     stats = tier.stats()
     assert (stats.tier, stats.capacity, stats.objects, stats.bytes_used) == (tier.name, CAPACITY, 0, 0)
     stored = [make_object() for _ in range(3)]
@@ -363,5 +384,28 @@ async def test_a_group_object_round_trips_with_every_layers_region(tier):
     for t in opened.header.tensors:
         layer, name = split_region_name(t.spec.name)
         assert bytes(opened.payload[t.offset : t.offset + t.nbytes]) == regions[layer][name]
-    assert await tier.delete(meta.object_id)
+    assert await remove(tier, meta.object_id)
     await assert_quiet(tier, 0, 0)
+
+
+# ---------------------------------------------------------------------------- a tier that takes no bytes
+
+
+async def test_a_tier_that_holds_no_bytes_takes_none_lists_none_and_evicts_none(tier):
+    if tier.holds_bytes:
+        pytest.skip("holds_bytes = True: the other stories tell what it holds")
+    meta, blob = make_object()
+    with pytest.raises(CapacityError):  # bytes it does not hold: a demotion goes further down
+        await tier.prepare_store(meta)
+    await store(tier, meta, blob)  # held, and described, by its owner
+
+    assert await load(tier, meta.object_id) == blob  # pulled from the owner
+    with pytest.raises(CapacityError):  # found, but still not held here
+        await tier.prepare_store(meta)
+    assert await listed(tier) == [] and await tier.evict(CAPACITY) == []
+    stats = tier.stats()
+    assert (stats.capacity, stats.objects, stats.bytes_used, stats.leases) == (0, 0, 0, 0)
+    assert await tier.delete(meta.object_id) is False  # another daemon's to withdraw
+    assert await tier.contains(meta.object_id)
+    assert await remove(tier, meta.object_id)
+    assert not await tier.contains(meta.object_id)

@@ -4,14 +4,17 @@
 names this daemon in the directory (its entries, its liveness key); ``advertise``
 is the ``host:port`` other daemons dial (the listener's when empty, once bound);
 ``liveness_ttl`` is how long the liveness key this daemon renews (every third of it) outlives
-its last renewal: how soon the others fence it once its process is gone.
+its last renewal: how soon the others fence it once its process is gone. Leases of pulls
+expire after ``lease_ttl`` (or the ``ttl`` asked) on ``clock``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 from statetier.protocol.errors import ConfigError
+from statetier.tiers.base import Clock
 
 MiB = 1 << 20
 
@@ -29,6 +32,7 @@ class PeerTierOptions:
     idle_connections: int = 4  # per owner, kept for the next pull
     lease_ttl: float = 30.0
     liveness_ttl: float = 6.0  # seconds; renewed every third of it
+    clock: Clock = field(default=time.monotonic, repr=False, compare=False)  # what lease deadlines are on
 
     def __post_init__(self) -> None:
         if not self.owner_id:

@@ -3,7 +3,8 @@ pulled straight from their owner; and this daemon's published objects, described
 
 - ``find_by_keys`` — one directory round trip for all the keys: the objects other live
   owners hold (this daemon's own entries and fenced owners left out).
-- ``prepare_load`` → ``read(lease, into=…, verify=…)`` → ``complete_load`` — the bytes
+- ``prepare_load`` → ``read(lease, into=…, verify=…)`` → ``complete_load`` — a lease (released,
+  or past its TTL on ``options.clock``: ``LeaseError``, as every tier's), the bytes
   pulled from the owner with the ``PeerTransport`` into ``into`` (a promotion's
   reservation in this daemon's arena) or a fresh buffer; framing and signature checked
   here, the payload digest too with ``verify`` (the load path's client verifies where the
@@ -36,6 +37,7 @@ from statetier.protocol.ownership import TAG_BYTES
 from statetier.protocol.sealed import open_sealed
 from statetier.tiers.base import (Buffer, EvictedObject, KeyMatches, Lease, ObjectMeta, StoreTicket, Tier,
                                   TierStats)
+from statetier.tiers.ledger import LeaseTable
 from statetier.tiers.registry import VersionRegistry
 
 from . import wire
@@ -70,7 +72,7 @@ class PeerTier(Tier):
         self.announcer = OwnerAnnouncer(self.liveness_directory, options, self.faults, holds_locally)
         self.liveness = Liveness(self.announcer, self.fences, options.liveness_ttl / 3)
         self._seen: BoundedLru[bytes, Descriptor] = BoundedLru(SEEN)
-        self._leases: dict[int, Lease] = {}
+        self._leases = LeaseTable(options.lease_ttl, options.clock)
         self._ids = itertools.count(1)
         self.pulls_lost = 0
         self.published = 0
@@ -147,12 +149,10 @@ class PeerTier(Tier):
         descriptor = await self._descriptor(object_id)
         if descriptor is None:
             raise NotFound(f"no live peer holds {object_id.hex()}")
-        lease = Lease(next(self._ids), descriptor.meta, owner, 0.0, descriptor)
-        self._leases[lease.lease_id] = lease
-        return lease
+        return self._leases.grant(descriptor.meta, owner, descriptor, ttl)
 
     async def read(self, lease: Lease, *, into: memoryview | None = None, verify: bool = True) -> memoryview:
-        descriptor = lease.location
+        descriptor = self._leases.check(lease).location  # a released or expired lease: LeaseError
         assert isinstance(descriptor, Descriptor)
         meta = descriptor.meta
         view = into if into is not None else memoryview(bytearray(meta.size))
@@ -221,13 +221,10 @@ class PeerTier(Tier):
         await self.fences.judge_not_found(descriptor)
 
     async def complete_load(self, lease: Lease) -> None:
-        self._leases.pop(lease.lease_id, None)
+        self._leases.release(lease)
 
     async def release_owner(self, owner: object) -> int:
-        mine = [lid for lid, lease in self._leases.items() if lease.owner == owner]
-        for lid in mine:
-            del self._leases[lid]
-        return len(mine)
+        return self._leases.release_owner(owner)
 
     # ---------------------------------------------------------------- the rest of the interface
     async def delete(self, object_id: bytes) -> bool:

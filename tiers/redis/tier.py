@@ -17,10 +17,10 @@ Every hot-path round trip is one ``connect.exchange``. Leases are local to this 
 accounting call; capacity 0 = no budget; ``extra["available"]`` = the last call reached
 Redis. A failure to reach Redis is ``Unavailable``, wrong credentials ``Unauthorized``.
 Public beyond ``Tier``: ``client`` (for a ``RedisVersionRegistry`` sharing the connection),
-``edge`` (to share with it), ``mark_purge``/``purge_marks`` (cluster-wide purges),
-``probe()`` (one bounded health check, which marks the edge up or down: while down every
-call fails at once), ``is_cluster``, ``is_available``, ``key_prefix``. Every call is held to
-``options.socket_timeout``, retries included.
+``edge`` (to share with it), ``mark_purge``/``purge_marks`` (cluster-wide purges: it
+declares ``tiers.base.PurgeMarkStore``), ``probe()`` (one bounded health check, which marks
+the edge up or down: while down every call fails at once), ``is_cluster``, ``is_available``,
+``key_prefix``. Every call is held to ``options.socket_timeout``, retries included.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from redis.asyncio import Redis, RedisCluster
 from statetier.protocol.errors import StatetierError
 from statetier.protocol.keyring import Keyring
 
-from ..base import KeyMatches, ObjectMeta, StoreTicket, TierStats
+from ..base import KeyMatches, ObjectMeta, PurgeMarkStore, StoreTicket, TierStats
 from ..composed import ComposedTier
 from ..crypto import AtRestCipher
 from ..ledger import Ledger
@@ -50,7 +50,7 @@ from .removal import RedisRemoval
 from .stores import RedisStores
 
 
-class RedisTier(ComposedTier):
+class RedisTier(ComposedTier, PurgeMarkStore):
     """See the module docstring."""
 
     verifies_on_read = True  # read() checks every object's signature and payload digest (RedisLoads)
