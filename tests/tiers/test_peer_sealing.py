@@ -4,8 +4,10 @@ one process, real sockets, real Redis, the owner behind a TCP proxy that records
 - A puller that encrypts gets the owner's bytes, a single pull and a batch, and the wire never
   carries them: a 64-byte run of each payload is nowhere in what the owner sent; without it,
   it is there. The owner seals whenever asked, whatever its own setting says (a mixed cluster).
-- One flipped byte of an encrypted answer is ``CorruptPayload`` for its object (a batch goes on
-  with the others), never served, the owner not taken for lost; the next pull lands.
+- One flipped byte of an encrypted answer is a transfer broken off: never served, the
+  connection dropped, the pull (or the batch's rest) tried again on a fresh one (``retried``),
+  and it lands; the owner not taken for lost. An owner whose every answer fails to verify is
+  ``PeerLost`` once the tries are spent.
 - A puller that encrypts refuses an owner that answers in the clear (one that predates
   sealing): ``PeerLost``, nothing served.
 - The cipher: a chunk bound to its place (nonce counter, object id), one key per direction.
@@ -14,6 +16,7 @@ one process, real sockets, real Redis, the owner behind a TCP proxy that records
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 
@@ -22,13 +25,13 @@ import pytest
 from statetier.daemon.config_loading import load_config
 from statetier.launch import free_port
 from statetier.launch.tcp_proxy import DelayProxy
-from statetier.protocol.errors import ConfigError, CorruptPayload, PeerLost
+from statetier.protocol.errors import ConfigError, PeerLost
 from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.peer import PeerTier, PeerTierOptions, sealing, wire
 from statetier.tiers.peer.directory import Descriptor
-from statetier.tiers.peer.transport import PullItem, TcpTransport
+from statetier.tiers.peer.transport import RETRIES, PullItem, TcpTransport
 from tests.support.tier_contract import KEYRING, make_object, store
-from tests.tiers.test_peer import leased_views, owner_before_batches
+from tests.tiers.test_peer import leased_views, owner_before_batches, welcome
 
 MIB = 1 << 20
 BIG = 2 * sealing.CHUNK + 12345  # three chunks, the last one short
@@ -112,35 +115,72 @@ async def test_an_encrypted_batch_lands_every_object_and_the_wire_carries_none(f
         assert not any(blob[-64:] in recorded for _, blob in objects)
 
 
-async def test_a_flipped_byte_of_an_encrypted_pull_is_refused_and_the_next_pull_lands(fresh_redis):
+async def test_a_flipped_byte_of_an_encrypted_pull_is_refused_and_the_pull_tried_again_lands(fresh_redis):
     async with owner_behind_proxy(fresh_redis.url) as (host, owner, puller, proxy):
         meta, blob = await published(host, owner, BIG)
         assert await pull(puller, meta) == blob  # the connection now pooled: the next answer comes first
         proxy.flip_next(wire.ANSWER.size + sealing.CHUNK + 100)  # in the second chunk's ciphertext
-        with pytest.raises(CorruptPayload, match="AES-GCM"):
-            await pull(puller, meta)
-        assert proxy.flipped == 1
         assert await pull(puller, meta) == blob
+        assert proxy.flipped == 1 and proxy.connections == 2  # the damaged connection dropped
         extra = puller.stats().extra
+        assert (extra["faults"]["retried"], extra["faults"]["redialled"]) == (1, 0)
         assert extra["pulls_lost"] == 0 and extra["owners_fenced"] == 0
 
 
-async def test_a_flipped_byte_in_an_encrypted_batch_refuses_that_object_only(fresh_redis):
+async def test_a_flipped_byte_in_an_encrypted_batch_pulls_the_rest_again(fresh_redis):
     async with owner_behind_proxy(fresh_redis.url) as (host, owner, puller, proxy):
-        objects = [await published(host, owner, size) for size in (BIG, 256 * 1024, BIG)]
+        objects = [await published(host, owner, size) for size in (256 * 1024, BIG, BIG)]
         assert await pull(puller, objects[0][0]) == objects[0][1]  # pooled
         transport = puller.transport
         assert isinstance(transport, TcpTransport)
-        first = objects[0][0]
-        proxy.flip_next(2 * wire.ANSWER.size + sealing.sealed_length(first.size) - 3)  # the first one's last tag
+        second = objects[1][0]
+        proxy.flip_next(3 * wire.ANSWER.size + sealing.sealed_length(objects[0][0].size)
+                        + sealing.sealed_length(second.size) - 3)  # the second one's last tag
         items = [PullItem(meta.object_id, meta.namespace[-16:], memoryview(bytearray(meta.size)))
                  for meta, _ in objects]
-        out = await transport.pull_many(owner.server.address, items)
-        assert [type(error) for error in out] == [CorruptPayload, type(None), type(None)]
-        assert [bytes(item.into) for item in items[1:]] == [blob for _, blob in objects[1:]]
-        assert proxy.flipped == 1 and owner.server.batches == 1
-        out = await transport.pull_many(owner.server.address, items[:1])  # the same connection, still in step
-        assert out == [None] and bytes(items[0].into) == objects[0][1] and proxy.connections == 1
+        told: list = []
+        out = await transport.pull_many(owner.server.address, items, lambda index, error: told.append(index))
+        assert out == [None, None, None] and told == [0, 1, 2]  # the first landed once, the rest after the retry
+        assert [bytes(item.into) for item in items] == [blob for _, blob in objects]
+        assert proxy.flipped == 1 and proxy.connections == 2 and owner.server.batches == 2
+        assert (transport.faults["retried"], transport.faults["redialled"]) == (1, 0)
+
+
+@contextlib.asynccontextmanager
+async def owner_sealing_garbage():
+    """An owner of the cluster whose every sealed answer fails to verify (a wire that alters
+    every transfer, an attacker in the path)."""
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        hello = await reader.readexactly(wire.HELLO_BYTES)
+        key, nonce_p, nonce_o = wire.auth_key(KEYRING.active), hello[16:], os.urandom(wire.NONCE_BYTES)
+        welcome(writer, key, nonce_p, nonce_o, "altered")
+        await reader.readexactly(wire.MAC_BYTES)
+        _, _, size = wire.unpack_pull(wire.session_key(key, nonce_p, nonce_o),
+                                      await reader.readexactly(wire.PULL_BYTES), 1)
+        length = wire.asked(size)[0]
+        writer.write(wire.ANSWER.pack(wire.OK_SEALED, length) + os.urandom(sealing.sealed_length(length)))
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+            await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    host, port = server.sockets[0].getsockname()[:2]
+    try:
+        yield f"{host}:{port}"
+    finally:
+        server.close()
+
+
+async def test_an_owner_whose_every_encrypted_answer_fails_to_verify_is_peer_lost(fresh_redis):
+    meta, blob = make_object(64 * 1024)
+    async with owner_sealing_garbage() as address, \
+            peer_tiers(fresh_redis.url, "puller", encrypt=True) as (_, puller):
+        transport = puller.transport
+        into = memoryview(bytearray(meta.size))
+        with pytest.raises(PeerLost, match="altered on the wire"):
+            await transport.pull(address, meta.object_id, meta.namespace[-16:], into)
+        assert transport.faults["retried"] == RETRIES - 1 and transport.pulls == 0
 
 
 async def test_a_puller_that_encrypts_refuses_an_owner_that_answers_in_the_clear(fresh_redis):
@@ -168,13 +208,13 @@ def test_a_chunk_is_bound_to_its_place_and_its_direction() -> None:
     for chunk, out in zip(plain, sealed):
         owner.seal(aad, memoryview(chunk), out)
     into = memoryview(bytearray(1000))
-    with pytest.raises(CorruptPayload):
+    with pytest.raises(sealing.Altered):
         puller.open(aad, sealed[1], into)  # out of place: the first nonce
     puller = sealing.Channel(session)
     for chunk, out in zip(plain, sealed):
         puller.open(aad, out, into)
         assert bytes(into) == chunk
-    with pytest.raises(CorruptPayload):
+    with pytest.raises(sealing.Altered):
         sealing.Channel(session).open(sealing.associated(b"x" * 16, 2000), sealed[0], into)  # another object
     assert sealing.seal_key(session) != sealing.seal_key(session, b"statetier/peer-seal/1 puller-to-owner")
     assert list(sealing.chunks(2 * sealing.CHUNK + 1)) == [(0, sealing.CHUNK), (sealing.CHUNK, 2 * sealing.CHUNK),

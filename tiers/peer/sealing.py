@@ -10,8 +10,12 @@ where it lands); this adds confidentiality: KV pages can give a prompt away.
   ``open`` one chunk: its nonce the direction's counter (8 bytes little-endian, then 4 zero
   bytes), counted up by both ends per chunk, so no nonce repeats under one key; its
   associated data the object id and its length, so a chunk is bound to the object it is part
-  of. ``open`` of a chunk whose tag does not verify (a flipped byte, a chunk out of place) is
-  ``CorruptPayload``: what was decrypted is never served.
+  of. ``open`` of a chunk whose tag does not verify (a flipped byte, a chunk out of place)
+  raises ``Altered``: what was decrypted is never served.
+- ``Altered`` — a ``ConnectionError``: the bytes were altered between the two processes (the
+  owner's own bytes are checked where they land, as ever), so the transport treats it as a
+  transfer broken off: the connection dropped, the pull tried again on a fresh one within its
+  deadline (``retried``), ``PeerLost`` once every try failed.
 - ``chunks(length)`` — the plaintext extents an object of ``length`` bytes is sealed in
   (``CHUNK`` bytes each, the last shorter); each crosses the wire as its ciphertext and its
   ``TAG`` bytes tag: ``sealed_length(length)`` bytes in all.
@@ -32,11 +36,13 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from statetier.protocol.errors import CorruptPayload
-
 CHUNK = 1 << 20  # plaintext bytes per chunk
 TAG = 16
 OWNER_TO_PULLER = b"statetier/peer-seal/1 owner-to-puller"
+
+
+class Altered(ConnectionError):
+    """An encrypted chunk of a pull did not verify: altered on the wire."""
 
 
 def seal_key(session: bytes, direction: bytes = OWNER_TO_PULLER) -> bytes:
@@ -75,9 +81,8 @@ class Channel:
 
     def open(self, aad: bytes, sealed: memoryview, out: memoryview) -> None:
         """``sealed`` (a chunk's ciphertext and tag) decrypted into ``out`` (``len(sealed) - TAG``
-        bytes), or ``CorruptPayload``."""
+        bytes), or ``Altered``."""
         try:
             self._aead.decrypt_into(self._nonce(), sealed, aad, out)
         except InvalidTag:
-            raise CorruptPayload("peer: an encrypted chunk of a pull does not verify (AES-GCM tag): "
-                                 "altered on the wire") from None
+            raise Altered("an encrypted chunk did not verify (AES-GCM tag): altered on the wire") from None

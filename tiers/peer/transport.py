@@ -29,9 +29,10 @@
   With ``options.encrypt`` every pull asks for its answer sealed (``wire.SEALED``): each chunk
   received into a scratch buffer of the connection and decrypted from there straight into
   ``into`` (``tiers.peer.sealing``: one pass more than the clear path, nothing else); a chunk
-  that does not verify is ``CorruptPayload`` for its object (the rest of the object read, the
-  batch going on: the tier refuses it as it refuses corrupt bytes, never served); an answer in
-  the clear (an owner that predates sealing) is ``PeerLost``, the connection closed unread.
+  that does not verify (``sealing.Altered``) is a transfer broken off: the connection closed,
+  the object never served, pulled again on a fresh one (``retried``, never ``redialled``;
+  ``PeerLost`` once the tries are spent); an answer in the clear (an owner that predates
+  sealing) is ``PeerLost``, the connection closed unread.
   Without it the clear path is as it was.
 """
 
@@ -43,7 +44,7 @@ import socket
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
-from statetier.protocol.errors import CorruptPayload, Forbidden, NotFound, PeerLost, StatetierError, Unauthorized
+from statetier.protocol.errors import Forbidden, NotFound, PeerLost, StatetierError, Unauthorized
 from statetier.protocol.keyring import Keyring
 from statetier.protocol.lru import BoundedLru
 
@@ -129,23 +130,16 @@ class _PeerConnection:
         await self._open_into(object_id, into)
 
     async def _open_into(self, object_id: bytes, into: memoryview) -> None:
-        """A sealed object, each chunk received into the scratch buffer and decrypted into
-        ``into``; every chunk read even past one that does not verify (the connection stays in
-        frame), then that chunk's ``CorruptPayload``."""
+        """A sealed object, each chunk received into the scratch buffer and decrypted from there
+        into ``into``; ``sealing.Altered`` at the first chunk that does not verify."""
         if self._channel is None:
             self._channel = sealing.Channel(self.key)
             self._scratch = memoryview(bytearray(sealing.CHUNK + sealing.TAG))
         aad = sealing.associated(object_id, len(into))
-        damaged: CorruptPayload | None = None
         for start, end in sealing.chunks(len(into)):
             chunk = self._scratch[: end - start + sealing.TAG]
             await recv_exact(self.sock, chunk)
-            try:
-                self._channel.open(aad, chunk, into[start:end])
-            except CorruptPayload as exc:
-                damaged = damaged or exc
-        if damaged is not None:
-            raise damaged
+            self._channel.open(aad, chunk, into[start:end])
 
     def close(self) -> None:
         self.sock.close()
@@ -243,7 +237,7 @@ class TcpTransport:
                 lost: StatetierError = PeerLost(f"peer {address} did not answer a pull within "
                                                 f"{self._options.pull_timeout} s")
             except OSError as exc:
-                if reused and batch.settled == first:
+                if reused and batch.settled == first and not isinstance(exc, sealing.Altered):
                     self.forget(address)  # idle as long as this one: as likely closed
                     self.faults.count("redialled", "peer %s: a pooled connection was found closed (%s): dialling "
                                       "a fresh one for a batch of %d pulls", address, exc, len(chunk))
@@ -279,14 +273,10 @@ class TcpTransport:
         for item in chunk:
             status, length = await self._answer_head(session)
             if status in (wire.OK, wire.OK_SEALED) and length == len(item.into):
-                try:
-                    await session.receive(status, item.object_id, item.into, sealed)
-                except CorruptPayload as exc:
-                    batch.settle(exc)  # refused where it lands, as corrupt bytes are; the stream goes on
-                else:
-                    self.pulls += 1
-                    self.bytes_pulled += length
-                    batch.settle(None)
+                await session.receive(status, item.object_id, item.into, sealed)
+                self.pulls += 1
+                self.bytes_pulled += length
+                batch.settle(None)
             elif status in (wire.NOT_HERE, wire.FORBIDDEN) and length == 0:
                 batch.settle(NotFound(f"the peer no longer holds {item.object_id.hex()}") if status == wire.NOT_HERE
                              else Forbidden(f"the peer refused {item.object_id.hex()} to this tenant"))
@@ -337,6 +327,8 @@ class TcpTransport:
         if session is not None:
             try:
                 return await self._exchange_on(address, session, object_id, tenant_tag, into)
+            except sealing.Altered:
+                raise  # not a closed connection: a transfer damaged, tried again after a backoff
             except OSError as exc:
                 self.forget(address)  # idle as long as this one: as likely closed
                 self.faults.count("redialled", "peer %s: a pooled connection was found closed (%s): dialling "
