@@ -12,11 +12,42 @@ from __future__ import annotations
 
 import contextlib
 
-from statetier.launch import free_port
+from statetier.clients import Client
+from statetier.launch import DaemonProcess, free_port
 from statetier.launch.tcp_proxy import DelayProxy
-from tests.daemon.test_e2e_peer_faults import daemon, faults, load, put_published
-from tests.support.jamba import assert_same_tensors, snapshot
+from tests.support.jamba import assert_same_tensors, jamba_namespace, snapshot
 from tests.support.keyrings import keyring_file
+
+SPEC = jamba_namespace("peer-encrypt")
+PREFIX = bytes(range(32))
+PEERS = {"peers.enabled": "true", "peers.pull_timeout_seconds": 1.0, "peers.liveness_ttl_seconds": 1.0}
+
+
+@contextlib.contextmanager
+def daemon(name: str, redis_url: str, keyring, **settings):
+    proc = DaemonProcess(name=name, redis_url=redis_url, keyring=keyring, settings={**PEERS, **settings})
+    try:
+        yield proc.start()
+    finally:
+        print(f"--- log tail of {name}:\n{proc.log_tail()}")
+        proc.close()
+
+
+def put_published(owner: DaemonProcess, seed: int):
+    with Client(owner.url, namespace=SPEC) as client:
+        return [client.put_ssm(layer, PREFIX, 64, snapshot(seed + layer), request_id="r", publish=True)
+                for layer in (1, 3, 5)]
+
+
+def load(daemon: DaemonProcess, ref):
+    with Client(daemon.url, namespace=SPEC) as client:
+        return client.load(ref)
+
+
+def faults(daemon: DaemonProcess) -> dict[str, float]:
+    scraped = daemon.scrape()
+    counted = {dict(labels)["reason"]: v for labels, v in scraped.matching("statetier_peer_faults_total").items()}
+    return {**counted, "owners_fenced": scraped.value("statetier_peer_owners_fenced", tier="peer")}
 
 
 @contextlib.contextmanager

@@ -30,8 +30,8 @@ from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.peer import PeerTier, PeerTierOptions, sealing, wire
 from statetier.tiers.peer.directory import Descriptor
 from statetier.tiers.peer.transport import RETRIES, PullItem, TcpTransport
+from tests.support.peer_wire import owner_in_the_clear, welcome
 from tests.support.tier_contract import KEYRING, make_object, store
-from tests.tiers.test_peer import leased_views, owner_before_batches, welcome
 
 MIB = 1 << 20
 BIG = 2 * sealing.CHUNK + 12345  # three chunks, the last one short
@@ -65,6 +65,10 @@ async def published(host: HostTier, owner: PeerTier, payload_bytes: int):
     await store(host, meta, blob)
     await store(owner, meta, blob)
     return meta, blob
+
+
+async def leased_views(puller: PeerTier, metas) -> list:
+    return [(await puller.prepare_load(meta.object_id), memoryview(bytearray(meta.size))) for meta in metas]
 
 
 async def pull(puller: PeerTier, meta) -> bytes:
@@ -185,7 +189,7 @@ async def test_an_owner_whose_every_encrypted_answer_fails_to_verify_is_peer_los
 
 async def test_a_puller_that_encrypts_refuses_an_owner_that_answers_in_the_clear(fresh_redis):
     objects = [make_object(32 * 1024) for _ in range(2)]
-    async with owner_before_batches({meta.object_id: blob for meta, blob in objects}) as address, \
+    async with owner_in_the_clear({meta.object_id: blob for meta, blob in objects}) as address, \
             peer_tiers(fresh_redis.url, "puller", encrypt=True) as (_, puller):
         for meta, blob in objects:
             await puller.directory.publish(Descriptor("old", address, meta, blob[: meta.header_len]))
