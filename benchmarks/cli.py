@@ -3,9 +3,9 @@
 - ``main(argv) -> int`` — what ``statetier bench`` calls (``daemon/cli/serve.py``, a lazy import):
   options ``--url``, ``--quick``, ``--json FILE``, ``--dir DIR`` (temp files) and suite
   names to run only those (``seal``, ``tiers``, ``sdk``, ``workloads``; default all but
-  ``workloads``): ``statetier bench --quick sdk``; ``--only PART …`` and ``--peer-transport
-  tcp|nixl`` are passed on to ``workloads`` (``statetier bench workloads --only peers
-  --peer-transport nixl``).
+  ``workloads``): ``statetier bench --quick sdk``; ``--only PART …``, ``--peer-transport
+  tcp|nixl`` and ``--peer-encrypt`` are passed on to ``workloads`` (``statetier bench
+  workloads --only peers --peer-transport nixl``; ``--only peers --peer-encrypt``).
 - ``workloads`` (``workloads.py``: PD handoff, multi-turn prefix reuse, concurrent clients;
   minutes in full) runs only when named; ``report.py`` runs it.
 - Suites: ``seal``, ``tiers`` and ``workloads`` are the modules ``seal.py``, ``tiers.py`` and
@@ -184,6 +184,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="workloads: run only these parts (limits, pd, peers, prefix, prefix-peers, …)")
     parser.add_argument("--peer-transport", choices=("tcp", "nixl"), default=None,
                         help="workloads: the peers and prefix-peers parts with peers.transport = this")
+    parser.add_argument("--peer-encrypt", action="store_true",
+                        help="workloads: the peers and prefix-peers parts with peers.encrypt = true (AES-GCM)")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args([arg for arg in argv if arg != "--"])  # the CLI passes "--" through
     unknown = sorted(set(args.suite) - set(SUITES))
@@ -197,7 +199,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def workload_options(args: argparse.Namespace) -> list[str]:
     """What ``workloads`` is passed of this command line."""
     return (["--only", *args.only] if args.only else []) + \
-        (["--peer-transport", args.peer_transport] if args.peer_transport else [])
+        (["--peer-transport", args.peer_transport] if args.peer_transport else []) + \
+        (["--peer-encrypt"] if args.peer_encrypt else [])
 
 
 def main(argv: list[str] | None = None) -> int:

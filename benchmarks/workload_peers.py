@@ -16,7 +16,8 @@ repetition its raw limits:
   runs ``benchmarks/mooncake_peer.py`` there): ``batch_put_from`` / ``batch_get_into`` over
   its TCP transfer engine, verifying nothing.
 
-Rows (``suite="peers"``, ``tier="peer"``): ``handoff`` (against both raws, and Mooncake's
+Rows (``suite="peers"``, ``tier="peer"``, ``transport`` the cluster's: ``tcp``, ``nixl``, or
+``tcp+aes-gcm`` with ``peers.encrypt``, ``transport_label``): ``handoff`` (against both raws, and Mooncake's
 put+get), ``lookup+load`` (the prefix restore from a peer, against ``socket+blake3`` and
 Mooncake's get) and ``put+publish``. Each row
 carries ``redis_commands`` and ``redis_bytes`` per handoff: what redis-server counted
@@ -211,6 +212,12 @@ async def _measure_case(prefill, decode, redis_url: str, model, tokens: int, rep
                        times["socket"], **extra)]
 
 
+def transport_label(settings: dict) -> str:
+    """The rows' ``transport``: the cluster's, ``+aes-gcm`` when its pulls are encrypted."""
+    transport = str(settings.get("peers.transport", "tcp"))
+    return transport + ("+aes-gcm" if str(settings.get("peers.encrypt", "false")).lower() == "true" else "")
+
+
 async def run_peers(cluster, cases: list, reps: int, progress, mooncake_python: str | None = None) -> list[dict]:
     from statetier.clients import AsyncClient
     from statetier.launch import served_by_tier
@@ -226,8 +233,8 @@ async def run_peers(cluster, cases: list, reps: int, progress, mooncake_python: 
                 case_rows = await _measure_case(prefill, decode, cluster.redis_url, model, tokens, reps, progress,
                                                 mooncake)
             served = served_by_tier(before, cluster.decode.counters())
-            transport = str(cluster.settings.get("peers.transport", "tcp"))  # the rows' transport: the cluster's
-            rows += [{**row, "served_by_tier": served, "transport": transport} for row in case_rows]
+            rows += [{**row, "served_by_tier": served, "transport": transport_label(cluster.settings)}
+                     for row in case_rows]
     finally:
         if mooncake is not None:
             mooncake.close()

@@ -1,7 +1,7 @@
 """Serving workloads against the raw limits of the same run: ``statetier bench workloads``.
 
 Usage: ``python -m statetier.benchmarks.workloads [--quick] [--json FILE] [--dir DIR] [--only NAME …]
-[--peer-transport tcp|nixl]``
+[--peer-transport tcp|nixl] [--peer-encrypt]``
 
 Four parts, in this order (``--only`` picks some), each with a progress bar on stderr:
 
@@ -16,7 +16,9 @@ Four parts, in this order (``--only`` picks some), each with a progress bar on s
   ``--mooncake-python`` Mooncake Store's TCP put and get of the same objects in the same
   repetitions (``workload_peers``); ``--peer-transport nixl`` runs it (and ``prefix-peers``)
   with ``peers.transport = "nixl"`` (the daemons' Python needs the ``nixl`` extra; each row's
-  ``transport`` says which);
+  ``transport`` says which); ``--peer-encrypt`` with ``peers.encrypt = true`` (the pulls
+  sealed with AES-GCM: the rows' ``transport`` is ``tcp+aes-gcm``, their cost beside the clear
+  rows of another run);
 - ``prefix``  — multi-turn conversations restored by joint hits (``workload_prefix``);
 - ``prefix-peers`` — the same conversations across two daemons with peer tiers, turns
   alternating between them, each turn restoring the previous one from the other daemon's
@@ -135,17 +137,17 @@ def run_pd(plan: WorkloadPlan, directory: Path, progress) -> list[dict]:
         return _run_async(measure(cluster, cases, plan.pd_reps, progress))
 
 
-def peer_settings(transport: str) -> dict[str, object]:
-    return {"peers.enabled": "true", "peers.transport": transport}
+def peer_settings(transport: str, encrypt: bool = False) -> dict[str, object]:
+    return {"peers.enabled": "true", "peers.transport": transport, **({"peers.encrypt": "true"} if encrypt else {})}
 
 
 def run_peers(plan: WorkloadPlan, directory: Path, progress, mooncake_python: str | None = None,
-              transport: str = "tcp") -> list[dict]:
+              transport: str = "tcp", encrypt: bool = False) -> list[dict]:
     from .workload_peers import run_peers as measure
     from statetier.launch import PDCluster
 
     cases = [(model, tokens) for tokens in plan.pd_tokens for model in MODELS]
-    with PDCluster(host_capacity="1GiB", log_level="warning", settings=peer_settings(transport)) as cluster:
+    with PDCluster(host_capacity="1GiB", log_level="warning", settings=peer_settings(transport, encrypt)) as cluster:
         return _run_async(measure(cluster, cases, plan.pd_reps, progress, mooncake_python))
 
 
@@ -160,15 +162,18 @@ def run_prefix(plan: WorkloadPlan, directory: Path, progress) -> list[dict]:
     return rows
 
 
-def run_prefix_peers(plan: WorkloadPlan, directory: Path, progress, transport: str = "tcp") -> list[dict]:
+def run_prefix_peers(plan: WorkloadPlan, directory: Path, progress, transport: str = "tcp",
+                     encrypt: bool = False) -> list[dict]:
+    from .workload_peers import transport_label
     from .workload_prefix import run_prefix_across as measure
     from statetier.launch import PDCluster
 
-    with PDCluster(host_capacity="256MiB", log_level="warning", settings=peer_settings(transport)) as cluster:
+    settings = peer_settings(transport, encrypt)
+    with PDCluster(host_capacity="256MiB", log_level="warning", settings=settings) as cluster:
         rows, turns = _run_async(measure(cluster.prefill, cluster.decode, plan.prefix, directory, progress))
     for row in rows:
         row["per_turn"] = turns
-        row["transport"] = transport
+        row["transport"] = transport_label(settings)
     return rows
 
 
@@ -202,7 +207,7 @@ def steps(plan: WorkloadPlan, part: str) -> int:
 
 
 def run(plan: WorkloadPlan, parts: list[str], directory: Path, mooncake_python: str | None = None,
-        peer_transport: str = "tcp") -> list[dict]:
+        peer_transport: str = "tcp", peer_encrypt: bool = False) -> list[dict]:
     rows: list[dict] = []
     start = None
     for part in parts:
@@ -213,9 +218,9 @@ def run(plan: WorkloadPlan, parts: list[str], directory: Path, mooncake_python: 
                 start = run_limits(plan, directory, progress)
                 continue
             if part == "peers":
-                found = run_peers(plan, directory, progress, mooncake_python, peer_transport)
+                found = run_peers(plan, directory, progress, mooncake_python, peer_transport, peer_encrypt)
             elif part == "prefix-peers":
-                found = run_prefix_peers(plan, directory, progress, peer_transport)
+                found = run_prefix_peers(plan, directory, progress, peer_transport, peer_encrypt)
             else:
                 found = {"pd": run_pd, "prefix": run_prefix, "clients": run_clients,
                          "sglang": run_sglang}[part](plan, directory, progress)
@@ -260,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer-transport", choices=("tcp", "nixl"), default="tcp",
                         help='the peers and prefix-peers parts with peers.transport = this ("nixl": NIXL over UCX; '
                              "this Python needs the nixl extra, UCX_TLS=tcp where no fabric is)")
+    parser.add_argument("--peer-encrypt", action="store_true",
+                        help="the peers and prefix-peers parts with peers.encrypt = true (pulls sealed with AES-GCM; "
+                             'the rows\' transport "tcp+aes-gcm")')
     args = parser.parse_args(argv)
     import torch
 
@@ -274,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     directory = Path(tempfile.mkdtemp(prefix="statetier-workloads-", dir=args.dir))
     try:
         rows = run(plan, [part for part in PARTS if part in args.only], directory, args.mooncake_python,
-                   args.peer_transport)
+                   args.peer_transport, args.peer_encrypt)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     elapsed = time.perf_counter() - started

@@ -285,7 +285,7 @@ def _add_peer_tier(config: Config, keyring: Keyring, tiers: list[Tier], roles: d
         listen_host=address.host, listen_port=address.port, advertise=address.advertise,
         pull_timeout=peers.pull_timeout_seconds, ttl_seconds=config.redis.ttl_seconds,
         socket_buffer_bytes=peers.socket_buffer_bytes, lease_ttl=config.limits.lease_ttl_seconds,
-        liveness_ttl=peers.liveness_ttl_seconds)
+        liveness_ttl=peers.liveness_ttl_seconds, encrypt=peers.encrypt)
     peer = PeerTier(options, keyring=keyring, local_tiers=local, holds_locally=holds_locally,
                     transport=make_transport(peers.transport, keyring, options, roles["arena"]))
     tiers.insert(tiers.index(redis_tier), peer)

@@ -25,7 +25,7 @@ import socket
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from statetier.daemon.config_events import EventsConfig
 from statetier.daemon.config_values import (
@@ -163,6 +163,20 @@ class PeersConfig(_Section):
         "tcp", description='How a pull moves the bytes: "tcp" (statetier\'s frames on the peer connection) or '
         '"nixl" (a NIXL READ from the owner\'s registered arena over UCX: RDMA, NVLink, EFA or TCP; needs the '
         'nixl extra, pip install "statetier[nixl]", on every daemon; docs/scaling.md).')
+    encrypt: bool = Field(False, description="Pull the bytes from peers encrypted: AES-256-GCM under a key derived "
+                          "from each connection's authenticated handshake, an object's pages and states hidden from "
+                          "the network (their integrity is checked either way); an answer in the clear (an owner of "
+                          "an older release) is refused. Costs one pass over the bytes on each side (the owner "
+                          "encrypts, this daemon decrypts where they land). Every daemon answers encrypted when asked, "
+                          "whatever its own setting. The tcp transport only: refused with transport = \"nixl\" "
+                          "(docs/operations.md).")
+
+    @model_validator(mode="after")
+    def _encrypt_needs_tcp(self) -> "PeersConfig":
+        if self.encrypt and self.transport != "tcp":
+            raise ValueError('encrypt covers the "tcp" transport only: a NIXL read moves the owner\'s bytes '
+                             "as they lie, in the clear")
+        return self
 
     def keeps_bytes(self, namespace: bytes) -> bool:
         return self.namespace_policies.get(namespace.hex(), self.policy) == "descriptor+bytes"

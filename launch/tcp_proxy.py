@@ -15,6 +15,8 @@ touching either end (tests and reliability/).
 - ``flip_next(offset)`` — the byte ``offset`` bytes into what the target sends next (to
   whichever client reads first) goes through with its low bit flipped, once: a corrupted
   transfer. ``flipped`` counts the bytes flipped.
+- ``record()`` — from now on, what the target sends is also kept in ``recorded`` (what an
+  eavesdropper on the wire would read), until ``close()``.
 
 Threads, not the caller's event loop: the proxy keeps forwarding while the caller blocks.
 """
@@ -41,6 +43,7 @@ class DelayProxy:
         self.dropped = 0
         self.flipped = 0
         self.received = 0
+        self.recorded: bytearray | None = None
 
     def start(self) -> "DelayProxy":
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -75,6 +78,10 @@ class DelayProxy:
     def flip_next(self, offset: int = 0) -> None:
         with self._lock:
             self._flip_at = offset
+
+    def record(self) -> None:
+        with self._lock:
+            self.recorded = bytearray()
 
     def close(self) -> None:
         self._closed.set()
@@ -116,9 +123,11 @@ class DelayProxy:
                 chunk = src.recv(1 << 16)
                 if not chunk:
                     break
-                if not from_target:
-                    with self._lock:
+                with self._lock:
+                    if not from_target:
                         self.received += len(chunk)
+                    elif self.recorded is not None:
+                        self.recorded += chunk
                 if self.delay:
                     time.sleep(self.delay)
                 self._open.wait()

@@ -44,3 +44,17 @@ def test_statetier_bench_passes_the_parts_and_the_peer_transport_on_to_workloads
     assert args.suite == ["workloads"]
     assert workload_options(args) == ["--only", "peers", "--peer-transport", "nixl"]
     assert workload_options(parse_args(["workloads"])) == []
+
+
+def test_the_peer_parts_run_encrypted_when_asked_and_their_rows_say_so() -> None:
+    from statetier.benchmarks.cli import parse_args, workload_options
+    from statetier.benchmarks.workload_peers import transport_label
+
+    assert "peers.encrypt" not in workloads.peer_settings("tcp")
+    settings = workloads.peer_settings("tcp", encrypt=True)
+    assert settings["peers.encrypt"] == "true"
+    assert transport_label(settings) == "tcp+aes-gcm"
+    assert transport_label(workloads.peer_settings("tcp")) == "tcp"
+    assert transport_label(workloads.peer_settings("nixl")) == "nixl"
+    args = parse_args(["workloads", "--only", "peers", "--peer-encrypt"])
+    assert workload_options(args) == ["--only", "peers", "--peer-encrypt"]

@@ -4,8 +4,10 @@
 names this daemon in the directory (its entries, its liveness key); ``advertise``
 is the ``host:port`` other daemons dial (the listener's when empty, once bound);
 ``liveness_ttl`` is how long the liveness key this daemon renews (every third of it) outlives
-its last renewal: how soon the others fence it once its process is gone. Leases of pulls
-expire after ``lease_ttl`` (or the ``ttl`` asked) on ``clock``.
+its last renewal: how soon the others fence it once its process is gone; ``encrypt``: this
+daemon's pulls ask for the bytes sealed with AES-GCM (``tiers.peer.sealing``) and refuse an
+answer in the clear (its answers are sealed whenever a puller asks, whatever it says). Leases of
+pulls expire after ``lease_ttl`` (or the ``ttl`` asked) on ``clock``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class PeerTierOptions:
     idle_connections: int = 4  # per owner, kept for the next pull
     lease_ttl: float = 30.0
     liveness_ttl: float = 6.0  # seconds; renewed every third of it
+    encrypt: bool = False  # pulls ask for the bytes sealed (AES-GCM) and refuse them in the clear
     clock: Clock = field(default=time.monotonic, repr=False, compare=False)  # what lease deadlines are on
 
     def __post_init__(self) -> None:

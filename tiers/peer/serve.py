@@ -8,7 +8,11 @@ pulls one after the other: the object leased in the first local tier holding it,
 (``FORBIDDEN``) unless its namespace is owned by the tenant the request names, sent as it
 lies under the lease (``verify=False``: the puller verifies where the bytes land), the
 lease released once written. A ``PULL_MANY`` is answered the same way for each of its
-objects, back to back in order, each leased in turn and released once written.
+objects, back to back in order, each leased in turn and released once written. A pull that
+asks for its answer sealed (``wire.SEALED``) is answered ``OK_SEALED``, the object encrypted
+chunk by chunk (``tiers.peer.sealing``: one pass, from the leased bytes into one of two chunk
+buffers the connection keeps, each sent while the next is encrypted), whatever this daemon's
+own ``peers.encrypt`` says: a cluster of both kinds works.
 ``close()`` stops listening and drops the connections. ``quiet(at_most)`` returns once no
 pull has been answered for ``QUIET_AFTER`` seconds, nor an object published (``published()``:
 its pulls are likely next), or after ``at_most`` seconds: the write-behind waits on it, so
@@ -34,7 +38,7 @@ from statetier.protocol.ownership import TAG_BYTES
 from statetier.protocol.sealed import parse_header
 from statetier.tiers.base import Lease, Tier
 
-from . import wire
+from . import sealing, wire
 from .options import PeerTierOptions
 from .transport import tune
 
@@ -104,6 +108,7 @@ class PeerServer:
         writer.transport.set_write_buffer_limits(high=0)
         try:
             session = await self._handshake(reader, writer)
+            sealer = _Sealer(session)
             seq = 0
             while True:
                 frame = await reader.readexactly(wire.PULL_BYTES)
@@ -113,11 +118,11 @@ class PeerServer:
                 self.requests += 1
                 try:
                     if object_id == wire.MANY:
-                        await self._answer_many(reader, writer, session, size, seq)
+                        await self._answer_many(reader, writer, session, size, seq, sealer)
                     elif object_id == wire.EXPOSE and self.fabric is not None:
                         seq = await self.fabric.expose(self, reader, writer, session, seq, self._lease)
                     else:
-                        await self._answer(writer, object_id, tenant_tag, size)
+                        await self._answer(writer, object_id, tenant_tag, size, sealer)
                 finally:
                     self._end()
         except Unauthorized as exc:
@@ -194,16 +199,18 @@ class PeerServer:
             return False
 
     async def _answer_many(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, session: bytes,
-                           count: int, seq: int) -> None:
+                           count: int, seq: int, sealer: "_Sealer") -> None:
         """A PULL_MANY: ``BATCH``, then each object's answer back to back, in order."""
         items = wire.unpack_pull_many(session, await reader.readexactly(wire.many_bytes(count)), seq)
         self.batches += 1
         writer.write(wire.ANSWER.pack(wire.BATCH, len(items)))
         for object_id, tenant_tag, size in items:
-            await self._answer(writer, object_id, tenant_tag, size)
+            await self._answer(writer, object_id, tenant_tag, size, sealer)
         await writer.drain()
 
-    async def _answer(self, writer: asyncio.StreamWriter, object_id: bytes, tenant_tag: bytes, size: int) -> None:
+    async def _answer(self, writer: asyncio.StreamWriter, object_id: bytes, tenant_tag: bytes, size: int,
+                      sealer: "_Sealer") -> None:
+        """One object's answer: in the clear, or sealed when the pull's ``size`` asks for it."""
         found = await self._lease(object_id)
         if found is None:
             writer.write(wire.ANSWER.pack(wire.NOT_HERE, 0))
@@ -215,9 +222,12 @@ class PeerServer:
                 self.refused += 1
                 writer.write(wire.ANSWER.pack(wire.FORBIDDEN, 0))
                 return
-            writer.write(wire.ANSWER.pack(wire.OK, len(data)))
-            writer.write(data)
-            await writer.drain()  # the lease holds the bytes until they are written
+            if wire.asked(size)[1]:
+                await sealer.write(writer, object_id, data)
+            else:
+                writer.write(wire.ANSWER.pack(wire.OK, len(data)))
+                writer.write(data)
+                await writer.drain()  # the lease holds the bytes until they are written
             self.served += 1
             self.bytes_served += len(data)
         finally:
@@ -232,6 +242,31 @@ class PeerServer:
             except StatetierError as exc:
                 log.debug("peer pull of %s: %s passed over: %s", object_id.hex(), tier.name, exc)
         return None
+
+
+class _Sealer:
+    """The sealed answers of one connection: its owner-to-puller ``sealing.Channel`` and two
+    chunk buffers, made at its first sealed pull (a connection that asks for none pays nothing)."""
+
+    def __init__(self, session: bytes) -> None:
+        self._session = session
+        self._channel: sealing.Channel | None = None
+        self._buffers: list[memoryview] = []
+
+    async def write(self, writer: asyncio.StreamWriter, object_id: bytes, data: memoryview) -> None:
+        """``OK_SEALED`` and ``data`` sealed, chunk by chunk: each chunk encrypted while the one
+        before it is sent, a buffer reused only once the transport has let go of it."""
+        if self._channel is None:
+            self._channel = sealing.Channel(self._session)
+            self._buffers = [memoryview(bytearray(sealing.CHUNK + sealing.TAG)) for _ in range(2)]
+        writer.write(wire.ANSWER.pack(wire.OK_SEALED, len(data)))
+        aad = sealing.associated(object_id, len(data))
+        for index, (start, end) in enumerate(sealing.chunks(len(data))):
+            out = self._buffers[index % 2][: end - start + sealing.TAG]  # it held chunk index-2: taken
+            self._channel.seal(aad, data[start:end], out)
+            await writer.drain()  # chunk index-1 taken: its buffer free for chunk index+1
+            writer.write(out)
+        await writer.drain()  # every chunk taken: both buffers free for the next answer
 
 
 def _tenant_tag_of(lease: Lease, data: memoryview) -> bytes:

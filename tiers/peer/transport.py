@@ -26,6 +26,14 @@
   object's deadline the pull's; a pooled connection that fails before the batch's first
   answer is dialled again once (``redialled``); an owner that predates ``PULL_MANY`` is
   pulled from one object at a time.
+  With ``options.encrypt`` every pull asks for its answer sealed (``wire.SEALED``): each chunk
+  received into a scratch buffer of the connection and decrypted from there straight into
+  ``into`` (``tiers.peer.sealing``: one pass more than the clear path, nothing else); a chunk
+  that does not verify (``sealing.Altered``) is a transfer broken off: the connection closed,
+  the object never served, pulled again on a fresh one (``retried``, never ``redialled``;
+  ``PeerLost`` once the tries are spent); an answer in the clear (an owner that predates
+  sealing) is ``PeerLost``, the connection closed unread.
+  Without it the clear path is as it was.
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ from statetier.protocol.errors import Forbidden, NotFound, PeerLost, StatetierEr
 from statetier.protocol.keyring import Keyring
 from statetier.protocol.lru import BoundedLru
 
-from . import wire
+from . import sealing, wire
 from .faults import PeerFaults
 from .options import PeerTierOptions
 
@@ -108,6 +116,30 @@ class _PeerConnection:
         self.sock = sock
         self.key = key
         self.seq = 0
+        self._channel: sealing.Channel | None = None  # made at the first sealed answer
+        self._scratch = memoryview(b"")
+
+    async def receive(self, status: int, object_id: bytes, into: memoryview, sealed: bool) -> None:
+        """An ``OK`` or ``OK_SEALED`` answer's bytes (``len(into)`` of them) into ``into``; ``sealed``:
+        the pull asked for them sealed, and an answer in the clear is ``PeerLost`` (unread)."""
+        if status == wire.OK:
+            if sealed:
+                raise PeerLost(f"the peer answered the pull of {object_id.hex()} in the clear, and this daemon "
+                               "takes pulls encrypted only (peers.encrypt): an owner that predates it")
+            return await recv_exact(self.sock, into)
+        await self._open_into(object_id, into)
+
+    async def _open_into(self, object_id: bytes, into: memoryview) -> None:
+        """A sealed object, each chunk received into the scratch buffer and decrypted from there
+        into ``into``; ``sealing.Altered`` at the first chunk that does not verify."""
+        if self._channel is None:
+            self._channel = sealing.Channel(self.key)
+            self._scratch = memoryview(bytearray(sealing.CHUNK + sealing.TAG))
+        aad = sealing.associated(object_id, len(into))
+        for start, end in sealing.chunks(len(into)):
+            chunk = self._scratch[: end - start + sealing.TAG]
+            await recv_exact(self.sock, chunk)
+            self._channel.open(aad, chunk, into[start:end])
 
     def close(self) -> None:
         self.sock.close()
@@ -205,7 +237,7 @@ class TcpTransport:
                 lost: StatetierError = PeerLost(f"peer {address} did not answer a pull within "
                                                 f"{self._options.pull_timeout} s")
             except OSError as exc:
-                if reused and batch.settled == first:
+                if reused and batch.settled == first and not isinstance(exc, sealing.Altered):
                     self.forget(address)  # idle as long as this one: as likely closed
                     self.faults.count("redialled", "peer %s: a pooled connection was found closed (%s): dialling "
                                       "a fresh one for a batch of %d pulls", address, exc, len(chunk))
@@ -229,8 +261,10 @@ class TcpTransport:
                              deadline: asyncio.Timeout) -> None:
         loop = asyncio.get_running_loop()
         session.seq += 1
+        sealed = self._options.encrypt
         await loop.sock_sendall(session.sock, wire.pack_pull_many(
-            session.key, [(i.object_id, i.tenant_tag, len(i.into)) for i in chunk], session.seq))
+            session.key, [(i.object_id, i.tenant_tag, wire.asking(len(i.into), sealed)) for i in chunk],
+            session.seq))
         status, length = await self._answer_head(session)
         if status == wire.NOT_HERE and length == 0:
             raise _Predates()
@@ -238,8 +272,8 @@ class TcpTransport:
             raise PeerLost(f"the peer answered a PULL_MANY of {len(chunk)} with status {status}, {length}")
         for item in chunk:
             status, length = await self._answer_head(session)
-            if status == wire.OK and length == len(item.into):
-                await recv_exact(session.sock, item.into)
+            if status in (wire.OK, wire.OK_SEALED) and length == len(item.into):
+                await session.receive(status, item.object_id, item.into, sealed)
                 self.pulls += 1
                 self.bytes_pulled += length
                 batch.settle(None)
@@ -293,6 +327,8 @@ class TcpTransport:
         if session is not None:
             try:
                 return await self._exchange_on(address, session, object_id, tenant_tag, into)
+            except sealing.Altered:
+                raise  # not a closed connection: a transfer damaged, tried again after a backoff
             except OSError as exc:
                 self.forget(address)  # idle as long as this one: as likely closed
                 self.faults.count("redialled", "peer %s: a pooled connection was found closed (%s): dialling "
@@ -311,8 +347,9 @@ class TcpTransport:
     async def _exchange(self, session: _PeerConnection, object_id: bytes, tenant_tag: bytes, into: memoryview) -> None:
         loop = asyncio.get_running_loop()
         session.seq += 1
-        await loop.sock_sendall(session.sock, wire.pack_pull(session.key, object_id, tenant_tag, len(into),
-                                                             session.seq))
+        sealed = self._options.encrypt
+        await loop.sock_sendall(session.sock, wire.pack_pull(session.key, object_id, tenant_tag,
+                                                             wire.asking(len(into), sealed), session.seq))
         head = bytearray(wire.ANSWER.size)
         await recv_exact(session.sock, memoryview(head))
         status, length = wire.ANSWER.unpack(head)
@@ -320,10 +357,10 @@ class TcpTransport:
             raise NotFound(f"the peer no longer holds {object_id.hex()}")
         if status == wire.FORBIDDEN:
             raise Forbidden(f"the peer refused {object_id.hex()} to this tenant")
-        if status != wire.OK or length != len(into):
+        if status not in (wire.OK, wire.OK_SEALED) or length != len(into):
             raise PeerLost(f"the peer answered the pull of {object_id.hex()} with status {status}, "
                            f"{length} bytes for {len(into)}")
-        await recv_exact(session.sock, into)
+        await session.receive(status, object_id, into, sealed)
 
     async def _connect(self, address: str) -> _PeerConnection:
         loop = asyncio.get_running_loop()

@@ -29,6 +29,14 @@ to back, in order, with no request between them. An owner that predates it answe
 ``NOT_HERE`` (no object has that id) and drops the connection at the items: the puller then
 pulls that owner's objects one by one.
 
+A puller that wants the bytes encrypted (``peers.encrypt``, ``tiers.peer.sealing``) sets the
+top bit of a PULL's ``size`` (``SEALED``), or of each PULL_MANY item's; the owner then answers
+``OK_SEALED`` (``length`` = the object's size) followed by the object sealed in chunks (each
+its ciphertext and its 16-byte tag, ``sealing.sealed_length(length)`` bytes in all), whatever
+its own ``peers.encrypt`` says. An owner that predates it never reads ``size``: it answers
+``OK`` and the bytes in the clear, which such a puller refuses (``PeerLost``, the connection
+closed unread). A puller that does not ask is answered ``OK``, as before.
+
 The NIXL transport (``tiers.peer.nixl``) asks for an object in place instead: a PULL of the
 object id ``EXPOSE`` then the object's PULL (the next ``seq``), sent together. An owner with
 a NIXL agent answers the head ``FABRIC``, then the object ``EXPOSED`` (``length`` = its size)
@@ -62,7 +70,8 @@ PULL_ITEM = struct.Struct("<16s16sQ")
 MANY = b"\xffstatetier-many\xff"  # the object id a PULL_MANY head names (no state id is this)
 MANY_AT_MOST = 4096  # objects in one PULL_MANY
 
-OK, NOT_HERE, FORBIDDEN, BATCH = 0, 1, 2, 3
+OK, NOT_HERE, FORBIDDEN, BATCH, OK_SEALED = 0, 1, 2, 3, 4
+SEALED = 1 << 63  # the bit of a pull's size that asks for the answer sealed (AES-GCM)
 EXPOSE = b"\xffstatetier-nixl\xff"  # the object id of the head of a NIXL request
 DONE = b"\xffstatetier-done\xff"  # the object id of a NIXL request's end: the lease released
 FABRIC, EXPOSED = 16, 17  # the answers to EXPOSE's head and to its object
@@ -126,6 +135,16 @@ def pack_pull_many(session: bytes, items: Sequence[tuple[bytes, bytes, int]], se
         raise ValueError(f"a PULL_MANY names 1 to {MANY_AT_MOST} objects, not {len(items)}")
     body = b"".join(PULL_ITEM.pack(object_id, tenant_tag, size) for object_id, tenant_tag, size in items)
     return pack_pull(session, MANY, bytes(16), len(items), seq) + body + mac(session, seq.to_bytes(8, "little"), body)
+
+
+def asking(size: int, sealed: bool) -> int:
+    """A pull's ``size`` field: the object's size, with ``SEALED`` when the answer is to be sealed."""
+    return size | SEALED if sealed else size
+
+
+def asked(size: int) -> tuple[int, bool]:
+    """(the object's size, whether the answer is to be sealed) of a pull's ``size`` field."""
+    return size & ~SEALED, bool(size & SEALED)
 
 
 def many_bytes(count: int) -> int:
