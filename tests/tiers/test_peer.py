@@ -32,6 +32,7 @@ from statetier.tiers.peer import PeerTier, PeerTierOptions
 from statetier.tiers.peer import wire
 from statetier.tiers.peer.directory import Descriptor
 from statetier.tiers.peer.transport import RETRIES, PullItem, TcpTransport
+from tests.support.peer_wire import owner_in_the_clear, welcome
 from tests.support.tier_contract import KEYRING, make_object, store
 
 MIB = 1 << 20
@@ -208,46 +209,9 @@ async def test_a_batch_answers_each_object_apart(fresh_redis):
         assert bytes(pulls[1][1]) == blob and owner.server.batches == 1 and owner.server.refused == 1
 
 
-def welcome(writer: asyncio.StreamWriter, key: bytes, nonce_p: bytes, nonce_o: bytes, owner: str) -> None:
-    """The WELCOME a fake owner of the cluster answers a ``MAGIC_OWNER`` hello with: its owner id
-    under its MAC (a puller of this release asks who answers)."""
-    named = wire.owner_id_bytes(owner)
-    writer.write(KEYRING.active.key_id + nonce_o + wire.owner_proof(key, nonce_p, nonce_o, named)
-                 + bytes([len(named)]) + named)
-
-
-@contextlib.asynccontextmanager
-async def owner_before_batches(blobs: dict[bytes, bytes]):
-    """An owner of the cluster that speaks the pull of one object only (as before PULL_MANY):
-    an unknown object id is NOT_HERE, a frame that does not verify ends the connection."""
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        hello = await reader.readexactly(wire.HELLO_BYTES)
-        key, nonce_p, nonce_o = wire.auth_key(KEYRING.active), hello[16:], os.urandom(wire.NONCE_BYTES)
-        welcome(writer, key, nonce_p, nonce_o, "old")
-        await reader.readexactly(wire.MAC_BYTES)
-        session, seq = wire.session_key(key, nonce_p, nonce_o), 0
-        try:
-            while True:
-                seq += 1
-                object_id, _, _ = wire.unpack_pull(session, await reader.readexactly(wire.PULL_BYTES), seq)
-                blob = blobs.get(object_id)
-                writer.write(wire.ANSWER.pack(wire.NOT_HERE, 0) if blob is None else
-                             wire.ANSWER.pack(wire.OK, len(blob)) + blob)
-                await writer.drain()
-        except (asyncio.IncompleteReadError, Unauthorized):
-            writer.close()
-
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    host, port = server.sockets[0].getsockname()[:2]
-    try:
-        yield f"{host}:{port}"
-    finally:
-        server.close()
-
-
 async def test_an_owner_that_predates_batches_is_pulled_from_one_object_at_a_time(fresh_redis):
     objects = [make_object(32 * 1024) for _ in range(3)]
-    async with owner_before_batches({meta.object_id: blob for meta, blob in objects}) as address, \
+    async with owner_in_the_clear({meta.object_id: blob for meta, blob in objects}) as address, \
             daemon_tiers(fresh_redis.url, "puller") as (_, puller):
         for meta, blob in objects:
             await puller.directory.publish(Descriptor("old", address, meta, blob[: meta.header_len]))
