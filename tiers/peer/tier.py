@@ -44,7 +44,6 @@ from . import wire
 from .directory import Descriptor, Directory
 from .faults import PeerFaults
 from .liveness import Liveness, OwnerAnnouncer, OwnerFences
-from .nixl import NixlTransport
 from .options import PeerTierOptions
 from .serve import PeerServer
 from .transport import Landed, PeerTransport, PullItem, TcpTransport
@@ -81,8 +80,7 @@ class PeerTier(Tier):
         wire.auth_key(self._keyring.active)  # an Ed25519 or keyless keyring: ConfigError before listening
         await self.server.start()
         await self.directory.start()
-        if isinstance(self.transport, NixlTransport):
-            await self.transport.start(self.server)  # its agent, its metadata, the listener's EXPOSE
+        await self.transport.start(self.server)  # NIXL: its agent, its metadata, the listener's EXPOSE
         await self.liveness_directory.start()
         await self.liveness.start()
 
@@ -253,4 +251,4 @@ class PeerTier(Tier):
             "pull_batches_answered": server.batches, "pull_requests_answered": server.requests,
             "pulls_lost": self.pulls_lost, "owners_fenced": len(self.fences),
             "directory_commands": self.directory.commands, "faults": self.faults.snapshot(),
-            **(self.transport.stats() if isinstance(self.transport, NixlTransport) else {})})
+            **self.transport.stats()})

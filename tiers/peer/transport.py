@@ -42,7 +42,7 @@ import asyncio
 import os
 import socket
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from statetier.protocol.errors import Forbidden, NotFound, PeerLost, StatetierError, Unauthorized
 from statetier.protocol.keyring import Keyring
@@ -51,6 +51,9 @@ from statetier.protocol.lru import BoundedLru
 from . import sealing, wire
 from .faults import PeerFaults
 from .options import PeerTierOptions
+
+if TYPE_CHECKING:
+    from .serve import PeerServer
 
 RETRIES = 4  # tries of one pull on fresh connections, the deadline permitting
 RETRY_FIRST_DELAY = 0.05  # seconds before the second try; doubled each time
@@ -82,6 +85,13 @@ class PeerTransport(Protocol):
                         landed: Landed | None = None) -> list[StatetierError | None]: ...
 
     def answered_by(self, address: str) -> str | None: ...
+
+    async def start(self, server: PeerServer) -> None:
+        """Whatever it needs beside the owner's listener (NIXL: its agent, its metadata in the
+        directory, the listener's EXPOSE); TCP needs nothing."""
+
+    def stats(self) -> dict[str, int]:
+        """Its own counters for the tier's stats (NIXL: reads, inline answers …); TCP: none."""
 
     def forget(self, address: str) -> None: ...
 
@@ -186,6 +196,12 @@ class TcpTransport:
 
     def answered_by(self, address: str) -> str | None:
         return self._owners.peek(address)
+
+    async def start(self, server: PeerServer) -> None:
+        return None  # plain TCP needs nothing beside the listener
+
+    def stats(self) -> dict[str, int]:
+        return {}
 
     async def pull(self, address: str, object_id: bytes, tenant_tag: bytes, into: memoryview) -> None:
         try:
