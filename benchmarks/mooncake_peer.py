@@ -99,6 +99,10 @@ class Store:
     def _buffers(self, total: int) -> None:
         if total <= self.capacity:
             return
+        if self.capacity:  # a larger case: the smaller buffers unregistered first (one registration each)
+            for buffer in (self.source, self.target):
+                self.store.unregister_buffer(ctypes.addressof(buffer))
+        total = 1 << (total - 1).bit_length()  # a power of two: few registrations over a run
         self.source = ctypes.create_string_buffer(total)
         self.target = ctypes.create_string_buffer(total)
         for buffer in (self.source, self.target):
