@@ -186,6 +186,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="workloads: the peers and prefix-peers parts with peers.transport = this")
     parser.add_argument("--peer-encrypt", action="store_true",
                         help="workloads: the peers and prefix-peers parts with peers.encrypt = true (AES-GCM)")
+    parser.add_argument("--mooncake-python", metavar="PYTHON", default=None,
+                        help="workloads: the peers rows beside Mooncake Store's TCP put and get, run by this Python "
+                             "(a venv with mooncake-transfer-engine-non-cuda)")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args([arg for arg in argv if arg != "--"])  # the CLI passes "--" through
     unknown = sorted(set(args.suite) - set(SUITES))
@@ -200,7 +203,8 @@ def workload_options(args: argparse.Namespace) -> list[str]:
     """What ``workloads`` is passed of this command line."""
     return (["--only", *args.only] if args.only else []) + \
         (["--peer-transport", args.peer_transport] if args.peer_transport else []) + \
-        (["--peer-encrypt"] if args.peer_encrypt else [])
+        (["--peer-encrypt"] if args.peer_encrypt else []) + \
+        (["--mooncake-python", args.mooncake_python] if args.mooncake_python else [])
 
 
 def main(argv: list[str] | None = None) -> int:

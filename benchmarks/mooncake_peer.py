@@ -95,6 +95,7 @@ class Store:
         if rc != 0:
             raise RuntimeError(f"mooncake: setup returned {rc}")
         self.capacity = 0
+        self.source = self.target = ctypes.create_string_buffer(0)  # sized by the first put
 
     def _buffers(self, total: int) -> None:
         if total <= self.capacity:

@@ -1,7 +1,7 @@
 """The benchmark report: run the serving workloads, write ``docs/benchmarks.md`` and its plots.
 
 Usage: ``python -m statetier.benchmarks.report [--quick] [--out FILE.md] [--plots DIR] [--keep-json FILE]
-[--from-json FILE]``
+[--from-json FILE] [--mooncake-python PYTHON]``
 
 1. samples the machine's background load (``machine.background``);
 2. runs ``python -m statetier.daemon bench --json FILE [--quick] sdk workloads`` as a
@@ -38,11 +38,13 @@ REPO = HERE.parent
 BACKGROUND_SECONDS = 2.0
 
 
-def run_bench(quick: bool, json_path: Path) -> tuple[int, str]:
+def run_bench(quick: bool, json_path: Path, mooncake_python: str | None = None) -> tuple[int, str]:
     command = [sys.executable, "-m", "statetier.daemon", "bench", "--json", str(json_path)]
     command += ["--quick"] if quick else []
+    command += ["--mooncake-python", mooncake_python] if mooncake_python else []
     command += ["sdk", "workloads"]
-    shown = "statetier bench --json FILE" + (" --quick" if quick else "") + " sdk workloads"
+    shown = "statetier bench --json FILE" + (" --quick" if quick else "") + \
+        (f" --mooncake-python {mooncake_python}" if mooncake_python else "") + " sdk workloads"
     print(f"report: running {' '.join(command[1:])}", file=sys.stderr, flush=True)
     done = subprocess.run(command, cwd=REPO, timeout=1800)
     return done.returncode, shown
@@ -74,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plots", type=Path, default=None, help="where the PNGs go (default: <out dir>/benchmarks)")
     parser.add_argument("--keep-json", type=Path, default=None, help="also keep the bench JSON here")
     parser.add_argument("--from-json", type=Path, default=None, help="render this bench JSON instead of running")
+    parser.add_argument("--mooncake-python", default=None, metavar="PYTHON",
+                        help="the peers rows beside Mooncake Store's TCP get (../shared/peers/setup.sh mooncake: "
+                             "/tmp/venv-mooncake/bin/python)")
     args = parser.parse_args(argv)
     plots_dir = args.plots or args.out.parent / "benchmarks"
     started = time.perf_counter()
@@ -88,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         before = background(BACKGROUND_SECONDS)
         with tempfile.TemporaryDirectory(prefix="statetier-report-") as work:
             json_path = Path(work) / "bench.json"
-            returncode, shown = run_bench(args.quick, json_path)
+            returncode, shown = run_bench(args.quick, json_path, args.mooncake_python)
             document = json.loads(json_path.read_text()) if json_path.is_file() else None
         after = background(BACKGROUND_SECONDS)
         seconds = time.perf_counter() - started
