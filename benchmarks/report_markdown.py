@@ -205,11 +205,7 @@ def prefix_section(rows: list[dict], plot: str | None) -> list[str]:
     if not found:
         return []
     first = found[0]
-    rate = "–" if first.get("hit_rate") is None else f"{first['hit_rate'] * 100:.1f}%"
-    hits = ", ".join(f"{tier} {n}" for tier, n in sorted(first.get("hits_by_tier", {}).items())) or "none"
-    body = [[r["op"] + (f" (lookup {r['lookup_ms']:.0f} ms)" if r["op"] == "lookup+load" else ""),
-             f"{r['size_bytes'] / MiB:.0f}", str(r["samples"]), _f(r["gbps"]), r["raw"], _f(r["raw_gbps"]),
-             _f(r["ratio"]), _f(r["p50_us"] / 1e3, 1), _f(r["p99_us"] / 1e3, 1)] for r in found]
+    rate, hits, body = _prefix_figures(found)
     lines = ["## Multi-turn prefix reuse with joint hits", "",
              f"{first['conversations']} {first['model']} conversations of {first['turns']} turns, taking turns round "
              "robin against one daemon (host arena of 256 MiB + disk + Redis, so older turns are evicted to disk). "
@@ -227,18 +223,24 @@ def prefix_section(rows: list[dict], plot: str | None) -> list[str]:
     return lines
 
 
+def _prefix_figures(found: list[dict]) -> tuple[str, str, list[list[str]]]:
+    """A prefix workload's hit rate, objects served per tier and table body (one row per row)."""
+    first = found[0]
+    rate = "–" if first.get("hit_rate") is None else f"{first['hit_rate'] * 100:.1f}%"
+    hits = ", ".join(f"{tier} {n}" for tier, n in sorted(first.get("hits_by_tier", {}).items())) or "none"
+    body = [[r["op"] + (f" (lookup {r['lookup_ms']:.0f} ms)" if r["op"] == "lookup+load" else ""),
+             f"{r['size_bytes'] / MiB:.0f}", str(r["samples"]), _f(r["gbps"]), r["raw"], _f(r["raw_gbps"]),
+             _f(r["ratio"]), _f(r["p50_us"] / 1e3, 1), _f(r["p99_us"] / 1e3, 1)] for r in found]
+    return rate, hits, body
+
+
 def prefix_peers_section(rows: list[dict]) -> list[str]:
     """The conversations across two daemons (``workload_prefix.run_prefix_across``)."""
     found = _by(rows, "prefix-peers")
     if not found:
         return []
     first = found[0]
-    rate = "–" if first.get("hit_rate") is None else f"{first['hit_rate'] * 100:.1f}%"
-    hits = ", ".join(f"{tier} {n}" for tier, n in sorted(first.get("hits_by_tier", {}).items())) or "none"
-    body = [[r["op"] + (f" (lookup {r['lookup_ms']:.0f} ms)" if r["op"] == "lookup+load" else ""),
-             f"{r['size_bytes'] / MiB:.0f}", str(r["samples"]), _f(r["gbps"]), r["raw"], _f(r["raw_gbps"]),
-             _f(r["ratio"]), _f(r["p50_us"] / 1e3, 1), _f(r["p99_us"] / 1e3, 1)] for r in found
-            if not r["raw"].startswith("served tier")]
+    rate, hits, body = _prefix_figures([r for r in found if not r["raw"].startswith("served tier")])
     return ["## Multi-turn prefix reuse across daemons", "",
             f"The same {first['conversations']} conversations of {first['turns']} turns against two daemons with "
             "their peer tiers on, turns alternating between them: every save is published (its descriptor in the "

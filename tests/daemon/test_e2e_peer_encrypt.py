@@ -17,20 +17,15 @@ from statetier.launch import DaemonProcess, free_port
 from statetier.launch.tcp_proxy import DelayProxy
 from tests.support.jamba import assert_same_tensors, jamba_namespace, snapshot
 from tests.support.keyrings import keyring_file
+from tests.support.peer_daemons import peer_daemon
 
 SPEC = jamba_namespace("peer-encrypt")
 PREFIX = bytes(range(32))
 PEERS = {"peers.enabled": "true", "peers.pull_timeout_seconds": 1.0, "peers.liveness_ttl_seconds": 1.0}
 
 
-@contextlib.contextmanager
 def daemon(name: str, redis_url: str, keyring, **settings):
-    proc = DaemonProcess(name=name, redis_url=redis_url, keyring=keyring, settings={**PEERS, **settings})
-    try:
-        yield proc.start()
-    finally:
-        print(f"--- log tail of {name}:\n{proc.log_tail()}")
-        proc.close()
+    return peer_daemon(name, redis_url, keyring, PEERS, **settings)
 
 
 def put_published(owner: DaemonProcess, seed: int):
