@@ -42,7 +42,7 @@ import asyncio
 import os
 import socket
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from statetier.protocol.errors import Forbidden, NotFound, PeerLost, StatetierError, Unauthorized
 from statetier.protocol.keyring import Keyring
@@ -51,9 +51,6 @@ from statetier.protocol.lru import BoundedLru
 from . import sealing, wire
 from .faults import PeerFaults
 from .options import PeerTierOptions
-
-if TYPE_CHECKING:
-    from .serve import PeerServer
 
 RETRIES = 4  # tries of one pull on fresh connections, the deadline permitting
 RETRY_FIRST_DELAY = 0.05  # seconds before the second try; doubled each time
@@ -86,7 +83,7 @@ class PeerTransport(Protocol):
 
     def answered_by(self, address: str) -> str | None: ...
 
-    async def start(self, server: PeerServer) -> None:
+    async def start(self, server: Any) -> None:
         """Whatever it needs beside the owner's listener (NIXL: its agent, its metadata in the
         directory, the listener's EXPOSE); TCP needs nothing."""
 
@@ -197,7 +194,7 @@ class TcpTransport:
     def answered_by(self, address: str) -> str | None:
         return self._owners.peek(address)
 
-    async def start(self, server: PeerServer) -> None:
+    async def start(self, server: Any) -> None:  # the owner's ``PeerServer`` (serve imports this module)
         return None  # plain TCP needs nothing beside the listener
 
     def stats(self) -> dict[str, int]:
