@@ -32,7 +32,7 @@ from statetier.tiers.peer import PeerTier, PeerTierOptions
 from statetier.tiers.peer import wire
 from statetier.tiers.peer.directory import Descriptor
 from statetier.tiers.peer.transport import RETRIES, PullItem, TcpTransport
-from tests.support.peer_wire import owner_in_the_clear, welcome
+from tests.support.peer_wire import accept_as_owner, listening, owner_in_the_clear
 from tests.support.tier_contract import KEYRING, make_object, store
 
 MIB = 1 << 20
@@ -119,25 +119,16 @@ async def broken_owner(blob: bytes, *, hang: bool):
     release = asyncio.Event()
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        hello = await reader.readexactly(wire.HELLO_BYTES)
-        key, nonce_p, nonce_o = wire.auth_key(KEYRING.active), hello[16:], os.urandom(wire.NONCE_BYTES)
-        owner = wire.owner_id_bytes("gone")
-        writer.write(KEYRING.active.key_id + nonce_o + wire.owner_proof(key, nonce_p, nonce_o, owner)
-                     + bytes([len(owner)]) + owner)
-        await reader.readexactly(wire.MAC_BYTES + wire.PULL_BYTES)
+        await accept_as_owner(reader, writer, "gone")
+        await reader.readexactly(wire.PULL_BYTES)
         writer.write(wire.ANSWER.pack(wire.OK, len(blob)) + blob[: len(blob) // 2])
         await writer.drain()
         if hang:
             await release.wait()
         writer.close()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    host, port = server.sockets[0].getsockname()[:2]
-    try:
-        yield f"{host}:{port}"
-    finally:
-        release.set()
-        server.close()
+    async with listening(serve, release) as address:
+        yield address
 
 
 @pytest.mark.parametrize("hang", [False, True], ids=["closed-mid-body", "hung-mid-body"])
@@ -233,12 +224,8 @@ async def owner_torn_mid_batch(blob: bytes, *, hang: bool):
     connections = itertools.count()
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        hello = await reader.readexactly(wire.HELLO_BYTES)
-        key, nonce_p, nonce_o = wire.auth_key(KEYRING.active), hello[16:], os.urandom(wire.NONCE_BYTES)
-        welcome(writer, key, nonce_p, nonce_o, "gone")
-        await reader.readexactly(wire.MAC_BYTES)
-        _, _, count = wire.unpack_pull(wire.session_key(key, nonce_p, nonce_o),
-                                       await reader.readexactly(wire.PULL_BYTES), 1)
+        session = await accept_as_owner(reader, writer, "gone")
+        _, _, count = wire.unpack_pull(session, await reader.readexactly(wire.PULL_BYTES), 1)
         await reader.readexactly(wire.many_bytes(count))
         head = wire.ANSWER.pack(wire.OK, len(blob))
         whole = head + blob if next(connections) == 0 else b""
@@ -248,13 +235,8 @@ async def owner_torn_mid_batch(blob: bytes, *, hang: bool):
             await release.wait()
         writer.close()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    host, port = server.sockets[0].getsockname()[:2]
-    try:
-        yield f"{host}:{port}"
-    finally:
-        release.set()
-        server.close()
+    async with listening(serve, release) as address:
+        yield address
 
 
 @pytest.mark.parametrize("hang", [False, True], ids=["closed-mid-body", "hung-mid-body"])

@@ -30,7 +30,7 @@ from statetier.tiers.memory import HostTier, HostTierOptions
 from statetier.tiers.peer import PeerTier, PeerTierOptions, sealing, wire
 from statetier.tiers.peer.directory import Descriptor
 from statetier.tiers.peer.transport import RETRIES, PullItem, TcpTransport
-from tests.support.peer_wire import owner_in_the_clear, welcome
+from tests.support.peer_wire import accept_as_owner, listening, owner_in_the_clear
 from tests.support.tier_contract import KEYRING, make_object, store
 
 MIB = 1 << 20
@@ -155,12 +155,8 @@ async def owner_sealing_garbage():
     """An owner of the cluster whose every sealed answer fails to verify (a wire that alters
     every transfer, an attacker in the path)."""
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        hello = await reader.readexactly(wire.HELLO_BYTES)
-        key, nonce_p, nonce_o = wire.auth_key(KEYRING.active), hello[16:], os.urandom(wire.NONCE_BYTES)
-        welcome(writer, key, nonce_p, nonce_o, "altered")
-        await reader.readexactly(wire.MAC_BYTES)
-        _, _, size = wire.unpack_pull(wire.session_key(key, nonce_p, nonce_o),
-                                      await reader.readexactly(wire.PULL_BYTES), 1)
+        session = await accept_as_owner(reader, writer, "altered")
+        _, _, size = wire.unpack_pull(session, await reader.readexactly(wire.PULL_BYTES), 1)
         length = wire.asked(size)[0]
         writer.write(wire.ANSWER.pack(wire.OK_SEALED, length) + os.urandom(sealing.sealed_length(length)))
         with contextlib.suppress(ConnectionError):
@@ -168,12 +164,8 @@ async def owner_sealing_garbage():
             await reader.read()
         writer.close()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    host, port = server.sockets[0].getsockname()[:2]
-    try:
-        yield f"{host}:{port}"
-    finally:
-        server.close()
+    async with listening(serve) as address:
+        yield address
 
 
 async def test_an_owner_whose_every_encrypted_answer_fails_to_verify_is_peer_lost(fresh_redis):
