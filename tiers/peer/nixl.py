@@ -45,7 +45,7 @@ from statetier.tiers.memory.rawmemory import exported, exported_for_write
 from . import nixlmeta, wire
 from .nixlagent import NixlAgent, importable
 from .options import PeerTierOptions
-from .serve import LeaseLocal, PeerServer, _tenant_tag_of
+from .serve import PeerServer
 from .faults import PeerFaults
 from .transport import PeerTransport, TcpTransport, _PeerConnection, recv_exact
 
@@ -285,21 +285,14 @@ class NixlFabric:
         self.inline = 0
 
     async def expose(self, server: PeerServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     session: bytes, seq: int, lease: LeaseLocal) -> int:
-        """Answer the EXPOSE whose head was ``seq``; the last ``seq`` it read."""
+                     session: bytes, seq: int) -> int:
+        """Answer the EXPOSE whose head was ``seq``; the last ``seq`` it read. The object is
+        leased, read and checked as every pull's (``PeerServer.serving``)."""
         writer.write(wire.ANSWER.pack(wire.FABRIC, 0))
         seq += 1
         object_id, tenant_tag, _ = wire.unpack_pull(session, await reader.readexactly(wire.PULL_BYTES), seq)
-        found = await lease(object_id)
-        if found is None:
-            writer.write(wire.ANSWER.pack(wire.NOT_HERE, 0))
-            return seq
-        tier, held = found
-        try:
-            data = await tier.read(held, verify=False)
-            if _tenant_tag_of(held, data) != tenant_tag:
-                server.refused += 1
-                writer.write(wire.ANSWER.pack(wire.FORBIDDEN, 0))
+        async with server.serving(writer, object_id, tenant_tag) as data:
+            if data is None:
                 return seq
             with exported(data) as (address, length):
                 in_arena = self.agent.covers(address, length)
@@ -310,11 +303,7 @@ class NixlFabric:
                 writer.write(data)
                 await writer.drain()  # the lease holds the bytes until they are written
                 self.inline += 1
-            server.served += 1
-            server.bytes_served += len(data)
-            return seq
-        finally:
-            await tier.complete_load(held)
+        return seq
 
     async def _expose(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, session: bytes, seq: int,
                       address: int, length: int) -> int:

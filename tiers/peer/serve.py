@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from typing import Awaitable, Callable, Protocol, Sequence
+from typing import AsyncIterator, Protocol, Sequence
 
 from statetier.protocol.errors import NotFound, StatetierError, Unauthorized
 from statetier.protocol.identity import NAMESPACE_BYTES
@@ -47,14 +47,12 @@ log = logging.getLogger("statetier.peer")
 #: How long an owner must have answered no pull (and published nothing) to count as quiet.
 QUIET_AFTER = 0.1
 
-LeaseLocal = Callable[[bytes], Awaitable["tuple[Tier, Lease] | None"]]
-
 
 class Fabric(Protocol):
     """Answers an EXPOSE whose head was ``seq`` (``tiers.peer.nixl.NixlFabric``): the last ``seq`` it read."""
 
     async def expose(self, server: "PeerServer", reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     session: bytes, seq: int, lease: LeaseLocal) -> int: ...
+                     session: bytes, seq: int) -> int: ...
 
 
 class PeerServer:
@@ -120,7 +118,7 @@ class PeerServer:
                     if object_id == wire.MANY:
                         await self._answer_many(reader, writer, session, size, seq, sealer)
                     elif object_id == wire.EXPOSE and self.fabric is not None:
-                        seq = await self.fabric.expose(self, reader, writer, session, seq, self._lease)
+                        seq = await self.fabric.expose(self, reader, writer, session, seq)
                     else:
                         await self._answer(writer, object_id, tenant_tag, size, sealer)
                 finally:
@@ -211,16 +209,8 @@ class PeerServer:
     async def _answer(self, writer: asyncio.StreamWriter, object_id: bytes, tenant_tag: bytes, size: int,
                       sealer: "_Sealer") -> None:
         """One object's answer: in the clear, or sealed when the pull's ``size`` asks for it."""
-        found = await self._lease(object_id)
-        if found is None:
-            writer.write(wire.ANSWER.pack(wire.NOT_HERE, 0))
-            return
-        tier, lease = found
-        try:
-            data = await tier.read(lease, verify=False)
-            if _tenant_tag_of(lease, data) != tenant_tag:
-                self.refused += 1
-                writer.write(wire.ANSWER.pack(wire.FORBIDDEN, 0))
+        async with self.serving(writer, object_id, tenant_tag) as data:
+            if data is None:
                 return
             if wire.asked(size)[1]:
                 await sealer.write(writer, object_id, data)
@@ -228,6 +218,28 @@ class PeerServer:
                 writer.write(wire.ANSWER.pack(wire.OK, len(data)))
                 writer.write(data)
                 await writer.drain()  # the lease holds the bytes until they are written
+
+    @contextlib.asynccontextmanager
+    async def serving(self, writer: asyncio.StreamWriter, object_id: bytes,
+                      tenant_tag: bytes) -> AsyncIterator[memoryview | None]:
+        """The object leased in the first local tier holding it and read as it lies, for one
+        answer (TCP's, or the NIXL fabric's): None when ``NOT_HERE`` or ``FORBIDDEN`` was
+        answered already; counted as served once the answer's body ends without an error; the
+        lease released on the way out, whatever happened."""
+        found = await self._lease(object_id)
+        if found is None:
+            writer.write(wire.ANSWER.pack(wire.NOT_HERE, 0))
+            yield None
+            return
+        tier, lease = found
+        try:
+            data = await tier.read(lease, verify=False)
+            if _tenant_tag_of(lease, data) != tenant_tag:
+                self.refused += 1
+                writer.write(wire.ANSWER.pack(wire.FORBIDDEN, 0))
+                yield None
+                return
+            yield data
             self.served += 1
             self.bytes_served += len(data)
         finally:
